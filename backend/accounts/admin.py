@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin
+
+from backend.accounts.models import ApiToken, Membership, User, Workspace
+
+admin.site.register(User, UserAdmin)
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "personal_owner", "created_at")
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("workspace", "user", "role")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("token_hash", "prefix")

@@ -1,0 +1,118 @@
+"""REST views for artifacts: browsing and downloading (users), uploading (runners)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponseRedirect
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from backend.accounts.auth import token_from_header
+from backend.artifacts.models import Artifact, ArtifactStatus
+from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
+from backend.artifacts.storage import get_storage
+from backend.clouds.services import instance_for_token
+from backend.core.api import WorkspaceAPIView
+from backend.core.errors import ApplicationError, NotFound
+from backend.runs.models import ACTIVE_JOB, Job
+from backend.runs.selectors import run_get
+
+
+class ArtifactFileOut(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class ArtifactOut(serializers.ModelSerializer):
+    files = ArtifactFileOut(many=True)
+
+    class Meta:
+        model = Artifact
+        fields = ["id", "job", "path", "status", "total_size", "files", "created_at"]
+        read_only_fields = fields
+
+
+class RunArtifactsView(WorkspaceAPIView):
+    @extend_schema(responses=ArtifactOut(many=True))
+    def get(self, request: Request, workspace: str, run: str) -> Response:
+        found = run_get(workspace=self.workspace, ref=run)
+        if found is None:
+            raise NotFound(f"Run {run!r} not found.")
+        artifacts = found.artifacts.prefetch_related("files").order_by("created_at", "path")
+        return Response(ArtifactOut(artifacts, many=True).data)
+
+
+class ArtifactFileView(WorkspaceAPIView):
+    @extend_schema(responses={302: None})
+    def get(self, request: Request, workspace: str, artifact: str, path: str) -> HttpResponseRedirect:
+        found = (
+            Artifact.objects.for_workspace(self.workspace)
+            .filter(pk=artifact, status=ArtifactStatus.COMPLETE)
+            .first()
+        )
+        file = found.files.filter(path=path).first() if found else None
+        if found is None or file is None:
+            raise NotFound("Artifact file not found.")
+        name = path.rsplit("/", 1)[-1]
+        url = get_storage().signed_url(artifact_file_key(found, file), method="GET", seconds=300, filename=name)
+        return HttpResponseRedirect(url)
+
+
+# ------------------------------------------------------------- runner side
+
+
+class FileIn_(serializers.Serializer):
+    path = serializers.CharField(max_length=1000)
+    size = serializers.IntegerField(min_value=0)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+
+class ArtifactBeginIn(serializers.Serializer):
+    path = serializers.CharField(max_length=500)
+    files = FileIn_(many=True, max_length=100_000)
+
+
+class RunnerAPIView(APIView):
+    """Authenticated by the runner's own token; only its active jobs."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    def runner_job(self, request: Request, job_id: str) -> Job:
+        token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
+        instance = instance_for_token(token=token) if token else None
+        if instance is None:
+            raise ApplicationError("Unknown runner token.", status_code=401)
+        job = Job.objects.filter(pk=job_id, instance=instance, status__in=ACTIVE_JOB).first()
+        if job is None:
+            raise NotFound("No such active job on this runner.")
+        return job
+
+
+class RunnerArtifactBeginView(RunnerAPIView):
+    @extend_schema(request=ArtifactBeginIn, responses={201: dict})
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = ArtifactBeginIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        files = [FileIn(**f) for f in data.validated_data["files"]]
+        artifact, uploads = artifact_begin(job=found, path=data.validated_data["path"], files=files)
+        body = {"id": str(artifact.pk), "uploads": [{"path": u.path, "url": u.url} for u in uploads]}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RunnerArtifactCompleteView(RunnerAPIView):
+    @extend_schema(request=None, responses={200: dict})
+    def post(self, request: Request, job: str, artifact: str) -> Response:
+        found = self.runner_job(request, job)
+        row = Artifact.objects.filter(pk=artifact, job=found).first()
+        if row is None:
+            raise NotFound("No such artifact for this job.")
+        done = artifact_complete(artifact=row)
+        return Response({"id": str(done.pk), "status": done.status})

@@ -1,0 +1,199 @@
+"""Django settings, read only from the environment (see .env.example).
+
+Safe defaults serve the embedded mode (`make run`); production sets
+``TRAINYARD_ENV=production`` and every unsafe default then fails loudly.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+from backend.core.env import (
+    ConfigError,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    read_env_file,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+TRAINYARD_ENV = env_str("TRAINYARD_ENV", "development")
+PRODUCTION = TRAINYARD_ENV == "production"
+DATA_DIR = Path(env_str("TRAINYARD_DATA_DIR", str(BASE_DIR / ".trainyard-data"))).resolve()
+
+# The embedded supervisor writes the URLs of the servers it started here, so
+# `.venv/bin/python manage.py …` finds them while `make run` is up.
+_embedded = read_env_file(DATA_DIR / "embedded.env")
+DATABASE_URL = env_str("DATABASE_URL") or _embedded.get("DATABASE_URL", "")
+REDIS_URL = env_str("REDIS_URL") or _embedded.get("REDIS_URL", "")
+if not DATABASE_URL or not REDIS_URL:
+    raise ConfigError(
+        "DATABASE_URL and REDIS_URL are not set and no embedded servers are running "
+        f"(no {DATA_DIR / 'embedded.env'}). Start them with `make run`, or set both variables."
+    )
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if PRODUCTION:
+        raise ConfigError("DJANGO_SECRET_KEY must be set in production (or DJANGO_SECRET_KEY_FILE).")
+    SECRET_KEY = "trainyard-embedded-development-key-not-for-production"
+DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["*"])
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ConfigError("DJANGO_ALLOWED_HOSTS must list the server's host names in production.")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# The address runners and signed URLs use to reach this server.
+PUBLIC_URL = env_str("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{env_int('TRAINYARD_PORT', 8000)}").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "backend.core",
+    "backend.accounts",
+    "backend.repos",
+    "backend.clouds",
+    "backend.runs",
+    "backend.artifacts",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "backend.config.urls"
+ASGI_APPLICATION = "backend.config.asgi.application"
+AUTH_USER_MODEL = "accounts.User"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "backend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0))}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env_str("TRAINYARD_CHANNEL_PREFIX", "trainyard"),
+            # A follower of a 200k-line job receives one message per stored
+            # batch; room for bursts without dropping.
+            "capacity": 1000,
+            "expiry": 60,
+        },
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = 300
+CELERY_TASK_SOFT_TIME_LIMIT = 240
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "backend.accounts.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "backend.core.errors.api_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "backend.core.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Trainyard API",
+    "DESCRIPTION": "Run ML training workflows in your own cloud.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("TRAINYARD_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# --- Trainyard ------------------------------------------------------------
+TRAINYARD = {
+    # Storage for artifacts and code blobs: "local" (files under DATA_DIR) for
+    # the embedded default; "s3" arrives with the AWS backend.
+    "STORAGE": env_str("TRAINYARD_STORAGE", "local"),
+    "STORAGE_DIR": Path(env_str("TRAINYARD_STORAGE_DIR", str(DATA_DIR / "storage"))),
+    "SIGNED_URL_SECONDS": env_int("TRAINYARD_SIGNED_URL_SECONDS", 900),
+    "MAX_BLOB_BYTES": env_int("TRAINYARD_MAX_BLOB_BYTES", 512 * 1024 * 1024),
+    # Runners
+    "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),
+    "HEARTBEAT_TIMEOUT_SECONDS": env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 15.0),
+    "LEASE_SECONDS": env_float("TRAINYARD_LEASE_SECONDS", 15.0),
+    "STOP_GRACE_SECONDS": env_float("TRAINYARD_STOP_GRACE_SECONDS", 30.0),
+    # Local backend: runner processes on this host.
+    "LOCAL_RUNNERS_MAX": env_int("TRAINYARD_LOCAL_RUNNERS_MAX", 4),
+    "LOCAL_RUNNER_IDLE_SECONDS": env_float("TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS", 300.0),
+    "LOCAL_RUNNER_COMMAND": env_str("TRAINYARD_LOCAL_RUNNER_COMMAND", ""),
+    "LOCAL_BACKEND_ENABLED": env_bool("TRAINYARD_LOCAL_BACKEND", not PRODUCTION),
+    "RECONCILE_SECONDS": env_float("TRAINYARD_RECONCILE_SECONDS", 2.0),
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {
+        "task": "backend.runs.tasks.reconcile",
+        "schedule": timedelta(seconds=TRAINYARD["RECONCILE_SECONDS"]),
+    },
+}

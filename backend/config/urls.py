@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from backend.accounts.api import HealthView, MeView
+from backend.artifacts import api as artifacts
+from backend.artifacts.views import storage_object
+from backend.core.views import home
+from backend.runs.api import views as runs
+
+ws = "api/v1/workspaces/<slug:workspace>"
+
+urlpatterns = [
+    path("", home, name="home"),
+    path("admin/", admin.site.urls),
+    path("storage/<str:token>", storage_object, name="storage-object"),
+    path("api/v1/health/", HealthView.as_view()),
+    path("api/v1/me/", MeView.as_view()),
+    path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path(f"{ws}/runs/", runs.RunListView.as_view()),
+    path(f"{ws}/runs/<str:run>/", runs.RunDetailView.as_view()),
+    path(f"{ws}/runs/<str:run>/stop/", runs.RunStopView.as_view()),
+    path(f"{ws}/runs/<str:run>/artifacts/", artifacts.RunArtifactsView.as_view()),
+    path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
+    path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
+    path(f"{ws}/artifacts/<uuid:artifact>/files/<path:path>", artifacts.ArtifactFileView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/", artifacts.RunnerArtifactCompleteView.as_view()),
+]

@@ -1,0 +1,41 @@
+"""The one workspace-scoped base every tenant API view inherits.
+
+It resolves ``<workspace>`` from the URL against the caller's memberships
+(404 when not a member: another tenant's workspace does not exist for you)
+and enforces the role a write needs (viewers read only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from backend.accounts.models import Membership, Role, Workspace
+from backend.accounts.selectors import membership_get
+from backend.core.errors import ApplicationError, NotFound
+
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
+
+
+class WorkspaceAPIView(APIView):
+    """Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``."""
+
+    write_role: Role = Role.MEMBER
+    workspace: Workspace
+    membership: Membership
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        membership = membership_get(user=request.user, workspace_slug=kwargs.get("workspace", ""))
+        if membership is None:
+            raise NotFound(f"Workspace {kwargs.get('workspace')!r} not found.")
+        if request.method in WRITE_METHODS and ROLE_RANK[Role(membership.role)] < ROLE_RANK[self.write_role]:
+            raise ApplicationError(
+                f"Your role in {membership.workspace.slug} is {membership.role}: it cannot make changes.",
+                status_code=403,
+            )
+        self.membership = membership
+        self.workspace = membership.workspace

@@ -1,0 +1,10 @@
+"""The home page until the dashboard lands: says so, and how to get going."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "home.html", {"user": request.user})

@@ -1,0 +1,125 @@
+"""REST views for runs, jobs' logs and code blobs: parse, check, call, serialise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backend.artifacts.services import blob_create
+from backend.core.api import WorkspaceAPIView
+from backend.core.errors import ApplicationError, NotFound
+from backend.core.pagination import PageNumberPagination, RawBodyParser
+from backend.runs.api.serializers import RunCreateIn, RunOut
+from backend.runs.models import Run
+from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
+from backend.runs.services.runs import CodeInput, run_create, run_stop
+
+MAX_LOG_PAGE = 10_000
+
+
+class RunListView(WorkspaceAPIView):
+    pagination_class = PageNumberPagination
+
+    @extend_schema(
+        responses=RunOut(many=True),
+        parameters=[OpenApiParameter("status", str), OpenApiParameter("workflow", str)],
+    )
+    def get(self, request: Request, workspace: str) -> Response:
+        runs = run_list(
+            workspace=self.workspace,
+            status=request.query_params.get("status", ""),
+            workflow=request.query_params.get("workflow", ""),
+        )
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        return paginator.get_paginated_response(RunOut(page, many=True).data)
+
+    @extend_schema(request=RunCreateIn, responses={201: RunOut})
+    def post(self, request: Request, workspace: str) -> Response:
+        data = RunCreateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        code = v["code"]
+        run = run_create(
+            workspace=self.workspace,
+            user=request.user,
+            workflow=v["workflow"],
+            workflows_file_path=v["workflows_file"]["path"],
+            workflows_file_text=v["workflows_file"]["text"],
+            code=CodeInput(
+                kind=code["kind"],
+                repo_url=code["repo_url"],
+                commit=code["commit"],
+                patch_blob=str(code["patch_blob"]) if code["patch_blob"] else None,
+                archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
+            ),
+            env=v["env"],
+        )
+        return Response(RunOut(_fresh(run)).data, status=status.HTTP_201_CREATED)
+
+
+class RunDetailView(WorkspaceAPIView):
+    @extend_schema(responses=RunOut)
+    def get(self, request: Request, workspace: str, run: str) -> Response:
+        return Response(RunOut(_run_or_404(self.workspace, run)).data)
+
+
+class RunStopView(WorkspaceAPIView):
+    @extend_schema(request=None, responses={202: RunOut})
+    def post(self, request: Request, workspace: str, run: str) -> Response:
+        stopped = run_stop(run=_run_or_404(self.workspace, run), user=request.user)
+        return Response(RunOut(_fresh(stopped)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class JobLogsView(WorkspaceAPIView):
+    @extend_schema(parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("limit", int)])
+    def get(self, request: Request, workspace: str, job: str) -> Response:
+        found = job_get(workspace=self.workspace, job_id=job)
+        if found is None:
+            raise NotFound("Job not found.")
+        after = _int_param(request, "after_seq", 0, minimum=0)
+        limit = min(_int_param(request, "limit", 1000, minimum=1), MAX_LOG_PAGE)
+        rows = job_log_lines(job=found, after_seq=after, limit=limit + 1)
+        lines = [{"seq": s, "ts": ts, "stream": st, "text": t} for s, ts, st, t in rows[:limit]]
+        return Response({"job": str(found.pk), "lines": lines, "has_more": len(rows) > limit})
+
+
+class BlobCreateView(WorkspaceAPIView):
+    @extend_schema(request={"application/octet-stream": bytes}, responses={201: dict})
+    def post(self, request: Request, workspace: str) -> Response:
+        blob = blob_create(workspace=self.workspace, user=request.user, chunks=_chunks(request))
+        return Response({"id": str(blob.pk), "size": blob.size, "sha256": blob.sha256}, status=201)
+    parser_classes = [RawBodyParser]
+
+
+def _chunks(request: Request) -> Iterator[bytes]:
+    while chunk := request._request.read(1 << 20):
+        yield chunk
+
+
+def _run_or_404(workspace: object, ref: str) -> Run:
+    run = run_get(workspace=workspace, ref=ref)  # type: ignore[arg-type]
+    if run is None:
+        raise NotFound(f"Run {ref!r} not found.")
+    return run
+
+
+def _fresh(run: Run) -> Run:
+    return Run.objects.select_related("submitted_by").prefetch_related("jobs").get(pk=run.pk)
+
+
+def _int_param(request: Request, name: str, default: int, *, minimum: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApplicationError(f"{name} must be a whole number, not {raw!r}.") from None
+    if value < minimum:
+        raise ApplicationError(f"{name} must be at least {minimum}.")
+    return value

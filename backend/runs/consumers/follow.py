@@ -1,0 +1,107 @@
+"""/ws/v1/workspaces/<ws>/runs/<run>/: a run's status and log lines, live.
+
+Join the run's group first, then send the stored backlog, then forward
+published lines; ``sent`` (the highest seq sent per job) drops the lines that
+arrive both ways, so every line goes out once and in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from backend.accounts.auth import token_from_header
+from backend.accounts.selectors import membership_get, user_for_token
+from backend.runs.api.serializers import run_to_dict
+from backend.runs.events import run_group
+from backend.runs.selectors import job_log_lines, run_get
+
+BACKLOG_PAGE = 5000
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+class RunFollowConsumer(AsyncJsonWebsocketConsumer):
+    run_id: str | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        user = await database_sync_to_async(_user)(self.scope)
+        if user is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        found = await database_sync_to_async(_run_for)(user, kwargs["workspace"], kwargs["run"])
+        if found is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.run_id = found["id"]
+        self.sent: dict[str, int] = {}
+        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
+        await self.send_json({"type": "run", "run": found})
+        await self._send_backlog(found, _after_seq(self.scope))
+
+    async def disconnect(self, code: int) -> None:
+        if self.run_id:
+            await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return  # followers only listen
+
+    async def run_logs(self, event: dict[str, Any]) -> None:
+        job = event["job"]
+        last = self.sent.get(job, 0)
+        lines = [line for line in event["lines"] if line[0] > last]
+        if lines:
+            self.sent[job] = lines[-1][0]
+            await self.send_json({"type": "logs", "job": job, "lines": lines})
+
+    async def run_status(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "run", "run": event["run"]})
+
+    async def _send_backlog(self, run: dict[str, Any], after_seq: int) -> None:
+        for job in run["jobs"]:
+            self.sent.setdefault(job["id"], after_seq)
+            while True:
+                page = await database_sync_to_async(_lines)(job["id"], self.sent[job["id"]])
+                if not page:
+                    break
+                self.sent[job["id"]] = page[-1][0]
+                await self.send_json({"type": "logs", "job": job["id"], "lines": page})
+                if len(page) < BACKLOG_PAGE:
+                    break
+
+
+def _user(scope: dict[str, Any]) -> Any:
+    for key, value in scope.get("headers", []):
+        if key == b"authorization":
+            token = token_from_header(value.decode("latin-1"))
+            return user_for_token(token=token) if token else None
+    user = scope.get("user")
+    return user if user is not None and user.is_authenticated else None
+
+
+def _run_for(user: Any, workspace_slug: str, ref: str) -> dict[str, Any] | None:
+    membership = membership_get(user=user, workspace_slug=workspace_slug)
+    if membership is None:
+        return None
+    run = run_get(workspace=membership.workspace, ref=ref)
+    return run_to_dict(run) if run is not None else None
+
+
+def _lines(job_id: str, after_seq: int) -> list[list[Any]]:
+    from backend.runs.models import Job
+
+    job = Job.objects.get(pk=job_id)
+    return [list(row) for row in job_log_lines(job=job, after_seq=after_seq, limit=BACKLOG_PAGE)]
+
+
+def _after_seq(scope: dict[str, Any]) -> int:
+    values = parse_qs(scope.get("query_string", b"").decode()).get("after_seq", ["0"])
+    try:
+        return max(0, int(values[0]))
+    except ValueError:
+        return 0

@@ -1,0 +1,151 @@
+"""/ws/runner/: one websocket per runner (protocol in trainyard_runner.protocol).
+
+Thin: authenticate, validate each frame, call one service, answer. Messages
+for the runner from other processes (assignments, cancels) arrive through the
+channel layer as ``runner.frame`` events addressed to this consumer's
+channel name, which the instance row records.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from pydantic import ValidationError
+
+from backend.accounts.auth import token_from_header
+from backend.clouds.services import (
+    instance_connect,
+    instance_disconnect,
+    instance_for_token,
+    instance_heartbeat,
+    instance_job_done,
+)
+from backend.runs.events import run_group
+from backend.runs.models import JobStatus
+from backend.runs.services.logs import UnknownJob, logs_store
+from backend.runs.services.transitions import job_accept, job_finish, job_release, job_set_reason
+from trainyard_runner import protocol
+
+logger = logging.getLogger(__name__)
+
+FINAL_STATES = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
+
+
+class RunnerConsumer(AsyncWebsocketConsumer):
+    instance_id: str | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        token = token_from_header(_header(self.scope, b"authorization"))
+        instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
+        if instance is None:
+            await self.close(code=protocol.CLOSE_UNAUTHORIZED)
+            return
+        self.pending_instance_id = str(instance.pk)
+
+    async def disconnect(self, code: int) -> None:
+        if self.instance_id:
+            await database_sync_to_async(instance_disconnect)(instance_id=self.instance_id, channel_name=self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = protocol.runner_message.validate_json(text_data or bytes_data or b"")
+        except ValidationError as exc:
+            logger.warning("runner sent a bad frame: %s", exc.errors()[:1])
+            await self.close(code=protocol.CLOSE_BAD_MESSAGE)
+            return
+        if self.instance_id is None and not isinstance(message, protocol.Hello):
+            await self.close(code=protocol.CLOSE_BAD_MESSAGE)
+            return
+        await getattr(self, f"on_{message.type}")(message)
+
+    # ---------------------------------------------------------------- frames
+
+    async def on_hello(self, hello: protocol.Hello) -> None:
+        if hello.protocol != protocol.PROTOCOL_VERSION:
+            await self.close(code=protocol.CLOSE_VERSION_MISMATCH)
+            return
+        connected = await database_sync_to_async(instance_connect)(
+            instance_id=self.pending_instance_id,
+            hello=hello,
+            channel_name=self.channel_name,
+            heartbeat_seconds=settings.TRAINYARD["HEARTBEAT_SECONDS"],
+        )
+        self.instance_id = str(connected.instance.pk)
+        if connected.previous_channel and connected.previous_channel != self.channel_name:
+            await self.channel_layer.send(connected.previous_channel, {"type": "runner.replaced"})
+        await self.send(text_data=connected.welcome.model_dump_json())
+        await _enqueue_schedule()
+
+    async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
+        await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id)
+
+    async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
+        ok = await database_sync_to_async(job_accept)(job_id=message.job, instance_id=self.instance_id, lease=message.lease)
+        if not ok:
+            cancel = protocol.CancelJob(job=message.job, reason="the lease expired: the job was given to another runner")
+            await self.send(text_data=cancel.model_dump_json())
+
+    async def on_job_rejected(self, message: protocol.JobRejected) -> None:
+        await database_sync_to_async(job_release)(job_id=message.job, reason=f"a runner refused it: {message.reason}")
+        await _enqueue_schedule()
+
+    async def on_job_state(self, message: protocol.JobState) -> None:
+        final = FINAL_STATES.get(message.state)
+        if final is None:
+            await database_sync_to_async(job_set_reason)(job_id=message.job, reason=message.reason or message.state)
+            return
+        await database_sync_to_async(_finish)(self.instance_id, message, final)
+        await _enqueue_schedule()
+
+    async def on_logs(self, message: protocol.Logs) -> None:
+        try:
+            stored = await database_sync_to_async(logs_store)(
+                job_id=message.job, instance_id=self.instance_id, first_seq=message.first_seq, lines=message.lines
+            )
+        except UnknownJob:
+            # Not this runner's job (any more): acknowledge so it stops resending.
+            ack = protocol.LogAck(job=message.job, seq=message.first_seq + len(message.lines) - 1)
+            await self.send(text_data=ack.model_dump_json())
+            return
+        if stored.new_lines:
+            lines = [[stored.first_new_seq + i, *line] for i, line in enumerate(stored.new_lines)]
+            await self.channel_layer.group_send(
+                run_group(stored.run_id), {"type": "run.logs", "job": stored.job_id, "lines": lines}
+            )
+        await self.send(text_data=protocol.LogAck(job=message.job, seq=stored.last_seq).model_dump_json())
+
+    # ------------------------------------------------------- channel events
+
+    async def runner_frame(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=event["frame"])
+
+    async def runner_replaced(self, event: dict[str, Any]) -> None:
+        self.instance_id = None  # the new connection owns the instance now
+        await self.close(code=protocol.CLOSE_REPLACED)
+
+
+def _finish(instance_id: str, message: protocol.JobState, status: JobStatus) -> None:
+    reason = message.reason
+    if status == JobStatus.FAILED and not reason and message.exit_code is not None:
+        reason = f"exited with code {message.exit_code}"
+    job_finish(job_id=message.job, status=status, exit_code=message.exit_code, reason=reason, instance_id=instance_id)
+    instance_job_done(instance_id=instance_id)
+
+
+async def _enqueue_schedule() -> None:
+    from backend.runs.tasks import schedule
+
+    await database_sync_to_async(schedule.delay)()
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+

@@ -1,0 +1,114 @@
+"""Runs (one submission), their jobs, and the jobs' log lines."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from backend.core.models import WorkspaceOwnedModel
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for a runner
+    ASSIGNED = "assigned"  # offered to a runner under a lease
+    RUNNING = "running"  # accepted: preparing, running or uploading
+    STOPPING = "stopping"  # cancel sent to the runner
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+FINISHED_RUN = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED)
+FINISHED_JOB = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+ACTIVE_JOB = (JobStatus.ASSIGNED, JobStatus.RUNNING, JobStatus.STOPPING)
+
+
+class CodeKind(models.TextChoices):
+    GIT = "git"
+    ARCHIVE = "archive"
+
+
+class Run(WorkspaceOwnedModel):
+    name = models.CharField(max_length=100)
+    workflow = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    status_reason = models.CharField(max_length=1000, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    submitted_by = models.ForeignKey("accounts.User", null=True, on_delete=models.SET_NULL, related_name="+")
+    repo = models.ForeignKey("repos.Repo", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    code_kind = models.CharField(max_length=16, choices=CodeKind.choices)
+    repo_url = models.CharField(max_length=500, blank=True)
+    commit = models.CharField(max_length=64, blank=True)
+    patch_blob = models.ForeignKey(
+        "artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    archive_blob = models.ForeignKey(
+        "artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    workflows_file_path = models.CharField(max_length=300)
+    workflows_file_text = models.TextField()
+    env_overrides = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_run_name")]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="run_ws_created"),
+            models.Index(fields=["workspace", "status"], name="run_ws_status"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(WorkspaceOwnedModel):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="jobs")
+    name = models.CharField(max_length=200)
+    workflow = models.CharField(max_length=200)
+    # The resolved spec: commands, env, artifacts, resources, provider.
+    spec = models.JSONField()
+    cpu = models.PositiveIntegerField(null=True, blank=True)
+    memory_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    gpu_count = models.PositiveIntegerField(default=0)
+    gpu_name = models.CharField(max_length=100, blank=True)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    status_reason = models.CharField(max_length=1000, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=1)
+    instance = models.ForeignKey(
+        "clouds.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    lease = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Highest log seq stored: the de-duplication watermark (see runs.services.logs).
+    last_seq = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+
+
+class LogLine(models.Model):
+    """One line of a job's output. (job, seq) is the key: exactly-once storage.
+
+    No surrogate id and no workspace column: at 50k+ lines/s every byte per
+    row counts; tenancy is checked on the job (see docs/decisions).
+    """
+
+    pk = models.CompositePrimaryKey("job_id", "seq")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=True, related_name="+")
+    seq = models.BigIntegerField()
+    ts = models.DateTimeField()
+    stream = models.CharField(max_length=1)
+    text = models.TextField()

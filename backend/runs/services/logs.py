@@ -1,0 +1,71 @@
+"""Exactly-once storage of log lines sent at-least-once by runners.
+
+The runner numbers each job's lines 1, 2, 3, … and resends everything above
+the last acknowledged seq after a reconnect. ``Job.last_seq`` is the
+watermark: a batch is trimmed to the lines above it and written with one
+``COPY``, and the watermark moves in the same transaction. The job row is
+locked (``SELECT … FOR UPDATE``) for the duration, so two connections of the
+same runner (an old one not yet closed and its replacement) cannot both write
+the same seqs, whichever web process holds them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db import connection, transaction
+
+from backend.runs.models import Job
+from trainyard_runner.protocol import LogLineWire
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoredLogs:
+    job_id: str
+    run_id: str
+    last_seq: int  # the watermark after this batch: what the runner is acked
+    first_new_seq: int  # seq of new_lines[0]
+    new_lines: list[LogLineWire]  # the lines this call stored (maybe none)
+
+
+class UnknownJob(Exception):
+    """The job does not exist or is not this runner's."""
+
+
+def logs_store(*, job_id: str, instance_id: str, first_seq: int, lines: list[LogLineWire]) -> StoredLogs:
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .only("id", "run_id", "last_seq", "instance_id")
+            .filter(pk=job_id, instance_id=instance_id)
+            .first()
+        )
+        if job is None:
+            raise UnknownJob(job_id)
+        skip = job.last_seq + 1 - first_seq
+        if skip < 0:
+            # A gap: lines between the watermark and first_seq never arrived.
+            # Store nothing; the ack tells the runner where to resume.
+            logger.warning("job %s: gap before seq %s (stored up to %s)", job_id, first_seq, job.last_seq)
+            return StoredLogs(str(job.pk), str(job.run_id), job.last_seq, job.last_seq + 1, [])
+        new = lines[skip:]
+        if new:
+            _copy(str(job.pk), job.last_seq + 1, new)
+            Job.objects.filter(pk=job.pk).update(last_seq=job.last_seq + len(new))
+        return StoredLogs(str(job.pk), str(job.run_id), job.last_seq + len(new), job.last_seq + 1, new)
+
+
+def _copy(job_id: str, first_seq: int, lines: list[LogLineWire]) -> None:
+    """COPY is 5–10× faster than INSERT for batches of thousands of rows."""
+    raw = connection.cursor().cursor  # the psycopg cursor under Django's wrapper
+    with raw.copy("COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
+        for offset, (ts, stream, text) in enumerate(lines):
+            # Postgres text columns cannot hold NUL; a binary blob on stdout
+            # must not make the whole batch fail.
+            copy.write_row(
+                (job_id, first_seq + offset, datetime.fromtimestamp(ts, UTC), stream, text.replace("\x00", "\ufffd"))
+            )

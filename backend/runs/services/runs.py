@@ -1,0 +1,162 @@
+"""Submitting and stopping runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+from trainyard.workflows import JobSpec, WorkflowFileError, load_workflows_file, resolve_job_spec
+
+from backend.accounts.models import User, Workspace
+from backend.artifacts.models import Blob
+from backend.core.errors import ApplicationError
+from backend.repos.models import Repo
+from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus
+from backend.runs.names import run_name
+from backend.runs.services.transitions import job_request_stop, run_refresh
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
+
+
+@dataclass(frozen=True)
+class CodeInput:
+    kind: str
+    repo_url: str = ""
+    commit: str = ""
+    patch_blob: str | None = None
+    archive_blob: str | None = None
+
+
+def run_create(
+    *,
+    workspace: Workspace,
+    user: User,
+    workflow: str,
+    workflows_file_path: str,
+    workflows_file_text: str,
+    code: CodeInput,
+    env: dict[str, str],
+) -> Run:
+    """Validate the workflow file again (the CLI did too, but the API is
+    public), then write the run and its job and enqueue scheduling. Nothing is
+    written when anything is wrong."""
+    spec = _resolve(workflows_file_path, workflows_file_text, workflow, env)
+    patch, archive = _code_blobs(workspace, code)
+    with transaction.atomic():
+        number = _next_run_number(workspace)
+        run = Run.objects.create(
+            workspace=workspace,
+            name=run_name(number),
+            workflow=workflow,
+            submitted_by=user,
+            repo=_repo(workspace, code.repo_url) if code.kind == CodeKind.GIT else None,
+            code_kind=code.kind,
+            repo_url=code.repo_url,
+            commit=code.commit,
+            patch_blob=patch,
+            archive_blob=archive,
+            workflows_file_path=workflows_file_path,
+            workflows_file_text=workflows_file_text,
+            env_overrides=env,
+            status_reason="waiting for a runner",
+        )
+        _job_create(run, spec)
+        transaction.on_commit(_enqueue_schedule)
+    return run
+
+
+def run_stop(*, run: Run, user: User) -> Run:
+    """Stop every job of the run; running ones are killed by their runner."""
+    if run.status in FINISHED_RUN:
+        return run
+    with transaction.atomic():
+        Run.objects.filter(pk=run.pk, status__in=[RunStatus.PENDING, RunStatus.RUNNING]).update(
+            status=RunStatus.STOPPING
+        )
+        for job in run.jobs.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]):
+            job_request_stop(job=job, reason=f"stopped by {user.username}")
+        run = run_refresh(run_id=str(run.pk))
+        transaction.on_commit(lambda: _send_cancels(str(run.pk)))
+    return run
+
+
+def _send_cancels(run_id: str) -> None:
+    from backend.runs.services.scheduling import job_send_cancel
+
+    for job in Job.objects.filter(run_id=run_id, status=JobStatus.STOPPING).select_related("instance"):
+        job_send_cancel(job=job)
+
+
+def _resolve(path: str, text: str, workflow: str, env: dict[str, str]) -> JobSpec:
+    try:
+        file = load_workflows_file(text, path=path)
+        return resolve_job_spec(file.get(workflow), file=file, env_overrides=env)
+    except WorkflowFileError as exc:
+        errors = [dataclasses.asdict(e) for e in exc.errors]
+        raise ApplicationError(str(exc), extra={"errors": errors}) from None
+
+
+def _code_blobs(workspace: Workspace, code: CodeInput) -> tuple[Blob | None, Blob | None]:
+    if code.kind == CodeKind.GIT:
+        if not code.repo_url or not COMMIT_RE.match(code.commit):
+            raise ApplicationError("code.kind 'git' needs repo_url and a commit (hex sha).")
+        return _blob(workspace, code.patch_blob, "patch_blob"), None
+    if code.kind == CodeKind.ARCHIVE:
+        if not code.archive_blob:
+            raise ApplicationError("code.kind 'archive' needs archive_blob (upload the archive to /blobs/ first).")
+        return None, _blob(workspace, code.archive_blob, "archive_blob")
+    raise ApplicationError(f"code.kind must be 'git' or 'archive', not {code.kind!r}.")
+
+
+def _blob(workspace: Workspace, blob_id: str | None, field: str) -> Blob | None:
+    if not blob_id:
+        return None
+    blob = Blob.objects.for_workspace(workspace).filter(pk=blob_id).first()
+    if blob is None:
+        raise ApplicationError(f"{field} {blob_id} is not a blob of this workspace: upload it to /blobs/ first.")
+    return blob
+
+
+def _next_run_number(workspace: Workspace) -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE accounts_workspace SET run_counter = run_counter + 1 WHERE id = %s RETURNING run_counter",
+            [workspace.pk],
+        )
+        return int(cur.fetchone()[0])
+
+
+def _repo(workspace: Workspace, url: str) -> Repo:
+    name = url.rstrip("/").removesuffix(".git").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or url
+    repo, _ = Repo.objects.get_or_create(workspace=workspace, url=url, defaults={"name": name})
+    return repo
+
+
+def _job_create(run: Run, spec: JobSpec) -> Job:
+    resources = spec.resources
+    return Job.objects.create(
+        workspace=run.workspace,
+        run=run,
+        name=spec.workflow,
+        workflow=spec.workflow,
+        spec={
+            "provider": spec.provider,
+            "commands": list(spec.commands),
+            "env": dict(spec.env),
+            "artifacts": list(spec.artifacts),
+            "resources": dataclasses.asdict(resources),
+        },
+        cpu=resources.cpu,
+        memory_bytes=resources.memory_bytes,
+        gpu_count=resources.gpu_count or 0,
+        gpu_name=resources.gpu_name or "",
+        status_reason="waiting for a runner",
+    )
+
+
+def _enqueue_schedule() -> None:
+    from backend.runs.tasks import schedule
+
+    schedule.delay()

@@ -1,0 +1,224 @@
+"""Matching pending jobs to runners, and asking backends for more runners.
+
+Called from Celery tasks (``runs.tasks.schedule``), never from a request.
+Safe to run concurrently in several workers: pending jobs and idle instances
+are claimed with ``SELECT … FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.accounts.services import hash_token
+from backend.artifacts.storage import get_storage
+from backend.clouds.backends import get_backend
+from backend.clouds.backends.base import BackendError, Requirements
+from backend.clouds.models import LIVE_STATUSES, BackendKind, Instance, InstanceStatus
+from backend.runs.events import send_to_channel
+from backend.runs.models import Job, JobStatus, Run
+from backend.runs.services.transitions import job_finish, run_refresh
+from trainyard_runner import protocol
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    assigned: list[str]
+    provisioned: list[str]
+    waiting: list[str]
+
+
+def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
+    """1. Claim pending jobs, oldest first. 2. Give each an idle runner of its
+    workspace that fits. 3. For the rest, say why they wait, and start local
+    runners while the pool has room. 4. After commit: send the assignments
+    and start the processes (no network or process calls inside the
+    transaction)."""
+    assigned: list[Job] = []
+    to_provision: list[Instance] = []
+    waiting: list[str] = []
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update(skip_locked=True)
+            .filter(status=JobStatus.PENDING)
+            .select_related("run")
+            .order_by("created_at")[:limit]
+        )
+        budget = _pool_room()
+        for job in jobs:
+            instance = _claim_runner(job)
+            if instance is not None:
+                _assign(job, instance)
+                assigned.append(job)
+                continue
+            reason, new_instance = _wait_or_provision(job, budget)
+            if new_instance is not None:
+                budget -= 1
+                to_provision.append(new_instance)
+            waiting.append(str(job.pk))
+            _set_waiting_reason(job, reason)
+    for job in assigned:
+        job_send_assignment(job=job)
+    for instance in to_provision:
+        instance_provision(instance=instance)
+    return ScheduleResult([str(j.pk) for j in assigned], [str(i.pk) for i in to_provision], waiting)
+
+
+def job_send_assignment(*, job: Job) -> None:
+    instance = job.instance
+    if instance is None or not instance.channel_name:
+        return  # the lease runs out and the reconciler re-queues the job
+    send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": _assign_frame(job).model_dump_json()})
+
+
+def job_send_cancel(*, job: Job) -> None:
+    instance = job.instance
+    if instance is not None and instance.channel_name:
+        frame = protocol.CancelJob(job=str(job.pk), reason=job.status_reason)
+        send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
+
+
+def instance_provision(*, instance: Instance) -> None:
+    """Start the machine for a new Instance row; a failure is recorded on it."""
+    token = secrets.token_urlsafe(32)
+    Instance.objects.filter(pk=instance.pk).update(token_hash=hash_token(token))
+    try:
+        backend_id = get_backend(instance.backend).provision(instance=instance, runner_token=token)
+    except BackendError as exc:
+        logger.warning("provisioning %s failed: %s", instance.name, exc)
+        Instance.objects.filter(pk=instance.pk).update(
+            status=InstanceStatus.TERMINATED, status_reason=str(exc), terminated_at=timezone.now()
+        )
+        return
+    Instance.objects.filter(pk=instance.pk).update(backend_id=backend_id)
+
+
+def instance_terminate(*, instance: Instance, reason: str) -> None:
+    """Mark terminated and stop the machine; its active jobs fail with ``reason``."""
+    changed = Instance.objects.filter(pk=instance.pk).exclude(status=InstanceStatus.TERMINATED).update(
+        status=InstanceStatus.TERMINATED, status_reason=reason, terminated_at=timezone.now(), channel_name=""
+    )
+    for job in Job.objects.filter(instance=instance, status__in=[JobStatus.ASSIGNED, JobStatus.RUNNING]):
+        job_finish(job_id=str(job.pk), status=JobStatus.FAILED, exit_code=None, reason=reason)
+    for job in Job.objects.filter(instance=instance, status=JobStatus.STOPPING):
+        job_finish(job_id=str(job.pk), status=JobStatus.STOPPED, exit_code=None, reason=reason)
+    if changed:
+        get_backend(instance.backend).terminate(instance=instance)
+
+
+def requirements_of(job: Job) -> Requirements:
+    return Requirements(cpu=job.cpu, memory_bytes=job.memory_bytes, gpu_count=job.gpu_count, gpu_name=job.gpu_name)
+
+
+def _claim_runner(job: Job) -> Instance | None:
+    req = requirements_of(job)
+    query = (
+        Instance.objects.select_for_update(skip_locked=True)
+        .filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
+        .exclude(channel_name="")
+        .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
+        .order_by("idle_since")
+    )
+    for instance in query[:20]:
+        if _gpus_fit(req, instance.gpus):
+            return instance
+    return None
+
+
+def _gpus_fit(req: Requirements, gpus: list[dict[str, object]]) -> bool:
+    if not req.gpu_count:
+        return True
+    name = req.gpu_name.lower()
+    return sum(1 for g in gpus if name in str(g.get("name", "")).lower()) >= req.gpu_count
+
+
+def _assign(job: Job, instance: Instance) -> None:
+    lease = uuid.uuid4().hex
+    expires = timezone.now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"])
+    Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(
+        status=JobStatus.ASSIGNED,
+        instance=instance,
+        lease=lease,
+        lease_expires_at=expires,
+        status_reason=f"assigned to runner {instance.name}",
+    )
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.BUSY, idle_since=None)
+    job.refresh_from_db()
+    run_refresh(run_id=str(job.run_id))
+
+
+def _wait_or_provision(job: Job, budget: int) -> tuple[str, Instance | None]:
+    if not settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]:
+        return "waiting for a runner: no backend is configured for this workspace", None
+    backend = get_backend(BackendKind.LOCAL)
+    impossible = backend.unsatisfiable_reason(requirements_of(job))
+    if impossible:
+        return f"no backend can run this job: {impossible}", None
+    starting = Instance.objects.filter(
+        workspace_id=job.workspace_id, status=InstanceStatus.PROVISIONING, backend=BackendKind.LOCAL
+    ).count()
+    waiting_before = Job.objects.filter(
+        workspace_id=job.workspace_id, status=JobStatus.PENDING, created_at__lt=job.created_at
+    ).count()
+    if starting > waiting_before:
+        return "waiting for a runner: one is starting", None
+    if budget <= 0:
+        limit = settings.TRAINYARD["LOCAL_RUNNERS_MAX"]
+        return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)", None
+    instance = Instance.objects.create(
+        workspace_id=job.workspace_id,
+        backend=BackendKind.LOCAL,
+        name=f"local-{uuid.uuid4().hex[:8]}",
+        token_hash=f"unset-{uuid.uuid4().hex}",
+        status_reason="starting a local runner",
+    )
+    return "waiting for a runner: starting one", instance
+
+
+def _pool_room() -> int:
+    live = Instance.objects.filter(backend=BackendKind.LOCAL, status__in=LIVE_STATUSES).count()
+    return max(0, settings.TRAINYARD["LOCAL_RUNNERS_MAX"] - live)
+
+
+def _set_waiting_reason(job: Job, reason: str) -> None:
+    if job.status_reason != reason:
+        Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(status_reason=reason)
+        run_refresh(run_id=str(job.run_id))
+
+
+def _assign_frame(job: Job) -> protocol.AssignJob:
+    run: Run = job.run
+    spec = job.spec
+    return protocol.AssignJob(
+        job=str(job.pk),
+        lease=job.lease,
+        lease_seconds=settings.TRAINYARD["LEASE_SECONDS"],
+        run_name=run.name,
+        workflow=job.workflow,
+        commands=spec["commands"],
+        env={**spec["env"], "TRAINYARD_RUN_NAME": run.name, "TRAINYARD_JOB_ID": str(job.pk)},
+        code=_code_spec(run),
+        artifacts=[protocol.ArtifactSpec(path=p) for p in spec["artifacts"]],
+        api_url=f"{settings.PUBLIC_URL}/api/v1",
+    )
+
+
+def _code_spec(run: Run) -> protocol.CodeSpec:
+    storage = get_storage()
+    if run.code_kind == "archive":
+        assert run.archive_blob is not None
+        return protocol.CodeSpec(
+            kind="archive", archive_url=storage.signed_url(run.archive_blob.storage_key, method="GET")
+        )
+    patch_url = storage.signed_url(run.patch_blob.storage_key, method="GET") if run.patch_blob else ""
+    return protocol.CodeSpec(kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url)

@@ -1,0 +1,196 @@
+"""Every message between a runner and the server, in one place.
+
+The runner connects one websocket to ``/ws/runner/`` with the header
+``Authorization: Bearer <runner token>`` and sends ``Hello`` first. After
+that both sides send JSON text frames, each one of the models below; the
+``type`` field tells which. The backend imports this module from the runner
+package, never the reverse.
+
+Delivery of log lines is at-least-once from the runner and exactly-once in
+storage: the runner numbers lines per job from 1 (``seq``), the server stores
+lines it has not stored yet and answers ``LogAck`` with the highest seq that
+is stored for that job. The runner keeps every line above the acknowledged
+seq in its spool and resends from there after a reconnect.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+
+# A log line as sent on the wire: [unix time in seconds, stream, text].
+# stream is "o" (stdout) or "e" (stderr). Compact on purpose: a 200k-line job
+# sends 200k of these.
+LogLineWire = tuple[float, Literal["o", "e"], str]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(_Message):
+    cpus: int = Field(ge=1)
+    memory_bytes: int = Field(ge=0)
+    disk_bytes: int = Field(ge=0)
+    gpus: list[Gpu] = Field(default_factory=list)
+
+
+class Gpu(_Message):
+    name: str
+    memory_bytes: int = Field(ge=0)
+
+
+# ---------------------------------------------------------------- runner → server
+
+
+class Hello(_Message):
+    """First frame after connecting. ``running_jobs`` lists jobs the runner is
+    still executing from before a reconnect, so the server does not re-queue
+    them."""
+
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    version: str
+    hostname: str
+    resources: Resources
+    running_jobs: list[str] = Field(default_factory=list)
+
+
+class JobAccepted(_Message):
+    """The runner takes an assigned job; must arrive before the lease ends."""
+
+    type: Literal["job_accepted"] = "job_accepted"
+    job: str
+    lease: str
+
+
+class JobRejected(_Message):
+    type: Literal["job_rejected"] = "job_rejected"
+    job: str
+    lease: str
+    reason: str
+
+
+class JobState(_Message):
+    """A job changed state on the runner.
+
+    ``running``: the commands started. ``succeeded``/``failed``: the commands
+    ended (``exit_code`` set) and every log line has been acknowledged and
+    every artifact uploaded. ``stopped``: ended by a ``CancelJob``.
+    ``failed`` with ``exit_code`` None means the runner could not run the job
+    (clone failed, artifact upload failed, …); ``reason`` says why.
+    """
+
+    type: Literal["job_state"] = "job_state"
+    job: str
+    state: Literal["preparing", "running", "uploading", "succeeded", "failed", "stopped"]
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class Logs(_Message):
+    """A batch of consecutive lines of one job: seqs first_seq .. first_seq+len-1."""
+
+    type: Literal["logs"] = "logs"
+    job: str
+    first_seq: int = Field(ge=1)
+    lines: list[LogLineWire] = Field(min_length=1, max_length=20_000)
+
+
+class Heartbeat(_Message):
+    type: Literal["heartbeat"] = "heartbeat"
+    state: Literal["idle", "busy"]
+
+
+RunnerMessage = Annotated[
+    Hello | JobAccepted | JobRejected | JobState | Logs | Heartbeat,
+    Field(discriminator="type"),
+]
+runner_message = TypeAdapter(RunnerMessage)
+
+
+# ---------------------------------------------------------------- server → runner
+
+
+class ArtifactSpec(_Message):
+    path: str  # relative to the job's working directory, e.g. "./base_model"
+
+
+class CodeSpec(_Message):
+    """Where the job's code comes from: a git remote at a commit plus an
+    optional binary patch (``git apply``), or an archive (tar.gz) to download."""
+
+    kind: Literal["git", "archive"]
+    repo_url: str = ""
+    commit: str = ""
+    patch_url: str = ""  # signed GET url; empty when there is no patch
+    archive_url: str = ""  # signed GET url; kind == "archive"
+
+
+class AssignJob(_Message):
+    """A job for the runner. It must answer ``JobAccepted`` with the same
+    lease within ``lease_seconds`` or the server takes the job back."""
+
+    type: Literal["assign_job"] = "assign_job"
+    job: str
+    lease: str
+    lease_seconds: float
+    run_name: str
+    workflow: str
+    commands: list[str]
+    env: dict[str, str]
+    code: CodeSpec
+    artifacts: list[ArtifactSpec]
+    # Base URL of the REST API for artifact uploads (runner token auth).
+    api_url: str
+
+
+class CancelJob(_Message):
+    type: Literal["cancel_job"] = "cancel_job"
+    job: str
+    reason: str = ""
+
+
+class LogAck(_Message):
+    type: Literal["log_ack"] = "log_ack"
+    job: str
+    seq: int  # highest seq stored for the job
+
+
+class Welcome(_Message):
+    """Answer to Hello. ``acked`` gives, for every job in ``running_jobs`` and
+    every job the server still expects logs for, the highest stored seq, so the
+    runner resends exactly what is missing."""
+
+    type: Literal["welcome"] = "welcome"
+    instance: str
+    heartbeat_seconds: float
+    acked: dict[str, int] = Field(default_factory=dict)
+    # Jobs the server no longer wants (stopped or failed meanwhile).
+    cancel: list[str] = Field(default_factory=list)
+
+
+class Shutdown(_Message):
+    """The server retires this runner (idle timeout): finish and exit 0."""
+
+    type: Literal["shutdown"] = "shutdown"
+    reason: str = ""
+
+
+ServerMessage = Annotated[
+    AssignJob | CancelJob | LogAck | Welcome | Shutdown,
+    Field(discriminator="type"),
+]
+server_message = TypeAdapter(ServerMessage)
+
+# Close codes the server uses; the runner treats 4401/4403/4409 as fatal.
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_BAD_MESSAGE = 4400
+CLOSE_VERSION_MISMATCH = 4409
+CLOSE_REPLACED = 4410  # a newer connection of the same runner took over
+
+Resources.model_rebuild()
