@@ -45,7 +45,7 @@ def job_log_lines(*, job: Job, after_seq: int, limit: int) -> list[tuple[int, fl
 
 def _is_uuid(value: str) -> bool:
     try:
-        uuid.UUID(value)
+        uuid.UUID(str(value))
     except ValueError:
         return False
     return True

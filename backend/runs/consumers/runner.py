@@ -124,6 +124,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def runner_frame(self, event: dict[str, Any]) -> None:
         await self.send(text_data=event["frame"])
 
+    async def runner_drop(self, event: dict[str, Any]) -> None:
+        # 1012 "service restart": the runner reconnects and resends.
+        await self.close(code=1012)
+
     async def runner_replaced(self, event: dict[str, Any]) -> None:
         self.instance_id = None  # the new connection owns the instance now
         await self.close(code=protocol.CLOSE_REPLACED)

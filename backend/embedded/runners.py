@@ -1,0 +1,60 @@
+"""Clean-up of ``trainyard-runner`` processes started by the ``local`` backend.
+
+The local backend starts each runner detached in its own session and writes
+``$TRAINYARD_DATA_DIR/local-runners/<instance-id>.pid``. Runners outlive the
+Celery worker that started them, so whoever owns the data dir (the supervisor,
+the e2e stack) kills them on shutdown and after a crash.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from backend.embedded.processes import cmdline, groups_stop, pid_alive, pid_stop
+
+# The console script, or `python -m trainyard_runner` as the local backend starts it.
+RUNNER_MARKERS = ("trainyard-runner", "trainyard_runner")
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+def local_runners_kill(data_dir: Path) -> list[int]:
+    """Kill every runner that has a pidfile under ``data_dir``; delete the pidfiles.
+
+    1. Read each pidfile; skip pids that are dead or whose command line does
+       not name the runner (the pid was reused by something else).
+    2. SIGTERM each runner's process group (a lone process if the runner is
+       not a group leader, so we never hit a group it merely joined), SIGKILL
+       what is left after 5 s.
+    3. Delete all pidfiles, including unreadable and stale ones.
+
+    Returns the pids that were signalled.
+    """
+    pidfiles = sorted((data_dir / "local-runners").glob("*.pid"))
+    pids = [pid for pid in map(_read_pid, pidfiles) if pid and _is_runner(pid)]
+    leaders = [pid for pid in pids if _pgid(pid) == pid]
+    groups_stop(leaders, timeout=STOP_TIMEOUT_SECONDS)
+    for pid in set(pids) - set(leaders):
+        pid_stop(pid, timeout=STOP_TIMEOUT_SECONDS)
+    for pidfile in pidfiles:
+        pidfile.unlink(missing_ok=True)
+    return pids
+
+
+def _read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_runner(pid: int) -> bool:
+    command = cmdline(pid)
+    return pid_alive(pid) and any(marker in command for marker in RUNNER_MARKERS)
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return pid

@@ -1,0 +1,139 @@
+"""The websocket consumers, driven with Channels' WebsocketCommunicator
+against the real channel layer (Redis) and database."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+
+from backend.accounts.models import Workspace
+from backend.accounts.services import hash_token
+from backend.clouds.models import Instance, InstanceStatus
+from backend.config.asgi import application
+from backend.runs.events import run_group
+from backend.runs.models import LogLine, Run
+from backend.runs.services.logs import logs_store
+from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.services.transitions import job_accept
+from tests.support.fixtures import Person
+from trainyard_runner import protocol
+
+# database_sync_to_async closes connections between calls, which would end
+# a test's wrapping transaction: these tests commit for real.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HELLO = protocol.Hello(
+    version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
+)
+
+
+def _runner(team: Workspace, token: str = "runner-secret") -> Instance:
+    return Instance.objects.create(
+        workspace=team, backend="local", name="local-x", token_hash=hash_token(token),
+        status=InstanceStatus.PROVISIONING,
+    )
+
+
+def _connect(path: str, token: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+def test_a_runner_with_a_wrong_token_is_closed_4401(team: Workspace) -> None:
+    _runner(team)
+
+    async def scenario() -> Any:
+        ws = _connect("/ws/runner/", "wrong")
+        await ws.connect()
+        closed = await ws.receive_output(timeout=5)
+        await ws.wait()
+        return closed
+
+    assert async_to_sync(scenario)() == {"type": "websocket.close", "code": 4401}
+
+
+def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, run: Run) -> None:
+    instance = _runner(team)
+
+    async def hello() -> dict[str, Any]:
+        ws = _connect("/ws/runner/", "runner-secret")
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_dump_json())
+        welcome = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return welcome
+
+    welcome = async_to_sync(hello)()
+    instance.refresh_from_db()
+    assert welcome["type"] == "welcome" and welcome["instance"] == str(instance.pk)
+    assert (instance.status, instance.cpus, instance.hostname) == (InstanceStatus.IDLE, 2, "box")
+
+    Instance.objects.filter(pk=instance.pk).update(channel_name="x")
+    jobs_schedule()
+    job = run.jobs.get()
+    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+
+    async def logs() -> list[dict[str, Any]]:
+        ws = _connect("/ws/runner/", "runner-secret")
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [str(job.pk)]}).model_dump_json())
+        welcome = json.loads(await ws.receive_from(timeout=5))
+        batch = protocol.Logs(job=str(job.pk), first_seq=1, lines=[(1.0, "o", "a"), (2.0, "e", "b")])
+        await ws.send_to(text_data=batch.model_dump_json())
+        ack = json.loads(await ws.receive_from(timeout=5))
+        await ws.send_to(text_data=batch.model_dump_json())  # a resend after a lost ack
+        ack_again = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return [welcome, ack, ack_again]
+
+    welcome, ack, ack_again = async_to_sync(logs)()
+    assert welcome["acked"] == {str(job.pk): 0}
+    assert ack == ack_again == {"type": "log_ack", "job": str(job.pk), "seq": 2}
+    assert list(LogLine.objects.filter(job_id=job.pk).values_list("seq", "stream", "text")) == [
+        (1, "o", "a"), (2, "e", "b"),
+    ]
+
+
+def test_a_follower_needs_credentials_and_membership(run: Run, outsider: Person) -> None:
+    path = f"/ws/v1/workspaces/acme/runs/{run.name}/"
+
+    async def close_code(token: str | None) -> int:
+        ws = _connect(path, token)
+        await ws.connect()
+        message = await ws.receive_output(timeout=5)
+        await ws.wait()
+        return message["code"]
+
+    assert async_to_sync(close_code)(None) == 4401
+    assert async_to_sync(close_code)(outsider.token) == 4404
+
+
+def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: Run, member: Person) -> None:
+    instance = _runner(team)
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE, channel_name="x")
+    jobs_schedule()
+    job = run.jobs.get()
+    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "one"), (2.0, "o", "two")])
+
+    async def follow() -> list[dict[str, Any]]:
+        ws = _connect(f"/ws/v1/workspaces/acme/runs/{run.name}/?after_seq=1", member.token)
+        await ws.connect()
+        frames = [json.loads(await ws.receive_from(timeout=5)) for _ in range(2)]
+        layer = get_channel_layer()
+        # Seq 2 again (published while the backlog was read), then seq 3.
+        lines = [[2, 2.0, "o", "two"], [3, 3.0, "o", "three"]]
+        await layer.group_send(run_group(run.pk), {"type": "run.logs", "job": str(job.pk), "lines": lines})
+        frames.append(json.loads(await ws.receive_from(timeout=5)))
+        await ws.disconnect()
+        return frames
+
+    snapshot, backlog, live = async_to_sync(follow)()
+    assert snapshot["type"] == "run" and snapshot["run"]["name"] == run.name
+    assert backlog["lines"] == [[2, 2.0, "o", "two"]]
+    assert live["lines"] == [[3, 3.0, "o", "three"]]
