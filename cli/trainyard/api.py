@@ -1,0 +1,280 @@
+"""The Python SDK: a typed client of the Trainyard REST API (docs/API.md).
+
+    from trainyard.api import Client
+    client = Client("http://127.0.0.1:8000", token="trainyard_…")
+    run = client.get_run("brave-otter-1")
+
+Every failure is an ``ApiError`` whose ``message`` a person can act on (the
+server's own message when it sent one); ``ServerUnreachable`` when nothing
+answers. Every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO, Literal, TypedDict, cast
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from . import __version__
+
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
+FINISHED = ("succeeded", "failed", "stopped")
+
+
+class Job(TypedDict):
+    id: str
+    name: str
+    status: str
+    status_reason: str
+    exit_code: int | None
+    attempt: int
+    instance: Any
+    resources: dict[str, Any]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    last_seq: int
+
+
+class Run(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    status: str
+    status_reason: str
+    exit_code: int | None
+    submitted_by: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    code: dict[str, Any]
+    jobs: list[Job]
+
+
+class RunPage(TypedDict):
+    count: int
+    next: str | None
+    previous: str | None
+    results: list[Run]
+
+
+class LogLine(TypedDict):
+    seq: int
+    ts: float | str
+    stream: Literal["o", "e"]
+    text: str
+
+
+class LogPage(TypedDict):
+    job: str
+    lines: list[LogLine]
+    has_more: bool
+
+
+class ArtifactFile(TypedDict):
+    path: str
+    size: int
+    sha256: str
+
+
+class Artifact(TypedDict):
+    id: str
+    job: str
+    path: str
+    status: str
+    total_size: int
+    files: list[ArtifactFile]
+
+
+class Blob(TypedDict):
+    id: str
+    size: int
+    sha256: str
+
+
+class Me(TypedDict):
+    username: str
+    default_workspace: str
+    workspaces: list[dict[str, str]]
+
+
+class ApiError(Exception):
+    """A request failed. ``errors`` holds workflow-file errors from a 400
+    (``{"file", "line", "key", "message"}`` each)."""
+
+    def __init__(self, message: str, *, status: int | None = None, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.errors = errors or []
+
+
+class ServerUnreachable(ApiError):
+    """Nothing answered at the server's URL."""
+
+
+class Client:
+    """One workspace of one Trainyard server. ``workspace=None`` uses the
+    caller's default workspace (asked once, from ``me()``)."""
+
+    def __init__(self, url: str, token: str, workspace: str | None = None, *, timeout: httpx.Timeout = TIMEOUT, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self._workspace = workspace
+        headers = {"Authorization": f"Bearer {token}", "User-Agent": f"trainyard-cli/{__version__}"}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def workspace(self) -> str:
+        if self._workspace is None:
+            self._workspace = self.me()["default_workspace"]
+        return self._workspace
+
+    def me(self) -> Me:
+        return cast(Me, self._request("GET", "/api/v1/me/"))
+
+    def upload_blob(self, data: bytes | Path) -> Blob:
+        """Upload code (a tar.gz or a patch); a Path is streamed from disk."""
+        if isinstance(data, Path):
+            with data.open("rb") as f:
+                size = data.stat().st_size
+                return cast(Blob, self._blob(f, size))
+        return cast(Blob, self._blob(data, len(data)))
+
+    def create_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None) -> Run:
+        body = {
+            "workflow": workflow,
+            "workflows_file": {"path": workflows_file_path, "text": workflows_file_text},
+            "code": code,
+            "env": env or {},
+        }
+        return cast(Run, self._request("POST", self._ws("runs/"), json=body))
+
+    def list_runs(self, *, status: str | None = None, workflow: str | None = None, page: int = 1, page_size: int = 20) -> RunPage:
+        params = {k: v for k, v in {"status": status, "workflow": workflow, "page": page, "page_size": page_size}.items() if v is not None}
+        return cast(RunPage, self._request("GET", self._ws("runs/"), params=params))
+
+    def iter_runs(self, *, status: str | None = None, workflow: str | None = None, page_size: int = 100) -> Iterator[Run]:
+        """Every run, newest first, page by page."""
+        page = 1
+        while True:
+            result = self.list_runs(status=status, workflow=workflow, page=page, page_size=page_size)
+            yield from result["results"]
+            if not result.get("next") or not result["results"]:
+                return
+            page += 1
+
+    def get_run(self, name: str) -> Run:
+        return cast(Run, self._request("GET", self._ws(f"runs/{quote(name, safe='')}/")))
+
+    def stop_run(self, name: str) -> Run:
+        return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/stop/")))
+
+    def job_logs(self, job: str, *, after_seq: int = 0, limit: int = 1000) -> LogPage:
+        params = {"after_seq": after_seq, "limit": limit}
+        return cast(LogPage, self._request("GET", self._ws(f"jobs/{quote(job, safe='')}/logs/"), params=params))
+
+    def iter_job_logs(self, job: str, *, after_seq: int = 0, limit: int = 10000) -> Iterator[list[LogLine]]:
+        """Pages of a job's stored lines after ``after_seq``, until the end."""
+        while True:
+            page = self.job_logs(job, after_seq=after_seq, limit=limit)
+            if page["lines"]:
+                yield page["lines"]
+                after_seq = page["lines"][-1]["seq"]
+            if not page["has_more"] or not page["lines"]:
+                return
+
+    def list_artifacts(self, run: str) -> list[Artifact]:
+        return cast(list[Artifact], self._request("GET", self._ws(f"runs/{quote(run, safe='')}/artifacts/")))
+
+    def download_artifact_file(self, artifact_id: str, path: str, out: BinaryIO) -> tuple[int, str]:
+        """Stream one file into ``out`` (following the redirect to its signed
+        URL); returns (bytes written, sha256 hex) for checking."""
+        url = self._ws(f"artifacts/{quote(artifact_id, safe='')}/files/{quote(path)}")
+        digest, size = hashlib.sha256(), 0
+        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error_from(response)
+            for chunk in response.iter_bytes(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        return size, digest.hexdigest()
+
+    def ws_url(self, run: str, *, after_seq: int = 0) -> str:
+        """The run's websocket URL (http→ws, https→wss)."""
+        base = "ws" + self.url[len("http") :] if self.url.startswith("http") else self.url
+        query = urlencode({"after_seq": after_seq})
+        return f"{base}/ws/v1/workspaces/{quote(self.workspace, safe='')}/runs/{quote(run, safe='')}/?{query}"
+
+    # ------------------------------------------------------------ private
+
+    def _ws(self, rest: str) -> str:
+        return f"/api/v1/workspaces/{quote(self.workspace, safe='')}/{rest}"
+
+    def _blob(self, content: bytes | BinaryIO, size: int) -> Any:
+        # An explicit Content-Length keeps httpx from chunking a file upload.
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        return self._request("POST", self._ws("blobs/"), content=content, headers=headers, timeout=TRANSFER_TIMEOUT)
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> Any:
+        with self._guard():
+            response = self._http.request(method, url, **kwargs)
+        if response.status_code >= 400:
+            raise _error_from(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(f"the server answered {method} {url} with something that is not JSON (HTTP {response.status_code})", status=response.status_code) from None
+
+    def _guard(self) -> AbstractContextManager[None]:
+        return _transport_errors(self.url)
+
+
+@contextmanager
+def _transport_errors(url: str) -> Iterator[None]:
+    """Turns httpx transport failures into ApiError / ServerUnreachable."""
+    try:
+        yield
+    except httpx.ConnectError:
+        raise ServerUnreachable(f"cannot reach Trainyard at {url}: is the server running (make run)?") from None
+    except httpx.TimeoutException as e:
+        raise ApiError(f"Trainyard at {url} did not answer in time ({type(e).__name__})") from None
+    except httpx.TransportError as e:
+        raise ApiError(f"connection to Trainyard at {url} failed: {e}") from None
+
+
+def _error_from(response: httpx.Response) -> ApiError:
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
+        errors = extra.get("errors") if isinstance(extra.get("errors"), list) else []
+        message = body["message"]
+    else:
+        errors, message = [], f"HTTP {status} from {response.request.method} {response.request.url.path}: {response.text[:200].strip()}"
+    if status == 401:
+        message += " (check TRAINYARD_TOKEN, or run `trainyard login`)"
+    return ApiError(message, status=status, errors=errors)

@@ -1,0 +1,322 @@
+"""The ``trainyard`` command.
+
+Exit codes: 0 success; 1 an error (bad workflow file, server error, server
+unreachable, missing token, a failed or stopped run without an exit code);
+2 bad usage; ``trainyard run`` returns the job's exit code when the run
+failed with one; 130 when following is interrupted with Ctrl-C (the run
+continues). The CLI's own messages go to stderr; stdout carries the job's
+stdout, tables, JSON, and the run name of ``run -d``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn
+
+import click
+
+from . import __version__
+from .api import FINISHED, ApiError, Artifact, Client, Run
+from .code import CodeError, find_workspace, prepare_code
+from .config import DEFAULT_URL, ConfigError, load_config, save_config
+from .follow import Follower
+from .output import LogWriter, StatusDisplay, age, duration, print_table, size, truncate
+from .workflows import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_job_spec
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CliError(click.ClickException):
+    """An error shown as ``error: message`` plus detail lines, exit code 1."""
+
+    def __init__(self, message: str, details: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or []
+
+    def show(self, file: Any = None) -> None:
+        lines = [f"error: {self.message}"] if self.message else []
+        click.echo("\n".join([*lines, *self.details]), err=True)
+
+
+class _Group(click.Group):
+    """Turns the SDK's exceptions into CliError: a message, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WorkflowFileError as e:
+            raise CliError("", [str(err) for err in e.errors]) from None
+        except ApiError as e:
+            raise CliError(e.message, [_format_server_error(err) for err in e.errors]) from None
+        except (ConfigError, CodeError) as e:
+            raise CliError(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trainyard")
+def cli() -> None:
+    """Run ML training workflows on Trainyard.
+
+    Configuration: TRAINYARD_URL, TRAINYARD_TOKEN, TRAINYARD_WORKSPACE
+    (or `trainyard login`).
+    """
+
+
+def main() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")  # a job's odd bytes must not crash the CLI
+    cli(prog_name="trainyard")
+
+
+# ---------------------------------------------------------------- run
+
+
+@cli.command()
+@click.argument("workflow")
+@click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
+@click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Set an environment variable (repeatable).")
+@click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
+def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool) -> None:
+    """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it."""
+    env = _parse_env(env_pairs)
+    workspace = find_workspace(Path.cwd())
+    file_path = find_workflows_file(workspace.root)
+    relative = file_path.relative_to(workspace.root).as_posix()
+    text = _read_text(file_path)
+    workflows = load_workflows_file(text, path=relative)
+    resolve_job_spec(workflows.get(workflow), file=workflows, env_overrides=env)
+    client = _client()
+    code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn)
+    created = client.create_run(workflow=workflow, workflows_file_path=relative, workflows_file_text=text, code=code, env=env)
+    click.echo(f"Run {created['name']} submitted", err=True)
+    if detach:
+        click.echo(created["name"])
+        return
+    final = _follow(client, created["name"], seen={})
+    sys.exit(run_exit_code(final))
+
+
+def run_exit_code(run: Run) -> int:
+    """0 if succeeded; the failed job's exit code if it has one; else 1."""
+    if run["status"] == "succeeded":
+        return 0
+    if run["status"] == "failed":
+        codes = [run.get("exit_code")] + [j.get("exit_code") for j in run["jobs"] if j.get("status") == "failed"]
+        code = next((c for c in codes if isinstance(c, int) and c != 0), None)
+        if code is not None:
+            return code if 0 < code < 256 else 1
+    return 1
+
+
+# ---------------------------------------------------------------- ps, stop
+
+
+@cli.command()
+@click.option("-a", "--all", "show_all", is_flag=True, help="All runs, not only the most recent ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's run objects as a JSON list.")
+@click.option("-n", "limit", type=click.IntRange(min=1), default=None, help="At most N runs (default 20; no limit with -a).")
+def ps(show_all: bool, as_json: bool, limit: int | None) -> None:
+    """List runs, newest first."""
+    client = _client()
+    limit = limit if limit is not None else (None if show_all else 20)
+    runs = list(itertools.islice(client.iter_runs(page_size=min(limit or 100, 100)), limit))
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+        return
+    if not runs:
+        click.echo("No runs yet: start one with `trainyard run WORKFLOW`.", err=True)
+        return
+    reasons = [_shown_reason(r) for r in runs]
+    headers = ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION"] + (["REASON"] if any(reasons) else [])
+    rows = [[r["name"], r["workflow"], r["status"], age(r.get("created_at")), duration(r.get("duration_seconds"))] + ([truncate(reason)] if any(reasons) else []) for r, reason in zip(runs, reasons, strict=True)]
+    print_table(headers, rows, tty=sys.stdout.isatty())
+
+
+@cli.command()
+@click.argument("run_name", metavar="RUN")
+def stop(run_name: str) -> None:
+    """Stop RUN (its jobs are killed; the run ends as stopped)."""
+    stopped = _client().stop_run(run_name)
+    click.echo(f"Run {stopped['name']}: {stopped['status']}")
+
+
+# ---------------------------------------------------------------- logs
+
+
+@cli.command()
+@click.argument("run_name", metavar="RUN")
+@click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new lines until the run ends.")
+def logs(run_name: str, follow_: bool) -> None:
+    """Print the log lines of every job of RUN."""
+    client = _client()
+    current = client.get_run(run_name)
+    writer, seen = LogWriter(), {}
+    for job in current["jobs"]:
+        if len(current["jobs"]) > 1:
+            click.echo(f"==> {job['name']} <==", err=True)
+        for page in client.iter_job_logs(job["id"], limit=10000):
+            writer.write((line["stream"], line["text"]) for line in page)
+            seen[job["id"]] = page[-1]["seq"]
+    if follow_ and current["status"] not in FINISHED:
+        _follow(client, current["name"], seen=seen)
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+@cli.group(cls=_Group)
+def artifacts() -> None:
+    """List and download the artifacts of a run."""
+
+
+@artifacts.command("list")
+@click.argument("run_name", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's artifact objects.")
+def artifacts_list(run_name: str, as_json: bool) -> None:
+    """List the files of RUN's artifacts."""
+    found = _client().list_artifacts(run_name)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    rows = [[a["path"] + ("" if a["status"] == "complete" else f" ({a['status']})"), f["path"], size(f["size"]), f["sha256"][:12]] for a in found for f in a["files"]]
+    if not rows:
+        click.echo(f"Run {run_name} has no artifacts.", err=True)
+        return
+    print_table(["ARTIFACT", "FILE", "SIZE", "SHA256"], rows, tty=sys.stdout.isatty())
+
+
+@artifacts.command("download")
+@click.argument("run_name", metavar="RUN")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True, help="Directory to write into.")
+def artifacts_download(run_name: str, out_dir: Path) -> None:
+    """Download every file of RUN's artifacts to OUTPUT/<artifact>/<file>,
+    checking each file's size and sha256."""
+    client = _client()
+    found = client.list_artifacts(run_name)
+    incomplete = [a for a in found if a["status"] != "complete"]
+    for artifact in incomplete:
+        _warn(f"artifact {artifact['path']} is still {artifact['status']}; skipped")
+    count, total = 0, 0
+    for artifact in found:
+        if artifact["status"] == "complete":
+            for dest, written in _download_artifact(client, artifact, out_dir.resolve()):
+                click.echo(f"{_display_path(dest)}  {size(written)}")
+                count, total = count + 1, total + written
+    click.echo(f"Downloaded {count} file{'s' * (count != 1)} ({size(total)}) to {out_dir}", err=True)
+    if incomplete:
+        raise CliError(f"{len(incomplete)} artifact(s) of run {run_name} are not complete yet; try again when the run has finished")
+
+
+# ---------------------------------------------------------------- login
+
+
+@cli.command()
+@click.option("--url", default=None, help="The Trainyard server (default: TRAINYARD_URL or http://127.0.0.1:8000).")
+@click.option("--token", prompt="API token", hide_input=True, help="A personal API token (trainyard_…).")
+@click.option("--workspace", default=None, help="Workspace slug to use by default (else the server's default).")
+def login(url: str | None, token: str, workspace: str | None) -> None:
+    """Check a token against the server and save it for later commands."""
+    url = (url or os.environ.get("TRAINYARD_URL") or DEFAULT_URL).rstrip("/")
+    with Client(url, token, workspace) as client:
+        me = client.me()
+        chosen = workspace or me["default_workspace"]
+    path = save_config(url=url, token=token, workspace=workspace)
+    click.echo(f"Logged in to {url} as {me['username']} (workspace {chosen}); saved to {path}", err=True)
+    if os.environ.get("TRAINYARD_TOKEN"):
+        _warn("TRAINYARD_TOKEN is set in this environment and wins over the saved token")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _client() -> Client:
+    config = load_config()
+    return Client(config.url, config.require_token(), config.workspace)
+
+
+def _follow(client: Client, run_name: str, *, seen: dict[str, int]) -> Run:
+    """Follow a run to its end; Ctrl-C detaches with exit code 130."""
+    display = StatusDisplay(live=sys.stdout.isatty() and sys.stderr.isatty())
+    follower = Follower(client, run_name, writer=LogWriter(), on_run=display.update, before_logs=display.pause, seen=seen)
+    try:
+        return follower.follow()
+    except KeyboardInterrupt:
+        display.pause()
+        _detach(run_name)
+    finally:
+        display.pause()
+
+
+def _detach(run_name: str) -> NoReturn:
+    click.echo(f"\ndetached; the run continues — trainyard stop {run_name} to stop it", err=True)
+    sys.exit(130)
+
+
+def _download_artifact(client: Client, artifact: Artifact, root: Path) -> Iterator[tuple[Path, int]]:
+    for entry in artifact["files"]:
+        dest = _safe_destination(root, artifact["path"], entry["path"])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".trainyard-part")
+        with partial.open("wb") as out:
+            written, digest = client.download_artifact_file(artifact["id"], entry["path"], out)
+        if written != entry["size"] or digest != entry["sha256"]:
+            partial.unlink()
+            raise CliError(f"{artifact['path']}/{entry['path']}: downloaded {written} bytes with sha256 {digest}, but the manifest says {entry['size']} bytes with sha256 {entry['sha256']}")
+        os.replace(partial, dest)
+        yield dest, written
+
+
+def _safe_destination(root: Path, artifact_path: str, file_path: str) -> Path:
+    """root/<artifact path>/<file path>, refusing anything that leaves root."""
+    parts = [*PurePosixPath(artifact_path).parts, *PurePosixPath(file_path).parts]
+    bad = any(p in ("..", "") or p.startswith("/") for p in parts) or PurePosixPath(artifact_path).is_absolute() or PurePosixPath(file_path).is_absolute()
+    dest = root.joinpath(*[p for p in parts if p != "."]).resolve()
+    if bad or not dest.is_relative_to(root) or dest == root:
+        raise CliError(f"refusing artifact file {artifact_path}/{file_path}: its path leaves the output directory")
+    return dest
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _shown_reason(run: Run) -> str:
+    if run["status"] not in ("pending", "failed"):
+        return ""
+    return run.get("status_reason") or next((j["status_reason"] for j in run["jobs"] if j.get("status_reason")), "")
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(key):
+            raise click.BadParameter(f"expected KEY=VALUE with KEY a variable name, got {pair!r}", param_hint="-e/--env")
+        env[key] = value
+    return env
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"cannot read {path}: {e}") from None
+
+
+def _format_server_error(err: dict[str, Any]) -> str:
+    line = f":{err['line']}" if err.get("line") else ""
+    return f"{err.get('file', '?')}{line}: {err.get('key', '?')}: {err.get('message', '')}"
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)

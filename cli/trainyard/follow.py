@@ -1,0 +1,155 @@
+"""Following a run live over its websocket until it is done.
+
+The server sends ``{"type": "run", "run": …}`` at connect and on every status
+change, and ``{"type": "logs", "job", "lines": [[seq, ts, stream, text], …]}``
+with the stored lines after ``after_seq`` first, then new ones. A follower is
+done when the run is finished and it has printed every job's lines up to that
+job's ``last_seq``.
+
+Drops are survived: the follower reconnects with ``after_seq`` set to the
+lowest seq it has printed across the jobs it knows (the server applies one
+``after_seq`` to every job) and drops lines it has already printed, per job.
+If the run is finished but lines are still missing after a quiet moment,
+they are fetched over REST, so a follower always ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from .api import FINISHED, ApiError, Client, Run
+from .output import LogWriter
+
+RECV_TIMEOUT = 1.0
+CATCH_UP_AFTER = 3.0  # seconds of quiet on a finished run before REST catch-up
+MAX_BACKOFF = 10.0
+GIVE_UP_AFTER = 120.0  # seconds without any successful connection
+_CLOSE_MESSAGES = {
+    4401: "the server refused the websocket: no valid credentials (check TRAINYARD_TOKEN, or run `trainyard login`)",
+    4403: "you have no access to this run's workspace",
+    4404: "no such run in this workspace",
+}
+
+
+class Follower:
+    """Prints a run's log lines and reports its status until it is done.
+
+    ``seen`` maps job id → the highest seq already printed (e.g. by a REST
+    read before following); ``on_run`` gets every run update.
+    """
+
+    def __init__(self, client: Client, run: str, *, writer: LogWriter, on_run: Callable[[Run], None], before_logs: Callable[[], None] = lambda: None, seen: dict[str, int] | None = None) -> None:
+        self.client = client
+        self.run_name = run
+        self.writer = writer
+        self.on_run = on_run
+        self.before_logs = before_logs
+        self.seen: dict[str, int] = dict(seen or {})
+        self.run: Run | None = None
+
+    def follow(self) -> Run:
+        """Block until the run is done; returns its final state."""
+        backoff, last_ok = 0.5, time.monotonic()
+        while True:
+            try:
+                with self._connect() as ws:
+                    backoff, last_ok = 0.5, time.monotonic()
+                    if self._pump(ws):
+                        assert self.run is not None
+                        return self.run
+            except ConnectionClosed as e:
+                code = e.rcvd.code if e.rcvd else None
+                if code in _CLOSE_MESSAGES:
+                    raise ApiError(_close_message(code, self.run_name)) from None
+                if self.done():
+                    assert self.run is not None
+                    return self.run
+            except InvalidStatus as e:
+                status = e.response.status_code
+                if status in (401, 403, 404):
+                    raise ApiError(_close_message(4400 + status, self.run_name), status=status) from None
+            except (OSError, InvalidHandshake, TimeoutError):
+                pass
+            if time.monotonic() - last_ok > GIVE_UP_AFTER:
+                raise ApiError(f"lost the connection to Trainyard at {self.client.url} for {GIVE_UP_AFTER:.0f}s; the run continues — `trainyard logs -f {self.run_name}` to resume")
+            time.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def done(self) -> bool:
+        run = self.run
+        if run is None or run["status"] not in FINISHED:
+            return False
+        return all(self.seen.get(job["id"], 0) >= job.get("last_seq", 0) for job in run["jobs"])
+
+    def after_seq(self) -> int:
+        """The seq to resume from: the lowest printed across known jobs."""
+        jobs = {job["id"] for job in self.run["jobs"]} if self.run else set()
+        jobs |= set(self.seen)
+        return min((self.seen.get(job, 0) for job in jobs), default=0)
+
+    def _connect(self) -> ClientConnection:
+        url = self.client.ws_url(self.run_name, after_seq=self.after_seq())
+        headers = {"Authorization": f"Bearer {self.client.token}"}
+        return connect(url, additional_headers=headers, open_timeout=10, max_size=None, close_timeout=2)
+
+    def _pump(self, ws: ClientConnection) -> bool:
+        """Handle frames until done (True) or the connection drops (raises)."""
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                frame = ws.recv(timeout=RECV_TIMEOUT)
+            except TimeoutError:
+                if self.done():
+                    return True
+                if self.run and self.run["status"] in FINISHED and time.monotonic() - quiet_since > CATCH_UP_AFTER:
+                    self._catch_up()
+                    return True
+                continue
+            quiet_since = time.monotonic()
+            self._handle(frame)
+            if self.done():
+                return True
+
+    def _handle(self, frame: str | bytes) -> None:
+        try:
+            message = json.loads(frame)
+        except ValueError:
+            return
+        if not isinstance(message, dict):
+            return
+        if message.get("type") == "run" and isinstance(message.get("run"), dict):
+            self.run = message["run"]
+            self.on_run(message["run"])
+        elif message.get("type") == "logs":
+            self._print(str(message.get("job")), message.get("lines") or [])
+
+    def _print(self, job: str, lines: list[list[Any]]) -> None:
+        last = self.seen.get(job, 0)
+        fresh = [line for line in lines if line[0] > last]
+        if not fresh:
+            return
+        self.before_logs()
+        self.writer.write((line[2], line[3]) for line in fresh)
+        self.seen[job] = fresh[-1][0]
+
+    def _catch_up(self) -> None:
+        """Fetch over REST the lines the websocket has not delivered."""
+        assert self.run is not None
+        for job in self.run["jobs"]:
+            if self.seen.get(job["id"], 0) >= job.get("last_seq", 0):
+                continue
+            for page in self.client.iter_job_logs(job["id"], after_seq=self.seen.get(job["id"], 0)):
+                self._print(job["id"], [[x["seq"], x["ts"], x["stream"], x["text"]] for x in page])
+            if self.seen.get(job["id"], 0) < job.get("last_seq", 0):
+                self.seen[job["id"]] = job["last_seq"]  # the server stored fewer lines than it counted
+
+
+def _close_message(code: int, run: str) -> str:
+    message = _CLOSE_MESSAGES.get(code, f"the server closed the connection (code {code})")
+    return f"run {run}: {message}" if code == 4404 else message

@@ -1,0 +1,176 @@
+"""Terminal output: the log writer, the run status display, tables and the
+little formatters (ages, durations, sizes).
+
+Job log lines go through ``LogWriter`` (plain buffered writes, never rich:
+a job can print 100,000 lines a second). The CLI's own messages go to
+stderr, so a job's stdout can be piped or redirected untouched.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+REASON_WIDTH = 48
+
+
+class LogWriter:
+    """Writes ``(stream, text)`` lines: ``"e"`` to stderr, the rest to stdout.
+
+    One write per run of same-stream lines, and the other stream is flushed
+    before switching, so stdout and stderr interleave in order on a terminal.
+    """
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def write(self, lines: Iterable[tuple[str, str]]) -> None:
+        current, chunk = "", []
+        for stream, text in lines:
+            if stream != current:
+                self._emit(current, chunk)
+                current, chunk = stream, []
+            chunk.append(text)
+        self._emit(current, chunk)
+        self.out.flush()
+        self.err.flush()
+
+    def _emit(self, stream: str, chunk: list[str]) -> None:
+        if not chunk:
+            return
+        target, other = (self.err, self.out) if stream == "e" else (self.out, self.err)
+        other.flush()
+        target.write("\n".join(chunk) + "\n")
+
+
+class StatusDisplay:
+    """Shows a run's status on stderr.
+
+    Live (a terminal): a spinner with the reason while the run waits for a
+    machine, one line per other status change. Plain (piped): one line
+    ``[status] reason`` per change of status or reason.
+    """
+
+    def __init__(self, *, live: bool, err: TextIO | None = None) -> None:
+        self.live = live
+        self.err = err or sys.stderr
+        self._console = Console(file=self.err, stderr=err is None, highlight=False)
+        self._spinner: Status | None = None
+        self._last: tuple[str, str] | None = None
+
+    def update(self, run: dict[str, Any]) -> None:
+        status, reason = run_status(run)
+        if (status, reason) == self._last:
+            return
+        self._last = (status, reason)
+        text = f"[{status}] {reason}".rstrip()
+        if self.live and waiting(run):
+            self._spin(text)
+            return
+        self.pause()
+        self.err.write(text + "\n")
+        self.err.flush()
+
+    def pause(self) -> None:
+        """Stop the spinner (before log lines are written)."""
+        if self._spinner is not None:
+            self._spinner.stop()
+            self._spinner = None
+
+    def _spin(self, text: str) -> None:
+        if self._spinner is None:
+            self._spinner = Status(Text(text), console=self._console)
+            self._spinner.start()
+        else:
+            self._spinner.update(Text(text))
+
+
+def waiting(run: dict[str, Any]) -> bool:
+    """Whether the run waits for a machine (pending, or every job not started)."""
+    jobs = run.get("jobs") or []
+    return run.get("status") == "pending" or (run.get("status") == "running" and bool(jobs) and all(j.get("status") in ("pending", "assigned") for j in jobs))
+
+
+def run_status(run: dict[str, Any]) -> tuple[str, str]:
+    """(status, reason) to show; the first job's reason if the run has none."""
+    reason = run.get("status_reason") or next((j.get("status_reason") for j in run.get("jobs") or [] if j.get("status_reason")), "")
+    return str(run.get("status", "?")), str(reason or "")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool, out: TextIO | None = None) -> None:
+    """A rich table on a terminal, plain aligned columns when piped."""
+    out = out or sys.stdout
+    if tty:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for header in headers:
+            table.add_column(header, overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        Console(file=out, highlight=False).print(table)
+        return
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+    for row in [headers, *rows]:
+        out.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def age(value: str | None, *, now: datetime | None = None) -> str:
+    """``3m ago`` for an ISO timestamp; ``-`` if missing."""
+    then = parse_time(value)
+    if then is None:
+        return "-"
+    seconds = max(0, int(((now or datetime.now(timezone.utc)) - then).total_seconds()))
+    if seconds < 5:
+        return "just now"
+    return f"{_span(seconds, parts=1)} ago"
+
+
+def duration(seconds: float | None) -> str:
+    """``1m 5s`` for a number of seconds; ``-`` if unknown."""
+    return "-" if seconds is None else _span(int(seconds), parts=2)
+
+
+def size(n: int | None) -> str:
+    """``1.5 MiB``-style human size."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def truncate(text: str, width: int = REASON_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _span(seconds: int, *, parts: int) -> str:
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    out = []
+    for name, length in units:
+        if seconds >= length or (name == "s" and not out):
+            out.append(f"{seconds // length}{name}")
+            seconds %= length
+        if len(out) == parts:
+            break
+    return " ".join(out)

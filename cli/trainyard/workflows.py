@@ -1,0 +1,481 @@
+"""The workflow file: schema, validation with file/line/key errors, and the
+resolution of one workflow into the job the server runs.
+
+Shared by the CLI (validates before anything is uploaded) and the server
+(validates again on submit), so nothing here prints or touches a terminal.
+
+A file is ``.trainyard/workflows.yaml`` (or the older ``.dstack/workflows.yaml``)::
+
+    workflows:
+      - name: train
+        provider: bash            # bash | python | docker
+        commands: [python train.py]
+        env: {STEPS: 20}
+        artifacts: [./checkpoint]
+        resources: {cpu: 4, memory: 16GB, gpu: {name: A100, count: 1}}
+
+Rules the schema enforces (see ``_units`` for sizes and durations):
+
+- every key is known; a misspelt key is an error that suggests the right one;
+- ``provider`` is required; ``bash`` needs ``commands``, ``python`` needs
+  ``script`` (and may have ``requirements``), ``docker`` needs ``image``;
+- sizes need a unit (``512MB``, ``16GB``, ``1.5GiB``; binary units); a bare
+  number is refused as ambiguous;
+- ``gpu`` is a mapping ``{name, count, memory}`` or a plain count
+  (``gpu: 2``); the count is at least 1;
+- ``env`` values are strings, numbers or booleans and are passed on as the
+  text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
+- artifact and checkpoint paths are relative and stay inside the repo.
+
+Keys whose behaviour is not built yet (``deps``, ``ports``, ``checkpoint``,
+``backends``, ``regions``, ``spot_policy``, ``max_price``, ``max_wait``,
+``idle_duration``, ``max_duration``, ``retry``, ``python``, and the docker
+provider) validate like the rest but are refused by ``resolve_job_spec``,
+i.e. only when a run uses the workflow that has them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from . import _yamltree
+from ._units import parse_duration, parse_size
+
+WORKFLOW_FILES = (".trainyard/workflows.yaml", ".dstack/workflows.yaml")
+BUILTIN_PROVIDERS = ("bash", "python", "docker")
+NOT_SUPPORTED_YET = (
+    "deps", "ports", "checkpoint", "backends", "regions", "spot_policy", "max_price",
+    "max_wait", "idle_duration", "max_duration", "retry", "python",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkflowError:
+    """One problem in a workflow file. ``line`` is 1-based, None if unknown."""
+
+    file: str
+    line: int | None
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: {self.key}: {self.message}"
+
+
+class WorkflowFileError(Exception):
+    """A workflow file (or the use of one of its workflows) is invalid."""
+
+    def __init__(self, errors: list[WorkflowError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    cpu: int | None
+    memory_bytes: int | None
+    disk_bytes: int | None
+    shm_size_bytes: int | None
+    gpu_name: str | None
+    gpu_count: int
+    gpu_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    workflow: str
+    commands: list[str]
+    env: dict[str, str]
+    artifacts: list[str]
+    resources: ResourceSpec
+    provider: str
+
+
+# ---------------------------------------------------------------- schema
+
+
+def _gpu_count(value: int) -> int:
+    if value < 1:
+        raise PydanticCustomError("gpu_count", "a gpu count must be at least 1, got {value} (to run without a GPU, leave out gpu)", {"value": value})
+    return value
+
+
+def _gpu_shorthand(value: object) -> object:
+    return {"count": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _env_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise PydanticCustomError("env_value", "an env value must be a string, number or boolean, got {got}", {"got": _describe(value)})
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if not value.strip() or path.is_absolute() or ".." in path.parts:
+        raise PydanticCustomError("rel_path", "expected a path inside the repository such as ./checkpoint, got '{value}'", {"value": value})
+    return value
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
+        raise PydanticCustomError("name", "a workflow name uses letters, digits, '.', '_' and '-' and starts with a letter or digit, got '{value}'", {"value": value})
+    return value
+
+
+def _python_version(value: object) -> object:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise PydanticCustomError("python_version", "write the Python version as a string, e.g. python: \"3.11\" (3.10 unquoted is the number 3.1)")
+    return value
+
+
+def _retry_shorthand(value: object) -> object:
+    if value is True:
+        return {}
+    return None if value is False else value
+
+
+def _port(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+        return value
+    raise PydanticCustomError("port", "expected a port number from 1 to 65535, got {got}", {"got": _describe(value)})
+
+
+_Str = Annotated[str, Field(strict=True)]
+_Count = Annotated[int, Field(strict=True, ge=1)]
+_Size = Annotated[int, BeforeValidator(parse_size)]
+_Duration = Annotated[int | str, BeforeValidator(parse_duration)]
+_RelPath = Annotated[_Str, AfterValidator(_relative_path)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Model):
+    name: _Str | None = None
+    count: Annotated[int, Field(strict=True), AfterValidator(_gpu_count)] = 1
+    memory: _Size | None = None
+
+
+class Resources(_Model):
+    cpu: _Count | None = None
+    memory: _Size | None = None
+    disk: _Size | None = None
+    shm_size: _Size | None = None
+    gpu: Annotated[GpuSpec | None, BeforeValidator(_gpu_shorthand)] = None
+
+
+class Dep(_Model):
+    workflow: _Str | None = None
+    tag: _Str | None = None
+    run: _Str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Dep:
+        if sum(v is not None for v in (self.workflow, self.tag, self.run)) != 1:
+            raise PydanticCustomError("dep", "a dependency names exactly one of workflow, tag or run")
+        return self
+
+
+class Retry(_Model):
+    on_events: list[Literal["no-capacity", "interruption", "error"]] | None = None
+    limit: Annotated[int, Field(strict=True, ge=0)] | None = None
+    duration: _Duration | None = None
+
+
+class Workflow(_Model):
+    name: Annotated[_Str, AfterValidator(_name)]
+    provider: _Str
+    commands: list[_Str] | None = None
+    script: _Str | None = None
+    requirements: _Str | None = None
+    python: Annotated[_Str | None, BeforeValidator(_python_version)] = None
+    image: _Str | None = None
+    env: dict[str, Annotated[str, BeforeValidator(_env_value)]] = Field(default_factory=dict)
+    ports: list[Annotated[int, BeforeValidator(_port)]] = Field(default_factory=list)
+    artifacts: list[_RelPath] = Field(default_factory=list)
+    deps: list[Dep] = Field(default_factory=list)
+    checkpoint: _RelPath | None = None
+    resources: Resources = Field(default_factory=Resources)
+    backends: list[_Str] | None = None
+    regions: list[_Str] | None = None
+    spot_policy: Literal["spot", "on-demand", "auto"] | None = None
+    max_price: Annotated[float, Field(gt=0)] | None = None
+    max_wait: _Duration | None = None
+    idle_duration: _Duration | None = None
+    max_duration: _Duration | None = None
+    retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
+
+
+_PROVIDER_KEYS = {"bash": {"commands", "python"}, "python": {"script", "requirements", "python"}, "docker": {"image", "commands"}}
+_PROVIDER_REQUIRED = {"bash": ("commands", "a list of shell commands"), "python": ("script", "the Python file to run"), "docker": ("image", "the container image")}
+
+
+# ---------------------------------------------------------------- the file
+
+
+class WorkflowsFile:
+    """A validated file. ``workflows`` keeps the file's order."""
+
+    def __init__(self, *, path: str, workflows: dict[str, Workflow], tree: _yamltree.Tree) -> None:
+        self.path = path
+        self.workflows = workflows
+        self._tree = tree
+        self._index = {name: i for i, name in enumerate(workflows)}
+
+    def get(self, name: str) -> Workflow:
+        """The workflow called ``name``; WorkflowFileError listing the names if none."""
+        if name in self.workflows:
+            return self.workflows[name]
+        close = difflib.get_close_matches(name, list(self.workflows), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        message = f"no workflow named '{name}'; {hint}the file has: {', '.join(self.workflows) or 'none'}"
+        raise WorkflowFileError([WorkflowError(self.path, None, "workflows", message)])
+
+    def error(self, workflow: Workflow, key: str, message: str) -> WorkflowError:
+        """An error about ``key`` of ``workflow``, placed at that key's line."""
+        index = self._index.get(workflow.name)
+        if index is None or self.workflows.get(workflow.name) is not workflow:
+            return WorkflowError(self.path, None, f"{workflow.name}.{key}", message)
+        path = ("workflows", index, key)
+        return WorkflowError(self.path, self._tree.line_of(path), _key_path(path, self._tree.data), message)
+
+
+def find_workflows_file(root: Path) -> Path:
+    """The first of WORKFLOW_FILES that exists under ``root``."""
+    for name in WORKFLOW_FILES:
+        if (root / name).is_file():
+            return root / name
+    message = f"no workflows file: create {WORKFLOW_FILES[0]} (or {WORKFLOW_FILES[1]}) with a 'workflows:' list"
+    raise WorkflowFileError([WorkflowError(str(root), None, "workflows", message)])
+
+
+def load_workflows_file(text: str, *, path: str) -> WorkflowsFile:
+    """Parse and validate a whole file; WorkflowFileError lists every problem.
+
+    1. YAML syntax (a syntax error stops here, with the line of the mark);
+    2. the top level: a mapping with a ``workflows`` list and nothing else;
+    3. each workflow against the pydantic schema, errors mapped to lines;
+    4. per valid workflow: unique name, known provider, provider's keys.
+    """
+    try:
+        tree = _yamltree.parse_checked(text)
+    except yaml.MarkedYAMLError as e:
+        raise WorkflowFileError([_yaml_error(e, path)]) from None
+    errors = [WorkflowError(path, e.line, _key_path(e.path, tree.data) or "(top level)", e.message) for e in tree.errors]
+    items = _top_level(tree, path, errors)
+    workflows: dict[str, Workflow] = {}
+    for index, item in enumerate(items):
+        workflow = _validate_workflow(item, index, tree, path, errors)
+        if workflow is not None:
+            _check_workflow(workflow, index, tree, path, workflows, errors)
+    if errors:
+        raise WorkflowFileError(sorted(errors, key=lambda e: e.line or 0))
+    return WorkflowsFile(path=path, workflows=workflows, tree=tree)
+
+
+def resolve_job_spec(wf: Workflow, *, file: WorkflowsFile, env_overrides: dict[str, str]) -> JobSpec:
+    """The job a run of ``wf`` executes. Refuses (WorkflowFileError) keys
+    whose behaviour is not built yet, all of them at once."""
+    unsupported = [file.error(wf, key, f"'{key}' is not supported yet; remove it from workflow '{wf.name}' to run it") for key in NOT_SUPPORTED_YET if getattr(wf, key) not in (None, [], {})]
+    if wf.provider == "docker":
+        unsupported.append(file.error(wf, "provider", "the docker provider is not supported yet; use bash or python"))
+    if unsupported:
+        raise WorkflowFileError(sorted(unsupported, key=lambda e: e.line or 0))
+    return JobSpec(
+        workflow=wf.name,
+        commands=_commands(wf),
+        env={**wf.env, **{str(k): str(v) for k, v in env_overrides.items()}},
+        artifacts=list(wf.artifacts),
+        resources=_resource_spec(wf.resources),
+        provider=wf.provider,
+    )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _top_level(tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> list[Any]:
+    data = tree.data
+    if data is None and tree.errors:
+        return []  # the tree could not be built; its error says why
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else _describe(data)
+        errors.append(WorkflowError(path, tree.line_of(()) or 1, "(top level)", f"expected a mapping with a 'workflows' list, got {got}"))
+        return []
+    for key in data:
+        if key != "workflows":
+            errors.append(WorkflowError(path, tree.lines[(key,)], key, _unknown_key(key, ["workflows"])))
+    items = data.get("workflows")
+    if "workflows" not in data:
+        errors.append(WorkflowError(path, tree.line_of(()), "workflows", "missing the 'workflows' list: write workflows: followed by - name: … items"))
+    elif not isinstance(items, list):
+        errors.append(WorkflowError(path, tree.lines[("workflows",)], "workflows", f"expected a list of workflows (items starting with '- name:'), got {_describe(items)}"))
+    return items if isinstance(items, list) else []
+
+
+def _yaml_error(e: yaml.MarkedYAMLError, path: str) -> WorkflowError:
+    mark = e.problem_mark or e.context_mark
+    line = mark.line + 1 if mark else None
+    message = f"invalid YAML: {e.problem or e.context}"
+    if e.problem and e.context and e.context_mark and e.context_mark.line + 1 != line:
+        message += f" ({e.context} started at line {e.context_mark.line + 1})"
+    return WorkflowError(path, line, "yaml", message)
+
+
+def _validate_workflow(item: Any, index: int, tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> Workflow | None:
+    base = ("workflows", index)
+    if isinstance(item, dict) and isinstance(item.get("env"), dict):
+        # numbers and booleans in env are passed on as written in the file
+        item = {**item, "env": {k: tree.raw.get((*base, "env", k), v) for k, v in item["env"].items()}}
+    try:
+        return Workflow.model_validate(item)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc = (*base, *err["loc"])
+            errors.append(WorkflowError(path, tree.line_of(loc), _key_path(loc, tree.data), _message(err)))
+        return None
+
+
+def _check_workflow(wf: Workflow, index: int, tree: _yamltree.Tree, path: str, seen: dict[str, Workflow], errors: list[WorkflowError]) -> None:
+    def add(key: str, message: str) -> None:
+        loc = ("workflows", index, key)
+        errors.append(WorkflowError(path, tree.line_of(loc), _key_path(loc, tree.data), message))
+
+    if wf.name in seen:
+        add("name", f"duplicate workflow name '{wf.name}' (first at line {tree.line_of(('workflows', list(seen).index(wf.name), 'name'))})")
+    else:
+        seen[wf.name] = wf
+    if wf.provider not in BUILTIN_PROVIDERS:
+        add("provider", f"unknown provider '{wf.provider}'; the built-in providers are {', '.join(BUILTIN_PROVIDERS)}")
+        return
+    required, what = _PROVIDER_REQUIRED[wf.provider]
+    if getattr(wf, required) in (None, []):
+        add("provider", f"the {wf.provider} provider needs '{required}' ({what})")
+    for key in sorted(set().union(*_PROVIDER_KEYS.values()) - _PROVIDER_KEYS[wf.provider]):
+        if getattr(wf, key) is not None:
+            users = [p for p, keys in _PROVIDER_KEYS.items() if key in keys]
+            add(key, f"'{key}' is for the {' and '.join(users)} provider, not {wf.provider}")
+
+
+def _commands(wf: Workflow) -> list[str]:
+    if wf.provider != "python":
+        return list(wf.commands or [])
+    install = [f"pip install -r {shlex.quote(wf.requirements)}"] if wf.requirements else []
+    return [*install, f"python {shlex.quote(wf.script or '')}"]
+
+
+def _resource_spec(r: Resources) -> ResourceSpec:
+    gpu = r.gpu
+    return ResourceSpec(
+        cpu=r.cpu,
+        memory_bytes=r.memory,
+        disk_bytes=r.disk,
+        shm_size_bytes=r.shm_size,
+        gpu_name=gpu.name if gpu else None,
+        gpu_count=gpu.count if gpu else 0,
+        gpu_memory_bytes=gpu.memory if gpu else None,
+    )
+
+
+def _key_path(loc: tuple[str | int, ...], data: Any) -> str:
+    """``workflows[2] (finetune-model).resources.memory`` for a loc."""
+    out = ""
+    node = data
+    for depth, part in enumerate(loc):
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            out += f"[{part}]"
+            if depth == 1 and isinstance(node, dict) and isinstance(node.get("name"), str):
+                out += f" ({node['name']})"
+            continue
+        node = node.get(part) if isinstance(node, dict) else None
+        out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(err: ErrorDetails) -> str:
+    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
+    if kind == "extra_forbidden":
+        return _unknown_key(str(err["loc"][-1]), _allowed_keys(err["loc"][:-1]))
+    if kind == "missing":
+        return f"missing required key '{err['loc'][-1]}'"
+    simple = {
+        "string_type": "expected a string",
+        "int_type": "expected a whole number",
+        "int_from_float": "expected a whole number",
+        "float_type": "expected a number",
+        "float_parsing": "expected a number",
+        "list_type": "expected a list",
+        "dict_type": "expected a mapping",
+        "model_type": "expected a mapping",
+        "model_attributes_type": "expected a mapping",
+    }
+    if kind in simple:
+        return f"{simple[kind]}, got {_describe(value)}"
+    if kind == "literal_error":
+        return f"expected one of {ctx.get('expected', '')}, got {_describe(value)}"
+    if kind in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        return f"must be {'at least' if kind == 'greater_than_equal' else 'more than'} {bound}, got {_describe(value)}"
+    return str(err["msg"])
+
+
+def _unknown_key(key: str, allowed: list[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    if close:
+        return f"unknown key '{key}'; did you mean '{close[0]}'?"
+    return f"unknown key '{key}'; allowed keys: {', '.join(allowed)}"
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: type[BaseModel] | None = Workflow
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field else None
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, typing.Annotated):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found:
+                return found
+    return None
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"'{value}'"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__

@@ -1,0 +1,91 @@
+"""A fake Trainyard for CLI tests: REST through httpx.MockTransport, the run
+websocket through a real websockets server on a loopback port."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+from websockets.sync.server import ServerConnection, serve
+
+from trainyard.api import Client
+
+TOKEN = "trainyard_test"
+
+
+def make_run(status: str, *, last_seq: int = 0, exit_code: int | None = None, reason: str = "", name: str = "brave-otter-1") -> dict[str, Any]:
+    job = {
+        "id": "job-1", "name": "hello", "status": status, "status_reason": reason, "exit_code": exit_code,
+        "attempt": 1, "instance": None, "resources": {}, "created_at": "2026-01-01T00:00:00Z",
+        "started_at": None, "finished_at": None, "last_seq": last_seq,
+    }  # fmt: skip
+    return {
+        "id": "run-uuid", "name": name, "workflow": "hello", "status": status, "status_reason": reason,
+        "exit_code": exit_code, "submitted_by": "alice", "created_at": "2026-01-01T00:00:00Z",
+        "started_at": None, "finished_at": None, "duration_seconds": 3.0,
+        "code": {"kind": "archive"}, "jobs": [job],
+    }  # fmt: skip
+
+
+class FakeRunSocket:
+    """Serves one run: the stored ``lines`` after ``after_seq``, then the
+    final run. The first ``drops`` connections are cut after ``drop_after``
+    lines, to exercise reconnects."""
+
+    def __init__(self, lines: list[list[Any]], *, final: dict[str, Any], drops: int = 0, drop_after: int = 0, close_code: int | None = None) -> None:
+        self.lines, self.final = lines, final
+        self.drops, self.drop_after, self.close_code = drops, drop_after, close_code
+        self.after_seqs: list[int] = []
+        self.port = 0
+
+    def handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            ws.close(4401)
+            return
+        if self.close_code:
+            ws.close(self.close_code)
+            return
+        after = int(parse_qs(urlparse(ws.request.path).query)["after_seq"][0])
+        self.after_seqs.append(after)
+        ws.send(json.dumps({"type": "run", "run": make_run("pending", reason="waiting for a runner")}))
+        ws.send(json.dumps({"type": "run", "run": make_run("running")}))
+        pending = [line for line in self.lines if line[0] > after]
+        if len(self.after_seqs) <= self.drops:
+            self._send(ws, pending[: self.drop_after])
+            ws.close(1011)
+            return
+        self._send(ws, pending)
+        ws.send(json.dumps({"type": "run", "run": self.final}))
+        for _ in ws:
+            pass
+
+    def _send(self, ws: ServerConnection, lines: list[list[Any]]) -> None:
+        for start in range(0, len(lines), 5000):
+            ws.send(json.dumps({"type": "logs", "job": "job-1", "lines": lines[start : start + 5000]}))
+
+
+@contextmanager
+def serving(socket: FakeRunSocket) -> Iterator[str]:
+    """Run the websocket server in a thread; yields its http:// base URL."""
+    with serve(socket.handle, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.socket.getsockname()[1]}"
+        finally:
+            server.shutdown()
+            thread.join(5)
+
+
+def rest_client(url: str, handler: Callable[[httpx.Request], httpx.Response]) -> Client:
+    return Client(url, TOKEN, "ws1", transport=httpx.MockTransport(handler))
+
+
+def lines_of(n: int, *, stream: str = "o") -> list[list[Any]]:
+    return [[i, 1.0, stream, f"line {i}"] for i in range(1, n + 1)]

@@ -1,0 +1,387 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainyard.workflows import (
+    JobSpec,
+    ResourceSpec,
+    WorkflowError,
+    WorkflowFileError,
+    find_workflows_file,
+    load_workflows_file,
+    resolve_job_spec,
+)
+
+PATH = ".trainyard/workflows.yaml"
+
+
+def errors_of(text: str) -> list[str]:
+    with pytest.raises(WorkflowFileError) as info:
+        load_workflows_file(textwrap.dedent(text), path=PATH)
+    return [str(e) for e in info.value.errors]
+
+
+def load(text: str):
+    return load_workflows_file(textwrap.dedent(text), path=PATH)
+
+
+# ------------------------------------------------------------ errors
+
+
+def test_yaml_syntax_error_names_the_line_of_the_mark():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+            commands: [echo hi
+          - name: other
+        """) == [f"{PATH}:5: yaml: invalid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence started at line 4)"]
+
+
+def test_yaml_error_without_context():
+    assert errors_of("workflows:\n  - name: a\n    commands: echo a: b\n") == [f"{PATH}:3: yaml: invalid YAML: mapping values are not allowed here"]
+
+
+def test_top_level_must_be_a_mapping():
+    assert errors_of("- name: hello\n") == [f"{PATH}:1: (top level): expected a mapping with a 'workflows' list, got a list"]
+
+
+def test_empty_file_is_an_error():
+    assert errors_of("") == [f"{PATH}:1: (top level): expected a mapping with a 'workflows' list, got an empty file"]
+
+
+def test_missing_workflows_list():
+    assert errors_of("flows: []\n") == [
+        f"{PATH}:1: flows: unknown key 'flows'; did you mean 'workflows'?",
+        f"{PATH}:1: workflows: missing the 'workflows' list: write workflows: followed by - name: … items",
+    ]
+
+
+def test_workflows_that_is_not_a_list():
+    assert errors_of("workflows:\n  hello: {}\n") == [f"{PATH}:1: workflows: expected a list of workflows (items starting with '- name:'), got a mapping"]
+
+
+def test_unknown_key_suggests_the_right_one():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+            comands:
+              - echo hi
+        """) == [f"{PATH}:4: workflows[0] (hello).comands: unknown key 'comands'; did you mean 'commands'?"]
+
+
+def test_unknown_key_without_a_close_match_lists_the_allowed_keys():
+    [error] = errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+            commands: [echo hi]
+            zzz: 1
+        """)
+    assert error.startswith(f"{PATH}:5: workflows[0] (hello).zzz: unknown key 'zzz'; allowed keys: name, provider, commands, script,")
+
+
+def test_missing_name_points_at_the_item():
+    assert errors_of("""\
+        workflows:
+          - name: ok
+            provider: bash
+            commands: [echo hi]
+          - provider: bash
+            commands: [echo hi]
+        """) == [f"{PATH}:5: workflows[1].name: missing required key 'name'"]
+
+
+def test_duplicate_workflow_name():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+            commands: [echo 1]
+          - name: hello
+            provider: bash
+            commands: [echo 2]
+        """) == [f"{PATH}:5: workflows[1] (hello).name: duplicate workflow name 'hello' (first at line 2)"]
+
+
+def test_bash_provider_needs_commands():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+        """) == [f"{PATH}:3: workflows[0] (hello).provider: the bash provider needs 'commands' (a list of shell commands)"]
+
+
+def test_unknown_provider_lists_the_builtins():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: conda
+            commands: [echo hi]
+        """) == [f"{PATH}:3: workflows[0] (hello).provider: unknown provider 'conda'; the built-in providers are bash, python, docker"]
+
+
+def test_list_item_that_is_not_a_string():
+    assert errors_of("""\
+        workflows:
+          - name: hello
+            provider: bash
+            commands:
+              - echo hi
+              - {a: 1}
+        """) == [f"{PATH}:6: workflows[0] (hello).commands[1]: expected a string, got a mapping"]
+
+
+def test_memory_that_is_not_a_size():
+    assert errors_of("""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            resources:
+              cpu: 2
+              memory: lots
+        """) == [f"{PATH}:7: workflows[0] (train).resources.memory: expected a size such as 512MB or 16GB, got 'lots'"]
+
+
+def test_size_without_a_unit_is_refused():
+    [error] = errors_of("""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            resources: {memory: 16}
+        """)
+    assert error == f"{PATH}:5: workflows[0] (train).resources.memory: expected a size such as 512MB or 16GB (a size needs a unit: write 16GB, not 16)"
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_gpu_count_must_be_at_least_one(count: int):
+    assert errors_of(f"""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            resources:
+              gpu:
+                name: A100
+                count: {count}
+        """) == [f"{PATH}:8: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got {count} (to run without a GPU, leave out gpu)"]
+
+
+def test_gpu_shorthand_count_zero_is_refused_at_the_gpu_line():
+    assert errors_of("""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            resources:
+              gpu: 0
+        """) == [f"{PATH}:6: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got 0 (to run without a GPU, leave out gpu)"]
+
+
+def test_env_value_that_is_not_a_scalar():
+    assert errors_of("""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            env:
+              STEPS: 20
+              LAYERS: [1, 2]
+        """) == [f"{PATH}:7: workflows[0] (train).env.LAYERS: an env value must be a string, number or boolean, got a list"]
+
+
+def test_unknown_key_inside_resources():
+    assert errors_of("""\
+        workflows:
+          - name: train
+            provider: bash
+            commands: [python train.py]
+            resources:
+              gpus: 1
+        """) == [f"{PATH}:6: workflows[0] (train).resources.gpus: unknown key 'gpus'; did you mean 'gpu'?"]
+
+
+def test_every_error_of_the_file_is_reported_at_once_in_line_order():
+    errors = errors_of("""\
+        workflows:
+          - name: a
+            provider: bash
+            comands: [x]
+          - name: b
+            provider: bash
+            commands: [x]
+            resources: {memory: lots}
+          - name: c
+            provider: nope
+        """)
+    assert [e.split(":")[1] for e in errors] == ["4", "8", "10"]
+
+
+def test_duplicate_yaml_key_is_an_error():
+    assert errors_of("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            commands: [y]
+        """) == [f"{PATH}:5: workflows[0] (a).commands: duplicate key 'commands' (first at line 4)"]
+
+
+def test_key_of_another_provider_is_refused():
+    assert errors_of("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            image: ubuntu
+        """) == [f"{PATH}:5: workflows[0] (a).image: 'image' is for the docker provider, not bash"]
+
+
+def test_artifact_path_must_stay_inside_the_repo():
+    assert errors_of("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            artifacts: [../out]
+        """) == [f"{PATH}:5: workflows[0] (a).artifacts[0]: expected a path inside the repository such as ./checkpoint, got '../out'"]
+
+
+def test_recursive_alias_is_an_error_not_a_hang():
+    assert errors_of("a: &x [*x]\n") == [f"{PATH}:1: (top level): the file is too large or nests too deep (more than 200000 values or 64 levels)"]
+
+
+def test_workflow_error_without_a_line():
+    assert str(WorkflowError("f.yaml", None, "workflows", "boom")) == "f.yaml: workflows: boom"
+
+
+# ------------------------------------------------------------ good files
+
+
+def test_tiny_train_loads_and_hello_resolves(tiny_train: Path):
+    path = find_workflows_file(tiny_train)
+    wf_file = load_workflows_file(path.read_text(), path=PATH)
+    assert list(wf_file.workflows) == ["hello", "download-base-model", "finetune-model", "evaluate", "noisy", "fail"]
+    spec = resolve_job_spec(wf_file.get("hello"), file=wf_file, env_overrides={})
+    assert spec == JobSpec(
+        workflow="hello",
+        commands=['echo "hello from $(hostname)"', "python --version"],
+        env={},
+        artifacts=[],
+        resources=ResourceSpec(cpu=None, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None),
+        provider="bash",
+    )
+
+
+def test_finetune_model_is_refused_as_not_supported_yet(tiny_train: Path):
+    wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
+    with pytest.raises(WorkflowFileError) as info:
+        resolve_job_spec(wf_file.get("finetune-model"), file=wf_file, env_overrides={})
+    assert [str(e) for e in info.value.errors] == [
+        f"{PATH}:20: workflows[2] (finetune-model).deps: 'deps' is not supported yet; remove it from workflow 'finetune-model' to run it",
+        f"{PATH}:24: workflows[2] (finetune-model).checkpoint: 'checkpoint' is not supported yet; remove it from workflow 'finetune-model' to run it",
+    ]
+
+
+def test_unknown_workflow_name_lists_the_available_ones(tiny_train: Path):
+    wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
+    with pytest.raises(WorkflowFileError) as info:
+        wf_file.get("hallo")
+    assert str(info.value) == f"{PATH}: workflows: no workflow named 'hallo'; did you mean 'hello'? the file has: hello, download-base-model, finetune-model, evaluate, noisy, fail"
+
+
+def test_env_values_are_passed_as_written_and_overrides_win():
+    wf_file = load("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            env: {VERSION: 1.10, FLAG: true, N: 20, S: "a b", KEEP: k}
+        """)
+    spec = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={"N": "50"})
+    assert spec.env == {"VERSION": "1.10", "FLAG": "true", "N": "50", "S": "a b", "KEEP": "k"}
+
+
+def test_resources_are_resolved_to_bytes():
+    wf_file = load("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            resources: {cpu: 4, memory: 512MB, disk: 1.5GiB, shm_size: 1G, gpu: {name: A100, count: 2, memory: 40GB}}
+          - name: b
+            provider: bash
+            commands: [x]
+            resources: {gpu: 1}
+        """)
+    a = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={}).resources
+    assert a == ResourceSpec(cpu=4, memory_bytes=512 * 2**20, disk_bytes=int(1.5 * 2**30), shm_size_bytes=2**30, gpu_name="A100", gpu_count=2, gpu_memory_bytes=40 * 2**30)
+    b = resolve_job_spec(wf_file.get("b"), file=wf_file, env_overrides={}).resources
+    assert (b.gpu_name, b.gpu_count) == (None, 1)
+
+
+def test_python_provider_installs_requirements_then_runs_the_script():
+    wf_file = load("""\
+        workflows:
+          - name: a
+            provider: python
+            script: train model.py
+            requirements: requirements.txt
+        """)
+    spec = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={})
+    assert spec.commands == ["pip install -r requirements.txt", "python 'train model.py'"]
+
+
+def test_docker_provider_validates_but_is_not_supported_yet():
+    wf_file = load("""\
+        workflows:
+          - name: a
+            provider: docker
+            image: ubuntu:24.04
+        """)
+    with pytest.raises(WorkflowFileError) as info:
+        resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={})
+    assert str(info.value) == f"{PATH}:3: workflows[0] (a).provider: the docker provider is not supported yet; use bash or python"
+
+
+def test_every_key_of_the_schema_loads():
+    wf_file = load("""\
+        workflows:
+          - name: full
+            provider: bash
+            commands: [x]
+            python: "3.11"
+            env: {A: b}
+            ports: [8080]
+            artifacts: [./out]
+            deps: [{workflow: w}, {tag: t}, {run: r}]
+            checkpoint: ./ckpt
+            resources: {cpu: 1, memory: 1GB, disk: 10GB, shm_size: 1GB, gpu: {name: T4, count: 1, memory: 16GB}}
+            backends: [aws]
+            regions: [us-east-1]
+            spot_policy: auto
+            max_price: 1.5
+            max_wait: 10m
+            idle_duration: 1h
+            max_duration: off
+            retry: {on_events: [interruption], limit: 3, duration: 1d}
+        """)
+    assert wf_file.get("full").retry.limit == 3
+
+
+def test_dstack_path_is_the_fallback(tmp_path: Path):
+    with pytest.raises(WorkflowFileError) as info:
+        find_workflows_file(tmp_path)
+    assert str(info.value) == f"{tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list"
+    (tmp_path / ".dstack").mkdir()
+    (tmp_path / ".dstack" / "workflows.yaml").write_text("workflows: []\n")
+    assert find_workflows_file(tmp_path) == tmp_path / ".dstack" / "workflows.yaml"
+    (tmp_path / ".trainyard").mkdir()
+    (tmp_path / ".trainyard" / "workflows.yaml").write_text("workflows: []\n")
+    assert find_workflows_file(tmp_path) == tmp_path / ".trainyard" / "workflows.yaml"
