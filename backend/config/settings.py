@@ -107,7 +107,10 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            # redis-py 8 reads with a 5 s socket timeout by default, the same
+            # as channels_redis's blocking BZPOPMIN: an idle consumer then
+            # dies with TimeoutError and drops its websocket. Read longer.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
             "prefix": env_str("TRAINYARD_CHANNEL_PREFIX", "trainyard"),
             # A follower of a 200k-line job receives one message per stored
             # batch; room for bursts without dropping.
