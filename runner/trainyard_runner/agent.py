@@ -1,0 +1,351 @@
+"""The connection loop: one websocket to the server, reconnected forever with
+capped backoff, and the dispatch of server messages.
+
+Jobs live across connections; on every (re)connection the runner says which
+jobs it still holds, rewinds their log streams to what the server has stored,
+and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
+``Shutdown`` (or SIGTERM), 1 when the server was unreachable for
+``give_up_after`` seconds while idle, 2 when the server refused the runner
+(close codes 4401/4403/4409/4410, HTTP 401/403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import socket
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from . import __version__
+from . import protocol as p
+from .job import Job, Lifecycle
+from .resources import detect_resources
+
+log = logging.getLogger(__name__)
+
+FATAL_CLOSE_CODES = {p.CLOSE_UNAUTHORIZED, p.CLOSE_FORBIDDEN, p.CLOSE_VERSION_MISMATCH, p.CLOSE_REPLACED}
+BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
+WELCOME_TIMEOUT = 10.0
+ACK_TIMEOUT = 30.0  # batches in flight without any ack: the connection is dead
+MAX_FRAME = 16 << 20
+STOP_TIMEOUT = 20.0
+# Worth retrying: network errors, timeouts, server restarts, a bad welcome.
+RECOVERABLE = (OSError, TimeoutError, WebSocketException, ValueError)
+
+
+class Fatal(Exception):
+    """The server refused this runner; retrying will not help."""
+
+
+class Agent:
+    def __init__(
+        self, *, server_url: str, token: str, work_dir: Path, give_up_after: float = 300.0, drain_timeout: float = 60.0
+    ) -> None:
+        self.url = runner_ws_url(server_url)
+        self._token = token
+        self._work_dir = work_dir
+        self._give_up_after = give_up_after
+        self._drain_timeout = drain_timeout
+        self._jobs: dict[str, Job] = {}
+        self._job_tasks: dict[str, asyncio.Task[None]] = {}
+        self._finals: dict[str, p.JobState] = {}  # final states not yet sent
+        self._states: dict[str, p.JobState] = {}  # latest non-final state per job
+        self._ws: ClientConnection | None = None
+        self._wake = asyncio.Event()  # log lines or window space available
+        self._end_session = asyncio.Event()
+        self._stopping = False  # Shutdown or SIGTERM: take no new jobs, then exit 0
+        self._exit_code: int | None = None
+        self._last_ack_at = time.monotonic()
+        self._gpus: list[p.Gpu] | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def state(self) -> Lifecycle:
+        if self._exit_code is not None:
+            return Lifecycle.STOPPED
+        if self._ws is None:
+            return Lifecycle.CONNECTING
+        job = next(iter(self._jobs.values()), None)
+        return job.phase if job else Lifecycle.IDLE
+
+    async def run(self) -> int:
+        """Connect, serve, reconnect until told to stop; returns the exit code."""
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        delay, last_contact = BACKOFF_MIN, time.monotonic()
+        while self._exit_code is None:
+            error: Exception | None = None
+            try:
+                await self._connect_and_serve()
+            except Fatal as e:
+                log.error("server refused this runner: %s; exiting", e)
+                return 2
+            except RECOVERABLE as e:
+                error = e
+            finally:
+                if self._ws is not None:  # the server welcomed us: a fresh start for the backoff
+                    last_contact, delay = time.monotonic(), BACKOFF_MIN
+                self._ws = None
+            if self._exit_code is not None:
+                break
+            if error is not None:
+                log.warning("connection to %s failed: %s; retrying in %.1fs", self.url, _describe(error), delay)
+            if not self._busy() and time.monotonic() - last_contact > self._give_up_after:
+                log.error("server unreachable for %.0fs while idle; giving up", self._give_up_after)
+                return 1
+            await asyncio.sleep(min(delay * random.uniform(0.8, 1.2), BACKOFF_MAX))
+            delay = min(delay * 2, BACKOFF_MAX)
+        return self._exit_code
+
+    def stop(self, reason: str) -> None:
+        """SIGTERM: stop the running job, report it, then exit 0."""
+        log.info("stopping: %s", reason)
+        self._stopping = True
+        for job in self._jobs.values():
+            job.cancel(reason)
+        self._maybe_exit()
+        # Reporting needs the server; do not wait for it forever.
+        asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._force_exit)
+
+    def _force_exit(self) -> None:
+        if self._exit_code is None:
+            log.warning("could not report to the server within %.0fs; exiting anyway", STOP_TIMEOUT)
+            self._exit_code = 0
+            self._end_session.set()
+
+    # ---------------------------------------------------------------- session
+
+    async def _connect_and_serve(self) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"}
+        try:
+            async with connect(
+                self.url,
+                additional_headers=headers,
+                open_timeout=10,
+                close_timeout=5,
+                max_size=MAX_FRAME,
+                user_agent_header=f"trainyard-runner/{__version__}",
+            ) as ws:
+                await self._session(ws)
+        except InvalidStatus as e:
+            if e.response.status_code in (401, 403):
+                raise Fatal(f"HTTP {e.response.status_code} (bad token?)") from e
+            raise
+        if self._exit_code is None:
+            log.info("connection ended, reconnecting")
+
+    async def _session(self, ws: ClientConnection) -> None:
+        """1. Hello → Welcome, 2. rewind streams and re-send states and final
+        states, 3. receive, heartbeat and send logs until the connection ends."""
+        try:
+            await ws.send(self._hello().model_dump_json())
+            welcome = await self._welcome(ws)
+            self._ws = ws
+            log.info("connected to %s as instance %s", self.url, welcome.instance)
+            self._apply_welcome(welcome)
+            for state in list(self._states.values()):
+                await ws.send(state.model_dump_json())
+            await self._deliver_finals()
+            self._end_session.clear()
+            self._maybe_exit()
+            await self._serve(ws, max(welcome.heartbeat_seconds, 0.5))
+        except ConnectionClosed as e:
+            _raise_if_fatal(e.rcvd.code if e.rcvd else None, e.rcvd.reason if e.rcvd else "")
+            raise
+        _raise_if_fatal(ws.close_code, ws.close_reason or "")
+
+    async def _serve(self, ws: ClientConnection, heartbeat: float) -> None:
+        tasks = [
+            asyncio.create_task(self._receive(ws)),
+            asyncio.create_task(self._heartbeat(ws, heartbeat)),
+            asyncio.create_task(self._pump(ws)),
+            asyncio.create_task(self._end_session.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _welcome(self, ws: ClientConnection) -> p.Welcome:
+        raw = await asyncio.wait_for(ws.recv(), WELCOME_TIMEOUT)
+        msg = p.server_message.validate_json(raw)
+        if not isinstance(msg, p.Welcome):
+            raise WebSocketException(f"expected welcome, got {msg.type}")
+        return msg
+
+    def _hello(self) -> p.Hello:
+        if self._gpus is None:  # nvidia-smi is slow: ask once
+            self._gpus = detect_resources(self._work_dir).gpus
+        resources = detect_resources(self._work_dir, gpus=self._gpus)
+        return p.Hello(
+            version=__version__, hostname=socket.gethostname(), resources=resources, running_jobs=list(self._jobs)
+        )
+
+    def _apply_welcome(self, welcome: p.Welcome) -> None:
+        for job in self._jobs.values():
+            job.stream.rewind(welcome.acked.get(job.id, job.stream.acked))
+        for job_id in welcome.cancel:
+            if job_id in self._jobs:
+                self._jobs[job_id].cancel("cancelled by the server")
+        self._last_ack_at = time.monotonic()
+
+    async def _receive(self, ws: ClientConnection) -> None:
+        async for raw in ws:
+            try:
+                msg = p.server_message.validate_json(raw)
+            except ValidationError as e:
+                log.warning("ignoring a message the runner does not understand: %s", str(e).splitlines()[0])
+                continue
+            await self._dispatch(ws, msg)
+
+    async def _dispatch(self, ws: ClientConnection, msg: p.ServerMessage) -> None:
+        if isinstance(msg, p.LogAck):
+            if msg.job in self._jobs:
+                self._jobs[msg.job].stream.ack(msg.seq)
+                self._last_ack_at = time.monotonic()
+        elif isinstance(msg, p.AssignJob):
+            await ws.send(self._assign(msg).model_dump_json())
+        elif isinstance(msg, p.CancelJob):
+            if msg.job in self._jobs:  # unknown jobs: nothing to stop
+                self._jobs[msg.job].cancel(msg.reason or "cancelled")
+        elif isinstance(msg, p.Shutdown):
+            log.info("server asked the runner to shut down: %s", msg.reason or "no reason given")
+            self._stopping = True
+            self._maybe_exit()
+
+    def _assign(self, msg: p.AssignJob) -> p.JobAccepted | p.JobRejected:
+        """Accept at once (the lease is short) and run the job in the background."""
+        if msg.job in self._jobs:  # the same assignment again after a reconnect
+            return p.JobAccepted(job=msg.job, lease=msg.lease)
+        reason = self._refusal(msg)
+        if reason:
+            log.info("rejecting job %s: %s", msg.job, reason)
+            return p.JobRejected(job=msg.job, lease=msg.lease, reason=reason)
+        job = Job(
+            msg,
+            work_dir=self._work_dir,
+            token=self._token,
+            report=self._report,
+            on_logs_ready=self._wake.set,
+            on_drain_stuck=self._end_session.set,
+            drain_timeout=self._drain_timeout,
+        )
+        self._jobs[job.id] = job
+        self._job_tasks[job.id] = asyncio.create_task(self._run_job(job))
+        log.info("job %s assigned: %s/%s", job.id, msg.run_name, msg.workflow)
+        return p.JobAccepted(job=msg.job, lease=msg.lease)
+
+    def _refusal(self, msg: p.AssignJob) -> str:
+        if self._stopping:
+            return "runner is shutting down"
+        if not msg.job or "/" in msg.job or msg.job.startswith("."):
+            return "invalid job id"
+        busy = [j.id for j in self._jobs.values() if j.id not in self._finals]
+        return f"busy with job {busy[0]}" if busy else ""
+
+    async def _heartbeat(self, ws: ClientConnection, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await ws.send(p.Heartbeat(state="busy" if self._busy() else "idle").model_dump_json())
+
+    async def _pump(self, ws: ClientConnection) -> None:
+        """Send due log batches of every job; wake on new lines or acks, or
+        when a partial batch becomes due."""
+        while True:
+            self._wake.clear()
+            timeout = 1.0
+            for job in list(self._jobs.values()):
+                stream = job.stream
+                while (batch := stream.take_batch()) is not None:
+                    if stream.in_flight() == 1:
+                        self._last_ack_at = time.monotonic()
+                    first_seq, lines = batch
+                    # Built directly, not through the pydantic model: this is the hot path.
+                    frame = {"type": "logs", "job": job.id, "first_seq": first_seq, "lines": lines}
+                    await ws.send(json.dumps(frame, ensure_ascii=False))
+                due = stream.seconds_until_due()
+                if due is not None:
+                    timeout = min(timeout, due)
+                if stream.in_flight() and time.monotonic() - self._last_ack_at > ACK_TIMEOUT:
+                    raise WebSocketException(f"no log ack for {ACK_TIMEOUT:.0f}s")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    # ---------------------------------------------------------------- jobs
+
+    async def _run_job(self, job: Job) -> None:
+        try:
+            final = await job.run()
+        except Exception as e:  # a bug must not leave the job hanging forever
+            log.exception("job %s crashed", job.id)
+            final = p.JobState(job=job.id, state="failed", reason=f"runner error: {e}")
+        log.info("job %s %s (exit code %s) %s", job.id, final.state, final.exit_code, final.reason)
+        self._states.pop(job.id, None)
+        self._finals[job.id] = final
+        await self._deliver_finals()
+        self._maybe_exit()
+
+    async def _report(self, state: p.JobState) -> None:
+        """Send a job's intermediate state now if connected; it is re-sent after
+        every reconnect until the job ends."""
+        self._states[state.job] = state
+        if self._ws is None:
+            return
+        try:
+            await self._ws.send(state.model_dump_json())
+        except ConnectionClosed:
+            pass  # re-sent after the reconnect
+
+    async def _deliver_finals(self) -> None:
+        for job_id, final in list(self._finals.items()):
+            if self._ws is None:
+                return
+            try:
+                await self._ws.send(final.model_dump_json())
+            except ConnectionClosed:
+                return
+            del self._finals[job_id]
+            self._job_tasks.pop(job_id, None)
+            self._jobs.pop(job_id).remove_files()
+
+    def _busy(self) -> bool:
+        return any(job.executing for job in self._jobs.values())
+
+    def _maybe_exit(self) -> None:
+        if self._stopping and not self._jobs:
+            self._exit_code = 0
+            self._end_session.set()
+
+
+def runner_ws_url(server: str) -> str:
+    """``ws://host:8000`` (or http://…) → ``ws://host:8000/ws/runner/``."""
+    url = server.rstrip("/")
+    if url.startswith("http"):
+        url = "ws" + url[4:]
+    return url + "/" if url.endswith("/ws/runner") else url + "/ws/runner/"
+
+
+def _raise_if_fatal(code: int | None, reason: str) -> None:
+    if code in FATAL_CLOSE_CODES:
+        raise Fatal(f"close code {code} {reason}".strip())
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, InvalidStatus):
+        return f"HTTP {e.response.status_code}"
+    return str(e) or type(e).__name__

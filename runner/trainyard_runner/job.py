@@ -1,0 +1,176 @@
+"""Executing one assigned job: prepare the code, run the commands, drain the
+logs, upload the artifacts, and produce the final ``JobState``.
+
+The job never talks to the websocket itself: it reports states through the
+``report`` callback and leaves its lines in its ``LogStream``; the agent
+delivers both whenever it is connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from .artifacts import ArtifactError, upload_artifacts
+from .code import CodeError, prepare_code
+from .logstream import LogStream
+from .process import Execution, job_env
+from .protocol import AssignJob, JobState
+
+log = logging.getLogger(__name__)
+
+CANCEL_GRACE = 5.0
+
+
+class Lifecycle(enum.StrEnum):
+    """Where the runner (and its current job) is."""
+
+    CONNECTING = "connecting"
+    IDLE = "idle"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    UPLOADING = "uploading"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Job:
+    def __init__(
+        self,
+        spec: AssignJob,
+        *,
+        work_dir: Path,
+        token: str,
+        report: Callable[[JobState], Awaitable[None]],
+        on_logs_ready: Callable[[], None],
+        on_drain_stuck: Callable[[], None],
+        drain_timeout: float = 60.0,
+    ) -> None:
+        self.spec = spec
+        self.id = spec.job
+        self.dir = work_dir / "jobs" / spec.job
+        self._cache_dir = work_dir / "git-cache"
+        self._token = token
+        self._report = report
+        self._on_drain_stuck = on_drain_stuck
+        self._drain_timeout = drain_timeout
+        _reset_dir(self.dir)
+        self.stream = LogStream(self.id, self.dir / "spool.jsonl", on_ready=on_logs_ready)
+        self.phase = Lifecycle.PREPARING
+        self._execution: Execution | None = None
+        self._prepare_task: asyncio.Task[None] | None = None
+        self._cancel_reason: str | None = None
+
+    @property
+    def executing(self) -> bool:
+        """The job's commands may still be running (or about to)."""
+        return self.phase in (Lifecycle.PREPARING, Lifecycle.RUNNING)
+
+    async def run(self) -> JobState:
+        """Run the job to its end and return the final state (not yet sent).
+
+        1. preparing: working directory and code; 2. running: the commands;
+        3. draining: wait until the server acknowledged every line;
+        4. uploading: artifacts, only after exit code 0.
+        """
+        try:
+            await self._state("preparing")
+            await self._prepare()
+            code = await self._execute()
+        except CodeError as e:
+            return await self._finish("failed", None, str(e))
+        except asyncio.CancelledError:
+            if self._cancel_reason is None:
+                raise
+            return await self._finish("stopped", None, self._cancel_reason)
+        if self._cancel_reason is not None:
+            return await self._finish("stopped", code, self._cancel_reason)
+        if code != 0:
+            return await self._finish("failed", code, f"exit code {code}")
+        return await self._upload(code)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the job: SIGTERM its process group (SIGKILL after the grace
+        period), or abandon the preparation. Idempotent."""
+        if self._cancel_reason is not None or not self.executing:
+            return
+        self._cancel_reason = reason or "cancelled"
+        log.info("job %s: cancelling (%s)", self.id, self._cancel_reason)
+        if self._execution is not None:
+            asyncio.get_running_loop().create_task(self._execution.terminate(CANCEL_GRACE))
+        elif self._prepare_task is not None:
+            self._prepare_task.cancel()
+
+    def remove_files(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- steps
+
+    async def _prepare(self) -> None:
+        started = time.monotonic()
+        tmp = self.dir / "tmp"
+        tmp.mkdir()
+        self._prepare_task = asyncio.create_task(
+            prepare_code(self.spec.code, work=self.dir / "work", cache_dir=self._cache_dir, tmp_dir=tmp)
+        )
+        await self._prepare_task
+        log.debug("job %s: code ready in %.0f ms", self.id, (time.monotonic() - started) * 1000)
+
+    async def _execute(self) -> int:
+        if self._cancel_reason is not None:
+            raise asyncio.CancelledError
+        env = job_env(self.spec.env)
+        self._execution = await Execution.start(self.spec.commands, cwd=self.dir / "work", env=env, stream=self.stream)
+        if self._cancel_reason is not None:  # cancelled while bash was starting
+            asyncio.get_running_loop().create_task(self._execution.terminate(CANCEL_GRACE))
+        self.phase = Lifecycle.RUNNING
+        await self._state("running")
+        code = await self._execution.wait()
+        log.info("job %s: process exited with %d", self.id, code)
+        return code
+
+    async def _upload(self, code: int) -> JobState:
+        await self._drain()
+        self.phase = Lifecycle.UPLOADING
+        await self._state("uploading")
+        try:
+            await asyncio.to_thread(
+                upload_artifacts,
+                [a.path for a in self.spec.artifacts],
+                work=self.dir / "work",
+                job=self.id,
+                api_url=self.spec.api_url,
+                token=self._token,
+            )
+        except ArtifactError as e:
+            return JobState(job=self.id, state="failed", exit_code=None, reason=str(e))
+        return JobState(job=self.id, state="succeeded", exit_code=code)
+
+    async def _finish(self, state: str, code: int | None, reason: str) -> JobState:
+        if not self.stream.closed:
+            self.stream.close()
+        await self._drain()
+        return JobState(job=self.id, state=state, exit_code=code, reason=reason)  # type: ignore[arg-type]
+
+    async def _drain(self) -> None:
+        # The final state promises every line is stored, so wait for the acks
+        # however long it takes; a connection that stops acknowledging for
+        # drain_timeout is replaced, and the lines are resent on the new one.
+        self.phase = Lifecycle.DRAINING
+        while not await self.stream.wait_drained(self._drain_timeout):
+            log.warning("job %s: logs not acknowledged after %.0fs, reconnecting", self.id, self._drain_timeout)
+            self._on_drain_stuck()
+
+    async def _state(self, state: str) -> None:
+        await self._report(JobState(job=self.id, state=state))  # type: ignore[arg-type]
+
+
+def _reset_dir(path: Path) -> None:
+    # A job id seen again (re-assigned after a runner restart) starts clean.
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)

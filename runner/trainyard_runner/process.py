@@ -1,0 +1,152 @@
+"""Running a job's commands: one ``bash`` in its own process group, stdout and
+stderr read in chunks and split into lines for the job's ``LogStream``."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from .logstream import LogStream
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_BYTES = 64 * 1024
+_CHUNK = 64 * 1024
+_PR_SET_PDEATHSIG = 1
+TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
+
+
+def job_env(job_env: Mapping[str, str]) -> dict[str, str]:
+    """The job's environment: ours without the runner token, plus the job's."""
+    env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+    env.update(job_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def script(commands: list[str]) -> str:
+    """One bash script; ``set -e`` ends it at the first failing command with
+    that command's exit code."""
+    return "set -e\n" + "\n".join(commands) + "\n"
+
+
+class Execution:
+    """One running job process. ``start`` then ``wait``; ``terminate`` from
+    anywhere to stop the whole process group."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, stream: LogStream) -> None:
+        self.proc = proc
+        self.pid = proc.pid  # also the process group id (start_new_session)
+        self._stream = stream
+        self._readers = [
+            asyncio.create_task(_pump(proc.stdout, "o", stream)),  # type: ignore[arg-type]
+            asyncio.create_task(_pump(proc.stderr, "e", stream)),  # type: ignore[arg-type]
+        ]
+        self.terminated = False
+
+    @classmethod
+    async def start(cls, commands: list[str], *, cwd: Path, env: Mapping[str, str], stream: LogStream) -> Execution:
+        proc = await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            script(commands),
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        return cls(proc, stream)
+
+    async def wait(self) -> int:
+        """Wait for bash to exit, kill what it left behind in its process group,
+        read the pipes to the end and close the stream. Returns the exit code,
+        128 + signal number when bash was killed by a signal (shell convention)."""
+        code = await self._exited()
+        # Background children would keep the pipes open forever and outlive
+        # the job; they belong to the job, so they end with it.
+        self._killpg(signal.SIGKILL)
+        _, pending = await asyncio.wait(self._readers, timeout=10)
+        for task in pending:
+            task.cancel()
+        self._stream.close()
+        return 128 - code if code < 0 else code
+
+    async def _exited(self) -> int:
+        # On Python 3.11 Process.wait() also waits for the pipes to close,
+        # which a background child can keep open forever; returncode is set
+        # as soon as bash itself is reaped, so poll it too.
+        waiter = asyncio.ensure_future(self.proc.wait())
+        while self.proc.returncode is None:
+            await asyncio.wait({waiter}, timeout=0.05)
+        waiter.cancel()
+        return self.proc.returncode
+
+    async def terminate(self, grace: float = 5.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
+        self.terminated = True
+        self._killpg(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace)
+        except TimeoutError:
+            log.info("job process ignored SIGTERM for %.0fs, killing", grace)
+        self._killpg(signal.SIGKILL)
+
+    def _killpg(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+async def _pump(reader: asyncio.StreamReader, stream_name: str, stream: LogStream) -> None:
+    """Read ``reader`` to EOF, handing complete lines to ``stream``.
+
+    Reads in chunks and splits them, which is several times faster than
+    ``readline`` per line; a line longer than MAX_LINE_BYTES is cut into pieces.
+    """
+    rest = b""
+    while True:
+        chunk = await reader.read(_CHUNK)
+        if not chunk:
+            break
+        data = rest + chunk
+        cut = data.rfind(b"\n") + 1
+        texts: list[str] = []
+        if cut:
+            texts = data[: cut - 1].decode("utf-8", errors="replace").split("\n")
+        rest = data[cut:]
+        while len(rest) >= MAX_LINE_BYTES:
+            texts.append(rest[:MAX_LINE_BYTES].decode("utf-8", errors="replace"))
+            rest = rest[MAX_LINE_BYTES:]
+        texts = _split_long(texts)
+        await stream.put(stream_name, texts)
+    if rest:
+        await stream.put(stream_name, [rest.decode("utf-8", errors="replace")])
+
+
+def _split_long(texts: list[str]) -> list[str]:
+    # Only lines that arrived whole in one chunk can be long here; rare, so
+    # check cheaply first. Measured in characters, close enough to bytes.
+    if all(len(t) <= MAX_LINE_BYTES for t in texts):
+        return texts
+    out: list[str] = []
+    for t in texts:
+        out.extend(t[i : i + MAX_LINE_BYTES] for i in range(0, max(len(t), 1), MAX_LINE_BYTES))
+    return out
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    # In the child between fork and exec: if the runner is SIGKILLed, the
+    # kernel kills bash too instead of leaving an orphaned job behind.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -1,0 +1,62 @@
+"""What this machine offers, for ``Hello``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from .protocol import Gpu, Resources
+
+log = logging.getLogger(__name__)
+
+
+def detect_resources(work_dir: Path, *, gpus: list[Gpu] | None = None) -> Resources:
+    """CPUs, memory, free disk of ``work_dir`` and GPUs (detected unless given)."""
+    return Resources(
+        cpus=os.cpu_count() or 1,
+        memory_bytes=memory_bytes(),
+        disk_bytes=shutil.disk_usage(work_dir).free,
+        gpus=detect_gpus() if gpus is None else gpus,
+    )
+
+
+def memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """MemTotal in bytes; 0 when it cannot be read (not Linux)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024  # the value is in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def detect_gpus() -> list[Gpu]:
+    """GPUs reported by ``nvidia-smi``; [] without it or when it fails."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError) as e:
+        log.warning("nvidia-smi failed, reporting no GPUs: %s", e)
+        return []
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(out: str) -> list[Gpu]:
+    """Parse ``name, memory MiB`` lines."""
+    result = []
+    for line in out.splitlines():
+        name, _, mib = line.rpartition(",")
+        if name.strip() and mib.strip().isdigit():
+            result.append(Gpu(name=name.strip(), memory_bytes=int(mib.strip()) * 1024 * 1024))
+    return result

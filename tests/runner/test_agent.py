@@ -1,0 +1,308 @@
+"""End to end: a real ``trainyard-runner`` process against a small fake
+server (websockets' asyncio ``serve`` on 127.0.0.1) that stores log lines the
+way the real server does: only the next seq, acknowledging the highest stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection, serve
+
+TOKEN = "runner-token"
+
+
+class FakeServer:
+    def __init__(self, *, cut_after_frames: list[int] | None = None) -> None:
+        self.stored: dict[str, list[list[Any]]] = {}
+        self.received: list[dict[str, Any]] = []  # every frame except logs
+        self.hellos: list[dict[str, Any]] = []
+        self.connections = 0
+        self.cuts = list(cut_after_frames or [])  # cut the n-th logs frame of a connection
+        self.to_send: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.first_log_at: dict[str, float] = {}
+        self.changed = asyncio.Event()
+
+    async def handler(self, ws: ServerConnection) -> None:
+        if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":  # type: ignore[union-attr]
+            await ws.close(4401, "bad token")
+            return
+        self.connections += 1
+        self.hellos.append(json.loads(await ws.recv()))
+        acked = {job: len(lines) for job, lines in self.stored.items()}
+        await ws.send(json.dumps({"type": "welcome", "instance": "i-1", "heartbeat_seconds": 0.5, "acked": acked}))
+        sender = asyncio.create_task(self._send_queued(ws))
+        try:
+            await self._receive(ws)
+        finally:
+            sender.cancel()
+
+    async def _send_queued(self, ws: ServerConnection) -> None:
+        while True:
+            msg = await self.to_send.get()
+            await ws.send(json.dumps(msg))
+
+    async def _receive(self, ws: ServerConnection) -> None:
+        frames = 0
+        async for raw in ws:
+            msg = json.loads(raw)
+            if msg["type"] != "logs":
+                self.received.append(msg)
+                self.changed.set()
+                continue
+            frames += 1
+            stored = self.stored.setdefault(msg["job"], [])
+            self.first_log_at.setdefault(msg["job"], time.monotonic())
+            for i, line in enumerate(msg["lines"]):
+                if msg["first_seq"] + i == len(stored) + 1:
+                    stored.append(line)
+            if self.cuts and frames == self.cuts[0]:
+                # Stored but not acknowledged: the runner must resend and we dedupe.
+                self.cuts.pop(0)
+                if len(self.cuts) % 2:
+                    ws.transport.abort()
+                else:
+                    await ws.close(1012, "restart")
+                return
+            await ws.send(json.dumps({"type": "log_ack", "job": msg["job"], "seq": len(stored)}))
+            self.changed.set()
+
+    def states(self, job: str) -> list[tuple[str, int | None]]:
+        return [(m["state"], m["exit_code"]) for m in self.received if m["type"] == "job_state" and m["job"] == job]
+
+    async def wait_for(self, predicate: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out; received {self.received[-5:]}"
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
+            except TimeoutError:
+                pass
+
+
+def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, Any]:
+    path, commit = repo
+    return {
+        "type": "assign_job",
+        "job": job,
+        "lease": f"lease-{job}",
+        "lease_seconds": 10,
+        "run_name": "r1",
+        "workflow": "w",
+        "commands": commands,
+        "env": {"LINES": "100000"},
+        "code": {"kind": "git", "repo_url": str(path), "commit": commit},
+        "artifacts": [],
+        "api_url": "http://127.0.0.1:9/api/v1",
+    }
+
+
+async def start_runner(port: int, work: Path, *extra: str, token: str = TOKEN) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "trainyard_runner",
+        "--server",
+        f"ws://127.0.0.1:{port}",
+        "--work-dir",
+        str(work),
+        *extra,
+        env={**os.environ, "TRAINYARD_RUNNER_TOKEN": token},
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
+NOISY = (
+    f'{sys.executable} -c "import os,sys\n'
+    "for i in range(int(os.environ['LINES'])): sys.stdout.write(f'line {i:09d} the quick brown fox\\\\n')\""
+)
+
+
+def test_a_job_streams_every_line_exactly_once_across_connection_cuts(tmp_path: Path, repo: tuple[Path, str]) -> None:
+    async def go() -> tuple[FakeServer, float]:
+        server = FakeServer(cut_after_frames=[2, 3, 1, 2])
+        async with serve(server.handler, "127.0.0.1", 0, max_size=None) as ws_server:
+            port = ws_server.sockets[0].getsockname()[1]
+            runner = await start_runner(port, tmp_path / "rd")
+            try:
+                await server.wait_for(lambda: server.hellos, 10)
+                await server.to_send.put(assign("job1", ["echo start", NOISY, "echo bye >&2"], repo))
+                await server.wait_for(lambda: ("succeeded", 0) in server.states("job1"), 60)
+                # A warm runner: the repository is cached now.
+                sent = time.monotonic()
+                await server.to_send.put(assign("job2", ["echo hi"], repo))
+                await server.wait_for(lambda: ("succeeded", 0) in server.states("job2"), 10)
+                latency = server.first_log_at["job2"] - sent
+                await server.to_send.put({"type": "shutdown", "reason": "idle"})
+                assert await asyncio.wait_for(runner.wait(), 10) == 0
+            finally:
+                await stop(runner)
+        return server, latency
+
+    server, latency = asyncio.run(go())
+    texts = [(stream, text) for _, stream, text in server.stored["job1"]]
+    assert texts == [("o", "start")] + [("o", f"line {i:09d} the quick brown fox") for i in range(100000)] + [
+        ("e", "bye")
+    ]
+    assert (server.cuts, server.connections) == ([], 5)
+    # The latest state is re-sent after every reconnect (the server treats a
+    # repeated state as a no-op), so compare the transitions.
+    transitions = [s for i, s in enumerate(server.states("job1")) if i == 0 or server.states("job1")[i - 1] != s]
+    assert transitions == [("preparing", None), ("running", None), ("uploading", None), ("succeeded", 0)]
+    accepted = [m for m in server.received if m["type"] == "job_accepted"]
+    assert accepted == [
+        {"type": "job_accepted", "job": "job1", "lease": "lease-job1"},
+        {"type": "job_accepted", "job": "job2", "lease": "lease-job2"},
+    ]
+    assert [h["running_jobs"] for h in server.hellos] == [[], ["job1"], ["job1"], ["job1"], ["job1"]]
+    assert server.hellos[0]["resources"]["cpus"] == os.cpu_count()
+    assert [(s, t) for _, s, t in server.stored["job2"]] == [("o", "hi")]
+    assert latency < 0.5, latency
+
+
+def test_the_fail_workflow_reports_exit_code_3(tmp_path: Path, repo: tuple[Path, str]) -> None:
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", ['echo "about to fail" >&2', "exit 3"], repo))
+                await server.wait_for(lambda: server.states("j")[-1:] == [("failed", 3)], 20)
+            finally:
+                await stop(runner)
+        return server
+
+    server = asyncio.run(go())
+    assert [(s, t) for _, s, t in server.stored["j"]] == [("e", "about to fail")]
+    assert [m["reason"] for m in server.received if m.get("state") == "failed"] == ["exit code 3"]
+
+
+def test_cancel_stops_the_job_and_reports_stopped(tmp_path: Path, repo: tuple[Path, str]) -> None:
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", ["echo up", "sleep 1000 & sleep 1000; wait"], repo))
+                await server.wait_for(lambda: "j" in server.stored, 20)
+                await server.to_send.put(assign("k", ["echo other"], repo))
+                await server.wait_for(lambda: any(m["type"] == "job_rejected" for m in server.received), 10)
+                await server.to_send.put({"type": "cancel_job", "job": "unknown"})
+                await server.to_send.put({"type": "cancel_job", "job": "j", "reason": "user"})
+                await server.wait_for(lambda: server.states("j")[-1:] == [("stopped", 143)], 10)
+            finally:
+                await stop(runner)
+        return server
+
+    server = asyncio.run(go())
+    assert server.states("j") == [("preparing", None), ("running", None), ("stopped", 143)]
+    rejected = [m for m in server.received if m["type"] == "job_rejected"]
+    assert rejected == [{"type": "job_rejected", "job": "k", "lease": "lease-k", "reason": "busy with job j"}]
+
+
+def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> None:
+    async def go() -> tuple[FakeServer, int]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.wait_for(lambda: len([m for m in server.received if m["type"] == "heartbeat"]) >= 2, 5)
+                await server.to_send.put({"type": "shutdown", "reason": "idle"})
+                code = await asyncio.wait_for(runner.wait(), 10)
+            finally:
+                await stop(runner)
+        return server, code
+
+    server, code = asyncio.run(go())
+    assert code == 0
+    assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 1
+
+
+def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", ["echo never"], (tmp_path / "missing", "a" * 40)))
+                await server.wait_for(lambda: server.states("j")[-1:] == [("failed", None)], 20)
+            finally:
+                await stop(runner)
+        return server
+
+    server = asyncio.run(go())
+    [failed] = [m for m in server.received if m.get("state") == "failed"]
+    assert failed["reason"].startswith(f"clone of {tmp_path / 'missing'} failed (exit 128): ")
+    assert "j" not in server.stored
+
+
+def test_a_refused_token_exits_with_code_2(tmp_path: Path) -> None:
+    async def go() -> tuple[int, bytes]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd", token="wrong")
+            try:
+                code = await asyncio.wait_for(runner.wait(), 10)
+            finally:
+                await stop(runner)
+            return code, await runner.stderr.read()  # type: ignore[union-attr]
+
+    code, err = asyncio.run(go())
+    assert code == 2
+    assert b"trainyard-runner: server refused this runner: close code 4401 bad token; exiting" in err
+
+
+def test_an_unreachable_server_makes_an_idle_runner_give_up(tmp_path: Path) -> None:
+    async def go() -> tuple[int, float]:
+        started = time.monotonic()
+        runner = await start_runner(9, tmp_path / "rd", "--give-up-after", "1")
+        try:
+            return await asyncio.wait_for(runner.wait(), 15), time.monotonic() - started
+        finally:
+            await stop(runner)
+
+    code, took = asyncio.run(go())
+    assert code == 1
+    assert 1 <= took < 10
+
+
+def test_the_job_dies_with_a_sigkilled_runner(tmp_path: Path, repo: tuple[Path, str]) -> None:
+    async def go() -> int:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", ["echo $$", "sleep 1000"], repo))
+                await server.wait_for(lambda: "j" in server.stored, 20)
+                runner.kill()
+                await runner.wait()
+            finally:
+                await stop(runner)
+        return int(server.stored["j"][0][2])
+
+    bash = asyncio.run(go())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{bash}").exists() and "Z" not in _state(bash) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not Path(f"/proc/{bash}").exists() or "Z" in _state(bash)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from trainyard_runner.code import CodeError, mirror_path, prepare_code, safe_extract
+from trainyard_runner.protocol import CodeSpec
+
+
+@pytest.fixture
+def files_url(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """An HTTP server on 127.0.0.1 serving tmp_path/served; returns (dir, base url)."""
+    served = tmp_path / "served"
+    served.mkdir()
+    handler = partial(SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield served, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _prepare(code: CodeSpec, tmp_path: Path, name: str = "work") -> Path:
+    work = tmp_path / name
+    tmp = tmp_path / f"{name}-tmp"
+    tmp.mkdir()
+    asyncio.run(prepare_code(code, work=work, cache_dir=tmp_path / "cache", tmp_dir=tmp))
+    return work
+
+
+def test_git_checks_out_the_commit_and_applies_a_binary_patch_with_a_new_file(
+    tmp_path: Path, repo: tuple[Path, str], files_url: tuple[Path, str], git: Callable[..., str]
+) -> None:
+    path, commit = repo
+    (path / "train.py").write_text("print('v2')\n")
+    (path / "weights.bin").write_bytes(bytes(range(256)) * 4)
+    git(path, "add", "-A")  # staged only to make the patch: the commit stays the same
+    served, base = files_url
+    patch = subprocess.run(
+        ["git", "-C", str(path), "diff", "--cached", "--binary", "HEAD"], capture_output=True, check=True
+    )
+    (served / "p.patch").write_bytes(patch.stdout)
+    code = CodeSpec(kind="git", repo_url=str(path), commit=commit, patch_url=f"{base}/p.patch")
+
+    work = _prepare(code, tmp_path)
+
+    assert (work / "train.py").read_text() == "print('v2')\n"
+    assert (work / "weights.bin").read_bytes() == bytes(range(256)) * 4
+    assert git(work, "rev-parse", "HEAD") == commit
+    assert mirror_path(tmp_path / "cache", str(path)).is_dir()
+
+
+def test_git_fetches_a_commit_the_cached_mirror_does_not_have(
+    tmp_path: Path, repo: tuple[Path, str], git: Callable[..., str]
+) -> None:
+    path, first = repo
+    _prepare(CodeSpec(kind="git", repo_url=str(path), commit=first), tmp_path, "w1")
+    (path / "train.py").write_text("print('v3')\n")
+    git(path, "commit", "-qam", "second")
+    second = git(path, "rev-parse", "HEAD")
+
+    work = _prepare(CodeSpec(kind="git", repo_url=str(path), commit=second), tmp_path, "w2")
+
+    assert (work / "train.py").read_text() == "print('v3')\n"
+
+
+def test_a_patch_that_does_not_apply_fails_with_gits_reason(
+    tmp_path: Path, repo: tuple[Path, str], files_url: tuple[Path, str], git: Callable[..., str]
+) -> None:
+    path, commit = repo
+    served, base = files_url
+    (served / "bad.patch").write_text(
+        "diff --git a/train.py b/train.py\n--- a/train.py\n+++ b/train.py\n@@ -1 +1 @@\n-print('other')\n+print('x')\n"
+    )
+    with pytest.raises(CodeError) as e:
+        _prepare(CodeSpec(kind="git", repo_url=str(path), commit=commit, patch_url=f"{base}/bad.patch"), tmp_path)
+    assert str(e.value).startswith("git apply of the patch failed (exit 1): ")
+    assert "patch does not apply" in str(e.value)
+
+
+def test_an_unknown_repository_fails_with_the_clone_error(tmp_path: Path) -> None:
+    with pytest.raises(CodeError) as e:
+        _prepare(CodeSpec(kind="git", repo_url=str(tmp_path / "nope"), commit="a" * 40), tmp_path)
+    assert str(e.value).startswith(f"clone of {tmp_path / 'nope'} failed (exit 128): ")
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_archive_is_downloaded_and_extracted(tmp_path: Path, files_url: tuple[Path, str]) -> None:
+    served, base = files_url
+    (served / "code.tar.gz").write_bytes(_tar({"train.py": b"print(1)\n", "pkg/m.py": b""}))
+
+    work = _prepare(CodeSpec(kind="archive", archive_url=f"{base}/code.tar.gz"), tmp_path)
+
+    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*")) == ["pkg", "pkg/m.py", "train.py"]
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/../../evil", "/tmp/evil"])
+def test_archive_extraction_refuses_paths_outside_the_work_dir(tmp_path: Path, name: str) -> None:
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(_tar({"ok.txt": b"1", name: b"x"}))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(CodeError, match="points outside the working directory"):
+        safe_extract(archive, dest)
+    assert list(dest.iterdir()) == []
+    assert not (tmp_path / "evil").exists()

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from trainyard_runner.logstream import LogStream, read_spool
+from trainyard_runner.process import MAX_LINE_BYTES, Execution, job_env
+
+
+def _run(
+    commands: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[int, list[tuple[int, str, str]]]:
+    async def go() -> int:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(commands, cwd=tmp_path, env=job_env(env or {}), stream=stream)
+        return await asyncio.wait_for(ex.wait(), 30)
+
+    code = asyncio.run(go())
+    return code, [(seq, st, t) for seq, (_, st, t) in read_spool(tmp_path / "spool")]
+
+
+def test_the_fail_workflow_ends_with_exit_code_3(tmp_path: Path) -> None:
+    code, lines = _run(['echo "about to fail" >&2', "exit 3", "echo never"], tmp_path)
+    assert code == 3
+    assert lines == [(1, "e", "about to fail")]
+
+
+def test_the_first_failing_command_ends_the_job(tmp_path: Path) -> None:
+    code, lines = _run(["echo one", "false", "echo two"], tmp_path)
+    assert (code, lines) == (1, [(1, "o", "one")])
+
+
+def test_output_is_split_into_numbered_lines(tmp_path: Path) -> None:
+    long = "x" * (MAX_LINE_BYTES + 10)
+    code, lines = _run(["printf 'a\\n\\nb'", "echo", f"echo {long}", "printf 'caf\\xc3\\xa9 \\xff\\n'"], tmp_path)
+    assert code == 0
+    assert lines == [
+        (1, "o", "a"),
+        (2, "o", ""),
+        (3, "o", "b"),
+        (4, "o", "x" * MAX_LINE_BYTES),
+        (5, "o", "x" * 10),
+        (6, "o", "café \ufffd"),
+    ]
+
+
+def test_the_job_gets_its_env_without_the_runner_token(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TRAINYARD_RUNNER_TOKEN", "secret")
+    code, lines = _run(['echo "${TRAINYARD_RUNNER_TOKEN:-none} $STEPS $PYTHONUNBUFFERED"'], tmp_path, {"STEPS": "20"})
+    assert (code, lines) == (0, [(1, "o", "none 20 1")])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _group(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def _group_after_exit(pgid: int) -> list[int]:
+    # A killed process closes its pipes (our EOF) a moment before it is gone.
+    deadline = time.monotonic() + 2
+    while (pids := _group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pids
+
+
+def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
+    async def go() -> tuple[int, list[int], list[int]]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(["sleep 1000 & sleep 1000; wait"], cwd=tmp_path, env=job_env({}), stream=stream)
+        deadline = time.monotonic() + 5
+        while len(_group(ex.pid)) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        before = _group(ex.pid)
+        started = time.monotonic()
+        await ex.terminate(grace=5)
+        code = await asyncio.wait_for(ex.wait(), 10)
+        assert time.monotonic() - started < 2  # SIGTERM was enough
+        return code, before, _group_after_exit(ex.pid)
+
+    code, before, after = asyncio.run(go())
+    assert len(before) == 3  # bash and both sleeps
+    assert after == []
+    assert code == 128 + 15
+
+
+def test_terminate_kills_after_the_grace_period_when_sigterm_is_ignored(tmp_path: Path) -> None:
+    async def go() -> tuple[int, float]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(["trap '' TERM", "sleep 1000 & wait"], cwd=tmp_path, env=job_env({}), stream=stream)
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await ex.terminate(grace=0.5)
+        code = await asyncio.wait_for(ex.wait(), 10)
+        assert _group_after_exit(ex.pid) == []
+        return code, time.monotonic() - started
+
+    code, took = asyncio.run(go())
+    assert code == 128 + 9
+    assert 0.5 <= took < 3
+
+
+def test_background_processes_left_behind_end_with_the_job(tmp_path: Path) -> None:
+    async def go() -> tuple[int, list[int]]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(["sleep 1000 &", "echo done"], cwd=tmp_path, env=job_env({}), stream=stream)
+        code = await asyncio.wait_for(ex.wait(), 10)
+        return code, _group_after_exit(ex.pid)
+
+    code, left = asyncio.run(go())
+    assert (code, left) == (0, [])
+    assert os.path.exists(tmp_path / "spool")
