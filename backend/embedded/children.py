@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from backend.embedded.processes import groups_stop
@@ -26,7 +26,9 @@ class Console:
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream or sys.stdout
         self.colour = self.stream.isatty() and "NO_COLOR" not in os.environ
-        self._lock = threading.Lock()
+        # Reentrant: the signal handler (main thread) may print while the main
+        # thread is already inside line().
+        self._lock = threading.RLock()
 
     def line(self, source: str, text: str, *, colour: str | None = None) -> None:
         prefix = f"{source:<{PREFIX_WIDTH}} |"

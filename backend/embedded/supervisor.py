@@ -3,7 +3,8 @@
 ``run``:
     1. Take Postgres / Valkey from DATABASE_URL / REDIS_URL, or start the
        embedded ones under ``$TRAINYARD_DATA_DIR``.
-    2. Kill local runners left behind by a crashed supervisor.
+    2. Stop web/worker/beat and kill local runners left behind by a crashed
+       supervisor.
     3. ``manage.py migrate``, ``ensure_admin``, ``issue_token admin``.
     4. Start web, worker and beat; wait for ``/api/v1/health/``; print a banner.
     5. On Ctrl-C / SIGTERM, or when a child dies, stop the children (SIGTERM,
@@ -24,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from backend.embedded.children import Child, Console, children_stop
+from backend.embedded.processes import cmdline, groups_stop, pid_alive
 from backend.embedded.runners import local_runners_kill
 from backend.embedded.services import (
     REPO_ROOT,
@@ -39,6 +41,8 @@ HEALTH_TIMEOUT_SECONDS = 90.0
 HEALTH_PATH = "/api/v1/health/"
 TEST_VALKEY_PORT_DEFAULT = 6391
 PYTEST_NO_TESTS_COLLECTED = 5
+CHILDREN_PIDFILE = "supervisor-children.pids"
+CHILD_MARKER = "backend.config"
 
 
 class Shutdown(Exception):
@@ -130,6 +134,8 @@ def _supervise(
         console.line("setup", f"starting embedded Postgres / Valkey in {data_dir}")
         services.start()
         env.update(_service_env(services))
+    if killed := _stale_children_kill(data_dir):
+        console.line("setup", f"stopped web/worker/beat left by a previous run: {killed}")
     if killed := local_runners_kill(data_dir):
         console.line("setup", f"killed local runners left by a previous run: {killed}")
     _step(console, stop_requested, env, "migrate", "--noinput")
@@ -139,9 +145,9 @@ def _supervise(
         child = Child(name, argv, env=env, cwd=REPO_ROOT, console=console)
         child.start()
         children.append(child)
-    url = env["TRAINYARD_PUBLIC_URL"]
-    _health_wait(console, stop_requested, children, services, url)
-    console.raw(_banner(url, admin, token))
+    _children_record(data_dir, children)
+    _health_wait(console, stop_requested, children, services, _local_url(env))
+    console.raw(_banner(env["TRAINYARD_PUBLIC_URL"], admin, token))
     _watch(console, stop_requested, children, services)
 
 
@@ -160,9 +166,7 @@ def _server_commands(data_dir: Path, env: dict[str, str]) -> dict[str, list[str]
     }  # fmt: skip
 
 
-def _step(
-    console: Console, stop_requested: threading.Event, env: dict[str, str], *args: str, echo: bool = True
-) -> str:
+def _step(console: Console, stop_requested: threading.Event, env: dict[str, str], *args: str, echo: bool = True) -> str:
     """Run ``manage.py <args>`` to completion and return its output; raise Shutdown on failure."""
     argv = [sys.executable, str(REPO_ROOT / "manage.py"), *args]
     child = Child("setup", argv, env=env, cwd=REPO_ROOT, console=console, echo=echo)
@@ -215,6 +219,27 @@ def _check(console: Console, children: list[Child], services: EmbeddedServices |
         raise Shutdown(1)
 
 
+def _children_record(data_dir: Path, children: list[Child]) -> None:
+    (data_dir / CHILDREN_PIDFILE).write_text("".join(f"{child.name} {child.pid}\n" for child in children))
+
+
+def _stale_children_kill(data_dir: Path) -> list[int]:
+    """Stop web/worker/beat that a SIGKILLed supervisor left running.
+
+    They normally die with it (PR_SET_PDEATHSIG), but a worker in its warm
+    shutdown may still be finishing tasks. Only recorded pids whose command
+    line still names our Django project are signalled: pids get reused.
+    """
+    path = data_dir / CHILDREN_PIDFILE
+    if not path.exists():
+        return []
+    words = path.read_text().split()
+    pids = [int(w) for w in words if w.isdigit() and pid_alive(int(w)) and CHILD_MARKER in cmdline(int(w))]
+    groups_stop(pids, timeout=CHILD_STOP_TIMEOUT_SECONDS)
+    path.unlink()
+    return pids
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -227,6 +252,7 @@ def _shutdown(console: Console, children: list[Child], services: EmbeddedService
     """Stop everything, in order; runs on every exit path of ``run``."""
     console.line("setup", "stopping web, worker, beat…")
     children_stop(children, timeout=CHILD_STOP_TIMEOUT_SECONDS)
+    (data_dir / CHILDREN_PIDFILE).unlink(missing_ok=True)
     if killed := local_runners_kill(data_dir):
         console.line("setup", f"killed local runners: {killed}")
     if services is not None:
@@ -286,10 +312,15 @@ def _child_env(data_dir: Path) -> dict[str, str]:
     env.setdefault("TRAINYARD_PORT", "8000")
     env.setdefault("DJANGO_SETTINGS_MODULE", "backend.config.settings")
     env["PYTHONUNBUFFERED"] = "1"
-    host = env["TRAINYARD_HOST"]
-    browse_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    env.setdefault("TRAINYARD_PUBLIC_URL", f"http://{browse_host}:{env['TRAINYARD_PORT']}")
+    env.setdefault("TRAINYARD_PUBLIC_URL", _local_url(env))
     return env
+
+
+def _local_url(env: dict[str, str]) -> str:
+    """Where this machine reaches the web server (the public URL may be a proxy)."""
+    host = env["TRAINYARD_HOST"]
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{host}:{env['TRAINYARD_PORT']}"
 
 
 def _service_env(services: EmbeddedServices) -> dict[str, str]:
@@ -315,4 +346,3 @@ def _stop_on_signals(console: Console) -> threading.Event:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, handler)
     return stop_requested
-

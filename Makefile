@@ -1,0 +1,52 @@
+# Every target sets up what it needs on a fresh machine: only python3.11 must exist.
+#   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
+#   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set
+#   make test-fast                   the suite without end-to-end tests (-m "not slow")
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# runner/ and cli/ are installed editable once they have a pyproject.toml.
+PYPROJECTS := $(wildcard runner/pyproject.toml cli/pyproject.toml)
+EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
+PYTEST_ARGS ?=
+
+.PHONY: run test test-fast services lint frontend clean-data
+
+run: $(STAMP) frontend
+	$(PY) -m backend.embedded run
+
+test: $(STAMP)
+	$(PY) -m backend.embedded test -- $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m backend.embedded test -- -m "not slow" $(PYTEST_ARGS)
+
+services: $(STAMP)
+	$(PY) -m backend.embedded services
+
+lint: $(STAMP)
+	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install --quiet ruff
+	$(PY) -m ruff check backend tests
+	$(PY) -m ruff format --check backend tests
+
+# The dashboard build arrives with the frontend; `make run` already depends on it.
+frontend:
+	@:
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: $(PYTHON) not found. Trainyard needs Python 3.11: install python3.11 (and python3.11-venv)," >&2; \
+	  echo "       or point make at it: make PYTHON=/path/to/python3.11 ..." >&2; \
+	  exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs only when requirements.txt or a pyproject.toml changed (or the venv is new).
+$(STAMP): $(PY) requirements.txt $(PYPROJECTS)
+	$(PY) -m pip install -r requirements.txt $(EDITABLES)
+	@touch $@
+
+# Removes the embedded servers' data (database, queue) of `make run` and `make test`.
+clean-data:
+	rm -rf .trainyard-data

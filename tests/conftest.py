@@ -1,0 +1,59 @@
+"""Session-wide rules and the end-to-end ``stack`` fixture.
+
+Tests run against real Postgres and Redis/Valkey: ``make test`` starts
+embedded ones and sets DATABASE_URL / REDIS_URL. Without both variables the
+session stops at once rather than half-running (or running against the
+servers of a ``make run`` in another terminal).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.stack import Stack
+
+MISSING_SERVICES_MESSAGE = (
+    "run the tests with `make test` (it starts Postgres and Valkey), or set DATABASE_URL and REDIS_URL"
+)
+
+_stacks: list[Stack] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        pytest.exit(MISSING_SERVICES_MESSAGE, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Web, Celery worker and beat on a fresh database; shared by the whole session."""
+    running = Stack(
+        database_url=os.environ["DATABASE_URL"],
+        redis_url=os.environ["REDIS_URL"],
+        data_dir=tmp_path_factory.mktemp("stack"),
+    )
+    # Fast timeouts, so a dead runner is noticed in seconds, not minutes.
+    running.env.update(
+        TRAINYARD_HEARTBEAT_SECONDS="1",
+        TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS="5",
+        TRAINYARD_RECONCILE_SECONDS="1",
+        TRAINYARD_LOCAL_RUNNERS_MAX="4",
+    )
+    _stacks.append(running)
+    try:
+        running.start_all()
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On failure of a test that uses the stack, attach the tail of each process log."""
+    report = yield
+    if report.failed and _stacks and "stack" in getattr(item, "fixturenames", ()):
+        report.sections.append(("stack process logs", _stacks[-1].logs_tail()))
+    return report
