@@ -1,13 +1,13 @@
-"""Running a job's commands: one ``bash`` in its own process group, stdout and
+"""Running a job's commands: one ``bash`` under ``_reaper.py`` in its own process group, stdout and
 stderr read in chunks and split into lines for the job's ``LogStream``."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import signal
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 64 * 1024
 _CHUNK = 64 * 1024
-_PR_SET_PDEATHSIG = 1
+# Leads the job's process group and takes it down if the runner dies.
+REAPER = Path(__file__).with_name("_reaper.py")
 TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
 
 
@@ -52,6 +53,10 @@ class Execution:
     @classmethod
     async def start(cls, commands: list[str], *, cwd: Path, env: Mapping[str, str], stream: LogStream) -> Execution:
         proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            "-S",
+            str(REAPER),
             "bash",
             "-c",
             script(commands),
@@ -61,7 +66,6 @@ class Execution:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         return cls(proc, stream)
 
@@ -143,10 +147,3 @@ def _split_long(texts: list[str]) -> list[str]:
     return out
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent() -> None:
-    # In the child between fork and exec: if the runner is SIGKILLed, the
-    # kernel kills bash too instead of leaving an orphaned job behind.
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

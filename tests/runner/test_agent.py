@@ -280,25 +280,31 @@ def test_an_unreachable_server_makes_an_idle_runner_give_up(tmp_path: Path) -> N
     assert 1 <= took < 10
 
 
-def test_the_job_dies_with_a_sigkilled_runner(tmp_path: Path, repo: tuple[Path, str]) -> None:
-    async def go() -> int:
+def test_the_job_and_its_background_children_die_with_a_sigkilled_runner(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    async def go() -> list[int]:
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
-                await server.to_send.put(assign("j", ["echo $$", "sleep 1000"], repo))
-                await server.wait_for(lambda: "j" in server.stored, 20)
+                await server.to_send.put(assign("j", ["echo $$", "sleep 1000 & echo $!", "wait"], repo))
+                await server.wait_for(lambda: len(server.stored.get("j", [])) >= 2, 20)
                 runner.kill()
                 await runner.wait()
             finally:
                 await stop(runner)
-        return int(server.stored["j"][0][2])
+        return [int(line[2]) for line in server.stored["j"][:2]]
 
-    bash = asyncio.run(go())
+    pids = asyncio.run(go())  # bash, and the sleep it started in the background
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{bash}").exists() and "Z" not in _state(bash) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not Path(f"/proc/{bash}").exists() or "Z" in _state(bash)
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and _state(pid) not in {"Z", "gone"}
 
 
 def _state(pid: int) -> str:

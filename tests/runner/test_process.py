@@ -86,7 +86,7 @@ def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
         stream = LogStream("j", tmp_path / "spool")
         ex = await Execution.start(["sleep 1000 & sleep 1000; wait"], cwd=tmp_path, env=job_env({}), stream=stream)
         deadline = time.monotonic() + 5
-        while len(_group(ex.pid)) < 3 and time.monotonic() < deadline:
+        while len(_group(ex.pid)) < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         before = _group(ex.pid)
         started = time.monotonic()
@@ -96,7 +96,7 @@ def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
         return code, before, _group_after_exit(ex.pid)
 
     code, before, after = asyncio.run(go())
-    assert len(before) == 3  # bash and both sleeps
+    assert len(before) == 4  # the reaper, bash and both sleeps
     assert after == []
     assert code == 128 + 15
 
