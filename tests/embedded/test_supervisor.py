@@ -5,12 +5,15 @@ Needs the Django backend (migrate, ensure_admin, issue_token, the health view).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -53,6 +56,53 @@ def test_after_a_sigkilled_supervisor_the_next_run_starts_and_stops_cleanly(tmp_
     second.send_signal(signal.SIGINT)
     assert second.wait(timeout=60) == 0
     assert _leftovers(data_dir, web_port) == []
+
+
+def test_a_restart_keeps_runs_logs_and_artifacts(tmp_path: Path, free_port: int) -> None:
+    data_dir, web_port = tmp_path / "data", _other_free_port(free_port)
+    repo = _tiny_train(tmp_path / "tiny-train")
+    first, out = _run(data_dir, free_port, web_port, tmp_path / "first.out")
+    token = re.search(r"export TRAINYARD_TOKEN=(\S+)", _wait_for_banner(first, out)).group(1)  # type: ignore[union-attr]
+    cli = _cli(repo, web_port, token)
+    assert cli("run", "hello").returncode == 0
+    assert cli("run", "download-base-model").returncode == 0
+    runs_before = json.loads(cli("ps", "--json").stdout)
+    logs_before = {r["name"]: cli("logs", r["name"]).stdout for r in runs_before}
+
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=60) == 0
+    assert _leftovers(data_dir, web_port) == []
+    assert list((data_dir / "local-runners").glob("*.pid")) == []
+    second, out = _run(data_dir, free_port, web_port, tmp_path / "second.out")
+    _wait_for_banner(second, out)
+    try:
+        runs_after = json.loads(cli("ps", "--json").stdout)
+        download = next(r["name"] for r in runs_after if r["workflow"] == "download-base-model")
+        fetched = cli("artifacts", "download", download, "-o", str(tmp_path / "out"))
+
+        assert [(r["name"], r["status"]) for r in runs_after] == [(r["name"], r["status"]) for r in runs_before]
+        assert {r["name"]: cli("logs", r["name"]).stdout for r in runs_after} == logs_before
+        assert "hello from" in logs_before[runs_before[-1]["name"]]
+        assert fetched.returncode == 0, fetched.stderr
+        assert (tmp_path / "out" / "base_model" / "weights.json").read_text() == '{"w": 0.0, "b": 0.0}'
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(timeout=60)
+
+
+def _tiny_train(path: Path) -> Path:
+    shutil.copytree(REPO_ROOT.parent / "shared" / "examples" / "tiny-train", path)
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.email=t@e.st", "-c", "user.name=T", "commit", "-qm", "init"]):
+        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
+    return path
+
+
+def _cli(repo: Path, web_port: int, token: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    env = {**os.environ, "TRAINYARD_URL": f"http://127.0.0.1:{web_port}", "TRAINYARD_TOKEN": token, "HOME": str(repo.parent)}
+    trainyard = str(Path(sys.executable).parent / "trainyard")
+    return lambda *args: subprocess.run([trainyard, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _run(data_dir: Path, valkey_port: int, web_port: int, out: Path) -> tuple[subprocess.Popen[bytes], Path]:
