@@ -95,8 +95,23 @@ class RunnerAPIView(APIView):
         return job
 
 
+class UploadOut(serializers.Serializer):
+    path = serializers.CharField()
+    url = serializers.URLField()
+
+
+class ArtifactBeginOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    uploads = UploadOut(many=True)
+
+
+class ArtifactCompleteOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+
+
 class RunnerArtifactBeginView(RunnerAPIView):
-    @extend_schema(request=ArtifactBeginIn, responses={201: dict})
+    @extend_schema(request=ArtifactBeginIn, responses={201: ArtifactBeginOut})
     def post(self, request: Request, job: str) -> Response:
         found = self.runner_job(request, job)
         data = ArtifactBeginIn(data=request.data)
@@ -108,7 +123,7 @@ class RunnerArtifactBeginView(RunnerAPIView):
 
 
 class RunnerArtifactCompleteView(RunnerAPIView):
-    @extend_schema(request=None, responses={200: dict})
+    @extend_schema(request=None, responses=ArtifactCompleteOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
         found = self.runner_job(request, job)
         row = Artifact.objects.filter(pk=artifact, job=found).first()

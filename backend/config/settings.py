@@ -62,8 +62,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "backend.core",
-    "backend.accounts",
+    "backend.accounts.apps.AccountsConfig",
     "backend.repos",
     "backend.clouds",
     "backend.runs",
@@ -129,6 +130,7 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # Django's LOGGING applies in workers too
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
 
 STATIC_URL = "/static/"
@@ -162,15 +164,27 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from our own static files: no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "filters": {"drop_beat_ticks": {"()": "backend.core.logfilters.DropBeatTicks"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("TRAINYARD_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # The reconciler runs every few seconds: one line per task and per
+        # beat tick would bury everything else in `make run`'s output.
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.beat": {"level": "INFO", "filters": ["drop_beat_ticks"]},
+    },
 }
 
 # --- Trainyard ------------------------------------------------------------

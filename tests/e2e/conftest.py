@@ -26,7 +26,14 @@ TINY_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "examples" / "tiny
 TRAINYARD = Path(sys.executable).parent / "trainyard"
 FINISHED = {"succeeded", "failed", "stopped"}
 
-pytestmark = pytest.mark.slow
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e/ starts the whole stack: mark it slow."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 def git(cwd: Path, *args: str) -> str:

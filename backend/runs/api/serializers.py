@@ -77,6 +77,25 @@ class RunOut(serializers.ModelSerializer):
         return JobOut(jobs, many=True).data
 
 
+class LogLineOut(serializers.Serializer):
+    seq = serializers.IntegerField()
+    ts = serializers.FloatField(help_text="unix time in seconds")
+    stream = serializers.ChoiceField(choices=["o", "e"], help_text="o: stdout, e: stderr")
+    text = serializers.CharField()
+
+
+class LogPageOut(serializers.Serializer):
+    job = serializers.UUIDField()
+    lines = LogLineOut(many=True)
+    has_more = serializers.BooleanField()
+
+
+class BlobOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
 def run_to_dict(run: Run) -> dict[str, Any]:
     """The run as the API shows it, JSON-ready (also sent on websockets)."""
     import json

@@ -13,7 +13,7 @@ from backend.artifacts.services import blob_create
 from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import PageNumberPagination, RawBodyParser
-from backend.runs.api.serializers import RunCreateIn, RunOut
+from backend.runs.api.serializers import BlobOut, LogPageOut, RunCreateIn, RunOut
 from backend.runs.models import Run
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
 from backend.runs.services.runs import CodeInput, run_create, run_stop
@@ -76,7 +76,11 @@ class RunStopView(WorkspaceAPIView):
 
 
 class JobLogsView(WorkspaceAPIView):
-    @extend_schema(parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("limit", int)])
+    serializer_class = LogPageOut
+
+    @extend_schema(
+        responses=LogPageOut, parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("limit", int)]
+    )
     def get(self, request: Request, workspace: str, job: str) -> Response:
         found = job_get(workspace=self.workspace, job_id=job)
         if found is None:
@@ -89,10 +93,10 @@ class JobLogsView(WorkspaceAPIView):
 
 
 class BlobCreateView(WorkspaceAPIView):
-    @extend_schema(request={"application/octet-stream": bytes}, responses={201: dict})
+    @extend_schema(request={"application/octet-stream": bytes}, responses={201: BlobOut})
     def post(self, request: Request, workspace: str) -> Response:
         blob = blob_create(workspace=self.workspace, user=request.user, chunks=_chunks(request))
-        return Response({"id": str(blob.pk), "size": blob.size, "sha256": blob.sha256}, status=201)
+        return Response(BlobOut(blob).data, status=201)
     parser_classes = [RawBodyParser]
 
 

@@ -33,6 +33,7 @@ from trainyard_runner import protocol
 logger = logging.getLogger(__name__)
 
 FINAL_STATES = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
+PROGRESS = {"preparing": "preparing the code", "running": "the commands are running", "uploading": "uploading artifacts"}
 
 
 class RunnerConsumer(AsyncWebsocketConsumer):
@@ -97,7 +98,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def on_job_state(self, message: protocol.JobState) -> None:
         final = FINAL_STATES.get(message.state)
         if final is None:
-            await database_sync_to_async(job_set_reason)(job_id=message.job, reason=message.reason or message.state)
+            reason = message.reason or PROGRESS[message.state]
+            await database_sync_to_async(job_set_reason)(job_id=message.job, reason=reason)
             return
         await database_sync_to_async(_finish)(self.instance_id, message, final)
         await _enqueue_schedule()

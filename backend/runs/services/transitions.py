@@ -32,7 +32,6 @@ def job_accept(*, job_id: str, instance_id: str, lease: str) -> bool:
         [JobStatus.ASSIGNED],
         extra=Q(instance_id=instance_id, lease=lease),
         status=JobStatus.RUNNING,
-        status_reason="",
         started_at=now,
         lease_expires_at=None,
     )

@@ -1,0 +1,412 @@
+"""Trainyard benchmark: submit→first-log latency, durable log throughput vs a
+plain COPY, and 50 concurrent runs — measured in one run on the embedded
+default (embedded Postgres + Valkey, web + worker + beat, local runners).
+
+    .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
+    make bench
+
+Always exits 0 when the measurements ran (a missed target is printed as
+MISSED); exits 1 when the bench itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.lib import (  # noqa: E402
+    FINISHED,
+    Api,
+    bench_environment,
+    frames,
+    log,
+    make_repo,
+    parse_iso,
+    percentile,
+    sigterm_as_interrupt,
+)
+
+WARMUPS = 3
+IDLE_PAUSE = 0.5  # after a run finishes, before the next sample: the runner reports itself idle
+BURST_THREADS = 10
+BURST_TIMEOUT = 300.0
+NOISY_TIMEOUT = 300.0
+COPY_REPEATS = 3
+
+TARGET_LATENCY_MS = 250.0
+TARGET_LINES_PER_S = 50_000.0
+TARGET_COPY_RATIO = 0.25
+
+
+# --------------------------------------------------------------------- (1)
+
+
+def one_latency_sample(api: Api) -> dict[str, Any]:
+    """Clock starts before the POST; stops when the follower gets its first ``logs`` frame."""
+    t0_wall = time.time()
+    t0 = time.perf_counter()
+    run = api.submit("hello")
+    t_post = time.perf_counter()
+    first: dict[str, Any] | None = None
+    with api.follow(run["id"]) as ws:
+        t_ws = time.perf_counter()
+        for received, frame in frames(ws, timeout=60):
+            if frame.get("type") == "logs" and frame["lines"]:
+                first = {"received": received, "perf": time.perf_counter(), "line_ts": frame["lines"][0][1]}
+                break
+    assert first is not None
+    done = api.wait_finished(run["id"], timeout=60)
+    job = done["jobs"][0]
+    created = parse_iso(done["created_at"])
+    started = parse_iso(job["started_at"])
+
+    def ms(t: float | None) -> float | None:
+        return None if t is None else round((t - t0_wall) * 1000, 1)
+
+    return {
+        "run": run["name"],
+        "status": done["status"],
+        "latency_ms": round((first["perf"] - t0) * 1000, 1),
+        # milestones, ms after the clock started (server/runner clocks are this machine's)
+        "post_returned_ms": round((t_post - t0) * 1000, 1),
+        "ws_open_ms": round((t_ws - t0) * 1000, 1),
+        "run_created_ms": ms(created),
+        "job_started_ms": ms(started),
+        "first_line_ts_ms": ms(first["line_ts"]),
+        "first_frame_ms": ms(first["received"]),
+    }
+
+
+def bench_latency(api: Api, samples: int) -> dict[str, Any]:
+    log(f"(1) warm-up: {WARMUPS} hello runs (starts a local runner, warms its git cache)")
+    for _ in range(WARMUPS):
+        run = api.submit("hello")
+        done = api.wait_finished(run["id"], timeout=180)
+        if done["status"] != "succeeded":
+            raise RuntimeError(f"warm-up run {run['name']} ended {done['status']}: {done.get('status_reason')}")
+        time.sleep(IDLE_PAUSE)
+    log(f"(1) {samples} samples of submit → first log line at a follower")
+    results = []
+    for i in range(samples):
+        sample = one_latency_sample(api)
+        results.append(sample)
+        log(f"    sample {i + 1:2d}: {sample['latency_ms']:7.1f} ms  ({sample['run']}, {sample['status']})")
+        time.sleep(IDLE_PAUSE)
+    latencies = [s["latency_ms"] for s in results]
+
+    def median_of(key: str) -> float | None:
+        values = [s[key] for s in results if s[key] is not None]
+        return round(statistics.median(values), 1) if values else None
+
+    return {
+        "samples": len(results),
+        "median_ms": round(statistics.median(latencies), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
+        "min_ms": min(latencies),
+        "max_ms": max(latencies),
+        "all_succeeded": all(s["status"] == "succeeded" for s in results),
+        "milestones_median_ms": {
+            key: median_of(key)
+            for key in ("post_returned_ms", "ws_open_ms", "run_created_ms", "job_started_ms", "first_line_ts_ms", "first_frame_ms")
+        },
+        "runs": results,
+    }
+
+
+# --------------------------------------------------------------------- (2)
+
+
+def bench_throughput(api: Api, lines: int) -> dict[str, Any]:
+    log(f"(2) noisy with LINES={lines}: first line's ts → last line received by a follower")
+    t_submit = time.time()
+    run = api.submit("noisy", {"LINES": str(lines)})
+    first_ts = last_ts = last_received = None
+    last_seq = 0
+    frame_count = 0
+    with api.follow(run["id"]) as ws:
+        for received, frame in frames(ws, timeout=NOISY_TIMEOUT):
+            if frame.get("type") != "logs" or not frame["lines"]:
+                continue
+            frame_count += 1
+            batch = frame["lines"]
+            if batch[0][0] == 1:
+                first_ts = batch[0][1]
+            if batch[-1][0] != last_seq + len(batch) or batch[0][0] != last_seq + 1:
+                raise RuntimeError(f"follower got seqs {batch[0][0]}..{batch[-1][0]} after {last_seq}")
+            last_seq = batch[-1][0]
+            if last_seq >= lines:
+                last_ts, last_received = batch[-1][1], received
+                break
+    done = api.wait_finished(run["id"], timeout=NOISY_TIMEOUT)
+    job = done["jobs"][0]
+    if first_ts is None or last_received is None:
+        raise RuntimeError(f"noisy run {run['name']}: follower saw seq up to {last_seq} of {lines}")
+    seconds = last_received - first_ts
+    produced = last_ts - first_ts
+    return {
+        "run": run["name"],
+        "job": job["id"],
+        "status": done["status"],
+        "stored_last_seq": job["last_seq"],
+        "lines": lines,
+        "seconds": round(seconds, 3),
+        "lines_per_s": round(lines / seconds),
+        # how fast the runner read the job's output (ts of line N - ts of line 1)
+        "runner_read_seconds": round(produced, 3),
+        "lag_after_last_line_s": round(last_received - last_ts, 3),
+        "submit_to_first_line_s": round(first_ts - t_submit, 3),
+        "follower_frames": frame_count,
+    }
+
+
+def _copy_buffer(job_id: str, lines: int, first_seq: int = 1) -> bytes:
+    base = datetime.now(UTC)
+    rows = []
+    for i in range(lines):
+        ts = (base + timedelta(microseconds=i * 5)).isoformat()
+        rows.append(f"{job_id}\t{first_seq + i}\t{ts}\to\tline {i:09d} the quick brown fox jumps over the lazy dog\n")
+    return "".join(rows).encode()
+
+
+def _copy_once(conn: Any, table: str, buffer: bytes, *, rollback: bool = False) -> float:
+    chunk = 1 << 20
+    with conn.cursor() as cur:
+        started = time.perf_counter()
+        with cur.copy(f"COPY {table} (job, seq, ts, stream, text) FROM STDIN" if table != "runs_logline"
+                      else "COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
+            for offset in range(0, len(buffer), chunk):
+                copy.write(buffer[offset : offset + chunk])
+        if rollback:
+            conn.rollback()
+        else:
+            conn.commit()
+        return time.perf_counter() - started
+
+
+def bench_copy(database_url: str, job_id: str, lines: int) -> dict[str, Any]:
+    """A plain COPY of the same lines into a temp table shaped like runs_logline
+    (the limit), plus two diagnostics: a regular (WAL-logged) table, and
+    runs_logline itself (foreign key to runs_job) rolled back."""
+    import psycopg
+
+    log(f"(2) COPY baseline: {lines} lines, best of {COPY_REPEATS}")
+    shape = "(job uuid, seq bigint, ts timestamptz, stream char(1), text text, primary key (job, seq))"
+    buffer = _copy_buffer(job_id, lines)
+    results: dict[str, Any] = {}
+    with psycopg.connect(database_url) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+        conn.execute(f"CREATE TEMP TABLE bench_logline_tmp {shape}")
+        conn.execute(f"CREATE TABLE bench_logline_plain {shape}")
+        conn.commit()
+        try:
+            for table in ("bench_logline_tmp", "bench_logline_plain"):
+                times = []
+                for _ in range(COPY_REPEATS):
+                    conn.execute(f"TRUNCATE {table}")
+                    conn.commit()
+                    times.append(_copy_once(conn, table, buffer))
+                results[table] = {"seconds": round(min(times), 3), "lines_per_s": round(lines / min(times))}
+            # runs_logline itself, with seqs the job never had, rolled back
+            high = _copy_buffer(job_id, lines, first_seq=10_000_001)
+            times = [_copy_once(conn, "runs_logline", high, rollback=True) for _ in range(COPY_REPEATS)]
+            results["runs_logline_rolled_back"] = {"seconds": round(min(times), 3), "lines_per_s": round(lines / min(times))}
+        finally:
+            conn.rollback()
+            conn.execute("DROP TABLE IF EXISTS bench_logline_plain")
+            conn.commit()
+    return {"postgres_version": version, **results}
+
+
+# --------------------------------------------------------------------- (3)
+
+
+def bench_burst(api: Api, count: int) -> dict[str, Any]:
+    log(f"(3) {count} hello runs submitted at once ({BURST_THREADS} threads)")
+    client = api.new_client()
+    t0_wall = time.time()
+    t0 = time.perf_counter()
+    errors: list[str] = []
+
+    def post(_: int) -> dict[str, Any] | None:
+        try:
+            return api.submit("hello", client=client)
+        except Exception as error:  # noqa: BLE001 - counted as lost
+            errors.append(repr(error))
+            return None
+
+    with ThreadPoolExecutor(BURST_THREADS) as pool:
+        submitted = [r for r in pool.map(post, range(count)) if r is not None]
+    submit_seconds = time.perf_counter() - t0
+    ids = {r["id"] for r in submitted}
+    runs: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + BURST_TIMEOUT
+    while time.monotonic() < deadline:
+        page = api.get(f"/api/v1/workspaces/{api.workspace}/runs/", page_size=max(100, 2 * count))
+        runs = {r["id"]: r for r in page["results"] if r["id"] in ids}
+        if len(runs) == len(ids) and all(r["status"] in FINISHED for r in runs.values()):
+            break
+        time.sleep(0.5)
+    client.close()
+    succeeded = [r for r in runs.values() if r["status"] == "succeeded"]
+    failed = [r for r in runs.values() if r["status"] in FINISHED and r["status"] != "succeeded"]
+    lost = count - len(succeeded) - len(failed)
+    finished_at = [parse_iso(r["finished_at"]) for r in succeeded if r["finished_at"]]
+    instances = {j["instance"] for r in runs.values() for j in r["jobs"] if j.get("instance")}
+    durations = sorted(parse_iso(r["finished_at"]) - parse_iso(r["created_at"]) for r in succeeded)
+    return {
+        "runs": count,
+        "succeeded": len(succeeded),
+        "failed": len(failed),
+        "lost": lost,
+        "submit_errors": errors[:5],
+        "failed_reasons": sorted({r.get("status_reason", "") for r in failed})[:5],
+        "submit_seconds": round(submit_seconds, 2),
+        "all_succeeded_seconds": round(max(finished_at) - t0_wall, 2) if len(succeeded) == count else None,
+        "last_finished_seconds": round(max(finished_at) - t0_wall, 2) if finished_at else None,
+        "created_to_finished_median_s": round(statistics.median(durations), 2) if durations else None,
+        "distinct_runners": len(instances),
+    }
+
+
+# --------------------------------------------------------------------- report
+
+
+def machine() -> dict[str, Any]:
+    overrides = {k: v for k, v in os.environ.items() if k.startswith("TRAINYARD_")}
+    return {
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "trainyard_env_overrides": overrides,
+    }
+
+
+def table(results: dict[str, Any]) -> tuple[str, list[str]]:
+    lat, thr, copy, burst = (results.get(k) for k in ("latency", "throughput", "copy", "burst"))
+    rows: list[tuple[str, str, str, str]] = []
+    missed: list[str] = []
+
+    def row(metric: str, value: str, target: str, ok: bool | None) -> None:
+        verdict = "-" if ok is None else ("pass" if ok else "MISSED")
+        if ok is False:
+            missed.append(metric)
+        rows.append((metric, value, target, verdict))
+
+    if lat:
+        row(f"submit → first log line, median ({lat['samples']} samples)", f"{lat['median_ms']:.0f} ms", f"< {TARGET_LATENCY_MS:.0f} ms", lat["median_ms"] < TARGET_LATENCY_MS)
+        row(f"submit → first log line, p99 (= max of {lat['samples']})", f"{lat['p99_ms']:.0f} ms", "", None)
+    if thr:
+        row(f"durable log throughput, noisy LINES={thr['lines']}", f"{thr['lines_per_s']:,} lines/s", f"≥ {TARGET_LINES_PER_S:,.0f} lines/s", thr["lines_per_s"] >= TARGET_LINES_PER_S and thr["status"] == "succeeded")
+    if copy:
+        limit = copy["bench_logline_tmp"]["lines_per_s"]
+        row("plain COPY into a temp table (limit)", f"{limit:,} lines/s", "", None)
+        if thr:
+            ratio = thr["lines_per_s"] / limit
+            results["copy_ratio"] = round(ratio, 3)
+            row("throughput / COPY", f"{ratio:.0%}", f"≥ {TARGET_COPY_RATIO:.0%}", ratio >= TARGET_COPY_RATIO)
+        row("  (info) COPY into a regular, WAL-logged table", f"{copy['bench_logline_plain']['lines_per_s']:,} lines/s", "", None)
+        row("  (info) COPY into runs_logline (FK), rolled back", f"{copy['runs_logline_rolled_back']['lines_per_s']:,} lines/s", "", None)
+    if burst:
+        value = f"{burst['all_succeeded_seconds']:.1f} s" if burst["all_succeeded_seconds"] is not None else "not all succeeded"
+        row(f"{burst['runs']} hello runs at once: until all succeeded", value, "", None)
+        row(f"{burst['runs']} hello runs at once: succeeded / failed / lost", f"{burst['succeeded']} / {burst['failed']} / {burst['lost']}", f"{burst['runs']} / 0 / 0", burst["succeeded"] == burst["runs"])
+    widths = [max(len(r[i]) for r in [("metric", "value", "target", "result"), *rows]) for i in range(4)]
+    lines = []
+    for i, r in enumerate([("metric", "value", "target", "result"), *rows]):
+        lines.append(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        if i == 0:
+            lines.append("-|-".join("-" * w for w in widths))
+    return "\n".join(lines), missed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--samples", type=int, default=20)
+    parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--only", choices=["latency", "throughput", "burst"], action="append", help="run only these parts")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
+    args = parser.parse_args()
+    parts = set(args.only or ["latency", "throughput", "burst"])
+
+    results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
+    started = time.monotonic()
+    try:
+        with sigterm_as_interrupt(), bench_environment(keep=args.keep) as (stack, tmp, info):
+            results["services"] = info["services"]
+            token = stack.issue_token("bench").strip().splitlines()[-1]
+            repo, origin = make_repo(tmp / "repo" / "tiny-train")
+            api = Api(url=stack.url, ws_url=stack.ws_url, token=token)
+            api.use_repo(repo, origin)
+            try:
+                if "latency" in parts:
+                    results["latency"] = bench_latency(api, args.samples)
+                if "throughput" in parts:
+                    results["throughput"] = bench_throughput(api, args.lines)
+                    results["copy"] = bench_copy(stack.database_url, results["throughput"]["job"], args.lines)
+                    results["machine"]["postgres"] = results["copy"]["postgres_version"]
+                if "burst" in parts:
+                    results["burst"] = bench_burst(api, args.burst)
+            finally:
+                api.close()
+                if "postgres" not in results["machine"]:
+                    results["machine"]["postgres"] = _postgres_version(stack.database_url)
+    except KeyboardInterrupt:
+        log("interrupted: everything was stopped and removed")
+        return 130
+    results["total_seconds"] = round(time.monotonic() - started, 1)
+
+    text, missed = table(results)
+    m = results["machine"]
+    print()
+    print(f"Trainyard bench, {results['date']} — {results['services']}")
+    print(f"machine: nproc={m['nproc']}, python {m['python']}, postgres {m.get('postgres')}, load avg at start {m['loadavg_at_start']}, {m['platform']}")
+    if m["trainyard_env_overrides"]:
+        print(f"TRAINYARD_* overrides in the environment: {m['trainyard_env_overrides']}")
+    print()
+    print(text)
+    print()
+    if "latency" in results:
+        print(f"latency milestones (median ms after the clock started): {results['latency']['milestones_median_ms']}")
+    if "throughput" in results:
+        t = results["throughput"]
+        print(f"throughput detail: {t['seconds']} s for {t['lines']} lines; runner read them in {t['runner_read_seconds']} s; "
+              f"last line reached the follower {t['lag_after_last_line_s']} s after the runner read it; {t['follower_frames']} frames")
+    if "burst" in results:
+        b = results["burst"]
+        print(f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} runners")
+    print()
+    print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")
+    print(f"(total {results['total_seconds']} s)")
+    if args.json:
+        results["missed"] = missed
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+def _postgres_version(database_url: str) -> str | None:
+    try:
+        import psycopg
+
+        with psycopg.connect(database_url) as conn:
+            return conn.execute("SHOW server_version").fetchone()[0]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
