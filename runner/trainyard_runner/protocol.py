@@ -49,12 +49,14 @@ class Gpu(_Message):
 class Hello(_Message):
     """First frame after connecting. ``running_jobs`` lists jobs the runner is
     still executing from before a reconnect, so the server does not re-queue
-    them."""
+    them. ``address`` is where other jobs of a run reach this machine's jobs
+    (``--address``; the local backend uses 127.0.0.1)."""
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL_VERSION
     version: str
     hostname: str
+    address: str = ""
     resources: Resources
     running_jobs: list[str] = Field(default_factory=list)
 
@@ -130,6 +132,21 @@ class CodeSpec(_Message):
     archive_url: str = ""  # signed GET url; kind == "archive"
 
 
+class InputFile(_Message):
+    path: str  # relative to the artifact path
+    size: int
+    sha256: str
+    url: str  # signed GET url
+
+
+class InputArtifact(_Message):
+    """An artifact of another job, placed at ``path`` (relative to the
+    working directory, e.g. "./base_model") before the commands run."""
+
+    path: str
+    files: list[InputFile]
+
+
 class AssignJob(_Message):
     """A job for the runner. It must answer ``JobAccepted`` with the same
     lease within ``lease_seconds`` or the server takes the job back."""
@@ -146,6 +163,11 @@ class AssignJob(_Message):
     artifacts: list[ArtifactSpec]
     # Base URL of the REST API for artifact uploads (runner token auth).
     api_url: str
+    inputs: list[InputArtifact] = Field(default_factory=list)
+    # "bash" and "python" run the commands under bash on the machine;
+    # "docker" runs them in ``image`` (the machine needs a Docker engine).
+    provider: str = "bash"
+    image: str = ""
 
 
 class CancelJob(_Message):
