@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=Path(args.work_dir).resolve(),
         give_up_after=args.give_up_after,
         drain_timeout=args.drain_timeout,
+        address=args.address,
     )
     return asyncio.run(_run(agent))
 
@@ -77,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="reconnect when log lines stay unacknowledged this long after a job ends",
+    )
+    p.add_argument(
+        "--address",
+        default=env("TRAINYARD_RUNNER_ADDRESS", ""),
+        help="where other jobs of a run reach this machine's jobs; default: 127.0.0.1 for a loopback server,"
+        " else the local address routed to the server [TRAINYARD_RUNNER_ADDRESS]",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p

@@ -12,12 +12,14 @@ and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
 import socket
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
@@ -46,9 +48,17 @@ class Fatal(Exception):
 
 class Agent:
     def __init__(
-        self, *, server_url: str, token: str, work_dir: Path, give_up_after: float = 300.0, drain_timeout: float = 60.0
+        self,
+        *,
+        server_url: str,
+        token: str,
+        work_dir: Path,
+        give_up_after: float = 300.0,
+        drain_timeout: float = 60.0,
+        address: str = "",
     ) -> None:
         self.url = runner_ws_url(server_url)
+        self._address = address  # empty: worked out on every connection (default_address)
         self._token = token
         self._work_dir = work_dir
         self._give_up_after = give_up_after
@@ -126,6 +136,7 @@ class Agent:
 
     async def _connect_and_serve(self) -> None:
         headers = {"Authorization": f"Bearer {self._token}"}
+        address = self._address or await asyncio.to_thread(default_address, self.url)
         try:
             async with connect(
                 self.url,
@@ -135,7 +146,7 @@ class Agent:
                 max_size=MAX_FRAME,
                 user_agent_header=f"trainyard-runner/{__version__}",
             ) as ws:
-                await self._session(ws)
+                await self._session(ws, address)
         except InvalidStatus as e:
             if e.response.status_code in (401, 403):
                 raise Fatal(f"HTTP {e.response.status_code} (bad token?)") from e
@@ -143,11 +154,11 @@ class Agent:
         if self._exit_code is None:
             log.info("connection ended, reconnecting")
 
-    async def _session(self, ws: ClientConnection) -> None:
+    async def _session(self, ws: ClientConnection, address: str) -> None:
         """1. Hello → Welcome, 2. rewind streams and re-send states and final
         states, 3. receive, heartbeat and send logs until the connection ends."""
         try:
-            await ws.send(self._hello().model_dump_json())
+            await ws.send(self._hello(address).model_dump_json())
             welcome = await self._welcome(ws)
             self._ws = ws
             log.info("connected to %s as instance %s", self.url, welcome.instance)
@@ -186,12 +197,16 @@ class Agent:
             raise WebSocketException(f"expected welcome, got {msg.type}")
         return msg
 
-    def _hello(self) -> p.Hello:
+    def _hello(self, address: str) -> p.Hello:
         if self._gpus is None:  # nvidia-smi is slow: ask once
             self._gpus = detect_resources(self._work_dir).gpus
         resources = detect_resources(self._work_dir, gpus=self._gpus)
         return p.Hello(
-            version=__version__, hostname=socket.gethostname(), resources=resources, running_jobs=list(self._jobs)
+            version=__version__,
+            hostname=socket.gethostname(),
+            address=address,
+            resources=resources,
+            running_jobs=list(self._jobs),
         )
 
     def _apply_welcome(self, welcome: p.Welcome) -> None:
@@ -324,7 +339,9 @@ class Agent:
             self._jobs.pop(job_id).remove_files()
 
     def _busy(self) -> bool:
-        return any(job.executing for job in self._jobs.values())
+        """A job is preparing, running, draining its logs or uploading its
+        artifacts (only its final state is left to send: not busy)."""
+        return any(not job.finished for job in self._jobs.values())
 
     def _maybe_exit(self) -> None:
         if self._stopping and not self._jobs:
@@ -338,6 +355,35 @@ def runner_ws_url(server: str) -> str:
     if url.startswith("http"):
         url = "ws" + url[4:]
     return url + "/" if url.endswith("/ws/runner") else url + "/ws/runner/"
+
+
+def default_address(server_url: str) -> str:
+    """Where other jobs reach this machine: 127.0.0.1 when the server is on a
+    loopback address, else the local address the OS routes to the server
+    (a UDP socket's connect sends no packet). Empty when that fails."""
+    parts = urlsplit(server_url)
+    host = parts.hostname or ""
+    if _is_loopback(host):
+        return "127.0.0.1"
+    port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            local = s.getsockname()[0]
+    except OSError as e:
+        log.debug("could not work out this machine's address towards %s: %s", host, e)
+        return ""
+    return "127.0.0.1" if _is_loopback(local) else local
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _raise_if_fatal(code: int | None, reason: str) -> None:

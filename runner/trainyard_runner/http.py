@@ -39,6 +39,12 @@ def download(url: str, dest: Path, *, timeout: float = TIMEOUT) -> None:
         raise HttpError(f"GET {_short(url)}: got {dest.stat().st_size} of {expected} bytes")
 
 
+def open_get(url: str, *, headers: dict[str, str] | None = None, timeout: float = TIMEOUT) -> Any:
+    """GET ``url`` and return the open response (read it in chunks, then close
+    it); ``timeout`` applies to every socket operation."""
+    return _open(urllib.request.Request(url, headers=headers or {}), timeout)
+
+
 def post_json(url: str, body: dict[str, Any], *, token: str, timeout: float = TIMEOUT) -> Any:
     """POST JSON with the bearer token; returns the decoded JSON answer (or None)."""
     req = urllib.request.Request(

@@ -1,4 +1,5 @@
-"""Executing one assigned job: prepare the code, run the commands, drain the
+"""Executing one assigned job: prepare the code and the inputs, run the
+commands (under bash, or in a container for the docker provider), drain the
 logs, upload the artifacts, and produce the final ``JobState``.
 
 The job never talks to the websocket itself: it reports states through the
@@ -16,10 +17,13 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from . import docker
 from .artifacts import ArtifactError, upload_artifacts
 from .code import CodeError, prepare_code
+from .docker import DockerError
+from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
-from .process import Execution, job_env
+from .process import Execution, job_env, script
 from .protocol import AssignJob, JobState
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,7 @@ class Job:
         self.id = spec.job
         self.dir = work_dir / "jobs" / spec.job
         self._cache_dir = work_dir / "git-cache"
+        self._pip_cache_dir = work_dir / "pip-cache"
         self._token = token
         self._report = report
         self._on_drain_stuck = on_drain_stuck
@@ -65,24 +70,35 @@ class Job:
         self._execution: Execution | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
+        self._stopper: asyncio.Task[None] | None = None
+        self.finished = False  # run() returned: only the final state is left to send
 
     @property
     def executing(self) -> bool:
         """The job's commands may still be running (or about to)."""
         return self.phase in (Lifecycle.PREPARING, Lifecycle.RUNNING)
 
-    async def run(self) -> JobState:
-        """Run the job to its end and return the final state (not yet sent).
+    @property
+    def docker(self) -> bool:
+        return self.spec.provider == "docker"
 
-        1. preparing: working directory and code; 2. running: the commands;
-        3. draining: wait until the server acknowledged every line;
-        4. uploading: artifacts, only after exit code 0.
+    async def run(self) -> JobState:
+        """Run the job to its end and return the final state (not yet sent)."""
+        try:
+            return await self._run()
+        finally:
+            self.finished = True
+
+    async def _run(self) -> JobState:
+        """1. preparing: docker engine check, working directory, code, inputs;
+        2. running: the commands; 3. draining: wait until the server
+        acknowledged every line; 4. uploading: artifacts, only after exit code 0.
         """
         try:
             await self._state("preparing")
             await self._prepare()
             code = await self._execute()
-        except CodeError as e:
+        except (CodeError, InputError, DockerError) as e:
             return await self._finish("failed", None, str(e))
         except asyncio.CancelledError:
             if self._cancel_reason is None:
@@ -102,7 +118,7 @@ class Job:
         self._cancel_reason = reason or "cancelled"
         log.info("job %s: cancelling (%s)", self.id, self._cancel_reason)
         if self._execution is not None:
-            asyncio.get_running_loop().create_task(self._execution.terminate(CANCEL_GRACE))
+            self._stop_execution()
         elif self._prepare_task is not None:
             self._prepare_task.cancel()
 
@@ -112,27 +128,77 @@ class Job:
     # ---------------------------------------------------------------- steps
 
     async def _prepare(self) -> None:
+        # One task, so that a cancel abandons whichever step is under way.
+        self._prepare_task = asyncio.create_task(self._prepare_steps())
+        await self._prepare_task
+
+    async def _prepare_steps(self) -> None:
         started = time.monotonic()
+        if self.docker:
+            if not self.spec.image:
+                raise DockerError("the docker provider needs an image")
+            version = await docker.check_engine()
+            log.debug("job %s: docker engine %s", self.id, version)
+            await docker.remove_container(self.id)
         tmp = self.dir / "tmp"
         tmp.mkdir()
-        self._prepare_task = asyncio.create_task(
-            prepare_code(self.spec.code, work=self.dir / "work", cache_dir=self._cache_dir, tmp_dir=tmp)
-        )
-        await self._prepare_task
+        work = self.dir / "work"
+        await prepare_code(self.spec.code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp)
         log.debug("job %s: code ready in %.0f ms", self.id, (time.monotonic() - started) * 1000)
+        if self.spec.inputs:
+            await fetch_inputs(self.spec.inputs, work, report=lambda reason: self._state("preparing", reason))
 
     async def _execute(self) -> int:
         if self._cancel_reason is not None:
             raise asyncio.CancelledError
-        env = job_env(self.spec.env)
-        self._execution = await Execution.start(self.spec.commands, cwd=self.dir / "work", env=env, stream=self.stream)
-        if self._cancel_reason is not None:  # cancelled while bash was starting
-            asyncio.get_running_loop().create_task(self._execution.terminate(CANCEL_GRACE))
-        self.phase = Lifecycle.RUNNING
-        await self._state("running")
-        code = await self._execution.wait()
+        env_file = self.dir / "tmp" / "docker.env"
+        try:
+            self._execution = await self._start(env_file)
+            if self._cancel_reason is not None:  # cancelled while the process was starting
+                self._stop_execution()
+            self.phase = Lifecycle.RUNNING
+            await self._state("running")
+            code = await self._execution.wait()
+        finally:
+            env_file.unlink(missing_ok=True)
         log.info("job %s: process exited with %d", self.id, code)
+        if self._stopper is not None and self.docker:
+            await self._stopper  # a cancelled container is gone before the job ends
         return code
+
+    async def _start(self, env_file: Path) -> Execution:
+        work = self.dir / "work"
+        if not self.docker:
+            env = job_env(self.spec.env, pip_cache_dir=self._pip_cache_dir)
+            return await Execution.start(self.spec.commands, cwd=work, env=env, stream=self.stream)
+        # The container gets the job's variables only, not the runner's
+        # (its PATH, HOME, … belong to the host).
+        env = {**self.spec.env, "PYTHONUNBUFFERED": "1"}
+        pass_env = docker.write_env_file(env_file, env)
+        argv = docker.run_argv(
+            job=self.id,
+            work=work,
+            env_file=env_file,
+            image=self.spec.image,
+            script=script(self.spec.commands),
+            pass_env=pass_env,
+        )
+        return await Execution.start(
+            self.spec.commands, cwd=work, env=docker.client_env(env, pass_env), stream=self.stream, argv=argv
+        )
+
+    def _stop_execution(self) -> None:
+        if self._stopper is None:
+            self._stopper = asyncio.get_running_loop().create_task(self._terminate())
+
+    async def _terminate(self) -> None:
+        """SIGTERM the process group (the docker client passes it on to the
+        container), SIGKILL after the grace period; a container is then killed
+        too, since killing its client does not stop it."""
+        assert self._execution is not None
+        await self._execution.terminate(CANCEL_GRACE)
+        if self.docker:
+            await docker.kill_container(self.id)
 
     async def _upload(self, code: int) -> JobState:
         await self._drain()
@@ -166,8 +232,8 @@ class Job:
             log.warning("job %s: logs not acknowledged after %.0fs, reconnecting", self.id, self._drain_timeout)
             self._on_drain_stuck()
 
-    async def _state(self, state: str) -> None:
-        await self._report(JobState(job=self.id, state=state))  # type: ignore[arg-type]
+    async def _state(self, state: str, reason: str = "") -> None:
+        await self._report(JobState(job=self.id, state=state, reason=reason))  # type: ignore[arg-type]
 
 
 def _reset_dir(path: Path) -> None:

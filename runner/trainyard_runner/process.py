@@ -22,9 +22,17 @@ REAPER = Path(__file__).with_name("_reaper.py")
 TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
 
 
-def job_env(job_env: Mapping[str, str]) -> dict[str, str]:
-    """The job's environment: ours without the runner token, plus the job's."""
-    env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+def runner_env() -> dict[str, str]:
+    """Our environment without the runner token."""
+    return {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+
+
+def job_env(job_env: Mapping[str, str], *, pip_cache_dir: Path | None = None) -> dict[str, str]:
+    """The job's environment: ours without the runner token, plus the job's.
+    ``PIP_CACHE_DIR`` (shared by the runner's jobs) unless the job sets it."""
+    env = runner_env()
+    if pip_cache_dir is not None and "PIP_CACHE_DIR" not in job_env:
+        env["PIP_CACHE_DIR"] = str(pip_cache_dir)
     env.update(job_env)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -51,15 +59,22 @@ class Execution:
         self.terminated = False
 
     @classmethod
-    async def start(cls, commands: list[str], *, cwd: Path, env: Mapping[str, str], stream: LogStream) -> Execution:
+    async def start(
+        cls,
+        commands: list[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        stream: LogStream,
+        argv: list[str] | None = None,
+    ) -> Execution:
+        """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under the reaper."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-I",
             "-S",
             str(REAPER),
-            "bash",
-            "-c",
-            script(commands),
+            *(argv or ["bash", "-c", script(commands)]),
             cwd=cwd,
             env=dict(env),
             stdin=asyncio.subprocess.DEVNULL,
@@ -145,5 +160,3 @@ def _split_long(texts: list[str]) -> list[str]:
     for t in texts:
         out.extend(t[i : i + MAX_LINE_BYTES] for i in range(0, max(len(t), 1), MAX_LINE_BYTES))
     return out
-
-

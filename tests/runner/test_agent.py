@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,190 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def _run_jobs(tmp_path: Path, *jobs: dict[str, Any], extra: tuple[str, ...] = ()) -> FakeServer:
+    """Run each assigned job to its final state on a real runner."""
+
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd", *extra)
+            try:
+                for job in jobs:
+                    await server.to_send.put(job)
+                    await server.wait_for(partial(_ended, server, job["job"]), 20)
+            finally:
+                await stop(runner)
+        return server
+
+    return asyncio.run(go())
+
+
+def _ended(server: FakeServer, job: str) -> bool:
+    return any(state in ("succeeded", "failed", "stopped") for state, _ in server.states(job))
+
+
+def _job_states(server: FakeServer, job: str) -> list[tuple[str, int | None, str]]:
+    return [(m["state"], m["exit_code"], m["reason"]) for m in server.received if m.get("job") == job and "state" in m]
+
+
+def test_inputs_are_in_place_before_the_commands_run_and_pip_shares_a_cache(
+    tmp_path: Path, repo: tuple[Path, str], file_server: Any
+) -> None:
+    url, size, sha = file_server.add("/weights.json", b'{"w": [1, 2]}\n')
+    job = assign("j", ["cat base_model/weights.json", 'echo "$PIP_CACHE_DIR"'], repo)
+    job["inputs"] = [
+        {"path": "./base_model", "files": [{"path": "weights.json", "size": size, "sha256": sha, "url": url}]}
+    ]
+    own_cache = assign("k", ['echo "$PIP_CACHE_DIR"'], repo)
+    own_cache["env"] = {"PIP_CACHE_DIR": "/tmp/mine"}
+
+    server = _run_jobs(tmp_path, job, own_cache)
+
+    assert _job_states(server, "j") == [
+        ("preparing", None, ""),
+        ("preparing", None, "fetching inputs (1 file, 0.0 MB)"),
+        ("running", None, ""),
+        ("uploading", None, ""),
+        ("succeeded", 0, ""),
+    ]
+    assert [t for _, _, t in server.stored["j"]] == ['{"w": [1, 2]}', str(tmp_path / "rd" / "pip-cache")]
+    assert [t for _, _, t in server.stored["k"]] == ["/tmp/mine"]
+
+
+def test_an_input_with_a_wrong_digest_fails_the_job_before_the_commands(
+    tmp_path: Path, repo: tuple[Path, str], file_server: Any
+) -> None:
+    url, size, _ = file_server.add("/weights.json", b"{}")
+    job = assign("j", ["echo never"], repo)
+    job["inputs"] = [
+        {"path": "./base_model", "files": [{"path": "weights.json", "size": size, "sha256": "0" * 64, "url": url}]}
+    ]
+    server = _run_jobs(tmp_path, job)
+    assert _job_states(server, "j")[-1] == (
+        "failed",
+        None,
+        "could not fetch input ./base_model/weights.json: sha256 mismatch",
+    )
+    assert "running" not in [s for s, _ in server.states("j")]
+    assert "j" not in server.stored
+
+
+def test_the_docker_provider_without_an_engine_fails_the_job_with_the_reason(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    job = assign("j", ["echo never"], repo)
+    job.update(provider="docker", image="python:3.12-slim")
+    server = _run_jobs(tmp_path, job)
+    *_, (state, code, reason) = _job_states(server, "j")
+    assert (state, code) == ("failed", None)
+    assert reason.startswith(
+        "the docker provider needs a Docker engine on the runner's machine; `docker info` failed: "
+    )
+    assert "j" not in server.stored
+
+
+def test_hello_carries_the_address(tmp_path: Path, repo: tuple[Path, str]) -> None:
+    server = _run_jobs(tmp_path, assign("j", ["true"], repo))
+    assert server.hellos[0]["address"] == "127.0.0.1"  # the server is on loopback
+    server = _run_jobs(tmp_path, assign("j", ["true"], repo), extra=("--address", "10.1.2.3"))
+    assert server.hellos[0]["address"] == "10.1.2.3"
+
+
+def test_a_cancel_while_fetching_inputs_stops_the_job(tmp_path: Path, repo: tuple[Path, str], file_server: Any) -> None:
+    url, size, sha = file_server.add("/big", b"x" * 200_000)  # 10 s at the "slow" rate
+    file_server.faults["/big"] = ["slow"]
+    job = assign("j", ["echo never"], repo)
+    job["inputs"] = [{"path": "in", "files": [{"path": "big", "size": size, "sha256": sha, "url": url}]}]
+
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(job)
+                await server.wait_for(lambda: len(server.states("j")) == 2, 20)
+                await server.to_send.put({"type": "cancel_job", "job": "j", "reason": "user"})
+                await server.wait_for(lambda: server.states("j")[-1:] == [("stopped", None)], 5)
+                await server.to_send.put({"type": "shutdown"})
+                assert await asyncio.wait_for(runner.wait(), 5) == 0
+            finally:
+                await stop(runner)
+        return server
+
+    server = asyncio.run(go())
+    assert _job_states(server, "j") == [
+        ("preparing", None, ""),
+        ("preparing", None, "fetching inputs (1 file, 0.2 MB)"),
+        ("stopped", None, "user"),
+    ]
+    assert not (tmp_path / "rd" / "jobs" / "j").exists()
+
+
+FAKE_DOCKER = """#!/bin/bash
+# Stands in for the docker client: records its calls; "run" executes the script with bash.
+echo "$*" >> "$DOCKER_LOG"
+case "$1" in
+  info) echo 27.0.1 ;;
+  run)
+    for ((i = 1; i <= $#; i++)); do
+      if [ "${!i}" = --env-file ]; then
+        j=$((i + 1)); f=${!j}; stat -c %a "$f" >> "$DOCKER_LOG"; cat "$f" >> "$DOCKER_LOG"
+        while IFS= read -r line; do export "$line"; done < "$f"
+      fi
+    done
+    exec bash -c "${@: -1}" ;;
+esac
+"""
+
+
+def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on_cancel(
+    tmp_path: Path, repo: tuple[Path, str], monkeypatch: Any
+) -> None:
+    """No engine here: a fake ``docker`` on PATH checks what the runner asks of it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    calls = tmp_path / "docker.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_LOG", str(calls))
+    ok = assign("d1", ['echo "steps=$STEPS"'], repo)
+    ok.update(provider="docker", image="python:3.12-slim", env={"STEPS": "20"})
+    slow = assign("d2", ["echo up", "sleep 1000"], repo)
+    slow.update(provider="docker", image="python:3.12-slim", env={})
+
+    async def go() -> FakeServer:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(ok)
+                await server.wait_for(partial(_ended, server, "d1"), 20)
+                await server.to_send.put(slow)
+                await server.wait_for(lambda: "d2" in server.stored, 20)
+                await server.to_send.put({"type": "cancel_job", "job": "d2"})
+                await server.wait_for(partial(_ended, server, "d2"), 20)
+            finally:
+                await stop(runner)
+        return server
+
+    server = asyncio.run(go())
+    assert server.states("d1")[-1] == ("succeeded", 0)
+    assert [t for _, _, t in server.stored["d1"]] == ["steps=20"]
+    assert server.states("d2")[-1][0] == "stopped"
+    work = tmp_path / "rd" / "jobs" / "d1" / "work"
+    env_file = tmp_path / "rd" / "jobs" / "d1" / "tmp" / "docker.env"
+    lines = calls.read_text().splitlines()
+    assert lines[:6] == [
+        "info --format {{.ServerVersion}}",
+        "rm -f trainyard-d1",
+        f"run --rm --network host --name trainyard-d1 -v {work}:/workdir -w /workdir --env-file {env_file}"
+        " python:3.12-slim bash -c set -e",
+        'echo "steps=$STEPS"',
+        "",
+        "600",
+    ]
+    assert lines[6:8] == ["STEPS=20", "PYTHONUNBUFFERED=1"]
+    assert lines[-1] == "kill trainyard-d2"

@@ -1,0 +1,257 @@
+"""Fetching a job's input artifacts (``AssignJob.inputs``) before its commands run.
+
+Every file goes to ``<work>/<input.path>/<file.path>``, streamed from its
+signed url to ``<name>.partial`` while its sha256 is computed, checked against
+the expected size and digest, then renamed into place. Network errors, 5xx
+and 429 are retried (an interrupted download resumes with a ``Range`` request
+when the server supports it); anything else fails the job with a reason that
+names the file: ``could not fetch input ./base_model/weights.json: sha256 mismatch``.
+
+Blocking (urllib); ``fetch_inputs`` runs the downloads in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import http.client
+import logging
+import os
+import posixpath
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from .http import HttpError, open_get
+from .protocol import InputArtifact, InputFile
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3  # failed attempts in a row before giving up (as for artifact uploads)
+TIMEOUT = 30.0  # per socket operation
+CHUNK = 1 << 20
+PROGRESS_EVERY = 10.0  # seconds between progress reports while fetching
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
+
+
+class InputError(Exception):
+    """An input could not be fetched; the message names the file and says why."""
+
+
+class _Retry(Exception):
+    """A network problem worth another attempt."""
+
+
+class _Stopped(Exception):
+    """The job was cancelled while fetching."""
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    label: str  # "./base_model/weights.json", for messages
+    dest: Path
+    file: InputFile
+
+
+def plan(inputs: list[InputArtifact], work: Path) -> list[PlannedFile]:
+    """Where every file goes; refuses any path that leaves ``work`` (``..``,
+    absolute paths, symlinks in the code that point outside)."""
+    root = work.resolve()
+    planned = []
+    for artifact in inputs:
+        for f in artifact.files:
+            label = posixpath.join(artifact.path, f.path)
+            dest = (work / artifact.path / f.path).resolve()
+            if not f.path or dest == root or not dest.is_relative_to(root):
+                raise InputError(f"could not fetch input {label}: the path is outside the working directory")
+            planned.append(PlannedFile(label, dest, f))
+    return planned
+
+
+def describe(planned: list[PlannedFile]) -> str:
+    """``fetching inputs (N files, X MB)``: the progress reason."""
+    n = len(planned)
+    return f"fetching inputs ({n} file{'' if n == 1 else 's'}, {_mb(sum(p.file.size for p in planned))})"
+
+
+async def fetch_inputs(
+    inputs: list[InputArtifact], work: Path, *, report: Callable[[str], Awaitable[None]] | None = None
+) -> None:
+    """Fetch every input file into ``work``; raises ``InputError``. ``report``
+    gets the progress reason at the start and every ``PROGRESS_EVERY`` seconds.
+    Cancelling stops the download thread at its next chunk."""
+    planned = plan(inputs, work)
+    if not planned:
+        return
+    reason = describe(planned)
+    total = sum(p.file.size for p in planned)
+    if report is not None:
+        await report(reason)
+    progress = _Progress()
+    started = time.monotonic()
+    fut = _in_daemon_thread(fetch_all, planned, progress)
+    try:
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=PROGRESS_EVERY)
+            if done:
+                break
+            if report is not None and total:
+                await report(f"{reason}: {min(progress.bytes * 100 // total, 99)}%")
+        fut.result()
+    except asyncio.CancelledError:
+        progress.stop.set()  # the thread stops at its next chunk; its outcome is ignored
+        fut.cancel()
+        raise
+    log.info("%s done in %.1fs", reason, time.monotonic() - started)
+
+
+def _in_daemon_thread(fn: Callable[..., None], *args: object) -> asyncio.Future[None]:
+    """Run ``fn`` in a daemon thread: unlike the default executor, a download
+    stuck in a socket read cannot hold up the runner's exit."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if fut.done():  # cancelled meanwhile
+            return
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+
+    def target() -> None:
+        error: BaseException | None = None
+        try:
+            fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=target, name="trainyard-inputs", daemon=True).start()
+    return fut
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.bytes = 0  # written by the download thread, read by the loop
+        self.stop = threading.Event()
+
+
+def fetch_all(planned: list[PlannedFile], progress: _Progress) -> None:
+    for p in planned:
+        try:
+            fetch_file(p.file, p.dest, progress=progress, stop=progress.stop)
+        except _Stopped:
+            return
+        except InputError as e:
+            raise InputError(f"could not fetch input {p.label}: {e}") from e
+
+
+def fetch_file(f: InputFile, dest: Path, *, progress: _Progress, stop: threading.Event) -> None:
+    """Download one file to ``dest`` (atomically) and verify it. Raises
+    ``InputError`` with a reason that does not name the file."""
+    part = dest.with_name(dest.name + ".partial")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        out = part.open("wb")
+    except OSError as e:
+        raise InputError(f"cannot write {dest.name}: {e.strerror or e}") from e
+    state = _Download(out, progress)
+    try:
+        with out:
+            failures, best = 0, 0
+            while True:
+                try:
+                    _get(f, state, stop)
+                    break
+                except _Retry as e:
+                    # An attempt that got at least 1 MiB further is progress, not a failure.
+                    failures = 1 if state.have >= best + CHUNK else failures + 1
+                    best = max(best, state.have)
+                    if failures >= ATTEMPTS:
+                        raise InputError(str(e)) from e
+                    log.warning("input download: %s (retrying)", e)
+                    if stop.wait(0.5 * 2**failures):
+                        raise _Stopped from None
+        if state.digest.hexdigest() != f.sha256.lower():
+            raise InputError("sha256 mismatch")
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
+class _Download:
+    """The partial file and its running digest, kept across attempts."""
+
+    def __init__(self, out: BinaryIO, progress: _Progress) -> None:
+        self.out = out
+        self.progress = progress
+        self.digest = hashlib.sha256()
+        self.have = 0
+
+    def restart(self) -> None:
+        self.out.seek(0)
+        self.out.truncate()
+        self.progress.bytes -= self.have
+        self.digest = hashlib.sha256()
+        self.have = 0
+
+    def write(self, chunk: bytes) -> None:
+        try:
+            self.out.write(chunk)
+        except OSError as e:
+            raise InputError(f"cannot write: {e.strerror or e}") from e
+        self.digest.update(chunk)
+        self.have += len(chunk)
+        self.progress.bytes += len(chunk)
+
+
+def _get(f: InputFile, state: _Download, stop: threading.Event) -> None:
+    """One GET (a ranged one to resume); raises ``_Retry`` for network errors,
+    5xx, 429 and a body that ended early."""
+    headers = {"Range": f"bytes={state.have}-"} if 0 < state.have < f.size else {}
+    try:
+        resp = open_get(f.url, headers=headers, timeout=TIMEOUT)
+    except HttpError as e:
+        if e.recoverable:
+            raise _Retry(str(e)) from e
+        if e.status == 416 and state.have:  # the range is no longer valid: start over
+            state.restart()
+            raise _Retry(str(e)) from e
+        raise InputError(str(e)) from e
+    with resp:
+        if state.have and not _resumes_at(resp, state.have):
+            state.restart()  # the server sent the whole file again
+        while True:
+            if stop.is_set():
+                raise _Stopped
+            try:
+                chunk = resp.read(CHUNK)
+            except (OSError, http.client.HTTPException) as e:
+                raise _Retry(f"download interrupted after {state.have} of {f.size} bytes: {e}") from e
+            if not chunk:
+                break
+            if state.have + len(chunk) > f.size:
+                raise InputError(f"size mismatch: more than the expected {f.size} bytes")
+            state.write(chunk)
+    if state.have < f.size:
+        raise _Retry(f"download ended after {state.have} of {f.size} bytes")
+
+
+def _resumes_at(resp: http.client.HTTPResponse, offset: int) -> bool:
+    if resp.status != 206:
+        return False
+    m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
+    return bool(m) and int(m.group(1)) == offset
+
+
+def _mb(size: int) -> str:
+    mb = size / 1e6
+    return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"

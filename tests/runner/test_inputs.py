@@ -1,0 +1,152 @@
+"""Input artifacts: fetched from signed urls into the working directory, verified, retried."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainyard_runner import inputs
+from trainyard_runner.inputs import InputError, describe, fetch_inputs, plan
+from trainyard_runner.protocol import InputArtifact, InputFile
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Many reads per file; a retry that got 1000 bytes further counts as progress.
+    monkeypatch.setattr(inputs, "CHUNK", 1000)
+
+
+def _file(server: Any, url_path: str, rel: str, data: bytes, **override: Any) -> InputFile:
+    url, size, sha = server.add(url_path, data)
+    return InputFile(**{"path": rel, "size": size, "sha256": sha, "url": url, **override})
+
+
+def _fetch(work: Path, arts: list[InputArtifact]) -> list[str]:
+    reasons: list[str] = []
+
+    async def report(reason: str) -> None:
+        reasons.append(reason)
+
+    asyncio.run(fetch_inputs(arts, work, report=report))
+    return reasons
+
+
+def test_every_file_is_fetched_into_its_input_path_and_verified(tmp_path: Path, file_server: Any) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    weights = os.urandom(2_500_000)
+    arts = [
+        InputArtifact(
+            path="./base_model",
+            files=[
+                _file(file_server, "/a/weights.bin", "weights.bin", weights),
+                _file(file_server, "/a/cfg", "sub/dir/config.json", b'{"layers": 2}'),
+                _file(file_server, "/a/empty", "empty", b""),
+            ],
+        ),
+        InputArtifact(path="data", files=[_file(file_server, "/b/train", "train.txt", b"hello\n")]),
+    ]
+
+    reasons = _fetch(work, arts)
+
+    assert (work / "base_model" / "weights.bin").read_bytes() == weights
+    assert (work / "base_model" / "sub" / "dir" / "config.json").read_bytes() == b'{"layers": 2}'
+    assert (work / "base_model" / "empty").read_bytes() == b""
+    assert (work / "data" / "train.txt").read_text() == "hello\n"
+    assert reasons == ["fetching inputs (4 files, 2.5 MB)"]
+    assert not list(work.rglob("*.partial"))
+    # The signed url is used as given, and no token is sent anywhere.
+    assert [r for r, _ in file_server.requests] == ["/a/weights.bin", "/a/cfg", "/a/empty", "/b/train"]
+
+
+def test_a_wrong_digest_fails_with_the_file_named_and_leaves_nothing_behind(tmp_path: Path, file_server: Any) -> None:
+    arts = [
+        InputArtifact(path="./base_model", files=[_file(file_server, "/w", "weights.json", b"{}", sha256="0" * 64)])
+    ]
+    with pytest.raises(InputError) as e:
+        _fetch(tmp_path, arts)
+    assert str(e.value) == "could not fetch input ./base_model/weights.json: sha256 mismatch"
+    assert list((tmp_path / "base_model").iterdir()) == []
+    assert len(file_server.requests) == 1  # a mismatch is not retried
+
+
+def test_a_body_larger_than_announced_fails(tmp_path: Path, file_server: Any) -> None:
+    arts = [InputArtifact(path="m", files=[_file(file_server, "/w", "w.bin", b"x" * 5000, size=10)])]
+    with pytest.raises(
+        InputError, match=r"^could not fetch input m/w.bin: size mismatch: more than the expected 10 bytes$"
+    ):
+        _fetch(tmp_path, arts)
+
+
+@pytest.mark.parametrize(
+    ("path", "rel"),
+    [("../outside", "f"), ("./m", "../../f"), ("/etc", "passwd"), ("./m", "/tmp/x"), ("./link", "f"), ("./m", "")],
+)
+def test_a_path_escaping_the_working_directory_is_refused_before_any_download(
+    tmp_path: Path, file_server: Any, path: str, rel: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "link").symlink_to(tmp_path)  # a symlink in the code that points outside
+    good = _file(file_server, "/ok", "ok", b"1")
+    arts = [
+        InputArtifact(path="./first", files=[good]),
+        InputArtifact(path=path, files=[_file(file_server, "/f", rel, b"2")]),
+    ]
+    with pytest.raises(InputError) as e:
+        _fetch(work, arts)
+    assert str(e.value).endswith(": the path is outside the working directory")
+    assert str(e.value).startswith("could not fetch input ")
+    assert file_server.requests == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_5xx_and_cut_connections_are_retried_and_a_cut_download_resumes(
+    tmp_path: Path, file_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inputs.threading.Event, "wait", lambda self, timeout=None: self.is_set())  # no backoff sleeps
+    data = os.urandom(100_000)
+    f = _file(file_server, "/big", "big.bin", data)
+    file_server.faults["/big"] = [503, "cut", "cut"]
+    _fetch(tmp_path, [InputArtifact(path="in", files=[f])])
+    assert (tmp_path / "in" / "big.bin").read_bytes() == data
+    assert file_server.requests == [
+        ("/big", None),  # 503
+        ("/big", None),  # cut after 50,000 bytes
+        ("/big", "bytes=50000-"),  # cut after another 25,000
+        ("/big", "bytes=75000-"),
+    ]
+
+
+def test_a_4xx_fails_at_once(tmp_path: Path, file_server: Any) -> None:
+    f = _file(file_server, "/gone", "x", b"1")
+    file_server.faults["/gone"] = [403]
+    with pytest.raises(InputError) as e:
+        _fetch(tmp_path, [InputArtifact(path="in", files=[f])])
+    assert str(e.value).startswith("could not fetch input in/x: GET http://127.0.0.1:")
+    assert "HTTP 403" in str(e.value)
+    assert "s3cr3t" not in str(e.value)  # the signature of the url never shows
+    assert len(file_server.requests) == 1
+
+
+def test_network_errors_give_up_after_three_attempts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inputs.threading.Event, "wait", lambda self, timeout=None: self.is_set())
+    f = InputFile(path="x", size=1, sha256=hashlib.sha256(b"1").hexdigest(), url="http://127.0.0.1:9/x?sig=s3cr3t")
+    with pytest.raises(InputError, match=r"^could not fetch input in/x: GET http://127.0.0.1:9/x: "):
+        _fetch(tmp_path, [InputArtifact(path="in", files=[f])])
+
+
+def test_the_progress_reason_counts_files_and_megabytes(tmp_path: Path) -> None:
+    def art(*sizes: int) -> list[InputArtifact]:
+        return [
+            InputArtifact(
+                path="m", files=[InputFile(path=f"f{i}", size=s, sha256="", url="") for i, s in enumerate(sizes)]
+            )
+        ]
+
+    assert describe(plan(art(300_000), tmp_path)) == "fetching inputs (1 file, 0.3 MB)"
+    assert describe(plan(art(1_000_000_000, 2_400_000_000), tmp_path)) == "fetching inputs (2 files, 3400 MB)"
