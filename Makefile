@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # runner/ and cli/ are installed editable once they have a pyproject.toml.
-PYPROJECTS := $(wildcard runner/pyproject.toml cli/pyproject.toml)
+PYPROJECTS := $(wildcard runner/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
 

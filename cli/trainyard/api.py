@@ -27,7 +27,20 @@ TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
 FINISHED = ("succeeded", "failed", "stopped")
 
 
-class Job(TypedDict):
+# An artifact placed in a job's working directory before it runs; "from"
+# (a keyword, hence this form) says where it comes from: "job
+# download-base-model", "tag best-model (run brave-otter-3)" or "run brave-otter-3".
+JobInput = TypedDict("JobInput", {"path": str, "from": str})
+
+
+class CachedFrom(TypedDict):
+    """The earlier run and job whose artifacts a cached job reuses."""
+
+    run: str
+    job: str
+
+
+class Job(TypedDict, total=False):
     id: str
     name: str
     status: str
@@ -40,6 +53,10 @@ class Job(TypedDict):
     started_at: str | None
     finished_at: str | None
     last_seq: int
+    needs: list[str]
+    after_running: list[str]
+    cached_from: CachedFrom | None
+    inputs: list[JobInput]
 
 
 class Run(TypedDict):
@@ -93,6 +110,42 @@ class Artifact(TypedDict):
     files: list[ArtifactFile]
 
 
+class PlannedJob(TypedDict):
+    name: str
+    workflow: str
+    provider: str
+    needs: list[str]
+    after_running: list[str]
+    resources: dict[str, Any]
+    inputs: list[JobInput]
+    cache: CachedFrom | None
+    commands: list[str]
+
+
+class Plan(TypedDict):
+    """What ``create_run`` would make (``plan_run``): jobs dependencies first."""
+
+    workflow: str
+    jobs: list[PlannedJob]
+
+
+class Tag(TypedDict):
+    name: str
+    run: str
+    run_id: str
+    created_by: str | None
+    created_at: str
+    updated_at: str
+
+
+class Secret(TypedDict):
+    """A secret's name and dates; its value is never sent back."""
+
+    name: str
+    created_at: str
+    updated_at: str
+
+
 class Blob(TypedDict):
     id: str
     size: int
@@ -114,6 +167,10 @@ class ApiError(Exception):
         self.message = message
         self.status = status
         self.errors = errors or []
+
+
+class Conflict(ApiError):
+    """409: the object exists (a tag that points to another run)."""
 
 
 class ServerUnreachable(ApiError):
@@ -157,14 +214,17 @@ class Client:
                 return cast(Blob, self._blob(f, size))
         return cast(Blob, self._blob(data, len(data)))
 
-    def create_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None) -> Run:
-        body = {
-            "workflow": workflow,
-            "workflows_file": {"path": workflows_file_path, "text": workflows_file_text},
-            "code": code,
-            "env": env or {},
-        }
+    def create_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None, no_cache: bool = False) -> Run:
+        """Submit a run. ``no_cache``: run every job even if an earlier run's
+        artifacts could be reused."""
+        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
+
+    def plan_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None, no_cache: bool = False) -> Plan:
+        """What ``create_run`` would do, submitting nothing. ``code`` may carry
+        ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
+        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
+        return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
     def list_runs(self, *, status: str | None = None, workflow: str | None = None, page: int = 1, page_size: int = 20) -> RunPage:
         params = {k: v for k, v in {"status": status, "workflow": workflow, "page": page, "page_size": page_size}.items() if v is not None}
@@ -218,6 +278,29 @@ class Client:
                 size += len(chunk)
         return size, digest.hexdigest()
 
+    def add_tag(self, name: str, run: str, *, force: bool = False) -> tuple[Tag, bool]:
+        """Point tag ``name`` at ``run``: (the tag, whether it moved from
+        another run). Conflict (409) if it points elsewhere and not ``force``."""
+        status, body = self._request_status("POST", self._ws("tags/"), json={"name": name, "run": run, "force": force})
+        return cast(Tag, body), status == 200
+
+    def list_tags(self) -> list[Tag]:
+        return cast(list[Tag], self._request("GET", self._ws("tags/")))
+
+    def remove_tag(self, name: str) -> None:
+        self._request("DELETE", self._ws(f"tags/{quote(name, safe='')}/"))
+
+    def set_secret(self, name: str, value: str) -> Secret:
+        """Create or replace a secret; runs get it as env ``name`` and their
+        logs show it as *****."""
+        return cast(Secret, self._request("PUT", self._ws(f"secrets/{quote(name, safe='')}/"), json={"value": value}))
+
+    def list_secrets(self) -> list[Secret]:
+        return cast(list[Secret], self._request("GET", self._ws("secrets/")))
+
+    def remove_secret(self, name: str) -> None:
+        self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
+
     def ws_url(self, run: str, *, after_seq: int = 0) -> str:
         """The run's websocket URL (http→ws, https→wss)."""
         base = "ws" + self.url[len("http") :] if self.url.startswith("http") else self.url
@@ -235,14 +318,17 @@ class Client:
         return self._request("POST", self._ws("blobs/"), content=content, headers=headers, timeout=TRANSFER_TIMEOUT)
 
     def _request(self, method: str, url: str, **kwargs: Any) -> Any:
+        return self._request_status(method, url, **kwargs)[1]
+
+    def _request_status(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
         with self._guard():
             response = self._http.request(method, url, **kwargs)
         if response.status_code >= 400:
             raise _error_from(response)
         if response.status_code == 204 or not response.content:
-            return None
+            return response.status_code, None
         try:
-            return response.json()
+            return response.status_code, response.json()
         except ValueError:
             raise ApiError(f"the server answered {method} {url} with something that is not JSON (HTTP {response.status_code})", status=response.status_code) from None
 
@@ -277,4 +363,8 @@ def _error_from(response: httpx.Response) -> ApiError:
         errors, message = [], f"HTTP {status} from {response.request.method} {response.request.url.path}: {response.text[:200].strip()}"
     if status == 401:
         message += " (check TRAINYARD_TOKEN, or run `trainyard login`)"
-    return ApiError(message, status=status, errors=errors)
+    return (Conflict if status == 409 else ApiError)(message, status=status, errors=errors)
+
+
+def _run_body(workflow: str, path: str, text: str, code: dict[str, Any], env: dict[str, str] | None, no_cache: bool) -> dict[str, Any]:
+    return {"workflow": workflow, "workflows_file": {"path": path, "text": text}, "code": code, "env": env or {}, "no_cache": no_cache}

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 an error (bad workflow file, server error, server
 unreachable, missing token, a failed or stopped run without an exit code);
-2 bad usage; ``trainyard run`` returns the job's exit code when the run
+2 bad usage; ``trainyard run`` returns the exit code of the first job that
 failed with one; 130 when following is interrupted with Ctrl-C (the run
 continues). The CLI's own messages go to stderr; stdout carries the job's
 stdout, tables, JSON, and the run name of ``run -d``.
@@ -22,12 +22,24 @@ from typing import Any, NoReturn
 import click
 
 from . import __version__
-from .api import FINISHED, ApiError, Artifact, Client, Run
-from .code import CodeError, find_workspace, prepare_code
+from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run
+from .code import CodeError, code_digests, find_workspace, prepare_code
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
-from .follow import Follower
-from .output import LogWriter, StatusDisplay, age, duration, print_table, size, truncate
-from .workflows import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_job_spec
+from .follow import Follower, job_prefixes
+from .output import (
+    LogWriter,
+    StatusDisplay,
+    age,
+    dag_rows,
+    duration,
+    input_lines,
+    plan_lines,
+    print_table,
+    size,
+    truncate,
+)
+from .providers import resolve_run_plan
+from .workflows import WorkflowFileError, find_workflows_file, load_workflows_file
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -81,21 +93,33 @@ def main() -> None:
 @cli.command()
 @click.argument("workflow")
 @click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
-@click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Set an environment variable (repeatable).")
+@click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Set an environment variable in every job of the run (repeatable).")
 @click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
-def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool) -> None:
-    """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it."""
+@click.option("--no-cache", is_flag=True, help="Run every job, even those an earlier run's artifacts could stand in for.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (jobs, dependencies, resources, cache hits) and submit nothing.")
+def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, no_cache: bool, dry_run: bool) -> None:
+    """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it.
+
+    The workflows it depends on (deps: - workflow: X) run first, as jobs of
+    the same run, unless an earlier run with the same inputs can be reused.
+    """
     env = _parse_env(env_pairs)
     workspace = find_workspace(Path.cwd())
     file_path = find_workflows_file(workspace.root)
     relative = file_path.relative_to(workspace.root).as_posix()
     text = _read_text(file_path)
-    workflows = load_workflows_file(text, path=relative)
-    resolve_job_spec(workflows.get(workflow), file=workflows, env_overrides=env)
+    plan = resolve_run_plan(load_workflows_file(text, path=relative), workflow, env_overrides=env)
     client = _client()
+    submit = {"workflow": workflow, "workflows_file_path": relative, "workflows_file_text": text, "env": env, "no_cache": no_cache}
+    if dry_run:
+        planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn), **submit)
+        click.echo("\n".join(plan_lines(planned)))
+        click.echo("Nothing was submitted.", err=True)
+        return
     code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn)
-    created = client.create_run(workflow=workflow, workflows_file_path=relative, workflows_file_text=text, code=code, env=env)
-    click.echo(f"Run {created['name']} submitted", err=True)
+    created = client.create_run(code=code, **submit)
+    jobs = f" ({len(plan.jobs)} jobs: {', '.join(job.name for job in plan.jobs)})" if len(plan.jobs) > 1 else ""
+    click.echo(f"Run {created['name']} submitted{jobs}", err=True)
     if detach:
         click.echo(created["name"])
         return
@@ -104,11 +128,13 @@ def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool) -
 
 
 def run_exit_code(run: Run) -> int:
-    """0 if succeeded; the failed job's exit code if it has one; else 1."""
+    """0 if succeeded; the exit code of the first job (by finish time) that
+    failed with one; else 1."""
     if run["status"] == "succeeded":
         return 0
     if run["status"] == "failed":
-        codes = [run.get("exit_code")] + [j.get("exit_code") for j in run["jobs"] if j.get("status") == "failed"]
+        failed = sorted((j for j in run["jobs"] if j.get("status") == "failed"), key=lambda j: j.get("finished_at") or "~")
+        codes = [j.get("exit_code") for j in failed] + [run.get("exit_code")]
         code = next((c for c in codes if isinstance(c, int) and c != 0), None)
         if code is not None:
             return code if 0 < code < 256 else 1
@@ -141,6 +167,25 @@ def ps(show_all: bool, as_json: bool, limit: int | None) -> None:
 
 @cli.command()
 @click.argument("run_name", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's run object.")
+def show(run_name: str, as_json: bool) -> None:
+    """Show RUN's jobs: dependencies, status, timing, cache and artifacts."""
+    client = _client()
+    current = client.get_run(run_name)
+    if as_json:
+        click.echo(json.dumps(current, indent=2))
+        return
+    reason = f" ({current['status_reason']})" if current.get("status_reason") else ""
+    click.echo(f"Run {current['name']} of {current['workflow']}: {current['status']}{reason}")
+    headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
+    print_table(headers, dag_rows(current, client.list_artifacts(run_name)), tty=sys.stdout.isatty())
+    inputs = input_lines(current)
+    if inputs:
+        click.echo("\n".join(["", "Inputs:", *inputs]))
+
+
+@cli.command()
+@click.argument("run_name", metavar="RUN")
 def stop(run_name: str) -> None:
     """Stop RUN (its jobs are killed; the run ends as stopped)."""
     stopped = _client().stop_run(run_name)
@@ -157,12 +202,11 @@ def logs(run_name: str, follow_: bool) -> None:
     """Print the log lines of every job of RUN."""
     client = _client()
     current = client.get_run(run_name)
-    writer, seen = LogWriter(), {}
+    writer, seen, prefixes = LogWriter(), {}, job_prefixes(current)
     for job in current["jobs"]:
-        if len(current["jobs"]) > 1:
-            click.echo(f"==> {job['name']} <==", err=True)
+        prefix = prefixes.get(job["id"], "")
         for page in client.iter_job_logs(job["id"], limit=10000):
-            writer.write((line["stream"], line["text"]) for line in page)
+            writer.write((line["stream"], prefix + line["text"]) for line in page)
             seen[job["id"]] = page[-1]["seq"]
     if follow_ and current["status"] not in FINISHED:
         _follow(client, current["name"], seen=seen)
@@ -212,6 +256,95 @@ def artifacts_download(run_name: str, out_dir: Path) -> None:
     click.echo(f"Downloaded {count} file{'s' * (count != 1)} ({size(total)}) to {out_dir}", err=True)
     if incomplete:
         raise CliError(f"{len(incomplete)} artifact(s) of run {run_name} are not complete yet; try again when the run has finished")
+
+
+# ---------------------------------------------------------------- tags
+
+
+@cli.group(cls=_Group)
+def tag() -> None:
+    """Name runs (deps: - tag: NAME uses the tagged run's artifacts)."""
+
+
+@tag.command("add")
+@click.argument("name")
+@click.argument("run_name", metavar="RUN")
+@click.option("--force", is_flag=True, help="Move the tag if it points to another run.")
+def tag_add(name: str, run_name: str, force: bool) -> None:
+    """Point tag NAME at RUN."""
+    client = _client()
+    try:
+        added, moved = client.add_tag(name, run_name, force=force)
+    except Conflict as e:
+        current = next((t["run"] for t in client.list_tags() if t["name"] == name), None)
+        raise CliError(f"tag {name} already points to {current}; use --force to move it" if current else e.message) from None
+    click.echo(f"{'Moved tag' if moved else 'Tagged'} {added['name']} → run {added['run']}", err=True)
+
+
+@tag.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's tag objects.")
+def tag_ls(as_json: bool) -> None:
+    """List the workspace's tags."""
+    tags = _client().list_tags()
+    if as_json:
+        click.echo(json.dumps(tags, indent=2))
+        return
+    if not tags:
+        click.echo("No tags yet: tag a run with `trainyard tag add NAME RUN`.", err=True)
+        return
+    rows = [[t["name"], t["run"], t.get("created_by") or "-", age(t.get("updated_at"))] for t in tags]
+    print_table(["TAG", "RUN", "CREATED BY", "UPDATED"], rows, tty=sys.stdout.isatty())
+
+
+@tag.command("rm")
+@click.argument("name")
+def tag_rm(name: str) -> None:
+    """Remove tag NAME (the run and its artifacts stay)."""
+    _client().remove_tag(name)
+    click.echo(f"Removed tag {name}", err=True)
+
+
+# ---------------------------------------------------------------- secrets
+
+
+@cli.group(cls=_Group)
+def secrets() -> None:
+    """Workspace secrets: set as env in every job, shown as ***** in logs."""
+
+
+@secrets.command("set")
+@click.argument("name")
+def secrets_set(name: str) -> None:
+    """Set secret NAME. The value is read from a hidden prompt on a terminal,
+    else from stdin (one trailing newline removed): never from the command
+    line, where it would stay in the shell's history."""
+    _check_secret_name(name)
+    value = _secret_value(name)
+    _client().set_secret(name, value)
+    click.echo(f"Secret {name} set; runs get it as ${name}", err=True)
+
+
+@secrets.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's secret objects (names and dates, no values).")
+def secrets_ls(as_json: bool) -> None:
+    """List the workspace's secrets (names only; values are never shown)."""
+    found = _client().list_secrets()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("No secrets yet: add one with `trainyard secrets set NAME`.", err=True)
+        return
+    print_table(["SECRET", "CREATED", "UPDATED"], [[s["name"], age(s.get("created_at")), age(s.get("updated_at"))] for s in found], tty=sys.stdout.isatty())
+
+
+@secrets.command("rm")
+@click.argument("name")
+def secrets_rm(name: str) -> None:
+    """Remove secret NAME."""
+    _check_secret_name(name)
+    _client().remove_secret(name)
+    click.echo(f"Removed secret {name}", err=True)
 
 
 # ---------------------------------------------------------------- login
@@ -304,6 +437,21 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"expected KEY=VALUE with KEY a variable name, got {pair!r}", param_hint="-e/--env")
         env[key] = value
     return env
+
+
+def _check_secret_name(name: str) -> None:
+    if not _ENV_NAME.fullmatch(name):
+        raise click.BadParameter(f"a secret name is an environment variable name (letters, digits and _, not starting with a digit), got {name!r}", param_hint="NAME")
+
+
+def _secret_value(name: str) -> str:
+    if sys.stdin.isatty():
+        value = click.prompt(f"Value of {name}", hide_input=True, default="", show_default=False)
+    else:
+        value = sys.stdin.read().removesuffix("\n").removesuffix("\r")
+    if not value:
+        raise CliError(f"empty value: nothing was set (type the value at the prompt, or pipe it: printf %s \"$VALUE\" | trainyard secrets set {name})")
+    return value
 
 
 def _read_text(path: Path) -> str:

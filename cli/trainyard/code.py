@@ -11,10 +11,17 @@ Two ways, chosen by ``prepare_code``:
 - **archive** (no git, no remote, or ``--upload``): a tar.gz of the working
   tree. In a git repo that is tracked plus untracked-not-ignored files; outside
   one, every file except ``.git`` directories.
+
+The archive is reproducible: the same tree gives the same bytes (sorted
+entries, gzip and member mtimes 0, no owner names, modes 0644/0755 as git
+keeps them), because the server's cache key includes its sha256 and
+``run --dry-run`` sends only that digest (``code_digests``).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import subprocess
 import tarfile
@@ -105,22 +112,26 @@ def archive_files(workspace: Workspace) -> list[str]:
 
 
 def make_archive(workspace: Workspace, dest: Path) -> int:
-    """Write the tar.gz of the working tree to ``dest``; returns the file count."""
+    """Write the reproducible tar.gz of the working tree to ``dest``; returns
+    the file count."""
     names = archive_files(workspace)
-    with tarfile.open(dest, "w:gz") as tar:
+    # gzip's header carries a file name and mtime: neither goes in.
+    with dest.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in names:
-            tar.add(workspace.root / name, arcname=name, recursive=False)
+            info = _normalised(tar.gettarinfo(workspace.root / name, arcname=name))
+            if info.isreg():
+                with (workspace.root / name).open("rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
     return len(names)
 
 
 def prepare_code(workspace: Workspace, *, force_upload: bool, upload_blob: Callable[[bytes | Path], Any], warn: Callable[[str], None]) -> dict[str, Any]:
     """The ``code`` object of a new run, uploading a patch or archive blob."""
-    url = remote_url(workspace.root) if workspace.is_git and not force_upload else None
-    commit = head_commit(workspace.root) if url else None
-    if url and commit:
-        if not is_pushed(workspace.root, commit):
-            warn(f"commit {commit[:12]} is on no remote branch this clone knows: push it, or the runner cannot fetch it (or use --upload)")
-        patch = git_patch(workspace.root)
+    git = _git_source(workspace, force_upload=force_upload, warn=warn)
+    if git is not None:
+        url, commit, patch = git
         blob = upload_blob(patch) if patch else None
         return {"kind": "git", "repo_url": url, "commit": commit, "patch_blob": blob["id"] if blob else None}
     with tempfile.TemporaryDirectory(prefix="trainyard-code-") as tmp:
@@ -128,6 +139,49 @@ def prepare_code(workspace: Workspace, *, force_upload: bool, upload_blob: Calla
         make_archive(workspace, archive)
         blob = upload_blob(archive)
     return {"kind": "archive", "archive_blob": blob["id"]}
+
+
+def code_digests(workspace: Workspace, *, force_upload: bool, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The ``code`` object of a run plan: what ``prepare_code`` would send,
+    with the sha256 of the patch (``patch_sha256``, left out without a patch)
+    or archive (``archive_sha256``) in place of an uploaded blob."""
+    git = _git_source(workspace, force_upload=force_upload, warn=warn)
+    if git is not None:
+        url, commit, patch = git
+        return {"kind": "git", "repo_url": url, "commit": commit} | ({"patch_sha256": hashlib.sha256(patch).hexdigest()} if patch else {})
+    with tempfile.TemporaryDirectory(prefix="trainyard-code-") as tmp:
+        archive = Path(tmp) / "code.tar.gz"
+        make_archive(workspace, archive)
+        return {"kind": "archive", "archive_sha256": file_sha256(archive)}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _git_source(workspace: Workspace, *, force_upload: bool, warn: Callable[[str], None]) -> tuple[str, str, bytes] | None:
+    """(remote URL, commit, patch) when the code goes by git, else None."""
+    url = remote_url(workspace.root) if workspace.is_git and not force_upload else None
+    commit = head_commit(workspace.root) if url else None
+    if not (url and commit):
+        return None
+    if not is_pushed(workspace.root, commit):
+        warn(f"commit {commit[:12]} is on no remote branch this clone knows: push it, or the runner cannot fetch it (or use --upload)")
+    return url, commit, git_patch(workspace.root)
+
+
+def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Only what git would keep: no times, owners or group/other bits."""
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if not info.issym():
+        info.mode = 0o755 if info.mode & 0o111 else 0o644
+    return info
 
 
 def _git(root: Path, *args: str, env: dict[str, str] | None = None) -> bytes:

@@ -11,6 +11,9 @@ lowest seq it has printed across the jobs it knows (the server applies one
 ``after_seq`` to every job) and drops lines it has already printed, per job.
 If the run is finished but lines are still missing after a quiet moment,
 they are fetched over REST, so a follower always ends.
+
+A run of several jobs has each line prefixed with ``[<job name>] ``; a
+single job's lines are printed as they are.
 """
 
 from __future__ import annotations
@@ -135,7 +138,8 @@ class Follower:
         if not fresh:
             return
         self.before_logs()
-        self.writer.write((line[2], line[3]) for line in fresh)
+        prefix = job_prefixes(self.run).get(job, "") if self.run else ""
+        self.writer.write((line[2], prefix + line[3]) for line in fresh)
         self.seen[job] = fresh[-1][0]
 
     def _catch_up(self) -> None:
@@ -148,6 +152,12 @@ class Follower:
                 self._print(job["id"], [[x["seq"], x["ts"], x["stream"], x["text"]] for x in page])
             if self.seen.get(job["id"], 0) < job.get("last_seq", 0):
                 self.seen[job["id"]] = job["last_seq"]  # the server stored fewer lines than it counted
+
+
+def job_prefixes(run: Run) -> dict[str, str]:
+    """Job id → ``"[<job name>] "`` for a run of several jobs; empty for one."""
+    jobs = run.get("jobs") or []
+    return {job["id"]: f"[{job['name']}] " for job in jobs} if len(jobs) > 1 else {}
 
 
 def _close_message(code: int, run: str) -> str:

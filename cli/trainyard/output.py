@@ -1,5 +1,6 @@
-"""Terminal output: the log writer, the run status display, tables and the
-little formatters (ages, durations, sizes).
+"""Terminal output: the log writer, the run status display, tables, the
+views of a run of several jobs (``--dry-run``'s plan, ``show``'s DAG) and the
+little formatters (ages, durations, sizes, resources).
 
 Job log lines go through ``LogWriter`` (plain buffered writes, never rich:
 a job can print 100,000 lines a second). The CLI's own messages go to
@@ -174,3 +175,71 @@ def _span(seconds: int, *, parts: int) -> str:
         if len(out) == parts:
             break
     return " ".join(out)
+
+
+# ---------------------------------------------------------------- runs of several jobs
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """A run plan (``Client.plan_run``) as text: jobs in order, what each
+    waits for, its inputs, resources, and either its cache hit or its commands."""
+    jobs = plan.get("jobs") or []
+    cached = sum(1 for job in jobs if job.get("cache"))
+    counts = f"{len(jobs)} job{'s' * (len(jobs) != 1)}" + (f", {cached} cached" if cached else "")
+    out = [f"Plan for {plan.get('workflow')}: {counts}"]
+    for number, job in enumerate(jobs, 1):
+        out += ["", f"{number}. {job['name']} ({job.get('provider', '?')})"]
+        waits = _waits(job)
+        if waits:
+            out.append(f"   needs: {waits}")
+        out += [f"   input: {i['path']} from {i['from']}" for i in job.get("inputs") or []]
+        out.append(f"   resources: {resources(job.get('resources') or {})}")
+        cache = job.get("cache")
+        if cache:
+            out.append(f"   cached: reuses {cache['run']}/{cache['job']}")
+        else:
+            out += ["   commands:", *[f"     {command}" for command in job.get("commands") or []]]
+    return out
+
+
+def dag_rows(run: dict[str, Any], artifacts: list[dict[str, Any]]) -> list[list[str]]:
+    """``trainyard show``'s rows: JOB, STATUS, NEEDS, STARTED, DURATION,
+    CACHED FROM, ARTIFACTS (a cached job's are its source job's)."""
+    rows = []
+    for job in run.get("jobs") or []:
+        cache = job.get("cached_from")
+        owners = {job["id"], cache["job"]} if cache else {job["id"]}
+        files = [f for a in artifacts if a.get("job") in owners for f in a.get("files") or []]
+        stored = f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}" if files else "-"
+        rows.append([job["name"], job.get("status", "?"), _waits(job) or "-", age(job.get("started_at")), duration(_seconds(job)), cache["run"] if cache else "-", stored])
+    return rows
+
+
+def input_lines(run: dict[str, Any]) -> list[str]:
+    """``  <job>  <path> from <source>`` for every input of every job."""
+    return [f"  {job['name']}  {i['path']} from {i['from']}" for job in run.get("jobs") or [] for i in job.get("inputs") or []]
+
+
+def resources(spec: dict[str, Any]) -> str:
+    """``cpu 4, memory 16.0 GiB, gpu 2x A100`` for a job's resources; ``any`` if none."""
+    parts = [f"cpu {spec['cpu']}"] if spec.get("cpu") else []
+    for key, label in (("memory_bytes", "memory"), ("disk_bytes", "disk"), ("shm_size_bytes", "shm")):
+        if spec.get(key):
+            parts.append(f"{label} {size(spec[key])}")
+    if spec.get("gpu_count"):
+        gpu_memory = f" {size(spec['gpu_memory_bytes'])}" if spec.get("gpu_memory_bytes") else ""
+        parts.append(f"gpu {spec['gpu_count']}x {spec.get('gpu_name') or 'any'}{gpu_memory}")
+    return ", ".join(parts) or "any"
+
+
+def _waits(job: dict[str, Any]) -> str:
+    running = [f"{name} (running)" for name in job.get("after_running") or []]
+    return ", ".join([*(job.get("needs") or []), *running])
+
+
+def _seconds(job: dict[str, Any]) -> float | None:
+    start = parse_time(job.get("started_at"))
+    if start is None:
+        return None
+    end = parse_time(job.get("finished_at")) or datetime.now(timezone.utc)
+    return max(0.0, (end - start).total_seconds())

@@ -1,5 +1,5 @@
-"""The workflow file: schema, validation with file/line/key errors, and the
-resolution of one workflow into the job the server runs.
+"""The workflow file: schema and validation with file/line/key errors.
+``providers`` turns a validated workflow into the jobs of a run.
 
 Shared by the CLI (validates before anything is uploaded) and the server
 (validates again on submit), so nothing here prints or touches a terminal.
@@ -27,36 +27,41 @@ Rules the schema enforces (see ``_units`` for sizes and durations):
   text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
 - artifact and checkpoint paths are relative and stay inside the repo.
 
-Keys whose behaviour is not built yet (``deps``, ``ports``, ``checkpoint``,
-``backends``, ``regions``, ``spot_policy``, ``max_price``, ``max_wait``,
-``idle_duration``, ``max_duration``, ``retry``, ``python``, and the docker
-provider) validate like the rest but are refused by ``resolve_job_spec``,
-i.e. only when a run uses the workflow that has them.
+- ``provider`` may also name a plugin (``trainyard.providers`` entry point,
+  see ``providers``); its extra keys are validated by the plugin's
+  ``options`` model, with the same file/line/key errors.
+
+Keys whose behaviour is not built yet (``checkpoint``, ``backends``,
+``regions``, ``spot_policy``, ``max_price``, ``max_wait``, ``idle_duration``,
+``max_duration``, ``retry``) validate like the rest but are refused when a run
+is planned (``providers.resolve_run_plan``), i.e. only when a run uses a
+workflow that has them.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-import shlex
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
 from . import _yamltree
+from ._messages import describe, key_path, message, unknown_key
 from ._units import parse_duration, parse_size
+
+if TYPE_CHECKING:
+    from .providers import Provider
 
 WORKFLOW_FILES = (".trainyard/workflows.yaml", ".dstack/workflows.yaml")
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
 NOT_SUPPORTED_YET = (
-    "deps", "ports", "checkpoint", "backends", "regions", "spot_policy", "max_price",
-    "max_wait", "idle_duration", "max_duration", "retry", "python",
+    "checkpoint", "backends", "regions", "spot_policy", "max_price",
+    "max_wait", "idle_duration", "max_duration", "retry",
 )  # fmt: skip
 
 
@@ -121,7 +126,7 @@ def _env_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (str, int, float)):
         return str(value)
-    raise PydanticCustomError("env_value", "an env value must be a string, number or boolean, got {got}", {"got": _describe(value)})
+    raise PydanticCustomError("env_value", "an env value must be a string, number or boolean, got {got}", {"got": describe(value)})
 
 
 def _relative_path(value: str) -> str:
@@ -143,6 +148,17 @@ def _python_version(value: object) -> object:
     return value
 
 
+def _python_version_text(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"3(\.\d+){0,2}", value):
+        raise PydanticCustomError("python_version", "expected a Python 3 version such as \"3.11\", got '{value}'", {"value": value})
+    return value
+
+
+def python_binary(version: str) -> str:
+    """``python3.11`` for ``"3.11"`` (and ``"3.11.4"``: a patch level has no binary of its own)."""
+    return "python" + ".".join(version.split(".")[:2])
+
+
 def _retry_shorthand(value: object) -> object:
     if value is True:
         return {}
@@ -152,7 +168,7 @@ def _retry_shorthand(value: object) -> object:
 def _port(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
         return value
-    raise PydanticCustomError("port", "expected a port number from 1 to 65535, got {got}", {"got": _describe(value)})
+    raise PydanticCustomError("port", "expected a port number from 1 to 65535, got {got}", {"got": describe(value)})
 
 
 _Str = Annotated[str, Field(strict=True)]
@@ -164,6 +180,9 @@ _RelPath = Annotated[_Str, AfterValidator(_relative_path)]
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class GpuSpec(_Model):
@@ -204,7 +223,7 @@ class Workflow(_Model):
     commands: list[_Str] | None = None
     script: _Str | None = None
     requirements: _Str | None = None
-    python: Annotated[_Str | None, BeforeValidator(_python_version)] = None
+    python: Annotated[_Str | None, BeforeValidator(_python_version), AfterValidator(_python_version_text)] = None
     image: _Str | None = None
     env: dict[str, Annotated[str, BeforeValidator(_env_value)]] = Field(default_factory=dict)
     ports: list[Annotated[int, BeforeValidator(_port)]] = Field(default_factory=list)
@@ -222,7 +241,14 @@ class Workflow(_Model):
     retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
 
 
-_PROVIDER_KEYS = {"bash": {"commands", "python"}, "python": {"script", "requirements", "python"}, "docker": {"image", "commands"}}
+# The keys only some providers read; a plugin declares the ones it reads
+# (``Provider.workflow_keys``), the rest are refused in its workflows.
+PROVIDER_KEYS: dict[str, frozenset[str]] = {
+    "bash": frozenset({"commands", "python"}),
+    "python": frozenset({"script", "requirements", "python"}),
+    "docker": frozenset({"image", "commands"}),
+}
+PROVIDER_SPECIFIC_KEYS = frozenset().union(*PROVIDER_KEYS.values())
 _PROVIDER_REQUIRED = {"bash": ("commands", "a list of shell commands"), "python": ("script", "the Python file to run"), "docker": ("image", "the container image")}
 
 
@@ -232,11 +258,16 @@ _PROVIDER_REQUIRED = {"bash": ("commands", "a list of shell commands"), "python"
 class WorkflowsFile:
     """A validated file. ``workflows`` keeps the file's order."""
 
-    def __init__(self, *, path: str, workflows: dict[str, Workflow], tree: _yamltree.Tree) -> None:
+    def __init__(self, *, path: str, workflows: dict[str, Workflow], tree: _yamltree.Tree, options: dict[str, BaseModel] | None = None) -> None:
         self.path = path
         self.workflows = workflows
         self._tree = tree
         self._index = {name: i for i, name in enumerate(workflows)}
+        self._options = options or {}
+
+    def options_of(self, name: str) -> BaseModel | None:
+        """The validated plugin options of workflow ``name`` (None for built-in providers)."""
+        return self._options.get(name)
 
     def get(self, name: str) -> Workflow:
         """The workflow called ``name``; WorkflowFileError listing the names if none."""
@@ -247,13 +278,15 @@ class WorkflowsFile:
         message = f"no workflow named '{name}'; {hint}the file has: {', '.join(self.workflows) or 'none'}"
         raise WorkflowFileError([WorkflowError(self.path, None, "workflows", message)])
 
-    def error(self, workflow: Workflow, key: str, message: str) -> WorkflowError:
-        """An error about ``key`` of ``workflow``, placed at that key's line."""
+    def error(self, workflow: Workflow, key: str | tuple[str | int, ...], message: str) -> WorkflowError:
+        """An error about ``key`` of ``workflow`` (a key, or a path such as
+        ``("deps", 0, "workflow")``), placed at that key's line."""
+        loc = (key,) if isinstance(key, str) else key
         index = self._index.get(workflow.name)
         if index is None or self.workflows.get(workflow.name) is not workflow:
-            return WorkflowError(self.path, None, f"{workflow.name}.{key}", message)
-        path = ("workflows", index, key)
-        return WorkflowError(self.path, self._tree.line_of(path), _key_path(path, self._tree.data), message)
+            return WorkflowError(self.path, None, key_path(loc, None, prefix=workflow.name), message)
+        path = ("workflows", index, *loc)
+        return WorkflowError(self.path, self._tree.line_of(path), key_path(path, self._tree.data), message)
 
 
 def find_workflows_file(root: Path) -> Path:
@@ -277,110 +310,42 @@ def load_workflows_file(text: str, *, path: str) -> WorkflowsFile:
         tree = _yamltree.parse_checked(text)
     except yaml.MarkedYAMLError as e:
         raise WorkflowFileError([_yaml_error(e, path)]) from None
-    errors = [WorkflowError(path, e.line, _key_path(e.path, tree.data) or "(top level)", e.message) for e in tree.errors]
+    errors = [WorkflowError(path, e.line, key_path(e.path, tree.data) or "(top level)", e.message) for e in tree.errors]
     items = _top_level(tree, path, errors)
     workflows: dict[str, Workflow] = {}
+    options: dict[str, BaseModel] = {}
     for index, item in enumerate(items):
-        workflow = _validate_workflow(item, index, tree, path, errors)
+        workflow, workflow_options = _validate_workflow(item, index, tree, path, errors)
         if workflow is not None:
             _check_workflow(workflow, index, tree, path, workflows, errors)
+            if workflow_options is not None and workflows.get(workflow.name) is workflow:
+                options[workflow.name] = workflow_options
     if errors:
         raise WorkflowFileError(sorted(errors, key=lambda e: e.line or 0))
-    return WorkflowsFile(path=path, workflows=workflows, tree=tree)
+    return WorkflowsFile(path=path, workflows=workflows, tree=tree, options=options)
 
 
 def resolve_job_spec(wf: Workflow, *, file: WorkflowsFile, env_overrides: dict[str, str]) -> JobSpec:
-    """The job a run of ``wf`` executes. Refuses (WorkflowFileError) keys
-    whose behaviour is not built yet, all of them at once."""
-    unsupported = [file.error(wf, key, f"'{key}' is not supported yet; remove it from workflow '{wf.name}' to run it") for key in NOT_SUPPORTED_YET if getattr(wf, key) not in (None, [], {})]
-    if wf.provider == "docker":
-        unsupported.append(file.error(wf, "provider", "the docker provider is not supported yet; use bash or python"))
-    if unsupported:
-        raise WorkflowFileError(sorted(unsupported, key=lambda e: e.line or 0))
-    return JobSpec(
-        workflow=wf.name,
-        commands=_commands(wf),
-        env={**wf.env, **{str(k): str(v) for k, v in env_overrides.items()}},
-        artifacts=list(wf.artifacts),
-        resources=_resource_spec(wf.resources),
-        provider=wf.provider,
-    )
+    """The single job a run of ``wf`` executes, for callers that do not take
+    run plans yet; ``providers.resolve_run_plan`` is the full answer.
+
+    Refuses (WorkflowFileError) what ``resolve_run_plan`` refuses, and what a
+    JobSpec cannot carry: a run of several jobs, ``deps: - tag/run``, ports
+    and container images.
+    """
+    from .providers import resolve_run_plan  # providers imports this module
+
+    plan = resolve_run_plan(file, wf.name, env_overrides=env_overrides)
+    job = plan.jobs[-1]
+    lost = [what for what, present in (("more than one job", len(plan.jobs) > 1), ("tag or run dependencies", job.tags or job.runs), ("ports", job.ports), ("a container image", job.image)) if present]
+    if lost:
+        message = f"workflow '{wf.name}' needs {' and '.join(lost)}, which this server cannot run yet (it takes single jobs only)"
+        raise WorkflowFileError([file.error(wf, "provider", message)])
+    return JobSpec(workflow=wf.name, commands=list(job.commands), env=dict(job.env), artifacts=list(job.artifacts), resources=job.resources, provider=job.provider)
 
 
-# ---------------------------------------------------------------- helpers
-
-
-def _top_level(tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> list[Any]:
-    data = tree.data
-    if data is None and tree.errors:
-        return []  # the tree could not be built; its error says why
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else _describe(data)
-        errors.append(WorkflowError(path, tree.line_of(()) or 1, "(top level)", f"expected a mapping with a 'workflows' list, got {got}"))
-        return []
-    for key in data:
-        if key != "workflows":
-            errors.append(WorkflowError(path, tree.lines[(key,)], key, _unknown_key(key, ["workflows"])))
-    items = data.get("workflows")
-    if "workflows" not in data:
-        errors.append(WorkflowError(path, tree.line_of(()), "workflows", "missing the 'workflows' list: write workflows: followed by - name: … items"))
-    elif not isinstance(items, list):
-        errors.append(WorkflowError(path, tree.lines[("workflows",)], "workflows", f"expected a list of workflows (items starting with '- name:'), got {_describe(items)}"))
-    return items if isinstance(items, list) else []
-
-
-def _yaml_error(e: yaml.MarkedYAMLError, path: str) -> WorkflowError:
-    mark = e.problem_mark or e.context_mark
-    line = mark.line + 1 if mark else None
-    message = f"invalid YAML: {e.problem or e.context}"
-    if e.problem and e.context and e.context_mark and e.context_mark.line + 1 != line:
-        message += f" ({e.context} started at line {e.context_mark.line + 1})"
-    return WorkflowError(path, line, "yaml", message)
-
-
-def _validate_workflow(item: Any, index: int, tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> Workflow | None:
-    base = ("workflows", index)
-    if isinstance(item, dict) and isinstance(item.get("env"), dict):
-        # numbers and booleans in env are passed on as written in the file
-        item = {**item, "env": {k: tree.raw.get((*base, "env", k), v) for k, v in item["env"].items()}}
-    try:
-        return Workflow.model_validate(item)
-    except ValidationError as e:
-        for err in e.errors(include_url=False):
-            loc = (*base, *err["loc"])
-            errors.append(WorkflowError(path, tree.line_of(loc), _key_path(loc, tree.data), _message(err)))
-        return None
-
-
-def _check_workflow(wf: Workflow, index: int, tree: _yamltree.Tree, path: str, seen: dict[str, Workflow], errors: list[WorkflowError]) -> None:
-    def add(key: str, message: str) -> None:
-        loc = ("workflows", index, key)
-        errors.append(WorkflowError(path, tree.line_of(loc), _key_path(loc, tree.data), message))
-
-    if wf.name in seen:
-        add("name", f"duplicate workflow name '{wf.name}' (first at line {tree.line_of(('workflows', list(seen).index(wf.name), 'name'))})")
-    else:
-        seen[wf.name] = wf
-    if wf.provider not in BUILTIN_PROVIDERS:
-        add("provider", f"unknown provider '{wf.provider}'; the built-in providers are {', '.join(BUILTIN_PROVIDERS)}")
-        return
-    required, what = _PROVIDER_REQUIRED[wf.provider]
-    if getattr(wf, required) in (None, []):
-        add("provider", f"the {wf.provider} provider needs '{required}' ({what})")
-    for key in sorted(set().union(*_PROVIDER_KEYS.values()) - _PROVIDER_KEYS[wf.provider]):
-        if getattr(wf, key) is not None:
-            users = [p for p, keys in _PROVIDER_KEYS.items() if key in keys]
-            add(key, f"'{key}' is for the {' and '.join(users)} provider, not {wf.provider}")
-
-
-def _commands(wf: Workflow) -> list[str]:
-    if wf.provider != "python":
-        return list(wf.commands or [])
-    install = [f"pip install -r {shlex.quote(wf.requirements)}"] if wf.requirements else []
-    return [*install, f"python {shlex.quote(wf.script or '')}"]
-
-
-def _resource_spec(r: Resources) -> ResourceSpec:
+def resource_spec(r: Resources) -> ResourceSpec:
+    """The resources of a workflow, sizes in bytes."""
     gpu = r.gpu
     return ResourceSpec(
         cpu=r.cpu,
@@ -393,89 +358,109 @@ def _resource_spec(r: Resources) -> ResourceSpec:
     )
 
 
-def _key_path(loc: tuple[str | int, ...], data: Any) -> str:
-    """``workflows[2] (finetune-model).resources.memory`` for a loc."""
-    out = ""
-    node = data
-    for depth, part in enumerate(loc):
-        if isinstance(part, int):
-            node = node[part] if isinstance(node, list) and part < len(node) else None
-            out += f"[{part}]"
-            if depth == 1 and isinstance(node, dict) and isinstance(node.get("name"), str):
-                out += f" ({node['name']})"
-            continue
-        node = node.get(part) if isinstance(node, dict) else None
-        out += f".{part}" if out else str(part)
-    return out
+# ---------------------------------------------------------------- helpers
 
 
-def _message(err: ErrorDetails) -> str:
-    kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
-    if kind == "extra_forbidden":
-        return _unknown_key(str(err["loc"][-1]), _allowed_keys(err["loc"][:-1]))
-    if kind == "missing":
-        return f"missing required key '{err['loc'][-1]}'"
-    simple = {
-        "string_type": "expected a string",
-        "int_type": "expected a whole number",
-        "int_from_float": "expected a whole number",
-        "float_type": "expected a number",
-        "float_parsing": "expected a number",
-        "list_type": "expected a list",
-        "dict_type": "expected a mapping",
-        "model_type": "expected a mapping",
-        "model_attributes_type": "expected a mapping",
-    }
-    if kind in simple:
-        return f"{simple[kind]}, got {_describe(value)}"
-    if kind == "literal_error":
-        return f"expected one of {ctx.get('expected', '')}, got {_describe(value)}"
-    if kind in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
-        return f"must be {'at least' if kind == 'greater_than_equal' else 'more than'} {bound}, got {_describe(value)}"
-    return str(err["msg"])
+def _top_level(tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> list[Any]:
+    data = tree.data
+    if data is None and tree.errors:
+        return []  # the tree could not be built; its error says why
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else describe(data)
+        errors.append(WorkflowError(path, tree.line_of(()) or 1, "(top level)", f"expected a mapping with a 'workflows' list, got {got}"))
+        return []
+    for key in data:
+        if key != "workflows":
+            errors.append(WorkflowError(path, tree.lines[(key,)], key, unknown_key(key, ["workflows"])))
+    items = data.get("workflows")
+    if "workflows" not in data:
+        errors.append(WorkflowError(path, tree.line_of(()), "workflows", "missing the 'workflows' list: write workflows: followed by - name: … items"))
+    elif not isinstance(items, list):
+        errors.append(WorkflowError(path, tree.lines[("workflows",)], "workflows", f"expected a list of workflows (items starting with '- name:'), got {describe(items)}"))
+    return items if isinstance(items, list) else []
 
 
-def _unknown_key(key: str, allowed: list[str]) -> str:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    if close:
-        return f"unknown key '{key}'; did you mean '{close[0]}'?"
-    return f"unknown key '{key}'; allowed keys: {', '.join(allowed)}"
+def _yaml_error(e: yaml.MarkedYAMLError, path: str) -> WorkflowError:
+    mark = e.problem_mark or e.context_mark
+    line = mark.line + 1 if mark else None
+    message = f"invalid YAML: {e.problem or e.context}"
+    if e.problem and e.context and e.context_mark and e.context_mark.line + 1 != line:
+        message += f" ({e.context} started at line {e.context_mark.line + 1})"
+    return WorkflowError(path, line, "yaml", message)
 
 
-def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
-    model: type[BaseModel] | None = Workflow
-    for part in loc:
-        if isinstance(part, int) or model is None:
-            continue
-        field = model.model_fields.get(part)
-        model = _model_in(field.annotation) if field else None
-    return list(model.model_fields) if model else []
+def _validate_workflow(item: Any, index: int, tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> tuple[Workflow | None, BaseModel | None]:
+    """The workflow, and its plugin options if its provider is a plugin: keys
+    that are not workflow keys go to the plugin's ``options`` model."""
+    base = ("workflows", index)
+    if not isinstance(item, dict):
+        return _validated(Workflow, item, base, tree, path, errors), None
+    if isinstance(item.get("env"), dict):
+        # numbers and booleans in env are passed on as written in the file
+        item = {**item, "env": {k: tree.raw.get((*base, "env", k), v) for k, v in item["env"].items()}}
+    provider = item.get("provider")
+    if not isinstance(provider, str) or provider in BUILTIN_PROVIDERS:
+        return _validated(Workflow, item, base, tree, path, errors), None
+    extras = {k: v for k, v in item.items() if k not in Workflow.model_fields}
+    workflow = _validated(Workflow, {k: v for k, v in item.items() if k not in extras}, base, tree, path, errors)
+    plugin = _plugin(provider)
+    if plugin is None:
+        return workflow, None  # _check_workflow says the provider is unknown
+    if plugin.options is None:
+        for key in extras:
+            loc = (*base, key)
+            errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), unknown_key(key, list(Workflow.model_fields)) + f" (the {provider} provider takes no options)"))
+        return workflow, None
+    return workflow, _validated(plugin.options, extras, base, tree, path, errors)
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, list, typing.Annotated):
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found:
-                return found
-    return None
+def _validated(model: type[_M], item: Any, base: tuple[str | int, ...], tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> _M | None:
+    try:
+        return model.model_validate(item)
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc = (*base, *err["loc"])
+            beside = None if model is Workflow else list(Workflow.model_fields)
+            errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), message(err, model, beside=beside)))
+        return None
 
 
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"the number {value}"
-    if isinstance(value, str):
-        return f"'{value}'"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
+def _plugin(name: str) -> Provider | None:
+    from .providers import ProviderNotFound, get_provider  # providers imports this module
+
+    try:
+        return get_provider(name)
+    except ProviderNotFound:
+        return None
+
+
+def _check_workflow(wf: Workflow, index: int, tree: _yamltree.Tree, path: str, seen: dict[str, Workflow], errors: list[WorkflowError]) -> None:
+    from .providers import ProviderNotFound, get_provider  # providers imports this module
+
+    def add(key: str, message: str) -> None:
+        loc = ("workflows", index, key)
+        errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), message))
+
+    if wf.name in seen:
+        add("name", f"duplicate workflow name '{wf.name}' (first at line {tree.line_of(('workflows', list(seen).index(wf.name), 'name'))})")
+    else:
+        seen[wf.name] = wf
+    try:
+        provider = get_provider(wf.provider)
+    except ProviderNotFound as e:
+        add("provider", str(e))
+        return
+    if wf.provider in _PROVIDER_REQUIRED:
+        required, what = _PROVIDER_REQUIRED[wf.provider]
+        if getattr(wf, required) in (None, []):
+            add("provider", f"the {wf.provider} provider needs '{required}' ({what})")
+    for key in sorted(PROVIDER_SPECIFIC_KEYS - provider.workflow_keys):
+        if getattr(wf, key) is not None:
+            add(key, _not_for(key, wf.provider))
+
+
+def _not_for(key: str, provider: str) -> str:
+    users = [p for p, keys in PROVIDER_KEYS.items() if key in keys]
+    if provider in BUILTIN_PROVIDERS:
+        return f"'{key}' is for the {' and '.join(users)} provider, not {provider}"
+    return f"'{key}' is not used by the {provider} provider"

@@ -3,6 +3,7 @@ websocket through a real websockets server on a loopback port."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -18,17 +19,21 @@ from trainyard.api import Client
 TOKEN = "trainyard_test"
 
 
-def make_run(status: str, *, last_seq: int = 0, exit_code: int | None = None, reason: str = "", name: str = "brave-otter-1") -> dict[str, Any]:
-    job = {
-        "id": "job-1", "name": "hello", "status": status, "status_reason": reason, "exit_code": exit_code,
+def make_job(status: str, *, id: str = "job-1", name: str = "hello", last_seq: int = 0, exit_code: int | None = None, reason: str = "", **extra: Any) -> dict[str, Any]:
+    return {
+        "id": id, "name": name, "status": status, "status_reason": reason, "exit_code": exit_code,
         "attempt": 1, "instance": None, "resources": {}, "created_at": "2026-01-01T00:00:00Z",
         "started_at": None, "finished_at": None, "last_seq": last_seq,
+        "needs": [], "after_running": [], "cached_from": None, "inputs": [], **extra,
     }  # fmt: skip
+
+
+def make_run(status: str, *, last_seq: int = 0, exit_code: int | None = None, reason: str = "", name: str = "brave-otter-1", jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "id": "run-uuid", "name": name, "workflow": "hello", "status": status, "status_reason": reason,
         "exit_code": exit_code, "submitted_by": "alice", "created_at": "2026-01-01T00:00:00Z",
         "started_at": None, "finished_at": None, "duration_seconds": 3.0,
-        "code": {"kind": "archive"}, "jobs": [job],
+        "code": {"kind": "archive"}, "jobs": jobs if jobs is not None else [make_job(status, last_seq=last_seq, exit_code=exit_code, reason=reason)],
     }  # fmt: skip
 
 
@@ -37,8 +42,8 @@ class FakeRunSocket:
     final run. The first ``drops`` connections are cut after ``drop_after``
     lines, to exercise reconnects."""
 
-    def __init__(self, lines: list[list[Any]], *, final: dict[str, Any], drops: int = 0, drop_after: int = 0, close_code: int | None = None) -> None:
-        self.lines, self.final = lines, final
+    def __init__(self, lines: list[list[Any]], *, final: dict[str, Any], drops: int = 0, drop_after: int = 0, close_code: int | None = None, job_of: Callable[[list[Any]], str] = lambda line: "job-1") -> None:
+        self.lines, self.final, self.job_of = lines, final, job_of
         self.drops, self.drop_after, self.close_code = drops, drop_after, close_code
         self.after_seqs: list[int] = []
         self.port = 0
@@ -53,8 +58,8 @@ class FakeRunSocket:
             return
         after = int(parse_qs(urlparse(ws.request.path).query)["after_seq"][0])
         self.after_seqs.append(after)
-        ws.send(json.dumps({"type": "run", "run": make_run("pending", reason="waiting for a runner")}))
-        ws.send(json.dumps({"type": "run", "run": make_run("running")}))
+        ws.send(json.dumps({"type": "run", "run": self._before("pending", "waiting for a runner")}))
+        ws.send(json.dumps({"type": "run", "run": self._before("running", "")}))
         pending = [line for line in self.lines if line[0] > after]
         if len(self.after_seqs) <= self.drops:
             self._send(ws, pending[: self.drop_after])
@@ -65,9 +70,15 @@ class FakeRunSocket:
         for _ in ws:
             pass
 
+    def _before(self, status: str, reason: str) -> dict[str, Any]:
+        """The final run's jobs as they were earlier: all in ``status``."""
+        jobs = [{**job, "status": status, "status_reason": "", "exit_code": None} for job in self.final["jobs"]]
+        return {**self.final, "status": status, "status_reason": reason, "exit_code": None, "jobs": jobs}
+
     def _send(self, ws: ServerConnection, lines: list[list[Any]]) -> None:
         for start in range(0, len(lines), 5000):
-            ws.send(json.dumps({"type": "logs", "job": "job-1", "lines": lines[start : start + 5000]}))
+            for job, batch in itertools.groupby(lines[start : start + 5000], key=self.job_of):
+                ws.send(json.dumps({"type": "logs", "job": job, "lines": list(batch)}))
 
 
 @contextmanager

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
-from trainyard.code import Workspace, archive_files, find_workspace, git_patch, head_commit, make_archive, prepare_code
+from trainyard.code import Workspace, archive_files, code_digests, file_sha256, find_workspace, git_patch, head_commit, make_archive, prepare_code
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -137,3 +140,43 @@ def test_prepare_code_uploads_an_archive_with_upload_or_without_a_remote(repo: P
     code = prepare_code(Workspace(repo, True), force_upload=force_upload, upload_blob=uploads, warn=lambda m: None)
     assert code == {"kind": "archive", "archive_blob": "blob-1"}
     assert uploads.blobs[0][:2] == b"\x1f\x8b"  # gzip
+
+
+def test_the_archive_of_the_same_tree_is_the_same_bytes_whatever_the_times_and_modes(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    workspace = Workspace(repo, True)
+    make_archive(workspace, tmp_path / "one.tar.gz")
+    later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: later)  # what gzip would stamp in its header
+    os.utime(repo / "train.py", (later, later))
+    (repo / "blob.bin").chmod(0o600)  # group/other bits are not kept
+    make_archive(workspace, tmp_path / "two.tar.gz")
+    assert file_sha256(tmp_path / "one.tar.gz") == file_sha256(tmp_path / "two.tar.gz")
+    with tarfile.open(tmp_path / "two.tar.gz") as tar:
+        member = tar.getmember("train.py")
+        assert (member.mtime, member.uid, member.uname, member.mode) == (0, 0, "", 0o644)
+    (repo / "train.py").write_text("print('v3')\n")
+    make_archive(workspace, tmp_path / "three.tar.gz")
+    assert file_sha256(tmp_path / "three.tar.gz") != file_sha256(tmp_path / "one.tar.gz")
+
+
+def test_the_archive_keeps_the_executable_bit(repo: Path, tmp_path: Path):
+    (repo / "train.py").chmod(0o700)
+    make_archive(Workspace(repo, True), tmp_path / "code.tar.gz")
+    with tarfile.open(tmp_path / "code.tar.gz") as tar:
+        assert tar.getmember("train.py").mode == 0o755
+
+
+def test_code_digests_describe_what_prepare_code_would_upload(repo: Path, tmp_path: Path):
+    digests = code_digests(Workspace(repo, True), force_upload=False, warn=lambda m: None)
+    assert digests == {"kind": "git", "repo_url": str(repo.parent / "origin.git"), "commit": head_commit(repo), "patch_sha256": hashlib.sha256(git_patch(repo)).hexdigest()}
+    uploads = FakeUploads()
+    prepare_code(Workspace(repo, True), force_upload=True, upload_blob=uploads, warn=lambda m: None)
+    digests = code_digests(Workspace(repo, True), force_upload=True, warn=lambda m: None)
+    assert digests == {"kind": "archive", "archive_sha256": hashlib.sha256(uploads.blobs[0]).hexdigest()}
+
+
+def test_code_digests_of_a_clean_pushed_tree_has_no_patch(repo: Path):
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "all")
+    git(repo, "push", "-q", "origin", "main")
+    assert "patch_sha256" not in code_digests(Workspace(repo, True), force_upload=False, warn=lambda m: None)

@@ -4,13 +4,15 @@ import hashlib
 import json
 import os
 import stat
+import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 from click.testing import CliRunner
 
-from tests.cli.fakes import TOKEN, FakeRunSocket, lines_of, make_run, rest_client, serving
+from tests.cli.fakes import TOKEN, FakeRunSocket, lines_of, make_job, make_run, rest_client, serving
+from trainyard.code import Workspace, file_sha256, make_archive
 from trainyard.cli import cli
 from trainyard.config import load_config
 
@@ -76,9 +78,9 @@ def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path,
     monkeypatch.chdir(tiny_train)
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
-    code, out, err = invoke("run", "evaluate")
+    code, out, err = invoke("run", "finetune-model")
     assert (code, out) == (1, "")
-    assert err == ".trainyard/workflows.yaml:35: workflows[3] (evaluate).deps: 'deps' is not supported yet; remove it from workflow 'evaluate' to run it\n"
+    assert err == ".trainyard/workflows.yaml:24: workflows[2] (finetune-model).checkpoint: 'checkpoint' is not supported yet; remove it from workflow 'finetune-model' to run it\n"
     assert rest.requests == []
 
 
@@ -194,3 +196,176 @@ def test_ctrl_c_while_following_detaches_with_130(tiny_train: Path, monkeypatch:
     code, _, err = invoke("run", "hello")
     assert code == 130
     assert err.endswith("\ndetached; the run continues — trainyard stop brave-otter-1 to stop it\n")
+
+
+# ------------------------------------------------------------ runs of several jobs
+
+PIPELINE = """\
+workflows:
+  - name: download-base-model
+    provider: bash
+    commands: [python download.py]
+    artifacts: [./base_model]
+  - name: finetune-model
+    provider: bash
+    commands: [python train.py]
+    deps: [{workflow: download-base-model}]
+    artifacts: [./checkpoint]
+    resources: {cpu: 1, memory: 256MB}
+  - name: loop
+    provider: bash
+    commands: [x]
+    deps: [{workflow: loop}]
+"""
+
+PLAN = {
+    "workflow": "finetune-model",
+    "jobs": [
+        {"name": "download-base-model", "workflow": "download-base-model", "provider": "bash", "needs": [], "after_running": [],
+         "resources": {"cpu": None, "memory_bytes": None, "gpu_count": 0, "gpu_name": None}, "inputs": [],
+         "cache": {"run": "brave-otter-3", "job": "8c1f"}, "commands": ["python download.py"]},
+        {"name": "finetune-model", "workflow": "finetune-model", "provider": "bash", "needs": ["download-base-model"], "after_running": [],
+         "resources": {"cpu": 1, "memory_bytes": 256 * 2**20, "gpu_count": 1, "gpu_name": "V100"},
+         "inputs": [{"path": "./base_model", "from": "job download-base-model"}], "cache": None, "commands": ["python train.py"]},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A repo (not git) with a two-workflow pipeline, as the cwd."""
+    root = tmp_path / "pipeline"
+    (root / ".trainyard").mkdir(parents=True)
+    (root / ".trainyard" / "workflows.yaml").write_text(PIPELINE)
+    (root / "train.py").write_text("print('train')\n")
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(pipeline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    rest = FakeRest({("POST", f"{WS}/runs/plan/"): httpx.Response(200, json=PLAN)})
+    use(monkeypatch, "http://fake", rest)
+    code, out, err = invoke("run", "finetune-model", "-e", "STEPS=50", "--dry-run")
+    assert (code, err) == (0, "Nothing was submitted.\n")
+    assert out == textwrap.dedent("""\
+        Plan for finetune-model: 2 jobs, 1 cached
+
+        1. download-base-model (bash)
+           resources: any
+           cached: reuses brave-otter-3/8c1f
+
+        2. finetune-model (bash)
+           needs: download-base-model
+           input: ./base_model from job download-base-model
+           resources: cpu 1, memory 256.0 MiB, gpu 1x V100
+           commands:
+             python train.py
+        """)
+    [request] = rest.requests  # no blob upload, no run
+    make_archive(Workspace(pipeline, False), tmp_path / "expected.tar.gz")
+    body = json.loads(request.content)
+    assert body["code"] == {"kind": "archive", "archive_sha256": file_sha256(tmp_path / "expected.tar.gz")}
+    assert (body["workflow"], body["env"], body["no_cache"]) == ("finetune-model", {"STEPS": "50"}, False)
+
+
+def test_run_no_cache_is_sent_and_the_jobs_are_named(pipeline: Path, monkeypatch: pytest.MonkeyPatch):
+    rest = FakeRest(submit_routes())
+    use(monkeypatch, "http://fake", rest)
+    code, out, err = invoke("run", "finetune-model", "--no-cache", "-d")
+    assert (code, out, err) == (0, "brave-otter-1\n", "Run brave-otter-1 submitted (2 jobs: download-base-model, finetune-model)\n")
+    assert json.loads(rest.requests[1].content)["no_cache"] is True
+
+
+def test_a_dependency_cycle_is_refused_before_anything_is_uploaded(pipeline: Path, monkeypatch: pytest.MonkeyPatch):
+    rest = FakeRest({})
+    use(monkeypatch, "http://fake", rest)
+    code, _, err = invoke("run", "loop")
+    assert (code, err, rest.requests) == (1, ".trainyard/workflows.yaml:15: workflows[2] (loop).deps: a cycle: loop → loop\n", [])
+
+
+def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.MonkeyPatch):
+    jobs = [
+        make_job("succeeded", id="j1", name="download-base-model", cached_from={"run": "brave-otter-3", "job": "old-j"}),
+        make_job("running", id="j2", name="finetune-model", needs=["download-base-model"], started_at="2026-01-01T00:00:00Z", inputs=[{"path": "./base_model", "from": "job download-base-model"}]),
+        make_job("pending", id="j3", name="evaluate", after_running=["finetune-model"]),
+    ]  # fmt: skip
+    artifacts = [{"id": "a1", "job": "old-j", "path": "./base_model", "status": "complete", "total_size": 3072, "files": [{"path": "w.bin", "size": 1024, "sha256": "x"}, {"path": "v.bin", "size": 2048, "sha256": "y"}]}]
+    rest = FakeRest({("GET", f"{WS}/runs/brave-otter-4/"): httpx.Response(200, json=make_run("running", name="brave-otter-4", jobs=jobs)), ("GET", f"{WS}/runs/brave-otter-4/artifacts/"): httpx.Response(200, json=artifacts)})
+    use(monkeypatch, "http://fake", rest)
+    code, out, _ = invoke("show", "brave-otter-4")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "Run brave-otter-4 of hello: running"
+    assert lines[1].split("  ")[0] == "JOB" and [c.strip() for c in lines[1].split("  ") if c.strip()] == ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
+    assert [c.strip() for c in lines[2].split("  ") if c.strip()] == ["download-base-model", "succeeded", "-", "-", "-", "brave-otter-3", "2 files, 3.0 KiB"]
+    assert [c.strip() for c in lines[3].split("  ") if c.strip()][:3] == ["finetune-model", "running", "download-base-model"]
+    assert [c.strip() for c in lines[4].split("  ") if c.strip()] == ["evaluate", "pending", "finetune-model (running)", "-", "-", "-", "-"]
+    assert lines[5:] == ["", "Inputs:", "  finetune-model  ./base_model from job download-base-model"]
+
+
+# ------------------------------------------------------------ tags
+
+
+def test_tag_add_new_and_moved(monkeypatch: pytest.MonkeyPatch):
+    tag = {"name": "best-model", "run": "brave-otter-3", "run_id": "r3", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+    for status, message in ((201, "Tagged best-model → run brave-otter-3\n"), (200, "Moved tag best-model → run brave-otter-3\n")):
+        rest = FakeRest({("POST", f"{WS}/tags/"): httpx.Response(status, json=tag)})
+        use(monkeypatch, "http://fake", rest)
+        assert invoke("tag", "add", "best-model", "brave-otter-3", *(["--force"] if status == 200 else [])) == (0, "", message)
+        assert json.loads(rest.requests[0].content) == {"name": "best-model", "run": "brave-otter-3", "force": status == 200}
+
+
+def test_tag_add_on_a_tag_of_another_run_says_where_it_points_and_how_to_move_it(monkeypatch: pytest.MonkeyPatch):
+    tags = [{"name": "best-model", "run": "brave-otter-2", "run_id": "r2", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
+    rest = FakeRest({
+        ("POST", f"{WS}/tags/"): httpx.Response(409, json={"message": "Tag best-model already points to run brave-otter-2; use force to move it.", "extra": {}}),
+        ("GET", f"{WS}/tags/"): httpx.Response(200, json=tags),
+    })  # fmt: skip
+    use(monkeypatch, "http://fake", rest)
+    assert invoke("tag", "add", "best-model", "brave-otter-3") == (1, "", "error: tag best-model already points to brave-otter-2; use --force to move it\n")
+
+
+def test_tag_ls_and_rm(monkeypatch: pytest.MonkeyPatch):
+    tags = [{"name": "best-model", "run": "brave-otter-2", "run_id": "r2", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
+    rest = FakeRest({("GET", f"{WS}/tags/"): httpx.Response(200, json=tags), ("DELETE", f"{WS}/tags/best-model/"): httpx.Response(204)})
+    use(monkeypatch, "http://fake", rest)
+    code, out, _ = invoke("tag", "ls")
+    assert code == 0 and out.splitlines()[0].split() == ["TAG", "RUN", "CREATED", "BY", "UPDATED"] and out.splitlines()[1].split()[:3] == ["best-model", "brave-otter-2", "alice"]
+    assert json.loads(invoke("tag", "ls", "--json")[1]) == tags
+    assert invoke("tag", "rm", "best-model") == (0, "", "Removed tag best-model\n")
+
+
+# ------------------------------------------------------------ secrets
+
+
+def invoke_with_input(stdin: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), input=stdin, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_secrets_set_reads_the_value_from_stdin_without_the_trailing_newline(monkeypatch: pytest.MonkeyPatch):
+    stored = {"name": "WANDB_API_KEY", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+    rest = FakeRest({("PUT", f"{WS}/secrets/WANDB_API_KEY/"): httpx.Response(200, json=stored)})
+    use(monkeypatch, "http://fake", rest)
+    code, out, err = invoke_with_input("s3cr et\n", "secrets", "set", "WANDB_API_KEY")
+    assert (code, out, err) == (0, "", "Secret WANDB_API_KEY set; runs get it as $WANDB_API_KEY\n")
+    assert json.loads(rest.requests[0].content) == {"value": "s3cr et"}
+
+
+def test_secrets_set_refuses_an_empty_value_and_a_bad_name(monkeypatch: pytest.MonkeyPatch):
+    rest = FakeRest({})
+    use(monkeypatch, "http://fake", rest)
+    code, _, err = invoke_with_input("\n", "secrets", "set", "TOKEN")
+    assert code == 1 and err.startswith("error: empty value: nothing was set")
+    code, _, err = invoke_with_input("x", "secrets", "set", "1TOKEN")
+    assert code == 2 and "a secret name is an environment variable name" in err
+    assert rest.requests == []
+
+
+def test_secrets_ls_shows_names_only_and_rm(monkeypatch: pytest.MonkeyPatch):
+    found = [{"name": "WANDB_API_KEY", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
+    rest = FakeRest({("GET", f"{WS}/secrets/"): httpx.Response(200, json=found), ("DELETE", f"{WS}/secrets/WANDB_API_KEY/"): httpx.Response(204)})
+    use(monkeypatch, "http://fake", rest)
+    code, out, _ = invoke("secrets", "ls")
+    assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["SECRET", "WANDB_API_KEY"]
+    assert json.loads(invoke("secrets", "ls", "--json")[1]) == found
+    assert invoke("secrets", "rm", "WANDB_API_KEY") == (0, "", "Removed secret WANDB_API_KEY\n")

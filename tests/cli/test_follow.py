@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.cli.fakes import FakeRunSocket, lines_of, make_run, rest_client, serving
+from tests.cli.fakes import FakeRunSocket, lines_of, make_job, make_run, rest_client, serving
 from trainyard.api import ApiError
 from trainyard.cli import run_exit_code
 from trainyard.follow import Follower
@@ -89,3 +89,18 @@ def test_run_exit_codes():
     assert run_exit_code(make_run("failed", exit_code=3)) == 3
     assert run_exit_code(make_run("failed")) == 1
     assert run_exit_code(make_run("stopped")) == 1
+
+
+def test_a_run_of_several_jobs_prefixes_each_line_with_its_job_and_exits_with_the_first_failure():
+    jobs = [
+        make_job("succeeded", id="j1", name="download", last_seq=1, finished_at="2026-01-01T00:00:01Z"),
+        make_job("failed", id="j2", name="train-worker-1", last_seq=2, exit_code=4, finished_at="2026-01-01T00:00:09Z"),
+        make_job("failed", id="j3", name="train-master", last_seq=1, exit_code=3, finished_at="2026-01-01T00:00:05Z"),
+    ]  # fmt: skip
+    lines = [[1, 1.0, "o", "fetched", "j1"], [1, 1.0, "e", "master died", "j3"], [1, 1.0, "o", "connecting", "j2"], [2, 1.0, "e", "lost master", "j2"]]
+    socket = FakeRunSocket([line[:4] for line in lines], final=make_run("failed", jobs=jobs), job_of=lambda line: next(x[4] for x in lines if x[:4] == line))
+    with serving(socket) as url:
+        final, out, err, _ = follow(url)
+    assert out == "[download] fetched\n[train-worker-1] connecting\n"
+    assert err == "[train-master] master died\n[train-worker-1] lost master\n"
+    assert run_exit_code(final) == 3

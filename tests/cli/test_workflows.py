@@ -122,7 +122,7 @@ def test_unknown_provider_lists_the_builtins():
           - name: hello
             provider: conda
             commands: [echo hi]
-        """) == [f"{PATH}:3: workflows[0] (hello).provider: unknown provider 'conda'; the built-in providers are bash, python, docker"]
+        """) == [f"{PATH}:3: workflows[0] (hello).provider: unknown provider 'conda'; the built-in providers are bash, python, docker; installed plugin providers: cluster"]
 
 
 def test_list_item_that_is_not_a_string():
@@ -279,12 +279,11 @@ def test_tiny_train_loads_and_hello_resolves(tiny_train: Path):
     )
 
 
-def test_finetune_model_is_refused_as_not_supported_yet(tiny_train: Path):
+def test_finetune_model_is_refused_for_its_checkpoint_not_supported_yet(tiny_train: Path):
     wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
     with pytest.raises(WorkflowFileError) as info:
         resolve_job_spec(wf_file.get("finetune-model"), file=wf_file, env_overrides={})
     assert [str(e) for e in info.value.errors] == [
-        f"{PATH}:20: workflows[2] (finetune-model).deps: 'deps' is not supported yet; remove it from workflow 'finetune-model' to run it",
         f"{PATH}:24: workflows[2] (finetune-model).checkpoint: 'checkpoint' is not supported yet; remove it from workflow 'finetune-model' to run it",
     ]
 
@@ -326,28 +325,39 @@ def test_resources_are_resolved_to_bytes():
     assert (b.gpu_name, b.gpu_count) == (None, 1)
 
 
-def test_python_provider_installs_requirements_then_runs_the_script():
-    wf_file = load("""\
-        workflows:
-          - name: a
-            provider: python
-            script: train model.py
-            requirements: requirements.txt
-        """)
-    spec = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={})
-    assert spec.commands == ["pip install -r requirements.txt", "python 'train model.py'"]
-
-
-def test_docker_provider_validates_but_is_not_supported_yet():
+def test_job_spec_refuses_what_a_single_job_spec_cannot_carry():
     wf_file = load("""\
         workflows:
           - name: a
             provider: docker
             image: ubuntu:24.04
+          - name: b
+            provider: bash
+            commands: [x]
+            deps: [{workflow: a}]
         """)
-    with pytest.raises(WorkflowFileError) as info:
-        resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={})
-    assert str(info.value) == f"{PATH}:3: workflows[0] (a).provider: the docker provider is not supported yet; use bash or python"
+    for name, line, lost in (("a", 3, "a container image"), ("b", 6, "more than one job")):
+        with pytest.raises(WorkflowFileError) as info:
+            resolve_job_spec(wf_file.get(name), file=wf_file, env_overrides={})
+        assert str(info.value) == f"{PATH}:{line}: workflows[{'ab'.index(name)}] ({name}).provider: workflow '{name}' needs {lost}, which this server cannot run yet (it takes single jobs only)"
+
+
+@pytest.mark.parametrize("version", ["3", "3.11", "3.11.4"])
+def test_python_version_must_be_a_python_3_version_string(version: str):
+    assert load(f"""\
+        workflows:
+          - name: a
+            provider: python
+            script: a.py
+            python: "{version}"
+        """).get("a").python == version
+    assert errors_of("""\
+        workflows:
+          - name: a
+            provider: python
+            script: a.py
+            python: "latest"
+        """) == [f"{PATH}:5: workflows[0] (a).python: expected a Python 3 version such as \"3.11\", got 'latest'"]
 
 
 def test_every_key_of_the_schema_loads():
