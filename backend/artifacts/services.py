@@ -18,6 +18,9 @@ from backend.core.errors import ApplicationError
 from backend.runs.models import Job
 
 
+UPLOAD_URL_SECONDS = 6 * 3600
+
+
 @dataclass(frozen=True)
 class FileIn:
     path: str
@@ -78,7 +81,11 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
             ArtifactFile(artifact=artifact, path=f.path, size=f.size, sha256=f.sha256) for f in files
         )
     storage = get_storage()
-    uploads = [Upload(f.path, storage.signed_url(f"{prefix}/{f.path}", method="PUT")) for f in files]
+    # Files are uploaded one after another: every URL must outlive the whole upload.
+    uploads = [
+        Upload(f.path, storage.signed_url(f"{prefix}/{f.path}", method="PUT", seconds=UPLOAD_URL_SECONDS))
+        for f in files
+    ]
     return artifact, uploads
 
 

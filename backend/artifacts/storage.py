@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,9 @@ class LocalStorage(Storage):
         self.root = root
 
     def signed_url(self, key: str, *, method: Method, seconds: int | None = None, filename: str = "") -> str:
-        token = signing.dumps({"k": key, "m": method, "f": filename}, salt=_SALT, compress=True)
+        lifetime = seconds or settings.TRAINYARD["SIGNED_URL_SECONDS"]
+        expires = int(time.time() + lifetime)
+        token = signing.dumps({"k": key, "m": method, "f": filename, "x": expires}, salt=_SALT, compress=True)
         return f"{settings.PUBLIC_URL}/storage/{token}"
 
     def write(self, key: str, chunks: Iterator[bytes]) -> int:
@@ -89,7 +92,9 @@ class LocalStorage(Storage):
 
 def verify_token(token: str) -> tuple[str, Method, str]:
     """(key, method, filename) of a signed storage URL; raises signing.BadSignature."""
-    data = signing.loads(token, salt=_SALT, max_age=settings.TRAINYARD["SIGNED_URL_SECONDS"])
+    data = signing.loads(token, salt=_SALT)
+    if time.time() > data["x"]:
+        raise signing.SignatureExpired("the link has expired")
     return data["k"], data["m"], data.get("f", "")
 
 

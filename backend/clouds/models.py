@@ -33,6 +33,8 @@ class Instance(WorkspaceOwnedModel):
     status_reason = models.CharField(max_length=500, blank=True)
     token_hash = models.CharField(max_length=64, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
+    # Where other jobs of a run reach this machine's jobs (Hello.address).
+    address = models.CharField(max_length=255, blank=True)
     runner_version = models.CharField(max_length=50, blank=True)
     cpus = models.PositiveIntegerField(default=0)
     memory_bytes = models.PositiveBigIntegerField(default=0)

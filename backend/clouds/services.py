@@ -52,6 +52,7 @@ def instance_connect(
             status=InstanceStatus.BUSY if busy or ours else InstanceStatus.IDLE,
             status_reason="",
             hostname=hello.hostname[:255],
+            address=hello.address[:255],
             runner_version=hello.version[:50],
             cpus=hello.resources.cpus,
             memory_bytes=hello.resources.memory_bytes,
@@ -64,8 +65,12 @@ def instance_connect(
         # Stopping jobs it still runs: keep their logs flowing until it reports.
         acked.update({jid: ours[jid].last_seq for jid in cancel if jid in ours})
     for jid in lost:
-        job_finish(job_id=jid, status=JobStatus.FAILED, exit_code=None,
+        # A job being stopped counts as stopped; any other is lost work.
+        final = JobStatus.STOPPED if ours[jid].status == JobStatus.STOPPING else JobStatus.FAILED
+        job_finish(job_id=jid, status=final, exit_code=None,
                    reason=f"runner {instance.name} restarted and lost the job", instance_id=str(instance.pk))
+    if lost:
+        instance_job_done(instance_id=str(instance.pk))
     instance.refresh_from_db()
     welcome = protocol.Welcome(
         instance=str(instance.pk), heartbeat_seconds=heartbeat_seconds, acked=acked, cancel=cancel

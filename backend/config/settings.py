@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "backend.clouds",
     "backend.runs",
     "backend.artifacts",
+    "backend.vault",
 ]
 
 MIDDLEWARE = [
@@ -199,14 +200,24 @@ TRAINYARD = {
     "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),
     "HEARTBEAT_TIMEOUT_SECONDS": env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 15.0),
     "LEASE_SECONDS": env_float("TRAINYARD_LEASE_SECONDS", 15.0),
-    "STOP_GRACE_SECONDS": env_float("TRAINYARD_STOP_GRACE_SECONDS", 30.0),
+    # Longer than the runner's ack timeout plus its drain timeout (30 + 60 s),
+    # so a runner still draining a large log backlog is not declared silent.
+    "STOP_GRACE_SECONDS": env_float("TRAINYARD_STOP_GRACE_SECONDS", 100.0),
     # Local backend: runner processes on this host.
     "LOCAL_RUNNERS_MAX": env_int("TRAINYARD_LOCAL_RUNNERS_MAX", 4),
     "LOCAL_RUNNER_IDLE_SECONDS": env_float("TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS", 300.0),
     "LOCAL_RUNNER_COMMAND": env_str("TRAINYARD_LOCAL_RUNNER_COMMAND", ""),
     "LOCAL_BACKEND_ENABLED": env_bool("TRAINYARD_LOCAL_BACKEND", not PRODUCTION),
     "RECONCILE_SECONDS": env_float("TRAINYARD_RECONCILE_SECONDS", 2.0),
+    "PROVISION_TIMEOUT_SECONDS": env_float("TRAINYARD_PROVISION_TIMEOUT_SECONDS", 60.0),
+    # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
+    "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
 }
+if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
+    raise ConfigError(
+        "TRAINYARD_SECRET_KEYS must be set in production: generate one with "
+        "python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+    )
 
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {

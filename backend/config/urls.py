@@ -9,6 +9,7 @@ from backend.artifacts import api as artifacts
 from backend.artifacts.views import storage_object
 from backend.core.views import home
 from backend.runs.api import views as runs
+from backend.vault import api as vault
 
 ws = "api/v1/workspaces/<slug:workspace>"
 
@@ -21,11 +22,16 @@ urlpatterns = [
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path(f"{ws}/runs/", runs.RunListView.as_view()),
+    path(f"{ws}/runs/plan/", runs.RunPlanView.as_view()),
     path(f"{ws}/runs/<str:run>/", runs.RunDetailView.as_view()),
     path(f"{ws}/runs/<str:run>/stop/", runs.RunStopView.as_view()),
     path(f"{ws}/runs/<str:run>/artifacts/", artifacts.RunArtifactsView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
     path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
+    path(f"{ws}/tags/", runs.TagListView.as_view()),
+    path(f"{ws}/tags/<str:name>/", runs.TagDetailView.as_view()),
+    path(f"{ws}/secrets/", vault.SecretListView.as_view()),
+    path(f"{ws}/secrets/<str:name>/", vault.SecretDetailView.as_view()),
     path(f"{ws}/artifacts/<uuid:artifact>/files/<path:path>", artifacts.ArtifactFileView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/", artifacts.RunnerArtifactCompleteView.as_view()),

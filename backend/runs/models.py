@@ -56,6 +56,7 @@ class Run(WorkspaceOwnedModel):
     workflows_file_path = models.CharField(max_length=300)
     workflows_file_text = models.TextField()
     env_overrides = models.JSONField(default=dict, blank=True)
+    no_cache = models.BooleanField(default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -94,9 +95,33 @@ class Job(WorkspaceOwnedModel):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Highest log seq stored: the de-duplication watermark (see runs.services.logs).
     last_seq = models.PositiveBigIntegerField(default=0)
+    # The DAG: jobs of the same run that must succeed first (their artifacts
+    # are this job's inputs), and jobs that must be running (a master).
+    needs = models.ManyToManyField("self", symmetrical=False, related_name="needed_by", blank=True)
+    after_running = models.ManyToManyField("self", symmetrical=False, related_name="+", blank=True)
+    ports = models.JSONField(default=list, blank=True)
+    # Artifacts of other runs, resolved at submission:
+    # [{"kind": "tag" | "run", "name": ..., "run_id": ...}].
+    input_refs = models.JSONField(default=list, blank=True)
+    cache_key = models.CharField(max_length=64, blank=True, db_index=True)
+    # A job reused from cache points at the job that really ran (never a chain).
+    cached_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reused_by"
+    )
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+
+
+class Tag(WorkspaceOwnedModel):
+    """A workspace-unique name for a successful run, usable in ``deps: - tag:``."""
+
+    name = models.CharField(max_length=100)
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="tags")
+    created_by = models.ForeignKey("accounts.User", null=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_tag_name")]
 
 
 class LogLine(models.Model):

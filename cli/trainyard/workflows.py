@@ -59,8 +59,11 @@ if TYPE_CHECKING:
 
 WORKFLOW_FILES = (".trainyard/workflows.yaml", ".dstack/workflows.yaml")
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
+# checkpoint is accepted: its behaviour (sync and resume after a spot
+# interruption) only exists where instances can be interrupted, and the only
+# backend so far (local) never is (docs/decisions/0007-checkpoint-accepted.md).
 NOT_SUPPORTED_YET = (
-    "checkpoint", "backends", "regions", "spot_policy", "max_price",
+    "backends", "regions", "spot_policy", "max_price",
     "max_wait", "idle_duration", "max_duration", "retry",
 )  # fmt: skip
 

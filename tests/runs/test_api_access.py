@@ -15,6 +15,7 @@ from backend.artifacts.models import Artifact, Blob
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete
 from backend.artifacts.storage import get_storage
 from backend.runs.models import Run, RunStatus
+from backend.vault.models import Secret
 from tests.support.fixtures import WORKFLOWS, Person
 
 PAYLOAD = b"weights"
@@ -47,16 +48,21 @@ def _endpoints(run: Run, artifact: Artifact) -> dict[str, tuple[str, str, Any]]:
         "create": ("post", f"{base}/runs/", body),
         "stop": ("post", f"{base}/runs/{run.name}/stop/", None),
         "blob": ("post", f"{base}/blobs/", b"archive bytes"),
+        "tags": ("get", f"{base}/tags/", None),
+        "secrets": ("get", f"{base}/secrets/", None),
+        "plan": ("post", f"{base}/runs/plan/", body),
+        "secret-set": ("put", f"{base}/secrets/TOKEN/", {"value": "s3cret-value"}),
     }
 
 
-READ_OK = {"list": 200, "detail": 200, "logs": 200, "artifacts": 200, "file": 302}
-WRITE_OK = {"create": 201, "stop": 202, "blob": 201}
+# A dry-run plan is a POST that writes nothing: viewers may ask for one.
+READ_OK = {"list": 200, "detail": 200, "logs": 200, "artifacts": 200, "file": 302, "tags": 200, "secrets": 200, "plan": 200}
+WRITE_OK = {"create": 201, "stop": 202, "blob": 201, "secret-set": 201}
 
 
-def _state(run: Run) -> tuple[int, str, int]:
+def _state(run: Run) -> tuple[int, str, int, int]:
     run.refresh_from_db()
-    return Run.objects.count(), run.status, Blob.objects.count()
+    return Run.objects.count(), run.status, Blob.objects.count(), Secret.objects.count()
 
 
 def _call(client: APIClient, method: str, url: str, body: Any) -> int:
@@ -64,6 +70,8 @@ def _call(client: APIClient, method: str, url: str, body: Any) -> int:
         return client.post(url, body, content_type="application/octet-stream").status_code
     if method == "post":
         return client.post(url, body, format="json").status_code
+    if method == "put":
+        return client.put(url, body, format="json").status_code
     return client.get(url).status_code
 
 

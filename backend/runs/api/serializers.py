@@ -27,22 +27,97 @@ class RunCreateIn(serializers.Serializer):
     workflows_file = WorkflowsFileIn()
     code = CodeIn()
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    no_cache = serializers.BooleanField(required=False, default=False)
+
+
+class PlanCodeIn(CodeIn):
+    """A dry run sends digests instead of uploading the code."""
+
+    patch_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, default="")
+    archive_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, default="")
+
+
+class RunPlanIn(RunCreateIn):
+    code = PlanCodeIn()
+
+
+class PlannedInputOut(serializers.Serializer):
+    path = serializers.CharField()
+    source = serializers.CharField(source="from")
+
+
+class CacheHitOut(serializers.Serializer):
+    run = serializers.CharField()
+    job = serializers.UUIDField()
+
+
+class PlannedJobOut(serializers.Serializer):
+    name = serializers.CharField()
+    workflow = serializers.CharField()
+    provider = serializers.CharField()
+    needs = serializers.ListField(child=serializers.CharField())
+    after_running = serializers.ListField(child=serializers.CharField())
+    resources = serializers.DictField()
+    inputs = serializers.ListField(child=serializers.DictField())
+    cache = CacheHitOut(allow_null=True)
+    commands = serializers.ListField(child=serializers.CharField())
+
+
+class RunPlanOut(serializers.Serializer):
+    workflow = serializers.CharField()
+    jobs = PlannedJobOut(many=True)
+
+
+class TagIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    run = serializers.CharField(max_length=100, help_text="run name or id")
+    force = serializers.BooleanField(required=False, default=False)
+
+
+class TagOut(serializers.Serializer):
+    name = serializers.CharField()
+    run = serializers.CharField(source="run.name")
+    run_id = serializers.UUIDField()
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
 
 
 class JobOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None)
     resources = serializers.SerializerMethodField()
+    needs = serializers.SerializerMethodField()
+    after_running = serializers.SerializerMethodField()
+    cached_from = serializers.SerializerMethodField()
+    inputs = serializers.SerializerMethodField()
+    provider = serializers.CharField(source="spec.provider", default="bash")
 
     class Meta:
         model = Job
         fields = [
-            "id", "name", "workflow", "status", "status_reason", "exit_code", "attempt", "instance",
-            "resources", "created_at", "started_at", "finished_at", "last_seq",
+            "id", "name", "workflow", "provider", "status", "status_reason", "exit_code", "attempt", "instance",
+            "resources", "needs", "after_running", "cached_from", "inputs",
+            "created_at", "started_at", "finished_at", "last_seq",
         ]
         read_only_fields = fields
 
     def get_resources(self, job: Job) -> dict[str, Any]:
         return {"cpu": job.cpu, "memory_bytes": job.memory_bytes, "gpu_count": job.gpu_count, "gpu_name": job.gpu_name}
+
+    def get_needs(self, job: Job) -> list[str]:
+        return sorted(j.name for j in job.needs.all())
+
+    def get_after_running(self, job: Job) -> list[str]:
+        return sorted(j.name for j in job.after_running.all())
+
+    def get_cached_from(self, job: Job) -> dict[str, str] | None:
+        source = job.cached_from
+        return {"run": source.run.name, "job": str(source.pk)} if source is not None else None
+
+    def get_inputs(self, job: Job) -> list[dict[str, str]]:
+        from backend.runs.services.dag import job_inputs
+
+        return [{"path": i.artifact.path, "from": i.origin} for i in job_inputs(job)]
 
 
 class RunOut(serializers.ModelSerializer):
@@ -50,12 +125,13 @@ class RunOut(serializers.ModelSerializer):
     duration_seconds = serializers.SerializerMethodField()
     code = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
+    tags = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
         fields = [
             "id", "name", "workflow", "status", "status_reason", "exit_code", "submitted_by",
-            "created_at", "started_at", "finished_at", "duration_seconds", "code", "jobs",
+            "created_at", "started_at", "finished_at", "duration_seconds", "no_cache", "tags", "code", "jobs",
         ]
         read_only_fields = fields
 
@@ -66,6 +142,9 @@ class RunOut(serializers.ModelSerializer):
             return None
         return round((run.finished_at - run.started_at).total_seconds(), 3)
 
+    def get_tags(self, run: Run) -> list[str]:
+        return sorted(t.name for t in run.tags.all())
+
     def get_code(self, run: Run) -> dict[str, Any]:
         return {
             "kind": run.code_kind, "repo_url": run.repo_url, "commit": run.commit,
@@ -73,8 +152,8 @@ class RunOut(serializers.ModelSerializer):
         }
 
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:
-        jobs = sorted(run.jobs.all(), key=lambda j: j.created_at)
-        return JobOut(jobs, many=True).data
+        jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related("needs", "after_running")
+        return JobOut(sorted(jobs, key=lambda j: j.created_at), many=True).data
 
 
 class LogLineOut(serializers.Serializer):

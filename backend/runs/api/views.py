@@ -13,7 +13,21 @@ from backend.artifacts.services import blob_create
 from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import PageNumberPagination, RawBodyParser
-from backend.runs.api.serializers import BlobOut, LogPageOut, RunCreateIn, RunOut
+from backend.accounts.models import Role
+from backend.artifacts.models import Blob
+from backend.runs.api.serializers import (
+    BlobOut,
+    LogPageOut,
+    RunCreateIn,
+    RunOut,
+    RunPlanIn,
+    RunPlanOut,
+    TagIn,
+    TagOut,
+)
+from backend.runs.models import Tag
+from backend.runs.services.preview import code_identity_of, run_plan_preview
+from backend.runs.services.tags import tag_delete, tag_set
 from backend.runs.models import Run
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
 from backend.runs.services.runs import CodeInput, run_create, run_stop
@@ -58,8 +72,72 @@ class RunListView(WorkspaceAPIView):
                 archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
             ),
             env=v["env"],
+            no_cache=v["no_cache"],
         )
         return Response(RunOut(_fresh(run)).data, status=status.HTTP_201_CREATED)
+
+
+class RunPlanView(WorkspaceAPIView):
+    """A dry run: the plan (jobs, deps, inputs, cache hits); nothing is written."""
+
+    write_role = Role.VIEWER
+
+    @extend_schema(request=RunPlanIn, responses=RunPlanOut)
+    def post(self, request: Request, workspace: str) -> Response:
+        data = RunPlanIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        code = v["code"]
+        identity = code_identity_of(
+            workspace=self.workspace,
+            kind=code["kind"],
+            commit=code["commit"],
+            patch_sha256=code["patch_sha256"] or _blob_sha(self.workspace, code["patch_blob"]),
+            archive_sha256=code["archive_sha256"] or _blob_sha(self.workspace, code["archive_blob"]),
+        )
+        plan = run_plan_preview(
+            workspace=self.workspace,
+            workflow=v["workflow"],
+            workflows_file_path=v["workflows_file"]["path"],
+            workflows_file_text=v["workflows_file"]["text"],
+            code_identity=identity,
+            env=v["env"],
+            no_cache=v["no_cache"],
+        )
+        return Response(plan)
+
+
+class TagListView(WorkspaceAPIView):
+    @extend_schema(responses=TagOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        tags = Tag.objects.for_workspace(self.workspace).select_related("run", "created_by").order_by("name")
+        return Response(TagOut(tags, many=True).data)
+
+    @extend_schema(request=TagIn, responses={201: TagOut, 200: TagOut})
+    def post(self, request: Request, workspace: str) -> Response:
+        data = TagIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        tag, outcome = tag_set(
+            workspace=self.workspace, user=request.user, name=v["name"],
+            run=_run_or_404(self.workspace, v["run"]), force=v["force"],
+        )
+        return Response(TagOut(tag).data, status=201 if outcome == "created" else 200)
+
+
+class TagDetailView(WorkspaceAPIView):
+    @extend_schema(responses=TagOut)
+    def get(self, request: Request, workspace: str, name: str) -> Response:
+        tag = Tag.objects.for_workspace(self.workspace).select_related("run", "created_by").filter(name=name).first()
+        if tag is None:
+            raise NotFound(f"Tag {name!r} not found.")
+        return Response(TagOut(tag).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, workspace: str, name: str) -> Response:
+        if not tag_delete(workspace=self.workspace, name=name):
+            raise NotFound(f"Tag {name!r} not found.")
+        return Response(status=204)
 
 
 class RunDetailView(WorkspaceAPIView):
@@ -98,6 +176,15 @@ class BlobCreateView(WorkspaceAPIView):
         blob = blob_create(workspace=self.workspace, user=request.user, chunks=_chunks(request))
         return Response(BlobOut(blob).data, status=201)
     parser_classes = [RawBodyParser]
+
+
+def _blob_sha(workspace: object, blob_id: object) -> str:
+    if not blob_id:
+        return ""
+    blob = Blob.objects.for_workspace(workspace).filter(pk=blob_id).first()  # type: ignore[arg-type]
+    if blob is None:
+        raise ApplicationError(f"Blob {blob_id} is not a blob of this workspace.")
+    return blob.sha256
 
 
 def _chunks(request: Request) -> Iterator[bytes]:

@@ -88,18 +88,23 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         ok = await database_sync_to_async(job_accept)(job_id=message.job, instance_id=self.instance_id, lease=message.lease)
         if not ok:
-            cancel = protocol.CancelJob(job=message.job, reason="the lease expired: the job was given to another runner")
+            cancel = protocol.CancelJob(job=message.job, reason="this runner no longer holds the job (lease expired or stopped)")
             await self.send(text_data=cancel.model_dump_json())
+            return
+        await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
-        await database_sync_to_async(job_release)(job_id=message.job, reason=f"a runner refused it: {message.reason}")
+        await database_sync_to_async(job_release)(
+            job_id=message.job, reason=f"a runner refused it: {message.reason}",
+            instance_id=self.instance_id, lease=message.lease,
+        )
         await _enqueue_schedule()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
         final = FINAL_STATES.get(message.state)
         if final is None:
             reason = message.reason or PROGRESS[message.state]
-            await database_sync_to_async(job_set_reason)(job_id=message.job, reason=reason)
+            await database_sync_to_async(job_set_reason)(job_id=message.job, instance_id=self.instance_id, reason=reason)
             return
         await database_sync_to_async(_finish)(self.instance_id, message, final)
         await _enqueue_schedule()

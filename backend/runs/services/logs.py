@@ -6,7 +6,8 @@ watermark: a batch is trimmed to the lines above it and written with one
 ``COPY``, and the watermark moves in the same transaction. The job row is
 locked (``SELECT … FOR UPDATE``) for the duration, so two connections of the
 same runner (an old one not yet closed and its replacement) cannot both write
-the same seqs, whichever web process holds them.
+the same seqs, whichever web process holds them. Every line is masked
+against the workspace's secrets before it is stored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from django.db import connection, transaction
 
 from backend.runs.models import Job
+from backend.vault.services import mask, mask_values
 from trainyard_runner.protocol import LogLineWire
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def logs_store(*, job_id: str, instance_id: str, first_seq: int, lines: list[Log
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .only("id", "run_id", "last_seq", "instance_id")
+            .only("id", "run_id", "workspace_id", "last_seq", "instance_id")
             .filter(pk=job_id, instance_id=instance_id)
             .first()
         )
@@ -52,11 +54,18 @@ def logs_store(*, job_id: str, instance_id: str, first_seq: int, lines: list[Log
             # Store nothing; the ack tells the runner where to resume.
             logger.warning("job %s: gap before seq %s (stored up to %s)", job_id, first_seq, job.last_seq)
             return StoredLogs(str(job.pk), str(job.run_id), job.last_seq, job.last_seq + 1, [])
-        new = lines[skip:]
+        new = _masked(lines[skip:], mask_values(workspace_id=job.workspace_id))
         if new:
             _copy(str(job.pk), job.last_seq + 1, new)
             Job.objects.filter(pk=job.pk).update(last_seq=job.last_seq + len(new))
         return StoredLogs(str(job.pk), str(job.run_id), job.last_seq + len(new), job.last_seq + 1, new)
+
+
+def _masked(lines: list[LogLineWire], secrets: list[str]) -> list[LogLineWire]:
+    """Secret values never reach storage, so no reader can ever see them."""
+    if not secrets:
+        return lines
+    return [(ts, stream, mask(text, secrets)) for ts, stream, text in lines]
 
 
 def _copy(job_id: str, first_seq: int, lines: list[LogLineWire]) -> None:

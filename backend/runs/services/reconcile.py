@@ -14,16 +14,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from backend.clouds.models import Instance, InstanceStatus
-from backend.runs.events import send_to_channel
 from backend.runs.models import Job, JobStatus
-from backend.runs.services.scheduling import instance_terminate
+from backend.clouds.services import instance_job_done
+from backend.runs.services.scheduling import instance_retire, instance_terminate
 from backend.runs.services.transitions import job_finish, job_release
-from trainyard_runner import protocol
 
 logger = logging.getLogger(__name__)
-
-PROVISION_TIMEOUT_SECONDS = 60
-
 
 def reconcile() -> bool:
     """Returns True when pending work may now be schedulable."""
@@ -56,18 +52,16 @@ def _lose_silent_runners() -> int:
     for instance in silent:
         reason = f"runner {instance.name} stopped responding (no heartbeat for {timeout:.0f}s)"
         logger.warning(reason)
-        instance_terminate(instance=instance, reason=reason)
+        instance_terminate(instance=instance, reason=reason, status=InstanceStatus.LOST)
         count += 1
     return count
 
 
 def _fail_stuck_provisioning() -> None:
-    cutoff = timezone.now() - timedelta(seconds=PROVISION_TIMEOUT_SECONDS)
+    timeout = settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
+    cutoff = timezone.now() - timedelta(seconds=timeout)
     for instance in Instance.objects.filter(status=InstanceStatus.PROVISIONING, created_at__lt=cutoff):
-        instance_terminate(
-            instance=instance,
-            reason=f"runner {instance.name} did not connect within {PROVISION_TIMEOUT_SECONDS}s",
-        )
+        instance_terminate(instance=instance, reason=f"runner {instance.name} did not connect within {timeout:.0f}s")
 
 
 def _finish_unconfirmed_stops() -> None:
@@ -80,6 +74,8 @@ def _finish_unconfirmed_stops() -> None:
             exit_code=None,
             reason=f"{job.status_reason}; the runner did not confirm within {grace:.0f}s",
         )
+        if job.instance_id:
+            instance_job_done(instance_id=str(job.instance_id))
 
 
 def _retire_idle_runners() -> None:
@@ -87,11 +83,4 @@ def _retire_idle_runners() -> None:
     cutoff = timezone.now() - timedelta(seconds=idle_for)
     stale = Instance.objects.filter(status=InstanceStatus.IDLE, backend="local", idle_since__lt=cutoff)
     for instance in stale:
-        if not Instance.objects.filter(pk=instance.pk, status=InstanceStatus.IDLE).update(
-            status=InstanceStatus.TERMINATING, status_reason=f"idle for {idle_for:.0f}s"
-        ):
-            continue
-        if instance.channel_name:
-            frame = protocol.Shutdown(reason=f"idle for {idle_for:.0f}s").model_dump_json()
-            send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame})
-        instance_terminate(instance=instance, reason=f"retired after {idle_for:.0f}s idle")
+        instance_retire(instance=instance, reason=f"retired after {idle_for:.0f}s idle")

@@ -7,13 +7,14 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection, transaction
-from trainyard.workflows import JobSpec, WorkflowFileError, load_workflows_file, resolve_job_spec
+from trainyard.providers import JobPlan, RunPlan, resolve_run_plan
+from trainyard.workflows import WorkflowFileError, load_workflows_file
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob
 from backend.core.errors import ApplicationError
 from backend.repos.models import Repo
-from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus
+from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
 from backend.runs.services.transitions import job_request_stop, run_refresh
 
@@ -38,11 +39,14 @@ def run_create(
     workflows_file_text: str,
     code: CodeInput,
     env: dict[str, str],
+    no_cache: bool = False,
 ) -> Run:
     """Validate the workflow file again (the CLI did too, but the API is
-    public), then write the run and its job and enqueue scheduling. Nothing is
-    written when anything is wrong."""
-    spec = _resolve(workflows_file_path, workflows_file_text, workflow, env)
+    public), resolve its plan and the tags and runs it uses, then write the
+    run and its jobs and enqueue scheduling. Nothing is written when
+    anything is wrong."""
+    plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
+    refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
         number = _next_run_number(workspace)
@@ -60,9 +64,10 @@ def run_create(
             workflows_file_path=workflows_file_path,
             workflows_file_text=workflows_file_text,
             env_overrides=env,
+            no_cache=no_cache,
             status_reason="waiting for a runner",
         )
-        _job_create(run, spec)
+        _jobs_create(run, plan, refs)
         transaction.on_commit(_enqueue_schedule)
     return run
 
@@ -89,13 +94,56 @@ def _send_cancels(run_id: str) -> None:
         job_send_cancel(job=job)
 
 
-def _resolve(path: str, text: str, workflow: str, env: dict[str, str]) -> JobSpec:
+def resolve_plan(path: str, text: str, workflow: str, env: dict[str, str]) -> RunPlan:
     try:
         file = load_workflows_file(text, path=path)
-        return resolve_job_spec(file.get(workflow), file=file, env_overrides=env)
+        return resolve_run_plan(file, workflow, env_overrides=env)
     except WorkflowFileError as exc:
         errors = [dataclasses.asdict(e) for e in exc.errors]
         raise ApplicationError(str(exc), extra={"errors": errors}) from None
+
+
+def resolve_refs(workspace: Workspace, plan: RunPlan) -> dict[str, list[dict[str, str]]]:
+    """Each job's ``deps: - tag/run`` as run ids, fixed at submission: a tag
+    moved later does not change what this run uses."""
+    refs: dict[str, list[dict[str, str]]] = {}
+    for job in plan.jobs:
+        refs[job.name] = [_tag_ref(workspace, t) for t in job.tags] + [_run_ref(workspace, r) for r in job.runs]
+    return refs
+
+
+def job_spec(plan: JobPlan) -> dict[str, object]:
+    """What a job runs, as stored and as hashed for the cache."""
+    return {
+        "provider": plan.provider,
+        "commands": list(plan.commands),
+        "env": dict(plan.env),
+        "artifacts": list(plan.artifacts),
+        "resources": dataclasses.asdict(plan.resources),
+        "ports": list(plan.ports),
+        "image": plan.image,
+    }
+
+
+def _tag_ref(workspace: Workspace, name: str) -> dict[str, str]:
+    tag = Tag.objects.for_workspace(workspace).select_related("run").filter(name=name).first()
+    if tag is None:
+        known = ", ".join(Tag.objects.for_workspace(workspace).order_by("name").values_list("name", flat=True)[:20])
+        raise ApplicationError(
+            f"deps: tag {name!r} does not exist in this workspace"
+            + (f" (tags: {known})" if known else "")
+            + f"; tag a successful run with: trainyard tag add {name} RUN"
+        )
+    return {"kind": "tag", "name": name, "run_id": str(tag.run_id), "run_name": tag.run.name}
+
+
+def _run_ref(workspace: Workspace, name: str) -> dict[str, str]:
+    run = Run.objects.for_workspace(workspace).filter(name=name).first()
+    if run is None:
+        raise ApplicationError(f"deps: run {name!r} does not exist in this workspace.")
+    if run.status != RunStatus.SUCCEEDED:
+        raise ApplicationError(f"deps: run {name!r} {run.status}: only a successful run's artifacts can be used.")
+    return {"kind": "run", "name": name, "run_id": str(run.pk), "run_name": name}
 
 
 def _code_blobs(workspace: Workspace, code: CodeInput) -> tuple[Blob | None, Blob | None]:
@@ -134,26 +182,30 @@ def _repo(workspace: Workspace, url: str) -> Repo:
     return repo
 
 
-def _job_create(run: Run, spec: JobSpec) -> Job:
-    resources = spec.resources
-    return Job.objects.create(
-        workspace=run.workspace,
-        run=run,
-        name=spec.workflow,
-        workflow=spec.workflow,
-        spec={
-            "provider": spec.provider,
-            "commands": list(spec.commands),
-            "env": dict(spec.env),
-            "artifacts": list(spec.artifacts),
-            "resources": dataclasses.asdict(resources),
-        },
-        cpu=resources.cpu,
-        memory_bytes=resources.memory_bytes,
-        gpu_count=resources.gpu_count or 0,
-        gpu_name=resources.gpu_name or "",
-        status_reason="waiting for a runner",
-    )
+def _jobs_create(run: Run, plan: RunPlan, refs: dict[str, list[dict[str, str]]]) -> list[Job]:
+    """One Job per planned job (dependencies first), then the DAG's edges."""
+    by_name: dict[str, Job] = {}
+    for planned in plan.jobs:
+        resources = planned.resources
+        by_name[planned.name] = Job.objects.create(
+            workspace=run.workspace,
+            run=run,
+            name=planned.name,
+            workflow=planned.workflow,
+            spec=job_spec(planned),
+            cpu=resources.cpu,
+            memory_bytes=resources.memory_bytes,
+            gpu_count=resources.gpu_count or 0,
+            gpu_name=resources.gpu_name or "",
+            ports=list(planned.ports),
+            input_refs=refs[planned.name],
+            status_reason="waiting for a runner",
+        )
+    for planned in plan.jobs:
+        job = by_name[planned.name]
+        job.needs.set([by_name[n] for n in planned.needs])
+        job.after_running.set([by_name[n] for n in planned.after_running])
+    return list(by_name.values())
 
 
 def _enqueue_schedule() -> None:

@@ -40,12 +40,15 @@ def job_accept(*, job_id: str, instance_id: str, lease: str) -> bool:
     return changed
 
 
-def job_release(*, job_id: str, reason: str) -> bool:
-    """assigned → pending: the runner refused the job or its lease ran out."""
+def job_release(*, job_id: str, reason: str, instance_id: str | None = None, lease: str | None = None) -> bool:
+    """assigned → pending: the runner refused the job or its lease ran out.
+    With ``instance_id``/``lease`` (a runner's refusal) only the lease holder may."""
     job = Job.objects.filter(pk=job_id).only("instance_id").first()
+    owner = Q(instance_id=instance_id, lease=lease) if instance_id else Q()
     changed = _cas_job(
         job_id,
         [JobStatus.ASSIGNED],
+        extra=owner,
         status=JobStatus.PENDING,
         status_reason=reason,
         instance=None,
@@ -59,9 +62,10 @@ def job_release(*, job_id: str, reason: str) -> bool:
     return changed
 
 
-def job_set_reason(*, job_id: str, reason: str) -> None:
-    """A progress note (``preparing: cloning …``) on a running job."""
-    if Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).update(status_reason=reason[:1000]):
+def job_set_reason(*, job_id: str, instance_id: str, reason: str) -> None:
+    """A progress note (``preparing the code``) from the runner running the job."""
+    running = Job.objects.filter(pk=job_id, instance_id=instance_id, status=JobStatus.RUNNING)
+    if running.exclude(status_reason=reason[:1000]).update(status_reason=reason[:1000]):
         _after_job_change(job_id)
 
 
@@ -110,6 +114,32 @@ def job_finish(
     return changed
 
 
+def job_fail_pending(*, job_id: str, reason: str) -> bool:
+    """pending → failed: it can never run (a dependency failed)."""
+    changed = _cas_job(job_id, [JobStatus.PENDING], status=JobStatus.FAILED, status_reason=reason, finished_at=timezone.now())
+    if changed:
+        _after_job_change(job_id)
+    return changed
+
+
+def job_reuse(*, job_id: str, source: Job) -> bool:
+    """pending → succeeded without running: an identical job already did the work."""
+    now = timezone.now()
+    changed = _cas_job(
+        job_id,
+        [JobStatus.PENDING],
+        status=JobStatus.SUCCEEDED,
+        exit_code=0,
+        cached_from=source,
+        status_reason=f"reused from {source.run.name} (cached)",
+        started_at=now,
+        finished_at=now,
+    )
+    if changed:
+        _after_job_change(job_id)
+    return changed
+
+
 def instance_mark_idle(*, instance_id: str) -> bool:
     return bool(
         Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
@@ -130,8 +160,9 @@ def run_refresh(*, run_id: str) -> Run:
     jobs = list(run.jobs.order_by("created_at"))
     status, reason, exit_code = _derive(run, jobs)
     updates: dict[str, Any] = {"status": status, "status_reason": reason, "exit_code": exit_code}
-    if status in (RunStatus.RUNNING, RunStatus.STOPPING) and run.started_at is None:
-        updates["started_at"] = min((j.started_at for j in jobs if j.started_at), default=timezone.now())
+    started = [j.started_at for j in jobs if j.started_at]
+    if started and run.started_at is None:
+        updates["started_at"] = min(started)
     if status in FINISHED_RUN and run.finished_at is None:
         updates["finished_at"] = timezone.now()
     if all(getattr(run, k) == v for k, v in updates.items()):

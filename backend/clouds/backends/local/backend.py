@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from django.conf import settings
@@ -20,6 +21,10 @@ from django.conf import settings
 from backend.clouds.backends.base import Backend, BackendError, Capacity, Requirements, fits
 from backend.clouds.models import Instance
 from trainyard_runner.resources import detect_resources
+
+
+# The server's own configuration and credentials, *_FILE variants included.
+SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "CELERY_", "AWS_", "GITHUB_")
 
 
 class LocalBackend(Backend):
@@ -38,9 +43,10 @@ class LocalBackend(Backend):
             "TRAINYARD_SERVER_URL": ws_url(settings.PUBLIC_URL),
             "TRAINYARD_RUNNER_TOKEN": runner_token,
             "TRAINYARD_RUNNER_DIR": str(work_dir),
+            "TRAINYARD_RUNNER_ADDRESS": "127.0.0.1",
         }
-        for key in ("DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"):
-            env.pop(key, None)  # a runner has no business with the server's secrets
+        for key in [k for k in env if k.startswith(SERVER_ONLY_PREFIXES)]:
+            del env[key]  # a runner (and so every job) has no business with the server's secrets
         try:
             with open(folder / f"{instance.pk}.log", "ab") as log:
                 proc = subprocess.Popen(
@@ -68,7 +74,9 @@ class LocalBackend(Backend):
         pidfile.unlink(missing_ok=True)
 
 
+@lru_cache(maxsize=1)
 def host_capacity() -> Capacity:
+    """This host's resources, probed once per process (nvidia-smi is slow)."""
     res = detect_resources(Path(settings.DATA_DIR))
     return Capacity(cpus=res.cpus, memory_bytes=res.memory_bytes, gpus=[g.model_dump() for g in res.gpus])
 

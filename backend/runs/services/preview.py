@@ -1,0 +1,94 @@
+"""``--dry-run``: the plan a submission would make, with cache hits, written nowhere.
+
+A job's cache key needs its inputs' digests, so a job is known to be a cache
+hit only when every job it needs is a hit too (then their artifacts are
+known); otherwise the preview says its inputs come from a job still to run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.accounts.models import Workspace
+from backend.core.errors import ApplicationError
+from backend.runs.models import Job
+from backend.runs.services.dag import InputArtifact, cache_key, cached_source, effective, run_artifacts
+from backend.runs.services.runs import job_spec, resolve_plan, resolve_refs
+from backend.artifacts.models import Artifact, ArtifactStatus
+
+
+def run_plan_preview(
+    *,
+    workspace: Workspace,
+    workflow: str,
+    workflows_file_path: str,
+    workflows_file_text: str,
+    code_identity: str,
+    env: dict[str, str],
+    no_cache: bool,
+) -> dict[str, Any]:
+    plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
+    refs = resolve_refs(workspace, plan)
+    hits: dict[str, Job | None] = {}
+    jobs = []
+    for planned in plan.jobs:
+        inputs, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
+        hit = None
+        cacheable = known and not no_cache and not planned.ports and not planned.after_running
+        if cacheable:
+            key = cache_key(spec=job_spec(planned), code=code_identity, inputs=inputs)
+            hit = cached_source(workspace_id=workspace.pk, key=key)
+        hits[planned.name] = hit
+        jobs.append(
+            {
+                "name": planned.name,
+                "workflow": planned.workflow,
+                "provider": planned.provider,
+                "needs": list(planned.needs),
+                "after_running": list(planned.after_running),
+                "resources": job_spec(planned)["resources"],
+                "inputs": described,
+                "cache": {"run": hit.run.name, "job": str(hit.pk)} if hit else None,
+                "commands": list(planned.commands),
+            }
+        )
+    return {"workflow": plan.workflow, "jobs": jobs}
+
+
+def code_identity_of(*, workspace: Workspace, kind: str, commit: str, patch_sha256: str, archive_sha256: str) -> str:
+    """The same identity dag.code_identity gives a stored run, from digests."""
+    if kind == "archive":
+        if not archive_sha256:
+            raise ApplicationError("A dry run of an archive needs code.archive_sha256 (or archive_blob).")
+        return f"archive:{archive_sha256}"
+    return f"git:{commit}+{patch_sha256}"
+
+
+def _inputs(
+    needs: list[str], refs: list[dict[str, str]], hits: dict[str, Job | None], plan: Any
+) -> tuple[list[InputArtifact], list[dict[str, str]], bool]:
+    inputs: list[InputArtifact] = []
+    described: list[dict[str, str]] = []
+    known = True
+    artifacts_of = {j.name: j.artifacts for j in plan.jobs}
+    for name in needs:
+        source = hits.get(name)
+        if source is None:
+            known = False
+            described += [{"path": p, "from": f"job {name}"} for p in artifacts_of[name]]
+            continue
+        for artifact in _complete(effective(source)):
+            inputs.append(InputArtifact(artifact, f"job {name}"))
+            described.append({"path": artifact.path, "from": f"job {name} (cached from {source.run.name})"})
+    for ref in refs:
+        origin = f"tag {ref['name']} (run {ref['run_name']})" if ref["kind"] == "tag" else f"run {ref['name']}"
+        for artifact in run_artifacts(run_id=ref["run_id"]):
+            inputs.append(InputArtifact(artifact, origin))
+            described.append({"path": artifact.path, "from": origin})
+    return inputs, described, known
+
+
+def _complete(job: Job) -> list[Artifact]:
+    return list(
+        Artifact.objects.filter(job=job, status=ArtifactStatus.COMPLETE).prefetch_related("files").order_by("path")
+    )

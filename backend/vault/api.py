@@ -1,0 +1,45 @@
+"""Secrets API: names and dates only; a value goes in and never comes out."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from backend.core.api import WorkspaceAPIView
+from backend.core.errors import NotFound
+from backend.vault.services import secret_delete, secret_list, secret_set
+
+
+class SecretIn(serializers.Serializer):
+    value = serializers.CharField(trim_whitespace=False, max_length=65536)
+
+
+class SecretOut(serializers.Serializer):
+    name = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class SecretListView(WorkspaceAPIView):
+    @extend_schema(responses=SecretOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        return Response(SecretOut(secret_list(workspace=self.workspace), many=True).data)
+
+
+class SecretDetailView(WorkspaceAPIView):
+    @extend_schema(request=SecretIn, responses={200: SecretOut, 201: SecretOut})
+    def put(self, request: Request, workspace: str, name: str) -> Response:
+        data = SecretIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret, created = secret_set(
+            workspace=self.workspace, user=request.user, name=name, value=data.validated_data["value"]
+        )
+        return Response(SecretOut(secret).data, status=201 if created else 200)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, workspace: str, name: str) -> Response:
+        if not secret_delete(workspace=self.workspace, name=name):
+            raise NotFound(f"Secret {name!r} not found.")
+        return Response(status=204)

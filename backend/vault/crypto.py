@@ -1,0 +1,38 @@
+"""Encryption of secrets at rest with a rotatable key list (Fernet).
+
+``TRAINYARD_SECRET_KEYS`` holds comma-separated Fernet keys: the first
+encrypts, every one decrypts, so a new key is added in front and
+``manage.py rotate_secret_keys`` re-encrypts everything with it before the
+old key is removed. Without the variable (development only) one key is
+derived from DJANGO_SECRET_KEY.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import lru_cache
+
+from cryptography.fernet import Fernet, MultiFernet
+from django.conf import settings
+
+
+def encrypt(value: str) -> bytes:
+    return _fernet().encrypt(value.encode())
+
+
+def decrypt(token: bytes) -> str:
+    return _fernet().decrypt(bytes(token)).decode()
+
+
+def rotate(token: bytes) -> bytes:
+    return _fernet().rotate(bytes(token))
+
+
+@lru_cache(maxsize=1)
+def _fernet() -> MultiFernet:
+    keys = settings.TRAINYARD["SECRET_KEYS"]
+    if not keys:
+        derived = base64.urlsafe_b64encode(hashlib.sha256(settings.SECRET_KEY.encode()).digest())
+        keys = [derived.decode()]
+    return MultiFernet([Fernet(k) for k in keys])

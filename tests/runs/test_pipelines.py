@@ -1,0 +1,178 @@
+"""DAGs, inputs, the cache and tags, at the service level (real Postgres)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from backend.accounts.models import Workspace
+from backend.artifacts.models import Artifact
+from backend.artifacts.services import FileIn, artifact_begin, artifact_complete
+from backend.artifacts.storage import get_storage
+from backend.clouds.models import Instance, InstanceStatus
+from backend.core.errors import ApplicationError
+from backend.runs.models import Job, JobStatus, Run, RunStatus
+from backend.runs.services.scheduling import _assign_frame, jobs_schedule
+from backend.runs.services.tags import tag_set
+from backend.runs.services.transitions import job_accept, job_finish
+from tests.support.fixtures import Person, submit
+
+
+@pytest.fixture(autouse=True)
+def _storage(settings: Any, tmp_path: Any) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
+
+
+def _runner(team: Workspace) -> Instance:
+    return Instance.objects.create(
+        workspace=team, backend="local", name="local-t", token_hash="t" * 64, status=InstanceStatus.IDLE,
+        cpus=2, memory_bytes=2**30, channel_name="test-channel", address="127.0.0.1",
+    )
+
+
+def _run_job(job: Job, instance: Instance, files: dict[str, bytes], *, exit_code: int = 0) -> None:
+    """What a runner does: accept, upload the artifact's files, report."""
+    job.refresh_from_db()
+    assert job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    for path in job.spec["artifacts"]:
+        manifest = [FileIn(name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()]
+        artifact, _ = artifact_begin(job=job, path=path, files=manifest)
+        for name, data in files.items():
+            get_storage().write(f"{artifact.storage_prefix}/{name}", iter([data]))
+        artifact_complete(artifact=artifact)
+    status = JobStatus.SUCCEEDED if exit_code == 0 else JobStatus.FAILED
+    job_finish(job_id=str(job.pk), status=status, exit_code=exit_code, reason="", instance_id=str(instance.pk))
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE)
+
+
+def test_a_dependency_becomes_a_job_of_the_same_run(team: Workspace, owner: Person) -> None:
+    run = submit(team, owner.user, workflow="train")
+    hello, train = run.jobs.order_by("created_at")
+    assert (hello.name, train.name) == ("hello", "train")
+    assert list(train.needs.all()) == [hello]
+
+
+def test_the_dependent_waits_then_gets_the_artifacts_as_inputs(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    run = submit(team, owner.user, workflow="train")
+    hello, train = run.jobs.order_by("created_at")
+
+    jobs_schedule()
+    train.refresh_from_db()
+    assert train.status == JobStatus.PENDING and train.status_reason == "waiting for hello to finish"
+
+    _run_job(hello, instance, {"w.bin": b"weights"})
+    jobs_schedule()
+    train.refresh_from_db()
+    frame = _assign_frame(train)
+
+    assert train.status == JobStatus.ASSIGNED
+    [inp] = frame.inputs
+    assert (inp.path, [(f.path, f.size) for f in inp.files]) == ("./out", [("w.bin", 7)])
+    assert frame.env["TRAINYARD_JOB_NAME"] == "train"
+
+
+def test_a_failed_dependency_fails_the_dependent_with_a_reason(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    run = submit(team, owner.user, workflow="train")
+    hello, train = run.jobs.order_by("created_at")
+    jobs_schedule()
+    _run_job(hello, instance, {}, exit_code=2)
+
+    jobs_schedule()
+    train.refresh_from_db()
+    run.refresh_from_db()
+
+    assert (train.status, train.status_reason) == (JobStatus.FAILED, "dependency hello failed")
+    assert (run.status, run.exit_code) == (RunStatus.FAILED, 2)
+
+
+def test_an_identical_job_is_reused_from_cache_and_no_cache_forces_a_run(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    first = submit(team, owner.user, workflow="hello")
+    jobs_schedule()
+    _run_job(first.jobs.get(), instance, {"w.bin": b"weights"})
+
+    again = submit(team, owner.user, workflow="train")
+    jobs_schedule()
+    hello, train = again.jobs.order_by("created_at")
+    hello.refresh_from_db()
+    train.refresh_from_db()
+
+    assert hello.status == JobStatus.SUCCEEDED and hello.cached_from_id == first.jobs.get().pk
+    assert hello.status_reason == f"reused from {first.name} (cached)"
+    assert train.status == JobStatus.ASSIGNED  # its inputs come from the cached job
+    assert [i.files[0].sha256 for i in _assign_frame(train).inputs] == [hashlib.sha256(b"weights").hexdigest()]
+
+    forced = submit(team, owner.user, workflow="hello")
+    Run.objects.filter(pk=forced.pk).update(no_cache=True)
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE)
+    jobs_schedule()
+    assert forced.jobs.get().cached_from_id is None
+
+
+def test_other_code_is_not_a_cache_hit(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    first = submit(team, owner.user, workflow="hello")
+    jobs_schedule()
+    _run_job(first.jobs.get(), instance, {"w.bin": b"weights"})
+    other = submit(team, owner.user, workflow="hello")
+    Run.objects.filter(pk=other.pk).update(commit="b" * 40)
+
+    jobs_schedule()
+
+    assert other.jobs.get().cached_from_id is None
+
+
+def test_tags_point_at_successful_runs_and_move_only_with_force(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    good = submit(team, owner.user)
+    jobs_schedule()
+    _run_job(good.jobs.get(), instance, {"w.bin": b"w"})
+    other = submit(team, owner.user)
+    jobs_schedule()  # identical: succeeds from the cache, and is taggable like any success
+    failed = submit(team, owner.user)
+    Run.objects.filter(pk=failed.pk).update(status=RunStatus.FAILED)
+    for run in (good, other, failed):
+        run.refresh_from_db()
+
+    tag, outcome = tag_set(workspace=team, user=owner.user, name="best", run=good, force=False)
+    with pytest.raises(ApplicationError) as conflict:
+        tag_set(workspace=team, user=owner.user, name="best", run=other, force=False)
+    with pytest.raises(ApplicationError) as not_ok:
+        tag_set(workspace=team, user=owner.user, name="worse", run=failed, force=False)
+    moved, how = tag_set(workspace=team, user=owner.user, name="best", run=other, force=True)
+
+    assert outcome == "created" and how == "moved" and moved.run_id == other.pk
+    assert conflict.value.status_code == 409 and "use force" in conflict.value.message
+    assert "only a successful run can be tagged" in not_ok.value.message
+
+
+def test_a_tag_dependency_uses_the_tagged_runs_artifacts(team: Workspace, owner: Person) -> None:
+    instance = _runner(team)
+    source = submit(team, owner.user, workflow="train")
+    jobs_schedule()
+    hello, train = source.jobs.order_by("created_at")
+    _run_job(hello, instance, {"w.bin": b"w"})
+    jobs_schedule()
+    Job.objects.filter(pk=train.pk).update(spec={**train.spec, "artifacts": ["./model"]})
+    _run_job(train, instance, {"m.bin": b"model"})
+    source.refresh_from_db()
+    tag_set(workspace=team, user=owner.user, name="best", run=source, force=False)
+
+    evaluate = submit(team, owner.user, workflow="evaluate").jobs.get()
+    jobs_schedule()
+    evaluate.refresh_from_db()
+
+    paths = sorted(i.path for i in _assign_frame(evaluate).inputs)
+    assert paths == ["./model", "./out"]
+    assert evaluate.input_refs[0]["run_name"] == source.name
+
+
+def test_an_unknown_tag_is_refused_before_anything_is_written(team: Workspace, owner: Person) -> None:
+    with pytest.raises(ApplicationError) as caught:
+        submit(team, owner.user, workflow="evaluate")
+    assert "tag 'best' does not exist" in caught.value.message
+    assert Run.objects.count() == 0 and Artifact.objects.count() == 0
