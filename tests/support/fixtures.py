@@ -28,6 +28,17 @@ workflows:
     commands: [echo big]
     resources:
       gpu: {name: V100, count: 1}
+  - name: train
+    provider: bash
+    commands: [cat out/w.bin]
+    deps:
+      - workflow: hello
+    artifacts: [./model]
+  - name: evaluate
+    provider: bash
+    commands: [cat model/m.bin]
+    deps:
+      - tag: best
 """
 
 
