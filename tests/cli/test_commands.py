@@ -76,11 +76,15 @@ def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, m
 
 def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
+    path = tiny_train / ".trainyard" / "workflows.yaml"
+    text = path.read_text()
+    line = text.count("\n") + 4
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    retry: {limit: 2}\n")
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
-    code, out, err = invoke("run", "finetune-model")
+    code, out, err = invoke("run", "flaky")
     assert (code, out) == (1, "")
-    assert err == ".trainyard/workflows.yaml:24: workflows[2] (finetune-model).checkpoint: 'checkpoint' is not supported yet; remove it from workflow 'finetune-model' to run it\n"
+    assert err == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).retry: 'retry' is not supported yet; remove it from workflow 'flaky' to run it\n"
     assert rest.requests == []
 
 

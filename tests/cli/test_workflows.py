@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from trainyard.providers import resolve_run_plan
 from trainyard.workflows import (
     JobSpec,
     ResourceSpec,
@@ -279,12 +280,11 @@ def test_tiny_train_loads_and_hello_resolves(tiny_train: Path):
     )
 
 
-def test_finetune_model_is_refused_for_its_checkpoint_not_supported_yet(tiny_train: Path):
+def test_finetune_model_with_its_checkpoint_plans_its_dependency_first(tiny_train: Path):
     wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
-    with pytest.raises(WorkflowFileError) as info:
-        resolve_job_spec(wf_file.get("finetune-model"), file=wf_file, env_overrides={})
-    assert [str(e) for e in info.value.errors] == [
-        f"{PATH}:24: workflows[2] (finetune-model).checkpoint: 'checkpoint' is not supported yet; remove it from workflow 'finetune-model' to run it",
+    plan = resolve_run_plan(wf_file, "finetune-model", env_overrides={})
+    assert [(j.name, j.needs) for j in plan.jobs] == [
+        ("download-base-model", []), ("finetune-model", ["download-base-model"]),
     ]
 
 

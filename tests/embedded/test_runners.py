@@ -40,9 +40,14 @@ def test_a_reused_pid_that_is_not_a_runner_is_left_alone(tmp_path: Path) -> None
 
 
 def test_a_runner_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    script = "exec -a trainyard-runner bash -c 'trap \"\" TERM; while true; do sleep 0.1; done'"
+    ready = tmp_path / "trap-installed"
+    script = f"exec -a trainyard-runner bash -c 'trap \"\" TERM; touch {ready}; while true; do sleep 0.1; done'"
     runner = _spawn(script, shows="trainyard-runner")
     _pidfile(tmp_path, "instance-3", runner.pid)
+    deadline = time.monotonic() + 10
+    while not ready.exists():  # a SIGTERM before the trap would kill it the ordinary way
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
     local_runners_kill(tmp_path)
 

@@ -89,6 +89,12 @@ def cache_key(*, spec: dict[str, object], code: str, inputs: list[InputArtifact]
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def cacheable(*, spec: dict[str, object], after_running: bool) -> bool:
+    """Only outputs are reused: a job without artifacts (``hello``) always
+    runs, and parts of a live cluster (ports, workers) are never reused."""
+    return bool(spec.get("artifacts")) and not spec.get("ports") and not after_running
+
+
 def job_cache_key(job: Job) -> str:
     return cache_key(spec=job.spec, code=code_identity(job.run), inputs=job_inputs(job))
 

@@ -12,7 +12,7 @@ from typing import Any
 from backend.accounts.models import Workspace
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job
-from backend.runs.services.dag import InputArtifact, cache_key, cached_source, effective, run_artifacts
+from backend.runs.services.dag import InputArtifact, cache_key, cacheable, cached_source, effective, run_artifacts
 from backend.runs.services.runs import job_spec, resolve_plan, resolve_refs
 from backend.artifacts.models import Artifact, ArtifactStatus
 
@@ -34,8 +34,7 @@ def run_plan_preview(
     for planned in plan.jobs:
         inputs, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
         hit = None
-        cacheable = known and not no_cache and not planned.ports and not planned.after_running
-        if cacheable:
+        if known and not no_cache and cacheable(spec=job_spec(planned), after_running=bool(planned.after_running)):
             key = cache_key(spec=job_spec(planned), code=code_identity, inputs=inputs)
             hit = cached_source(workspace_id=workspace.pk, key=key)
         hits[planned.name] = hit

@@ -27,7 +27,7 @@ from backend.clouds.backends.local.backend import host_capacity
 from backend.clouds.models import LIVE_STATUSES, BackendKind, Instance, InstanceStatus
 from backend.runs.events import send_to_channel
 from backend.runs.models import Job, JobStatus, Run
-from backend.runs.services.dag import job_cache_key, job_inputs, readiness
+from backend.runs.services.dag import cacheable, job_cache_key, job_inputs, readiness
 from backend.runs.services.dag import cached_source as find_cached_source
 from backend.runs.services.transitions import (
     job_fail_pending,
@@ -174,8 +174,8 @@ def _ready(job: Job) -> bool:
 
 def _reused(job: Job) -> bool:
     """Record the job's cache key; reuse an earlier identical job's result."""
-    if job.ports or job.after_running.exists():
-        return False  # parts of a live cluster are never reused
+    if not cacheable(spec=job.spec, after_running=job.after_running.exists()):
+        return False
     key = job_cache_key(job)
     Job.objects.filter(pk=job.pk).update(cache_key=key)
     if job.run.no_cache:
