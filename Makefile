@@ -20,6 +20,11 @@ run: $(STAMP) frontend
 test: $(STAMP)
 	$(PY) -m backend.embedded test -- $(PYTEST_ARGS)
 
+# The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json"
+.PHONY: bench
+bench: $(STAMP)
+	$(PY) bench/run.py $(BENCH_ARGS)
+
 test-fast: $(STAMP)
 	$(PY) -m backend.embedded test -- -m "not slow" $(PYTEST_ARGS)
 

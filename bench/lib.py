@@ -109,12 +109,12 @@ def bench_environment(keep: bool = False) -> Iterator[tuple[Stack, Path, dict[st
         if stack is not None:
             try:
                 stack.close()
-            except Exception as error:  # noqa: BLE001 - keep cleaning up
+            except Exception as error:
                 log(f"stack clean-up: {error!r}")
         if services is not None:
             try:
                 services.stop()
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 log(f"services clean-up: {error!r}")
         if keep:
             log(f"kept {tmp}")
@@ -159,9 +159,7 @@ class Api:
     _client: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._client = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
-        )
+        self._client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
         if not self.workspace:
             self.workspace = self.get("/api/v1/me/")["default_workspace"]
 
@@ -173,7 +171,9 @@ class Api:
         response.raise_for_status()
         return response.json()
 
-    def submit(self, workflow: str, env: dict[str, str] | None = None, client: httpx.Client | None = None) -> dict[str, Any]:
+    def submit(
+        self, workflow: str, env: dict[str, str] | None = None, client: httpx.Client | None = None
+    ) -> dict[str, Any]:
         """POST /runs/ with a git code spec for the repo's HEAD."""
         assert self.repo is not None and self.origin is not None
         body = {
@@ -181,6 +181,9 @@ class Api:
             "workflows_file": {"path": ".trainyard/workflows.yaml", "text": self._workflows_text},
             "code": {"kind": "git", "repo_url": str(self.origin), "commit": self._commit, "patch_blob": None},
             "env": env or {},
+            # Measure the whole path: a run served from the run cache (same
+            # code, same workflow) would start no job and print nothing.
+            "no_cache": True,
         }
         response = (client or self._client).post(f"/api/v1/workspaces/{self.workspace}/runs/", json=body)
         if response.status_code != 201:

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.lib import (  # noqa: E402
+from bench.lib import (
     FINISHED,
     Api,
     bench_environment,
@@ -118,7 +118,14 @@ def bench_latency(api: Api, samples: int) -> dict[str, Any]:
         "all_succeeded": all(s["status"] == "succeeded" for s in results),
         "milestones_median_ms": {
             key: median_of(key)
-            for key in ("post_returned_ms", "ws_open_ms", "run_created_ms", "job_started_ms", "first_line_ts_ms", "first_frame_ms")
+            for key in (
+                "post_returned_ms",
+                "ws_open_ms",
+                "run_created_ms",
+                "job_started_ms",
+                "first_line_ts_ms",
+                "first_frame_ms",
+            )
         },
         "runs": results,
     }
@@ -183,8 +190,11 @@ def _copy_once(conn: Any, table: str, buffer: bytes, *, rollback: bool = False) 
     chunk = 1 << 20
     with conn.cursor() as cur:
         started = time.perf_counter()
-        with cur.copy(f"COPY {table} (job, seq, ts, stream, text) FROM STDIN" if table != "runs_logline"
-                      else "COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
+        with cur.copy(
+            f"COPY {table} (job, seq, ts, stream, text) FROM STDIN"
+            if table != "runs_logline"
+            else "COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN"
+        ) as copy:
             for offset in range(0, len(buffer), chunk):
                 copy.write(buffer[offset : offset + chunk])
         if rollback:
@@ -220,7 +230,10 @@ def bench_copy(database_url: str, job_id: str, lines: int) -> dict[str, Any]:
             # runs_logline itself, with seqs the job never had, rolled back
             high = _copy_buffer(job_id, lines, first_seq=10_000_001)
             times = [_copy_once(conn, "runs_logline", high, rollback=True) for _ in range(COPY_REPEATS)]
-            results["runs_logline_rolled_back"] = {"seconds": round(min(times), 3), "lines_per_s": round(lines / min(times))}
+            results["runs_logline_rolled_back"] = {
+                "seconds": round(min(times), 3),
+                "lines_per_s": round(lines / min(times)),
+            }
         finally:
             conn.rollback()
             conn.execute("DROP TABLE IF EXISTS bench_logline_plain")
@@ -231,7 +244,14 @@ def bench_copy(database_url: str, job_id: str, lines: int) -> dict[str, Any]:
 # --------------------------------------------------------------------- (3)
 
 
-def bench_burst(api: Api, count: int) -> dict[str, Any]:
+def live_local_runners(data_dir: Path) -> int:
+    """Runner processes alive now, from the local backend's pidfiles."""
+    from backend.embedded.runners import _is_runner, _read_pid
+
+    return sum(1 for f in (data_dir / "local-runners").glob("*.pid") if (pid := _read_pid(f)) and _is_runner(pid))
+
+
+def bench_burst(api: Api, count: int, data_dir: Path) -> dict[str, Any]:
     log(f"(3) {count} hello runs submitted at once ({BURST_THREADS} threads)")
     client = api.new_client()
     t0_wall = time.time()
@@ -241,7 +261,7 @@ def bench_burst(api: Api, count: int) -> dict[str, Any]:
     def post(_: int) -> dict[str, Any] | None:
         try:
             return api.submit("hello", client=client)
-        except Exception as error:  # noqa: BLE001 - counted as lost
+        except Exception as error:
             errors.append(repr(error))
             return None
 
@@ -251,9 +271,11 @@ def bench_burst(api: Api, count: int) -> dict[str, Any]:
     ids = {r["id"] for r in submitted}
     runs: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + BURST_TIMEOUT
+    peak_runners = 0
     while time.monotonic() < deadline:
         page = api.get(f"/api/v1/workspaces/{api.workspace}/runs/", page_size=max(100, 2 * count))
         runs = {r["id"]: r for r in page["results"] if r["id"] in ids}
+        peak_runners = max(peak_runners, live_local_runners(data_dir))
         if len(runs) == len(ids) and all(r["status"] in FINISHED for r in runs.values()):
             break
         time.sleep(0.5)
@@ -276,6 +298,7 @@ def bench_burst(api: Api, count: int) -> dict[str, Any]:
         "last_finished_seconds": round(max(finished_at) - t0_wall, 2) if finished_at else None,
         "created_to_finished_median_s": round(statistics.median(durations), 2) if durations else None,
         "distinct_runners": len(instances),
+        "peak_live_local_runners": peak_runners,
     }
 
 
@@ -305,10 +328,20 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         rows.append((metric, value, target, verdict))
 
     if lat:
-        row(f"submit → first log line, median ({lat['samples']} samples)", f"{lat['median_ms']:.0f} ms", f"< {TARGET_LATENCY_MS:.0f} ms", lat["median_ms"] < TARGET_LATENCY_MS)
+        row(
+            f"submit → first log line, median ({lat['samples']} samples)",
+            f"{lat['median_ms']:.0f} ms",
+            f"< {TARGET_LATENCY_MS:.0f} ms",
+            lat["median_ms"] < TARGET_LATENCY_MS,
+        )
         row(f"submit → first log line, p99 (= max of {lat['samples']})", f"{lat['p99_ms']:.0f} ms", "", None)
     if thr:
-        row(f"durable log throughput, noisy LINES={thr['lines']}", f"{thr['lines_per_s']:,} lines/s", f"≥ {TARGET_LINES_PER_S:,.0f} lines/s", thr["lines_per_s"] >= TARGET_LINES_PER_S and thr["status"] == "succeeded")
+        row(
+            f"durable log throughput, noisy LINES={thr['lines']}",
+            f"{thr['lines_per_s']:,} lines/s",
+            f"≥ {TARGET_LINES_PER_S:,.0f} lines/s",
+            thr["lines_per_s"] >= TARGET_LINES_PER_S and thr["status"] == "succeeded",
+        )
     if copy:
         limit = copy["bench_logline_tmp"]["lines_per_s"]
         row("plain COPY into a temp table (limit)", f"{limit:,} lines/s", "", None)
@@ -316,12 +349,31 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
             ratio = thr["lines_per_s"] / limit
             results["copy_ratio"] = round(ratio, 3)
             row("throughput / COPY", f"{ratio:.0%}", f"≥ {TARGET_COPY_RATIO:.0%}", ratio >= TARGET_COPY_RATIO)
-        row("  (info) COPY into a regular, WAL-logged table", f"{copy['bench_logline_plain']['lines_per_s']:,} lines/s", "", None)
-        row("  (info) COPY into runs_logline (FK), rolled back", f"{copy['runs_logline_rolled_back']['lines_per_s']:,} lines/s", "", None)
+        row(
+            "  (info) COPY into a regular, WAL-logged table",
+            f"{copy['bench_logline_plain']['lines_per_s']:,} lines/s",
+            "",
+            None,
+        )
+        row(
+            "  (info) COPY into runs_logline (FK), rolled back",
+            f"{copy['runs_logline_rolled_back']['lines_per_s']:,} lines/s",
+            "",
+            None,
+        )
     if burst:
-        value = f"{burst['all_succeeded_seconds']:.1f} s" if burst["all_succeeded_seconds"] is not None else "not all succeeded"
+        value = (
+            f"{burst['all_succeeded_seconds']:.1f} s"
+            if burst["all_succeeded_seconds"] is not None
+            else "not all succeeded"
+        )
         row(f"{burst['runs']} hello runs at once: until all succeeded", value, "", None)
-        row(f"{burst['runs']} hello runs at once: succeeded / failed / lost", f"{burst['succeeded']} / {burst['failed']} / {burst['lost']}", f"{burst['runs']} / 0 / 0", burst["succeeded"] == burst["runs"])
+        row(
+            f"{burst['runs']} hello runs at once: succeeded / failed / lost",
+            f"{burst['succeeded']} / {burst['failed']} / {burst['lost']}",
+            f"{burst['runs']} / 0 / 0",
+            burst["succeeded"] == burst["runs"],
+        )
     widths = [max(len(r[i]) for r in [("metric", "value", "target", "result"), *rows]) for i in range(4)]
     lines = []
     for i, r in enumerate([("metric", "value", "target", "result"), *rows]):
@@ -337,7 +389,9 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
-    parser.add_argument("--only", choices=["latency", "throughput", "burst"], action="append", help="run only these parts")
+    parser.add_argument(
+        "--only", choices=["latency", "throughput", "burst"], action="append", help="run only these parts"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
     parts = set(args.only or ["latency", "throughput", "burst"])
@@ -359,7 +413,7 @@ def main() -> int:
                     results["copy"] = bench_copy(stack.database_url, results["throughput"]["job"], args.lines)
                     results["machine"]["postgres"] = results["copy"]["postgres_version"]
                 if "burst" in parts:
-                    results["burst"] = bench_burst(api, args.burst)
+                    results["burst"] = bench_burst(api, args.burst, stack.data_dir)
             finally:
                 api.close()
                 if "postgres" not in results["machine"]:
@@ -368,12 +422,15 @@ def main() -> int:
         log("interrupted: everything was stopped and removed")
         return 130
     results["total_seconds"] = round(time.monotonic() - started, 1)
+    results["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
 
     text, missed = table(results)
     m = results["machine"]
     print()
     print(f"Trainyard bench, {results['date']} — {results['services']}")
-    print(f"machine: nproc={m['nproc']}, python {m['python']}, postgres {m.get('postgres')}, load avg at start {m['loadavg_at_start']}, {m['platform']}")
+    print(
+        f"machine: nproc={m['nproc']}, python {m['python']}, postgres {m.get('postgres')}, load avg at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}, {m['platform']}"
+    )
     if m["trainyard_env_overrides"]:
         print(f"TRAINYARD_* overrides in the environment: {m['trainyard_env_overrides']}")
     print()
@@ -383,11 +440,15 @@ def main() -> int:
         print(f"latency milestones (median ms after the clock started): {results['latency']['milestones_median_ms']}")
     if "throughput" in results:
         t = results["throughput"]
-        print(f"throughput detail: {t['seconds']} s for {t['lines']} lines; runner read them in {t['runner_read_seconds']} s; "
-              f"last line reached the follower {t['lag_after_last_line_s']} s after the runner read it; {t['follower_frames']} frames")
+        print(
+            f"throughput detail: {t['seconds']} s for {t['lines']} lines; runner read them in {t['runner_read_seconds']} s; "
+            f"last line reached the follower {t['lag_after_last_line_s']} s after the runner read it; {t['follower_frames']} frames"
+        )
     if "burst" in results:
         b = results["burst"]
-        print(f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} runners")
+        print(
+            f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} distinct runners, peak {b['peak_live_local_runners']} live at once (polled every 0.5 s)"
+        )
     print()
     print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")
     print(f"(total {results['total_seconds']} s)")
@@ -404,7 +465,7 @@ def _postgres_version(database_url: str) -> str | None:
 
         with psycopg.connect(database_url) as conn:
             return conn.execute("SHOW server_version").fetchone()[0]
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
