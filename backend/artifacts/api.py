@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpResponseRedirect
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.accounts.auth import token_from_header
+from backend.artifacts.archive import archive_url
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
 from backend.artifacts.storage import get_storage
@@ -62,6 +63,18 @@ class ArtifactFileView(WorkspaceAPIView):
         name = path.rsplit("/", 1)[-1]
         url = get_storage().signed_url(artifact_file_key(found, file), method="GET", seconds=300, filename=name)
         return HttpResponseRedirect(url)
+
+
+class ArtifactArchiveView(WorkspaceAPIView):
+    @extend_schema(responses={302: None}, parameters=[OpenApiParameter("prefix", str)])
+    def get(self, request: Request, workspace: str, artifact: str) -> HttpResponseRedirect:
+        found = Artifact.objects.for_workspace(self.workspace).filter(pk=artifact, status=ArtifactStatus.COMPLETE).first()
+        if found is None:
+            raise NotFound("Artifact not found.")
+        prefix = request.query_params.get("prefix", "")
+        if prefix and not found.files.filter(path__startswith=prefix).exists():
+            raise NotFound(f"No files under {prefix!r} in this artifact.")
+        return HttpResponseRedirect(archive_url(artifact=found, prefix=prefix))
 
 
 # ------------------------------------------------------------- runner side

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from django.core import signing
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from backend.artifacts.archive import archive_name, archive_token, zip_stream
+from backend.artifacts.models import Artifact
 from backend.artifacts.storage import get_storage, verify_token
 
 CHUNK = 1 << 20
@@ -32,6 +34,21 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponse:
     except FileNotFoundError:
         return _error(404, "Not found.")
     return FileResponse(handle, as_attachment=bool(filename), filename=filename or None)
+
+
+def storage_archive(request: HttpRequest, token: str) -> HttpResponse:
+    try:
+        artifact_id, prefix = archive_token(token)
+    except signing.SignatureExpired:
+        return _error(403, "This link has expired: ask for a new one.")
+    except signing.BadSignature:
+        return _error(403, "This link is not valid.")
+    artifact = Artifact.objects.filter(pk=artifact_id).first()
+    if artifact is None:
+        return _error(404, "Not found.")
+    response = StreamingHttpResponse(zip_stream(artifact, prefix), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{archive_name(artifact, prefix)}"'
+    return response
 
 
 def _body(request: HttpRequest) -> Iterator[bytes]:

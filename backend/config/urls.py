@@ -6,7 +6,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from backend.accounts.api import HealthView, MeView
 from backend.artifacts import api as artifacts
-from backend.artifacts.views import storage_object
+from backend.clouds import api as clouds
+from backend.repos import api as repos
+from backend.artifacts.views import storage_archive, storage_object
 from backend.core.views import home
 from backend.runs.api import views as runs
 from backend.vault import api as vault
@@ -17,6 +19,7 @@ urlpatterns = [
     path("", home, name="home"),
     path("admin/", admin.site.urls),
     path("storage/<str:token>", storage_object, name="storage-object"),
+    path("storage-archive/<str:token>", storage_archive, name="storage-archive"),
     path("api/v1/health/", HealthView.as_view()),
     path("api/v1/me/", MeView.as_view()),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -25,6 +28,7 @@ urlpatterns = [
     path(f"{ws}/runs/plan/", runs.RunPlanView.as_view()),
     path(f"{ws}/runs/<str:run>/", runs.RunDetailView.as_view()),
     path(f"{ws}/runs/<str:run>/stop/", runs.RunStopView.as_view()),
+    path(f"{ws}/runs/<str:run>/rerun/", runs.RunRerunView.as_view()),
     path(f"{ws}/runs/<str:run>/artifacts/", artifacts.RunArtifactsView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
     path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
@@ -33,6 +37,9 @@ urlpatterns = [
     path(f"{ws}/secrets/", vault.SecretListView.as_view()),
     path(f"{ws}/secrets/<str:name>/", vault.SecretDetailView.as_view()),
     path(f"{ws}/artifacts/<uuid:artifact>/files/<path:path>", artifacts.ArtifactFileView.as_view()),
+    path(f"{ws}/artifacts/<uuid:artifact>/archive/", artifacts.ArtifactArchiveView.as_view()),
+    path(f"{ws}/repos/", repos.RepoListView.as_view()),
+    path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/", artifacts.RunnerArtifactCompleteView.as_view()),
 ]

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import uuid
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from backend.accounts.models import Workspace
 from backend.runs.models import Job, LogLine, Run
 
 
-def run_list(*, workspace: Workspace, status: str = "", workflow: str = "") -> QuerySet[Run]:
+def run_list(
+    *, workspace: Workspace, status: str = "", workflow: str = "", q: str = "", tag: str = ""
+) -> QuerySet[Run]:
     runs = Run.objects.for_workspace(workspace).select_related("submitted_by").order_by("-created_at")
     if status:
         runs = runs.filter(status__in=status.split(","))
     if workflow:
         runs = runs.filter(workflow=workflow)
-    return runs.prefetch_related("jobs")
+    if q:
+        runs = runs.filter(
+            Q(name__icontains=q) | Q(workflow__icontains=q) | Q(submitted_by__username__icontains=q)
+        )
+    if tag:
+        runs = runs.filter(tags__name=tag)
+    return runs.prefetch_related("jobs", "tags")
 
 
 def run_get(*, workspace: Workspace, ref: str) -> Run | None:

@@ -30,7 +30,7 @@ from backend.runs.services.preview import code_identity_of, run_plan_preview
 from backend.runs.services.tags import tag_delete, tag_set
 from backend.runs.models import Run
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
-from backend.runs.services.runs import CodeInput, run_create, run_stop
+from backend.runs.services.runs import CodeInput, run_create, run_rerun, run_stop
 
 MAX_LOG_PAGE = 10_000
 
@@ -40,13 +40,21 @@ class RunListView(WorkspaceAPIView):
 
     @extend_schema(
         responses=RunOut(many=True),
-        parameters=[OpenApiParameter("status", str), OpenApiParameter("workflow", str)],
+        parameters=[
+            OpenApiParameter("status", str),
+            OpenApiParameter("workflow", str),
+            OpenApiParameter("q", str, description="search in name, workflow and submitter"),
+            OpenApiParameter("tag", str),
+        ],
     )
     def get(self, request: Request, workspace: str) -> Response:
+        params = request.query_params
         runs = run_list(
             workspace=self.workspace,
-            status=request.query_params.get("status", ""),
-            workflow=request.query_params.get("workflow", ""),
+            status=params.get("status", ""),
+            workflow=params.get("workflow", ""),
+            q=params.get("q", "").strip()[:100],
+            tag=params.get("tag", ""),
         )
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(runs, request, view=self)
@@ -144,6 +152,13 @@ class RunDetailView(WorkspaceAPIView):
     @extend_schema(responses=RunOut)
     def get(self, request: Request, workspace: str, run: str) -> Response:
         return Response(RunOut(_run_or_404(self.workspace, run)).data)
+
+
+class RunRerunView(WorkspaceAPIView):
+    @extend_schema(request=None, responses={201: RunOut})
+    def post(self, request: Request, workspace: str, run: str) -> Response:
+        again = run_rerun(run=_run_or_404(self.workspace, run), user=request.user)
+        return Response(RunOut(_fresh(again)).data, status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):

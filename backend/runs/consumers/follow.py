@@ -16,7 +16,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from backend.accounts.auth import token_from_header
 from backend.accounts.selectors import membership_get, user_for_token
 from backend.runs.api.serializers import run_to_dict
-from backend.runs.events import run_group
+from backend.runs.events import run_group, workspace_group
 from backend.runs.selectors import job_log_lines, run_get
 
 BACKLOG_PAGE = 5000
@@ -73,6 +73,37 @@ class RunFollowConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_json({"type": "logs", "job": job["id"], "lines": page})
                 if len(page) < BACKLOG_PAGE:
                     break
+
+
+class WorkspaceRunsConsumer(AsyncJsonWebsocketConsumer):
+    """/ws/v1/workspaces/<ws>/runs/: every status change of the workspace's runs."""
+
+    group: str | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        user = await database_sync_to_async(_user)(self.scope)
+        if user is None:
+            await self.close(code=CLOSE_UNAUTHORIZED)
+            return
+        slug = self.scope["url_route"]["kwargs"]["workspace"]
+        membership = await database_sync_to_async(membership_get)(user=user, workspace_slug=slug)
+        if membership is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.group = workspace_group(membership.workspace_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.send_json({"type": "ready"})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return
+
+    async def run_status(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "run", "run": event["run"]})
 
 
 def _user(scope: dict[str, Any]) -> Any:

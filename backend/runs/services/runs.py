@@ -72,6 +72,26 @@ def run_create(
     return run
 
 
+def run_rerun(*, run: Run, user: User) -> Run:
+    """A new run of the same workflow, code, workflow file and env overrides."""
+    return run_create(
+        workspace=run.workspace,
+        user=user,
+        workflow=run.workflow,
+        workflows_file_path=run.workflows_file_path,
+        workflows_file_text=run.workflows_file_text,
+        code=CodeInput(
+            kind=run.code_kind,
+            repo_url=run.repo_url,
+            commit=run.commit,
+            patch_blob=str(run.patch_blob_id) if run.patch_blob_id else None,
+            archive_blob=str(run.archive_blob_id) if run.archive_blob_id else None,
+        ),
+        env=dict(run.env_overrides),
+        no_cache=run.no_cache,
+    )
+
+
 def run_stop(*, run: Run, user: User) -> Run:
     """Stop every job of the run; running ones are killed by their runner."""
     if run.status in FINISHED_RUN:

@@ -1,0 +1,68 @@
+"""Zip archives of an artifact (or a folder of it), streamed, never stored.
+
+The API answers with a short-lived signed URL (like single files); the URL's
+view streams a zip built on the fly from storage (stored, not deflated: model
+files do not compress and CPU is better spent elsewhere).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+
+from django.conf import settings
+from django.core import signing
+
+from backend.artifacts.models import Artifact
+from backend.artifacts.services import artifact_file_key
+from backend.artifacts.storage import get_storage
+
+_SALT = "trainyard.archive"
+ARCHIVE_URL_SECONDS = 300
+
+
+def archive_url(*, artifact: Artifact, prefix: str) -> str:
+    token = signing.dumps({"a": str(artifact.pk), "p": prefix}, salt=_SALT, compress=True)
+    return f"{settings.PUBLIC_URL}/storage-archive/{token}"
+
+
+def archive_token(token: str) -> tuple[str, str]:
+    """(artifact id, prefix); raises signing.BadSignature / SignatureExpired."""
+    data = signing.loads(token, salt=_SALT, max_age=ARCHIVE_URL_SECONDS)
+    return data["a"], data["p"]
+
+
+def archive_name(artifact: Artifact, prefix: str) -> str:
+    base = (prefix.rstrip("/").rsplit("/", 1)[-1] or artifact.path.strip("./").replace("/", "-")) or "artifact"
+    return f"{base}.zip"
+
+
+def zip_stream(artifact: Artifact, prefix: str) -> Iterator[bytes]:
+    sink = _Chunks()
+    storage = get_storage()
+    with zipfile.ZipFile(sink, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for file in artifact.files.filter(path__startswith=prefix).order_by("path"):
+            with storage.open(artifact_file_key(artifact, file)) as src, archive.open(file.path, "w") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    yield from sink.drain()
+        # closing writes the central directory
+    yield from sink.drain()
+
+
+class _Chunks:
+    """A write-only, non-seekable file that hands out what was written."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        return None
+
+    def drain(self) -> Iterator[bytes]:
+        parts, self._parts = self._parts, []
+        yield from parts
