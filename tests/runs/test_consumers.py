@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
@@ -125,15 +126,29 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
         ws = _connect(f"/ws/v1/workspaces/acme/runs/{run.name}/?after_seq=1", member.token)
         await ws.connect()
         frames = [json.loads(await ws.receive_from(timeout=5)) for _ in range(2)]
-        layer = get_channel_layer()
         # Seq 2 again (published while the backlog was read), then seq 3.
-        lines = [[2, 2.0, "o", "two"], [3, 3.0, "o", "three"]]
-        await layer.group_send(run_group(run.pk), {"type": "run.logs", "job": str(job.pk), "lines": lines})
+        await _publish(run, job, [[2, 2.0, "o", "two"], [3, 3.0, "o", "three"]])
         frames.append(json.loads(await ws.receive_from(timeout=5)))
+        # 4 and 5 stored but their event lost; 6 arrives: the gap is filled from storage.
+        await database_sync_to_async(logs_store)(
+            job_id=str(job.pk), instance_id=str(instance.pk), first_seq=3,
+            lines=[(3.0, "o", "three"), (4.0, "o", "four"), (5.0, "e", "five"), (6.0, "o", "six")],
+        )
+        await _publish(run, job, [[6, 6.0, "o", "six"]])
+        frames += [json.loads(await ws.receive_from(timeout=5)) for _ in range(2)]
         await ws.disconnect()
         return frames
 
-    snapshot, backlog, live = async_to_sync(follow)()
+    snapshot, backlog, live, filled, six = async_to_sync(follow)()
     assert snapshot["type"] == "run" and snapshot["run"]["name"] == run.name
     assert backlog["lines"] == [[2, 2.0, "o", "two"]]
     assert live["lines"] == [[3, 3.0, "o", "three"]]
+    assert filled["lines"] == [[4, 4.0, "o", "four"], [5, 5.0, "e", "five"]]
+    assert six == {"type": "logs", "job": str(job.pk), "lines": [[6, 6.0, "o", "six"]]}
+
+
+async def _publish(run: Run, job: Any, lines: list[list[Any]]) -> None:
+    """What the runner consumer publishes after storing a batch."""
+    frame = json.dumps({"type": "logs", "job": str(job.pk), "lines": lines})
+    event = {"type": "run.logs", "job": str(job.pk), "first_seq": lines[0][0], "last_seq": lines[-1][0], "frame": frame}
+    await get_channel_layer().group_send(run_group(run.pk), event)

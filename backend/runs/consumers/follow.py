@@ -7,6 +7,7 @@ arrive both ways, so every line goes out once and in order.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -52,12 +53,22 @@ class RunFollowConsumer(AsyncJsonWebsocketConsumer):
         return  # followers only listen
 
     async def run_logs(self, event: dict[str, Any]) -> None:
-        job = event["job"]
-        last = self.sent.get(job, 0)
-        lines = [line for line in event["lines"] if line[0] > last]
-        if lines:
-            self.sent[job] = lines[-1][0]
+        """Published lines ``first_seq..last_seq``: send the ready-made frame
+        when it continues what this follower has; fill a gap (an event lost
+        by the channel layer) from storage first; trim an overlap."""
+        job, first, last = event["job"], event["first_seq"], event["last_seq"]
+        sent = self.sent.get(job, 0)
+        if last <= sent:
+            return
+        if first > sent + 1:
+            await self._send_stored(job, until=first - 1)
+            sent = self.sent[job]
+        if first == sent + 1:
+            await self.send(text_data=event["frame"])
+        else:
+            lines = [line for line in json.loads(event["frame"])["lines"] if line[0] > sent]
             await self.send_json({"type": "logs", "job": job, "lines": lines})
+        self.sent[job] = last
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "run", "run": event["run"]})
@@ -65,14 +76,19 @@ class RunFollowConsumer(AsyncJsonWebsocketConsumer):
     async def _send_backlog(self, run: dict[str, Any], after_seq: int) -> None:
         for job in run["jobs"]:
             self.sent.setdefault(job["id"], after_seq)
-            while True:
-                page = await database_sync_to_async(_lines)(job["id"], self.sent[job["id"]])
-                if not page:
-                    break
-                self.sent[job["id"]] = page[-1][0]
-                await self.send_json({"type": "logs", "job": job["id"], "lines": page})
-                if len(page) < BACKLOG_PAGE:
-                    break
+            await self._send_stored(job["id"])
+
+    async def _send_stored(self, job: str, until: int | None = None) -> None:
+        """Stored lines after what was sent (up to ``until``), in pages."""
+        self.sent.setdefault(job, 0)
+        while until is None or self.sent[job] < until:
+            page = await database_sync_to_async(_lines)(job, self.sent[job], until)
+            if not page:
+                return
+            self.sent[job] = page[-1][0]
+            await self.send_json({"type": "logs", "job": job, "lines": page})
+            if len(page) < BACKLOG_PAGE:
+                return
 
 
 class WorkspaceRunsConsumer(AsyncJsonWebsocketConsumer):
@@ -123,11 +139,12 @@ def _run_for(user: Any, workspace_slug: str, ref: str) -> dict[str, Any] | None:
     return run_to_dict(run) if run is not None else None
 
 
-def _lines(job_id: str, after_seq: int) -> list[list[Any]]:
+def _lines(job_id: str, after_seq: int, until: int | None = None) -> list[list[Any]]:
     from backend.runs.models import Job
 
     job = Job.objects.get(pk=job_id)
-    return [list(row) for row in job_log_lines(job=job, after_seq=after_seq, limit=BACKLOG_PAGE)]
+    limit = BACKLOG_PAGE if until is None else min(BACKLOG_PAGE, until - after_seq)
+    return [list(row) for row in job_log_lines(job=job, after_seq=after_seq, limit=limit)]
 
 
 def _after_seq(scope: dict[str, Any]) -> int:

@@ -8,6 +8,8 @@ channel name, which the instance row records.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from typing import Any
 
@@ -26,7 +28,7 @@ from backend.clouds.services import (
 )
 from backend.runs.events import run_group
 from backend.runs.models import JobStatus
-from backend.runs.services.logs import UnknownJob, logs_store
+from backend.runs.services.logs import StoredLogs, UnknownJob, logs_store
 from backend.runs.services.transitions import job_accept, job_finish, job_release, job_set_reason
 from trainyard_runner import protocol
 
@@ -36,8 +38,18 @@ FINAL_STATES = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "s
 PROGRESS = {"preparing": "preparing the code", "running": "the commands are running", "uploading": "uploading artifacts"}
 
 
+# A coalesced store holds at most this many lines (several frames' worth).
+MAX_STORE_LINES = 20_000
+
+
 class RunnerConsumer(AsyncWebsocketConsumer):
+    """Log frames are stored by one writer task per connection, in order:
+    receiving and validating the next frames overlaps with storing the
+    previous ones, and frames queued meanwhile are stored together (one
+    transaction, one COPY, one publish, one ack)."""
+
     instance_id: str | None = None
+    _writer: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         await self.accept()
@@ -49,6 +61,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.pending_instance_id = str(instance.pk)
 
     async def disconnect(self, code: int) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
         if self.instance_id:
             await database_sync_to_async(instance_disconnect)(instance_id=self.instance_id, channel_name=self.channel_name)
 
@@ -110,21 +124,36 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await _enqueue_schedule()
 
     async def on_logs(self, message: protocol.Logs) -> None:
+        # The runner's window (a few frames in flight) bounds this queue.
+        if self._writer is None:
+            self._log_queue: asyncio.Queue[protocol.Logs] = asyncio.Queue()
+            self._writer = asyncio.create_task(self._write_logs())
+        self._log_queue.put_nowait(message)
+
+    async def _write_logs(self) -> None:
+        try:
+            while True:
+                job, first_seq, lines = _coalesce(await self._log_queue.get(), self._log_queue)
+                await self._store(job, first_seq, lines)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("storing logs failed; closing the runner's connection so it resends")
+            await self.close(code=1011)
+
+    async def _store(self, job: str, first_seq: int, lines: list[protocol.LogLineWire]) -> None:
         try:
             stored = await database_sync_to_async(logs_store)(
-                job_id=message.job, instance_id=self.instance_id, first_seq=message.first_seq, lines=message.lines
+                job_id=job, instance_id=self.instance_id, first_seq=first_seq, lines=lines
             )
         except UnknownJob:
             # Not this runner's job (any more): acknowledge so it stops resending.
-            ack = protocol.LogAck(job=message.job, seq=message.first_seq + len(message.lines) - 1)
+            ack = protocol.LogAck(job=job, seq=first_seq + len(lines) - 1)
             await self.send(text_data=ack.model_dump_json())
             return
         if stored.new_lines:
-            lines = [[stored.first_new_seq + i, *line] for i, line in enumerate(stored.new_lines)]
-            await self.channel_layer.group_send(
-                run_group(stored.run_id), {"type": "run.logs", "job": stored.job_id, "lines": lines}
-            )
-        await self.send(text_data=protocol.LogAck(job=message.job, seq=stored.last_seq).model_dump_json())
+            await self.channel_layer.group_send(run_group(stored.run_id), _follower_event(stored))
+        await self.send(text_data=protocol.LogAck(job=job, seq=stored.last_seq).model_dump_json())
 
     # ------------------------------------------------------- channel events
 
@@ -138,6 +167,33 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def runner_replaced(self, event: dict[str, Any]) -> None:
         self.instance_id = None  # the new connection owns the instance now
         await self.close(code=protocol.CLOSE_REPLACED)
+
+
+def _coalesce(
+    first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]
+) -> tuple[str, int, list[protocol.LogLineWire]]:
+    """The first queued frame, extended by the queued frames that continue it."""
+    lines = list(first.lines)
+    while not queue.empty() and len(lines) < MAX_STORE_LINES:
+        following = queue._queue[0]  # type: ignore[attr-defined]  # peek: asyncio.Queue has no peek
+        if following.job != first.job or following.first_seq != first.first_seq + len(lines):
+            break
+        lines += queue.get_nowait().lines
+    return first.job, first.first_seq, lines
+
+
+def _follower_event(stored: StoredLogs) -> dict[str, Any]:
+    """The followers' frame, serialised once here rather than by every follower."""
+    first = stored.first_new_seq
+    lines = [[first + i, ts, stream, text] for i, (ts, stream, text) in enumerate(stored.new_lines)]
+    frame = json.dumps({"type": "logs", "job": stored.job_id, "lines": lines})
+    return {
+        "type": "run.logs",
+        "job": stored.job_id,
+        "first_seq": first,
+        "last_seq": first + len(lines) - 1,
+        "frame": frame,
+    }
 
 
 def _finish(instance_id: str, message: protocol.JobState, status: JobStatus) -> None:

@@ -69,12 +69,25 @@ def _masked(lines: list[LogLineWire], secrets: list[str]) -> list[LogLineWire]:
 
 
 def _copy(job_id: str, first_seq: int, lines: list[LogLineWire]) -> None:
-    """COPY is 5–10× faster than INSERT for batches of thousands of rows."""
+    """One COPY of a text buffer built in a single pass: 5–10× faster than
+    INSERT, and faster than psycopg's per-row write_row at these sizes."""
+    rows = "".join(
+        f"{job_id}\t{first_seq + i}\t{_timestamp(ts)}\t{stream}\t{_escape(text)}\n"
+        for i, (ts, stream, text) in enumerate(lines)
+    )
     raw = connection.cursor().cursor  # the psycopg cursor under Django's wrapper
     with raw.copy("COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
-        for offset, (ts, stream, text) in enumerate(lines):
-            # Postgres text columns cannot hold NUL; a binary blob on stdout
-            # must not make the whole batch fail.
-            copy.write_row(
-                (job_id, first_seq + offset, datetime.fromtimestamp(ts, UTC), stream, text.replace("\x00", "\ufffd"))
-            )
+        copy.write(rows)
+
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\x00": "\ufffd"})
+
+
+def _escape(text: str) -> str:
+    """COPY text format; Postgres text cannot hold NUL, which must not fail
+    the whole batch (a binary blob on stdout)."""
+    return text.translate(_ESCAPES)
+
+
+def _timestamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 # Signed URLs for a job's inputs and code: long enough for big downloads.
 DOWNLOAD_URL_SECONDS = 6 * 3600
+# Key of the Postgres advisory lock that serialises scheduling passes.
+SCHEDULER_LOCK = 0x7472_6169_6E79  # "trainy"
 # After a runner failed to start, wait this long before trying again.
 PROVISION_RETRY_SECONDS = 30
 
@@ -67,6 +69,10 @@ def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
     to_retire: list[Instance] = []
     waiting: list[str] = []
     with transaction.atomic():
+        # One pass at a time across all workers: the pool-size check and the
+        # new Instance rows must not race (two passes once started 7 of 4).
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEDULER_LOCK])
         jobs = list(
             Job.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(status=JobStatus.PENDING)
