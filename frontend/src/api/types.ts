@@ -1,0 +1,124 @@
+// Types of the REST and websocket contract (docs/API.md).
+//
+// Where the generated OpenAPI schema (schema.d.ts, `npm run gen-api`)
+// describes an object precisely it is used directly; a run's jobs and code
+// (untyped objects in the schema) and the websocket frames are written here
+// from docs/API.md.
+import type { components } from "./schema";
+
+type Schemas = components["schemas"];
+
+export type Role = Schemas["Role"];
+export type RunStatus = Schemas["RunOutStatusEnum"];
+export type JobStatus = "pending" | "assigned" | "running" | "stopping" | "succeeded" | "failed" | "stopped";
+export type Stream = Schemas["StreamEnum"];
+export type LogLine = Schemas["LogLineOut"];
+export type LogPage = Schemas["LogPageOut"];
+export type Tag = Schemas["TagOut"];
+export type Secret = Schemas["SecretOut"];
+export type ArtifactFile = Schemas["ArtifactFileOut"];
+
+export interface Artifact {
+  id: string;
+  job: string;
+  path: string;
+  status: "uploading" | "complete";
+  total_size: number;
+  files: ArtifactFile[];
+}
+
+export interface RunRef {
+  run: string;
+  job: string;
+}
+
+export interface JobInput {
+  path: string;
+  from: string;
+}
+
+export interface Resources {
+  cpu: number | null;
+  memory_bytes: number | null;
+  gpu_count: number | null;
+  gpu_name: string;
+}
+
+export interface Job {
+  id: string;
+  name: string;
+  workflow?: string;
+  provider?: string;
+  status: JobStatus;
+  status_reason: string;
+  exit_code: number | null;
+  attempt: number;
+  instance: string | null;
+  resources: Resources;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  last_seq: number;
+  needs?: string[];
+  after_running?: string[];
+  cached_from?: RunRef | null;
+  inputs?: JobInput[];
+}
+
+export interface RunCode {
+  kind: "git" | "archive";
+  repo_url?: string;
+  commit?: string;
+  has_patch?: boolean;
+}
+
+export interface Run {
+  id: string;
+  name: string;
+  workflow: string;
+  status: RunStatus;
+  status_reason: string;
+  exit_code: number | null;
+  submitted_by?: string;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  duration_seconds: number | null;
+  code: RunCode;
+  jobs: Job[];
+  tags?: string[];
+  no_cache?: boolean;
+}
+
+export interface Page<T> {
+  count: number;
+  next?: string | null;
+  previous?: string | null;
+  results: T[];
+}
+
+export type WorkspaceRef = Schemas["WorkspaceRefOut"] & { personal?: boolean };
+export type Workspace = Schemas["WorkspaceOut"];
+
+export type Me = Schemas["MeOut"];
+
+export type AuthConfig = Schemas["AuthConfigOut"];
+
+export type Member = Schemas["MemberOut"];
+
+export type Invitation = Schemas["InvitationOut"];
+
+export type ApiToken = Schemas["TokenOut"];
+export type CreatedToken = Schemas["TokenCreatedOut"];
+
+export type Repo = Schemas["RepoOut"];
+
+export type Instance = Schemas["InstanceOut"];
+export type InstanceStatus = Schemas["InstanceOutStatusEnum"];
+
+/** A websocket frame from /ws/v1/workspaces/<ws>/runs/… */
+export type LiveFrame =
+  | { type: "run"; run: Run }
+  | { type: "logs"; job: string; lines: [number, number, Stream, string][] };
+
+export const ACTIVE_RUN_STATUSES: RunStatus[] = ["pending", "running", "stopping"];

@@ -1,0 +1,290 @@
+// A windowed log viewer: only the rows in view (plus a margin) are in the DOM,
+// every row has the same height, so 200,000 lines scroll smoothly and lines
+// arriving while you read never move what you are looking at.
+import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState, type KeyboardEvent } from "react";
+import { parseAnsi, renderAnsi, stripAnsi } from "./ansi";
+
+export interface ViewerLine {
+  seq: number;
+  ts: number;
+  stream: "o" | "e";
+  text: string;
+}
+
+export interface AttemptMark {
+  attempt: number;
+  /** Index in `lines` of the attempt's first line. */
+  lineIndex: number;
+  label: string;
+}
+
+export interface LogViewerProps {
+  /** All lines so far; the array may grow in place (pass `version` then). */
+  lines: readonly ViewerLine[];
+  version?: number;
+  attempts?: AttemptMark[];
+  label: string;
+  /** Shown when there are no lines yet. */
+  placeholder?: string;
+  onDownload?: () => void;
+  downloading?: boolean;
+  rowHeight?: number;
+}
+
+type Row = { kind: "attempt"; mark: AttemptMark } | { kind: "line"; index: number };
+
+const OVERSCAN = 30;
+const FALLBACK_VIEWPORT = 480;
+
+const plainCache = new WeakMap<ViewerLine, string>();
+
+function lowerPlain(line: ViewerLine): string {
+  let value = plainCache.get(line);
+  if (value === undefined) {
+    value = stripAnsi(line.text).toLowerCase();
+    plainCache.set(line, value);
+  }
+  return value;
+}
+
+export function LogViewer({
+  lines,
+  version = lines.length,
+  attempts = [],
+  label,
+  placeholder = "No output yet.",
+  onDownload,
+  downloading = false,
+  rowHeight = 18,
+}: LogViewerProps) {
+  const scroller = useRef<HTMLDivElement>(null);
+  const programmaticTop = useRef<number | null>(null);
+  const [follow, setFollow] = useState(true);
+  const [scrollTop, setScrollTop] = useState(0);
+  const [viewport, setViewport] = useState(FALLBACK_VIEWPORT);
+  const [query, setQuery] = useState("");
+  const [current, setCurrent] = useState(0);
+
+  const sortedAttempts = useMemo(
+    () => [...attempts].sort((a, b) => a.lineIndex - b.lineIndex),
+    [attempts],
+  );
+  const rowCount = lines.length + sortedAttempts.length;
+  const totalHeight = rowCount * rowHeight;
+
+  const rowOfLine = useCallback(
+    (index: number) => index + sortedAttempts.filter((m) => m.lineIndex <= index).length,
+    [sortedAttempts],
+  );
+  const rowAt = useCallback(
+    (row: number): Row => {
+      let before = 0;
+      for (const mark of sortedAttempts) {
+        const markRow = mark.lineIndex + before;
+        if (row === markRow) return { kind: "attempt", mark };
+        if (row < markRow) break;
+        before += 1;
+      }
+      return { kind: "line", index: row - before };
+    },
+    [sortedAttempts],
+  );
+
+  // Search: indices of the lines that contain the query (case-insensitive).
+  const needle = query.trim();
+  const matches = useMemo(() => {
+    if (!needle) return [] as number[];
+    const lowered = needle.toLowerCase();
+    const found: number[] = [];
+    for (let i = 0; i < lines.length; i += 1) {
+      if (lowerPlain(lines[i]).includes(lowered)) found.push(i);
+    }
+    return found;
+    // `version` stands for the contents of `lines`, which may grow in place.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [needle, version, lines]);
+  const currentLine = matches.length ? matches[Math.min(current, matches.length - 1)] : -1;
+
+  // Measure the viewport (ResizeObserver where the browser has one).
+  useLayoutEffect(() => {
+    const el = scroller.current;
+    if (!el) return undefined;
+    const measure = () => setViewport(el.clientHeight || FALLBACK_VIEWPORT);
+    measure();
+    if (typeof ResizeObserver === "undefined") return undefined;
+    const observer = new ResizeObserver(measure);
+    observer.observe(el);
+    return () => observer.disconnect();
+  }, []);
+
+  const maxTop = Math.max(0, totalHeight - viewport);
+  const top = follow ? maxTop : Math.min(scrollTop, maxTop);
+
+  // Follow mode: keep the newest line in view as lines arrive.
+  useLayoutEffect(() => {
+    const el = scroller.current;
+    if (!el || !follow) return;
+    el.scrollTop = maxTop;
+    programmaticTop.current = el.scrollTop;
+  }, [follow, maxTop, version]);
+
+  const onScroll = () => {
+    const el = scroller.current;
+    if (!el) return;
+    const position = el.scrollTop;
+    if (programmaticTop.current !== null && Math.abs(position - programmaticTop.current) < 1) {
+      return;
+    }
+    programmaticTop.current = null;
+    setScrollTop(position);
+    const atBottom = position >= maxTop - rowHeight;
+    setFollow(atBottom);
+  };
+
+  // A scroll gesture upwards stops following at once, before the scroll event:
+  // otherwise lines arriving in the same frame would pull the view back down.
+  const onWheel = (event: { deltaY: number }) => {
+    if (event.deltaY < 0 && follow) setFollow(false);
+  };
+  const onScrollerKey = (event: KeyboardEvent<HTMLDivElement>) => {
+    if (["ArrowUp", "PageUp", "Home"].includes(event.key) && follow) setFollow(false);
+  };
+
+  const scrollToRow = (row: number, align: "top" | "third" = "third") => {
+    const el = scroller.current;
+    const offset = align === "top" ? 0 : viewport / 3;
+    const target = Math.max(0, Math.min(maxTop, row * rowHeight - offset));
+    setFollow(false);
+    setScrollTop(target);
+    if (el) {
+      el.scrollTop = target;
+      programmaticTop.current = el.scrollTop;
+    }
+  };
+
+  const goToMatch = (index: number) => {
+    if (!matches.length) return;
+    const wrapped = (index + matches.length) % matches.length;
+    setCurrent(wrapped);
+    scrollToRow(rowOfLine(matches[wrapped]));
+  };
+
+  const onSearchKey = (event: KeyboardEvent<HTMLInputElement>) => {
+    if (event.key === "Enter") {
+      event.preventDefault();
+      goToMatch(current + (event.shiftKey ? -1 : 1));
+    } else if (event.key === "Escape") {
+      setQuery("");
+    }
+  };
+
+  const onQueryChange = (value: string) => {
+    setQuery(value);
+    setCurrent(0);
+  };
+
+  // Jump to the first match when the query changes.
+  useEffect(() => {
+    if (matches.length && needle) scrollToRow(rowOfLine(matches[0]));
+    // Only on a new query, not on every appended line.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [needle]);
+
+  const first = Math.max(0, Math.floor(top / rowHeight) - OVERSCAN);
+  const last = Math.min(rowCount, Math.ceil((top + viewport) / rowHeight) + OVERSCAN);
+  const rows: Row[] = [];
+  for (let row = first; row < last; row += 1) rows.push(rowAt(row));
+
+  return (
+    <div className="logviewer" style={{ ["--row-h" as string]: `${rowHeight}px` }}>
+      <div className="log-toolbar" role="toolbar" aria-label={`Log tools for ${label}`}>
+        <label className="log-search">
+          <span className="visually-hidden">Search logs</span>
+          <input
+            type="search"
+            placeholder="Search logs"
+            value={query}
+            onChange={(event) => onQueryChange(event.target.value)}
+            onKeyDown={onSearchKey}
+          />
+        </label>
+        <span className="log-count" aria-live="polite">
+          {needle ? (matches.length ? `${Math.min(current, matches.length - 1) + 1} / ${matches.length}` : "No matches") : ""}
+        </span>
+        <button type="button" className="btn btn-small" onClick={() => goToMatch(current - 1)} disabled={!matches.length} aria-label="Previous match">
+          ↑
+        </button>
+        <button type="button" className="btn btn-small" onClick={() => goToMatch(current + 1)} disabled={!matches.length} aria-label="Next match">
+          ↓
+        </button>
+        <span className="toolbar-spacer" />
+        {sortedAttempts.map((mark) => (
+          <button key={mark.attempt} type="button" className="btn btn-small" onClick={() => scrollToRow(rowOfLine(mark.lineIndex) - 1, "top")}>
+            Jump to attempt {mark.attempt}
+          </button>
+        ))}
+        <button
+          type="button"
+          className={`btn btn-small ${follow ? "btn-active" : ""}`}
+          aria-pressed={follow}
+          onClick={() => setFollow(true)}
+          title="Keep the newest line in view"
+        >
+          Follow
+        </button>
+        {onDownload ? (
+          <button type="button" className="btn btn-small" onClick={onDownload} disabled={downloading}>
+            {downloading ? "Downloading…" : "Download"}
+          </button>
+        ) : null}
+      </div>
+      <div
+        ref={scroller}
+        className="log-scroll"
+        role="log"
+        aria-label={label}
+        aria-live="off"
+        tabIndex={0}
+        onScroll={onScroll}
+        onWheel={onWheel}
+        onKeyDown={onScrollerKey}
+        data-follow={follow ? "on" : "off"}
+      >
+        <div className="log-canvas" style={{ height: Math.max(totalHeight, rowHeight) }}>
+          <div className="log-rows" style={{ transform: `translateY(${first * rowHeight}px)` }}>
+            {rows.map((row) =>
+              row.kind === "attempt" ? (
+                <div key={`attempt-${row.mark.attempt}`} className="log-row log-attempt" data-attempt={row.mark.attempt}>
+                  <span className="log-gutter" />
+                  <span className="log-text">{row.mark.label}</span>
+                </div>
+              ) : (
+                <LogRow
+                  key={lines[row.index].seq}
+                  line={lines[row.index]}
+                  needle={needle}
+                  current={row.index === currentLine}
+                />
+              ),
+            )}
+          </div>
+          {lines.length === 0 ? <div className="log-placeholder">{placeholder}</div> : null}
+        </div>
+      </div>
+    </div>
+  );
+}
+
+function LogRow({ line, needle, current }: { line: ViewerLine; needle: string; current: boolean }) {
+  const isErr = line.stream === "e";
+  const classes = ["log-row", isErr ? "stderr" : "", current ? "log-current" : ""].filter(Boolean).join(" ");
+  return (
+    <div className={classes} data-seq={line.seq} data-stream={line.stream}>
+      <span className="log-gutter" title={isErr ? "stderr" : "stdout"}>
+        {isErr ? <span className="stream-mark" aria-label="stderr">E</span> : null}
+        {line.seq}
+      </span>
+      <span className="log-text">{renderAnsi(parseAnsi(line.text), needle, current ? "match current" : "match")}</span>
+    </div>
+  );
+}

@@ -1,0 +1,392 @@
+import { useCallback, useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
+import { Link, useNavigate, useParams, useSearchParams } from "react-router-dom";
+import { ApiError, errorMessage, get, post, wsPath } from "../api/client";
+import { useLiveFrames } from "../api/live";
+import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type LogPage, type Run, type Tag } from "../api/types";
+import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
+import { JobGraph } from "../components/JobGraph";
+import { LogViewer, type AttemptMark } from "../components/LogViewer";
+import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
+import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration } from "../lib/format";
+import { useNow, useResource } from "../lib/hooks";
+import { RunLogStore } from "../lib/logstore";
+import { useWorkspace } from "../workspace";
+import { Tags } from "./Runs";
+
+type TabName = "logs" | "artifacts";
+
+export function RunPage() {
+  const { slug } = useWorkspace();
+  const { run: runName = "" } = useParams();
+  const [params, setParams] = useSearchParams();
+  const tab: TabName = params.get("tab") === "artifacts" ? "artifacts" : "logs";
+  const now = useNow(1_000);
+
+  const runResource = useResource<Run>(`${slug}/${runName}`, () => get<Run>(wsPath(slug, `runs/${encodeURIComponent(runName)}/`)));
+  const run = runResource.data;
+  const store = useMemo(() => new RunLogStore(), [runName]);
+  const version = useSyncExternalStore(store.subscribe, store.getVersion);
+
+  // Follow the run until it is finished and every job's lines are here.
+  const complete =
+    run !== undefined &&
+    !ACTIVE_RUN_STATUSES.includes(run.status) &&
+    run.jobs.every((job) => store.lastSeq(job.id) >= job.last_seq);
+  const livePath = run && !complete ? `/ws/v1/workspaces/${slug}/runs/${run.id}/` : null;
+  useLiveFrames(
+    livePath,
+    (frame) => {
+      if (frame.type === "run") runResource.setData(frame.run);
+      else store.append(frame.job, frame.lines);
+    },
+    () => `?after_seq=${resumeSeq(store, run?.jobs ?? [])}`,
+  );
+
+  const selectedName = params.get("job") ?? (run ? defaultJob(run.jobs)?.name : undefined) ?? null;
+  const selectedJob = run?.jobs.find((j) => j.name === selectedName) ?? null;
+
+  const setParam = (name: string, value: string) => {
+    const next = new URLSearchParams(params);
+    next.set(name, value);
+    setParams(next, { replace: true });
+  };
+
+  if (!run) {
+    return runResource.error ? <ErrorBanner error={runResource.error} /> : <Loading />;
+  }
+  return (
+    <div className="run-page">
+      <RunHeader run={run} now={now} onChange={(r) => runResource.setData(r)} />
+      <ErrorBanner error={runResource.error} />
+      <section aria-label="Job graph" className="card">
+        <JobGraph jobs={run.jobs} selected={selectedName} onSelect={(job) => setParam("job", job.name)} now={now} />
+      </section>
+      <div className="tabs" role="tablist" aria-label="Run views">
+        <TabButton name="logs" label="Logs" current={tab} onSelect={(t) => setParam("tab", t)} />
+        <TabButton name="artifacts" label="Artifacts" current={tab} onSelect={(t) => setParam("tab", t)} />
+      </div>
+      <div role="tabpanel" id={`panel-${tab}`} aria-labelledby={`tab-${tab}`} className="tabpanel">
+        {tab === "logs" && selectedJob ? (
+          <JobLogs key={selectedJob.id} run={run} job={selectedJob} store={store} version={version} now={now} />
+        ) : null}
+        {tab === "logs" && !selectedJob ? <p className="muted">This run has no jobs.</p> : null}
+        {tab === "artifacts" ? <RunArtifacts run={run} /> : null}
+      </div>
+    </div>
+  );
+}
+
+function TabButton({ name, label, current, onSelect }: { name: TabName; label: string; current: TabName; onSelect: (name: TabName) => void }) {
+  const selected = name === current;
+  return (
+    <button
+      type="button"
+      role="tab"
+      id={`tab-${name}`}
+      aria-selected={selected}
+      aria-controls={`panel-${name}`}
+      tabIndex={selected ? 0 : -1}
+      className={`tab ${selected ? "tab-selected" : ""}`}
+      onClick={() => onSelect(name)}
+      onKeyDown={(event) => {
+        if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+          const other: TabName = name === "logs" ? "artifacts" : "logs";
+          onSelect(other);
+          document.getElementById(`tab-${other}`)?.focus();
+        }
+      }}
+    >
+      {label}
+    </button>
+  );
+}
+
+function RunHeader({ run, now, onChange }: { run: Run; now: number; onChange: (run: Run) => void }) {
+  const { slug, canWrite } = useWorkspace();
+  const navigate = useNavigate();
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState<string | null>(null);
+  const [tagging, setTagging] = useState(false);
+  const active = ACTIVE_RUN_STATUSES.includes(run.status);
+
+  const act = async (name: string, action: () => Promise<void>) => {
+    setBusy(name);
+    setError(null);
+    try {
+      await action();
+    } catch (caught) {
+      setError(errorMessage(caught));
+    } finally {
+      setBusy(null);
+    }
+  };
+  const stop = () => act("stop", async () => onChange(await post<Run>(wsPath(slug, `runs/${run.id}/stop/`))));
+  const rerun = () =>
+    act("rerun", async () => {
+      const created = await post<Run>(wsPath(slug, `runs/${run.id}/rerun/`));
+      navigate(`/w/${slug}/runs/${created.name}`);
+    });
+
+  return (
+    <header className="run-header">
+      <div className="run-title">
+        <nav aria-label="Breadcrumb" className="breadcrumb">
+          <Link to={`/w/${slug}/runs`}>Runs</Link> /
+        </nav>
+        <h1>
+          {run.name} <StatusBadge status={run.status} />
+        </h1>
+        {run.status_reason ? <p className="status-reason">{run.status_reason}</p> : null}
+        <dl className="facts">
+          <Fact label="Workflow">{run.workflow}</Fact>
+          <Fact label="Code">
+            <span className="mono" title={run.code?.commit}>
+              {codeLabel(run.code)}
+            </span>
+          </Fact>
+          <Fact label="By">{run.submitted_by || "—"}</Fact>
+          <Fact label="Submitted">
+            <Time iso={run.created_at} />
+          </Fact>
+          <Fact label="Duration">{humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}</Fact>
+          {run.exit_code !== null ? <Fact label="Exit code">{run.exit_code}</Fact> : null}
+          <Fact label="Cost">
+            <span title="No cost data for this backend">—</span>
+          </Fact>
+          {run.no_cache ? <Fact label="Cache">off (--no-cache)</Fact> : null}
+          {run.tags && run.tags.length ? (
+            <Fact label="Tags">
+              <Tags tags={run.tags} workspace={slug} />
+            </Fact>
+          ) : null}
+        </dl>
+      </div>
+      {canWrite ? (
+        <div className="run-actions">
+          {active ? (
+            <button type="button" className="btn btn-danger" onClick={stop} disabled={busy !== null || run.status === "stopping"}>
+              {busy === "stop" ? "Stopping…" : "Stop"}
+            </button>
+          ) : null}
+          <button type="button" className="btn" onClick={rerun} disabled={busy !== null}>
+            {busy === "rerun" ? "Starting…" : "Re-run"}
+          </button>
+          <button
+            type="button"
+            className="btn"
+            onClick={() => setTagging(!tagging)}
+            aria-expanded={tagging}
+            disabled={run.status !== "succeeded"}
+            title={run.status === "succeeded" ? "Name this run" : "Only a succeeded run can be tagged"}
+          >
+            Tag
+          </button>
+        </div>
+      ) : null}
+      <ErrorBanner error={error} />
+      {tagging ? (
+        <TagForm
+          run={run}
+          onDone={(tags) => {
+            setTagging(false);
+            if (tags) onChange({ ...run, tags });
+          }}
+        />
+      ) : null}
+    </header>
+  );
+}
+
+function TagForm({ run, onDone }: { run: Run; onDone: (tags?: string[]) => void }) {
+  const { slug } = useWorkspace();
+  const [name, setName] = useState("");
+  const [conflict, setConflict] = useState<string | null>(null);
+  const [error, setError] = useState<string | null>(null);
+
+  const save = async (force: boolean) => {
+    setError(null);
+    try {
+      const tag = await post<Tag>(wsPath(slug, "tags/"), { name: name.trim(), run: run.id, force });
+      onDone([...new Set([...(run.tags ?? []), tag.name])]);
+    } catch (caught) {
+      if (caught instanceof ApiError && caught.status === 409) setConflict(caught.message);
+      else setError(errorMessage(caught));
+    }
+  };
+  const submit = (event: FormEvent) => {
+    event.preventDefault();
+    void save(false);
+  };
+  return (
+    <form className="inline-form" onSubmit={submit} aria-label="Tag this run">
+      <label>
+        Tag name
+        <input value={name} onChange={(e) => (setName(e.target.value), setConflict(null))} required autoFocus placeholder="e.g. base-model" />
+      </label>
+      <button type="submit" className="btn btn-primary">
+        Save tag
+      </button>
+      <button type="button" className="btn" onClick={() => onDone()}>
+        Cancel
+      </button>
+      <ErrorBanner error={error} />
+      {conflict ? (
+        <div className="banner banner-warning" role="alert">
+          {conflict}{" "}
+          <button type="button" className="btn btn-small btn-danger-solid" onClick={() => void save(true)}>
+            Move tag to {run.name}
+          </button>
+        </div>
+      ) : null}
+    </form>
+  );
+}
+
+function JobLogs({ run, job, store, version, now }: { run: Run; job: Job; store: RunLogStore; version: number; now: number }) {
+  const { slug } = useWorkspace();
+  const [downloading, setDownloading] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const lines = store.lines(job.id);
+  const attempts: AttemptMark[] = useMemo(
+    () => [{ attempt: job.attempt, lineIndex: 0, label: attemptLabel(job) }],
+    [job],
+  );
+
+  const download = useCallback(async () => {
+    setDownloading(true);
+    setError(null);
+    try {
+      const text = await fetchWholeLog(slug, job.id);
+      saveFile(`${run.name}-${job.name}.log`, text);
+    } catch (caught) {
+      setError(errorMessage(caught));
+    } finally {
+      setDownloading(false);
+    }
+  }, [slug, job.id, job.name, run.name]);
+
+  const waiting = job.status === "pending" || job.status === "assigned";
+  return (
+    <div className="job-logs">
+      <JobFacts job={job} now={now} />
+      <ErrorBanner error={error} />
+      <LogViewer
+        lines={lines}
+        version={version}
+        attempts={attempts}
+        label={`Logs of ${job.name}`}
+        placeholder={job.cached_from ? "This job was reused from an earlier run: it produced no new output." : waiting ? "Waiting for the job to start…" : "No output."}
+        onDownload={download}
+        downloading={downloading}
+      />
+    </div>
+  );
+}
+
+function JobFacts({ job, now }: { job: Job; now: number }) {
+  const { slug } = useWorkspace();
+  const r = job.resources ?? ({} as Job["resources"]);
+  const resources = [
+    r.cpu ? `${r.cpu} CPU` : null,
+    r.memory_bytes ? humanBytes(r.memory_bytes) : null,
+    r.gpu_count ? `${r.gpu_count}× ${r.gpu_name || "GPU"}` : null,
+  ].filter(Boolean);
+  return (
+    <section className="job-facts card" aria-label={`Job ${job.name}`}>
+      <h2>
+        {job.name} <StatusBadge status={job.status} />
+      </h2>
+      <dl className="facts">
+        <Fact label="Attempt">{job.attempt}</Fact>
+        <Fact label="Ended because">{job.status_reason || (job.finished_at ? job.status : "—")}</Fact>
+        <Fact label="Exit code">{job.exit_code ?? "—"}</Fact>
+        <Fact label="Resources">{resources.length ? resources.join(", ") : "any"}</Fact>
+        <Fact label="Instance">{job.instance ?? "—"}</Fact>
+        {job.provider ? <Fact label="Provider">{job.provider}</Fact> : null}
+        <Fact label="Started">{job.started_at ? <span title={absoluteTime(job.started_at)}>{absoluteTime(job.started_at)}</span> : "—"}</Fact>
+        <Fact label="Duration">{humanDuration(elapsedSeconds(job.started_at, job.finished_at, now))}</Fact>
+        {job.needs && job.needs.length ? <Fact label="Needs">{job.needs.join(", ")}</Fact> : null}
+        {job.cached_from ? (
+          <Fact label="Cache">
+            reused from{" "}
+            <Link to={`/w/${slug}/runs/${job.cached_from.run}`}>{job.cached_from.run}</Link>
+          </Fact>
+        ) : null}
+        {job.inputs && job.inputs.length ? (
+          <Fact label="Inputs">
+            <ul className="plain">
+              {job.inputs.map((input) => (
+                <li key={input.path}>
+                  <span className="mono">{input.path}</span> ← <span className="mono">{input.from}</span>
+                </li>
+              ))}
+            </ul>
+          </Fact>
+        ) : null}
+      </dl>
+    </section>
+  );
+}
+
+function RunArtifacts({ run }: { run: Run }) {
+  const { slug } = useWorkspace();
+  const artifacts = useResource<Artifact[]>(`${slug}/${run.id}/${run.status}`, () => get<Artifact[]>(wsPath(slug, `runs/${run.id}/artifacts/`)));
+  if (artifacts.error) return <ErrorBanner error={artifacts.error} />;
+  if (!artifacts.data) return <Loading />;
+  return <ArtifactsBrowser workspace={slug} artifacts={artifacts.data} jobs={run.jobs} />;
+}
+
+function Fact({ label, children }: { label: string; children: ReactNode }) {
+  return (
+    <div className="fact">
+      <dt>{label}</dt>
+      <dd>{children}</dd>
+    </div>
+  );
+}
+
+/** The socket resends lines after one seq for all jobs: resume from the job that has the fewest. */
+function resumeSeq(store: RunLogStore, jobs: Job[]): number {
+  return jobs.length ? Math.min(...jobs.map((job) => store.lastSeq(job.id))) : 0;
+}
+
+function defaultJob(jobs: Job[]): Job | undefined {
+  return (
+    jobs.find((j) => j.status === "running") ??
+    jobs.find((j) => j.status === "failed") ??
+    [...jobs].reverse().find((j) => j.started_at) ??
+    jobs[0]
+  );
+}
+
+function attemptLabel(job: Job): string {
+  const parts = [`Attempt ${job.attempt}`];
+  if (job.started_at) parts.push(`started ${absoluteTime(job.started_at)}`);
+  if (job.instance) parts.push(`on ${job.instance}`);
+  if (job.finished_at) parts.push(job.exit_code !== null ? `${job.status}, exit code ${job.exit_code}` : job.status);
+  return `── ${parts.join(" · ")} ──`;
+}
+
+/** Every line of a job, paged through the REST API (the viewer may hold only part). */
+export async function fetchWholeLog(workspace: string, job: string): Promise<string> {
+  const chunks: string[] = [];
+  let after = 0;
+  for (;;) {
+    const page = await get<LogPage>(wsPath(workspace, `jobs/${job}/logs/`), { after_seq: after, limit: 10000 });
+    for (const line of page.lines) chunks.push(line.text);
+    if (!page.has_more || !page.lines.length) break;
+    after = page.lines[page.lines.length - 1].seq;
+  }
+  return chunks.length ? `${chunks.join("\n")}\n` : "";
+}
+
+function saveFile(name: string, text: string): void {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/plain" }));
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = name;
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}

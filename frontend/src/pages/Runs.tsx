@@ -1,0 +1,278 @@
+import { useEffect, useState, type FormEvent } from "react";
+import { Link, useSearchParams } from "react-router-dom";
+import { get, wsPath } from "../api/client";
+import { useLiveFrames } from "../api/live";
+import type { Page, Run, RunStatus } from "../api/types";
+import { CopyButton, EmptyState, ErrorBanner, Loading, PageHeader, StatusBadge, Time } from "../components/ui";
+import { codeLabel, elapsedSeconds, humanDuration } from "../lib/format";
+import { useNow, useResource } from "../lib/hooks";
+import { useWorkspace } from "../workspace";
+
+export const PAGE_SIZE = 25;
+const STATUSES: RunStatus[] = ["pending", "running", "stopping", "succeeded", "failed", "stopped"];
+
+export function RunsPage() {
+  const { slug } = useWorkspace();
+  const [params, setParams] = useSearchParams();
+  const status = params.get("status") ?? "";
+  const workflow = params.get("workflow") ?? "";
+  const q = params.get("q") ?? "";
+  const tag = params.get("tag") ?? "";
+  const page = Number(params.get("page") ?? "1") || 1;
+  const filtered = Boolean(status || workflow || q || tag);
+
+  const key = `${slug}|${status}|${workflow}|${q}|${tag}|${page}`;
+  const runs = useResource<Page<Run>>(key, () =>
+    get<Page<Run>>(wsPath(slug, "runs/"), { status, workflow, q, tag, page, page_size: PAGE_SIZE }),
+  );
+
+  // Live: a changed run replaces its row; a new run matching the filters on
+  // the first page is added at the top.
+  useLiveFrames(wsPath(slug, "runs/").replace("/api/v1/", "/ws/v1/"), (frame) => {
+    if (frame.type !== "run") return;
+    const run = frame.run;
+    runs.setData((previous) => {
+      if (!previous) return previous as unknown as Page<Run>;
+      const index = previous.results.findIndex((r) => r.id === run.id);
+      if (index >= 0) {
+        const results = previous.results.slice();
+        results[index] = run;
+        return { ...previous, results };
+      }
+      if (page !== 1 || q || !matches(run, status, workflow, tag)) return previous;
+      return {
+        ...previous,
+        count: previous.count + 1,
+        results: [run, ...previous.results].slice(0, PAGE_SIZE),
+      };
+    });
+  });
+
+  const update = (changes: Record<string, string>) => {
+    const next = new URLSearchParams(params);
+    for (const [name, value] of Object.entries(changes)) {
+      if (value) next.set(name, value);
+      else next.delete(name);
+    }
+    if (!("page" in changes)) next.delete("page");
+    setParams(next);
+  };
+
+  const data = runs.data;
+  return (
+    <>
+      <PageHeader title="Runs" />
+      <Filters status={status} workflow={workflow} q={q} tag={tag} runs={data?.results ?? []} onChange={update} />
+      <ErrorBanner error={runs.error} />
+      {!data && runs.loading ? <Loading /> : null}
+      {data && data.count === 0 && !filtered ? <GettingStarted /> : null}
+      {data && data.count === 0 && filtered ? (
+        <EmptyState title="No runs match these filters">
+          <button type="button" className="btn" onClick={() => setParams(new URLSearchParams())}>
+            Clear filters
+          </button>
+        </EmptyState>
+      ) : null}
+      {data && data.count > 0 ? (
+        <>
+          <RunsTable runs={data.results} workspace={slug} />
+          <Pagination page={page} count={data.count} onPage={(p) => update({ page: p === 1 ? "" : String(p) })} />
+        </>
+      ) : null}
+    </>
+  );
+}
+
+export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string }) {
+  const now = useNow(5_000);
+  return (
+    <div className="table-wrap">
+      <table className="table runs-table">
+        <thead>
+          <tr>
+            <th scope="col">Status</th>
+            <th scope="col">Run</th>
+            <th scope="col">Workflow</th>
+            <th scope="col">Code</th>
+            <th scope="col">By</th>
+            <th scope="col">Submitted</th>
+            <th scope="col" className="num">
+              Duration
+            </th>
+            <th scope="col" className="num">
+              Cost
+            </th>
+            <th scope="col">Tags</th>
+          </tr>
+        </thead>
+        <tbody>
+          {runs.map((run) => (
+            <tr key={run.id} data-run={run.name}>
+              <td>
+                <StatusBadge status={run.status} />
+              </td>
+              <td>
+                <Link to={`/w/${workspace}/runs/${run.name}`} className="run-link">
+                  {run.name}
+                </Link>
+              </td>
+              <td>{run.workflow}</td>
+              <td className="mono small" title={run.code?.commit || undefined}>
+                {codeLabel(run.code)}
+              </td>
+              <td>{run.submitted_by || "—"}</td>
+              <td>
+                <Time iso={run.created_at} />
+              </td>
+              <td className="num">
+                {humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}
+              </td>
+              <td className="num muted" title="No cost data for this backend">
+                —
+              </td>
+              <td>
+                <Tags tags={run.tags ?? []} workspace={workspace} />
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function Tags({ tags, workspace }: { tags: string[]; workspace: string }) {
+  if (!tags.length) return null;
+  return (
+    <span className="tags">
+      {tags.map((tag) => (
+        <Link key={tag} className="tag" to={`/w/${workspace}/runs?tag=${encodeURIComponent(tag)}`}>
+          {tag}
+        </Link>
+      ))}
+    </span>
+  );
+}
+
+function Filters({
+  status,
+  workflow,
+  q,
+  tag,
+  runs,
+  onChange,
+}: {
+  status: string;
+  workflow: string;
+  q: string;
+  tag: string;
+  runs: Run[];
+  onChange: (changes: Record<string, string>) => void;
+}) {
+  const [search, setSearch] = useState(q);
+  const [workflowText, setWorkflowText] = useState(workflow);
+  useEffect(() => setSearch(q), [q]);
+  useEffect(() => setWorkflowText(workflow), [workflow]);
+  const workflows = [...new Set(runs.map((r) => r.workflow))].sort();
+
+  const submit = (event: FormEvent) => {
+    event.preventDefault();
+    onChange({ q: search.trim(), workflow: workflowText.trim() });
+  };
+  return (
+    <form className="filters" role="search" onSubmit={submit}>
+      <label>
+        <span className="label">Search</span>
+        <input type="search" value={search} placeholder="Name, workflow or person" onChange={(e) => setSearch(e.target.value)} />
+      </label>
+      <label>
+        <span className="label">Status</span>
+        <select value={status} onChange={(e) => onChange({ status: e.target.value })}>
+          <option value="">Any status</option>
+          {STATUSES.map((s) => (
+            <option key={s} value={s}>
+              {s}
+            </option>
+          ))}
+        </select>
+      </label>
+      <label>
+        <span className="label">Workflow</span>
+        <input list="workflow-options" value={workflowText} placeholder="Any workflow" onChange={(e) => setWorkflowText(e.target.value)} />
+        <datalist id="workflow-options">
+          {workflows.map((w) => (
+            <option key={w} value={w} />
+          ))}
+        </datalist>
+      </label>
+      <button type="submit" className="btn">
+        Apply
+      </button>
+      {tag ? (
+        <span className="filter-chip">
+          tag: {tag}
+          <button type="button" className="btn btn-small btn-ghost" aria-label={`Remove tag filter ${tag}`} onClick={() => onChange({ tag: "" })}>
+            ×
+          </button>
+        </span>
+      ) : null}
+    </form>
+  );
+}
+
+function Pagination({ page, count, onPage }: { page: number; count: number; onPage: (page: number) => void }) {
+  const pages = Math.max(1, Math.ceil(count / PAGE_SIZE));
+  const first = (page - 1) * PAGE_SIZE + 1;
+  const last = Math.min(count, page * PAGE_SIZE);
+  return (
+    <nav className="pagination" aria-label="Pages of runs">
+      <span className="muted">
+        {first}–{last} of {count}
+      </span>
+      <button type="button" className="btn btn-small" disabled={page <= 1} onClick={() => onPage(page - 1)}>
+        Previous
+      </button>
+      <span>
+        Page {page} of {pages}
+      </span>
+      <button type="button" className="btn btn-small" disabled={page >= pages} onClick={() => onPage(page + 1)}>
+        Next
+      </button>
+    </nav>
+  );
+}
+
+/** The first thing a new user sees: the three commands that make a run. */
+function GettingStarted() {
+  const { slug } = useWorkspace();
+  const commands = [
+    `export TRAINYARD_URL=${window.location.origin}`,
+    "export TRAINYARD_TOKEN=<make one on the API tokens page>",
+    "trainyard run hello",
+  ];
+  return (
+    <section className="empty getting-started" aria-labelledby="getting-started">
+      <h2 id="getting-started">Start your first run</h2>
+      <p>
+        No runs in this workspace yet. From a repository with a <code>.trainyard/workflows.yaml</code>, run these three commands. Make the
+        token on the <Link to={`/w/${slug}/tokens`}>API tokens</Link> page.
+      </p>
+      <ol className="commands">
+        {commands.map((command) => (
+          <li key={command}>
+            <code>{command}</code>
+            <CopyButton value={command} />
+          </li>
+        ))}
+      </ol>
+      <p className="muted">The run appears here as soon as it is submitted, and its logs stream live.</p>
+    </section>
+  );
+}
+
+function matches(run: Run, status: string, workflow: string, tag: string): boolean {
+  if (status && run.status !== status) return false;
+  if (workflow && run.workflow !== workflow) return false;
+  if (tag && !(run.tags ?? []).includes(tag)) return false;
+  return true;
+}

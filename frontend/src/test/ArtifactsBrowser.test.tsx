@@ -1,0 +1,92 @@
+import { render, screen, waitFor, within } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import type { Artifact, Job } from "../api/types";
+import { ArtifactsBrowser, buildTree, parseCsv } from "../components/ArtifactsBrowser";
+
+const SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+const job = { id: "job-1", name: "train" } as Job;
+const artifact: Artifact = {
+  id: "art-1",
+  job: "job-1",
+  path: "./model",
+  status: "complete",
+  total_size: 3 * 1024 * 1024 + 1536 + 40,
+  files: [
+    { path: "checkpoints/epoch-2/weights.bin", size: 2 * 1024 * 1024, sha256: SHA },
+    { path: "metrics.csv", size: 40, sha256: SHA },
+    { path: "checkpoints/epoch-1/weights.bin", size: 1024 * 1024, sha256: SHA },
+    { path: "config.json", size: 1536, sha256: SHA },
+  ],
+};
+
+afterEach(() => vi.unstubAllGlobals());
+
+describe("buildTree", () => {
+  it("makes folders from the paths, folders first, with summed sizes", () => {
+    const root = buildTree(artifact.files);
+    expect(root.children.map((c) => `${c.kind}:${c.name}`)).toEqual(["dir:checkpoints", "file:config.json", "file:metrics.csv"]);
+    const checkpoints = root.children[0];
+    expect(checkpoints.kind === "dir" && checkpoints.path).toBe("checkpoints/");
+    expect(checkpoints.kind === "dir" && checkpoints.size).toBe(3 * 1024 * 1024);
+    expect(checkpoints.kind === "dir" && checkpoints.children.map((c) => c.name)).toEqual(["epoch-1", "epoch-2"]);
+  });
+
+  it("parses quoted CSV fields", () => {
+    expect(parseCsv('a,b\n1,"x, ""y"""\n')).toEqual([["a", "b"], ["1", 'x, "y"']]);
+  });
+});
+
+describe("ArtifactsBrowser", () => {
+  it("shows the folder tree with human sizes, short hashes and archive links", async () => {
+    render(<ArtifactsBrowser workspace="team" artifacts={[artifact]} jobs={[job]} />);
+    expect(screen.getByRole("heading", { name: "train" })).toBeInTheDocument();
+    const folder = screen.getByRole("button", { name: /checkpoints\// });
+    expect(folder).toHaveAttribute("aria-expanded", "true");
+    expect(within(folder.parentElement as HTMLElement).getByText("3.0 MB")).toBeInTheDocument();
+    expect(screen.getByRole("link", { name: "Download folder checkpoints/" })).toHaveAttribute(
+      "href",
+      "/api/v1/workspaces/team/artifacts/art-1/archive/?prefix=checkpoints%2F",
+    );
+    expect(screen.getByRole("link", { name: "Download all" })).toHaveAttribute("href", "/api/v1/workspaces/team/artifacts/art-1/archive/");
+
+    const config = screen.getByRole("button", { name: "config.json" }).closest("li") as HTMLElement;
+    expect(within(config).getByText("1.5 KB")).toBeInTheDocument();
+    expect(within(config).getByText(SHA.slice(0, 10))).toBeInTheDocument();
+    expect(within(config).getByRole("button", { name: `Copy sha256: ${SHA}` })).toBeInTheDocument();
+
+    await userEvent.click(folder);
+    expect(folder).toHaveAttribute("aria-expanded", "false");
+    expect(screen.queryByRole("button", { name: "epoch-1/" })).toBeNull();
+  });
+
+  it("previews a CSV file as a table when it is selected", async () => {
+    const fetchMock = vi.fn(async () => new Response("step,loss\n1,0.9\n2,0.5\n"));
+    vi.stubGlobal("fetch", fetchMock);
+    render(<ArtifactsBrowser workspace="team" artifacts={[artifact]} jobs={[job]} />);
+    expect(fetchMock).not.toHaveBeenCalled();
+
+    await userEvent.click(screen.getByRole("button", { name: "metrics.csv" }));
+    expect(fetchMock).toHaveBeenCalledWith("/api/v1/workspaces/team/artifacts/art-1/files/metrics.csv", expect.objectContaining({ credentials: "same-origin" }));
+    const preview = screen.getByRole("region", { name: "Preview" });
+    expect(await within(preview).findByRole("columnheader", { name: "loss" })).toBeInTheDocument();
+    expect(within(preview).getByRole("cell", { name: "0.5" })).toBeInTheDocument();
+    expect(within(preview).getByRole("link", { name: "Download" })).toHaveAttribute("href", "/api/v1/workspaces/team/artifacts/art-1/files/metrics.csv");
+  });
+
+  it("pretty-prints JSON and does not fetch binary files", async () => {
+    const fetchMock = vi.fn(async () => new Response('{"lr":0.001,"layers":[1,2]}'));
+    vi.stubGlobal("fetch", fetchMock);
+    render(<ArtifactsBrowser workspace="team" artifacts={[artifact]} jobs={[job]} />);
+
+    await userEvent.click(screen.getByRole("button", { name: "config.json" }));
+    const preview = screen.getByRole("region", { name: "Preview" });
+    await waitFor(() => expect(preview.querySelector("pre")?.textContent).toBe('{\n  "lr": 0.001,\n  "layers": [\n    1,\n    2\n  ]\n}'));
+
+    fetchMock.mockClear();
+    await userEvent.click(screen.getAllByRole("button", { name: "weights.bin" })[0]);
+    expect(within(preview).getByText(/No preview for this file type/)).toBeInTheDocument();
+    expect(fetchMock).not.toHaveBeenCalled();
+  });
+});
