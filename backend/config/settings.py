@@ -141,6 +141,8 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# The web dashboard's build: dist/app-assets/* at /app-assets/* (backend/core/spa.py).
+WHITENOISE_ROOT = BASE_DIR / "frontend" / "dist"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

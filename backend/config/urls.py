@@ -9,14 +9,13 @@ from backend.artifacts import api as artifacts
 from backend.clouds import api as clouds
 from backend.repos import api as repos
 from backend.artifacts.views import storage_archive, storage_object
-from backend.core.views import home
+from backend.core import spa
 from backend.runs.api import views as runs
 from backend.vault import api as vault
 
 ws = "api/v1/workspaces/<slug:workspace>"
 
 urlpatterns = [
-    path("", home, name="home"),
     path("admin/", admin.site.urls),
     path("storage/<str:token>", storage_object, name="storage-object"),
     path("storage-archive/<str:token>", storage_archive, name="storage-archive"),
@@ -42,4 +41,6 @@ urlpatterns = [
     path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/", artifacts.RunnerArtifactCompleteView.as_view()),
+    # Last: `/` and every client-side route of the web dashboard.
+    spa.urlpattern,
 ]
