@@ -1,41 +1,135 @@
+"""The caller: who they are, signing in and out, their API tokens; health."""
+
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import authenticate, login, logout
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import ensure_csrf_cookie
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from backend.accounts.selectors import default_workspace, memberships_of
+from backend.accounts.github import github_enabled
+from backend.accounts.models import Role, User
+from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
+from backend.accounts.services.tokens import api_token_issue, api_token_revoke
+from backend.core.errors import ApplicationError, NotFound
 
 
 class WorkspaceRefOut(serializers.Serializer):
     slug = serializers.SlugField()
     name = serializers.CharField()
-    role = serializers.ChoiceField(choices=["admin", "member", "viewer"])
+    role = serializers.ChoiceField(choices=Role.choices)
 
 
 class MeOut(serializers.Serializer):
     username = serializers.CharField()
+    avatar_url = serializers.CharField()
     default_workspace = serializers.SlugField(allow_null=True)
     workspaces = WorkspaceRefOut(many=True)
+
+
+class AuthConfigOut(serializers.Serializer):
+    github = serializers.BooleanField()
+    local_login = serializers.BooleanField()
+
+
+class LoginIn(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=1024, trim_whitespace=False)
+
+
+class TokenIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+
+
+class TokenOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    prefix = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(allow_null=True)
+
+
+class TokenCreatedOut(TokenOut):
+    token = serializers.CharField(help_text="The token itself: shown this once.")
 
 
 class MeView(APIView):
     @extend_schema(responses=MeOut)
     def get(self, request: Request) -> Response:
-        default = default_workspace(user=request.user)
-        return Response(
-            {
-                "username": request.user.username,
-                "default_workspace": default.slug if default else None,
-                "workspaces": [
-                    {"slug": m.workspace.slug, "name": m.workspace.name, "role": m.role}
-                    for m in memberships_of(user=request.user)
-                ],
-            }
-        )
+        return Response(_me(request.user))
+
+
+@method_decorator(ensure_csrf_cookie, name="dispatch")
+class AuthConfigView(APIView):
+    """Public: which sign-in methods the web app offers. Sets the ``csrftoken`` cookie."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses=AuthConfigOut)
+    def get(self, request: Request) -> Response:
+        return Response({"github": github_enabled(), "local_login": settings.TRAINYARD_LOCAL_LOGIN})
+
+
+class LoginView(APIView):
+    """The local password login; CSRF-checked although anonymous, so no site can sign a browser in."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=LoginIn, responses=MeOut)
+    def post(self, request: Request) -> Response:
+        SessionAuthentication().enforce_csrf(request)
+        if not settings.TRAINYARD_LOCAL_LOGIN:
+            raise ApplicationError("local login is disabled", status_code=403)
+        data = LoginIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(request._request, **data.validated_data)
+        if user is None:
+            raise ApplicationError("Wrong username or password.")
+        login(request._request, user)
+        return Response(_me(user))
+
+
+class LogoutView(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request) -> Response:
+        logout(request._request)
+        return Response(status=204)
+
+
+class TokenListView(APIView):
+    """The caller's own API tokens."""
+
+    @extend_schema(responses=TokenOut(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TokenOut(api_tokens_of(user=request.user), many=True).data)
+
+    @extend_schema(request=TokenIn, responses={201: TokenCreatedOut})
+    def post(self, request: Request) -> Response:
+        data = TokenIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = api_token_issue(user=request.user, name=data.validated_data["name"])
+        return Response({**TokenOut(issued.row).data, "token": issued.token}, status=201)
+
+
+class TokenDetailView(APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, token_id: Any) -> Response:
+        if not api_token_revoke(user=request.user, token_id=token_id):
+            raise NotFound("Token not found (or revoked already).")
+        return Response(status=204)
 
 
 class HealthView(APIView):
@@ -49,3 +143,15 @@ class HealthView(APIView):
         with connection.cursor() as cur:
             cur.execute("SELECT 1")
         return Response({"status": "ok"})
+
+
+def _me(user: User) -> dict[str, Any]:
+    default = default_workspace(user=user)
+    return {
+        "username": user.username,
+        "avatar_url": user.avatar_url,
+        "default_workspace": default.slug if default else None,
+        "workspaces": [
+            {"slug": m.workspace.slug, "name": m.workspace.name, "role": m.role} for m in memberships_of(user=user)
+        ],
+    }

@@ -1,9 +1,12 @@
-"""DRF authentication with personal API tokens (Bearer or Token scheme)."""
+"""DRF authentication with personal API tokens (Bearer or Token scheme), and the local password login."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.http import HttpRequest
 from rest_framework import authentication, exceptions
 
 from backend.accounts.models import User
@@ -34,3 +37,23 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Any) -> str:
         return "Bearer"
+
+
+class LocalLoginBackend(ModelBackend):
+    """Username and password (the local ``admin``), only while ``TRAINYARD_LOCAL_LOGIN`` is on.
+
+    Switching it off also ends the sessions it started. GitHub users have an
+    unusable password, so this never signs them in.
+    """
+
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> User | None:
+        if not settings.TRAINYARD_LOCAL_LOGIN:
+            return None
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+    def get_user(self, user_id: Any) -> User | None:
+        if not settings.TRAINYARD_LOCAL_LOGIN:
+            return None
+        return super().get_user(user_id)

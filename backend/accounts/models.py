@@ -1,4 +1,4 @@
-"""Users, workspaces (the tenants), memberships with roles, API tokens."""
+"""Users, workspaces (the tenants), memberships with roles, invitations, API tokens."""
 
 from __future__ import annotations
 
@@ -9,9 +9,16 @@ from backend.core.models import BaseModel, WorkspaceOwnedModel
 
 
 class User(AbstractUser):
-    """Custom from the first migration. ``github_id`` keys GitHub sign-in."""
+    """Custom from the first migration. ``github_id`` keys GitHub sign-in.
+
+    ``username`` is the GitHub login (``<login>-<github_id>`` while another
+    account holds that name); ``github_login`` is the login exactly as GitHub
+    last reported it, for finding people to add to a workspace.
+    """
 
     github_id = models.BigIntegerField(null=True, blank=True, unique=True)
+    github_login = models.CharField(max_length=39, blank=True, db_index=True)
+    avatar_url = models.URLField(max_length=500, blank=True)
 
 
 class Workspace(BaseModel):
@@ -39,6 +46,41 @@ class Membership(WorkspaceOwnedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="uniq_membership")]
+
+
+class Invitation(WorkspaceOwnedModel):
+    """A role offered to a GitHub login or an email, taken up at that person's next sign-in.
+
+    Exactly one of ``github_login`` / ``email`` is set, stored lower-cased;
+    an email invitation is only ever matched against a GitHub-verified email.
+    """
+
+    github_login = models.CharField(max_length=39, blank=True)
+    email = models.EmailField(blank=True)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    invited_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(github_login="") & ~models.Q(email=""))
+                | (~models.Q(github_login="") & models.Q(email="")),
+                name="invitation_login_xor_email",
+            ),
+            # One pending invitation per person and workspace: inviting again changes its role.
+            models.UniqueConstraint(
+                fields=["workspace", "github_login"],
+                condition=models.Q(accepted_at__isnull=True) & ~models.Q(github_login=""),
+                name="uniq_pending_invitation_login",
+            ),
+            models.UniqueConstraint(
+                fields=["workspace", "email"],
+                condition=models.Q(accepted_at__isnull=True) & ~models.Q(email=""),
+                name="uniq_pending_invitation_email",
+            ),
+        ]
 
 
 class ApiToken(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from backend.accounts.models import ApiToken, Membership, User, Workspace
+from backend.accounts.models import ApiToken, Invitation, Membership, User, Workspace
 from backend.accounts.services import hash_token
 
 
@@ -24,11 +24,7 @@ def user_for_token(*, token: str) -> User | None:
 
 
 def membership_get(*, user: User, workspace_slug: str) -> Membership | None:
-    return (
-        Membership.objects.select_related("workspace")
-        .filter(user=user, workspace__slug=workspace_slug)
-        .first()
-    )
+    return Membership.objects.select_related("workspace").filter(user=user, workspace__slug=workspace_slug).first()
 
 
 def memberships_of(*, user: User) -> list[Membership]:
@@ -41,3 +37,16 @@ def default_workspace(*, user: User) -> Workspace | None:
         return personal
     first = Membership.objects.filter(user=user).select_related("workspace").order_by("created_at").first()
     return first.workspace if first else None
+
+
+def members_of(*, workspace: Workspace) -> list[Membership]:
+    return list(Membership.objects.for_workspace(workspace).select_related("user").order_by("user__username"))
+
+
+def invitations_pending(*, workspace: Workspace) -> list[Invitation]:
+    return list(Invitation.objects.for_workspace(workspace).filter(accepted_at__isnull=True).order_by("-created_at"))
+
+
+def api_tokens_of(*, user: User) -> list[ApiToken]:
+    """The user's live tokens, newest first."""
+    return list(ApiToken.objects.filter(user=user, revoked_at__isnull=True).order_by("-created_at"))

@@ -18,6 +18,7 @@ from backend.core.env import (
     env_int,
     env_list,
     env_str,
+    env_url,
     read_env_file,
 )
 
@@ -63,6 +64,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "social_django",
     "backend.core",
     "backend.accounts.apps.AccountsConfig",
     "backend.repos",
@@ -81,11 +83,22 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Turns every GitHub sign-in failure into a redirect to /?auth_error=…
+    "backend.accounts.middleware.SignInErrorMiddleware",
 ]
 
 ROOT_URLCONF = "backend.config.urls"
 ASGI_APPLICATION = "backend.config.asgi.application"
 AUTH_USER_MODEL = "accounts.User"
+# Both are always listed; each checks at request time whether it is enabled
+# (GITHUB_CLIENT_ID / TRAINYARD_LOCAL_LOGIN below), so a disabled one neither
+# signs anybody in nor keeps an existing session alive.
+AUTHENTICATION_BACKENDS = [
+    "backend.accounts.auth.LocalLoginBackend",
+    "backend.accounts.github.GithubOAuth2PKCE",
+]
+LOGIN_URL = "/"
+LOGIN_REDIRECT_URL = "/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 TEMPLATES = [
@@ -171,6 +184,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {"Role": "backend.accounts.models.Role"},
 }
 
 LOGGING = {
@@ -189,6 +203,35 @@ LOGGING = {
         "celery.beat": {"level": "INFO", "filters": ["drop_beat_ticks"]},
     },
 }
+
+# --- Sign-in ----------------------------------------------------------------
+# A GitHub OAuth app (or GitHub Enterprise: set both URLs). The app's callback
+# URL is <TRAINYARD_PUBLIC_URL>/auth/complete/github/.
+GITHUB_CLIENT_ID = env_str("GITHUB_CLIENT_ID", "")
+GITHUB_CLIENT_SECRET = env_str("GITHUB_CLIENT_SECRET", "")
+if bool(GITHUB_CLIENT_ID) != bool(GITHUB_CLIENT_SECRET):
+    raise ConfigError("Set both GITHUB_CLIENT_ID and GITHUB_CLIENT_SECRET (or GITHUB_CLIENT_SECRET_FILE), or neither.")
+GITHUB_URL = env_url("GITHUB_URL", "https://github.com")
+GITHUB_API_URL = env_url("GITHUB_API_URL", "https://api.github.com")
+# The local password login (user `admin`, see ensure_admin): the embedded
+# default's way in when no GitHub app is configured.
+TRAINYARD_LOCAL_LOGIN = env_bool("TRAINYARD_LOCAL_LOGIN", not GITHUB_CLIENT_ID)
+
+SOCIAL_AUTH_PIPELINE = (
+    "social_core.pipeline.social_auth.social_details",
+    "social_core.pipeline.social_auth.social_uid",
+    "social_core.pipeline.social_auth.auth_allowed",
+    # Finds or creates the user by GitHub's numeric id: never by email.
+    "backend.accounts.pipeline.github_user",
+    "social_core.pipeline.social_auth.social_user",
+    "social_core.pipeline.social_auth.associate_user",
+)
+SOCIAL_AUTH_LOGIN_REDIRECT_URL = "/"
+SOCIAL_AUTH_NEW_USER_REDIRECT_URL = "/"
+SOCIAL_AUTH_LOGIN_ERROR_URL = "/"
+SOCIAL_AUTH_INACTIVE_USER_URL = "/?auth_error=This+account+is+disabled."
+SOCIAL_AUTH_REQUESTS_TIMEOUT = 10
+SOCIAL_AUTH_REDIRECT_IS_HTTPS = PUBLIC_URL.startswith("https://")
 
 # --- Trainyard ------------------------------------------------------------
 TRAINYARD = {

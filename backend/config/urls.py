@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from backend.accounts.api import HealthView, MeView
@@ -21,6 +21,7 @@ urlpatterns = [
     path("storage-archive/<str:token>", storage_archive, name="storage-archive"),
     path("api/v1/health/", HealthView.as_view()),
     path("api/v1/me/", MeView.as_view()),
+    path("", include("backend.accounts.urls")),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path(f"{ws}/runs/", runs.RunListView.as_view()),

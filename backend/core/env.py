@@ -60,6 +60,14 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_url(name: str, default: str) -> str:
+    """An http(s) URL without a trailing slash."""
+    raw = os.environ.get(name) or default
+    if not raw.startswith(("http://", "https://")) or raw[-3:] == "://":
+        raise ConfigError(f"{name}={raw!r} is not an http(s) URL")
+    return raw.rstrip("/")
+
+
 def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines (the embedded supervisor writes one); missing file → {}."""
     try:

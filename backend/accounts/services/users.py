@@ -1,20 +1,30 @@
-"""Writes for accounts: users with their personal workspace, tokens."""
+"""Users: local ones (admin, issue_token) and GitHub sign-in."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+from dataclasses import dataclass
 
 from django.db import transaction
-from django.utils.text import slugify
 
-from backend.accounts.models import ApiToken, Membership, Role, User, Workspace
-
-TOKEN_PREFIX = "trainyard_"
+from backend.accounts.models import User
+from backend.accounts.services.workspaces import invitations_accept, workspace_create_personal
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+@dataclass(frozen=True)
+class GithubProfile:
+    """What GitHub said about the person signing in; emails are the verified ones only."""
+
+    id: int
+    login: str
+    avatar_url: str = ""
+    verified_emails: tuple[str, ...] = ()
+    primary_email: str = ""
+
+
+@dataclass(frozen=True)
+class SignIn:
+    user: User
+    created: bool
 
 
 @transaction.atomic
@@ -26,23 +36,45 @@ def user_get_or_create(*, username: str, email: str = "") -> User:
     return user
 
 
-def workspace_create_personal(*, user: User) -> Workspace:
-    slug = _free_slug(slugify(user.username) or "user")
-    workspace = Workspace.objects.create(slug=slug, name=user.username, personal_owner=user)
-    Membership.objects.create(workspace=workspace, user=user, role=Role.ADMIN)
-    return workspace
+@transaction.atomic
+def github_sign_in(*, profile: GithubProfile) -> SignIn:
+    """The user with GitHub id ``profile.id``, brought up to date; created at first sign-in.
+
+    Never matched by email or username: an account is GitHub's numeric id.
+
+    1. Find the user by ``github_id`` (locked), or create one with an
+       unusable password and a personal workspace.
+    2. ``username`` follows the login: the login itself, or
+       ``<login>-<github id>`` while another account holds that name.
+    3. Store login, avatar and the primary verified email; clear the login
+       from any other account (GitHub logins are unique, so theirs is stale).
+    4. Accept pending invitations for the login or a verified email.
+    """
+    user = User.objects.select_for_update().filter(github_id=profile.id).first()
+    created = user is None
+    if user is None:
+        user = User(github_id=profile.id, username=_username_for(profile, None))
+        user.set_unusable_password()
+    else:
+        user.username = _username_for(profile, user.pk)
+    user.github_login = profile.login.lower()
+    user.avatar_url = profile.avatar_url[:500]
+    user.email = profile.primary_email
+    user.save()
+    if created:
+        workspace_create_personal(user=user)
+    User.objects.filter(github_login=user.github_login).exclude(pk=user.pk).update(github_login="")
+    invitations_accept(user=user, github_login=user.github_login, verified_emails=profile.verified_emails)
+    return SignIn(user=user, created=created)
 
 
-def api_token_create(*, user: User, name: str = "cli") -> str:
-    """Makes a token and returns it in clear: the only time it is visible."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(user=user, name=name, token_hash=hash_token(token), prefix=token[:14])
-    return token
-
-
-def _free_slug(base: str) -> str:
-    slug, n = base[:60], 1
-    while Workspace.objects.filter(slug=slug).exists():
-        n += 1
-        slug = f"{base[:56]}-{n}"
-    return slug
+def _username_for(profile: GithubProfile, user_pk: int | None) -> str:
+    """The login if no other account holds it (case-insensitively), else ``<login>-<id>`` (then ``-2``, ``-3`` …)."""
+    others = User.objects.exclude(pk=user_pk) if user_pk is not None else User.objects.all()
+    candidates = [profile.login, f"{profile.login}-{profile.id}"]
+    n = 2
+    while True:
+        for name in candidates:
+            if not others.filter(username__iexact=name).exists():
+                return name
+        candidates, n = [f"{profile.login}-{profile.id}-{n}"], n + 1

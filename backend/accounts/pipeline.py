@@ -1,0 +1,30 @@
+"""The GitHub sign-in step of social-auth's pipeline (see SOCIAL_AUTH_PIPELINE)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from social_core.exceptions import AuthResponseError
+
+from backend.accounts.services.users import GithubProfile, github_sign_in
+
+
+def github_user(backend: Any, uid: str, response: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Finds or creates the user by GitHub's numeric id; never links by email or by the session's user."""
+    login = response.get("login")
+    if not isinstance(login, str) or not login or not uid.isdigit():
+        raise AuthResponseError(backend, code="missing_claim", claim="login", stage="pipeline")
+    profile = GithubProfile(
+        id=int(uid),
+        login=login,
+        avatar_url=_http_url(response.get("avatar_url")),
+        verified_emails=tuple(response.get("verified_emails") or ()),
+        primary_email=str(response.get("email") or ""),
+    )
+    signed_in = github_sign_in(profile=profile)
+    return {"user": signed_in.user, "is_new": signed_in.created}
+
+
+def _http_url(value: object) -> str:
+    """The URL when it is http(s); '' otherwise (the web app puts it in an <img src>)."""
+    return value if isinstance(value, str) and value.startswith(("https://", "http://")) else ""

@@ -1,0 +1,33 @@
+"""Sign-in (GitHub via social-auth, local login), the caller, workspaces, members, tokens."""
+
+from __future__ import annotations
+
+from django.urls import include, path
+from social_django import views as social_views
+
+from backend.accounts import api, api_workspaces, views
+
+ws = "api/v1/workspaces/<slug:workspace>"
+
+# Only sign-in: social-auth's disconnect and launch views are not exposed.
+social_patterns = (
+    [
+        path("login/<str:backend>/", social_views.auth, name="begin"),
+        path("complete/<str:backend>/", views.github_complete, name="complete"),
+    ],
+    "social",
+)
+
+urlpatterns = [
+    path("auth/", include(social_patterns)),
+    path("api/v1/auth/config/", api.AuthConfigView.as_view()),
+    path("api/v1/auth/login/", api.LoginView.as_view()),
+    path("api/v1/auth/logout/", api.LogoutView.as_view()),
+    path("api/v1/tokens/", api.TokenListView.as_view()),
+    path("api/v1/tokens/<uuid:token_id>/", api.TokenDetailView.as_view()),
+    path("api/v1/workspaces/", api_workspaces.WorkspaceListView.as_view()),
+    path(f"{ws}/members/", api_workspaces.MemberListView.as_view()),
+    path(f"{ws}/members/<str:username>/", api_workspaces.MemberDetailView.as_view()),
+    path(f"{ws}/invitations/", api_workspaces.InvitationListView.as_view()),
+    path(f"{ws}/invitations/<uuid:invitation>/", api_workspaces.InvitationDetailView.as_view()),
+]
