@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 
-from backend.accounts.models import ApiToken, Membership, User, Workspace
+from backend.accounts.models import ApiToken, Invitation, Membership, User, Workspace
 
 admin.site.register(User, UserAdmin)
 
@@ -22,3 +22,8 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("token_hash", "prefix")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ("workspace", "github_login", "email", "role", "invited_by", "created_at", "accepted_at")
