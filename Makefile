@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 run: $(STAMP) frontend
 	$(PY) -m backend.embedded run
 
-test: $(STAMP)
+test: $(STAMP) frontend frontend-test
 	$(PY) -m backend.embedded test -- $(PYTEST_ARGS)
 
 # The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json"
@@ -25,7 +25,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) frontend
 	$(PY) -m backend.embedded test -- -m "not slow" $(PYTEST_ARGS)
 
 services: $(STAMP)
@@ -36,9 +36,25 @@ lint: $(STAMP)
 	$(PY) -m ruff check backend tests
 	$(PY) -m ruff format --check backend tests
 
-# The dashboard build arrives with the frontend; `make run` already depends on it.
-frontend:
-	@:
+# The dashboard: node_modules from the lock file (npm ci only when it changed),
+# dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.
+NODE_STAMP := frontend/node_modules/.installed
+FRONTEND_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html frontend/vite.config.ts frontend/tsconfig.json
+
+frontend: frontend/dist/index.html
+
+frontend/dist/index.html: $(NODE_STAMP) $(FRONTEND_SOURCES)
+	cd frontend && npm run build --silent
+
+$(NODE_STAMP): frontend/package.json frontend/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found. The dashboard needs Node.js >= 20.19 with npm (Debian: apt-get install nodejs npm)." >&2; exit 1; }
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# Component tests of the dashboard (Vitest); `make test` runs them before pytest.
+.PHONY: frontend-test
+frontend-test: $(NODE_STAMP)
+	cd frontend && npm test --silent
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \

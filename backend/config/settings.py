@@ -116,7 +116,13 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0))}
+# Persistent connections: the log path stores a batch every few milliseconds
+# and a new connection per batch cost more than the COPY itself.
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True
+    )
+}
 
 CHANNEL_LAYERS = {
     "default": {
