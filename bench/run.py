@@ -205,9 +205,10 @@ def _copy_once(conn: Any, table: str, buffer: bytes, *, rollback: bool = False) 
 
 
 def bench_copy(database_url: str, job_id: str, lines: int) -> dict[str, Any]:
-    """A plain COPY of the same lines into a temp table shaped like runs_logline
-    (the limit), plus two diagnostics: a regular (WAL-logged) table, and
-    runs_logline itself (foreign key to runs_job) rolled back."""
+    """A plain COPY of the same lines into a regular table shaped like
+    runs_logline (the limit: WAL-logged and with the same primary key, as
+    runs_logline is), plus two diagnostics: a TEMP table (no WAL, so faster
+    than any durable table can be), and runs_logline itself, rolled back."""
     import psycopg
 
     log(f"(2) COPY baseline: {lines} lines, best of {COPY_REPEATS}")
@@ -343,20 +344,20 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
             thr["lines_per_s"] >= TARGET_LINES_PER_S and thr["status"] == "succeeded",
         )
     if copy:
-        limit = copy["bench_logline_tmp"]["lines_per_s"]
-        row("plain COPY into a temp table (limit)", f"{limit:,} lines/s", "", None)
+        limit = copy["bench_logline_plain"]["lines_per_s"]
+        row("plain COPY into a table of the same shape (limit)", f"{limit:,} lines/s", "", None)
         if thr:
             ratio = thr["lines_per_s"] / limit
             results["copy_ratio"] = round(ratio, 3)
             row("throughput / COPY", f"{ratio:.0%}", f"≥ {TARGET_COPY_RATIO:.0%}", ratio >= TARGET_COPY_RATIO)
         row(
-            "  (info) COPY into a regular, WAL-logged table",
-            f"{copy['bench_logline_plain']['lines_per_s']:,} lines/s",
+            "  (info) COPY into a TEMP table (no WAL)",
+            f"{copy['bench_logline_tmp']['lines_per_s']:,} lines/s",
             "",
             None,
         )
         row(
-            "  (info) COPY into runs_logline (FK), rolled back",
+            "  (info) COPY into runs_logline, rolled back",
             f"{copy['runs_logline_rolled_back']['lines_per_s']:,} lines/s",
             "",
             None,

@@ -132,7 +132,10 @@ class LogLine(models.Model):
     """
 
     pk = models.CompositePrimaryKey("job_id", "seq")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=True, related_name="+")
+    # No database-level foreign key: its per-row check halved COPY's speed.
+    # The writer locks the job row in the same transaction, and deleting a
+    # job cascades through the ORM (docs/decisions/0003-logline-storage.md).
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False, related_name="+")
     seq = models.BigIntegerField()
     ts = models.DateTimeField()
     stream = models.CharField(max_length=1)

@@ -153,3 +153,22 @@ def test_nul_bytes_in_output_do_not_lose_the_batch(team: Workspace, run: Run) ->
     job, instance = _running_job(team, run)
     logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "a\x00b")])
     assert LogLine.objects.get(job_id=job.pk, seq=1).text == "a\ufffdb"
+
+
+def test_special_characters_round_trip_through_copy(team: Workspace, run: Run) -> None:
+    job, instance = _running_job(team, run)
+    texts = ["tab\there", "back\\slash \\N", "cr\rlf", "nul\x00byte", "", "ünïcödé ✓"]
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1,
+               lines=[(1_800_000_000.123456, "o", t) for t in texts])
+    stored = list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("text", "ts"))
+    assert [t for t, _ in stored] == [t.replace("\x00", "\ufffd") for t in texts]
+    assert stored[0][1].timestamp() == pytest.approx(1_800_000_000.123456, abs=1e-6)
+
+
+def test_a_line_with_a_newline_still_stores_every_line(team: Workspace, run: Run) -> None:
+    job, instance = _running_job(team, run)
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1,
+               lines=[(1.0, "o", "one\ntwo"), (2.0, "o", "three")])
+    assert list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "text")) == [
+        (1, "one\ntwo"), (2, "three"),
+    ]

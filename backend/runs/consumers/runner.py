@@ -9,10 +9,10 @@ channel name, which the instance row records.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -28,7 +28,7 @@ from backend.clouds.services import (
 )
 from backend.runs.events import run_group
 from backend.runs.models import JobStatus
-from backend.runs.services.logs import StoredLogs, UnknownJob, logs_store
+from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.transitions import job_accept, job_finish, job_release, job_set_reason
 from trainyard_runner import protocol
 
@@ -131,20 +131,31 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self._log_queue.put_nowait(message)
 
     async def _write_logs(self) -> None:
+        """Two stages: batch N+1 is prepared (pure CPU, another thread) while
+        batch N is in the database; stores stay strictly in order."""
+        storing: asyncio.Task[None] | None = None
         try:
             while True:
                 job, first_seq, lines = _coalesce(await self._log_queue.get(), self._log_queue)
-                await self._store(job, first_seq, lines)
+                prepared = await sync_to_async(logs_prepare, thread_sensitive=False)(
+                    job_id=job, first_seq=first_seq, lines=lines
+                )
+                if storing is not None:
+                    await storing
+                storing = asyncio.create_task(self._store(prepared))
         except asyncio.CancelledError:
+            if storing is not None:
+                storing.cancel()
             raise
         except Exception:
             logger.exception("storing logs failed; closing the runner's connection so it resends")
             await self.close(code=1011)
 
-    async def _store(self, job: str, first_seq: int, lines: list[protocol.LogLineWire]) -> None:
+    async def _store(self, prepared: PreparedLogs) -> None:
+        job, first_seq, lines = prepared.job_id, prepared.first_seq, prepared.lines
         try:
             stored = await database_sync_to_async(logs_store)(
-                job_id=job, instance_id=self.instance_id, first_seq=first_seq, lines=lines
+                job_id=job, instance_id=self.instance_id, first_seq=first_seq, lines=lines, prepared=prepared
             )
         except UnknownJob:
             # Not this runner's job (any more): acknowledge so it stops resending.
@@ -183,16 +194,13 @@ def _coalesce(
 
 
 def _follower_event(stored: StoredLogs) -> dict[str, Any]:
-    """The followers' frame, serialised once here rather than by every follower."""
     first = stored.first_new_seq
-    lines = [[first + i, ts, stream, text] for i, (ts, stream, text) in enumerate(stored.new_lines)]
-    frame = json.dumps({"type": "logs", "job": stored.job_id, "lines": lines})
     return {
         "type": "run.logs",
         "job": stored.job_id,
         "first_seq": first,
-        "last_seq": first + len(lines) - 1,
-        "frame": frame,
+        "last_seq": first + len(stored.new_lines) - 1,
+        "frame": stored.frame,
     }
 
 
