@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.github import GithubServer
 from tests.support.stack import Stack
 
 MISSING_SERVICES_MESSAGE = (
@@ -28,12 +29,39 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack_github() -> Iterator[GithubServer]:
+    """The local GitHub stand-in the stack signs in with (browser tests: tests/e2e/test_dashboard.py).
+
+    Started before the stack, because its settings are read from the web
+    process's environment at start; the ``stack`` fixture sets its callback.
+    Set ``next_user`` before each browser sign-in.
+    """
+    server = GithubServer(client_id="Iv1.trainyard-e2e", client_secret="e2e-secret", callback_url="").start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) -> Iterator[Stack]:
     """Web, Celery worker and beat on a fresh database; shared by the whole session."""
     running = Stack(
         database_url=os.environ["DATABASE_URL"],
         redis_url=os.environ["REDIS_URL"],
         data_dir=tmp_path_factory.mktemp("stack"),
+    )
+    # GitHub sign-in against the stand-in, as production signs in with GitHub:
+    # the web reads these at start, and the stand-in's callback must be the
+    # stack's own (its port is chosen above). With a client id set, the local
+    # password login is off by default, as in production; the CLI and API
+    # tests are unaffected (they use API tokens from `issue_token`).
+    stack_github.callback_url = f"{running.url}/auth/complete/github/"
+    running.env.update(
+        GITHUB_CLIENT_ID=stack_github.client_id,
+        GITHUB_CLIENT_SECRET=stack_github.client_secret,
+        GITHUB_URL=stack_github.url,
+        GITHUB_API_URL=stack_github.api_url,
     )
     # Fast timeouts, so a dead runner is noticed in seconds, not minutes.
     running.env.update(

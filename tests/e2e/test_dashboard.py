@@ -1,0 +1,337 @@
+"""The web dashboard in a real browser (headless Chromium through Playwright),
+against the real stack, signed in through the local GitHub stand-in.
+
+A person signs in with GitHub, makes an API token on the tokens page, submits
+a run with the CLI, watches it appear and its lines stream in without
+reloading, tags it, previews and downloads an artifact, and signs out. A
+viewer of a team workspace sees no Stop button, and the API refuses their
+stop too.
+
+Screenshots (full page, 1280x800) go to ``test-artifacts/screenshots/``.
+The browser is Debian's ``chromium`` (never ``playwright install``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
+
+from tests.e2e.conftest import User, make_repo, run_name_of
+from tests.support.github import GithubServer, GithubUser
+from tests.support.stack import REPO_ROOT, Stack
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+VIEWPORT = {"width": 1280, "height": 800}
+SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
+TIMEOUT_MS = 30_000
+expect.set_options(timeout=TIMEOUT_MS)  # Playwright's default is 5 s; runs take longer on a busy machine
+
+DANA = GithubUser(id=5001, login="dana", name="Dana Scully")
+VIC = GithubUser(id=5002, login="vic", name="Vic Viewer")
+
+WORKFLOWS = """\
+workflows:
+  - name: ticks
+    provider: bash
+    commands:
+      - "for i in 1 2 3 4 5 6; do echo tick $i; sleep 1; done"
+      - python download.py
+    artifacts:
+      - ./base_model
+
+  - name: long
+    provider: bash
+    commands:
+      - sleep 60
+"""
+# What tiny-train's download.py writes: json.dumps({"w": 0.0, "b": 0.0}).
+WEIGHTS = b'{"w": 0.0, "b": 0.0}'
+
+# A stand-in avatar, so the page never reaches for the network.
+AVATAR_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width="32" height="32" rx="16" fill="#8a8fd6"/>'
+    '<circle cx="16" cy="12" r="6" fill="#fff"/><rect x="6" y="20" width="20" height="10" rx="5" fill="#fff"/></svg>'
+)
+
+
+# --- browser -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: install Debian's browser packages "
+            "(apt-get install chromium chromium-driver); .ci/run does this in CI",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def new_context(browser: Browser, stack: Stack) -> BrowserContext:
+    """A fresh browser profile (no cookies): only the stack is reachable; avatars are stubbed."""
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True, base_url=stack.url)
+    context.set_default_timeout(TIMEOUT_MS)
+    stack_host = urlsplit(stack.url).netloc
+
+    def outside(route: Route) -> None:
+        url = urlsplit(route.request.url)
+        if url.netloc == stack_host or url.scheme in {"data", "blob"}:
+            route.fallback()
+        elif url.hostname == "avatars.example.test":
+            route.fulfill(status=200, content_type="image/svg+xml", body=AVATAR_SVG)
+        else:
+            route.abort()
+
+    context.route("**/*", outside)
+    return context
+
+
+@pytest.fixture
+def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
+    opened: list[BrowserContext] = []
+    yield opened
+    for context in opened:
+        context.close()
+
+
+def screenshot(page: Page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+# --- what a person does ----------------------------------------------------------
+
+
+def sign_in(page: Page, github: GithubServer, who: GithubUser) -> None:
+    """Open the site, click "Sign in with GitHub"; the stand-in approves as ``who``."""
+    github.next_user = who
+    page.goto("/")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.get_by_role("button", name="Sign in with GitHub").click()
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    expect(page.locator(".user-name")).to_have_text(who.login)
+
+
+def nav_to(page: Page, item: str) -> None:
+    """A link of the sidebar's navigation (client-side: no reload)."""
+    page.get_by_role("navigation", name="Workspace").get_by_role("link", name=item, exact=True).click()
+
+
+def make_token(page: Page, name: str) -> str:
+    """The "API tokens" page: create one and read it (shown once)."""
+    nav_to(page, "API tokens")
+    expect(page.get_by_role("heading", name="API tokens")).to_be_visible()
+    page.get_by_label("Token name").fill(name)
+    page.get_by_role("button", name="Create token").click()
+    shown = page.get_by_test_id("new-token")
+    expect(shown).to_have_text(re.compile(r"^trainyard_\S+$"))
+    return shown.inner_text().strip()
+
+
+def open_run(page: Page, run_name: str) -> None:
+    """The runs table's row for ``run_name`` appears (without reloading); open it."""
+    link = page.get_by_role("link", name=run_name, exact=True)
+    expect(link).to_be_visible()
+    link.click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(run_name)
+
+
+def run_status(page: Page) -> str:
+    return page.locator("header.run-header h1 .badge").get_attribute("data-status") or ""
+
+
+def csrf_token(context: BrowserContext) -> str:
+    return next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+
+
+def tiny_repo(tmp_path: Path) -> Path:
+    repo = make_repo(tmp_path / "tiny-train")
+    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS)
+    return repo
+
+
+# --- the tests ---------------------------------------------------------------------
+
+
+def test_a_person_follows_a_run_tags_it_and_downloads_its_artifact(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    context = new_context(browser, stack)
+    contexts.append(context)
+    page = context.new_page()
+
+    # 1. Sign in with GitHub → the empty runs page, with the three commands.
+    sign_in(page, stack_github, DANA)
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    expect(page.get_by_role("heading", name="Start your first run")).to_be_visible()
+    expect(page.get_by_text("trainyard run hello", exact=True)).to_be_visible()
+    expect(page.get_by_text(f"export TRAINYARD_URL={stack.url}", exact=True)).to_be_visible()
+
+    # 2. A token from the tokens page; a run submitted with it through the CLI.
+    token = make_token(page, "laptop")
+    dana = User("dana", token, stack)
+    assert dana.api("GET", "/api/v1/me/").json()["username"] == "dana"
+    nav_to(page, "Runs")
+    expect(page.get_by_role("heading", name="Start your first run")).to_be_visible()
+    url_before = page.url
+
+    submitted = dana.cli(tiny_repo(tmp_path), "run", "ticks", "-d")
+    assert submitted.returncode == 0, submitted.stderr
+    name = run_name_of(submitted)
+
+    # 3. The row appears live (no reload), then the run's lines stream in.
+    row = page.locator(f'tr[data-run="{name}"]')
+    expect(row).to_be_visible()
+    assert page.url == url_before
+    expect(row).to_contain_text("ticks")
+    expect(row).to_contain_text("dana")
+    screenshot(page, "runs")
+    open_run(page, name)
+    log = page.get_by_role("log")
+    expect(log).to_contain_text("tick 1", timeout=60_000)
+    seen_first_at = time.monotonic()
+    assert dana.run(name)["status"] == "running", "the first line should show while the job still runs"
+    assert run_status(page) == "running"
+    expect(log).not_to_contain_text("tick 6")
+    expect(log).to_contain_text("tick 6")
+    assert time.monotonic() - seen_first_at > 2, "the lines arrived all at once, not live"
+    expect(log).to_contain_text("base model written to base_model/weights.json")
+    expect(page.locator("header.run-header h1 .badge")).to_have_attribute("data-status", "succeeded", timeout=60_000)
+    screenshot(page, "run-detail-logs")
+
+    # 4. Tag it from the page; the API shows the tag.
+    page.get_by_role("button", name="Tag", exact=True).click()
+    page.get_by_label("Tag name").fill("dana-best")
+    page.get_by_role("button", name="Save tag").click()
+    expect(page.locator("header.run-header .tags")).to_contain_text("dana-best")
+    tag = dana.api("GET", f"/api/v1/workspaces/{dana.workspace}/tags/dana-best/")
+    assert tag.status_code == 200, tag.text
+    assert tag.json()["run"] == name
+    assert "dana-best" in dana.run(name)["tags"]
+
+    # 5. Artifacts: preview weights.json, then download it.
+    page.get_by_role("tab", name="Artifacts").click()
+    expect(page.get_by_role("tab", name="Artifacts")).to_have_attribute("aria-selected", "true")
+    page.get_by_role("button", name="weights.json").click()
+    preview = page.get_by_role("region", name="Preview")
+    # Pretty-printed by the browser's JSON (which writes 0.0 as 0).
+    expect(preview.locator("pre")).to_have_text('{\n  "w": 0,\n  "b": 0\n}')
+    screenshot(page, "artifacts")
+    with page.expect_download() as download_info:
+        preview.get_by_role("link", name="Download").click()
+    download = download_info.value
+    assert download.suggested_filename == "weights.json"
+    saved = tmp_path / "downloaded-weights.json"
+    download.save_as(saved)
+    assert saved.read_bytes() == WEIGHTS
+    listed = dana.api("GET", f"/api/v1/workspaces/{dana.workspace}/runs/{name}/artifacts/").json()
+    files = {f["path"]: f for a in listed for f in a["files"]}
+    assert files["weights.json"]["sha256"] == hashlib.sha256(WEIGHTS).hexdigest()
+
+    # 7. Sign out → the sign-in page; the session no longer reaches the API.
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("button", name="Sign in with GitHub")).to_be_visible()
+    page.reload()
+    expect(page.get_by_role("button", name="Sign in with GitHub")).to_be_visible()
+    me = page.request.get("/api/v1/me/")
+    assert me.status in {401, 403}, me.text()
+
+
+def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    # Dana makes a team workspace and invites vic (no account yet) as a viewer.
+    admin = new_context(browser, stack)
+    contexts.append(admin)
+    page = admin.new_page()
+    sign_in(page, stack_github, DANA)
+    dana = User("dana", make_token(page, "team-ci"), stack)
+    page.get_by_role("combobox", name="Workspace").select_option(label="+ New team workspace…")
+    page.get_by_label("Name", exact=True).fill("Vision team")
+    page.get_by_role("button", name="Create workspace").click()
+    expect(page.get_by_role("heading", name="Members")).to_be_visible()
+    team = urlsplit(page.url).path.split("/")[2]
+    assert team == "vision-team", page.url
+    invite = page.get_by_role("form", name="Invite a member")
+    invite.get_by_label("GitHub username or email").fill("vic")
+    invite.get_by_role("combobox").select_option("viewer")
+    invite.get_by_role("button", name="Invite").click()
+    expect(page.get_by_role("heading", name="Pending invitations")).to_be_visible()
+    expect(page.get_by_role("cell", name="@vic")).to_be_visible()
+
+    # A long run in the team workspace, submitted with dana's token.
+    submitted = dana.cli(tiny_repo(tmp_path), "run", "long", "-d", env={"TRAINYARD_WORKSPACE": team})
+    assert submitted.returncode == 0, submitted.stderr
+    name = run_name_of(submitted)
+    run_path = f"/api/v1/workspaces/{team}/runs/{name}/"
+    try:
+        # Vic signs in in another browser (accepting the invitation) and opens it.
+        viewer = new_context(browser, stack)
+        contexts.append(viewer)
+        vic_page = viewer.new_page()
+        sign_in(vic_page, stack_github, VIC)
+        vic_page.get_by_role("combobox", name="Workspace").select_option(team)
+        expect(vic_page.locator(".role")).to_have_text("viewer")
+        open_run(vic_page, name)
+        expect(vic_page.locator("header.run-header h1 .badge")).to_have_attribute(
+            "data-status", "running", timeout=60_000
+        )
+        expect(vic_page.get_by_role("button", name="Re-run")).to_have_count(0)
+        expect(vic_page.get_by_role("button", name="Stop")).to_have_count(0)
+        expect(vic_page.get_by_role("button", name="Tag", exact=True)).to_have_count(0)
+
+        # The API refuses vic's stop, sent the way the page would send it. (The
+        # session and CSRF header do work: the same request makes vic a token.)
+        csrf = {"X-CSRFToken": csrf_token(viewer)}
+        refused = vic_page.request.post(f"{run_path}stop/", headers=csrf)
+        assert refused.status == 403, refused.text()
+        assert "csrf" not in refused.text().lower(), refused.text()
+        own = vic_page.request.post("/api/v1/tokens/", headers=csrf, data={"name": "csrf-check"})
+        assert own.status == 201, own.text()
+        assert vic_page.request.delete(f"/api/v1/tokens/{own.json()['id']}/", headers=csrf).status == 204
+        time.sleep(1)
+        assert dana.api("GET", run_path).json()["status"] == "running"
+        expect(vic_page.locator("header.run-header h1 .badge")).to_have_attribute("data-status", "running")
+
+        # Dana (a member who may write) does see Stop on the same run.
+        page.goto(f"/w/{team}/runs/{name}")
+        expect(page.get_by_role("button", name="Stop")).to_be_visible()
+    finally:
+        stopped = dana.api("POST", f"{run_path}stop/")
+        assert stopped.status_code == 202, stopped.text
+    assert _wait_finished(dana, team, name) == "stopped"
+
+
+def _wait_finished(user: User, workspace: str, name: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = user.api("GET", f"/api/v1/workspaces/{workspace}/runs/{name}/").json()["status"]
+        if status in {"succeeded", "failed", "stopped"}:
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"run {name} did not finish within {timeout}s")
