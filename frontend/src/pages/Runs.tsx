@@ -117,8 +117,8 @@ export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string 
                 </Link>
               </td>
               <td>{run.workflow}</td>
-              <td className="mono small" title={run.code?.commit || undefined}>
-                {codeLabel(run.code)}
+              <td className="mono small" title={run.code?.commit ? `${codeLabel(run.code)} (${run.code.commit})` : undefined}>
+                <span className="code-label">{codeLabel(run.code)}</span>
               </td>
               <td>{run.submitted_by || "—"}</td>
               <td>
