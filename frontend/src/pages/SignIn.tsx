@@ -58,6 +58,11 @@ export function SignInPage() {
             <button type="submit" className={`btn btn-block ${config.github ? "" : "btn-primary"}`} disabled={busy}>
               {busy ? "Signing in…" : "Sign in"}
             </button>
+            {config.github ? null : (
+              <p className="muted small">
+                No GitHub app is configured: sign in as <code>admin</code> with the password <code>make run</code> printed.
+              </p>
+            )}
           </form>
         ) : null}
         {nothing ? <p className="muted">This server has no sign-in method enabled. Ask its operator.</p> : null}
