@@ -239,8 +239,8 @@ def test_a_person_follows_a_run_tags_it_and_downloads_its_artifact(
     expect(page.get_by_role("tab", name="Artifacts")).to_have_attribute("aria-selected", "true")
     page.get_by_role("button", name="weights.json").click()
     preview = page.get_by_role("region", name="Preview")
-    # Pretty-printed by the browser's JSON (which writes 0.0 as 0).
-    expect(preview.locator("pre")).to_have_text('{\n  "w": 0,\n  "b": 0\n}')
+    # Re-indented, every literal exactly as the file has it (0.0 stays 0.0).
+    expect(preview.locator("pre")).to_have_text('{\n  "w": 0.0,\n  "b": 0.0\n}')
     screenshot(page, "artifacts")
     with page.expect_download() as download_info:
         preview.get_by_role("link", name="Download").click()

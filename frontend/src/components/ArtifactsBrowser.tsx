@@ -5,6 +5,7 @@ import type { Artifact, ArtifactFile, Job } from "../api/types";
 import { humanBytes, shortHash } from "../lib/format";
 import { AnsiText } from "./ansi";
 import { CopyButton, EmptyState } from "./ui";
+import { formatJson } from "../lib/jsonFormat";
 
 export const PREVIEW_CAP = 1024 * 1024;
 
@@ -260,11 +261,11 @@ function TextPreview({ kind, text, truncated }: { kind: Kind; text: string; trun
     <p className="muted">Showing the first {humanBytes(PREVIEW_CAP)}. Download the file for the rest.</p>
   ) : null;
   if (kind === "json" && !truncated) {
-    try {
-      return <pre className="code">{JSON.stringify(JSON.parse(text), null, 2)}</pre>;
-    } catch {
-      // Not valid JSON after all: show it as text.
+    const formatted = formatJson(text);
+    if (formatted !== null) {
+      return <pre className="code">{formatted}</pre>;
     }
+    // Not valid JSON after all: shown as text below.
   }
   if (kind === "csv") {
     return (
