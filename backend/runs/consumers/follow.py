@@ -15,6 +15,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from backend.accounts.auth import token_from_header
+from backend.accounts.models import Membership, Workspace
 from backend.accounts.selectors import membership_get, user_for_token
 from backend.runs.api.serializers import run_to_dict
 from backend.runs.events import run_group, workspace_group
@@ -25,17 +26,36 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 
 
-class RunFollowConsumer(AsyncJsonWebsocketConsumer):
-    run_id: str | None = None
+class _MemberConsumer(AsyncJsonWebsocketConsumer):
+    """Accepts, then closes 4401 without credentials and 4404 for a workspace
+    the caller is not a member of (the same answer as for one that does not
+    exist)."""
 
-    async def connect(self) -> None:
+    async def member_of_workspace(self) -> Membership | None:
         await self.accept()
         user = await database_sync_to_async(_user)(self.scope)
         if user is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
+            return None
+        slug = self.scope["url_route"]["kwargs"]["workspace"]
+        membership = await database_sync_to_async(membership_get)(user=user, workspace_slug=slug)
+        if membership is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+        return membership
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return  # followers only listen
+
+
+class RunFollowConsumer(_MemberConsumer):
+    run_id: str | None = None
+
+    async def connect(self) -> None:
+        membership = await self.member_of_workspace()
+        if membership is None:
             return
-        kwargs = self.scope["url_route"]["kwargs"]
-        found = await database_sync_to_async(_run_for)(user, kwargs["workspace"], kwargs["run"])
+        ref = self.scope["url_route"]["kwargs"]["run"]
+        found = await database_sync_to_async(_run_for)(membership.workspace, ref)
         if found is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
@@ -48,9 +68,6 @@ class RunFollowConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.run_id:
             await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        return  # followers only listen
 
     async def run_logs(self, event: dict[str, Any]) -> None:
         """Published lines ``first_seq..last_seq``: send the ready-made frame
@@ -91,21 +108,14 @@ class RunFollowConsumer(AsyncJsonWebsocketConsumer):
                 return
 
 
-class WorkspaceRunsConsumer(AsyncJsonWebsocketConsumer):
+class WorkspaceRunsConsumer(_MemberConsumer):
     """/ws/v1/workspaces/<ws>/runs/: every status change of the workspace's runs."""
 
     group: str | None = None
 
     async def connect(self) -> None:
-        await self.accept()
-        user = await database_sync_to_async(_user)(self.scope)
-        if user is None:
-            await self.close(code=CLOSE_UNAUTHORIZED)
-            return
-        slug = self.scope["url_route"]["kwargs"]["workspace"]
-        membership = await database_sync_to_async(membership_get)(user=user, workspace_slug=slug)
+        membership = await self.member_of_workspace()
         if membership is None:
-            await self.close(code=CLOSE_NOT_FOUND)
             return
         self.group = workspace_group(membership.workspace_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -114,9 +124,6 @@ class WorkspaceRunsConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        return
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "run", "run": event["run"]})
@@ -131,11 +138,8 @@ def _user(scope: dict[str, Any]) -> Any:
     return user if user is not None and user.is_authenticated else None
 
 
-def _run_for(user: Any, workspace_slug: str, ref: str) -> dict[str, Any] | None:
-    membership = membership_get(user=user, workspace_slug=workspace_slug)
-    if membership is None:
-        return None
-    run = run_get(workspace=membership.workspace, ref=ref)
+def _run_for(workspace: Workspace, ref: str) -> dict[str, Any] | None:
+    run = run_get(workspace=workspace, ref=ref)
     return run_to_dict(run) if run is not None else None
 
 
