@@ -48,6 +48,36 @@ export function useResource<T>(key: string | null, fetcher: () => Promise<T>): R
   return { data, error, loading, reload, setData };
 }
 
+export interface ApiList<T> extends Resource<T[]> {
+  /** The error of the last failed `act`, shown next to the list's own load error. */
+  actionError: string | null;
+  setActionError: (error: string | null) => void;
+  /**
+   * Run `action` (a create, an update, a delete…), then reload the list (and
+   * `alsoReload`, at the same time). A failure lands in `actionError`.
+   */
+  act: (action: () => Promise<unknown>, alsoReload?: () => Promise<unknown>) => Promise<void>;
+}
+
+/** A list from the API that the page can change: `useResource` plus the act-then-refresh pattern. */
+export function useApiList<T>(key: string | null, fetcher: () => Promise<T[]>): ApiList<T> {
+  const resource = useResource<T[]>(key, fetcher);
+  const [actionError, setActionError] = useState<string | null>(null);
+  const { reload } = resource;
+  const act = useCallback(
+    async (action: () => Promise<unknown>, alsoReload?: () => Promise<unknown>) => {
+      try {
+        await action();
+        await Promise.all([reload(), alsoReload ? alsoReload() : Promise.resolve()]);
+      } catch (caught) {
+        setActionError(errorMessage(caught));
+      }
+    },
+    [reload],
+  );
+  return { ...resource, actionError, setActionError, act };
+}
+
 /** Re-render every `ms` (relative times, live durations). */
 export function useNow(ms = 15_000): number {
   const [now, setNow] = useState(() => Date.now());

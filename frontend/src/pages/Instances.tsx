@@ -2,7 +2,8 @@ import { useState } from "react";
 import { Link } from "react-router-dom";
 import { get, wsPath } from "../api/client";
 import type { Instance } from "../api/types";
-import { EmptyState, ErrorBanner, Loading, PageHeader, StatusBadge, Time } from "../components/ui";
+import { DataTable } from "../components/DataTable";
+import { EmptyState, ErrorBanner, PageHeader, StatusBadge, Time } from "../components/ui";
 import { humanBytes, humanDuration } from "../lib/format";
 import { useInterval, useResource } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
@@ -21,59 +22,43 @@ export function InstancesPage() {
         </label>
       </PageHeader>
       <ErrorBanner error={instances.error} />
-      {!instances.data && !instances.error ? <Loading /> : null}
-      {instances.data && !instances.data.length ? (
-        <EmptyState title="No runners online">
-          <p className="muted">
-            Runners start when runs need them (cloud backends), or connect with <code>trainyard-runner</code> on a machine of yours.
-          </p>
-        </EmptyState>
-      ) : null}
-      {instances.data && instances.data.length ? (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">State</th>
-                <th scope="col">Name</th>
-                <th scope="col">Backend</th>
-                <th scope="col">Host</th>
-                <th scope="col">Resources</th>
-                <th scope="col">Current job</th>
-                <th scope="col" className="num">Uptime</th>
-                <th scope="col">Last heartbeat</th>
-              </tr>
-            </thead>
-            <tbody>
-              {instances.data.map((instance) => (
-                <tr key={instance.id}>
-                  <td>
-                    <StatusBadge status={instance.status} />
-                    {instance.status_reason ? <div className="small muted">{instance.status_reason}</div> : null}
-                  </td>
-                  <td className="mono">{instance.name}</td>
-                  <td>{instance.backend}</td>
-                  <td className="mono small">{[instance.hostname, instance.address].filter(Boolean).join(" · ") || "—"}</td>
-                  <td>{resources(instance)}</td>
-                  <td>
-                    {instance.current_job ? (
-                      <Link to={`/w/${slug}/runs/${instance.current_job.run}?job=${encodeURIComponent(instance.current_job.job_name)}`}>
-                        {instance.current_job.run} / {instance.current_job.job_name}
-                      </Link>
-                    ) : (
-                      <span className="muted">idle</span>
-                    )}
-                  </td>
-                  <td className="num">{humanDuration(instance.uptime_seconds)}</td>
-                  <td>
-                    <Time iso={instance.last_heartbeat_at} />
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      ) : null}
+      <DataTable
+        rows={instances.data}
+        error={instances.error}
+        empty={
+          <EmptyState title="No runners online">
+            <p className="muted">
+              Runners start when runs need them (cloud backends), or connect with <code>trainyard-runner</code> on a machine of yours.
+            </p>
+          </EmptyState>
+        }
+        columns={["State", "Name", "Backend", "Host", "Resources", "Current job", { label: "Uptime", className: "num" }, "Last heartbeat"]}
+        renderRow={(instance) => (
+          <tr key={instance.id}>
+            <td>
+              <StatusBadge status={instance.status} />
+              {instance.status_reason ? <div className="small muted">{instance.status_reason}</div> : null}
+            </td>
+            <td className="mono">{instance.name}</td>
+            <td>{instance.backend}</td>
+            <td className="mono small">{[instance.hostname, instance.address].filter(Boolean).join(" · ") || "—"}</td>
+            <td>{resources(instance)}</td>
+            <td>
+              {instance.current_job ? (
+                <Link to={`/w/${slug}/runs/${instance.current_job.run}?job=${encodeURIComponent(instance.current_job.job_name)}`}>
+                  {instance.current_job.run} / {instance.current_job.job_name}
+                </Link>
+              ) : (
+                <span className="muted">idle</span>
+              )}
+            </td>
+            <td className="num">{humanDuration(instance.uptime_seconds)}</td>
+            <td>
+              <Time iso={instance.last_heartbeat_at} />
+            </td>
+          </tr>
+        )}
+      />
     </>
   );
 }

@@ -1,9 +1,10 @@
 import { useState, type FormEvent } from "react";
-import { del, errorMessage, get, patch, post, wsPath } from "../api/client";
+import { del, get, patch, post, wsPath } from "../api/client";
 import type { Invitation, Member, Role } from "../api/types";
 import { useAuth } from "../auth";
-import { ConfirmButton, ErrorBanner, Loading, Notice, PageHeader, Time } from "../components/ui";
-import { useResource } from "../lib/hooks";
+import { ACTIONS_COLUMN, DataTable } from "../components/DataTable";
+import { ConfirmButton, ErrorBanner, Notice, PageHeader, Time } from "../components/ui";
+import { useApiList, useResource } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
 
 const ROLES: Role[] = ["admin", "member", "viewer"];
@@ -11,119 +12,96 @@ const ROLES: Role[] = ["admin", "member", "viewer"];
 export function MembersPage() {
   const { slug, isAdmin } = useWorkspace();
   const { me } = useAuth();
-  const members = useResource<Member[]>(slug, () => get<Member[]>(wsPath(slug, "members/")));
+  const members = useApiList<Member>(slug, () => get<Member[]>(wsPath(slug, "members/")));
   const invitations = useResource<Invitation[]>(isAdmin ? slug : null, () => get<Invitation[]>(wsPath(slug, "invitations/")));
-  const [error, setError] = useState<string | null>(null);
   const [notice, setNotice] = useState<string | null>(null);
 
   const run = async (action: () => Promise<unknown>, done?: string) => {
-    setError(null);
+    members.setActionError(null);
     setNotice(null);
-    try {
-      await action();
-      if (done) setNotice(done);
-      await Promise.all([members.reload(), isAdmin ? invitations.reload() : Promise.resolve()]);
-    } catch (caught) {
-      setError(errorMessage(caught));
-    }
+    await members.act(
+      async () => {
+        await action();
+        if (done) setNotice(done);
+      },
+      isAdmin ? invitations.reload : undefined,
+    );
   };
 
   return (
     <>
       <PageHeader title="Members" />
-      <ErrorBanner error={members.error ?? error} />
+      <ErrorBanner error={members.error ?? members.actionError} />
       {notice ? <Notice>{notice}</Notice> : null}
       {isAdmin ? <InviteForm onInvite={(body, label) => run(() => post(wsPath(slug, "members/"), body), label)} /> : null}
-      {!members.data && !members.error ? <Loading /> : null}
-      {members.data ? (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Person</th>
-                <th scope="col">Role</th>
-                <th scope="col">Joined</th>
-                {isAdmin ? <th scope="col"><span className="visually-hidden">Actions</span></th> : null}
-              </tr>
-            </thead>
-            <tbody>
-              {members.data.map((member) => (
-                <tr key={member.username}>
-                  <td>
-                    <span className="person">
-                      {member.avatar_url ? <img className="avatar" src={member.avatar_url} alt="" /> : <span className="avatar avatar-blank" aria-hidden="true" />}
-                      {member.username}
-                      {member.username === me?.username ? <span className="muted"> (you)</span> : null}
-                    </span>
-                  </td>
-                  <td>
-                    {isAdmin ? (
-                      <select
-                        aria-label={`Role of ${member.username}`}
-                        value={member.role}
-                        onChange={(e) => void run(() => patch(wsPath(slug, `members/${encodeURIComponent(member.username)}/`), { role: e.target.value }), `${member.username} is now ${e.target.value}.`)}
-                      >
-                        {ROLES.map((role) => (
-                          <option key={role} value={role}>
-                            {role}
-                          </option>
-                        ))}
-                      </select>
-                    ) : (
-                      member.role
-                    )}
-                  </td>
-                  <td>
-                    <Time iso={member.joined_at} />
-                  </td>
-                  {isAdmin ? (
-                    <td className="actions">
-                      <ConfirmButton
-                        label="Remove"
-                        confirmLabel={`Remove ${member.username}`}
-                        onConfirm={() => run(() => del(wsPath(slug, `members/${encodeURIComponent(member.username)}/`)), `${member.username} removed.`)}
-                      />
-                    </td>
-                  ) : null}
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      ) : null}
+      <DataTable
+        rows={members.data}
+        error={members.error}
+        columns={["Person", "Role", "Joined", isAdmin && ACTIONS_COLUMN]}
+        renderRow={(member) => (
+          <tr key={member.username}>
+            <td>
+              <span className="person">
+                {member.avatar_url ? <img className="avatar" src={member.avatar_url} alt="" /> : <span className="avatar avatar-blank" aria-hidden="true" />}
+                {member.username}
+                {member.username === me?.username ? <span className="muted"> (you)</span> : null}
+              </span>
+            </td>
+            <td>
+              {isAdmin ? (
+                <select
+                  aria-label={`Role of ${member.username}`}
+                  value={member.role}
+                  onChange={(e) => void run(() => patch(wsPath(slug, `members/${encodeURIComponent(member.username)}/`), { role: e.target.value }), `${member.username} is now ${e.target.value}.`)}
+                >
+                  {ROLES.map((role) => (
+                    <option key={role} value={role}>
+                      {role}
+                    </option>
+                  ))}
+                </select>
+              ) : (
+                member.role
+              )}
+            </td>
+            <td>
+              <Time iso={member.joined_at} />
+            </td>
+            {isAdmin ? (
+              <td className="actions">
+                <ConfirmButton
+                  label="Remove"
+                  confirmLabel={`Remove ${member.username}`}
+                  onConfirm={() => run(() => del(wsPath(slug, `members/${encodeURIComponent(member.username)}/`)), `${member.username} removed.`)}
+                />
+              </td>
+            ) : null}
+          </tr>
+        )}
+      />
       {isAdmin && invitations.data && invitations.data.length ? (
         <section aria-labelledby="invitations">
           <h2 id="invitations">Pending invitations</h2>
-          <div className="table-wrap">
-            <table className="table">
-              <thead>
-                <tr>
-                  <th scope="col">Invited</th>
-                  <th scope="col">Role</th>
-                  <th scope="col">Sent</th>
-                  <th scope="col"><span className="visually-hidden">Actions</span></th>
-                </tr>
-              </thead>
-              <tbody>
-                {invitations.data.map((invitation) => (
-                  <tr key={invitation.id}>
-                    <td>{invitation.github_login ? `@${invitation.github_login}` : invitation.email}</td>
-                    <td>{invitation.role}</td>
-                    <td>
-                      <Time iso={invitation.created_at} />
-                    </td>
-                    <td className="actions">
-                      <ConfirmButton
-                        label="Revoke"
-                        confirmLabel="Revoke invitation"
-                        onConfirm={() => run(() => del(wsPath(slug, `invitations/${invitation.id}/`)), "Invitation revoked.")}
-                      />
-                    </td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
+          <DataTable
+            rows={invitations.data}
+            columns={["Invited", "Role", "Sent", ACTIONS_COLUMN]}
+            renderRow={(invitation) => (
+              <tr key={invitation.id}>
+                <td>{invitation.github_login ? `@${invitation.github_login}` : invitation.email}</td>
+                <td>{invitation.role}</td>
+                <td>
+                  <Time iso={invitation.created_at} />
+                </td>
+                <td className="actions">
+                  <ConfirmButton
+                    label="Revoke"
+                    confirmLabel="Revoke invitation"
+                    onConfirm={() => run(() => del(wsPath(slug, `invitations/${invitation.id}/`)), "Invitation revoked.")}
+                  />
+                </td>
+              </tr>
+            )}
+          />
         </section>
       ) : null}
     </>

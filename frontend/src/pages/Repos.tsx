@@ -1,6 +1,7 @@
 import { get, wsPath } from "../api/client";
 import type { Repo } from "../api/types";
-import { EmptyState, ErrorBanner, Loading, PageHeader, Time } from "../components/ui";
+import { DataTable } from "../components/DataTable";
+import { EmptyState, ErrorBanner, PageHeader, Time } from "../components/ui";
 import { useResource } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
 
@@ -12,46 +13,34 @@ export function ReposPage() {
       <PageHeader title="Repos" />
       <p className="lede">Repositories that runs of this workspace were submitted from.</p>
       <ErrorBanner error={repos.error} />
-      {!repos.data && !repos.error ? <Loading /> : null}
-      {repos.data && !repos.data.length ? (
-        <EmptyState title="No repositories yet">
-          <p className="muted">A repository appears here after its first run from a git checkout.</p>
-        </EmptyState>
-      ) : null}
-      {repos.data && repos.data.length ? (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Repository</th>
-                <th scope="col">URL</th>
-                <th scope="col" className="num">Runs</th>
-                <th scope="col">Last run</th>
-              </tr>
-            </thead>
-            <tbody>
-              {repos.data.map((repo) => (
-                <tr key={repo.id}>
-                  <td>{repo.name}</td>
-                  <td className="mono small">
-                    {/^https?:\/\//.test(repo.url) ? (
-                      <a href={repo.url} target="_blank" rel="noreferrer noopener">
-                        {repo.url}
-                      </a>
-                    ) : (
-                      repo.url
-                    )}
-                  </td>
-                  <td className="num">{repo.runs}</td>
-                  <td>
-                    <Time iso={repo.last_run_at} />
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      ) : null}
+      <DataTable
+        rows={repos.data}
+        error={repos.error}
+        empty={
+          <EmptyState title="No repositories yet">
+            <p className="muted">A repository appears here after its first run from a git checkout.</p>
+          </EmptyState>
+        }
+        columns={["Repository", "URL", { label: "Runs", className: "num" }, "Last run"]}
+        renderRow={(repo) => (
+          <tr key={repo.id}>
+            <td>{repo.name}</td>
+            <td className="mono small">
+              {/^https?:\/\//.test(repo.url) ? (
+                <a href={repo.url} target="_blank" rel="noreferrer noopener">
+                  {repo.url}
+                </a>
+              ) : (
+                repo.url
+              )}
+            </td>
+            <td className="num">{repo.runs}</td>
+            <td>
+              <Time iso={repo.last_run_at} />
+            </td>
+          </tr>
+        )}
+      />
     </>
   );
 }

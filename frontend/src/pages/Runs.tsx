@@ -3,6 +3,7 @@ import { Link, useSearchParams } from "react-router-dom";
 import { get, wsPath } from "../api/client";
 import { useLiveFrames } from "../api/live";
 import type { Page, Run, RunStatus } from "../api/types";
+import { DataTable } from "../components/DataTable";
 import { CopyButton, EmptyState, ErrorBanner, Loading, PageHeader, StatusBadge, Time } from "../components/ui";
 import { codeLabel, elapsedSeconds, humanDuration } from "../lib/format";
 import { useNow, useResource } from "../lib/hooks";
@@ -86,58 +87,40 @@ export function RunsPage() {
 export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string }) {
   const now = useNow(5_000);
   return (
-    <div className="table-wrap">
-      <table className="table runs-table">
-        <thead>
-          <tr>
-            <th scope="col">Status</th>
-            <th scope="col">Run</th>
-            <th scope="col">Workflow</th>
-            <th scope="col">Code</th>
-            <th scope="col">By</th>
-            <th scope="col">Submitted</th>
-            <th scope="col" className="num">
-              Duration
-            </th>
-            <th scope="col" className="num">
-              Cost
-            </th>
-            <th scope="col">Tags</th>
-          </tr>
-        </thead>
-        <tbody>
-          {runs.map((run) => (
-            <tr key={run.id} data-run={run.name}>
-              <td>
-                <StatusBadge status={run.status} />
-              </td>
-              <td>
-                <Link to={`/w/${workspace}/runs/${run.name}`} className="run-link">
-                  {run.name}
-                </Link>
-              </td>
-              <td>{run.workflow}</td>
-              <td className="mono small" title={run.code?.commit ? `${codeLabel(run.code)} (${run.code.commit})` : undefined}>
-                <span className="code-label">{codeLabel(run.code)}</span>
-              </td>
-              <td>{run.submitted_by || "—"}</td>
-              <td>
-                <Time iso={run.created_at} />
-              </td>
-              <td className="num">
-                {humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}
-              </td>
-              <td className="num muted" title="No cost data for this backend">
-                —
-              </td>
-              <td>
-                <Tags tags={run.tags ?? []} workspace={workspace} />
-              </td>
-            </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+    <DataTable
+      rows={runs}
+      className="table runs-table"
+      columns={["Status", "Run", "Workflow", "Code", "By", "Submitted", { label: "Duration", className: "num" }, { label: "Cost", className: "num" }, "Tags"]}
+      renderRow={(run) => (
+        <tr key={run.id} data-run={run.name}>
+          <td>
+            <StatusBadge status={run.status} />
+          </td>
+          <td>
+            <Link to={`/w/${workspace}/runs/${run.name}`} className="run-link">
+              {run.name}
+            </Link>
+          </td>
+          <td>{run.workflow}</td>
+          <td className="mono small" title={run.code?.commit ? `${codeLabel(run.code)} (${run.code.commit})` : undefined}>
+            <span className="code-label">{codeLabel(run.code)}</span>
+          </td>
+          <td>{run.submitted_by || "—"}</td>
+          <td>
+            <Time iso={run.created_at} />
+          </td>
+          <td className="num">
+            {humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}
+          </td>
+          <td className="num muted" title="No cost data for this backend">
+            —
+          </td>
+          <td>
+            <Tags tags={run.tags ?? []} workspace={workspace} />
+          </td>
+        </tr>
+      )}
+    />
   );
 }
 

@@ -1,46 +1,36 @@
 import { useState, type FormEvent } from "react";
-import { del, errorMessage, get, put, wsPath } from "../api/client";
+import { del, get, put, wsPath } from "../api/client";
 import type { Secret } from "../api/types";
-import { ConfirmButton, EmptyState, ErrorBanner, Loading, Notice, PageHeader, Time } from "../components/ui";
-import { useResource } from "../lib/hooks";
+import { ACTIONS_COLUMN, DataTable } from "../components/DataTable";
+import { ConfirmButton, EmptyState, ErrorBanner, Notice, PageHeader, Time } from "../components/ui";
+import { useApiList } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
 
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 export function SecretsPage() {
   const { slug, canWrite } = useWorkspace();
-  const secrets = useResource<Secret[]>(slug, () => get<Secret[]>(wsPath(slug, "secrets/")));
+  const secrets = useApiList<Secret>(slug, () => get<Secret[]>(wsPath(slug, "secrets/")));
   const [name, setName] = useState("");
   const [value, setValue] = useState("");
-  const [error, setError] = useState<string | null>(null);
   const [saved, setSaved] = useState<string | null>(null);
 
   const save = async (event: FormEvent) => {
     event.preventDefault();
-    setError(null);
+    secrets.setActionError(null);
     setSaved(null);
     if (!NAME.test(name)) {
-      setError("A secret's name is letters, digits and underscores, not starting with a digit (it becomes an environment variable).");
+      secrets.setActionError("A secret's name is letters, digits and underscores, not starting with a digit (it becomes an environment variable).");
       return;
     }
-    try {
+    await secrets.act(async () => {
       await put(wsPath(slug, `secrets/${encodeURIComponent(name)}/`), { value });
       setSaved(name);
       setName("");
       setValue("");
-      await secrets.reload();
-    } catch (caught) {
-      setError(errorMessage(caught));
-    }
+    });
   };
-  const remove = async (secret: string) => {
-    try {
-      await del(wsPath(slug, `secrets/${encodeURIComponent(secret)}/`));
-      await secrets.reload();
-    } catch (caught) {
-      setError(errorMessage(caught));
-    }
-  };
+  const remove = (secret: string) => secrets.act(() => del(wsPath(slug, `secrets/${encodeURIComponent(secret)}/`)));
 
   return (
     <>
@@ -48,7 +38,7 @@ export function SecretsPage() {
       <p className="lede">
         Jobs get secrets as environment variables and they are masked in logs. Values are write-only: nobody can read them back here.
       </p>
-      <ErrorBanner error={secrets.error ?? error} />
+      <ErrorBanner error={secrets.error ?? secrets.actionError} />
       {saved ? <Notice>Secret {saved} saved.</Notice> : null}
       {canWrite ? (
         <form className="inline-form card" onSubmit={save} aria-label="Set a secret">
@@ -65,40 +55,28 @@ export function SecretsPage() {
           </button>
         </form>
       ) : null}
-      {!secrets.data && !secrets.error ? <Loading /> : null}
-      {secrets.data && !secrets.data.length ? <EmptyState title="No secrets yet" /> : null}
-      {secrets.data && secrets.data.length ? (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Created</th>
-                <th scope="col">Updated</th>
-                {canWrite ? <th scope="col"><span className="visually-hidden">Actions</span></th> : null}
-              </tr>
-            </thead>
-            <tbody>
-              {secrets.data.map((secret) => (
-                <tr key={secret.name}>
-                  <td className="mono">{secret.name}</td>
-                  <td>
-                    <Time iso={secret.created_at} />
-                  </td>
-                  <td>
-                    <Time iso={secret.updated_at} />
-                  </td>
-                  {canWrite ? (
-                    <td className="actions">
-                      <ConfirmButton label="Delete" confirmLabel={`Delete secret ${secret.name}`} onConfirm={() => remove(secret.name)} />
-                    </td>
-                  ) : null}
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      ) : null}
+      <DataTable
+        rows={secrets.data}
+        error={secrets.error}
+        empty={<EmptyState title="No secrets yet" />}
+        columns={["Name", "Created", "Updated", canWrite && ACTIONS_COLUMN]}
+        renderRow={(secret) => (
+          <tr key={secret.name}>
+            <td className="mono">{secret.name}</td>
+            <td>
+              <Time iso={secret.created_at} />
+            </td>
+            <td>
+              <Time iso={secret.updated_at} />
+            </td>
+            {canWrite ? (
+              <td className="actions">
+                <ConfirmButton label="Delete" confirmLabel={`Delete secret ${secret.name}`} onConfirm={() => remove(secret.name)} />
+              </td>
+            ) : null}
+          </tr>
+        )}
+      />
     </>
   );
 }

@@ -1,35 +1,25 @@
 import { useState, type FormEvent } from "react";
-import { del, errorMessage, get, post } from "../api/client";
+import { del, get, post } from "../api/client";
 import type { ApiToken, CreatedToken } from "../api/types";
-import { ConfirmButton, CopyButton, EmptyState, ErrorBanner, Loading, PageHeader, Time } from "../components/ui";
-import { useResource } from "../lib/hooks";
+import { ACTIONS_COLUMN, DataTable } from "../components/DataTable";
+import { ConfirmButton, CopyButton, EmptyState, ErrorBanner, PageHeader, Time } from "../components/ui";
+import { useApiList } from "../lib/hooks";
 
 export function TokensPage() {
-  const tokens = useResource<ApiToken[]>("tokens", () => get<ApiToken[]>("/api/v1/tokens/"));
+  const tokens = useApiList<ApiToken>("tokens", () => get<ApiToken[]>("/api/v1/tokens/"));
   const [name, setName] = useState("");
   const [created, setCreated] = useState<{ name: string; token: string } | null>(null);
-  const [error, setError] = useState<string | null>(null);
 
   const create = async (event: FormEvent) => {
     event.preventDefault();
-    setError(null);
-    try {
+    tokens.setActionError(null);
+    await tokens.act(async () => {
       const token = await post<CreatedToken>("/api/v1/tokens/", { name: name.trim() });
       setCreated({ name: token.name, token: token.token });
       setName("");
-      await tokens.reload();
-    } catch (caught) {
-      setError(errorMessage(caught));
-    }
+    });
   };
-  const revoke = async (id: string) => {
-    try {
-      await del(`/api/v1/tokens/${id}/`);
-      await tokens.reload();
-    } catch (caught) {
-      setError(errorMessage(caught));
-    }
-  };
+  const revoke = (id: string) => tokens.act(() => del(`/api/v1/tokens/${id}/`));
 
   return (
     <>
@@ -37,7 +27,7 @@ export function TokensPage() {
       <p className="lede">
         Personal tokens for the <code>trainyard</code> CLI and the API (<code>export TRAINYARD_TOKEN=…</code>). A token acts as you in every workspace you belong to.
       </p>
-      <ErrorBanner error={tokens.error ?? error} />
+      <ErrorBanner error={tokens.error ?? tokens.actionError} />
       <form className="inline-form card" onSubmit={create} aria-label="Create a token">
         <label>
           Token name
@@ -60,38 +50,25 @@ export function TokensPage() {
           </button>
         </section>
       ) : null}
-      {!tokens.data && !tokens.error ? <Loading /> : null}
-      {tokens.data && !tokens.data.length ? <EmptyState title="No tokens yet" /> : null}
-      {tokens.data && tokens.data.length ? (
-        <div className="table-wrap">
-          <table className="table">
-            <thead>
-              <tr>
-                <th scope="col">Name</th>
-                <th scope="col">Token</th>
-                <th scope="col">Created</th>
-                <th scope="col">Last used</th>
-                <th scope="col"><span className="visually-hidden">Actions</span></th>
-              </tr>
-            </thead>
-            <tbody>
-              {tokens.data.map((token) => (
-                <tr key={token.id}>
-                  <td>{token.name}</td>
-                  <td className="mono small">{token.prefix}…</td>
-                  <td>
-                    <Time iso={token.created_at} />
-                  </td>
-                  <td>{token.last_used_at ? <Time iso={token.last_used_at} /> : <span className="muted">never</span>}</td>
-                  <td className="actions">
-                    <ConfirmButton label="Revoke" confirmLabel={`Revoke ${token.name}`} onConfirm={() => revoke(token.id)} />
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
-      ) : null}
+      <DataTable
+        rows={tokens.data}
+        error={tokens.error}
+        empty={<EmptyState title="No tokens yet" />}
+        columns={["Name", "Token", "Created", "Last used", ACTIONS_COLUMN]}
+        renderRow={(token) => (
+          <tr key={token.id}>
+            <td>{token.name}</td>
+            <td className="mono small">{token.prefix}…</td>
+            <td>
+              <Time iso={token.created_at} />
+            </td>
+            <td>{token.last_used_at ? <Time iso={token.last_used_at} /> : <span className="muted">never</span>}</td>
+            <td className="actions">
+              <ConfirmButton label="Revoke" confirmLabel={`Revoke ${token.name}`} onConfirm={() => revoke(token.id)} />
+            </td>
+          </tr>
+        )}
+      />
     </>
   );
 }
