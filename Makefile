@@ -32,9 +32,8 @@ services: $(STAMP)
 	$(PY) -m backend.embedded services
 
 lint: $(STAMP)
-	@$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install --quiet ruff
-	$(PY) -m ruff check backend tests
-	$(PY) -m ruff format --check backend tests
+	$(PY) -m ruff check backend cli runner tests bench
+	$(PY) -m ruff format --check backend cli runner tests bench
 
 # The dashboard: node_modules from the lock file (npm ci only when it changed),
 # dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.

@@ -53,9 +53,7 @@ class ArtifactFileView(WorkspaceAPIView):
     @extend_schema(responses={302: None})
     def get(self, request: Request, workspace: str, artifact: str, path: str) -> HttpResponseRedirect:
         found = (
-            Artifact.objects.for_workspace(self.workspace)
-            .filter(pk=artifact, status=ArtifactStatus.COMPLETE)
-            .first()
+            Artifact.objects.for_workspace(self.workspace).filter(pk=artifact, status=ArtifactStatus.COMPLETE).first()
         )
         file = found.files.filter(path=path).first() if found else None
         if found is None or file is None:
@@ -68,7 +66,9 @@ class ArtifactFileView(WorkspaceAPIView):
 class ArtifactArchiveView(WorkspaceAPIView):
     @extend_schema(responses={302: None}, parameters=[OpenApiParameter("prefix", str)])
     def get(self, request: Request, workspace: str, artifact: str) -> HttpResponseRedirect:
-        found = Artifact.objects.for_workspace(self.workspace).filter(pk=artifact, status=ArtifactStatus.COMPLETE).first()
+        found = (
+            Artifact.objects.for_workspace(self.workspace).filter(pk=artifact, status=ArtifactStatus.COMPLETE).first()
+        )
         if found is None:
             raise NotFound("Artifact not found.")
         prefix = request.query_params.get("prefix", "")

@@ -17,7 +17,6 @@ from backend.artifacts.storage import get_storage
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job
 
-
 UPLOAD_URL_SECONDS = 6 * 3600
 
 

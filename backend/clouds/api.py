@@ -28,8 +28,20 @@ class InstanceOut(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "name", "backend", "status", "status_reason", "hostname", "address", "cpus",
-            "memory_bytes", "gpus", "current_job", "created_at", "last_heartbeat_at", "uptime_seconds",
+            "id",
+            "name",
+            "backend",
+            "status",
+            "status_reason",
+            "hostname",
+            "address",
+            "cpus",
+            "memory_bytes",
+            "gpus",
+            "current_job",
+            "created_at",
+            "last_heartbeat_at",
+            "uptime_seconds",
         ]
         read_only_fields = fields
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 from django.db import transaction
 from django.utils import timezone
+from trainyard_runner import protocol
 
 from backend.accounts.services import hash_token
 from backend.clouds.models import Instance, InstanceStatus
 from backend.runs.models import ACTIVE_JOB, Job, JobStatus
 from backend.runs.services.transitions import job_finish
-from trainyard_runner import protocol
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,13 @@ def instance_connect(
     for jid in lost:
         # A job being stopped counts as stopped; any other is lost work.
         final = JobStatus.STOPPED if ours[jid].status == JobStatus.STOPPING else JobStatus.FAILED
-        job_finish(job_id=jid, status=final, exit_code=None,
-                   reason=f"runner {instance.name} restarted and lost the job", instance_id=str(instance.pk))
+        job_finish(
+            job_id=jid,
+            status=final,
+            exit_code=None,
+            reason=f"runner {instance.name} restarted and lost the job",
+            instance_id=str(instance.pk),
+        )
     if lost:
         instance_job_done(instance_id=str(instance.pk))
     instance.refresh_from_db()
@@ -93,5 +98,3 @@ def instance_job_done(*, instance_id: str) -> None:
     Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
         status=InstanceStatus.IDLE, idle_since=timezone.now()
     )
-
-

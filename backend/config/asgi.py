@@ -6,12 +6,12 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backend.config.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from backend.config.routing import websocket_urlpatterns  # noqa: E402
 

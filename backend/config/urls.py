@@ -6,10 +6,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from backend.accounts.api import HealthView, MeView
 from backend.artifacts import api as artifacts
-from backend.clouds import api as clouds
-from backend.repos import api as repos
 from backend.artifacts.views import storage_archive, storage_object
+from backend.clouds import api as clouds
 from backend.core import spa
+from backend.repos import api as repos
 from backend.runs.api import views as runs
 from backend.vault import api as vault
 
@@ -41,7 +41,10 @@ urlpatterns = [
     path(f"{ws}/repos/", repos.RepoListView.as_view()),
     path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/", artifacts.RunnerArtifactCompleteView.as_view()),
+    path(
+        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
+        artifacts.RunnerArtifactCompleteView.as_view(),
+    ),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

@@ -47,9 +47,7 @@ class Run(WorkspaceOwnedModel):
     code_kind = models.CharField(max_length=16, choices=CodeKind.choices)
     repo_url = models.CharField(max_length=500, blank=True)
     commit = models.CharField(max_length=64, blank=True)
-    patch_blob = models.ForeignKey(
-        "artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
+    patch_blob = models.ForeignKey("artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     archive_blob = models.ForeignKey(
         "artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -105,9 +103,7 @@ class Job(WorkspaceOwnedModel):
     input_refs = models.JSONField(default=list, blank=True)
     cache_key = models.CharField(max_length=64, blank=True, db_index=True)
     # A job reused from cache points at the job that really ran (never a chain).
-    cached_from = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reused_by"
-    )
+    cached_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reused_by")
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]

@@ -19,9 +19,7 @@ def run_list(
     if workflow:
         runs = runs.filter(workflow=workflow)
     if q:
-        runs = runs.filter(
-            Q(name__icontains=q) | Q(workflow__icontains=q) | Q(submitted_by__username__icontains=q)
-        )
+        runs = runs.filter(Q(name__icontains=q) | Q(workflow__icontains=q) | Q(submitted_by__username__icontains=q))
     if tag:
         runs = runs.filter(tags__name=tag)
     return runs.prefetch_related("jobs", "tags")

@@ -29,7 +29,11 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise PydanticCustomError("size", SIZE_HINT)
     if not isinstance(value, str):
-        raise PydanticCustomError("size", SIZE_HINT + " (a size needs a unit: write {example}, not {value})", {"example": f"{value}GB", "value": value})
+        raise PydanticCustomError(
+            "size",
+            SIZE_HINT + " (a size needs a unit: write {example}, not {value})",
+            {"example": f"{value}GB", "value": value},
+        )
     match = _SIZE.match(value)
     if not match or (not match.group(2) and match.group(3).lower() != "b"):
         raise PydanticCustomError("size", SIZE_HINT + ", got '{value}'", {"value": value})

@@ -126,7 +126,11 @@ class _Walker:
     def _scalar(self, node: ScalarNode, path: Path) -> Any:
         if node.tag == _NULL:
             return None
-        constructor = {_INT: self.loader.construct_yaml_int, _FLOAT: self.loader.construct_yaml_float, _BOOL: self.loader.construct_yaml_bool}.get(node.tag)
+        constructor = {
+            _INT: self.loader.construct_yaml_int,
+            _FLOAT: self.loader.construct_yaml_float,
+            _BOOL: self.loader.construct_yaml_bool,
+        }.get(node.tag)
         if constructor is None:
             return node.value
         self.tree.raw[path] = node.value
@@ -139,5 +143,9 @@ def parse_checked(text: str) -> Tree:
         return parse(text)
     except _TooBig:
         tree = Tree(data=None)
-        tree.errors.append(TreeError(1, (), f"the file is too large or nests too deep (more than {MAX_NODES} values or {MAX_DEPTH} levels)"))
+        tree.errors.append(
+            TreeError(
+                1, (), f"the file is too large or nests too deep (more than {MAX_NODES} values or {MAX_DEPTH} levels)"
+            )
+        )
         return tree

@@ -181,7 +181,15 @@ class Client:
     """One workspace of one Trainyard server. ``workspace=None`` uses the
     caller's default workspace (asked once, from ``me()``)."""
 
-    def __init__(self, url: str, token: str, workspace: str | None = None, *, timeout: httpx.Timeout = TIMEOUT, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        workspace: str | None = None,
+        *,
+        timeout: httpx.Timeout = TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self._workspace = workspace
@@ -214,23 +222,49 @@ class Client:
                 return cast(Blob, self._blob(f, size))
         return cast(Blob, self._blob(data, len(data)))
 
-    def create_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None, no_cache: bool = False) -> Run:
+    def create_run(
+        self,
+        *,
+        workflow: str,
+        workflows_file_path: str,
+        workflows_file_text: str,
+        code: dict[str, Any],
+        env: dict[str, str] | None = None,
+        no_cache: bool = False,
+    ) -> Run:
         """Submit a run. ``no_cache``: run every job even if an earlier run's
         artifacts could be reused."""
         body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
 
-    def plan_run(self, *, workflow: str, workflows_file_path: str, workflows_file_text: str, code: dict[str, Any], env: dict[str, str] | None = None, no_cache: bool = False) -> Plan:
+    def plan_run(
+        self,
+        *,
+        workflow: str,
+        workflows_file_path: str,
+        workflows_file_text: str,
+        code: dict[str, Any],
+        env: dict[str, str] | None = None,
+        no_cache: bool = False,
+    ) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
         body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
         return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
-    def list_runs(self, *, status: str | None = None, workflow: str | None = None, page: int = 1, page_size: int = 20) -> RunPage:
-        params = {k: v for k, v in {"status": status, "workflow": workflow, "page": page, "page_size": page_size}.items() if v is not None}
+    def list_runs(
+        self, *, status: str | None = None, workflow: str | None = None, page: int = 1, page_size: int = 20
+    ) -> RunPage:
+        params = {
+            k: v
+            for k, v in {"status": status, "workflow": workflow, "page": page, "page_size": page_size}.items()
+            if v is not None
+        }
         return cast(RunPage, self._request("GET", self._ws("runs/"), params=params))
 
-    def iter_runs(self, *, status: str | None = None, workflow: str | None = None, page_size: int = 100) -> Iterator[Run]:
+    def iter_runs(
+        self, *, status: str | None = None, workflow: str | None = None, page_size: int = 100
+    ) -> Iterator[Run]:
         """Every run, newest first, page by page."""
         page = 1
         while True:
@@ -330,7 +364,10 @@ class Client:
         try:
             return response.status_code, response.json()
         except ValueError:
-            raise ApiError(f"the server answered {method} {url} with something that is not JSON (HTTP {response.status_code})", status=response.status_code) from None
+            raise ApiError(
+                f"the server answered {method} {url} with something that is not JSON (HTTP {response.status_code})",
+                status=response.status_code,
+            ) from None
 
     def _guard(self) -> AbstractContextManager[None]:
         return _transport_errors(self.url)
@@ -360,11 +397,22 @@ def _error_from(response: httpx.Response) -> ApiError:
         errors = extra.get("errors") if isinstance(extra.get("errors"), list) else []
         message = body["message"]
     else:
-        errors, message = [], f"HTTP {status} from {response.request.method} {response.request.url.path}: {response.text[:200].strip()}"
+        errors, message = (
+            [],
+            f"HTTP {status} from {response.request.method} {response.request.url.path}: {response.text[:200].strip()}",
+        )
     if status == 401:
         message += " (check TRAINYARD_TOKEN, or run `trainyard login`)"
     return (Conflict if status == 409 else ApiError)(message, status=status, errors=errors)
 
 
-def _run_body(workflow: str, path: str, text: str, code: dict[str, Any], env: dict[str, str] | None, no_cache: bool) -> dict[str, Any]:
-    return {"workflow": workflow, "workflows_file": {"path": path, "text": text}, "code": code, "env": env or {}, "no_cache": no_cache}
+def _run_body(
+    workflow: str, path: str, text: str, code: dict[str, Any], env: dict[str, str] | None, no_cache: bool
+) -> dict[str, Any]:
+    return {
+        "workflow": workflow,
+        "workflows_file": {"path": path, "text": text},
+        "code": code,
+        "env": env or {},
+        "no_cache": no_cache,
+    }

@@ -93,10 +93,21 @@ def main() -> None:
 @cli.command()
 @click.argument("workflow")
 @click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
-@click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Set an environment variable in every job of the run (repeatable).")
+@click.option(
+    "-e",
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set an environment variable in every job of the run (repeatable).",
+)
 @click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
-@click.option("--no-cache", is_flag=True, help="Run every job, even those an earlier run's artifacts could stand in for.")
-@click.option("--dry-run", is_flag=True, help="Print the plan (jobs, dependencies, resources, cache hits) and submit nothing.")
+@click.option(
+    "--no-cache", is_flag=True, help="Run every job, even those an earlier run's artifacts could stand in for."
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the plan (jobs, dependencies, resources, cache hits) and submit nothing."
+)
 def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, no_cache: bool, dry_run: bool) -> None:
     """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it.
 
@@ -110,7 +121,13 @@ def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, n
     text = _read_text(file_path)
     plan = resolve_run_plan(load_workflows_file(text, path=relative), workflow, env_overrides=env)
     client = _client()
-    submit = {"workflow": workflow, "workflows_file_path": relative, "workflows_file_text": text, "env": env, "no_cache": no_cache}
+    submit = {
+        "workflow": workflow,
+        "workflows_file_path": relative,
+        "workflows_file_text": text,
+        "env": env,
+        "no_cache": no_cache,
+    }
     if dry_run:
         planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn), **submit)
         click.echo("\n".join(plan_lines(planned)))
@@ -133,7 +150,9 @@ def run_exit_code(run: Run) -> int:
     if run["status"] == "succeeded":
         return 0
     if run["status"] == "failed":
-        failed = sorted((j for j in run["jobs"] if j.get("status") == "failed"), key=lambda j: j.get("finished_at") or "~")
+        failed = sorted(
+            (j for j in run["jobs"] if j.get("status") == "failed"), key=lambda j: j.get("finished_at") or "~"
+        )
         codes = [j.get("exit_code") for j in failed] + [run.get("exit_code")]
         code = next((c for c in codes if isinstance(c, int) and c != 0), None)
         if code is not None:
@@ -147,7 +166,9 @@ def run_exit_code(run: Run) -> int:
 @cli.command()
 @click.option("-a", "--all", "show_all", is_flag=True, help="All runs, not only the most recent ones.")
 @click.option("--json", "as_json", is_flag=True, help="Print the API's run objects as a JSON list.")
-@click.option("-n", "limit", type=click.IntRange(min=1), default=None, help="At most N runs (default 20; no limit with -a).")
+@click.option(
+    "-n", "limit", type=click.IntRange(min=1), default=None, help="At most N runs (default 20; no limit with -a)."
+)
 def ps(show_all: bool, as_json: bool, limit: int | None) -> None:
     """List runs, newest first."""
     client = _client()
@@ -161,7 +182,11 @@ def ps(show_all: bool, as_json: bool, limit: int | None) -> None:
         return
     reasons = [_shown_reason(r) for r in runs]
     headers = ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION"] + (["REASON"] if any(reasons) else [])
-    rows = [[r["name"], r["workflow"], r["status"], age(r.get("created_at")), duration(r.get("duration_seconds"))] + ([truncate(reason)] if any(reasons) else []) for r, reason in zip(runs, reasons, strict=True)]
+    rows = [
+        [r["name"], r["workflow"], r["status"], age(r.get("created_at")), duration(r.get("duration_seconds"))]
+        + ([truncate(reason)] if any(reasons) else [])
+        for r, reason in zip(runs, reasons, strict=True)
+    ]
     print_table(headers, rows, tty=sys.stdout.isatty())
 
 
@@ -229,7 +254,16 @@ def artifacts_list(run_name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
-    rows = [[a["path"] + ("" if a["status"] == "complete" else f" ({a['status']})"), f["path"], size(f["size"]), f["sha256"][:12]] for a in found for f in a["files"]]
+    rows = [
+        [
+            a["path"] + ("" if a["status"] == "complete" else f" ({a['status']})"),
+            f["path"],
+            size(f["size"]),
+            f["sha256"][:12],
+        ]
+        for a in found
+        for f in a["files"]
+    ]
     if not rows:
         click.echo(f"Run {run_name} has no artifacts.", err=True)
         return
@@ -238,7 +272,15 @@ def artifacts_list(run_name: str, as_json: bool) -> None:
 
 @artifacts.command("download")
 @click.argument("run_name", metavar="RUN")
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."), show_default=True, help="Directory to write into.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Directory to write into.",
+)
 def artifacts_download(run_name: str, out_dir: Path) -> None:
     """Download every file of RUN's artifacts to OUTPUT/<artifact>/<file>,
     checking each file's size and sha256."""
@@ -255,7 +297,9 @@ def artifacts_download(run_name: str, out_dir: Path) -> None:
                 count, total = count + 1, total + written
     click.echo(f"Downloaded {count} file{'s' * (count != 1)} ({size(total)}) to {out_dir}", err=True)
     if incomplete:
-        raise CliError(f"{len(incomplete)} artifact(s) of run {run_name} are not complete yet; try again when the run has finished")
+        raise CliError(
+            f"{len(incomplete)} artifact(s) of run {run_name} are not complete yet; try again when the run has finished"
+        )
 
 
 # ---------------------------------------------------------------- tags
@@ -277,7 +321,9 @@ def tag_add(name: str, run_name: str, force: bool) -> None:
         added, moved = client.add_tag(name, run_name, force=force)
     except Conflict as e:
         current = next((t["run"] for t in client.list_tags() if t["name"] == name), None)
-        raise CliError(f"tag {name} already points to {current}; use --force to move it" if current else e.message) from None
+        raise CliError(
+            f"tag {name} already points to {current}; use --force to move it" if current else e.message
+        ) from None
     click.echo(f"{'Moved tag' if moved else 'Tagged'} {added['name']} → run {added['run']}", err=True)
 
 
@@ -335,7 +381,11 @@ def secrets_ls(as_json: bool) -> None:
     if not found:
         click.echo("No secrets yet: add one with `trainyard secrets set NAME`.", err=True)
         return
-    print_table(["SECRET", "CREATED", "UPDATED"], [[s["name"], age(s.get("created_at")), age(s.get("updated_at"))] for s in found], tty=sys.stdout.isatty())
+    print_table(
+        ["SECRET", "CREATED", "UPDATED"],
+        [[s["name"], age(s.get("created_at")), age(s.get("updated_at"))] for s in found],
+        tty=sys.stdout.isatty(),
+    )
 
 
 @secrets.command("rm")
@@ -377,7 +427,9 @@ def _client() -> Client:
 def _follow(client: Client, run_name: str, *, seen: dict[str, int]) -> Run:
     """Follow a run to its end; Ctrl-C detaches with exit code 130."""
     display = StatusDisplay(live=sys.stdout.isatty() and sys.stderr.isatty())
-    follower = Follower(client, run_name, writer=LogWriter(), on_run=display.update, before_logs=display.pause, seen=seen)
+    follower = Follower(
+        client, run_name, writer=LogWriter(), on_run=display.update, before_logs=display.pause, seen=seen
+    )
     try:
         return follower.follow()
     except KeyboardInterrupt:
@@ -401,7 +453,10 @@ def _download_artifact(client: Client, artifact: Artifact, root: Path) -> Iterat
             written, digest = client.download_artifact_file(artifact["id"], entry["path"], out)
         if written != entry["size"] or digest != entry["sha256"]:
             partial.unlink()
-            raise CliError(f"{artifact['path']}/{entry['path']}: downloaded {written} bytes with sha256 {digest}, but the manifest says {entry['size']} bytes with sha256 {entry['sha256']}")
+            raise CliError(
+                f"{artifact['path']}/{entry['path']}: downloaded {written} bytes with sha256 "
+                f"{digest}, but the manifest says {entry['size']} bytes with sha256 {entry['sha256']}"
+            )
         os.replace(partial, dest)
         yield dest, written
 
@@ -409,7 +464,11 @@ def _download_artifact(client: Client, artifact: Artifact, root: Path) -> Iterat
 def _safe_destination(root: Path, artifact_path: str, file_path: str) -> Path:
     """root/<artifact path>/<file path>, refusing anything that leaves root."""
     parts = [*PurePosixPath(artifact_path).parts, *PurePosixPath(file_path).parts]
-    bad = any(p in ("..", "") or p.startswith("/") for p in parts) or PurePosixPath(artifact_path).is_absolute() or PurePosixPath(file_path).is_absolute()
+    bad = (
+        any(p in ("..", "") or p.startswith("/") for p in parts)
+        or PurePosixPath(artifact_path).is_absolute()
+        or PurePosixPath(file_path).is_absolute()
+    )
     dest = root.joinpath(*[p for p in parts if p != "."]).resolve()
     if bad or not dest.is_relative_to(root) or dest == root:
         raise CliError(f"refusing artifact file {artifact_path}/{file_path}: its path leaves the output directory")
@@ -434,14 +493,20 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not _ENV_NAME.fullmatch(key):
-            raise click.BadParameter(f"expected KEY=VALUE with KEY a variable name, got {pair!r}", param_hint="-e/--env")
+            raise click.BadParameter(
+                f"expected KEY=VALUE with KEY a variable name, got {pair!r}", param_hint="-e/--env"
+            )
         env[key] = value
     return env
 
 
 def _check_secret_name(name: str) -> None:
     if not _ENV_NAME.fullmatch(name):
-        raise click.BadParameter(f"a secret name is an environment variable name (letters, digits and _, not starting with a digit), got {name!r}", param_hint="NAME")
+        raise click.BadParameter(
+            "a secret name is an environment variable name (letters, "
+            f"digits and _, not starting with a digit), got {name!r}",
+            param_hint="NAME",
+        )
 
 
 def _secret_value(name: str) -> str:
@@ -450,7 +515,10 @@ def _secret_value(name: str) -> str:
     else:
         value = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     if not value:
-        raise CliError(f"empty value: nothing was set (type the value at the prompt, or pipe it: printf %s \"$VALUE\" | trainyard secrets set {name})")
+        raise CliError(
+            "empty value: nothing was set (type the value at the prompt, or "
+            f'pipe it: printf %s "$VALUE" | trainyard secrets set {name})'
+        )
     return value
 
 

@@ -93,7 +93,18 @@ def git_patch(root: Path) -> bytes:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         _git(root, "read-tree", "HEAD", env=env)
         _git(root, "add", "-A", env=env)
-        return _git(root, *_PLAIN_DIFF, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "HEAD", env=env)
+        return _git(
+            root,
+            *_PLAIN_DIFF,
+            "diff",
+            "--cached",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "HEAD",
+            env=env,
+        )
 
 
 def archive_files(workspace: Workspace) -> list[str]:
@@ -116,7 +127,11 @@ def make_archive(workspace: Workspace, dest: Path) -> int:
     the file count."""
     names = archive_files(workspace)
     # gzip's header carries a file name and mtime: neither goes in.
-    with dest.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        dest.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for name in names:
             info = _normalised(tar.gettarinfo(workspace.root / name, arcname=name))
             if info.isreg():
@@ -127,7 +142,9 @@ def make_archive(workspace: Workspace, dest: Path) -> int:
     return len(names)
 
 
-def prepare_code(workspace: Workspace, *, force_upload: bool, upload_blob: Callable[[bytes | Path], Any], warn: Callable[[str], None]) -> dict[str, Any]:
+def prepare_code(
+    workspace: Workspace, *, force_upload: bool, upload_blob: Callable[[bytes | Path], Any], warn: Callable[[str], None]
+) -> dict[str, Any]:
     """The ``code`` object of a new run, uploading a patch or archive blob."""
     git = _git_source(workspace, force_upload=force_upload, warn=warn)
     if git is not None:
@@ -148,7 +165,9 @@ def code_digests(workspace: Workspace, *, force_upload: bool, warn: Callable[[st
     git = _git_source(workspace, force_upload=force_upload, warn=warn)
     if git is not None:
         url, commit, patch = git
-        return {"kind": "git", "repo_url": url, "commit": commit} | ({"patch_sha256": hashlib.sha256(patch).hexdigest()} if patch else {})
+        return {"kind": "git", "repo_url": url, "commit": commit} | (
+            {"patch_sha256": hashlib.sha256(patch).hexdigest()} if patch else {}
+        )
     with tempfile.TemporaryDirectory(prefix="trainyard-code-") as tmp:
         archive = Path(tmp) / "code.tar.gz"
         make_archive(workspace, archive)
@@ -163,14 +182,19 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _git_source(workspace: Workspace, *, force_upload: bool, warn: Callable[[str], None]) -> tuple[str, str, bytes] | None:
+def _git_source(
+    workspace: Workspace, *, force_upload: bool, warn: Callable[[str], None]
+) -> tuple[str, str, bytes] | None:
     """(remote URL, commit, patch) when the code goes by git, else None."""
     url = remote_url(workspace.root) if workspace.is_git and not force_upload else None
     commit = head_commit(workspace.root) if url else None
     if not (url and commit):
         return None
     if not is_pushed(workspace.root, commit):
-        warn(f"commit {commit[:12]} is on no remote branch this clone knows: push it, or the runner cannot fetch it (or use --upload)")
+        warn(
+            f"commit {commit[:12]} is on no remote branch this clone knows: "
+            "push it, or the runner cannot fetch it (or use --upload)"
+        )
     return url, commit, git_patch(workspace.root)
 
 
@@ -195,7 +219,9 @@ def _git(root: Path, *args: str, env: dict[str, str] | None = None) -> bytes:
             check=False,
         )
     except FileNotFoundError:
-        raise CodeError("git is not installed; install it, or run from a directory that is not a git repository") from None
+        raise CodeError(
+            "git is not installed; install it, or run from a directory that is not a git repository"
+        ) from None
     except subprocess.TimeoutExpired:
         raise CodeError(f"git {args[0]} took more than {GIT_TIMEOUT:.0f}s") from None
     if proc.returncode != 0:

@@ -47,7 +47,16 @@ class Follower:
     read before following); ``on_run`` gets every run update.
     """
 
-    def __init__(self, client: Client, run: str, *, writer: LogWriter, on_run: Callable[[Run], None], before_logs: Callable[[], None] = lambda: None, seen: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        run: str,
+        *,
+        writer: LogWriter,
+        on_run: Callable[[Run], None],
+        before_logs: Callable[[], None] = lambda: None,
+        seen: dict[str, int] | None = None,
+    ) -> None:
         self.client = client
         self.run_name = run
         self.writer = writer
@@ -80,7 +89,10 @@ class Follower:
             except (OSError, InvalidHandshake, TimeoutError):
                 pass
             if time.monotonic() - last_ok > GIVE_UP_AFTER:
-                raise ApiError(f"lost the connection to Trainyard at {self.client.url} for {GIVE_UP_AFTER:.0f}s; the run continues — `trainyard logs -f {self.run_name}` to resume")
+                raise ApiError(
+                    f"lost the connection to Trainyard at {self.client.url} for {GIVE_UP_AFTER:.0f}s; "
+                    f"the run continues — `trainyard logs -f {self.run_name}` to resume"
+                )
             time.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -97,12 +97,16 @@ class StatusDisplay:
 def waiting(run: dict[str, Any]) -> bool:
     """Whether the run waits for a machine (pending, or every job not started)."""
     jobs = run.get("jobs") or []
-    return run.get("status") == "pending" or (run.get("status") == "running" and bool(jobs) and all(j.get("status") in ("pending", "assigned") for j in jobs))
+    return run.get("status") == "pending" or (
+        run.get("status") == "running" and bool(jobs) and all(j.get("status") in ("pending", "assigned") for j in jobs)
+    )
 
 
 def run_status(run: dict[str, Any]) -> tuple[str, str]:
     """(status, reason) to show; the first job's reason if the run has none."""
-    reason = run.get("status_reason") or next((j.get("status_reason") for j in run.get("jobs") or [] if j.get("status_reason")), "")
+    reason = run.get("status_reason") or next(
+        (j.get("status_reason") for j in run.get("jobs") or [] if j.get("status_reason")), ""
+    )
     return str(run.get("status", "?")), str(reason or "")
 
 
@@ -129,7 +133,7 @@ def parse_time(value: str | None) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def age(value: str | None, *, now: datetime | None = None) -> str:
@@ -137,7 +141,7 @@ def age(value: str | None, *, now: datetime | None = None) -> str:
     then = parse_time(value)
     if then is None:
         return "-"
-    seconds = max(0, int(((now or datetime.now(timezone.utc)) - then).total_seconds()))
+    seconds = max(0, int(((now or datetime.now(UTC)) - then).total_seconds()))
     if seconds < 5:
         return "just now"
     return f"{_span(seconds, parts=1)} ago"
@@ -210,14 +214,32 @@ def dag_rows(run: dict[str, Any], artifacts: list[dict[str, Any]]) -> list[list[
         cache = job.get("cached_from")
         owners = {job["id"], cache["job"]} if cache else {job["id"]}
         files = [f for a in artifacts if a.get("job") in owners for f in a.get("files") or []]
-        stored = f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}" if files else "-"
-        rows.append([job["name"], job.get("status", "?"), _waits(job) or "-", age(job.get("started_at")), duration(_seconds(job)), cache["run"] if cache else "-", stored])
+        stored = (
+            f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}"
+            if files
+            else "-"
+        )
+        rows.append(
+            [
+                job["name"],
+                job.get("status", "?"),
+                _waits(job) or "-",
+                age(job.get("started_at")),
+                duration(_seconds(job)),
+                cache["run"] if cache else "-",
+                stored,
+            ]
+        )
     return rows
 
 
 def input_lines(run: dict[str, Any]) -> list[str]:
     """``  <job>  <path> from <source>`` for every input of every job."""
-    return [f"  {job['name']}  {i['path']} from {i['from']}" for job in run.get("jobs") or [] for i in job.get("inputs") or []]
+    return [
+        f"  {job['name']}  {i['path']} from {i['from']}"
+        for job in run.get("jobs") or []
+        for i in job.get("inputs") or []
+    ]
 
 
 def resources(spec: dict[str, Any]) -> str:
@@ -241,5 +263,5 @@ def _seconds(job: dict[str, Any]) -> float | None:
     start = parse_time(job.get("started_at"))
     if start is None:
         return None
-    end = parse_time(job.get("finished_at")) or datetime.now(timezone.utc)
+    end = parse_time(job.get("finished_at")) or datetime.now(UTC)
     return max(0.0, (end - start).total_seconds())

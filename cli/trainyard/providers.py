@@ -125,14 +125,29 @@ class Provider(ABC):
         """
 
 
-def job_plan(wf: Workflow, *, commands: list[str], env: dict[str, str], name: str | None = None, provider: str = "bash", **fields: Any) -> JobPlan:
+def job_plan(
+    wf: Workflow,
+    *,
+    commands: list[str],
+    env: dict[str, str],
+    name: str | None = None,
+    provider: str = "bash",
+    **fields: Any,
+) -> JobPlan:
     """A JobPlan of ``wf`` with the workflow's artifacts, resources and ports,
     no dependencies, and ``fields`` (any other JobPlan field) on top."""
     defaults: dict[str, Any] = {
         "artifacts": list(wf.artifacts), "resources": resource_spec(wf.resources), "ports": list(wf.ports),
         "needs": [], "after_running": [], "tags": [], "runs": [],
     }  # fmt: skip
-    return JobPlan(name=name or wf.name, workflow=wf.name, provider=provider, commands=list(commands), env=dict(env), **{**defaults, **fields})
+    return JobPlan(
+        name=name or wf.name,
+        workflow=wf.name,
+        provider=provider,
+        commands=list(commands),
+        env=dict(env),
+        **{**defaults, **fields},
+    )
 
 
 def get_provider(name: str) -> Provider:
@@ -173,11 +188,28 @@ def resolve_run_plan(file: WorkflowsFile, workflow: str, *, env_overrides: dict[
         jobs = _plan_workflow(file, wf, overrides)
         for job in jobs:
             if job.name in taken:
-                raise WorkflowFileError([file.error(wf, "name", f"the run would have two jobs named '{job.name}' (one of workflow '{taken[job.name]}'); rename one of the workflows")])
+                raise WorkflowFileError(
+                    [
+                        file.error(
+                            wf,
+                            "name",
+                            f"the run would have two jobs named '{job.name}' (one of "
+                            f"workflow '{taken[job.name]}'); rename one of the workflows",
+                        )
+                    ]
+                )
             taken[job.name] = wf.name
         needs = [job.name for dep in _unique(d.workflow for d in wf.deps if d.workflow) for job in jobs_of[dep]]
         tags, runs = _unique(d.tag for d in wf.deps if d.tag), _unique(d.run for d in wf.deps if d.run)
-        jobs_of[wf.name] = [replace(job, needs=_unique([*needs, *job.needs]), tags=_unique([*job.tags, *tags]), runs=_unique([*job.runs, *runs])) for job in jobs]
+        jobs_of[wf.name] = [
+            replace(
+                job,
+                needs=_unique([*needs, *job.needs]),
+                tags=_unique([*job.tags, *tags]),
+                runs=_unique([*job.runs, *runs]),
+            )
+            for job in jobs
+        ]
     return RunPlan(workflow=workflow, jobs=[job for wf in order for job in jobs_of[wf.name]])
 
 
@@ -196,7 +228,8 @@ class BashProvider(Provider):
             binary = python_binary(wf.python)
             setup = [
                 _python_check(binary),
-                f'mkdir -p .trainyard-bin && ln -sf "$(command -v {binary})" .trainyard-bin/python && ln -sf "$(command -v {binary})" .trainyard-bin/python3',
+                f'mkdir -p .trainyard-bin && ln -sf "$(command -v {binary})" '
+                f'.trainyard-bin/python && ln -sf "$(command -v {binary})" .trainyard-bin/python3',
                 'export PATH="$PWD/.trainyard-bin:$PATH"',
             ]
         return [job_plan(wf, commands=[*setup, *(wf.commands or [])], env=env)]
@@ -211,7 +244,14 @@ class PythonProvider(Provider):
     workflow_keys = PROVIDER_KEYS["python"]
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
-        return [job_plan(wf, commands=python_commands(script=wf.script or "", requirements=wf.requirements, version=wf.python), env=env, provider="python")]
+        return [
+            job_plan(
+                wf,
+                commands=python_commands(script=wf.script or "", requirements=wf.requirements, version=wf.python),
+                env=env,
+                provider="python",
+            )
+        ]
 
 
 class DockerProvider(Provider):
@@ -249,7 +289,10 @@ assert tuple(_BUILTINS) == BUILTIN_PROVIDERS
 
 def _python_check(binary: str) -> str:
     version = binary.removeprefix("python")
-    return f'command -v {binary} >/dev/null || {{ echo "python {version} is not installed on this runner\'s machine" >&2; exit 127; }}'
+    return (
+        f"command -v {binary} >/dev/null || "
+        f'{{ echo "python {version} is not installed on this runner\'s machine" >&2; exit 127; }}'
+    )
 
 
 @functools.cache
@@ -268,12 +311,17 @@ def _plugin(name: str) -> Provider:
     try:
         loaded = entry.load()
     except Exception as e:  # a broken plugin must not take the file (or the server) down with a traceback
-        raise ProviderNotFound(f"provider '{name}' is installed ({entry.value}) but could not be loaded: {type(e).__name__}: {e}") from None
+        raise ProviderNotFound(
+            f"provider '{name}' is installed ({entry.value}) but could not be loaded: {type(e).__name__}: {e}"
+        ) from None
     provider = loaded() if isinstance(loaded, type) and issubclass(loaded, Provider) else loaded
     if not isinstance(provider, Provider):
         raise ProviderNotFound(f"provider '{name}' ({entry.value}) is not a trainyard.providers.Provider subclass")
     if getattr(provider, "name", None) != name:
-        raise ProviderNotFound(f"provider '{name}' ({entry.value}) calls itself '{getattr(provider, 'name', None)}'; the entry point name and Provider.name must match")
+        raise ProviderNotFound(
+            f"provider '{name}' ({entry.value}) calls itself '{getattr(provider, 'name', None)}'; "
+            "the entry point name and Provider.name must match"
+        )
     return provider
 
 
@@ -281,7 +329,9 @@ def _unknown_provider(name: str) -> str:
     plugins = plugin_names()
     close = difflib.get_close_matches(name, [*BUILTIN_PROVIDERS, *plugins], n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
-    installed = f"; installed plugin providers: {', '.join(plugins)}" if plugins else "; no plugin provider is installed"
+    installed = (
+        f"; installed plugin providers: {', '.join(plugins)}" if plugins else "; no plugin provider is installed"
+    )
     return f"unknown provider '{name}'; {hint}the built-in providers are {', '.join(BUILTIN_PROVIDERS)}{installed}"
 
 
@@ -321,7 +371,11 @@ def _workflow_deps(file: WorkflowsFile, wf: Workflow) -> Iterable[Workflow]:
 
 
 def _unsupported(file: WorkflowsFile, wf: Workflow) -> list[WorkflowError]:
-    return [file.error(wf, key, f"'{key}' is not supported yet; remove it from workflow '{wf.name}' to run it") for key in NOT_SUPPORTED_YET if getattr(wf, key) not in (None, [], {})]
+    return [
+        file.error(wf, key, f"'{key}' is not supported yet; remove it from workflow '{wf.name}' to run it")
+        for key in NOT_SUPPORTED_YET
+        if getattr(wf, key) not in (None, [], {})
+    ]
 
 
 def _plan_workflow(file: WorkflowsFile, wf: Workflow, overrides: dict[str, str]) -> list[JobPlan]:
@@ -332,12 +386,16 @@ def _plan_workflow(file: WorkflowsFile, wf: Workflow, overrides: dict[str, str])
     except ProviderError as e:
         raise WorkflowFileError([file.error(wf, "provider", str(e))]) from None
     except Exception as e:  # a plugin's bug is shown at the workflow, not as a server error
-        raise WorkflowFileError([file.error(wf, "provider", f"the {wf.provider} provider failed: {type(e).__name__}: {e}")]) from None
+        raise WorkflowFileError(
+            [file.error(wf, "provider", f"the {wf.provider} provider failed: {type(e).__name__}: {e}")]
+        ) from None
     problem = _check_jobs(wf, jobs)
     ordered = _in_order(jobs) if not problem else None
     if ordered is None:
         problem = problem or f"its jobs wait for each other in a cycle ({', '.join(job.name for job in jobs)})"
-        raise WorkflowFileError([file.error(wf, "provider", f"the {wf.provider} provider made an invalid plan: {problem}")])
+        raise WorkflowFileError(
+            [file.error(wf, "provider", f"the {wf.provider} provider made an invalid plan: {problem}")]
+        )
     return [replace(job, workflow=wf.name, env={**job.env, **overrides}) for job in ordered]
 
 
@@ -357,7 +415,10 @@ def _check_jobs(wf: Workflow, jobs: Any) -> str:
             return f"job '{job.name}' is a docker job without an image"
         unknown = [n for n in [*job.needs, *job.after_running] if n not in names or n == job.name]
         if unknown:
-            return f"job '{job.name}' waits for {', '.join(repr(n) for n in unknown)}, which is not another job of workflow '{wf.name}'"
+            return (
+                f"job '{job.name}' waits for {', '.join(repr(n) for n in unknown)}, "
+                f"which is not another job of workflow '{wf.name}'"
+            )
     return ""
 
 

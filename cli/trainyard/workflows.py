@@ -116,7 +116,11 @@ class JobSpec:
 
 def _gpu_count(value: int) -> int:
     if value < 1:
-        raise PydanticCustomError("gpu_count", "a gpu count must be at least 1, got {value} (to run without a GPU, leave out gpu)", {"value": value})
+        raise PydanticCustomError(
+            "gpu_count",
+            "a gpu count must be at least 1, got {value} (to run without a GPU, leave out gpu)",
+            {"value": value},
+        )
     return value
 
 
@@ -129,31 +133,44 @@ def _env_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (str, int, float)):
         return str(value)
-    raise PydanticCustomError("env_value", "an env value must be a string, number or boolean, got {got}", {"got": describe(value)})
+    raise PydanticCustomError(
+        "env_value", "an env value must be a string, number or boolean, got {got}", {"got": describe(value)}
+    )
 
 
 def _relative_path(value: str) -> str:
     path = PurePosixPath(value)
     if not value.strip() or path.is_absolute() or ".." in path.parts:
-        raise PydanticCustomError("rel_path", "expected a path inside the repository such as ./checkpoint, got '{value}'", {"value": value})
+        raise PydanticCustomError(
+            "rel_path", "expected a path inside the repository such as ./checkpoint, got '{value}'", {"value": value}
+        )
     return value
 
 
 def _name(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
-        raise PydanticCustomError("name", "a workflow name uses letters, digits, '.', '_' and '-' and starts with a letter or digit, got '{value}'", {"value": value})
+        raise PydanticCustomError(
+            "name",
+            "a workflow name uses letters, digits, '.', '_' and '-' and starts with a letter or digit, got '{value}'",
+            {"value": value},
+        )
     return value
 
 
 def _python_version(value: object) -> object:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        raise PydanticCustomError("python_version", "write the Python version as a string, e.g. python: \"3.11\" (3.10 unquoted is the number 3.1)")
+        raise PydanticCustomError(
+            "python_version",
+            'write the Python version as a string, e.g. python: "3.11" (3.10 unquoted is the number 3.1)',
+        )
     return value
 
 
 def _python_version_text(value: str | None) -> str | None:
     if value is not None and not re.fullmatch(r"3(\.\d+){0,2}", value):
-        raise PydanticCustomError("python_version", "expected a Python 3 version such as \"3.11\", got '{value}'", {"value": value})
+        raise PydanticCustomError(
+            "python_version", "expected a Python 3 version such as \"3.11\", got '{value}'", {"value": value}
+        )
     return value
 
 
@@ -252,7 +269,11 @@ PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "docker": frozenset({"image", "commands"}),
 }
 PROVIDER_SPECIFIC_KEYS = frozenset().union(*PROVIDER_KEYS.values())
-_PROVIDER_REQUIRED = {"bash": ("commands", "a list of shell commands"), "python": ("script", "the Python file to run"), "docker": ("image", "the container image")}
+_PROVIDER_REQUIRED = {
+    "bash": ("commands", "a list of shell commands"),
+    "python": ("script", "the Python file to run"),
+    "docker": ("image", "the container image"),
+}
 
 
 # ---------------------------------------------------------------- the file
@@ -261,7 +282,14 @@ _PROVIDER_REQUIRED = {"bash": ("commands", "a list of shell commands"), "python"
 class WorkflowsFile:
     """A validated file. ``workflows`` keeps the file's order."""
 
-    def __init__(self, *, path: str, workflows: dict[str, Workflow], tree: _yamltree.Tree, options: dict[str, BaseModel] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        path: str,
+        workflows: dict[str, Workflow],
+        tree: _yamltree.Tree,
+        options: dict[str, BaseModel] | None = None,
+    ) -> None:
         self.path = path
         self.workflows = workflows
         self._tree = tree
@@ -340,11 +368,30 @@ def resolve_job_spec(wf: Workflow, *, file: WorkflowsFile, env_overrides: dict[s
 
     plan = resolve_run_plan(file, wf.name, env_overrides=env_overrides)
     job = plan.jobs[-1]
-    lost = [what for what, present in (("more than one job", len(plan.jobs) > 1), ("tag or run dependencies", job.tags or job.runs), ("ports", job.ports), ("a container image", job.image)) if present]
+    lost = [
+        what
+        for what, present in (
+            ("more than one job", len(plan.jobs) > 1),
+            ("tag or run dependencies", job.tags or job.runs),
+            ("ports", job.ports),
+            ("a container image", job.image),
+        )
+        if present
+    ]
     if lost:
-        message = f"workflow '{wf.name}' needs {' and '.join(lost)}, which this server cannot run yet (it takes single jobs only)"
+        message = (
+            f"workflow '{wf.name}' needs {' and '.join(lost)}, which "
+            "this server cannot run yet (it takes single jobs only)"
+        )
         raise WorkflowFileError([file.error(wf, "provider", message)])
-    return JobSpec(workflow=wf.name, commands=list(job.commands), env=dict(job.env), artifacts=list(job.artifacts), resources=job.resources, provider=job.provider)
+    return JobSpec(
+        workflow=wf.name,
+        commands=list(job.commands),
+        env=dict(job.env),
+        artifacts=list(job.artifacts),
+        resources=job.resources,
+        provider=job.provider,
+    )
 
 
 def resource_spec(r: Resources) -> ResourceSpec:
@@ -370,16 +417,34 @@ def _top_level(tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> 
         return []  # the tree could not be built; its error says why
     if not isinstance(data, dict):
         got = "an empty file" if data is None else describe(data)
-        errors.append(WorkflowError(path, tree.line_of(()) or 1, "(top level)", f"expected a mapping with a 'workflows' list, got {got}"))
+        errors.append(
+            WorkflowError(
+                path, tree.line_of(()) or 1, "(top level)", f"expected a mapping with a 'workflows' list, got {got}"
+            )
+        )
         return []
     for key in data:
         if key != "workflows":
             errors.append(WorkflowError(path, tree.lines[(key,)], key, unknown_key(key, ["workflows"])))
     items = data.get("workflows")
     if "workflows" not in data:
-        errors.append(WorkflowError(path, tree.line_of(()), "workflows", "missing the 'workflows' list: write workflows: followed by - name: … items"))
+        errors.append(
+            WorkflowError(
+                path,
+                tree.line_of(()),
+                "workflows",
+                "missing the 'workflows' list: write workflows: followed by - name: … items",
+            )
+        )
     elif not isinstance(items, list):
-        errors.append(WorkflowError(path, tree.lines[("workflows",)], "workflows", f"expected a list of workflows (items starting with '- name:'), got {describe(items)}"))
+        errors.append(
+            WorkflowError(
+                path,
+                tree.lines[("workflows",)],
+                "workflows",
+                f"expected a list of workflows (items starting with '- name:'), got {describe(items)}",
+            )
+        )
     return items if isinstance(items, list) else []
 
 
@@ -392,7 +457,9 @@ def _yaml_error(e: yaml.MarkedYAMLError, path: str) -> WorkflowError:
     return WorkflowError(path, line, "yaml", message)
 
 
-def _validate_workflow(item: Any, index: int, tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> tuple[Workflow | None, BaseModel | None]:
+def _validate_workflow(
+    item: Any, index: int, tree: _yamltree.Tree, path: str, errors: list[WorkflowError]
+) -> tuple[Workflow | None, BaseModel | None]:
     """The workflow, and its plugin options if its provider is a plugin: keys
     that are not workflow keys go to the plugin's ``options`` model."""
     base = ("workflows", index)
@@ -412,19 +479,35 @@ def _validate_workflow(item: Any, index: int, tree: _yamltree.Tree, path: str, e
     if plugin.options is None:
         for key in extras:
             loc = (*base, key)
-            errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), unknown_key(key, list(Workflow.model_fields)) + f" (the {provider} provider takes no options)"))
+            errors.append(
+                WorkflowError(
+                    path,
+                    tree.line_of(loc),
+                    key_path(loc, tree.data),
+                    unknown_key(key, list(Workflow.model_fields)) + f" (the {provider} provider takes no options)",
+                )
+            )
         return workflow, None
     return workflow, _validated(plugin.options, extras, base, tree, path, errors)
 
 
-def _validated(model: type[_M], item: Any, base: tuple[str | int, ...], tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> _M | None:
+def _validated(
+    model: type[_M],
+    item: Any,
+    base: tuple[str | int, ...],
+    tree: _yamltree.Tree,
+    path: str,
+    errors: list[WorkflowError],
+) -> _M | None:
     try:
         return model.model_validate(item)
     except ValidationError as e:
         for err in e.errors(include_url=False):
             loc = (*base, *err["loc"])
             beside = None if model is Workflow else list(Workflow.model_fields)
-            errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), message(err, model, beside=beside)))
+            errors.append(
+                WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), message(err, model, beside=beside))
+            )
         return None
 
 
@@ -437,7 +520,9 @@ def _plugin(name: str) -> Provider | None:
         return None
 
 
-def _check_workflow(wf: Workflow, index: int, tree: _yamltree.Tree, path: str, seen: dict[str, Workflow], errors: list[WorkflowError]) -> None:
+def _check_workflow(
+    wf: Workflow, index: int, tree: _yamltree.Tree, path: str, seen: dict[str, Workflow], errors: list[WorkflowError]
+) -> None:
     from .providers import ProviderNotFound, get_provider  # providers imports this module
 
     def add(key: str, message: str) -> None:
@@ -445,7 +530,11 @@ def _check_workflow(wf: Workflow, index: int, tree: _yamltree.Tree, path: str, s
         errors.append(WorkflowError(path, tree.line_of(loc), key_path(loc, tree.data), message))
 
     if wf.name in seen:
-        add("name", f"duplicate workflow name '{wf.name}' (first at line {tree.line_of(('workflows', list(seen).index(wf.name), 'name'))})")
+        add(
+            "name",
+            f"duplicate workflow name '{wf.name}' (first at line "
+            f"{tree.line_of(('workflows', list(seen).index(wf.name), 'name'))})",
+        )
     else:
         seen[wf.name] = wf
     try:

@@ -12,6 +12,7 @@ and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -296,10 +297,8 @@ class Agent:
                     timeout = min(timeout, due)
                 if stream.in_flight() and time.monotonic() - self._last_ack_at > ACK_TIMEOUT:
                     raise WebSocketException(f"no log ack for {ACK_TIMEOUT:.0f}s")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
 
     # ---------------------------------------------------------------- jobs
 
@@ -321,10 +320,8 @@ class Agent:
         self._states[state.job] = state
         if self._ws is None:
             return
-        try:
+        with contextlib.suppress(ConnectionClosed):  # re-sent after the reconnect
             await self._ws.send(state.model_dump_json())
-        except ConnectionClosed:
-            pass  # re-sent after the reconnect
 
     async def _deliver_finals(self) -> None:
         for job_id, final in list(self._finals.items()):

@@ -41,7 +41,7 @@ def upload_artifacts(paths: list[str], *, work: Path, job: str, api_url: str, to
     """Upload every artifact path (relative to ``work``) of ``job``. Missing
     paths are checked first, so nothing is uploaded for a job that will fail."""
     roots = [_resolve(work, p) for p in paths]
-    for path, root in zip(paths, roots):
+    for path, root in zip(paths, roots, strict=True):
         _upload_one(path, root, job=job, api_url=api_url.rstrip("/"), token=token)
 
 

@@ -20,6 +20,7 @@ Everything runs on one event loop thread; there is no locking.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import deque
@@ -207,10 +208,8 @@ class LogStream:
 
     async def _wait_changed(self, timeout: float) -> None:
         self._changed.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 def read_spool(path: Path, from_seq: int = 1) -> Iterator[tuple[int, LogLine]]:

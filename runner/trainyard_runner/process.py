@@ -4,6 +4,7 @@ stderr read in chunks and split into lines for the job's ``LogStream``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -119,10 +120,8 @@ class Execution:
         self._killpg(signal.SIGKILL)
 
     def _killpg(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 async def _pump(reader: asyncio.StreamReader, stream_name: str, stream: LogStream) -> None:

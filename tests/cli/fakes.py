@@ -12,14 +12,22 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import httpx
-from websockets.sync.server import ServerConnection, serve
-
 from trainyard.api import Client
+from websockets.sync.server import ServerConnection, serve
 
 TOKEN = "trainyard_test"
 
 
-def make_job(status: str, *, id: str = "job-1", name: str = "hello", last_seq: int = 0, exit_code: int | None = None, reason: str = "", **extra: Any) -> dict[str, Any]:
+def make_job(
+    status: str,
+    *,
+    id: str = "job-1",
+    name: str = "hello",
+    last_seq: int = 0,
+    exit_code: int | None = None,
+    reason: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
     return {
         "id": id, "name": name, "status": status, "status_reason": reason, "exit_code": exit_code,
         "attempt": 1, "instance": None, "resources": {}, "created_at": "2026-01-01T00:00:00Z",
@@ -28,7 +36,15 @@ def make_job(status: str, *, id: str = "job-1", name: str = "hello", last_seq: i
     }  # fmt: skip
 
 
-def make_run(status: str, *, last_seq: int = 0, exit_code: int | None = None, reason: str = "", name: str = "brave-otter-1", jobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def make_run(
+    status: str,
+    *,
+    last_seq: int = 0,
+    exit_code: int | None = None,
+    reason: str = "",
+    name: str = "brave-otter-1",
+    jobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     return {
         "id": "run-uuid", "name": name, "workflow": "hello", "status": status, "status_reason": reason,
         "exit_code": exit_code, "submitted_by": "alice", "created_at": "2026-01-01T00:00:00Z",
@@ -42,7 +58,16 @@ class FakeRunSocket:
     final run. The first ``drops`` connections are cut after ``drop_after``
     lines, to exercise reconnects."""
 
-    def __init__(self, lines: list[list[Any]], *, final: dict[str, Any], drops: int = 0, drop_after: int = 0, close_code: int | None = None, job_of: Callable[[list[Any]], str] = lambda line: "job-1") -> None:
+    def __init__(
+        self,
+        lines: list[list[Any]],
+        *,
+        final: dict[str, Any],
+        drops: int = 0,
+        drop_after: int = 0,
+        close_code: int | None = None,
+        job_of: Callable[[list[Any]], str] = lambda line: "job-1",
+    ) -> None:
         self.lines, self.final, self.job_of = lines, final, job_of
         self.drops, self.drop_after, self.close_code = drops, drop_after, close_code
         self.after_seqs: list[int] = []

@@ -8,8 +8,17 @@ import time
 from pathlib import Path
 
 import pytest
-
-from trainyard.code import Workspace, archive_files, code_digests, file_sha256, find_workspace, git_patch, head_commit, make_archive, prepare_code
+from trainyard.code import (
+    Workspace,
+    archive_files,
+    code_digests,
+    file_sha256,
+    find_workspace,
+    git_patch,
+    head_commit,
+    make_archive,
+    prepare_code,
+)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -56,7 +65,11 @@ def repo(tmp_path: Path) -> Path:
 
 
 def tree_files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.relative_to(root).parts}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
 
 
 def test_patch_reproduces_the_working_tree_on_a_fresh_clone(repo: Path, tmp_path: Path):
@@ -118,7 +131,12 @@ class FakeUploads:
 def test_prepare_code_sends_remote_commit_and_patch(repo: Path):
     uploads, warnings = FakeUploads(), []
     code = prepare_code(Workspace(repo, True), force_upload=False, upload_blob=uploads, warn=warnings.append)
-    assert code == {"kind": "git", "repo_url": str(repo.parent / "origin.git"), "commit": head_commit(repo), "patch_blob": "blob-1"}
+    assert code == {
+        "kind": "git",
+        "repo_url": str(repo.parent / "origin.git"),
+        "commit": head_commit(repo),
+        "patch_blob": "blob-1",
+    }
     assert uploads.blobs == [git_patch(repo)]
     assert warnings == []
 
@@ -142,7 +160,9 @@ def test_prepare_code_uploads_an_archive_with_upload_or_without_a_remote(repo: P
     assert uploads.blobs[0][:2] == b"\x1f\x8b"  # gzip
 
 
-def test_the_archive_of_the_same_tree_is_the_same_bytes_whatever_the_times_and_modes(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_archive_of_the_same_tree_is_the_same_bytes_whatever_the_times_and_modes(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     workspace = Workspace(repo, True)
     make_archive(workspace, tmp_path / "one.tar.gz")
     later = time.time() + 3600
@@ -168,7 +188,12 @@ def test_the_archive_keeps_the_executable_bit(repo: Path, tmp_path: Path):
 
 def test_code_digests_describe_what_prepare_code_would_upload(repo: Path, tmp_path: Path):
     digests = code_digests(Workspace(repo, True), force_upload=False, warn=lambda m: None)
-    assert digests == {"kind": "git", "repo_url": str(repo.parent / "origin.git"), "commit": head_commit(repo), "patch_sha256": hashlib.sha256(git_patch(repo)).hexdigest()}
+    assert digests == {
+        "kind": "git",
+        "repo_url": str(repo.parent / "origin.git"),
+        "commit": head_commit(repo),
+        "patch_sha256": hashlib.sha256(git_patch(repo)).hexdigest(),
+    }
     uploads = FakeUploads()
     prepare_code(Workspace(repo, True), force_upload=True, upload_blob=uploads, warn=lambda m: None)
     digests = code_digests(Workspace(repo, True), force_upload=True, warn=lambda m: None)

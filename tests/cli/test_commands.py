@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-
-from tests.cli.fakes import TOKEN, FakeRunSocket, lines_of, make_job, make_run, rest_client, serving
-from trainyard.code import Workspace, file_sha256, make_archive
 from trainyard.cli import cli
+from trainyard.code import Workspace, file_sha256, make_archive
 from trainyard.config import load_config
+
+from tests.cli.fakes import TOKEN, FakeRunSocket, make_job, make_run, rest_client, serving
 
 WS = "/api/v1/workspaces/ws1"
 
@@ -61,7 +61,10 @@ def test_run_detached_uploads_the_archive_and_prints_the_name_last(tiny_train: P
     body = json.loads(rest.requests[1].content)
     assert body["workflow"] == "hello" and body["env"] == {"GREETING": "hi"}
     assert body["code"] == {"kind": "archive", "archive_blob": "blob-1"}
-    assert body["workflows_file"] == {"path": ".trainyard/workflows.yaml", "text": (tiny_train / ".trainyard/workflows.yaml").read_text()}
+    assert body["workflows_file"] == {
+        "path": ".trainyard/workflows.yaml",
+        "text": (tiny_train / ".trainyard/workflows.yaml").read_text(),
+    }
 
 
 def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
@@ -71,7 +74,10 @@ def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, m
         use(monkeypatch, url, FakeRest(submit_routes()))
         code, out, err = invoke("run", "fail")
     assert (code, out) == (3, "")
-    assert err == "Run brave-otter-1 submitted\n[pending] waiting for a runner\n[running]\nabout to fail\n[failed] exit code 3\n"
+    assert (
+        err
+        == "Run brave-otter-1 submitted\n[pending] waiting for a runner\n[running]\nabout to fail\n[failed] exit code 3\n"
+    )
 
 
 def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
@@ -84,15 +90,22 @@ def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path,
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "flaky")
     assert (code, out) == (1, "")
-    assert err == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).retry: 'retry' is not supported yet; remove it from workflow 'flaky' to run it\n"
+    assert (
+        err
+        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).retry: 'retry' is not supported yet; remove it from workflow 'flaky' to run it\n"
+    )
     assert rest.requests == []
 
 
 def test_server_workflow_errors_are_printed_one_per_line(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
     routes = submit_routes()
-    errors = [{"file": ".trainyard/workflows.yaml", "line": 3, "key": "workflows[0] (hello).commands", "message": "nope"}]
-    routes[("POST", f"{WS}/runs/")] = httpx.Response(400, json={"message": "invalid workflows file", "extra": {"errors": errors}})
+    errors = [
+        {"file": ".trainyard/workflows.yaml", "line": 3, "key": "workflows[0] (hello).commands", "message": "nope"}
+    ]
+    routes[("POST", f"{WS}/runs/")] = httpx.Response(
+        400, json={"message": "invalid workflows file", "extra": {"errors": errors}}
+    )
     use(monkeypatch, "http://fake", FakeRest(routes))
     code, _, err = invoke("run", "hello")
     assert code == 1
@@ -102,7 +115,10 @@ def test_server_workflow_errors_are_printed_one_per_line(tiny_train: Path, monke
 def test_without_a_token_the_error_says_how_to_get_one(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
     code, _, err = invoke("run", "hello")
-    assert (code, err) == (1, "error: no API token: set TRAINYARD_TOKEN, or run `trainyard login --url URL --token TOKEN`\n")
+    assert (code, err) == (
+        1,
+        "error: no API token: set TRAINYARD_TOKEN, or run `trainyard login --url URL --token TOKEN`\n",
+    )
 
 
 def test_unreachable_server_is_one_clear_line(monkeypatch: pytest.MonkeyPatch):
@@ -110,18 +126,32 @@ def test_unreachable_server_is_one_clear_line(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TRAINYARD_TOKEN", TOKEN)
     monkeypatch.setenv("TRAINYARD_WORKSPACE", "ws1")
     code, _, err = invoke("ps")
-    assert (code, err) == (1, "error: cannot reach Trainyard at http://127.0.0.1:9: is the server running (make run)?\n")
+    assert (code, err) == (
+        1,
+        "error: cannot reach Trainyard at http://127.0.0.1:9: is the server running (make run)?\n",
+    )
 
 
 def test_ps_plain_table_with_reason_and_json(monkeypatch: pytest.MonkeyPatch):
-    runs = [make_run("pending", reason="waiting for a runner: no runner has 8 CPUs free right now, try later", name="a-1"), make_run("succeeded", name="b-2")]
-    rest = FakeRest({("GET", f"{WS}/runs/"): httpx.Response(200, json={"count": 2, "next": None, "previous": None, "results": runs})})
+    runs = [
+        make_run("pending", reason="waiting for a runner: no runner has 8 CPUs free right now, try later", name="a-1"),
+        make_run("succeeded", name="b-2"),
+    ]
+    rest = FakeRest(
+        {
+            ("GET", f"{WS}/runs/"): httpx.Response(
+                200, json={"count": 2, "next": None, "previous": None, "results": runs}
+            )
+        }
+    )
     use(monkeypatch, "http://fake", rest)
     code, out, _ = invoke("ps")
     assert code == 0
     header, first, second = out.splitlines()
     assert header.split() == ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION", "REASON"]
-    assert first.split()[:3] == ["a-1", "hello", "pending"] and first.endswith("waiting for a runner: no runner has 8 CPUs free…")
+    assert first.split()[:3] == ["a-1", "hello", "pending"] and first.endswith(
+        "waiting for a runner: no runner has 8 CPUs free…"
+    )
     assert second.split()[:3] == ["b-2", "hello", "succeeded"] and "3s" in second
     code, out, _ = invoke("ps", "--json")
     assert json.loads(out) == runs
@@ -146,11 +176,26 @@ def test_logs_pages_through_every_line(monkeypatch: pytest.MonkeyPatch):
     assert (code, out, err, seen) == (0, "a\nc\n", "b\n", ["0", "2"])
 
 
-def artifact_routes(content: bytes, *, sha: str | None = None, path: str = "./base_model") -> dict[tuple[str, str], httpx.Response]:
-    manifest = [{"id": "art-1", "job": "job-1", "path": path, "status": "complete", "total_size": len(content), "files": [{"path": "weights.json", "size": len(content), "sha256": sha or hashlib.sha256(content).hexdigest()}]}]
+def artifact_routes(
+    content: bytes, *, sha: str | None = None, path: str = "./base_model"
+) -> dict[tuple[str, str], httpx.Response]:
+    manifest = [
+        {
+            "id": "art-1",
+            "job": "job-1",
+            "path": path,
+            "status": "complete",
+            "total_size": len(content),
+            "files": [
+                {"path": "weights.json", "size": len(content), "sha256": sha or hashlib.sha256(content).hexdigest()}
+            ],
+        }
+    ]
     return {
         ("GET", f"{WS}/runs/brave-otter-1/artifacts/"): httpx.Response(200, json=manifest),
-        ("GET", f"{WS}/artifacts/art-1/files/weights.json"): httpx.Response(302, headers={"Location": "http://storage.fake/signed/abc"}),
+        ("GET", f"{WS}/artifacts/art-1/files/weights.json"): httpx.Response(
+            302, headers={"Location": "http://storage.fake/signed/abc"}
+        ),
         ("GET", "/signed/abc"): httpx.Response(200, content=content),
     }
 
@@ -172,13 +217,24 @@ def test_artifacts_download_refuses_a_digest_mismatch(tmp_path: Path, monkeypatc
 def test_artifacts_download_refuses_paths_that_escape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     use(monkeypatch, "http://fake", FakeRest(artifact_routes(b"x", path="../../etc")))
     code, _, err = invoke("artifacts", "download", "brave-otter-1", "-o", str(tmp_path / "out"))
-    assert (code, err) == (1, "error: refusing artifact file ../../etc/weights.json: its path leaves the output directory\n")
+    assert (code, err) == (
+        1,
+        "error: refusing artifact file ../../etc/weights.json: its path leaves the output directory\n",
+    )
 
 
 def test_login_checks_the_token_and_saves_it_private(monkeypatch: pytest.MonkeyPatch):
-    rest = FakeRest({("GET", "/api/v1/me/"): httpx.Response(200, json={"username": "alice", "default_workspace": "alice", "workspaces": []})})
+    rest = FakeRest(
+        {
+            ("GET", "/api/v1/me/"): httpx.Response(
+                200, json={"username": "alice", "default_workspace": "alice", "workspaces": []}
+            )
+        }
+    )
     real_client = __import__("trainyard.api", fromlist=["Client"]).Client
-    monkeypatch.setattr("trainyard.cli.Client", lambda url, token, ws: real_client(url, token, ws, transport=httpx.MockTransport(rest)))
+    monkeypatch.setattr(
+        "trainyard.cli.Client", lambda url, token, ws: real_client(url, token, ws, transport=httpx.MockTransport(rest))
+    )
     code, _, err = invoke("login", "--url", "http://srv:8000/", "--token", TOKEN)
     assert code == 0 and err.startswith("Logged in to http://srv:8000 as alice (workspace alice)")
     config = load_config()
@@ -246,7 +302,9 @@ def pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(pipeline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(
+    pipeline: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     rest = FakeRest({("POST", f"{WS}/runs/plan/"): httpx.Response(200, json=PLAN)})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "finetune-model", "-e", "STEPS=50", "--dry-run")
@@ -276,7 +334,11 @@ def test_run_no_cache_is_sent_and_the_jobs_are_named(pipeline: Path, monkeypatch
     rest = FakeRest(submit_routes())
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "finetune-model", "--no-cache", "-d")
-    assert (code, out, err) == (0, "brave-otter-1\n", "Run brave-otter-1 submitted (2 jobs: download-base-model, finetune-model)\n")
+    assert (code, out, err) == (
+        0,
+        "brave-otter-1\n",
+        "Run brave-otter-1 submitted (2 jobs: download-base-model, finetune-model)\n",
+    )
     assert json.loads(rest.requests[1].content)["no_cache"] is True
 
 
@@ -284,7 +346,11 @@ def test_a_dependency_cycle_is_refused_before_anything_is_uploaded(pipeline: Pat
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
     code, _, err = invoke("run", "loop")
-    assert (code, err, rest.requests) == (1, ".trainyard/workflows.yaml:15: workflows[2] (loop).deps: a cycle: loop → loop\n", [])
+    assert (code, err, rest.requests) == (
+        1,
+        ".trainyard/workflows.yaml:15: workflows[2] (loop).deps: a cycle: loop → loop\n",
+        [],
+    )
 
 
 def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.MonkeyPatch):
@@ -293,16 +359,60 @@ def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.Monkey
         make_job("running", id="j2", name="finetune-model", needs=["download-base-model"], started_at="2026-01-01T00:00:00Z", inputs=[{"path": "./base_model", "from": "job download-base-model"}]),
         make_job("pending", id="j3", name="evaluate", after_running=["finetune-model"]),
     ]  # fmt: skip
-    artifacts = [{"id": "a1", "job": "old-j", "path": "./base_model", "status": "complete", "total_size": 3072, "files": [{"path": "w.bin", "size": 1024, "sha256": "x"}, {"path": "v.bin", "size": 2048, "sha256": "y"}]}]
-    rest = FakeRest({("GET", f"{WS}/runs/brave-otter-4/"): httpx.Response(200, json=make_run("running", name="brave-otter-4", jobs=jobs)), ("GET", f"{WS}/runs/brave-otter-4/artifacts/"): httpx.Response(200, json=artifacts)})
+    artifacts = [
+        {
+            "id": "a1",
+            "job": "old-j",
+            "path": "./base_model",
+            "status": "complete",
+            "total_size": 3072,
+            "files": [{"path": "w.bin", "size": 1024, "sha256": "x"}, {"path": "v.bin", "size": 2048, "sha256": "y"}],
+        }
+    ]
+    rest = FakeRest(
+        {
+            ("GET", f"{WS}/runs/brave-otter-4/"): httpx.Response(
+                200, json=make_run("running", name="brave-otter-4", jobs=jobs)
+            ),
+            ("GET", f"{WS}/runs/brave-otter-4/artifacts/"): httpx.Response(200, json=artifacts),
+        }
+    )
     use(monkeypatch, "http://fake", rest)
     code, out, _ = invoke("show", "brave-otter-4")
     lines = out.splitlines()
     assert code == 0 and lines[0] == "Run brave-otter-4 of hello: running"
-    assert lines[1].split("  ")[0] == "JOB" and [c.strip() for c in lines[1].split("  ") if c.strip()] == ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
-    assert [c.strip() for c in lines[2].split("  ") if c.strip()] == ["download-base-model", "succeeded", "-", "-", "-", "brave-otter-3", "2 files, 3.0 KiB"]
-    assert [c.strip() for c in lines[3].split("  ") if c.strip()][:3] == ["finetune-model", "running", "download-base-model"]
-    assert [c.strip() for c in lines[4].split("  ") if c.strip()] == ["evaluate", "pending", "finetune-model (running)", "-", "-", "-", "-"]
+    assert lines[1].split("  ")[0] == "JOB" and [c.strip() for c in lines[1].split("  ") if c.strip()] == [
+        "JOB",
+        "STATUS",
+        "NEEDS",
+        "STARTED",
+        "DURATION",
+        "CACHED FROM",
+        "ARTIFACTS",
+    ]
+    assert [c.strip() for c in lines[2].split("  ") if c.strip()] == [
+        "download-base-model",
+        "succeeded",
+        "-",
+        "-",
+        "-",
+        "brave-otter-3",
+        "2 files, 3.0 KiB",
+    ]
+    assert [c.strip() for c in lines[3].split("  ") if c.strip()][:3] == [
+        "finetune-model",
+        "running",
+        "download-base-model",
+    ]
+    assert [c.strip() for c in lines[4].split("  ") if c.strip()] == [
+        "evaluate",
+        "pending",
+        "finetune-model (running)",
+        "-",
+        "-",
+        "-",
+        "-",
+    ]
     assert lines[5:] == ["", "Inputs:", "  finetune-model  ./base_model from job download-base-model"]
 
 
@@ -310,30 +420,79 @@ def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.Monkey
 
 
 def test_tag_add_new_and_moved(monkeypatch: pytest.MonkeyPatch):
-    tag = {"name": "best-model", "run": "brave-otter-3", "run_id": "r3", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
-    for status, message in ((201, "Tagged best-model → run brave-otter-3\n"), (200, "Moved tag best-model → run brave-otter-3\n")):
+    tag = {
+        "name": "best-model",
+        "run": "brave-otter-3",
+        "run_id": "r3",
+        "created_by": "alice",
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+    }
+    for status, message in (
+        (201, "Tagged best-model → run brave-otter-3\n"),
+        (200, "Moved tag best-model → run brave-otter-3\n"),
+    ):
         rest = FakeRest({("POST", f"{WS}/tags/"): httpx.Response(status, json=tag)})
         use(monkeypatch, "http://fake", rest)
-        assert invoke("tag", "add", "best-model", "brave-otter-3", *(["--force"] if status == 200 else [])) == (0, "", message)
-        assert json.loads(rest.requests[0].content) == {"name": "best-model", "run": "brave-otter-3", "force": status == 200}
+        assert invoke("tag", "add", "best-model", "brave-otter-3", *(["--force"] if status == 200 else [])) == (
+            0,
+            "",
+            message,
+        )
+        assert json.loads(rest.requests[0].content) == {
+            "name": "best-model",
+            "run": "brave-otter-3",
+            "force": status == 200,
+        }
 
 
 def test_tag_add_on_a_tag_of_another_run_says_where_it_points_and_how_to_move_it(monkeypatch: pytest.MonkeyPatch):
-    tags = [{"name": "best-model", "run": "brave-otter-2", "run_id": "r2", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
+    tags = [
+        {
+            "name": "best-model",
+            "run": "brave-otter-2",
+            "run_id": "r2",
+            "created_by": "alice",
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        }
+    ]
     rest = FakeRest({
         ("POST", f"{WS}/tags/"): httpx.Response(409, json={"message": "Tag best-model already points to run brave-otter-2; use force to move it.", "extra": {}}),
         ("GET", f"{WS}/tags/"): httpx.Response(200, json=tags),
     })  # fmt: skip
     use(monkeypatch, "http://fake", rest)
-    assert invoke("tag", "add", "best-model", "brave-otter-3") == (1, "", "error: tag best-model already points to brave-otter-2; use --force to move it\n")
+    assert invoke("tag", "add", "best-model", "brave-otter-3") == (
+        1,
+        "",
+        "error: tag best-model already points to brave-otter-2; use --force to move it\n",
+    )
 
 
 def test_tag_ls_and_rm(monkeypatch: pytest.MonkeyPatch):
-    tags = [{"name": "best-model", "run": "brave-otter-2", "run_id": "r2", "created_by": "alice", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
-    rest = FakeRest({("GET", f"{WS}/tags/"): httpx.Response(200, json=tags), ("DELETE", f"{WS}/tags/best-model/"): httpx.Response(204)})
+    tags = [
+        {
+            "name": "best-model",
+            "run": "brave-otter-2",
+            "run_id": "r2",
+            "created_by": "alice",
+            "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z",
+        }
+    ]
+    rest = FakeRest(
+        {
+            ("GET", f"{WS}/tags/"): httpx.Response(200, json=tags),
+            ("DELETE", f"{WS}/tags/best-model/"): httpx.Response(204),
+        }
+    )
     use(monkeypatch, "http://fake", rest)
     code, out, _ = invoke("tag", "ls")
-    assert code == 0 and out.splitlines()[0].split() == ["TAG", "RUN", "CREATED", "BY", "UPDATED"] and out.splitlines()[1].split()[:3] == ["best-model", "brave-otter-2", "alice"]
+    assert (
+        code == 0
+        and out.splitlines()[0].split() == ["TAG", "RUN", "CREATED", "BY", "UPDATED"]
+        and out.splitlines()[1].split()[:3] == ["best-model", "brave-otter-2", "alice"]
+    )
     assert json.loads(invoke("tag", "ls", "--json")[1]) == tags
     assert invoke("tag", "rm", "best-model") == (0, "", "Removed tag best-model\n")
 
@@ -367,7 +526,12 @@ def test_secrets_set_refuses_an_empty_value_and_a_bad_name(monkeypatch: pytest.M
 
 def test_secrets_ls_shows_names_only_and_rm(monkeypatch: pytest.MonkeyPatch):
     found = [{"name": "WANDB_API_KEY", "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}]
-    rest = FakeRest({("GET", f"{WS}/secrets/"): httpx.Response(200, json=found), ("DELETE", f"{WS}/secrets/WANDB_API_KEY/"): httpx.Response(204)})
+    rest = FakeRest(
+        {
+            ("GET", f"{WS}/secrets/"): httpx.Response(200, json=found),
+            ("DELETE", f"{WS}/secrets/WANDB_API_KEY/"): httpx.Response(204),
+        }
+    )
     use(monkeypatch, "http://fake", rest)
     code, out, _ = invoke("secrets", "ls")
     assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["SECRET", "WANDB_API_KEY"]

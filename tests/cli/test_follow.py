@@ -5,12 +5,12 @@ import time
 
 import httpx
 import pytest
-
-from tests.cli.fakes import FakeRunSocket, lines_of, make_job, make_run, rest_client, serving
 from trainyard.api import ApiError
 from trainyard.cli import run_exit_code
 from trainyard.follow import Follower
 from trainyard.output import LogWriter
+
+from tests.cli.fakes import FakeRunSocket, lines_of, make_job, make_run, rest_client, serving
 
 
 def no_rest(request: httpx.Request) -> httpx.Response:
@@ -19,7 +19,13 @@ def no_rest(request: httpx.Request) -> httpx.Response:
 
 def follow(url: str, *, seen: dict[str, int] | None = None) -> tuple[dict, str, str, list[str]]:
     out, err, statuses = io.StringIO(), io.StringIO(), []
-    follower = Follower(rest_client(url, no_rest), "brave-otter-1", writer=LogWriter(out, err), on_run=lambda r: statuses.append(r["status"]), seen=seen)
+    follower = Follower(
+        rest_client(url, no_rest),
+        "brave-otter-1",
+        writer=LogWriter(out, err),
+        on_run=lambda r: statuses.append(r["status"]),
+        seen=seen,
+    )
     final = follower.follow()
     return final, out.getvalue(), err.getvalue(), statuses
 
@@ -51,7 +57,16 @@ def test_stderr_lines_go_to_stderr_and_a_failed_run_gives_its_exit_code():
     assert run_exit_code(final) == 3
 
 
-@pytest.mark.parametrize(("code", "message"), [(4401, "the server refused the websocket: no valid credentials (check TRAINYARD_TOKEN, or run `trainyard login`)"), (4404, "run brave-otter-1: no such run in this workspace")])
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (
+            4401,
+            "the server refused the websocket: no valid credentials (check TRAINYARD_TOKEN, or run `trainyard login`)",
+        ),
+        (4404, "run brave-otter-1: no such run in this workspace"),
+    ],
+)
 def test_refused_websocket_is_an_error_not_a_retry(code: int, message: str):
     socket = FakeRunSocket([], final=make_run("succeeded"), close_code=code)
     with serving(socket) as url, pytest.raises(ApiError) as info:
@@ -65,12 +80,17 @@ def test_missing_lines_of_a_finished_run_are_fetched_over_rest(monkeypatch: pyte
     def rest(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/api/v1/workspaces/ws1/jobs/job-1/logs/"
         assert request.url.params["after_seq"] == "2"
-        return httpx.Response(200, json={"job": "job-1", "lines": [{"seq": 3, "ts": 1.0, "stream": "o", "text": "line 3"}], "has_more": False})
+        return httpx.Response(
+            200,
+            json={"job": "job-1", "lines": [{"seq": 3, "ts": 1.0, "stream": "o", "text": "line 3"}], "has_more": False},
+        )
 
     socket = FakeRunSocket(lines_of(2), final=make_run("succeeded", last_seq=3))
     with serving(socket) as url:
         out = io.StringIO()
-        Follower(rest_client(url, rest), "brave-otter-1", writer=LogWriter(out, io.StringIO()), on_run=lambda r: None).follow()
+        Follower(
+            rest_client(url, rest), "brave-otter-1", writer=LogWriter(out, io.StringIO()), on_run=lambda r: None
+        ).follow()
     assert out.getvalue() == "line 1\nline 2\nline 3\n"
 
 
@@ -97,8 +117,17 @@ def test_a_run_of_several_jobs_prefixes_each_line_with_its_job_and_exits_with_th
         make_job("failed", id="j2", name="train-worker-1", last_seq=2, exit_code=4, finished_at="2026-01-01T00:00:09Z"),
         make_job("failed", id="j3", name="train-master", last_seq=1, exit_code=3, finished_at="2026-01-01T00:00:05Z"),
     ]  # fmt: skip
-    lines = [[1, 1.0, "o", "fetched", "j1"], [1, 1.0, "e", "master died", "j3"], [1, 1.0, "o", "connecting", "j2"], [2, 1.0, "e", "lost master", "j2"]]
-    socket = FakeRunSocket([line[:4] for line in lines], final=make_run("failed", jobs=jobs), job_of=lambda line: next(x[4] for x in lines if x[:4] == line))
+    lines = [
+        [1, 1.0, "o", "fetched", "j1"],
+        [1, 1.0, "e", "master died", "j3"],
+        [1, 1.0, "o", "connecting", "j2"],
+        [2, 1.0, "e", "lost master", "j2"],
+    ]
+    socket = FakeRunSocket(
+        [line[:4] for line in lines],
+        final=make_run("failed", jobs=jobs),
+        job_of=lambda line: next(x[4] for x in lines if x[:4] == line),
+    )
     with serving(socket) as url:
         final, out, err, _ = follow(url)
     assert out == "[download] fetched\n[train-worker-1] connecting\n"

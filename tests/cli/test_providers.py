@@ -5,14 +5,15 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-
 from trainyard import providers
 from trainyard.providers import JobPlan, Provider, ProviderNotFound, get_provider, job_plan, resolve_run_plan
 from trainyard.workflows import ResourceSpec, Workflow, WorkflowFileError, find_workflows_file, load_workflows_file
 
 PATH = ".trainyard/workflows.yaml"
-NO_RESOURCES = ResourceSpec(cpu=None, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None)
-CHECK_311 = "command -v python3.11 >/dev/null || { echo \"python 3.11 is not installed on this runner's machine\" >&2; exit 127; }"
+NO_RESOURCES = ResourceSpec(
+    cpu=None, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None
+)
+CHECK_311 = 'command -v python3.11 >/dev/null || { echo "python 3.11 is not installed on this runner\'s machine" >&2; exit 127; }'
 
 
 def load(text: str):
@@ -59,7 +60,11 @@ CHAIN = """\
 
 def test_a_dependency_chain_runs_dependencies_first_and_each_job_needs_its_dependencies():
     result = plan(CHAIN, "report")
-    assert [(j.name, j.needs) for j in result.jobs] == [("download", []), ("train", ["download"]), ("report", ["train", "download"])]
+    assert [(j.name, j.needs) for j in result.jobs] == [
+        ("download", []),
+        ("train", ["download"]),
+        ("report", ["train", "download"]),
+    ]
     assert result.workflow == "report"
     assert result.job("download") == JobPlan(
         name="download", workflow="download", provider="bash", commands=["python download.py"], env={},
@@ -70,7 +75,11 @@ def test_a_dependency_chain_runs_dependencies_first_and_each_job_needs_its_depen
 
 def test_tag_and_run_deps_go_to_the_jobs_of_the_workflow_that_has_them():
     result = plan(CHAIN, "report")
-    assert [(j.name, j.tags, j.runs) for j in result.jobs] == [("download", [], []), ("train", ["best-model"], []), ("report", [], ["brave-otter-3"])]
+    assert [(j.name, j.tags, j.runs) for j in result.jobs] == [
+        ("download", [], []),
+        ("train", ["best-model"], []),
+        ("report", [], ["brave-otter-3"]),
+    ]
 
 
 def test_a_shared_dependency_runs_once():
@@ -81,11 +90,17 @@ def test_a_shared_dependency_runs_once():
           - {name: right, provider: bash, commands: [x], deps: [{workflow: base}, {workflow: base}]}
           - {name: top, provider: bash, commands: [x], deps: [{workflow: left}, {workflow: right}]}
         """, "top")  # fmt: skip
-    assert [(j.name, j.needs) for j in result.jobs] == [("base", []), ("left", ["base"]), ("right", ["base"]), ("top", ["left", "right"])]
+    assert [(j.name, j.needs) for j in result.jobs] == [
+        ("base", []),
+        ("left", ["base"]),
+        ("right", ["base"]),
+        ("top", ["left", "right"]),
+    ]
 
 
 def test_a_cycle_is_an_error_at_the_deps_of_its_first_workflow():
-    assert plan_errors("""\
+    assert plan_errors(
+        """\
         workflows:
           - name: top
             provider: bash
@@ -100,15 +115,20 @@ def test_a_cycle_is_an_error_at_the_deps_of_its_first_workflow():
             commands: [x]
             deps:
               - workflow: b
-        """, "top") == [f"{PATH}:13: workflows[2] (a).deps: a cycle: a → b → a"]
+        """,
+        "top",
+    ) == [f"{PATH}:13: workflows[2] (a).deps: a cycle: a → b → a"]
 
 
 def test_a_workflow_that_depends_on_itself_is_a_cycle():
-    assert plan_errors("workflows:\n  - {name: a, provider: bash, commands: [x], deps: [{workflow: a}]}\n", "a") == [f"{PATH}:2: workflows[0] (a).deps: a cycle: a → a"]
+    assert plan_errors("workflows:\n  - {name: a, provider: bash, commands: [x], deps: [{workflow: a}]}\n", "a") == [
+        f"{PATH}:2: workflows[0] (a).deps: a cycle: a → a"
+    ]
 
 
 def test_a_missing_dependency_names_the_line_and_the_workflows_of_the_file():
-    assert plan_errors("""\
+    assert plan_errors(
+        """\
         workflows:
           - name: train
             provider: bash
@@ -119,11 +139,16 @@ def test_a_missing_dependency_names_the_line_and_the_workflows_of_the_file():
           - name: download
             provider: bash
             commands: [x]
-        """, "train") == [f"{PATH}:7: workflows[0] (train).deps[1].workflow: no workflow named 'downlaod'; did you mean 'download'? the file has: train, download"]
+        """,
+        "train",
+    ) == [
+        f"{PATH}:7: workflows[0] (train).deps[1].workflow: no workflow named 'downlaod'; did you mean 'download'? the file has: train, download"
+    ]
 
 
 def test_keys_not_supported_yet_are_refused_in_dependencies_too_all_at_once():
-    assert plan_errors("""\
+    assert plan_errors(
+        """\
         workflows:
           - name: a
             provider: bash
@@ -134,7 +159,9 @@ def test_keys_not_supported_yet_are_refused_in_dependencies_too_all_at_once():
             commands: [x]
             deps: [{workflow: a}]
             max_price: 1.5
-        """, "b") == [
+        """,
+        "b",
+    ) == [
         f"{PATH}:5: workflows[0] (a).retry: 'retry' is not supported yet; remove it from workflow 'a' to run it",
         f"{PATH}:10: workflows[1] (b).max_price: 'max_price' is not supported yet; remove it from workflow 'b' to run it",
     ]
@@ -161,9 +188,14 @@ def test_env_overrides_apply_to_every_job_of_the_run():
 def test_tiny_train_finetune_runs_download_first_once_checkpoint_is_supported(tiny_train: Path):
     text = find_workflows_file(tiny_train).read_text().replace("    checkpoint: ./checkpoint\n", "")
     result = resolve_run_plan(load_workflows_file(text, path=PATH), "finetune-model", env_overrides={})
-    assert [(j.name, j.needs, j.artifacts) for j in result.jobs] == [("download-base-model", [], ["./base_model"]), ("finetune-model", ["download-base-model"], ["./checkpoint"])]
+    assert [(j.name, j.needs, j.artifacts) for j in result.jobs] == [
+        ("download-base-model", [], ["./base_model"]),
+        ("finetune-model", ["download-base-model"], ["./checkpoint"]),
+    ]
     evaluate = resolve_run_plan(load_workflows_file(text, path=PATH), "evaluate", env_overrides={})
-    assert [(j.name, j.provider, j.commands, j.tags) for j in evaluate.jobs] == [("evaluate", "python", ["python evaluate.py"], ["best-model"])]
+    assert [(j.name, j.provider, j.commands, j.tags) for j in evaluate.jobs] == [
+        ("evaluate", "python", ["python evaluate.py"], ["best-model"])
+    ]
 
 
 # ------------------------------------------------------------ built-in providers
@@ -202,7 +234,9 @@ def test_python_provider_with_requirements_and_a_version_makes_the_venv_with_tha
 
 
 def test_bash_provider_with_a_python_version_puts_it_first_on_path():
-    job = plan('workflows:\n  - {name: a, provider: bash, commands: [python t.py], python: "3.11", ports: [8080]}\n', "a").jobs[0]
+    job = plan(
+        'workflows:\n  - {name: a, provider: bash, commands: [python t.py], python: "3.11", ports: [8080]}\n', "a"
+    ).jobs[0]
     assert job.commands[0] == CHECK_311
     assert job.commands[-2:] == ['export PATH="$PWD/.trainyard-bin:$PATH"', "python t.py"]
     assert job.ports == [8080]
@@ -243,7 +277,15 @@ def test_the_example_cluster_plugin_is_found_through_its_entry_point():
 
 def test_the_cluster_plugin_plans_a_master_and_two_workers_after_the_dependency():
     result = plan(CLUSTER, "dist", STEPS="7")
-    cpu2 = ResourceSpec(cpu=2, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None)
+    cpu2 = ResourceSpec(
+        cpu=2,
+        memory_bytes=None,
+        disk_bytes=None,
+        shm_size_bytes=None,
+        gpu_name=None,
+        gpu_count=0,
+        gpu_memory_bytes=None,
+    )
     assert [j.name for j in result.jobs] == ["prep", "dist-master", "dist-worker-1", "dist-worker-2"]
     assert result.job("dist-master") == JobPlan(
         name="dist-master", workflow="dist", provider="bash", commands=["python master.py"], env={"STEPS": "7", "MASTER_PORT": "29500"},
@@ -265,11 +307,15 @@ def test_plugin_option_errors_carry_file_line_and_key():
 
 
 def test_a_plugin_workflow_refuses_the_builtin_keys_it_does_not_read():
-    assert load_errors(CLUSTER.replace("workers: 2", "workers: 2\n        commands: [x]")) == [f"{PATH}:9: workflows[1] (dist).commands: 'commands' is not used by the cluster provider"]
+    assert load_errors(CLUSTER.replace("workers: 2", "workers: 2\n        commands: [x]")) == [
+        f"{PATH}:9: workflows[1] (dist).commands: 'commands' is not used by the cluster provider"
+    ]
 
 
 def test_a_builtin_workflow_with_a_plugins_key_is_still_an_unknown_key():
-    assert load_errors("workflows:\n  - {name: a, provider: bash, commands: [x], workers: 2}\n")[0].startswith(f"{PATH}:2: workflows[0] (a).workers: unknown key 'workers'; allowed keys: name, provider,")
+    assert load_errors("workflows:\n  - {name: a, provider: bash, commands: [x], workers: 2}\n")[0].startswith(
+        f"{PATH}:2: workflows[0] (a).workers: unknown key 'workers'; allowed keys: name, provider,"
+    )
 
 
 def test_an_unknown_provider_is_not_found():
@@ -281,14 +327,21 @@ class _Broken(Provider):
     name = "broken"
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
-        return [job_plan(wf, name="x", commands=[], env=env, after_running=["y"]), job_plan(wf, name="y", commands=[], env=env, after_running=["x"])]
+        return [
+            job_plan(wf, name="x", commands=[], env=env, after_running=["y"]),
+            job_plan(wf, name="y", commands=[], env=env, after_running=["x"]),
+        ]
 
 
 def test_a_plugins_invalid_plan_is_an_error_at_the_workflow(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(providers._BUILTINS, "broken", _Broken())
-    assert plan_errors("workflows:\n  - {name: a, provider: broken}\n", "a") == [f"{PATH}:2: workflows[0] (a).provider: the broken provider made an invalid plan: its jobs wait for each other in a cycle (x, y)"]
+    assert plan_errors("workflows:\n  - {name: a, provider: broken}\n", "a") == [
+        f"{PATH}:2: workflows[0] (a).provider: the broken provider made an invalid plan: its jobs wait for each other in a cycle (x, y)"
+    ]
 
 
 def test_a_plugin_job_named_like_another_workflows_job_is_an_error():
     text = CLUSTER + "  - {name: dist-master, provider: bash, commands: [x], deps: [{workflow: dist}]}\n"
-    assert plan_errors(text, "dist-master") == [f"{PATH}:16: workflows[2] (dist-master).name: the run would have two jobs named 'dist-master' (one of workflow 'dist'); rename one of the workflows"]
+    assert plan_errors(text, "dist-master") == [
+        f"{PATH}:16: workflows[2] (dist-master).name: the run would have two jobs named 'dist-master' (one of workflow 'dist'); rename one of the workflows"
+    ]

@@ -4,7 +4,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from trainyard.providers import resolve_run_plan
 from trainyard.workflows import (
     JobSpec,
@@ -39,15 +38,21 @@ def test_yaml_syntax_error_names_the_line_of_the_mark():
             provider: bash
             commands: [echo hi
           - name: other
-        """) == [f"{PATH}:5: yaml: invalid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence started at line 4)"]
+        """) == [
+        f"{PATH}:5: yaml: invalid YAML: expected ',' or ']', but got ':' (while parsing a flow sequence started at line 4)"
+    ]
 
 
 def test_yaml_error_without_context():
-    assert errors_of("workflows:\n  - name: a\n    commands: echo a: b\n") == [f"{PATH}:3: yaml: invalid YAML: mapping values are not allowed here"]
+    assert errors_of("workflows:\n  - name: a\n    commands: echo a: b\n") == [
+        f"{PATH}:3: yaml: invalid YAML: mapping values are not allowed here"
+    ]
 
 
 def test_top_level_must_be_a_mapping():
-    assert errors_of("- name: hello\n") == [f"{PATH}:1: (top level): expected a mapping with a 'workflows' list, got a list"]
+    assert errors_of("- name: hello\n") == [
+        f"{PATH}:1: (top level): expected a mapping with a 'workflows' list, got a list"
+    ]
 
 
 def test_empty_file_is_an_error():
@@ -62,7 +67,9 @@ def test_missing_workflows_list():
 
 
 def test_workflows_that_is_not_a_list():
-    assert errors_of("workflows:\n  hello: {}\n") == [f"{PATH}:1: workflows: expected a list of workflows (items starting with '- name:'), got a mapping"]
+    assert errors_of("workflows:\n  hello: {}\n") == [
+        f"{PATH}:1: workflows: expected a list of workflows (items starting with '- name:'), got a mapping"
+    ]
 
 
 def test_unknown_key_suggests_the_right_one():
@@ -83,7 +90,9 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys():
             commands: [echo hi]
             zzz: 1
         """)
-    assert error.startswith(f"{PATH}:5: workflows[0] (hello).zzz: unknown key 'zzz'; allowed keys: name, provider, commands, script,")
+    assert error.startswith(
+        f"{PATH}:5: workflows[0] (hello).zzz: unknown key 'zzz'; allowed keys: name, provider, commands, script,"
+    )
 
 
 def test_missing_name_points_at_the_item():
@@ -114,7 +123,9 @@ def test_bash_provider_needs_commands():
         workflows:
           - name: hello
             provider: bash
-        """) == [f"{PATH}:3: workflows[0] (hello).provider: the bash provider needs 'commands' (a list of shell commands)"]
+        """) == [
+        f"{PATH}:3: workflows[0] (hello).provider: the bash provider needs 'commands' (a list of shell commands)"
+    ]
 
 
 def test_unknown_provider_lists_the_builtins():
@@ -123,7 +134,9 @@ def test_unknown_provider_lists_the_builtins():
           - name: hello
             provider: conda
             commands: [echo hi]
-        """) == [f"{PATH}:3: workflows[0] (hello).provider: unknown provider 'conda'; the built-in providers are bash, python, docker; installed plugin providers: cluster"]
+        """) == [
+        f"{PATH}:3: workflows[0] (hello).provider: unknown provider 'conda'; the built-in providers are bash, python, docker; installed plugin providers: cluster"
+    ]
 
 
 def test_list_item_that_is_not_a_string():
@@ -157,7 +170,10 @@ def test_size_without_a_unit_is_refused():
             commands: [python train.py]
             resources: {memory: 16}
         """)
-    assert error == f"{PATH}:5: workflows[0] (train).resources.memory: expected a size such as 512MB or 16GB (a size needs a unit: write 16GB, not 16)"
+    assert (
+        error
+        == f"{PATH}:5: workflows[0] (train).resources.memory: expected a size such as 512MB or 16GB (a size needs a unit: write 16GB, not 16)"
+    )
 
 
 @pytest.mark.parametrize("count", [0, -1])
@@ -171,7 +187,9 @@ def test_gpu_count_must_be_at_least_one(count: int):
               gpu:
                 name: A100
                 count: {count}
-        """) == [f"{PATH}:8: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got {count} (to run without a GPU, leave out gpu)"]
+        """) == [
+        f"{PATH}:8: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got {count} (to run without a GPU, leave out gpu)"
+    ]
 
 
 def test_gpu_shorthand_count_zero_is_refused_at_the_gpu_line():
@@ -182,7 +200,9 @@ def test_gpu_shorthand_count_zero_is_refused_at_the_gpu_line():
             commands: [python train.py]
             resources:
               gpu: 0
-        """) == [f"{PATH}:6: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got 0 (to run without a GPU, leave out gpu)"]
+        """) == [
+        f"{PATH}:6: workflows[0] (train).resources.gpu.count: a gpu count must be at least 1, got 0 (to run without a GPU, leave out gpu)"
+    ]
 
 
 def test_env_value_that_is_not_a_scalar():
@@ -194,7 +214,9 @@ def test_env_value_that_is_not_a_scalar():
             env:
               STEPS: 20
               LAYERS: [1, 2]
-        """) == [f"{PATH}:7: workflows[0] (train).env.LAYERS: an env value must be a string, number or boolean, got a list"]
+        """) == [
+        f"{PATH}:7: workflows[0] (train).env.LAYERS: an env value must be a string, number or boolean, got a list"
+    ]
 
 
 def test_unknown_key_inside_resources():
@@ -251,11 +273,15 @@ def test_artifact_path_must_stay_inside_the_repo():
             provider: bash
             commands: [x]
             artifacts: [../out]
-        """) == [f"{PATH}:5: workflows[0] (a).artifacts[0]: expected a path inside the repository such as ./checkpoint, got '../out'"]
+        """) == [
+        f"{PATH}:5: workflows[0] (a).artifacts[0]: expected a path inside the repository such as ./checkpoint, got '../out'"
+    ]
 
 
 def test_recursive_alias_is_an_error_not_a_hang():
-    assert errors_of("a: &x [*x]\n") == [f"{PATH}:1: (top level): the file is too large or nests too deep (more than 200000 values or 64 levels)"]
+    assert errors_of("a: &x [*x]\n") == [
+        f"{PATH}:1: (top level): the file is too large or nests too deep (more than 200000 values or 64 levels)"
+    ]
 
 
 def test_workflow_error_without_a_line():
@@ -275,7 +301,15 @@ def test_tiny_train_loads_and_hello_resolves(tiny_train: Path):
         commands=['echo "hello from $(hostname)"', "python --version"],
         env={},
         artifacts=[],
-        resources=ResourceSpec(cpu=None, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None),
+        resources=ResourceSpec(
+            cpu=None,
+            memory_bytes=None,
+            disk_bytes=None,
+            shm_size_bytes=None,
+            gpu_name=None,
+            gpu_count=0,
+            gpu_memory_bytes=None,
+        ),
         provider="bash",
     )
 
@@ -284,7 +318,8 @@ def test_finetune_model_with_its_checkpoint_plans_its_dependency_first(tiny_trai
     wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
     plan = resolve_run_plan(wf_file, "finetune-model", env_overrides={})
     assert [(j.name, j.needs) for j in plan.jobs] == [
-        ("download-base-model", []), ("finetune-model", ["download-base-model"]),
+        ("download-base-model", []),
+        ("finetune-model", ["download-base-model"]),
     ]
 
 
@@ -292,7 +327,10 @@ def test_unknown_workflow_name_lists_the_available_ones(tiny_train: Path):
     wf_file = load_workflows_file(find_workflows_file(tiny_train).read_text(), path=PATH)
     with pytest.raises(WorkflowFileError) as info:
         wf_file.get("hallo")
-    assert str(info.value) == f"{PATH}: workflows: no workflow named 'hallo'; did you mean 'hello'? the file has: hello, download-base-model, finetune-model, evaluate, noisy, fail"
+    assert (
+        str(info.value)
+        == f"{PATH}: workflows: no workflow named 'hallo'; did you mean 'hello'? the file has: hello, download-base-model, finetune-model, evaluate, noisy, fail"
+    )
 
 
 def test_env_values_are_passed_as_written_and_overrides_win():
@@ -320,7 +358,15 @@ def test_resources_are_resolved_to_bytes():
             resources: {gpu: 1}
         """)
     a = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={}).resources
-    assert a == ResourceSpec(cpu=4, memory_bytes=512 * 2**20, disk_bytes=int(1.5 * 2**30), shm_size_bytes=2**30, gpu_name="A100", gpu_count=2, gpu_memory_bytes=40 * 2**30)
+    assert a == ResourceSpec(
+        cpu=4,
+        memory_bytes=512 * 2**20,
+        disk_bytes=int(1.5 * 2**30),
+        shm_size_bytes=2**30,
+        gpu_name="A100",
+        gpu_count=2,
+        gpu_memory_bytes=40 * 2**30,
+    )
     b = resolve_job_spec(wf_file.get("b"), file=wf_file, env_overrides={}).resources
     assert (b.gpu_name, b.gpu_count) == (None, 1)
 
@@ -339,18 +385,26 @@ def test_job_spec_refuses_what_a_single_job_spec_cannot_carry():
     for name, line, lost in (("a", 3, "a container image"), ("b", 6, "more than one job")):
         with pytest.raises(WorkflowFileError) as info:
             resolve_job_spec(wf_file.get(name), file=wf_file, env_overrides={})
-        assert str(info.value) == f"{PATH}:{line}: workflows[{'ab'.index(name)}] ({name}).provider: workflow '{name}' needs {lost}, which this server cannot run yet (it takes single jobs only)"
+        assert (
+            str(info.value)
+            == f"{PATH}:{line}: workflows[{'ab'.index(name)}] ({name}).provider: workflow '{name}' needs {lost}, which this server cannot run yet (it takes single jobs only)"
+        )
 
 
 @pytest.mark.parametrize("version", ["3", "3.11", "3.11.4"])
 def test_python_version_must_be_a_python_3_version_string(version: str):
-    assert load(f"""\
+    assert (
+        load(f"""\
         workflows:
           - name: a
             provider: python
             script: a.py
             python: "{version}"
-        """).get("a").python == version
+        """)
+        .get("a")
+        .python
+        == version
+    )
     assert errors_of("""\
         workflows:
           - name: a
@@ -388,7 +442,10 @@ def test_every_key_of_the_schema_loads():
 def test_dstack_path_is_the_fallback(tmp_path: Path):
     with pytest.raises(WorkflowFileError) as info:
         find_workflows_file(tmp_path)
-    assert str(info.value) == f"{tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list"
+    assert (
+        str(info.value)
+        == f"{tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list"
+    )
     (tmp_path / ".dstack").mkdir()
     (tmp_path / ".dstack" / "workflows.yaml").write_text("workflows: []\n")
     assert find_workflows_file(tmp_path) == tmp_path / ".dstack" / "workflows.yaml"

@@ -27,7 +27,6 @@ TRAINYARD = Path(sys.executable).parent / "trainyard"
 FINISHED = {"succeeded", "failed", "stopped"}
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/e2e/ starts the whole stack: mark it slow."""
     here = Path(__file__).parent
@@ -98,7 +97,9 @@ class User:
             run = self.run(name)
         return run
 
-    def cli(self, cwd: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, cwd: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {
             **os.environ,
             "TRAINYARD_URL": self.stack.url,

@@ -14,19 +14,35 @@ HEAD = "workflows:\n  - name: a\n    provider: bash\n"
 CASES = {
     "yaml syntax": ("workflows:\n  - name: a\n    commands: [echo\n", f"{F}:4: yaml: invalid YAML"),
     "not a list": ("workflows: hello\n", f"{F}:1: workflows: expected a list of workflows"),
-    "unknown key": (HEAD + "    comands: [echo hi]\n", f"{F}:4: workflows[0] (a).comands: unknown key 'comands'; did you mean 'commands'?"),
+    "unknown key": (
+        HEAD + "    comands: [echo hi]\n",
+        f"{F}:4: workflows[0] (a).comands: unknown key 'comands'; did you mean 'commands'?",
+    ),
     "missing commands": (HEAD, f"{F}:3: workflows[0] (a).provider: the bash provider needs 'commands'"),
-    "memory: lots": (HEAD + "    commands: [echo]\n    resources:\n      memory: lots\n",
-                     f"{F}:6: workflows[0] (a).resources.memory: expected a size such as 512MB or 16GB, got 'lots'"),
-    "item not a string": (HEAD + "    commands:\n      - echo hi\n      - {x: 1}\n",
-                          f"{F}:6: workflows[0] (a).commands[1]: expected a string, got a mapping"),
-    "unknown provider": ("workflows:\n  - name: a\n    provider: conda\n    commands: [echo]\n",
-                         f"{F}:3: workflows[0] (a).provider: unknown provider 'conda'"),
-    "duplicate name": (HEAD + "    commands: [echo]\n" + HEAD.removeprefix("workflows:\n") + "    commands: [echo]\n",
-                       f"{F}:5: workflows[1] (a).name: duplicate workflow name 'a' (first at line 2)"),
-    "gpu count 0": (HEAD + "    commands: [echo]\n    resources:\n      gpu: {name: V100, count: 0}\n",
-                    f"{F}:6: workflows[0] (a).resources.gpu.count: a gpu count must be at least 1"),
-    "missing name": ("workflows:\n  - provider: bash\n    commands: [echo]\n", f"{F}:2: workflows[0].name: missing required key 'name'"),
+    "memory: lots": (
+        HEAD + "    commands: [echo]\n    resources:\n      memory: lots\n",
+        f"{F}:6: workflows[0] (a).resources.memory: expected a size such as 512MB or 16GB, got 'lots'",
+    ),
+    "item not a string": (
+        HEAD + "    commands:\n      - echo hi\n      - {x: 1}\n",
+        f"{F}:6: workflows[0] (a).commands[1]: expected a string, got a mapping",
+    ),
+    "unknown provider": (
+        "workflows:\n  - name: a\n    provider: conda\n    commands: [echo]\n",
+        f"{F}:3: workflows[0] (a).provider: unknown provider 'conda'",
+    ),
+    "duplicate name": (
+        HEAD + "    commands: [echo]\n" + HEAD.removeprefix("workflows:\n") + "    commands: [echo]\n",
+        f"{F}:5: workflows[1] (a).name: duplicate workflow name 'a' (first at line 2)",
+    ),
+    "gpu count 0": (
+        HEAD + "    commands: [echo]\n    resources:\n      gpu: {name: V100, count: 0}\n",
+        f"{F}:6: workflows[0] (a).resources.gpu.count: a gpu count must be at least 1",
+    ),
+    "missing name": (
+        "workflows:\n  - provider: bash\n    commands: [echo]\n",
+        f"{F}:2: workflows[0].name: missing required key 'name'",
+    ),
 }
 
 
@@ -71,7 +87,9 @@ def test_an_unknown_workflow_names_the_ones_there_are(alice: User, repo: Path) -
 
 def test_a_key_not_supported_yet_is_refused_only_for_the_workflow_that_uses_it(alice: User, repo: Path) -> None:
     path = repo / ".trainyard" / "workflows.yaml"
-    path.write_text(path.read_text() + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    retry: {limit: 3}\n")
+    path.write_text(
+        path.read_text() + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    retry: {limit: 3}\n"
+    )
     refused = alice.cli(repo, "run", "flaky")
     assert refused.returncode == 1
     assert "'retry' is not supported yet" in refused.stderr

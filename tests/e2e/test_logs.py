@@ -90,7 +90,9 @@ def test_a_follower_sees_lines_while_the_job_is_still_running(alice: User, repo:
     seen: list[tuple[float, str]] = []
     started = time.monotonic()
 
-    with subprocess.Popen([str(TRAINYARD), "run", "ticks"], cwd=repo, env=env, stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [str(TRAINYARD), "run", "ticks"], cwd=repo, env=env, stdout=subprocess.PIPE, text=True
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             seen.append((time.monotonic() - started, line.strip()))

@@ -61,7 +61,10 @@ def test_a_changed_download_script_invalidates_the_cache_and_no_cache_forces(ali
     commit_all(repo, "tweak download")
     committed = run_name_of(alice.cli(repo, "run", "download-base-model", "-d"))
 
-    results = {n: alice.wait(n, lambda r: r["status"] == "succeeded")["jobs"][0] for n in (cached, forced, uncommitted, committed)}
+    results = {
+        n: alice.wait(n, lambda r: r["status"] == "succeeded")["jobs"][0]
+        for n in (cached, forced, uncommitted, committed)
+    }
 
     assert results[cached]["cached_from"] is not None
     assert results[forced]["cached_from"] is None
@@ -112,7 +115,9 @@ CHAIN = """workflows:
         ("needs-tag", "tag 'no-such-tag' does not exist"),
     ],
 )
-def test_dependency_errors_are_refused_before_anything_runs(alice: User, repo: Path, workflow: str, message: str) -> None:
+def test_dependency_errors_are_refused_before_anything_runs(
+    alice: User, repo: Path, workflow: str, message: str
+) -> None:
     (repo / ".trainyard" / "workflows.yaml").write_text(CHAIN)
     before = len(alice.runs())
     result = alice.cli(repo, "run", workflow)

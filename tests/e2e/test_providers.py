@@ -63,7 +63,8 @@ def test_the_cluster_plugin_runs_a_master_and_two_workers_that_connect(alice: Us
     assert all(j["status"] == "succeeded" for j in jobs.values())
     master_lines = [line for line in result.stdout.splitlines() if line.startswith("[cluster-master]")]
     assert sorted(line.split("master: ")[1] for line in master_lines if "connected" in line) == [
-        "worker-1 connected", "worker-2 connected",
+        "worker-1 connected",
+        "worker-2 connected",
     ]
 
 

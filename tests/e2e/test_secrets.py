@@ -9,7 +9,7 @@ from pathlib import Path
 
 import websockets
 
-from tests.e2e.conftest import TRAINYARD, User, run_name_of
+from tests.e2e.conftest import TRAINYARD, User
 
 VALUE = "sk-live-5ecr3t-value-42"
 LEAK = """workflows:
@@ -26,8 +26,13 @@ def _set(user: User, repo: Path) -> subprocess.CompletedProcess[str]:
 
     env = {**os.environ, "TRAINYARD_URL": user.stack.url, "TRAINYARD_TOKEN": user.token, "HOME": str(repo.parent)}
     return subprocess.run(
-        [str(TRAINYARD), "secrets", "set", "WANDB_API_KEY"], cwd=repo, env=env, input=VALUE + "\n",
-        capture_output=True, text=True, timeout=60,
+        [str(TRAINYARD), "secrets", "set", "WANDB_API_KEY"],
+        cwd=repo,
+        env=env,
+        input=VALUE + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

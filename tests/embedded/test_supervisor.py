@@ -94,15 +94,26 @@ def _tiny_train(path: Path) -> Path:
     shutil.copytree(REPO_ROOT.parent / "shared" / "examples" / "tiny-train", path)
     for p in [path, *path.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.email=t@e.st", "-c", "user.name=T", "commit", "-qm", "init"]):
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.email=t@e.st", "-c", "user.name=T", "commit", "-qm", "init"],
+    ):
         subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
     return path
 
 
 def _cli(repo: Path, web_port: int, token: str) -> Callable[..., subprocess.CompletedProcess[str]]:
-    env = {**os.environ, "TRAINYARD_URL": f"http://127.0.0.1:{web_port}", "TRAINYARD_TOKEN": token, "HOME": str(repo.parent)}
+    env = {
+        **os.environ,
+        "TRAINYARD_URL": f"http://127.0.0.1:{web_port}",
+        "TRAINYARD_TOKEN": token,
+        "HOME": str(repo.parent),
+    }
     trainyard = str(Path(sys.executable).parent / "trainyard")
-    return lambda *args: subprocess.run([trainyard, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    return lambda *args: subprocess.run(
+        [trainyard, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def _run(data_dir: Path, valkey_port: int, web_port: int, out: Path) -> tuple[subprocess.Popen[bytes], Path]:

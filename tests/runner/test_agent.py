@@ -5,6 +5,7 @@ way the real server does: only the next seq, acknowledging the highest stored.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -82,10 +83,8 @@ class FakeServer:
             left = deadline - time.monotonic()
             assert left > 0, f"timed out; received {self.received[-5:]}"
             self.changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
-            except TimeoutError:
-                pass
 
 
 def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, Any]:

@@ -56,7 +56,16 @@ def _endpoints(run: Run, artifact: Artifact) -> dict[str, tuple[str, str, Any]]:
 
 
 # A dry-run plan is a POST that writes nothing: viewers may ask for one.
-READ_OK = {"list": 200, "detail": 200, "logs": 200, "artifacts": 200, "file": 302, "tags": 200, "secrets": 200, "plan": 200}
+READ_OK = {
+    "list": 200,
+    "detail": 200,
+    "logs": 200,
+    "artifacts": 200,
+    "file": 302,
+    "tags": 200,
+    "secrets": 200,
+    "plan": 200,
+}
 WRITE_OK = {"create": 201, "stop": 202, "blob": 201, "secret-set": 201}
 
 
@@ -77,9 +86,7 @@ def _call(client: APIClient, method: str, url: str, body: Any) -> int:
 
 @pytest.mark.parametrize("endpoint", [*READ_OK, *WRITE_OK])
 @pytest.mark.parametrize("who", ["anonymous", "outsider", "viewer", "member", "owner"])
-def test_access_by_role(
-    who: str, endpoint: str, run: Run, artifact: Artifact, request: pytest.FixtureRequest
-) -> None:
+def test_access_by_role(who: str, endpoint: str, run: Run, artifact: Artifact, request: pytest.FixtureRequest) -> None:
     client = APIClient() if who == "anonymous" else request.getfixturevalue(who).client()
     method, url, body = _endpoints(run, artifact)[endpoint]
     before = _state(run)

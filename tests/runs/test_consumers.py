@@ -11,6 +11,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
 from backend.accounts.services import hash_token
@@ -22,7 +23,6 @@ from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import job_accept
 from tests.support.fixtures import Person
-from trainyard_runner import protocol
 
 # database_sync_to_async closes connections between calls, which would end
 # a test's wrapping transaction: these tests commit for real.
@@ -35,7 +35,10 @@ HELLO = protocol.Hello(
 
 def _runner(team: Workspace, token: str = "runner-secret") -> Instance:
     return Instance.objects.create(
-        workspace=team, backend="local", name="local-x", token_hash=hash_token(token),
+        workspace=team,
+        backend="local",
+        name="local-x",
+        token_hash=hash_token(token),
         status=InstanceStatus.PROVISIONING,
     )
 
@@ -96,7 +99,8 @@ def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, 
     assert welcome["acked"] == {str(job.pk): 0}
     assert ack == ack_again == {"type": "log_ack", "job": str(job.pk), "seq": 2}
     assert list(LogLine.objects.filter(job_id=job.pk).values_list("seq", "stream", "text")) == [
-        (1, "o", "a"), (2, "e", "b"),
+        (1, "o", "a"),
+        (2, "e", "b"),
     ]
 
 
@@ -120,7 +124,9 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
     jobs_schedule()
     job = run.jobs.get()
     job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
-    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "one"), (2.0, "o", "two")])
+    logs_store(
+        job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "one"), (2.0, "o", "two")]
+    )
 
     async def follow() -> list[dict[str, Any]]:
         ws = _connect(f"/ws/v1/workspaces/acme/runs/{run.name}/?after_seq=1", member.token)
@@ -131,7 +137,9 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
         frames.append(json.loads(await ws.receive_from(timeout=5)))
         # 4 and 5 stored but their event lost; 6 arrives: the gap is filled from storage.
         await database_sync_to_async(logs_store)(
-            job_id=str(job.pk), instance_id=str(instance.pk), first_seq=3,
+            job_id=str(job.pk),
+            instance_id=str(instance.pk),
+            first_seq=3,
             lines=[(3.0, "o", "three"), (4.0, "o", "four"), (5.0, "e", "five"), (6.0, "o", "six")],
         )
         await _publish(run, job, [[6, 6.0, "o", "six"]])

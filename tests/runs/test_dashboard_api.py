@@ -7,8 +7,8 @@ import hashlib
 import io
 import json
 import zipfile
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -60,7 +60,11 @@ def test_rerun_submits_the_same_workflow_and_code_again(run: Run, member: Person
     response = member.client().post(f"{BASE}/runs/{run.name}/rerun/")
     again = Run.objects.get(pk=response.json()["id"])
     assert response.status_code == 201
-    assert (again.workflow, again.commit, again.workflows_file_text) == (run.workflow, run.commit, run.workflows_file_text)
+    assert (again.workflow, again.commit, again.workflows_file_text) == (
+        run.workflow,
+        run.commit,
+        run.workflows_file_text,
+    )
     assert again.name != run.name and again.submitted_by == member.user
 
 
@@ -71,8 +75,15 @@ def test_repos_list_the_remotes_runs_came_from(run: Run, owner: Person) -> None:
 
 def test_instances_show_state_resources_and_current_job(team: Workspace, run: Run, owner: Person) -> None:
     instance = Instance.objects.create(
-        workspace=team, backend="local", name="local-i", token_hash="i" * 64, status=InstanceStatus.IDLE,
-        cpus=8, memory_bytes=2**34, channel_name="c", hostname="box",
+        workspace=team,
+        backend="local",
+        name="local-i",
+        token_hash="i" * 64,
+        status=InstanceStatus.IDLE,
+        cpus=8,
+        memory_bytes=2**34,
+        channel_name="c",
+        hostname="box",
     )
     Instance.objects.create(workspace=team, backend="local", name="gone", token_hash="g" * 64, status="terminated")
     jobs_schedule()
@@ -102,7 +113,9 @@ def test_a_folder_downloads_as_a_zip_through_a_short_lived_url(artifact: Artifac
 @pytest.mark.django_db(transaction=True)
 def test_the_workspace_socket_pushes_run_status_changes(team: Workspace, owner: Person, outsider: Person) -> None:
     async def scenario(token: str) -> list[dict[str, Any]]:
-        ws = WebsocketCommunicator(application, "/ws/v1/workspaces/acme/runs/", headers=[(b"authorization", f"Bearer {token}".encode())])
+        ws = WebsocketCommunicator(
+            application, "/ws/v1/workspaces/acme/runs/", headers=[(b"authorization", f"Bearer {token}".encode())]
+        )
         await ws.connect()
         first = await ws.receive_output(timeout=5)
         if first["type"] == "websocket.close":

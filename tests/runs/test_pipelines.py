@@ -27,8 +27,15 @@ def _storage(settings: Any, tmp_path: Any) -> None:
 
 def _runner(team: Workspace) -> Instance:
     return Instance.objects.create(
-        workspace=team, backend="local", name="local-t", token_hash="t" * 64, status=InstanceStatus.IDLE,
-        cpus=2, memory_bytes=2**30, channel_name="test-channel", address="127.0.0.1",
+        workspace=team,
+        backend="local",
+        name="local-t",
+        token_hash="t" * 64,
+        status=InstanceStatus.IDLE,
+        cpus=2,
+        memory_bytes=2**30,
+        channel_name="test-channel",
+        address="127.0.0.1",
     )
 
 
@@ -138,7 +145,7 @@ def test_tags_point_at_successful_runs_and_move_only_with_force(team: Workspace,
     for run in (good, other, failed):
         run.refresh_from_db()
 
-    tag, outcome = tag_set(workspace=team, user=owner.user, name="best", run=good, force=False)
+    _, outcome = tag_set(workspace=team, user=owner.user, name="best", run=good, force=False)
     with pytest.raises(ApplicationError) as conflict:
         tag_set(workspace=team, user=owner.user, name="best", run=other, force=False)
     with pytest.raises(ApplicationError) as not_ok:

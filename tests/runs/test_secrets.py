@@ -42,8 +42,14 @@ def test_the_api_lists_names_and_never_values(team: Workspace, owner: Person, vi
 def test_secrets_reach_the_job_env_and_are_masked_in_stored_logs(team: Workspace, owner: Person, run: Run) -> None:
     secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
     instance = Instance.objects.create(
-        workspace=team, backend="local", name="l", token_hash="s" * 64, status=InstanceStatus.IDLE,
-        cpus=2, memory_bytes=2**30, channel_name="c",
+        workspace=team,
+        backend="local",
+        name="l",
+        token_hash="s" * 64,
+        status=InstanceStatus.IDLE,
+        cpus=2,
+        memory_bytes=2**30,
+        channel_name="c",
     )
     jobs_schedule()
     job = run.jobs.get()
@@ -51,20 +57,21 @@ def test_secrets_reach_the_job_env_and_are_masked_in_stored_logs(team: Workspace
 
     frame = _assign_frame(job)
     stored = logs_store(
-        job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1,
+        job_id=str(job.pk),
+        instance_id=str(instance.pk),
+        first_seq=1,
         lines=[(1.0, "o", f"key={VALUE}"), (2.0, "e", f"{VALUE}{VALUE}")],
     )
 
     assert frame.env["WANDB_API_KEY"] == VALUE
     assert [line[2] for line in stored.new_lines] == ["key=*****", "**********"]
     assert list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("text", flat=True)) == [
-        "key=*****", "**********",
+        "key=*****",
+        "**********",
     ]
 
 
-def test_another_workspace_neither_sees_nor_gets_the_secret(
-    team: Workspace, owner: Person, outsider: Person
-) -> None:
+def test_another_workspace_neither_sees_nor_gets_the_secret(team: Workspace, owner: Person, outsider: Person) -> None:
     secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
     slug = outsider.user.personal_workspace.slug
     assert outsider.client().get(f"/api/v1/workspaces/{slug}/secrets/").json() == []

@@ -61,8 +61,14 @@ def test_an_impossible_gpu_request_waits_with_a_reason(team: Workspace, owner: P
 
 def _instance(team: Workspace, status: str = InstanceStatus.IDLE) -> Instance:
     return Instance.objects.create(
-        workspace=team, backend="local", name="local-test", token_hash="h" * 64, status=status,
-        cpus=2, memory_bytes=2**30, channel_name="test-channel",
+        workspace=team,
+        backend="local",
+        name="local-test",
+        token_hash="h" * 64,
+        status=status,
+        cpus=2,
+        memory_bytes=2**30,
+        channel_name="test-channel",
     )
 
 
@@ -109,7 +115,9 @@ def test_stopping_a_running_run_waits_for_the_runner(team: Workspace, run: Run, 
     job = run.jobs.get()
     job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
     assert run_stop(run=run, user=owner.user).status == RunStatus.STOPPING
-    job_finish(job_id=str(job.pk), status=JobStatus.STOPPED, exit_code=-15, reason="stopped", instance_id=str(instance.pk))
+    job_finish(
+        job_id=str(job.pk), status=JobStatus.STOPPED, exit_code=-15, reason="stopped", instance_id=str(instance.pk)
+    )
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPED
 
@@ -158,8 +166,12 @@ def test_nul_bytes_in_output_do_not_lose_the_batch(team: Workspace, run: Run) ->
 def test_special_characters_round_trip_through_copy(team: Workspace, run: Run) -> None:
     job, instance = _running_job(team, run)
     texts = ["tab\there", "back\\slash \\N", "cr\rlf", "nul\x00byte", "", "ünïcödé ✓"]
-    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1,
-               lines=[(1_800_000_000.123456, "o", t) for t in texts])
+    logs_store(
+        job_id=str(job.pk),
+        instance_id=str(instance.pk),
+        first_seq=1,
+        lines=[(1_800_000_000.123456, "o", t) for t in texts],
+    )
     stored = list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("text", "ts"))
     assert [t for t, _ in stored] == [t.replace("\x00", "\ufffd") for t in texts]
     assert stored[0][1].timestamp() == pytest.approx(1_800_000_000.123456, abs=1e-6)
@@ -167,8 +179,13 @@ def test_special_characters_round_trip_through_copy(team: Workspace, run: Run) -
 
 def test_a_line_with_a_newline_still_stores_every_line(team: Workspace, run: Run) -> None:
     job, instance = _running_job(team, run)
-    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1,
-               lines=[(1.0, "o", "one\ntwo"), (2.0, "o", "three")])
+    logs_store(
+        job_id=str(job.pk),
+        instance_id=str(instance.pk),
+        first_seq=1,
+        lines=[(1.0, "o", "one\ntwo"), (2.0, "o", "three")],
+    )
     assert list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "text")) == [
-        (1, "one\ntwo"), (2, "three"),
+        (1, "one\ntwo"),
+        (2, "three"),
     ]

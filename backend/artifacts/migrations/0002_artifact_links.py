@@ -6,53 +6,64 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounts', '0001_initial'),
-        ('artifacts', '0001_initial'),
-        ('runs', '0001_initial'),
+        ("accounts", "0001_initial"),
+        ("artifacts", "0001_initial"),
+        ("runs", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='artifact',
-            name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='runs.job'),
+            model_name="artifact",
+            name="job",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="artifacts", to="runs.job"
+            ),
         ),
         migrations.AddField(
-            model_name='artifact',
-            name='run',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='runs.run'),
+            model_name="artifact",
+            name="run",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="artifacts", to="runs.run"
+            ),
         ),
         migrations.AddField(
-            model_name='artifact',
-            name='workspace',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='accounts.workspace'),
+            model_name="artifact",
+            name="workspace",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="+", to="accounts.workspace"
+            ),
         ),
         migrations.AddField(
-            model_name='artifactfile',
-            name='artifact',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='files', to='artifacts.artifact'),
+            model_name="artifactfile",
+            name="artifact",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="files", to="artifacts.artifact"
+            ),
         ),
         migrations.AddField(
-            model_name='blob',
-            name='created_by',
-            field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="blob",
+            name="created_by",
+            field=models.ForeignKey(
+                null=True, on_delete=django.db.models.deletion.SET_NULL, related_name="+", to=settings.AUTH_USER_MODEL
+            ),
         ),
         migrations.AddField(
-            model_name='blob',
-            name='workspace',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='accounts.workspace'),
+            model_name="blob",
+            name="workspace",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="+", to="accounts.workspace"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='artifact',
-            constraint=models.UniqueConstraint(fields=('job', 'path'), name='uniq_artifact_job_path'),
+            model_name="artifact",
+            constraint=models.UniqueConstraint(fields=("job", "path"), name="uniq_artifact_job_path"),
         ),
         migrations.AddConstraint(
-            model_name='artifactfile',
-            constraint=models.UniqueConstraint(fields=('artifact', 'path'), name='uniq_artifact_file'),
+            model_name="artifactfile",
+            constraint=models.UniqueConstraint(fields=("artifact", "path"), name="uniq_artifact_file"),
         ),
     ]

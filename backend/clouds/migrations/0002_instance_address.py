@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('clouds', '0001_initial'),
+        ("clouds", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='instance',
-            name='address',
+            model_name="instance",
+            name="address",
             field=models.CharField(blank=True, max_length=255),
         ),
     ]

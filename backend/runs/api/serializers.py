@@ -95,9 +95,24 @@ class JobOut(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "name", "workflow", "provider", "status", "status_reason", "exit_code", "attempt", "instance",
-            "resources", "needs", "after_running", "cached_from", "inputs",
-            "created_at", "started_at", "finished_at", "last_seq",
+            "id",
+            "name",
+            "workflow",
+            "provider",
+            "status",
+            "status_reason",
+            "exit_code",
+            "attempt",
+            "instance",
+            "resources",
+            "needs",
+            "after_running",
+            "cached_from",
+            "inputs",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "last_seq",
         ]
         read_only_fields = fields
 
@@ -130,8 +145,21 @@ class RunOut(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "name", "workflow", "status", "status_reason", "exit_code", "submitted_by",
-            "created_at", "started_at", "finished_at", "duration_seconds", "no_cache", "tags", "code", "jobs",
+            "id",
+            "name",
+            "workflow",
+            "status",
+            "status_reason",
+            "exit_code",
+            "submitted_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "duration_seconds",
+            "no_cache",
+            "tags",
+            "code",
+            "jobs",
         ]
         read_only_fields = fields
 
@@ -147,7 +175,9 @@ class RunOut(serializers.ModelSerializer):
 
     def get_code(self, run: Run) -> dict[str, Any]:
         return {
-            "kind": run.code_kind, "repo_url": run.repo_url, "commit": run.commit,
+            "kind": run.code_kind,
+            "repo_url": run.repo_url,
+            "commit": run.commit,
             "has_patch": run.patch_blob_id is not None,
         }
 

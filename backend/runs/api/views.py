@@ -9,12 +9,12 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from backend.accounts.models import Role
+from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
 from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import PageNumberPagination, RawBodyParser
-from backend.accounts.models import Role
-from backend.artifacts.models import Blob
 from backend.runs.api.serializers import (
     BlobOut,
     LogPageOut,
@@ -25,12 +25,11 @@ from backend.runs.api.serializers import (
     TagIn,
     TagOut,
 )
-from backend.runs.models import Tag
-from backend.runs.services.preview import code_identity_of, run_plan_preview
-from backend.runs.services.tags import tag_delete, tag_set
-from backend.runs.models import Run
+from backend.runs.models import Run, Tag
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
+from backend.runs.services.preview import code_identity_of, run_plan_preview
 from backend.runs.services.runs import CodeInput, run_create, run_rerun, run_stop
+from backend.runs.services.tags import tag_delete, tag_set
 
 MAX_LOG_PAGE = 10_000
 
@@ -127,8 +126,11 @@ class TagListView(WorkspaceAPIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         tag, outcome = tag_set(
-            workspace=self.workspace, user=request.user, name=v["name"],
-            run=_run_or_404(self.workspace, v["run"]), force=v["force"],
+            workspace=self.workspace,
+            user=request.user,
+            name=v["name"],
+            run=_run_or_404(self.workspace, v["run"]),
+            force=v["force"],
         )
         return Response(TagOut(tag).data, status=201 if outcome == "created" else 200)
 
@@ -190,6 +192,7 @@ class BlobCreateView(WorkspaceAPIView):
     def post(self, request: Request, workspace: str) -> Response:
         blob = blob_create(workspace=self.workspace, user=request.user, chunks=_chunks(request))
         return Response(BlobOut(blob).data, status=201)
+
     parser_classes = [RawBodyParser]
 
 

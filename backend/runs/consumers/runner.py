@@ -17,6 +17,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from pydantic import ValidationError
+from trainyard_runner import protocol
 
 from backend.accounts.auth import token_from_header
 from backend.clouds.services import (
@@ -30,12 +31,15 @@ from backend.runs.events import run_group
 from backend.runs.models import JobStatus
 from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.transitions import job_accept, job_finish, job_release, job_set_reason
-from trainyard_runner import protocol
 
 logger = logging.getLogger(__name__)
 
 FINAL_STATES = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
-PROGRESS = {"preparing": "preparing the code", "running": "the commands are running", "uploading": "uploading artifacts"}
+PROGRESS = {
+    "preparing": "preparing the code",
+    "running": "the commands are running",
+    "uploading": "uploading artifacts",
+}
 
 
 # A coalesced store holds at most this many lines (several frames' worth).
@@ -64,7 +68,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self._writer is not None:
             self._writer.cancel()
         if self.instance_id:
-            await database_sync_to_async(instance_disconnect)(instance_id=self.instance_id, channel_name=self.channel_name)
+            await database_sync_to_async(instance_disconnect)(
+                instance_id=self.instance_id, channel_name=self.channel_name
+            )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -100,17 +106,23 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id)
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
-        ok = await database_sync_to_async(job_accept)(job_id=message.job, instance_id=self.instance_id, lease=message.lease)
+        ok = await database_sync_to_async(job_accept)(
+            job_id=message.job, instance_id=self.instance_id, lease=message.lease
+        )
         if not ok:
-            cancel = protocol.CancelJob(job=message.job, reason="this runner no longer holds the job (lease expired or stopped)")
+            cancel = protocol.CancelJob(
+                job=message.job, reason="this runner no longer holds the job (lease expired or stopped)"
+            )
             await self.send(text_data=cancel.model_dump_json())
             return
         await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
         await database_sync_to_async(job_release)(
-            job_id=message.job, reason=f"a runner refused it: {message.reason}",
-            instance_id=self.instance_id, lease=message.lease,
+            job_id=message.job,
+            reason=f"a runner refused it: {message.reason}",
+            instance_id=self.instance_id,
+            lease=message.lease,
         )
         await _enqueue_schedule()
 
@@ -118,7 +130,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         final = FINAL_STATES.get(message.state)
         if final is None:
             reason = message.reason or PROGRESS[message.state]
-            await database_sync_to_async(job_set_reason)(job_id=message.job, instance_id=self.instance_id, reason=reason)
+            await database_sync_to_async(job_set_reason)(
+                job_id=message.job, instance_id=self.instance_id, reason=reason
+            )
             return
         await database_sync_to_async(_finish)(self.instance_id, message, final)
         await _enqueue_schedule()
@@ -180,9 +194,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self.close(code=protocol.CLOSE_REPLACED)
 
 
-def _coalesce(
-    first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]
-) -> tuple[str, int, list[protocol.LogLineWire]]:
+def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> tuple[str, int, list[protocol.LogLineWire]]:
     """The first queued frame, extended by the queued frames that continue it."""
     lines = list(first.lines)
     while not queue.empty() and len(lines) < MAX_STORE_LINES:
@@ -223,4 +235,3 @@ def _header(scope: dict[str, Any], name: bytes) -> str:
         if key == name:
             return value.decode("latin-1")
     return ""
-

@@ -5,15 +5,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0002_dag_cache_tags'),
+        ("runs", "0002_dag_cache_tags"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='logline',
-            name='job',
-            field=models.ForeignKey(db_constraint=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='runs.job'),
+            model_name="logline",
+            name="job",
+            field=models.ForeignKey(
+                db_constraint=False, on_delete=django.db.models.deletion.CASCADE, related_name="+", to="runs.job"
+            ),
         ),
     ]

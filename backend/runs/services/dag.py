@@ -82,9 +82,7 @@ def code_identity(run: Run) -> str:
 
 
 def cache_key(*, spec: dict[str, object], code: str, inputs: list[InputArtifact]) -> str:
-    files = sorted(
-        (i.artifact.path, f.path, f.sha256) for i in inputs for f in i.artifact.files.all()
-    )
+    files = sorted((i.artifact.path, f.path, f.sha256) for i in inputs for f in i.artifact.files.all())
     payload = json.dumps({"spec": spec, "code": code, "inputs": files}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 

@@ -12,17 +12,17 @@ against the workspace's secrets before it is stored.
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
 import json
+import logging
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 
 from django.db import connection, transaction
+from trainyard_runner.protocol import LogLineWire
 
 from backend.runs.models import Job
 from backend.vault.services import mask, mask_values
-from trainyard_runner.protocol import LogLineWire
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from backend.accounts.models import Workspace
+from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job
 from backend.runs.services.dag import InputArtifact, cache_key, cacheable, cached_source, effective, run_artifacts
 from backend.runs.services.runs import job_spec, resolve_plan, resolve_refs
-from backend.artifacts.models import Artifact, ArtifactStatus
 
 
 def run_plan_preview(

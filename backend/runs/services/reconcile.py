@@ -14,12 +14,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from backend.clouds.models import Instance, InstanceStatus
-from backend.runs.models import Job, JobStatus
 from backend.clouds.services import instance_job_done
+from backend.runs.models import Job, JobStatus
 from backend.runs.services.scheduling import instance_retire, instance_terminate
 from backend.runs.services.transitions import job_finish, job_release
 
 logger = logging.getLogger(__name__)
+
 
 def reconcile() -> bool:
     """Returns True when pending work may now be schedulable."""

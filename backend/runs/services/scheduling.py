@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
+from trainyard_runner import protocol
 
 from backend.accounts.services import hash_token
 from backend.artifacts.services import artifact_file_key
@@ -36,7 +37,6 @@ from backend.runs.services.transitions import (
     run_refresh,
 )
 from backend.vault.services import secret_env
-from trainyard_runner import protocol
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +334,9 @@ def _inputs(job: Job) -> list[protocol.InputArtifact]:
                     path=f.path,
                     size=f.size,
                     sha256=f.sha256,
-                    url=storage.signed_url(artifact_file_key(i.artifact, f), method="GET", seconds=DOWNLOAD_URL_SECONDS),
+                    url=storage.signed_url(
+                        artifact_file_key(i.artifact, f), method="GET", seconds=DOWNLOAD_URL_SECONDS
+                    ),
                 )
                 for f in i.artifact.files.all()
             ],

@@ -116,7 +116,9 @@ def job_finish(
 
 def job_fail_pending(*, job_id: str, reason: str) -> bool:
     """pending → failed: it can never run (a dependency failed)."""
-    changed = _cas_job(job_id, [JobStatus.PENDING], status=JobStatus.FAILED, status_reason=reason, finished_at=timezone.now())
+    changed = _cas_job(
+        job_id, [JobStatus.PENDING], status=JobStatus.FAILED, status_reason=reason, finished_at=timezone.now()
+    )
     if changed:
         _after_job_change(job_id)
     return changed

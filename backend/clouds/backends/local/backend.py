@@ -8,6 +8,7 @@ crashed server left behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -17,11 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from django.conf import settings
+from trainyard_runner.resources import detect_resources
 
 from backend.clouds.backends.base import Backend, BackendError, Capacity, Requirements, fits
 from backend.clouds.models import Instance
-from trainyard_runner.resources import detect_resources
-
 
 # The server's own configuration and credentials, *_FILE variants included.
 SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "CELERY_", "AWS_", "GITHUB_")
@@ -67,10 +67,8 @@ class LocalBackend(Backend):
         pidfile = runners_dir() / f"{instance.pk}.pid"
         pid = int(instance.backend_id) if instance.backend_id.isdigit() else None
         if pid is not None and _is_runner(pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         pidfile.unlink(missing_ok=True)
 
 

@@ -42,9 +42,23 @@ class ClusterProvider(Provider):
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
         assert isinstance(options, ClusterOptions)
-        master = job_plan(wf, name=f"{wf.name}-master", commands=options.master, env={**env, "MASTER_PORT": str(options.port)}, ports=[options.port])
+        master = job_plan(
+            wf,
+            name=f"{wf.name}-master",
+            commands=options.master,
+            env={**env, "MASTER_PORT": str(options.port)},
+            ports=[options.port],
+        )
         workers = [
-            job_plan(wf, name=f"{wf.name}-worker-{i}", commands=options.worker, env={**env, "WORKER_INDEX": str(i)}, artifacts=[], ports=[], after_running=[master.name])
+            job_plan(
+                wf,
+                name=f"{wf.name}-worker-{i}",
+                commands=options.worker,
+                env={**env, "WORKER_INDEX": str(i)},
+                artifacts=[],
+                ports=[],
+                after_running=[master.name],
+            )
             for i in range(1, options.workers + 1)
         ]
         return [master, *workers]
