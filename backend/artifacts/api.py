@@ -17,7 +17,7 @@ from backend.artifacts.archive import archive_url
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
 from backend.artifacts.storage import get_storage
-from backend.clouds.services import instance_for_token
+from backend.clouds.services.instances import instance_for_token
 from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import ACTIVE_JOB, Job
@@ -98,13 +98,22 @@ class RunnerAPIView(APIView):
     permission_classes = [AllowAny]
 
     def runner_job(self, request: Request, job_id: str) -> Job:
+        """The job, if ``?attempt=`` is its current attempt on this runner (fencing)."""
         token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
         instance = instance_for_token(token=token) if token else None
         if instance is None:
             raise ApplicationError("Unknown runner token.", status_code=401)
+        attempt = request.query_params.get("attempt", "")
+        if not attempt.isdigit():
+            raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
         job = Job.objects.filter(pk=job_id, instance=instance, status__in=ACTIVE_JOB).first()
         if job is None:
             raise NotFound("No such active job on this runner.")
+        if job.attempt != int(attempt):
+            raise ApplicationError(
+                f"Attempt {attempt} of this job is no longer current (attempt {job.attempt} is): stop it.",
+                status_code=409,
+            )
         return job
 
 

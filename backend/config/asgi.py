@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backend.config.settings")
 
@@ -13,9 +14,10 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from backend.clouds.pulse import serve_lifespan  # noqa: E402
 from backend.config.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
+router = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         # Authentication happens in each consumer (token header or session),
@@ -23,3 +25,13 @@ application = ProtocolTypeRouter(
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The router, plus the lifespan: while this process serves, it writes its
+    pulse (``backend.clouds.pulse``), so the reconciler can tell "a runner went
+    silent" from "this server could not hear anyone"."""
+    if scope["type"] == "lifespan":
+        await serve_lifespan(receive, send)
+        return
+    await router(scope, receive, send)

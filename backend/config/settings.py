@@ -16,6 +16,7 @@ from backend.core.env import (
     env_bool,
     env_float,
     env_int,
+    env_json,
     env_list,
     env_str,
     env_url,
@@ -261,6 +262,17 @@ TRAINYARD = {
     "LOCAL_BACKEND_ENABLED": env_bool("TRAINYARD_LOCAL_BACKEND", not PRODUCTION),
     "RECONCILE_SECONDS": env_float("TRAINYARD_RECONCILE_SECONDS", 2.0),
     "PROVISION_TIMEOUT_SECONDS": env_float("TRAINYARD_PROVISION_TIMEOUT_SECONDS", 60.0),
+    # A silent runner whose machine is still there keeps its job this long.
+    "UNREACHABLE_GRACE_SECONDS": env_float("TRAINYARD_UNREACHABLE_GRACE_SECONDS", 120.0),
+    # Tags every machine this server starts (the leak sweep finds ours by it).
+    "INSTALLATION": env_str("TRAINYARD_INSTALLATION", ""),
+    # Machine shapes the local backend offers (JSON list; tests): each runner reports its shape.
+    "LOCAL_SHAPES": env_json("TRAINYARD_LOCAL_SHAPES", []),
+    # More backend kinds: {"kind": "package.module:Class"} (JSON).
+    "BACKEND_KINDS": env_json("TRAINYARD_BACKEND_KINDS", {}),
+    # Test hook: a file whose lines each drop one job acceptance (never set in production).
+    "TEST_DROP_ACCEPTANCES": env_str("TRAINYARD_TEST_DROP_ACCEPTANCES", ""),
+    "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
 }

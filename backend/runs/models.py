@@ -82,12 +82,13 @@ class Job(WorkspaceOwnedModel):
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
     status_reason = models.CharField(max_length=1000, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
-    attempt = models.PositiveIntegerField(default=1)
+    # The current (latest) attempt's number and instance: 0 / None before the first.
+    attempt = models.PositiveIntegerField(default=0)
     instance = models.ForeignKey(
         "clouds.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
-    lease = models.CharField(max_length=64, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The workflow's ``retry:`` as resolved at submission ({} when absent: the defaults).
+    retry_policy = models.JSONField(default=dict, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -107,6 +108,47 @@ class Job(WorkspaceOwnedModel):
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+
+
+class AttemptStatus(models.TextChoices):
+    ASSIGNED = "assigned"  # offered to a runner under a lease
+    RUNNING = "running"  # the runner accepted and was confirmed
+    STOPPING = "stopping"  # cancel sent
+    ENDED = "ended"  # termination_reason says how
+
+
+LIVE_ATTEMPT = (AttemptStatus.ASSIGNED, AttemptStatus.RUNNING, AttemptStatus.STOPPING)
+
+
+class Attempt(WorkspaceOwnedModel):
+    """One try of a job on one instance. Only ``runs.services.transitions``
+    writes its status. A runner's messages about a job name the attempt, and
+    only the current attempt on its own instance is listened to (fencing)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    instance = models.ForeignKey(
+        "clouds.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
+    )
+    status = models.CharField(max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.ASSIGNED)
+    lease = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    termination_reason = models.CharField(max_length=32, blank=True)  # runs.reasons.TerminationReason
+    termination_message = models.CharField(max_length=1000, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # This attempt's lines are seqs first_seq..last_seq of the job's one log
+    # (docs/decisions/0010-log-seqs-across-attempts.md).
+    first_seq = models.PositiveBigIntegerField(default=1)
+    last_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    # Offers launched for this job before this attempt got its machine:
+    # [{"offer": id, "instance": name, "outcome": reason, "message": …}].
+    offers_tried = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number")]
+        indexes = [models.Index(fields=["status", "lease_expires_at"], name="attempt_status_lease")]
 
 
 class Tag(WorkspaceOwnedModel):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.db.models import Q, QuerySet
 
 from backend.accounts.models import Workspace
-from backend.runs.models import Job, LogLine, Run
+from backend.runs.models import LIVE_ATTEMPT, Attempt, Job, LogLine, Run
 
 
 def run_list(
@@ -47,6 +48,23 @@ def job_log_lines(*, job: Job, after_seq: int, limit: int) -> list[tuple[int, fl
         .values_list("seq", "ts", "stream", "text")[:limit]
     )
     return [(seq, ts.timestamp(), stream, text) for seq, ts, stream, text in rows]
+
+
+def attempt_current(*, job_id: str, number: int, instance_id: str) -> Attempt | None:
+    """The job's live attempt ``number`` on ``instance_id``, if it is the current one."""
+    return (
+        Attempt.objects.filter(job_id=job_id, number=number, instance_id=instance_id, status__in=LIVE_ATTEMPT)
+        .filter(job__attempt=number)
+        .first()
+    )
+
+
+def run_snapshot(*, run_id: str) -> dict[str, Any] | None:
+    """The run as the API shows it, JSON-ready: what events publish."""
+    from backend.runs.api.serializers import run_to_dict  # the output shape is the API's
+
+    run = Run.objects.filter(pk=run_id).first()
+    return run_to_dict(run) if run is not None else None
 
 
 def _is_uuid(value: str) -> bool:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .agent import Agent
+from .resources import RESOURCES_VAR, declared_resources
 
 log = logging.getLogger("trainyard_runner")
 
@@ -23,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     token = args.token or _token_from_file()
     if not args.server or not token:
         log.error("--server and --token (or TRAINYARD_SERVER_URL and TRAINYARD_RUNNER_TOKEN) are required")
+        return 2
+    try:
+        declared_resources()  # every Hello reads it: refuse a bad value now, not at each reconnect
+    except ValueError as e:
+        log.error("%s is not valid Resources JSON: %s", RESOURCES_VAR, e)
         return 2
     agent = Agent(
         server_url=args.server,

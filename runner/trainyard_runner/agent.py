@@ -33,7 +33,13 @@ from .resources import detect_resources
 
 log = logging.getLogger(__name__)
 
-FATAL_CLOSE_CODES = {p.CLOSE_UNAUTHORIZED, p.CLOSE_FORBIDDEN, p.CLOSE_VERSION_MISMATCH, p.CLOSE_REPLACED}
+FATAL_CLOSE_CODES = {
+    p.CLOSE_UNAUTHORIZED,
+    p.CLOSE_FORBIDDEN,
+    p.CLOSE_VERSION_MISMATCH,
+    p.CLOSE_REPLACED,
+    p.CLOSE_FENCED,
+}
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
 WELCOME_TIMEOUT = 10.0
 ACK_TIMEOUT = 30.0  # batches in flight without any ack: the connection is dead
@@ -165,7 +171,9 @@ class Agent:
             log.info("connected to %s as instance %s", self.url, welcome.instance)
             self._apply_welcome(welcome)
             for state in list(self._states.values()):
-                await ws.send(state.model_dump_json())
+                job = self._jobs.get(state.job)
+                if job is not None and not job.refused:
+                    await ws.send(state.model_dump_json())
             await self._deliver_finals()
             self._end_session.clear()
             self._maybe_exit()
@@ -196,6 +204,9 @@ class Agent:
         msg = p.server_message.validate_json(raw)
         if not isinstance(msg, p.Welcome):
             raise WebSocketException(f"expected welcome, got {msg.type}")
+        if msg.protocol != p.PROTOCOL_VERSION:
+            side = "trainyard-runner" if msg.protocol > p.PROTOCOL_VERSION else "the Trainyard server"
+            raise Fatal(f"server speaks protocol {msg.protocol}, runner {p.PROTOCOL_VERSION}: upgrade {side}")
         return msg
 
     def _hello(self, address: str) -> p.Hello:
@@ -207,15 +218,22 @@ class Agent:
             hostname=socket.gethostname(),
             address=address,
             resources=resources,
-            running_jobs=list(self._jobs),
+            running_jobs=[
+                p.HeldJob(job=j.id, attempt=j.attempt, lease=j.spec.lease, confirmed=j.confirmed)
+                for j in self._jobs.values()
+                if not j.refused
+            ],
         )
 
     def _apply_welcome(self, welcome: p.Welcome) -> None:
         for job in self._jobs.values():
             job.stream.rewind(welcome.acked.get(job.id, job.stream.acked))
+        for job_id in welcome.confirmed:
+            if job_id in self._jobs:
+                self._jobs[job_id].confirm()
         for job_id in welcome.cancel:
             if job_id in self._jobs:
-                self._jobs[job_id].cancel("cancelled by the server")
+                self._jobs[job_id].refuse("the server no longer wants this attempt")
         self._last_ack_at = time.monotonic()
 
     async def _receive(self, ws: ClientConnection) -> None:
@@ -234,9 +252,19 @@ class Agent:
                 self._last_ack_at = time.monotonic()
         elif isinstance(msg, p.AssignJob):
             await ws.send(self._assign(msg).model_dump_json())
+        elif isinstance(msg, p.JobConfirmed):
+            job = self._jobs.get(msg.job)
+            if job is not None and job.attempt == msg.attempt:
+                job.confirm()
+        elif isinstance(msg, p.Refused):
+            job = self._jobs.get(msg.job)
+            if job is not None and job.attempt == msg.attempt:
+                log.warning("job %s attempt %d refused by the server: %s", msg.job, msg.attempt, msg.reason)
+                job.refuse(msg.reason)
         elif isinstance(msg, p.CancelJob):
-            if msg.job in self._jobs:  # unknown jobs: nothing to stop
-                self._jobs[msg.job].cancel(msg.reason or "cancelled")
+            job = self._jobs.get(msg.job)
+            if job is not None and msg.attempt in (0, job.attempt):  # unknown jobs: nothing to stop
+                job.cancel(msg.reason or "cancelled")
         elif isinstance(msg, p.Shutdown):
             log.info("server asked the runner to shut down: %s", msg.reason or "no reason given")
             self._stopping = True
@@ -244,12 +272,13 @@ class Agent:
 
     def _assign(self, msg: p.AssignJob) -> p.JobAccepted | p.JobRejected:
         """Accept at once (the lease is short) and run the job in the background."""
-        if msg.job in self._jobs:  # the same assignment again after a reconnect
-            return p.JobAccepted(job=msg.job, lease=msg.lease)
+        held = self._jobs.get(msg.job)
+        if held is not None and held.attempt == msg.attempt:  # the same assignment again after a reconnect
+            return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
         reason = self._refusal(msg)
         if reason:
             log.info("rejecting job %s: %s", msg.job, reason)
-            return p.JobRejected(job=msg.job, lease=msg.lease, reason=reason)
+            return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
         job = Job(
             msg,
             work_dir=self._work_dir,
@@ -261,15 +290,15 @@ class Agent:
         )
         self._jobs[job.id] = job
         self._job_tasks[job.id] = asyncio.create_task(self._run_job(job))
-        log.info("job %s assigned: %s/%s", job.id, msg.run_name, msg.workflow)
-        return p.JobAccepted(job=msg.job, lease=msg.lease)
+        log.info("job %s attempt %d assigned: %s/%s", job.id, msg.attempt, msg.run_name, msg.workflow)
+        return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
 
     def _refusal(self, msg: p.AssignJob) -> str:
         if self._stopping:
             return "runner is shutting down"
         if not msg.job or "/" in msg.job or msg.job.startswith("."):
             return "invalid job id"
-        busy = [j.id for j in self._jobs.values() if j.id not in self._finals]
+        busy = [j.id for j in self._jobs.values() if j.id not in self._finals and not j.refused]
         return f"busy with job {busy[0]}" if busy else ""
 
     async def _heartbeat(self, ws: ClientConnection, every: float) -> None:
@@ -290,7 +319,13 @@ class Agent:
                         self._last_ack_at = time.monotonic()
                     first_seq, lines = batch
                     # Built directly, not through the pydantic model: this is the hot path.
-                    frame = {"type": "logs", "job": job.id, "first_seq": first_seq, "lines": lines}
+                    frame = {
+                        "type": "logs",
+                        "job": job.id,
+                        "attempt": job.attempt,
+                        "first_seq": first_seq,
+                        "lines": lines,
+                    }
                     await ws.send(json.dumps(frame, ensure_ascii=False))
                 due = stream.seconds_until_due()
                 if due is not None:
@@ -307,7 +342,7 @@ class Agent:
             final = await job.run()
         except Exception as e:  # a bug must not leave the job hanging forever
             log.exception("job %s crashed", job.id)
-            final = p.JobState(job=job.id, state="failed", reason=f"runner error: {e}")
+            final = job.final("failed", None, f"runner error: {e}")
         log.info("job %s %s (exit code %s) %s", job.id, final.state, final.exit_code, final.reason)
         self._states.pop(job.id, None)
         self._finals[job.id] = final
@@ -325,6 +360,12 @@ class Agent:
 
     async def _deliver_finals(self) -> None:
         for job_id, final in list(self._finals.items()):
+            job = self._jobs.get(job_id)
+            if job is not None and job.refused:  # fenced: the server listens to it no more
+                del self._finals[job_id]
+                self._job_tasks.pop(job_id, None)
+                self._jobs.pop(job_id).remove_files()
+                continue
             if self._ws is None:
                 return
             try:

@@ -37,12 +37,13 @@ class FileEntry:
     sha256: str
 
 
-def upload_artifacts(paths: list[str], *, work: Path, job: str, api_url: str, token: str) -> None:
-    """Upload every artifact path (relative to ``work``) of ``job``. Missing
-    paths are checked first, so nothing is uploaded for a job that will fail."""
+def upload_artifacts(paths: list[str], *, work: Path, job: str, attempt: int, api_url: str, token: str) -> None:
+    """Upload every artifact path (relative to ``work``) of ``job``'s
+    ``attempt`` (the server refuses a stale attempt's). Missing paths are
+    checked first, so nothing is uploaded for a job that will fail."""
     roots = [_resolve(work, p) for p in paths]
     for path, root in zip(paths, roots, strict=True):
-        _upload_one(path, root, job=job, api_url=api_url.rstrip("/"), token=token)
+        _upload_one(path, root, job=job, attempt=attempt, api_url=api_url.rstrip("/"), token=token)
 
 
 def manifest(root: Path) -> list[FileEntry]:
@@ -69,10 +70,11 @@ def _resolve(work: Path, path: str) -> Path:
     return root
 
 
-def _upload_one(path: str, root: Path, *, job: str, api_url: str, token: str) -> None:
+def _upload_one(path: str, root: Path, *, job: str, attempt: int, api_url: str, token: str) -> None:
     files = manifest(root)
     body = {"path": path, "files": [e.__dict__ for e in files]}
-    created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/artifacts/", body, token=token))
+    query = f"?attempt={attempt}"
+    created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/artifacts/{query}", body, token=token))
     by_path = {e.path: e for e in files}
     for upload in created["uploads"]:
         url = urljoin(api_url + "/", upload["url"])
@@ -82,7 +84,8 @@ def _upload_one(path: str, root: Path, *, job: str, api_url: str, token: str) ->
             raise ArtifactError(f"server asked for an unknown file {upload['path']!r} of {path}")
         local = root if root.is_file() else root / upload["path"]
         _retry(partial(put_file, url, local, headers=headers, timeout=_put_timeout(local)))
-    _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/complete/", {}, token=token))
+    complete = f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/complete/{query}"
+    _retry(lambda: post_json(complete, {}, token=token))
     log.info("uploaded artifact %s (%d files)", path, len(files))
 
 

@@ -65,7 +65,11 @@ class Job:
         self._on_drain_stuck = on_drain_stuck
         self._drain_timeout = drain_timeout
         _reset_dir(self.dir)
-        self.stream = LogStream(self.id, self.dir / "spool.jsonl", on_ready=on_logs_ready)
+        self.attempt = spec.attempt
+        self.stream = LogStream(self.id, self.dir / "spool.jsonl", on_ready=on_logs_ready, first_seq=spec.seq_base + 1)
+        # The commands start only once the server confirmed the acceptance.
+        self._confirmed = asyncio.Event()
+        self.refused = False  # the server fenced this attempt: nothing more is sent for it
         self.phase = Lifecycle.PREPARING
         self._execution: Execution | None = None
         self._prepare_task: asyncio.Task[None] | None = None
@@ -110,12 +114,27 @@ class Job:
             return await self._finish("failed", code, f"exit code {code}")
         return await self._upload(code)
 
+    @property
+    def confirmed(self) -> bool:
+        return self._confirmed.is_set()
+
+    def confirm(self) -> None:
+        """The server recorded the acceptance: the commands may start."""
+        self._confirmed.set()
+
+    def refuse(self, reason: str) -> None:
+        """The server no longer listens to this attempt: stop it, send nothing more."""
+        self.refused = True
+        self.stream.abandon()
+        self.cancel(f"refused by the server: {reason}")
+
     def cancel(self, reason: str) -> None:
         """Stop the job: SIGTERM its process group (SIGKILL after the grace
         period), or abandon the preparation. Idempotent."""
         if self._cancel_reason is not None or not self.executing:
             return
         self._cancel_reason = reason or "cancelled"
+        self._confirmed.set()  # a job waiting for its confirmation stops waiting
         log.info("job %s: cancelling (%s)", self.id, self._cancel_reason)
         if self._execution is not None:
             self._stop_execution()
@@ -149,6 +168,9 @@ class Job:
             await fetch_inputs(self.spec.inputs, work, report=lambda reason: self._state("preparing", reason))
 
     async def _execute(self) -> int:
+        if not self._confirmed.is_set():
+            log.info("job %s: ready, waiting for the server to confirm the acceptance", self.id)
+            await self._confirmed.wait()
         if self._cancel_reason is not None:
             raise asyncio.CancelledError
         env_file = self.dir / "tmp" / "docker.env"
@@ -210,18 +232,22 @@ class Job:
                 [a.path for a in self.spec.artifacts],
                 work=self.dir / "work",
                 job=self.id,
+                attempt=self.attempt,
                 api_url=self.spec.api_url,
                 token=self._token,
             )
         except ArtifactError as e:
-            return JobState(job=self.id, state="failed", exit_code=None, reason=str(e))
-        return JobState(job=self.id, state="succeeded", exit_code=code)
+            return self.final("failed", None, str(e))
+        return self.final("succeeded", code)
 
     async def _finish(self, state: str, code: int | None, reason: str) -> JobState:
         if not self.stream.closed:
             self.stream.close()
         await self._drain()
-        return JobState(job=self.id, state=state, exit_code=code, reason=reason)  # type: ignore[arg-type]
+        return self.final(state, code, reason)
+
+    def final(self, state: str, code: int | None, reason: str = "") -> JobState:
+        return JobState(job=self.id, attempt=self.attempt, state=state, exit_code=code, reason=reason)  # type: ignore[arg-type]
 
     async def _drain(self) -> None:
         # The final state promises every line is stored, so wait for the acks
@@ -233,7 +259,7 @@ class Job:
             self._on_drain_stuck()
 
     async def _state(self, state: str, reason: str = "") -> None:
-        await self._report(JobState(job=self.id, state=state, reason=reason))  # type: ignore[arg-type]
+        await self._report(JobState(job=self.id, attempt=self.attempt, state=state, reason=reason))  # type: ignore[arg-type]
 
 
 def _reset_dir(path: Path) -> None:

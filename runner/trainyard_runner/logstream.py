@@ -44,6 +44,7 @@ class LogStream:
         max_lines: int = 200_000,
         max_bytes: int = 64 << 20,
         on_ready: Callable[[], None] = lambda: None,
+        first_seq: int = 1,
     ) -> None:
         self.job = job
         self.spool_path = spool_path
@@ -52,21 +53,24 @@ class LogStream:
         self._max_bytes = max_bytes
         self._on_ready = on_ready
         self._lines: list[LogLine] = []  # unacknowledged, _lines[0] has seq _base
-        self._base = 1
+        # A job's seqs continue across attempts: a retried attempt starts
+        # after the lines its predecessors stored (AssignJob.seq_base).
+        self._base = first_seq
         self._bytes = 0
-        self._next_seq = 1  # seq the next put line gets
-        self._sent = 0  # highest seq handed out in a batch on this connection
-        self._acked = 0
+        self._next_seq = first_seq  # seq the next put line gets
+        self._sent = first_seq - 1  # highest seq handed out in a batch on this connection
+        self._acked = first_seq - 1
         self._in_flight: deque[int] = deque()  # last seq of each unacked batch
         self._oldest_unsent_at = 0.0  # monotonic time the oldest unsent line arrived
         self._changed = asyncio.Event()
         self.closed = False  # no more lines will be put
+        self._abandoned = False  # refused by the server: lines are dropped
 
     # ------------------------------------------------------------ producer side
 
     async def put(self, stream: str, texts: list[str], *, timeout: float = 1.0) -> None:
         """Append lines; blocks (re-checking every ``timeout`` s) while the buffer is full."""
-        if not texts:
+        if not texts or self._abandoned:
             return
         while self._full():
             await self._wait_changed(timeout)
@@ -148,6 +152,20 @@ class LogStream:
         self._sent = acked
         self._in_flight.clear()
         self._oldest_unsent_at = time.monotonic()
+        self._signal()
+
+    def abandon(self) -> None:
+        """The server refuses this attempt's lines: drop them, send no more.
+        Whatever waits for the stream to drain stops waiting (the spool stays
+        on disk until the job's files are removed)."""
+        self._abandoned = True
+        if not self.closed:
+            self.close()
+        self._lines.clear()
+        self._bytes = 0
+        self._base = self._next_seq
+        self._acked = self._sent = self.last_seq
+        self._in_flight.clear()
         self._signal()
 
     def in_flight(self) -> int:

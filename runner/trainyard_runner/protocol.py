@@ -7,10 +7,19 @@ that both sides send JSON text frames, each one of the models below; the
 package, never the reverse.
 
 Delivery of log lines is at-least-once from the runner and exactly-once in
-storage: the runner numbers lines per job from 1 (``seq``), the server stores
-lines it has not stored yet and answers ``LogAck`` with the highest seq that
-is stored for that job. The runner keeps every line above the acknowledged
-seq in its spool and resends from there after a reconnect.
+storage: the runner numbers a job's lines from the assignment's
+``seq_base + 1`` (``seq``; seqs continue across attempts, so a job has one
+ordered log), the server stores lines it has not stored yet and answers
+``LogAck`` with the highest seq that is stored for that job. The runner keeps
+every line above the acknowledged seq in its spool and resends from there
+after a reconnect.
+
+Fencing (v2): every message about a job names its ``attempt``. The server
+listens only to the job's current attempt on the runner's own instance; to
+anything else it answers ``Refused``, and the runner stops that attempt.
+A runner starts a job's commands only after ``JobConfirmed`` (or the job
+listed in ``Welcome.confirmed`` after a reconnect), so a lost acceptance can
+never run a job twice.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # A log line as sent on the wire: [unix time in seconds, stream, text].
 # stream is "o" (stdout) or "e" (stderr). Compact on purpose: a 200k-line job
@@ -46,11 +55,31 @@ class Gpu(_Message):
 # ---------------------------------------------------------------- runner → server
 
 
+class CloudIdentity(_Message):
+    """Where the runner runs, when it can tell (instance metadata)."""
+
+    instance_id: str = ""
+    instance_type: str = ""
+    region: str = ""
+    zone: str = ""
+
+
+class HeldJob(_Message):
+    """A job attempt the runner holds across a reconnect. ``confirmed``: its
+    commands were allowed to start; otherwise it waits for the server's
+    confirmation of its acceptance."""
+
+    job: str
+    attempt: int = Field(ge=1)
+    lease: str
+    confirmed: bool
+
+
 class Hello(_Message):
-    """First frame after connecting. ``running_jobs`` lists jobs the runner is
-    still executing from before a reconnect, so the server does not re-queue
-    them. ``address`` is where other jobs of a run reach this machine's jobs
-    (``--address``; the local backend uses 127.0.0.1)."""
+    """First frame after connecting. ``running_jobs`` lists the attempts the
+    runner still holds from before a reconnect, so the server does not
+    re-queue them. ``address`` is where other jobs of a run reach this
+    machine's jobs (``--address``; the local backend uses 127.0.0.1)."""
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL_VERSION
@@ -58,22 +87,26 @@ class Hello(_Message):
     hostname: str
     address: str = ""
     resources: Resources
-    running_jobs: list[str] = Field(default_factory=list)
+    running_jobs: list[HeldJob] = Field(default_factory=list)
+    cloud: CloudIdentity | None = None
 
 
 class JobAccepted(_Message):
-    """The runner takes an assigned job; must arrive before the lease ends."""
+    """The runner takes an assigned attempt; must arrive before the lease
+    ends. It runs nothing until ``JobConfirmed``."""
 
     type: Literal["job_accepted"] = "job_accepted"
     job: str
+    attempt: int = Field(ge=1)
     lease: str
 
 
 class JobRejected(_Message):
     type: Literal["job_rejected"] = "job_rejected"
     job: str
+    attempt: int = Field(ge=1)
     lease: str
-    reason: str
+    reason: str = Field(max_length=1000)
 
 
 class JobState(_Message):
@@ -84,11 +117,14 @@ class JobState(_Message):
     every artifact uploaded. ``stopped``: ended by a ``CancelJob``.
     ``failed`` with ``exit_code`` None means the runner could not run the job
     (clone failed, artifact upload failed, …); ``reason`` says why.
+    ``interrupted``: the machine is being reclaimed (spot); the job was
+    stopped and its checkpoint synced.
     """
 
     type: Literal["job_state"] = "job_state"
     job: str
-    state: Literal["preparing", "running", "uploading", "succeeded", "failed", "stopped"]
+    attempt: int = Field(ge=1)
+    state: Literal["preparing", "running", "uploading", "succeeded", "failed", "stopped", "interrupted"]
     exit_code: int | None = None
     reason: str = ""
 
@@ -98,6 +134,7 @@ class Logs(_Message):
 
     type: Literal["logs"] = "logs"
     job: str
+    attempt: int = Field(ge=1)
     first_seq: int = Field(ge=1)
     lines: list[LogLineWire] = Field(min_length=1, max_length=20_000)
 
@@ -147,12 +184,23 @@ class InputArtifact(_Message):
     files: list[InputFile]
 
 
+class CheckpointSpec(_Message):
+    """Where the job keeps its checkpoint (synced and restored by the runner
+    where the backend can interrupt machines)."""
+
+    path: str  # relative to the working directory
+    sync_seconds: float = 300.0
+
+
 class AssignJob(_Message):
-    """A job for the runner. It must answer ``JobAccepted`` with the same
-    lease within ``lease_seconds`` or the server takes the job back."""
+    """An attempt of a job for the runner. It must answer ``JobAccepted`` with
+    the same lease within ``lease_seconds`` or the server takes the job back.
+    The attempt's log lines are numbered from ``seq_base + 1``."""
 
     type: Literal["assign_job"] = "assign_job"
     job: str
+    attempt: int = Field(ge=1)
+    seq_base: int = Field(ge=0)
     lease: str
     lease_seconds: float
     run_name: str
@@ -168,12 +216,33 @@ class AssignJob(_Message):
     # "docker" runs them in ``image`` (the machine needs a Docker engine).
     provider: str = "bash"
     image: str = ""
+    checkpoint: CheckpointSpec | None = None
+
+
+class JobConfirmed(_Message):
+    """The server recorded the acceptance: the runner may start the commands."""
+
+    type: Literal["job_confirmed"] = "job_confirmed"
+    job: str
+    attempt: int
 
 
 class CancelJob(_Message):
     type: Literal["cancel_job"] = "cancel_job"
     job: str
+    attempt: int = 0  # 0: whichever attempt the runner holds
     reason: str = ""
+
+
+class Refused(_Message):
+    """A frame about ``job``/``attempt`` was not accepted: that attempt is not
+    the job's current one on this runner (it was moved, stopped or fenced).
+    The runner stops the attempt and drops what it still had to send for it."""
+
+    type: Literal["refused"] = "refused"
+    job: str
+    attempt: int
+    reason: str
 
 
 class LogAck(_Message):
@@ -188,11 +257,14 @@ class Welcome(_Message):
     runner resends exactly what is missing."""
 
     type: Literal["welcome"] = "welcome"
+    protocol: int = PROTOCOL_VERSION
     instance: str
     heartbeat_seconds: float
     acked: dict[str, int] = Field(default_factory=dict)
-    # Jobs the server no longer wants (stopped or failed meanwhile).
+    # Jobs the server no longer wants from this runner (stopped, moved, fenced).
     cancel: list[str] = Field(default_factory=list)
+    # Held jobs whose acceptance is confirmed: their commands may run.
+    confirmed: list[str] = Field(default_factory=list)
 
 
 class Shutdown(_Message):
@@ -203,7 +275,7 @@ class Shutdown(_Message):
 
 
 ServerMessage = Annotated[
-    AssignJob | CancelJob | LogAck | Welcome | Shutdown,
+    AssignJob | JobConfirmed | CancelJob | Refused | LogAck | Welcome | Shutdown,
     Field(discriminator="type"),
 ]
 server_message = TypeAdapter(ServerMessage)
@@ -212,7 +284,8 @@ server_message = TypeAdapter(ServerMessage)
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_BAD_MESSAGE = 4400
-CLOSE_VERSION_MISMATCH = 4409
+CLOSE_VERSION_MISMATCH = 4409  # the close reason says which side to upgrade
 CLOSE_REPLACED = 4410  # a newer connection of the same runner took over
+CLOSE_FENCED = 4411  # the instance was declared lost: its runner must stop and exit
 
 Resources.model_rebuild()

@@ -12,15 +12,30 @@ from .protocol import Gpu, Resources
 
 log = logging.getLogger(__name__)
 
+# A backend that starts runners with fake machine shapes (the local and fake
+# backends, for tests) declares the shape here as Resources JSON.
+RESOURCES_VAR = "TRAINYARD_RUNNER_RESOURCES"
+
 
 def detect_resources(work_dir: Path, *, gpus: list[Gpu] | None = None) -> Resources:
-    """CPUs, memory, free disk of ``work_dir`` and GPUs (detected unless given)."""
+    """CPUs, memory, free disk of ``work_dir`` and GPUs (detected unless given),
+    or exactly what ``TRAINYARD_RUNNER_RESOURCES`` declares when it is set."""
+    declared = declared_resources()
+    if declared is not None:
+        return declared
     return Resources(
         cpus=os.cpu_count() or 1,
         memory_bytes=memory_bytes(),
         disk_bytes=shutil.disk_usage(work_dir).free,
         gpus=detect_gpus() if gpus is None else gpus,
     )
+
+
+def declared_resources() -> Resources | None:
+    """``TRAINYARD_RUNNER_RESOURCES`` parsed; None when unset. Raises
+    ``ValueError`` (a pydantic ``ValidationError``) when it is not valid."""
+    raw = os.environ.get(RESOURCES_VAR, "").strip()
+    return Resources.model_validate_json(raw) if raw else None
 
 
 def memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:

@@ -29,6 +29,7 @@ class FakeServer:
         self.to_send: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.first_log_at: dict[str, float] = {}
         self.changed = asyncio.Event()
+        self.confirm = True  # answer every acceptance with job_confirmed, as the server does
 
     async def handler(self, ws: ServerConnection) -> None:
         if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":  # type: ignore[union-attr]
@@ -37,7 +38,9 @@ class FakeServer:
         self.connections += 1
         self.hellos.append(json.loads(await ws.recv()))
         acked = {job: len(lines) for job, lines in self.stored.items()}
-        await ws.send(json.dumps({"type": "welcome", "instance": "i-1", "heartbeat_seconds": 0.5, "acked": acked}))
+        held = [h["job"] for h in self.hellos[-1]["running_jobs"]]
+        welcome = {"type": "welcome", "instance": "i-1", "heartbeat_seconds": 0.5, "acked": acked, "confirmed": held}
+        await ws.send(json.dumps(welcome))
         sender = asyncio.create_task(self._send_queued(ws))
         try:
             await self._receive(ws)
@@ -55,6 +58,8 @@ class FakeServer:
             msg = json.loads(raw)
             if msg["type"] != "logs":
                 self.received.append(msg)
+                if msg["type"] == "job_accepted" and self.confirm:
+                    await ws.send(json.dumps({"type": "job_confirmed", "job": msg["job"], "attempt": msg["attempt"]}))
                 self.changed.set()
                 continue
             frames += 1
@@ -92,6 +97,8 @@ def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, A
     return {
         "type": "assign_job",
         "job": job,
+        "attempt": 1,
+        "seq_base": 0,
         "lease": f"lease-{job}",
         "lease_seconds": 10,
         "run_name": "r1",
@@ -164,10 +171,10 @@ def test_a_job_streams_every_line_exactly_once_across_connection_cuts(tmp_path: 
     assert transitions == [("preparing", None), ("running", None), ("uploading", None), ("succeeded", 0)]
     accepted = [m for m in server.received if m["type"] == "job_accepted"]
     assert accepted == [
-        {"type": "job_accepted", "job": "job1", "lease": "lease-job1"},
-        {"type": "job_accepted", "job": "job2", "lease": "lease-job2"},
+        {"type": "job_accepted", "job": "job1", "attempt": 1, "lease": "lease-job1"},
+        {"type": "job_accepted", "job": "job2", "attempt": 1, "lease": "lease-job2"},
     ]
-    assert [h["running_jobs"] for h in server.hellos] == [[], ["job1"], ["job1"], ["job1"], ["job1"]]
+    assert [[j["job"] for j in h["running_jobs"]] for h in server.hellos] == [[], ["job1"], ["job1"], ["job1"], ["job1"]]
     assert server.hellos[0]["resources"]["cpus"] == os.cpu_count()
     assert [(s, t) for _, s, t in server.stored["job2"]] == [("o", "hi")]
     assert latency < 0.5, latency
@@ -210,7 +217,7 @@ def test_cancel_stops_the_job_and_reports_stopped(tmp_path: Path, repo: tuple[Pa
     server = asyncio.run(go())
     assert server.states("j") == [("preparing", None), ("running", None), ("stopped", 143)]
     rejected = [m for m in server.received if m["type"] == "job_rejected"]
-    assert rejected == [{"type": "job_rejected", "job": "k", "lease": "lease-k", "reason": "busy with job j"}]
+    assert rejected == [{"type": "job_rejected", "job": "k", "attempt": 1, "lease": "lease-k", "reason": "busy with job j"}]
 
 
 def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> None:
@@ -229,7 +236,7 @@ def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> No
     server, code = asyncio.run(go())
     assert code == 0
     assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
-    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 1
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 2
 
 
 def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:

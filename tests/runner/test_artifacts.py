@@ -34,7 +34,7 @@ def api() -> Iterator[tuple[FakeApi, str]]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
             state.auth.append(self.headers.get("Authorization"))
-            if self.path.endswith("/complete/"):
+            if self.path.endswith("/complete/?attempt=1"):
                 state.completed.append(self.path)
                 return self._json(200, {})
             state.created.append(body)
@@ -67,7 +67,7 @@ def test_uploads_every_file_with_its_manifest_then_completes(tmp_path: Path, api
     (tmp_path / "model" / "sub" / "cfg.json").write_text("{}")
     (tmp_path / "model" / "empty").write_bytes(b"")
 
-    upload_artifacts(["./model"], work=tmp_path, job="j1", api_url=url, token="tok")
+    upload_artifacts(["./model"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
 
     assert state.created == [
         {
@@ -80,7 +80,7 @@ def test_uploads_every_file_with_its_manifest_then_completes(tmp_path: Path, api
         }
     ]
     assert state.puts == {"/put/1/empty": b"", "/put/1/sub/cfg.json": b"{}", "/put/1/w.bin": b"\x00\x01" * 1000}
-    assert state.completed == ["/api/v1/runner/jobs/j1/artifacts/a1/complete/"]
+    assert state.completed == ["/api/v1/runner/jobs/j1/artifacts/a1/complete/?attempt=1"]
     assert set(state.auth) == {"Bearer tok"}
     assert set(state.put_auth) == {"Bearer tok"}  # same origin as the API: our own storage
 
@@ -89,7 +89,7 @@ def test_a_missing_artifact_path_fails_before_anything_is_uploaded(tmp_path: Pat
     state, url = api
     (tmp_path / "ok").write_text("1")
     with pytest.raises(ArtifactError) as e:
-        upload_artifacts(["./ok", "./x"], work=tmp_path, job="j1", api_url=url, token="tok")
+        upload_artifacts(["./ok", "./x"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
     assert str(e.value) == "artifact path ./x was not created by the job"
     assert state.created == []
 
@@ -102,4 +102,4 @@ def test_a_single_file_artifact_is_its_own_manifest(tmp_path: Path) -> None:
 def test_an_artifact_path_outside_the_work_dir_is_refused(tmp_path: Path) -> None:
     (tmp_path / "work").mkdir()
     with pytest.raises(ArtifactError, match="outside the working directory"):
-        upload_artifacts(["../"], work=tmp_path / "work", job="j", api_url="http://127.0.0.1:1", token="t")
+        upload_artifacts(["../"], work=tmp_path / "work", job="j", attempt=1, api_url="http://127.0.0.1:1", token="t")

@@ -21,7 +21,7 @@ from backend.runs.events import run_group
 from backend.runs.models import LogLine, Run
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_accept
+from tests.support.attempts import accept, current_attempt
 from tests.support.fixtures import Person
 
 # database_sync_to_async closes connections between calls, which would end
@@ -80,14 +80,16 @@ def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, 
     Instance.objects.filter(pk=instance.pk).update(channel_name="x")
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
+
+    held = protocol.HeldJob(job=str(job.pk), attempt=1, lease=current_attempt(job).lease, confirmed=True)
 
     async def logs() -> list[dict[str, Any]]:
         ws = _connect("/ws/runner/", "runner-secret")
         await ws.connect()
-        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [str(job.pk)]}).model_dump_json())
+        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [held]}).model_dump_json())
         welcome = json.loads(await ws.receive_from(timeout=5))
-        batch = protocol.Logs(job=str(job.pk), first_seq=1, lines=[(1.0, "o", "a"), (2.0, "e", "b")])
+        batch = protocol.Logs(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "a"), (2.0, "e", "b")])
         await ws.send_to(text_data=batch.model_dump_json())
         ack = json.loads(await ws.receive_from(timeout=5))
         await ws.send_to(text_data=batch.model_dump_json())  # a resend after a lost ack
@@ -123,9 +125,13 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
     Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE, channel_name="x")
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
     logs_store(
-        job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "one"), (2.0, "o", "two")]
+        job_id=str(job.pk),
+        instance_id=str(instance.pk),
+        attempt=1,
+        first_seq=1,
+        lines=[(1.0, "o", "one"), (2.0, "o", "two")],
     )
 
     async def follow() -> list[dict[str, Any]]:
@@ -139,6 +145,7 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
         await database_sync_to_async(logs_store)(
             job_id=str(job.pk),
             instance_id=str(instance.pk),
+            attempt=1,
             first_seq=3,
             lines=[(3.0, "o", "three"), (4.0, "o", "four"), (5.0, "e", "five"), (6.0, "o", "six")],
         )

@@ -22,7 +22,7 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.models import Run
 from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_accept
+from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 
 BASE = "/api/v1/workspaces/acme"
@@ -88,7 +88,7 @@ def test_instances_show_state_resources_and_current_job(team: Workspace, run: Ru
     Instance.objects.create(workspace=team, backend="local", name="gone", token_hash="g" * 64, status="terminated")
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
 
     live = owner.client().get(f"{BASE}/instances/").json()
     everything = owner.client().get(f"{BASE}/instances/?all=1").json()

@@ -14,9 +14,9 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job, JobStatus, Run, RunStatus
-from backend.runs.services.scheduling import _assign_frame, jobs_schedule
+from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.tags import tag_set
-from backend.runs.services.transitions import job_accept, job_finish
+from tests.support.attempts import accept, assign_frame, report
 from tests.support.fixtures import Person, submit
 
 
@@ -42,15 +42,14 @@ def _runner(team: Workspace) -> Instance:
 def _run_job(job: Job, instance: Instance, files: dict[str, bytes], *, exit_code: int = 0) -> None:
     """What a runner does: accept, upload the artifact's files, report."""
     job.refresh_from_db()
-    assert job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    assert accept(job, instance.pk)
     for path in job.spec["artifacts"]:
         manifest = [FileIn(name, len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()]
         artifact, _ = artifact_begin(job=job, path=path, files=manifest)
         for name, data in files.items():
             get_storage().write(f"{artifact.storage_prefix}/{name}", iter([data]))
         artifact_complete(artifact=artifact)
-    status = JobStatus.SUCCEEDED if exit_code == 0 else JobStatus.FAILED
-    job_finish(job_id=str(job.pk), status=status, exit_code=exit_code, reason="", instance_id=str(instance.pk))
+    report(job, instance.pk, "succeeded" if exit_code == 0 else "failed", exit_code)
     Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE)
 
 
@@ -73,7 +72,7 @@ def test_the_dependent_waits_then_gets_the_artifacts_as_inputs(team: Workspace, 
     _run_job(hello, instance, {"w.bin": b"weights"})
     jobs_schedule()
     train.refresh_from_db()
-    frame = _assign_frame(train)
+    frame = assign_frame(train)
 
     assert train.status == JobStatus.ASSIGNED
     [inp] = frame.inputs
@@ -111,7 +110,7 @@ def test_an_identical_job_is_reused_from_cache_and_no_cache_forces_a_run(team: W
     assert hello.status == JobStatus.SUCCEEDED and hello.cached_from_id == first.jobs.get().pk
     assert hello.status_reason == f"reused from {first.name} (cached)"
     assert train.status == JobStatus.ASSIGNED  # its inputs come from the cached job
-    assert [i.files[0].sha256 for i in _assign_frame(train).inputs] == [hashlib.sha256(b"weights").hexdigest()]
+    assert [i.files[0].sha256 for i in assign_frame(train).inputs] == [hashlib.sha256(b"weights").hexdigest()]
 
     forced = submit(team, owner.user, workflow="hello")
     Run.objects.filter(pk=forced.pk).update(no_cache=True)
@@ -173,7 +172,7 @@ def test_a_tag_dependency_uses_the_tagged_runs_artifacts(team: Workspace, owner:
     jobs_schedule()
     evaluate.refresh_from_db()
 
-    paths = sorted(i.path for i in _assign_frame(evaluate).inputs)
+    paths = sorted(i.path for i in assign_frame(evaluate).inputs)
     assert paths == ["./model", "./out"]
     assert evaluate.input_refs[0]["run_name"] == source.name
 

@@ -7,10 +7,10 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import LogLine, Run
 from backend.runs.services.logs import logs_store
-from backend.runs.services.scheduling import _assign_frame, jobs_schedule
-from backend.runs.services.transitions import job_accept
+from backend.runs.services.scheduling import jobs_schedule
 from backend.vault.models import Secret
 from backend.vault.services import secret_set
+from tests.support.attempts import accept, assign_frame
 from tests.support.fixtures import Person
 
 VALUE = "wandb-0123456789abcdef"
@@ -53,12 +53,13 @@ def test_secrets_reach_the_job_env_and_are_masked_in_stored_logs(team: Workspace
     )
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
 
-    frame = _assign_frame(job)
+    frame = assign_frame(job)
     stored = logs_store(
         job_id=str(job.pk),
         instance_id=str(instance.pk),
+        attempt=1,
         first_seq=1,
         lines=[(1.0, "o", f"key={VALUE}"), (2.0, "e", f"{VALUE}{VALUE}")],
     )

@@ -9,10 +9,12 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job, JobStatus, LogLine, Run, RunStatus
+from backend.runs.reasons import TerminationReason
 from backend.runs.services.logs import UnknownJob, logs_store
 from backend.runs.services.runs import run_stop
 from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_accept, job_finish, job_release
+from backend.runs.services.transitions import attempt_end
+from tests.support.attempts import accept, current_attempt, report
 from tests.support.fixtures import Person, submit
 
 
@@ -55,7 +57,9 @@ def test_an_impossible_gpu_request_waits_with_a_reason(team: Workspace, owner: P
     jobs_schedule()
     run.refresh_from_db()
     assert run.status == RunStatus.PENDING
-    assert run.status_reason.startswith("no backend can run this job: the local backend cannot run this: 1× V100")
+    assert run.status_reason.startswith(
+        "no backend can run this job: local host: 1× V100 requested, this machine has no GPUs"
+    )
     assert Instance.objects.count() == 0
 
 
@@ -85,10 +89,10 @@ def test_accept_needs_the_lease_and_finishing_twice_does_nothing(team: Workspace
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
-    assert not job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease="wrong")
-    assert job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
-    assert job_finish(job_id=str(job.pk), status=JobStatus.FAILED, exit_code=3, reason="", instance_id=str(instance.pk))
-    assert not job_finish(job_id=str(job.pk), status=JobStatus.SUCCEEDED, exit_code=0, reason="")
+    assert not accept(job, instance.pk, lease="wrong")
+    assert accept(job, instance.pk)
+    assert report(job, instance.pk, "failed", 3)
+    assert not report(job, instance.pk, "succeeded", 0)
     run.refresh_from_db()
     assert (run.status, run.exit_code) == (RunStatus.FAILED, 3)
 
@@ -97,7 +101,7 @@ def test_an_expired_lease_puts_the_job_back(team: Workspace, run: Run) -> None:
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
-    assert job_release(job_id=str(job.pk), reason="lease expired")
+    assert attempt_end(attempt_id=str(current_attempt(job).pk), reason=TerminationReason.LEASE_EXPIRED)
     job.refresh_from_db()
     instance.refresh_from_db()
     assert (job.status, job.instance_id, instance.status) == (JobStatus.PENDING, None, InstanceStatus.IDLE)
@@ -113,11 +117,9 @@ def test_stopping_a_running_run_waits_for_the_runner(team: Workspace, run: Run, 
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
     assert run_stop(run=run, user=owner.user).status == RunStatus.STOPPING
-    job_finish(
-        job_id=str(job.pk), status=JobStatus.STOPPED, exit_code=-15, reason="stopped", instance_id=str(instance.pk)
-    )
+    report(job, instance.pk, "stopped", -15, "stopped")
     run.refresh_from_db()
     assert run.status == RunStatus.STOPPED
 
@@ -126,7 +128,7 @@ def _running_job(team: Workspace, run: Run) -> tuple[Job, Instance]:
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
-    job_accept(job_id=str(job.pk), instance_id=str(instance.pk), lease=job.lease)
+    accept(job, instance.pk)
     return job, instance
 
 
@@ -136,8 +138,8 @@ def _lines(first: int, count: int) -> list[tuple[float, str, str]]:
 
 def test_resent_log_lines_are_stored_once(team: Workspace, run: Run) -> None:
     job, instance = _running_job(team, run)
-    first = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=_lines(1, 5))
-    again = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=3, lines=_lines(3, 6))
+    first = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=1, lines=_lines(1, 5))
+    again = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=3, lines=_lines(3, 6))
     assert (first.last_seq, again.last_seq, again.first_new_seq, len(again.new_lines)) == (5, 8, 6, 3)
     texts = list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "text"))
     assert texts == [(i, f"line {i}") for i in range(1, 9)]
@@ -145,7 +147,7 @@ def test_resent_log_lines_are_stored_once(team: Workspace, run: Run) -> None:
 
 def test_a_batch_after_a_gap_is_not_stored(team: Workspace, run: Run) -> None:
     job, instance = _running_job(team, run)
-    stored = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=4, lines=_lines(4, 2))
+    stored = logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=4, lines=_lines(4, 2))
     assert (stored.last_seq, stored.new_lines) == (0, [])
     assert LogLine.objects.filter(job_id=job.pk).count() == 0
 
@@ -154,12 +156,12 @@ def test_a_runner_cannot_write_another_runners_job_logs(team: Workspace, run: Ru
     job, _ = _running_job(team, run)
     other = Instance.objects.create(workspace=team, backend="local", name="other", token_hash="o" * 64)
     with pytest.raises(UnknownJob):
-        logs_store(job_id=str(job.pk), instance_id=str(other.pk), first_seq=1, lines=_lines(1, 1))
+        logs_store(job_id=str(job.pk), instance_id=str(other.pk), attempt=1, first_seq=1, lines=_lines(1, 1))
 
 
 def test_nul_bytes_in_output_do_not_lose_the_batch(team: Workspace, run: Run) -> None:
     job, instance = _running_job(team, run)
-    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), first_seq=1, lines=[(1.0, "o", "a\x00b")])
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "a\x00b")])
     assert LogLine.objects.get(job_id=job.pk, seq=1).text == "a\ufffdb"
 
 
@@ -169,6 +171,7 @@ def test_special_characters_round_trip_through_copy(team: Workspace, run: Run) -
     logs_store(
         job_id=str(job.pk),
         instance_id=str(instance.pk),
+        attempt=1,
         first_seq=1,
         lines=[(1_800_000_000.123456, "o", t) for t in texts],
     )
@@ -182,6 +185,7 @@ def test_a_line_with_a_newline_still_stores_every_line(team: Workspace, run: Run
     logs_store(
         job_id=str(job.pk),
         instance_id=str(instance.pk),
+        attempt=1,
         first_seq=1,
         lines=[(1.0, "o", "one\ntwo"), (2.0, "o", "three")],
     )

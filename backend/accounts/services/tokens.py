@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from backend.accounts.models import ApiToken, User
+from backend.core.tokens import hash_token
 
 TOKEN_PREFIX = "trainyard_"
 
@@ -18,10 +18,6 @@ TOKEN_PREFIX = "trainyard_"
 class IssuedToken:
     row: ApiToken
     token: str  # in clear: show it now, it cannot be recovered
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def api_token_issue(*, user: User, name: str = "cli") -> IssuedToken:

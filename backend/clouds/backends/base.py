@@ -1,71 +1,223 @@
-"""The contract every cloud backend implements (docs/BACKENDS.md).
+"""The contract every compute backend implements (docs/BACKENDS.md).
 
-A backend turns a job's requirements into machines that run
-``trainyard-runner``. Methods are called from Celery tasks, never inside a
-database transaction, and must time out on every outbound call.
+A backend turns offers into machines that run ``trainyard-runner``. It is
+plain Python: no Django model, no database, nothing of ``backend.runs``. The
+``clouds`` services call it from Celery tasks, never inside a database
+transaction, and every outbound call it makes has a timeout.
+
+Identity: every machine is launched under an *idempotency key* (the Instance
+row's key). A backend tags or names the machine with it so that ``launch``
+with the same key finds the first machine instead of starting a second one,
+and ``list_managed`` can find every machine of this installation, even one
+whose row was lost.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar, Literal
 
-from backend.clouds.models import Instance
+SpotPolicy = Literal["spot", "on-demand", "auto"]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class Requirements:
-    cpu: int | None
-    memory_bytes: int | None
-    gpu_count: int
-    gpu_name: str
+    """What a job needs. ``None`` / 0 / "" means "no requirement"."""
+
+    cpu: int | None = None
+    memory_bytes: int | None = None
+    disk_bytes: int | None = None
+    shm_size_bytes: int | None = None
+    gpu_count: int = 0
+    gpu_name: str = ""
+    gpu_memory_bytes: int | None = None
+    spot_policy: SpotPolicy = "on-demand"
+    regions: tuple[str, ...] = ()
+    max_price: float | None = None
 
 
 @dataclass(frozen=True)
-class Capacity:
+class Offer:
+    """One way to get a machine: a type in a region (and zone), spot or not,
+    at a price. ``offer_id`` is stable across calls (the same shape gives the
+    same id) so that failures can be remembered per offer."""
+
+    backend: str
+    instance_type: str
+    region: str
     cpus: int
     memory_bytes: int
-    gpus: list[dict[str, object]]
+    disk_bytes: int
+    gpus: tuple[Gpu, ...] = ()
+    zone: str = ""
+    spot: bool = False
+    price_per_hour: float = 0.0
+    # Backend-specific details the backend needs again at launch (an AMI, a
+    # fake machine's script); strings only, so it serialises as it is.
+    data: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def offer_id(self) -> str:
+        market = "spot" if self.spot else "on-demand"
+        return "/".join([self.backend, self.region, self.zone or "-", self.instance_type, market])
 
 
-class BackendError(Exception):
-    """Provisioning failed. ``retryable`` means: try again or the next offer."""
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What the machine needs to become a runner of this installation."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
-        super().__init__(message)
-        self.retryable = retryable
+    idempotency_key: str  # unique per launch attempt of one Instance row
+    instance_name: str  # human name, e.g. "local-3f2a9c1e"
+    runner_token: str  # the runner says hello with it
+    server_url: str  # where the runner connects (http(s)://…)
+    tags: Mapping[str, str] = field(default_factory=dict, hash=False)  # installation, workspace, instance, …
 
 
-class Backend(ABC):
+@dataclass(frozen=True)
+class Handle:
+    """How a backend finds a machine again. ``key`` is the idempotency key
+    it was launched with; ``backend_id`` the cloud's own id (pid, EC2 id)."""
+
+    key: str
+    backend_id: str = ""
+    region: str = ""
+    data: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+class CloudState(StrEnum):
+    PENDING = "pending"  # accepted, not up yet
+    RUNNING = "running"
+    STOPPING = "stopping"  # shutting down or terminating
+    TERMINATED = "terminated"
+    INTERRUPTED = "interrupted"  # reclaimed by the cloud (spot)
+    NOT_FOUND = "not_found"  # the cloud knows no such machine
+
+
+GONE = frozenset({CloudState.TERMINATED, CloudState.INTERRUPTED, CloudState.NOT_FOUND})
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds. ``provision_timeout``: launch → the runner's hello.
+    ``unreachable_grace``: a silent runner whose machine is still there keeps
+    its job this long before it is fenced. ``idle_default``: an idle machine
+    is retired after this long unless the workflow says otherwise."""
+
+    provision_timeout: float
+    unreachable_grace: float = 120.0
+    idle_default: float = 300.0
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    """One connected account, as the backend sees it: plain values, with
+    credentials already decrypted by the caller (never logged)."""
+
+    account_id: str
+    workspace_id: str
     kind: str
+    installation: str  # tags machines as ours (TRAINYARD_INSTALLATION)
+    config: Mapping[str, object] = field(default_factory=dict, hash=False)
+    credentials: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
+
+
+class Compute(ABC):
+    """A compute backend, built per account by ``registry.compute_for``.
+
+    Errors (``errors.py``): ``NoCapacity`` / ``QuotaExceeded`` mean "try the
+    next offer"; ``Transient`` means "retry the same call later";
+    ``AuthFailed`` / ``InvalidConfig`` mean "stop using this account until
+    the user fixes it"; ``NotYetTerminated`` means "call terminate again".
+    Any other exception is a bug in the backend and is treated as transient.
+    """
+
+    kind: ClassVar[str]
+    reusable_instances: ClassVar[bool]  # a VM takes job after job; a pod does not
+    supports_spot: ClassVar[bool]
+    timings: ClassVar[Timings]
+
+    def __init__(self, account: AccountConfig) -> None:
+        self.account = account
 
     @abstractmethod
-    def unsatisfiable_reason(self, req: Requirements) -> str | None:
-        """None when this backend could ever provide ``req``; otherwise why
-        not, in words a user can act on ("this host has no GPUs")."""
+    def offers(self, req: Requirements) -> Iterable[Offer]:
+        """Every offer that may satisfy ``req``'s placement (regions, spot
+        policy, max price), from a catalog and cached account facts: no
+        network call. The caller checks resources with ``shortfall`` and
+        ranks by price."""
 
     @abstractmethod
-    def provision(self, *, instance: Instance, runner_token: str) -> str:
-        """Start a machine whose runner connects with ``runner_token``; return
-        its backend id. Not idempotent: call once per Instance row."""
+    def launch(self, offer: Offer, spec: LaunchSpec) -> Handle:
+        """Ask for a machine; return as soon as the backend accepted the
+        request, before the machine is up. Idempotent on
+        ``spec.idempotency_key``: a second call finds the first machine
+        instead of starting another."""
 
     @abstractmethod
-    def terminate(self, *, instance: Instance) -> None:
-        """Stop the machine. Idempotent: terminating a gone machine is fine."""
+    def describe(self, handles: Sequence[Handle]) -> Mapping[str, CloudState]:
+        """The state of each machine, keyed by ``Handle.key``, in one batched
+        call. A machine the backend does not know is ``NOT_FOUND``."""
+
+    @abstractmethod
+    def terminate(self, handle: Handle) -> None:
+        """Stop the machine for good. Idempotent: a machine already gone (or
+        never started) is success. Raise ``NotYetTerminated`` when the backend
+        accepted the request but the machine is still going down and the
+        caller should check again."""
+
+    @abstractmethod
+    def list_managed(self) -> Sequence[Handle]:
+        """Every live machine this installation launched in this account (the
+        leak sweep), found by tag or name, not from our own rows."""
 
 
-def fits(req: Requirements, cap: Capacity) -> str | None:
-    """None when ``cap`` covers ``req``; else the first shortfall, in words."""
-    if req.cpu and req.cpu > cap.cpus:
-        return f"{req.cpu} CPUs requested, {cap.cpus} available"
-    if req.memory_bytes and req.memory_bytes > cap.memory_bytes:
-        return f"{_gib(req.memory_bytes)} memory requested, {_gib(cap.memory_bytes)} available"
-    if req.gpu_count:
-        matching = [g for g in cap.gpus if not req.gpu_name or req.gpu_name.lower() in str(g.get("name", "")).lower()]
-        if len(matching) < req.gpu_count:
-            what = f"{req.gpu_count}× {req.gpu_name or 'GPU'}"
-            have = ", ".join(str(g.get("name")) for g in cap.gpus) or "no GPUs"
-            return f"{what} requested, this machine has {have}"
+def shortfall(req: Requirements, offer: Offer) -> str | None:
+    """None when ``offer`` covers ``req``'s resources; else the first
+    shortfall, in words a user can act on."""
+    if req.cpu and req.cpu > offer.cpus:
+        return f"{req.cpu} CPUs requested, {offer.cpus} available"
+    if req.memory_bytes and req.memory_bytes > offer.memory_bytes:
+        return f"{_gib(req.memory_bytes)} memory requested, {_gib(offer.memory_bytes)} available"
+    if req.disk_bytes and req.disk_bytes > offer.disk_bytes:
+        return f"{_gib(req.disk_bytes)} disk requested, {_gib(offer.disk_bytes)} available"
+    if req.shm_size_bytes and req.shm_size_bytes > offer.memory_bytes:
+        return f"{_gib(req.shm_size_bytes)} shared memory requested, {_gib(offer.memory_bytes)} memory available"
+    return _gpu_shortfall(req, offer.gpus)
+
+
+def in_placement(req: Requirements, offer: Offer) -> bool:
+    """True when ``offer`` is where and how ``req`` may run: in one of its
+    regions (any region when it names none), in a market its spot policy
+    allows ("auto" allows both), within its max price. ``offers`` filters
+    with it, so every backend reads placement the same way."""
+    if req.regions and offer.region not in req.regions:
+        return False
+    if req.spot_policy != "auto" and offer.spot != (req.spot_policy == "spot"):
+        return False
+    return req.max_price is None or offer.price_per_hour <= req.max_price
+
+
+def _gpu_shortfall(req: Requirements, gpus: Sequence[Gpu]) -> str | None:
+    if not req.gpu_count:
+        return None
+    name = req.gpu_name.lower()
+    matching = [g for g in gpus if name in g.name.lower()]
+    what = f"{req.gpu_count}× {req.gpu_name or 'GPU'}"
+    if len(matching) < req.gpu_count:
+        have = ", ".join(g.name for g in gpus) or "no GPUs"
+        return f"{what} requested, this machine has {have}"
+    if req.gpu_memory_bytes and sum(1 for g in matching if g.memory_bytes >= req.gpu_memory_bytes) < req.gpu_count:
+        most = max(g.memory_bytes for g in matching)
+        return f"{what} with {_gib(req.gpu_memory_bytes)} each requested, the largest has {_gib(most)}"
     return None
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from backend.runs.models import Job, Run
+from backend.runs.models import Attempt, Job, Run
 
 
 class WorkflowsFileIn(serializers.Serializer):
@@ -83,8 +84,33 @@ class TagOut(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+class AttemptOut(serializers.ModelSerializer):
+    instance = serializers.CharField(source="instance.name", default=None)
+    reason = serializers.CharField(source="termination_reason")
+    message = serializers.CharField(source="termination_message")
+
+    class Meta:
+        model = Attempt
+        fields = [
+            "number",
+            "status",
+            "instance",
+            "reason",
+            "message",
+            "exit_code",
+            "started_at",
+            "finished_at",
+            "first_seq",
+            "last_seq",
+            "offers_tried",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
 class JobOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None)
+    attempts = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     needs = serializers.SerializerMethodField()
     after_running = serializers.SerializerMethodField()
@@ -103,6 +129,7 @@ class JobOut(serializers.ModelSerializer):
             "status_reason",
             "exit_code",
             "attempt",
+            "attempts",
             "instance",
             "resources",
             "needs",
@@ -118,6 +145,11 @@ class JobOut(serializers.ModelSerializer):
 
     def get_resources(self, job: Job) -> dict[str, Any]:
         return {"cpu": job.cpu, "memory_bytes": job.memory_bytes, "gpu_count": job.gpu_count, "gpu_name": job.gpu_name}
+
+    @extend_schema_field(AttemptOut(many=True))
+    def get_attempts(self, job: Job) -> list[dict[str, Any]]:
+        attempts = sorted(job.attempts.all(), key=lambda a: a.number)
+        return AttemptOut(attempts, many=True).data  # type: ignore[return-value]
 
     def get_needs(self, job: Job) -> list[str]:
         return sorted(j.name for j in job.needs.all())
@@ -182,7 +214,9 @@ class RunOut(serializers.ModelSerializer):
         }
 
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:
-        jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related("needs", "after_running")
+        jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related(
+            "needs", "after_running", "attempts__instance"
+        )
         return JobOut(sorted(jobs, key=lambda j: j.created_at), many=True).data
 
 

@@ -20,21 +20,18 @@ from pydantic import ValidationError
 from trainyard_runner import protocol
 
 from backend.accounts.auth import token_from_header
-from backend.clouds.services import (
-    instance_connect,
-    instance_disconnect,
-    instance_for_token,
-    instance_heartbeat,
-    instance_job_done,
-)
+from backend.clouds.services.instances import instance_disconnected, instance_for_token, instance_heartbeat
 from backend.runs.events import run_group
-from backend.runs.models import JobStatus
+from backend.runs.reasons import TerminationReason
+from backend.runs.selectors import attempt_current
 from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
-from backend.runs.services.transitions import job_accept, job_finish, job_release, job_set_reason
+from backend.runs.services.runners import runner_connect
+from backend.runs.services.transitions import attempt_end, job_accept, job_report_final, job_set_reason
 
 logger = logging.getLogger(__name__)
 
-FINAL_STATES = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "stopped": JobStatus.STOPPED}
+FINAL_STATES = {"succeeded", "failed", "stopped", "interrupted"}
+STALE = "this attempt is not the job's current one on this runner (it was moved, stopped or fenced)"
 PROGRESS = {
     "preparing": "preparing the code",
     "running": "the commands are running",
@@ -54,8 +51,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     instance_id: str | None = None
     _writer: asyncio.Task[None] | None = None
+    _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
 
     async def connect(self) -> None:
+        self._refused_attempts = set()
         await self.accept()
         token = token_from_header(_header(self.scope, b"authorization"))
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
@@ -68,7 +67,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self._writer is not None:
             self._writer.cancel()
         if self.instance_id:
-            await database_sync_to_async(instance_disconnect)(
+            await database_sync_to_async(instance_disconnected)(
                 instance_id=self.instance_id, channel_name=self.channel_name
             )
 
@@ -88,14 +87,18 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def on_hello(self, hello: protocol.Hello) -> None:
         if hello.protocol != protocol.PROTOCOL_VERSION:
-            await self.close(code=protocol.CLOSE_VERSION_MISMATCH)
+            await self.close(code=protocol.CLOSE_VERSION_MISMATCH, reason=_version_advice(hello.protocol))
             return
-        connected = await database_sync_to_async(instance_connect)(
+        connected = await database_sync_to_async(runner_connect)(
             instance_id=self.pending_instance_id,
             hello=hello,
             channel_name=self.channel_name,
             heartbeat_seconds=settings.TRAINYARD["HEARTBEAT_SECONDS"],
         )
+        if connected.instance is None or connected.welcome is None:
+            logger.warning("refusing a runner's hello: %s", connected.refusal)
+            await self.close(code=protocol.CLOSE_FENCED, reason=connected.refusal[:120])
+            return
         self.instance_id = str(connected.instance.pk)
         if connected.previous_channel and connected.previous_channel != self.channel_name:
             await self.channel_layer.send(connected.previous_channel, {"type": "runner.replaced"})
@@ -106,38 +109,47 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id)
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
+        if _drop_acceptance_for_tests():
+            return
         ok = await database_sync_to_async(job_accept)(
-            job_id=message.job, instance_id=self.instance_id, lease=message.lease
+            job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, lease=message.lease
         )
         if not ok:
-            cancel = protocol.CancelJob(
-                job=message.job, reason="this runner no longer holds the job (lease expired or stopped)"
-            )
-            await self.send(text_data=cancel.model_dump_json())
+            reason = "this runner no longer holds the job (lease expired, stopped or moved)"
+            await self._refuse(message.job, message.attempt, reason)
             return
+        await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
         await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
-        await database_sync_to_async(job_release)(
-            job_id=message.job,
-            reason=f"a runner refused it: {message.reason}",
-            instance_id=self.instance_id,
-            lease=message.lease,
-        )
+        await database_sync_to_async(_rejected)(self.instance_id, message)
         await _enqueue_schedule()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
-        final = FINAL_STATES.get(message.state)
-        if final is None:
+        if message.state not in FINAL_STATES:
             reason = message.reason or PROGRESS[message.state]
             await database_sync_to_async(job_set_reason)(
-                job_id=message.job, instance_id=self.instance_id, reason=reason
+                job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, reason=reason
             )
             return
-        await database_sync_to_async(_finish)(self.instance_id, message, final)
+        ok = await database_sync_to_async(job_report_final)(
+            job_id=message.job,
+            instance_id=self.instance_id,
+            attempt=message.attempt,
+            state=message.state,
+            exit_code=message.exit_code,
+            reason=message.reason,
+        )
+        if not ok:
+            await self._refuse(message.job, message.attempt, STALE)
         await _enqueue_schedule()
 
+    async def _refuse(self, job: str, attempt: int, reason: str) -> None:
+        await self.send(text_data=protocol.Refused(job=job, attempt=attempt, reason=reason).model_dump_json())
+
     async def on_logs(self, message: protocol.Logs) -> None:
+        if self._refused_attempts and (message.job, message.attempt) in self._refused_attempts:
+            return  # already told: the runner drops the attempt when it reads that
         # The runner's window (a few frames in flight) bounds this queue.
         if self._writer is None:
             self._log_queue: asyncio.Queue[protocol.Logs] = asyncio.Queue()
@@ -150,9 +162,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         storing: asyncio.Task[None] | None = None
         try:
             while True:
-                job, first_seq, lines = _coalesce(await self._log_queue.get(), self._log_queue)
+                job, attempt, first_seq, lines = _coalesce(await self._log_queue.get(), self._log_queue)
                 prepared = await sync_to_async(logs_prepare, thread_sensitive=False)(
-                    job_id=job, first_seq=first_seq, lines=lines
+                    job_id=job, first_seq=first_seq, lines=lines, attempt=attempt
                 )
                 if storing is not None:
                     await storing
@@ -169,12 +181,18 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         job, first_seq, lines = prepared.job_id, prepared.first_seq, prepared.lines
         try:
             stored = await database_sync_to_async(logs_store)(
-                job_id=job, instance_id=self.instance_id, first_seq=first_seq, lines=lines, prepared=prepared
+                job_id=job,
+                instance_id=self.instance_id,
+                attempt=prepared.attempt,
+                first_seq=first_seq,
+                lines=lines,
+                prepared=prepared,
             )
         except UnknownJob:
-            # Not this runner's job (any more): acknowledge so it stops resending.
-            ack = protocol.LogAck(job=job, seq=first_seq + len(lines) - 1)
-            await self.send(text_data=ack.model_dump_json())
+            # Not this attempt's job (any more): refused, not "stored", so the
+            # runner stops the attempt instead of believing its lines are kept.
+            self._refused_attempts.add((job, prepared.attempt))
+            await self._refuse(job, prepared.attempt, STALE)
             return
         if stored.new_lines:
             await self.channel_layer.group_send(run_group(stored.run_id), _follower_event(stored))
@@ -193,16 +211,27 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.instance_id = None  # the new connection owns the instance now
         await self.close(code=protocol.CLOSE_REPLACED)
 
+    async def runner_fenced(self, event: dict[str, Any]) -> None:
+        """The instance was declared lost: the runner must stop, not reconnect."""
+        self.instance_id = None
+        await self.close(code=protocol.CLOSE_FENCED, reason=str(event.get("reason", ""))[:120])
 
-def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> tuple[str, int, list[protocol.LogLineWire]]:
+
+def _coalesce(
+    first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]
+) -> tuple[str, int, int, list[protocol.LogLineWire]]:
     """The first queued frame, extended by the queued frames that continue it."""
     lines = list(first.lines)
     while not queue.empty() and len(lines) < MAX_STORE_LINES:
         following = queue._queue[0]  # type: ignore[attr-defined]  # peek: asyncio.Queue has no peek
-        if following.job != first.job or following.first_seq != first.first_seq + len(lines):
+        if (
+            following.job != first.job
+            or following.attempt != first.attempt
+            or following.first_seq != first.first_seq + len(lines)
+        ):
             break
         lines += queue.get_nowait().lines
-    return first.job, first.first_seq, lines
+    return first.job, first.attempt, first.first_seq, lines
 
 
 def _follower_event(stored: StoredLogs) -> dict[str, Any]:
@@ -216,12 +245,40 @@ def _follower_event(stored: StoredLogs) -> dict[str, Any]:
     }
 
 
-def _finish(instance_id: str, message: protocol.JobState, status: JobStatus) -> None:
-    reason = message.reason
-    if status == JobStatus.FAILED and not reason and message.exit_code is not None:
-        reason = f"exited with code {message.exit_code}"
-    job_finish(job_id=message.job, status=status, exit_code=message.exit_code, reason=reason, instance_id=instance_id)
-    instance_job_done(instance_id=instance_id)
+def _rejected(instance_id: str, message: protocol.JobRejected) -> None:
+    attempt = attempt_current(job_id=message.job, number=message.attempt, instance_id=instance_id)
+    if attempt is not None and attempt.lease == message.lease:
+        attempt_end(
+            attempt_id=str(attempt.pk),
+            reason=TerminationReason.REJECTED,
+            message=f"a runner refused it: {message.reason}",
+        )
+
+
+def _drop_acceptance_for_tests() -> bool:
+    """Test hook (TRAINYARD_TEST_DROP_ACCEPTANCES=<file>): each line of the
+    file drops one acceptance, as a lost frame would. Off unless set."""
+    path = settings.TRAINYARD["TEST_DROP_ACCEPTANCES"]
+    if not path:
+        return False
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        lines = file.read_text().splitlines()
+    except OSError:
+        return False
+    if not lines:
+        return False
+    file.write_text("\n".join(lines[1:]))
+    logger.warning("test hook: dropping a job acceptance")
+    return True
+
+
+def _version_advice(theirs: int) -> str:
+    ours = protocol.PROTOCOL_VERSION
+    side = "trainyard-runner" if theirs < ours else "the Trainyard server"
+    return f"runner speaks protocol {theirs}, server {ours}: upgrade {side}"
 
 
 async def _enqueue_schedule() -> None:

@@ -48,25 +48,35 @@ class PreparedLogs:
     lines: list[LogLineWire]
     rows: str
     frame: str
+    attempt: int = 1
 
 
 class UnknownJob(Exception):
     """The job does not exist or is not this runner's."""
 
 
-def logs_prepare(*, job_id: str, first_seq: int, lines: list[LogLineWire]) -> PreparedLogs:
+def logs_prepare(*, job_id: str, first_seq: int, lines: list[LogLineWire], attempt: int = 1) -> PreparedLogs:
     """Pure CPU work, no database: safe to run in any thread."""
-    return PreparedLogs(job_id, first_seq, lines, _rows(job_id, first_seq, lines), _frame(job_id, first_seq, lines))
+    rows, frame = _rows(job_id, first_seq, lines), _frame(job_id, first_seq, lines)
+    return PreparedLogs(job_id, first_seq, lines, rows, frame, attempt)
 
 
 def logs_store(
-    *, job_id: str, instance_id: str, first_seq: int, lines: list[LogLineWire], prepared: PreparedLogs | None = None
+    *,
+    job_id: str,
+    instance_id: str,
+    attempt: int,
+    first_seq: int,
+    lines: list[LogLineWire],
+    prepared: PreparedLogs | None = None,
 ) -> StoredLogs:
+    """Store the lines not stored yet, only from the job's current attempt on
+    ``instance_id`` (fencing): anything else raises ``UnknownJob``."""
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .only("id", "run_id", "workspace_id", "last_seq", "instance_id")
-            .filter(pk=job_id, instance_id=instance_id)
+            .only("id", "run_id", "workspace_id", "last_seq", "instance_id", "attempt")
+            .filter(pk=job_id, instance_id=instance_id, attempt=attempt)
             .first()
         )
         if job is None:
@@ -94,7 +104,9 @@ def _final(
     if prepared is not None and skip == 0 and not any(value in prepared.rows for value in secrets):
         return prepared
     new = _masked(lines[skip:], secrets)
-    return logs_prepare(job_id=job_id, first_seq=first_seq + skip, lines=new)
+    return logs_prepare(
+        job_id=job_id, first_seq=first_seq + skip, lines=new, attempt=prepared.attempt if prepared else 1
+    )
 
 
 def _masked(lines: list[LogLineWire], secrets: list[str]) -> list[LogLineWire]:

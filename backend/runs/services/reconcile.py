@@ -1,8 +1,10 @@
 """The reconciler: time-based transitions nobody else triggers.
 
-Runs every ``TRAINYARD_RECONCILE_SECONDS`` from Celery beat. Each step is a
-compare-and-set, so two reconcilers (or a reconciler racing a runner's
-report) never double-act.
+Runs every ``TRAINYARD_RECONCILE_SECONDS`` from Celery beat. First the
+clouds' pass (machines: silent, unreachable, gone, stuck, idle), then the
+work's: attempts whose lease ran out, attempts on machines that ended, and
+stops the runner never confirmed. Each step is a compare-and-set, so two
+reconcilers (or a reconciler racing a runner's report) never double-act.
 """
 
 from __future__ import annotations
@@ -13,75 +15,63 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from backend.clouds.models import Instance, InstanceStatus
-from backend.clouds.services import instance_job_done
-from backend.runs.models import Job, JobStatus
-from backend.runs.services.scheduling import instance_retire, instance_terminate
-from backend.runs.services.transitions import job_finish, job_release
+from backend.clouds.models import ENDED_STATUSES, InstanceReason
+from backend.clouds.services.reconcile import clouds_reconcile
+from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
+from backend.runs.reasons import TerminationReason
+from backend.runs.services.transitions import attempt_end
 
 logger = logging.getLogger(__name__)
 
 
 def reconcile() -> bool:
     """Returns True when pending work may now be schedulable."""
+    changed = clouds_reconcile()
     released = _expire_leases()
-    lost = _lose_silent_runners()
-    _fail_stuck_provisioning()
+    ended = _end_attempts_on_ended_instances()
     _finish_unconfirmed_stops()
-    _retire_idle_runners()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
-    return bool(released or lost or pending)
+    return bool(changed or released or ended or pending)
 
 
 def _expire_leases() -> int:
-    now = timezone.now()
-    expired = Job.objects.filter(status=JobStatus.ASSIGNED, lease_expires_at__lt=now)
+    expired = Attempt.objects.filter(status=AttemptStatus.ASSIGNED, lease_expires_at__lt=timezone.now())
     return sum(
-        job_release(job_id=str(j.pk), reason="the runner did not accept the job in time; finding another")
-        for j in expired
+        attempt_end(
+            attempt_id=str(a.pk),
+            reason=TerminationReason.LEASE_EXPIRED,
+            message="the runner did not accept the job in time; finding another",
+        )
+        for a in expired
     )
 
 
-def _lose_silent_runners() -> int:
-    timeout = settings.TRAINYARD["HEARTBEAT_TIMEOUT_SECONDS"]
-    cutoff = timezone.now() - timedelta(seconds=timeout)
-    silent = Instance.objects.filter(
-        status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY, InstanceStatus.TERMINATING],
-        last_heartbeat_at__lt=cutoff,
+def _end_attempts_on_ended_instances() -> int:
+    """An attempt cannot outlive its machine: lost or terminated → the
+    attempt ends with what happened to the machine."""
+    doomed = Attempt.objects.filter(status__in=LIVE_ATTEMPT, instance__status__in=ENDED_STATUSES).select_related(
+        "instance"
     )
     count = 0
-    for instance in silent:
-        reason = f"runner {instance.name} stopped responding (no heartbeat for {timeout:.0f}s)"
-        logger.warning(reason)
-        instance_terminate(instance=instance, reason=reason, status=InstanceStatus.LOST)
-        count += 1
+    for attempt in doomed:
+        instance = attempt.instance
+        assert instance is not None
+        interrupted = instance.termination_reason == InstanceReason.INTERRUPTED
+        reason = TerminationReason.INTERRUPTED if interrupted else TerminationReason.INSTANCE_LOST
+        if instance.termination_reason == InstanceReason.UNREACHABLE_GRACE:
+            reason = TerminationReason.UNREACHABLE
+        message = instance.status_reason or f"machine {instance.name} {instance.status}"
+        count += attempt_end(attempt_id=str(attempt.pk), reason=reason, message=message)
     return count
-
-
-def _fail_stuck_provisioning() -> None:
-    timeout = settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
-    cutoff = timezone.now() - timedelta(seconds=timeout)
-    for instance in Instance.objects.filter(status=InstanceStatus.PROVISIONING, created_at__lt=cutoff):
-        instance_terminate(instance=instance, reason=f"runner {instance.name} did not connect within {timeout:.0f}s")
 
 
 def _finish_unconfirmed_stops() -> None:
     grace = settings.TRAINYARD["STOP_GRACE_SECONDS"]
     cutoff = timezone.now() - timedelta(seconds=grace)
     for job in Job.objects.filter(status=JobStatus.STOPPING, stop_requested_at__lt=cutoff):
-        job_finish(
-            job_id=str(job.pk),
-            status=JobStatus.STOPPED,
-            exit_code=None,
-            reason=f"{job.status_reason}; the runner did not confirm within {grace:.0f}s",
-        )
-        if job.instance_id:
-            instance_job_done(instance_id=str(job.instance_id))
-
-
-def _retire_idle_runners() -> None:
-    idle_for = settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"]
-    cutoff = timezone.now() - timedelta(seconds=idle_for)
-    stale = Instance.objects.filter(status=InstanceStatus.IDLE, backend="local", idle_since__lt=cutoff)
-    for instance in stale:
-        instance_retire(instance=instance, reason=f"retired after {idle_for:.0f}s idle")
+        for attempt in Attempt.objects.filter(job=job, status__in=LIVE_ATTEMPT):
+            attempt_end(
+                attempt_id=str(attempt.pk),
+                reason=TerminationReason.STOPPED_BY_USER,
+                message=f"{job.status_reason}; the runner did not confirm within {grace:.0f}s",
+            )

@@ -1,17 +1,19 @@
-"""Matching pending jobs to runners, and asking backends for more runners.
+"""Matching pending jobs to instances, and asking ``clouds`` for more.
 
 Called from Celery tasks (``runs.tasks.schedule``), never from a request.
 Safe to run concurrently in several workers: pending jobs and idle instances
-are claimed with ``SELECT … FOR UPDATE SKIP LOCKED``.
+are claimed with ``SELECT … FOR UPDATE SKIP LOCKED``. It names no backend
+kind: offers come ranked from ``clouds.services.offers``, machines are
+requested through ``clouds.services.instances`` (the launch itself is a
+Celery task, after commit), and no cloud call happens here.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -19,20 +21,21 @@ from django.db.models import Q
 from django.utils import timezone
 from trainyard_runner import protocol
 
-from backend.accounts.services import hash_token
 from backend.artifacts.services import artifact_file_key
 from backend.artifacts.storage import get_storage
-from backend.clouds.backends import get_backend
-from backend.clouds.backends.base import BackendError, Requirements
-from backend.clouds.backends.local.backend import host_capacity
-from backend.clouds.models import LIVE_STATUSES, BackendKind, Instance, InstanceStatus
+from backend.clouds.backends.base import Requirements
+from backend.clouds.models import BackendKind, Instance, InstanceReason, InstanceStatus
+from backend.clouds.services.instances import instance_request, instance_request_termination
+from backend.clouds.services.offers import Candidate, offers_rank, pool_room
 from backend.runs.events import send_to_channel
-from backend.runs.models import Job, JobStatus, Run
+from backend.runs.models import Attempt, Job, JobStatus, Run
+from backend.runs.reasons import TerminationReason
 from backend.runs.services.dag import cacheable, job_cache_key, job_inputs, readiness
 from backend.runs.services.dag import cached_source as find_cached_source
 from backend.runs.services.transitions import (
+    job_assign,
+    job_fail_no_capacity,
     job_fail_pending,
-    job_finish,
     job_reuse,
     run_refresh,
 )
@@ -44,8 +47,10 @@ logger = logging.getLogger(__name__)
 DOWNLOAD_URL_SECONDS = 6 * 3600
 # Key of the Postgres advisory lock that serialises scheduling passes.
 SCHEDULER_LOCK = 0x7472_6169_6E79  # "trainy"
-# After a runner failed to start, wait this long before trying again.
-PROVISION_RETRY_SECONDS = 30
+# One pass launches at most this many offers for one job before it says "no capacity".
+MAX_OFFERS_PER_ATTEMPT = 25
+# After every offer failed: wait before the next attempt (doubling, capped).
+NO_CAPACITY_BACKOFF = (15, 30, 60, 120, 300, 600)
 
 
 @dataclass(frozen=True)
@@ -58,19 +63,17 @@ class ScheduleResult:
 def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
     """1. Claim pending jobs, oldest first. 2. Fail those whose dependencies
     failed; skip those whose dependencies are not done. 3. Reuse a cached
-    result where one exists. 4. Give the rest an idle runner of their
-    workspace that fits. 5. For the others, say why they wait, and start
-    local runners while the pool has room. 6. After commit: send the
-    assignments and start the processes (no network or process calls inside
-    the transaction)."""
-    host_capacity()  # probes nvidia-smi once per process: keep it out of the transaction
-    assigned: list[Job] = []
-    to_provision: list[Instance] = []
-    to_retire: list[Instance] = []
+    result where one exists. 4. Give the rest an idle instance of their
+    workspace that fits (the one started for it first). 5. For the others,
+    ask ``clouds`` for a machine from the cheapest offer not tried yet, or say
+    why they wait. 6. After commit: send the assignments (the launches are
+    enqueued by ``instance_request`` on commit)."""
+    assigned: list[Attempt] = []
+    provisioned: list[str] = []
     waiting: list[str] = []
     with transaction.atomic():
-        # One pass at a time across all workers: the pool-size check and the
-        # new Instance rows must not race (two passes once started 7 of 4).
+        # One pass at a time across all workers: pool-size checks and new
+        # Instance rows must not race (two passes once started 7 of 4).
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEDULER_LOCK])
         jobs = list(
@@ -79,90 +82,49 @@ def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
             .select_related("run", "run__patch_blob", "run__archive_blob")
             .order_by("created_at")[:limit]
         )
-        budget = _pool_room()
         for job in jobs:
             if not _ready(job) or _reused(job):
                 continue
-            instance = _claim_runner(job)
+            instance = _claim_instance(job)
             if instance is not None:
-                _assign(job, instance)
-                assigned.append(job)
+                assigned.append(job_assign(job=job, instance=instance, offers_tried=_offers_tried(job)))
                 continue
-            reason, new_instance, retire = _wait_or_provision(job, budget)
-            if new_instance is not None:
-                budget -= 1
-                to_provision.append(new_instance)
-            if retire is not None:
-                to_retire.append(retire)
+            reason, requested = _capacity(job)
+            if requested is not None:
+                provisioned.append(str(requested.pk))
             waiting.append(str(job.pk))
             _set_waiting_reason(job, reason)
-    for job in assigned:
-        job_send_assignment(job=job)
-    for instance in to_retire:
-        instance_retire(instance=instance, reason="retired to make room for another workspace's job")
-    for instance in to_provision:
-        instance_provision(instance=instance)
-    return ScheduleResult([str(j.pk) for j in assigned], [str(i.pk) for i in to_provision], waiting)
+    for attempt in assigned:
+        attempt_send_assignment(attempt=attempt)
+    return ScheduleResult([str(a.job_id) for a in assigned], provisioned, waiting)
 
 
-def job_send_assignment(*, job: Job) -> None:
-    instance = job.instance
+def attempt_send_assignment(*, attempt: Attempt) -> None:
+    instance = attempt.instance
     if instance is None or not instance.channel_name:
         return  # the lease runs out and the reconciler re-queues the job
-    send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": _assign_frame(job).model_dump_json()})
+    frame = _assign_frame(Job.objects.select_related("run").get(pk=attempt.job_id), attempt)
+    send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 
 def job_send_cancel(*, job: Job) -> None:
     instance = job.instance
     if instance is not None and instance.channel_name:
-        frame = protocol.CancelJob(job=str(job.pk), reason=job.status_reason)
+        frame = protocol.CancelJob(job=str(job.pk), attempt=job.attempt, reason=job.status_reason)
         send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 
-def instance_provision(*, instance: Instance) -> None:
-    """Start the machine for a new Instance row; a failure is recorded on it."""
-    token = secrets.token_urlsafe(32)
-    Instance.objects.filter(pk=instance.pk).update(token_hash=hash_token(token))
-    try:
-        backend_id = get_backend(instance.backend).provision(instance=instance, runner_token=token)
-    except BackendError as exc:
-        logger.warning("provisioning %s failed: %s", instance.name, exc)
-        Instance.objects.filter(pk=instance.pk).update(
-            status=InstanceStatus.TERMINATED, status_reason=f"could not start: {exc}", terminated_at=timezone.now()
-        )
-        return
-    Instance.objects.filter(pk=instance.pk).update(backend_id=backend_id)
-
-
-def instance_terminate(*, instance: Instance, reason: str, status: InstanceStatus = InstanceStatus.TERMINATED) -> None:
-    """Mark the instance ended and stop the machine; its active jobs end with ``reason``."""
-    changed = (
-        Instance.objects.filter(pk=instance.pk)
-        .exclude(status__in=[InstanceStatus.TERMINATED, InstanceStatus.LOST])
-        .update(status=status, status_reason=reason, terminated_at=timezone.now(), channel_name="")
-    )
-    for job in Job.objects.filter(instance=instance, status__in=[JobStatus.ASSIGNED, JobStatus.RUNNING]):
-        job_finish(job_id=str(job.pk), status=JobStatus.FAILED, exit_code=None, reason=reason)
-    for job in Job.objects.filter(instance=instance, status=JobStatus.STOPPING):
-        job_finish(job_id=str(job.pk), status=JobStatus.STOPPED, exit_code=None, reason=reason)
-    if changed:
-        get_backend(instance.backend).terminate(instance=instance)
-
-
-def instance_retire(*, instance: Instance, reason: str) -> None:
-    """An idle runner leaves: told to shut down, then its machine is stopped."""
-    if not Instance.objects.filter(pk=instance.pk, status=InstanceStatus.IDLE).update(
-        status=InstanceStatus.TERMINATING, status_reason=reason
-    ):
-        return
-    if instance.channel_name:
-        frame = protocol.Shutdown(reason=reason).model_dump_json()
-        send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame})
-    instance_terminate(instance=instance, reason=reason)
-
-
 def requirements_of(job: Job) -> Requirements:
-    return Requirements(cpu=job.cpu, memory_bytes=job.memory_bytes, gpu_count=job.gpu_count, gpu_name=job.gpu_name)
+    resources: dict[str, Any] = dict(job.spec.get("resources") or {})
+    return Requirements(
+        cpu=job.cpu,
+        memory_bytes=job.memory_bytes,
+        disk_bytes=resources.get("disk_bytes"),
+        shm_size_bytes=resources.get("shm_size_bytes"),
+        gpu_count=job.gpu_count,
+        gpu_name=job.gpu_name,
+        gpu_memory_bytes=resources.get("gpu_memory_bytes"),
+    )
 
 
 # ------------------------------------------------------------------ helpers
@@ -180,7 +142,7 @@ def _ready(job: Job) -> bool:
 
 def _reused(job: Job) -> bool:
     """Record the job's cache key; reuse an earlier identical job's result."""
-    if not cacheable(spec=job.spec, after_running=job.after_running.exists()):
+    if job.attempt > 0 or not cacheable(spec=job.spec, after_running=job.after_running.exists()):
         return False
     key = job_cache_key(job)
     Job.objects.filter(pk=job.pk).update(cache_key=key)
@@ -190,16 +152,20 @@ def _reused(job: Job) -> bool:
     return source is not None and job_reuse(job_id=str(job.pk), source=source)
 
 
-def _claim_runner(job: Job) -> Instance | None:
+def _claim_instance(job: Job) -> Instance | None:
+    """An idle, connected instance of the workspace that fits: the one started
+    for this job first, then the longest idle."""
     req = requirements_of(job)
     query = (
         Instance.objects.select_for_update(skip_locked=True)
         .filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
         .exclude(channel_name="")
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
+        .filter(Q(disk_bytes__gte=req.disk_bytes or 0))
         .order_by("idle_since")
     )
-    for instance in query[:20]:
+    candidates = sorted(query[:20], key=lambda i: i.requested_for_id != job.pk)
+    for instance in candidates:
         if _gpus_fit(req, instance.gpus):
             return instance
     return None
@@ -209,58 +175,53 @@ def _gpus_fit(req: Requirements, gpus: list[dict[str, object]]) -> bool:
     if not req.gpu_count:
         return True
     name = req.gpu_name.lower()
-    return sum(1 for g in gpus if name in str(g.get("name", "")).lower()) >= req.gpu_count
+    size = req.gpu_memory_bytes or 0
+    matching = [
+        g for g in gpus if name in str(g.get("name", "")).lower() and int(str(g.get("memory_bytes", 0))) >= size
+    ]
+    return len(matching) >= req.gpu_count
 
 
-def _assign(job: Job, instance: Instance) -> None:
-    lease = uuid.uuid4().hex
-    expires = timezone.now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"])
-    Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(
-        status=JobStatus.ASSIGNED,
-        instance=instance,
-        lease=lease,
-        lease_expires_at=expires,
-        status_reason=f"assigned to runner {instance.name}",
+def _capacity(job: Job) -> tuple[str, Instance | None]:
+    """(why the job waits, the instance requested for it, if any).
+
+    1. A machine started for it is still coming up: wait for it.
+    2. After every offer failed, wait out the back-off.
+    3. Rank the offers; none fits: say the shortfall.
+    4. Launch the cheapest not tried for this attempt; every one tried: the
+       attempt ends ``no_capacity`` and ``retry`` decides.
+    """
+    starting = _requested(job).filter(status=InstanceStatus.PROVISIONING).first()
+    if starting is not None:
+        return f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})", None
+    backoff = _no_capacity_backoff(job)
+    if backoff:
+        return backoff, None
+    choice = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job))
+    if choice.accounts == 0:
+        return "waiting for a runner: no backend is configured for this workspace", None
+    if not choice.candidates:
+        return f"no backend can run this job: {choice.shortfall}", None
+    tried = _tried_offer_ids(job)
+    untried = [c for c in choice.candidates if c.offer.offer_id not in tried]
+    if not untried or len(tried) >= MAX_OFFERS_PER_ATTEMPT:
+        _no_capacity(job, len(choice.candidates))
+        return "", None
+    return _launch(job, untried[0])
+
+
+def _launch(job: Job, candidate: Candidate) -> tuple[str, Instance | None]:
+    room = pool_room(kind=candidate.account.kind)
+    if room is not None and room <= 0:
+        return _pool_full(job), None
+    label = _label(candidate)
+    instance = instance_request(
+        account=candidate.account, offer=candidate.offer, job_id=str(job.pk), reason_text=f"starting for job {job.name}"
     )
-    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.BUSY, idle_since=None)
-    job.refresh_from_db()
-    run_refresh(run_id=str(job.run_id))
+    return f"waiting for a runner: starting {instance.name} ({label})", instance
 
 
-def _wait_or_provision(job: Job, budget: int) -> tuple[str, Instance | None, Instance | None]:
-    """(why the job waits, an instance to start, an idle instance to retire)."""
-    if not settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]:
-        return "waiting for a runner: no backend is configured for this workspace", None, None
-    impossible = get_backend(BackendKind.LOCAL).unsatisfiable_reason(requirements_of(job))
-    if impossible:
-        return f"no backend can run this job: {impossible}", None, None
-    ours = Instance.objects.filter(workspace_id=job.workspace_id, backend=BackendKind.LOCAL)
-    failed = ours.filter(
-        status=InstanceStatus.TERMINATED,
-        status_reason__startswith="could not start",
-        terminated_at__gte=timezone.now() - timedelta(seconds=PROVISION_RETRY_SECONDS),
-    ).first()
-    if failed is not None:
-        return f"waiting for a runner: {failed.status_reason} (retrying)", None, None
-    starting = ours.filter(status=InstanceStatus.PROVISIONING).count()
-    waiting_before = Job.objects.filter(
-        workspace_id=job.workspace_id, status=JobStatus.PENDING, created_at__lt=job.created_at
-    ).count()
-    if starting > waiting_before:
-        return "waiting for a runner: one is starting", None, None
-    if budget <= 0:
-        return _pool_full(job)
-    instance = Instance.objects.create(
-        workspace_id=job.workspace_id,
-        backend=BackendKind.LOCAL,
-        name=f"local-{uuid.uuid4().hex[:8]}",
-        token_hash=f"unset-{uuid.uuid4().hex}",
-        status_reason="starting a local runner",
-    )
-    return "waiting for a runner: starting one", instance, None
-
-
-def _pool_full(job: Job) -> tuple[str, None, Instance | None]:
+def _pool_full(job: Job) -> str:
     """The local pool is shared by all workspaces: an idle runner of another
     workspace gives its place up (the next pass starts one for this job)."""
     limit = settings.TRAINYARD["LOCAL_RUNNERS_MAX"]
@@ -272,24 +233,81 @@ def _pool_full(job: Job) -> tuple[str, None, Instance | None]:
         .first()
     )
     if idle_elsewhere is not None:
-        return "waiting for a runner: freeing a place in the local pool", None, idle_elsewhere
-    return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)", None, None
+        instance_request_termination(
+            instance_id=str(idle_elsewhere.pk),
+            reason=InstanceReason.MAKE_ROOM,
+            message="retired to make room for another workspace's job",
+        )
+        return "waiting for a runner: freeing a place in the local pool"
+    return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"
 
 
-def _pool_room() -> int:
-    live = Instance.objects.filter(backend=BackendKind.LOCAL, status__in=LIVE_STATUSES).count()
-    return max(0, settings.TRAINYARD["LOCAL_RUNNERS_MAX"] - live)
+def _no_capacity(job: Job, fitting: int) -> None:
+    tried = _offers_tried(job)
+    listed = ", ".join(f"{t['offer']} {t['outcome']}" for t in tried[:4])
+    message = f"no capacity: tried {len(tried)} of {fitting} offers ({listed})"
+    job_fail_no_capacity(job=job, offers_tried=tried, message=message)
+
+
+def _no_capacity_backoff(job: Job) -> str:
+    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
+    if last is None or last.termination_reason != TerminationReason.NO_CAPACITY or last.finished_at is None:
+        return ""
+    streak = Attempt.objects.filter(job_id=job.pk, termination_reason=TerminationReason.NO_CAPACITY).count()
+    wait = NO_CAPACITY_BACKOFF[min(streak, len(NO_CAPACITY_BACKOFF)) - 1]
+    left = (last.finished_at + timedelta(seconds=wait) - timezone.now()).total_seconds()
+    return f"{last.termination_message}; trying again in {left:.0f}s" if left > 0 else ""
+
+
+def _requested(job: Job) -> Any:
+    """Instances started for this job since its last attempt ended."""
+    query = Instance.objects.filter(requested_for=job)
+    last = Attempt.objects.filter(job_id=job.pk).exclude(finished_at=None).order_by("-number").first()
+    if last is not None and last.finished_at is not None:
+        query = query.filter(created_at__gt=last.finished_at)
+    return query
+
+
+def _tried_offer_ids(job: Job) -> set[str]:
+    launch_failures = [InstanceReason.NO_CAPACITY, InstanceReason.LAUNCH_FAILED, InstanceReason.PROVISION_TIMEOUT]
+    failed = _requested(job).filter(termination_reason__in=launch_failures)
+    return set(failed.values_list("offer_id", flat=True))
+
+
+def _offers_tried(job: Job) -> list[dict[str, Any]]:
+    """What was launched for this attempt, in order, with each outcome."""
+    return [
+        {
+            "offer": i.offer_id,
+            "instance": i.name,
+            "outcome": i.termination_reason or "launched",
+            "message": i.status_reason if i.termination_reason else "",
+        }
+        for i in _requested(job).order_by("created_at")
+    ]
+
+
+def _offer_label(instance: Instance) -> str:
+    price = f", ${instance.price_per_hour:.4f}/h" if instance.price_per_hour else ""
+    return f"{instance.instance_type or instance.backend} in {instance.region or '-'}{price}"
+
+
+def _label(candidate: Candidate) -> str:
+    offer = candidate.offer
+    price = f", ${offer.price_per_hour:.4f}/h" if offer.price_per_hour else ""
+    return f"{offer.instance_type} in {offer.region}{price}"
 
 
 def _set_waiting_reason(job: Job, reason: str) -> None:
-    if job.status_reason != reason:
+    if reason and job.status_reason != reason:
         Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(status_reason=reason)
         run_refresh(run_id=str(job.run_id))
 
 
-def _assign_frame(job: Job) -> protocol.AssignJob:
+def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
     run: Run = job.run
     spec = job.spec
+    resumed = {"TRAINYARD_RESUMED": "1"} if attempt.number > 1 else {}
     env = {
         **secret_env(workspace_id=job.workspace_id),
         **spec["env"],
@@ -297,10 +315,14 @@ def _assign_frame(job: Job) -> protocol.AssignJob:
         "TRAINYARD_RUN_NAME": run.name,
         "TRAINYARD_JOB_ID": str(job.pk),
         "TRAINYARD_JOB_NAME": job.name,
+        "TRAINYARD_ATTEMPT": str(attempt.number),
+        **resumed,
     }
     return protocol.AssignJob(
         job=str(job.pk),
-        lease=job.lease,
+        attempt=attempt.number,
+        seq_base=attempt.first_seq - 1,
+        lease=attempt.lease,
         lease_seconds=settings.TRAINYARD["LEASE_SECONDS"],
         run_name=run.name,
         workflow=job.workflow,

@@ -1,71 +1,110 @@
-"""Every state change of a job or a run, in one place.
+"""Every state change of a job, its attempts or a run, in one place.
 
 Each change is an atomic compare-and-set (``UPDATE … WHERE status IN old``)
 and acts only when it changed a row, so two processes racing on the same job
 (the runner's report and the reconciler's timeout, say) cannot both win.
-After a job changes, ``run_refresh`` derives the run's status from its jobs
-and publishes the run to its channel groups. docs/RUNS.md draws the graph.
+
+A job is the logical unit; each try of it on an instance is an ``Attempt``.
+``attempt_end`` is the one place an attempt ends: it records the reason and
+asks ``retry`` whether the job is tried again (back to pending) or ends with
+the status the reason maps to. After a job changes, ``run_refresh`` derives
+the run's status from its jobs and publishes it. docs/RUNS.md draws the graph.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from backend.clouds.models import Instance, InstanceStatus
+from backend.clouds.models import Instance
+from backend.clouds.services.instances import instance_set_busy, instance_set_idle
 from backend.runs.events import publish, run_group, workspace_group
-from backend.runs.models import FINISHED_JOB, FINISHED_RUN, Job, JobStatus, Run, RunStatus
+from backend.runs.models import (
+    ACTIVE_JOB,
+    FINISHED_JOB,
+    FINISHED_RUN,
+    LIVE_ATTEMPT,
+    Attempt,
+    AttemptStatus,
+    Job,
+    JobStatus,
+    Run,
+    RunStatus,
+)
+from backend.runs.reasons import TerminationReason
+from backend.runs.services.retry import RetryPolicy, retry_decide
 
 logger = logging.getLogger(__name__)
 
+REASON_MAX = 1000
 
-def job_accept(*, job_id: str, instance_id: str, lease: str) -> bool:
-    """assigned → running, only for the runner holding the lease."""
+
+# ------------------------------------------------------------------ attempts
+
+
+def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any]] | None = None) -> Attempt:
+    """pending → assigned: a new attempt on ``instance`` under a fresh lease.
+    Its log lines continue the job's: they start after ``job.last_seq``."""
+    number = job.attempt + 1
+    attempt = Attempt.objects.create(
+        workspace_id=job.workspace_id,
+        job=job,
+        number=number,
+        instance=instance,
+        lease=uuid.uuid4().hex,
+        lease_expires_at=timezone.now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"]),
+        first_seq=job.last_seq + 1,
+        offers_tried=offers_tried or [],
+    )
+    changed = _cas_job(
+        job.pk,
+        [JobStatus.PENDING],
+        status=JobStatus.ASSIGNED,
+        attempt=number,
+        instance=instance,
+        status_reason=_attempt_note(number, f"assigned to runner {instance.name}"),
+    )
+    assert changed, "job_assign is called with the job row locked"
+    instance_set_busy(instance_id=str(instance.pk), message=f"attempt {number} of job {job.name}")
+    job.refresh_from_db()
+    _after_job_change(job.pk)
+    return attempt
+
+
+def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str) -> bool:
+    """assigned → running, only for the runner holding the current attempt's lease."""
     now = timezone.now()
-    changed = _cas_job(
-        job_id,
-        [JobStatus.ASSIGNED],
-        extra=Q(instance_id=instance_id, lease=lease),
-        status=JobStatus.RUNNING,
-        started_at=now,
-        lease_expires_at=None,
-    )
-    if changed:
-        _after_job_change(job_id)
-    return changed
+    with transaction.atomic():
+        changed = Attempt.objects.filter(
+            job_id=job_id, number=attempt, instance_id=instance_id, lease=lease, status=AttemptStatus.ASSIGNED
+        ).update(status=AttemptStatus.RUNNING, started_at=now, lease_expires_at=None)
+        if not changed:
+            return False
+        job = Job.objects.filter(pk=job_id).only("started_at").first()
+        _cas_job(
+            job_id,
+            [JobStatus.ASSIGNED],
+            extra=Q(attempt=attempt),
+            status=JobStatus.RUNNING,
+            started_at=(job.started_at if job and job.started_at else now),
+        )
+    _after_job_change(job_id)
+    return True
 
 
-def job_release(*, job_id: str, reason: str, instance_id: str | None = None, lease: str | None = None) -> bool:
-    """assigned → pending: the runner refused the job or its lease ran out.
-    With ``instance_id``/``lease`` (a runner's refusal) only the lease holder may."""
-    job = Job.objects.filter(pk=job_id).only("instance_id").first()
-    owner = Q(instance_id=instance_id, lease=lease) if instance_id else Q()
-    changed = _cas_job(
-        job_id,
-        [JobStatus.ASSIGNED],
-        extra=owner,
-        status=JobStatus.PENDING,
-        status_reason=reason,
-        instance=None,
-        lease="",
-        lease_expires_at=None,
-    )
-    if changed and job is not None and job.instance_id:
-        instance_mark_idle(instance_id=str(job.instance_id))
-    if changed:
-        _after_job_change(job_id)
-    return changed
-
-
-def job_set_reason(*, job_id: str, instance_id: str, reason: str) -> None:
+def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job."""
-    running = Job.objects.filter(pk=job_id, instance_id=instance_id, status=JobStatus.RUNNING)
-    if running.exclude(status_reason=reason[:1000]).update(status_reason=reason[:1000]):
+    reason = _attempt_note(attempt, reason)[:REASON_MAX]
+    running = Job.objects.filter(pk=job_id, instance_id=instance_id, attempt=attempt, status=JobStatus.RUNNING)
+    if running.exclude(status_reason=reason).update(status_reason=reason):
         _after_job_change(job_id)
 
 
@@ -83,35 +122,93 @@ def job_request_stop(*, job: Job, reason: str) -> bool:
         stop_requested_at=now,
     )
     if changed:
+        Attempt.objects.filter(job_id=job.pk, status__in=LIVE_ATTEMPT).update(status=AttemptStatus.STOPPING)
         _after_job_change(job.pk)
     return changed
 
 
-def job_finish(
-    *,
-    job_id: str,
-    status: JobStatus,
-    exit_code: int | None,
-    reason: str,
-    instance_id: str | None = None,
+def job_report_final(
+    *, job_id: str, instance_id: str, attempt: int, state: str, exit_code: int | None, reason: str
 ) -> bool:
-    """An active job ends. ``instance_id`` (when the runner reports) makes sure
-    a runner cannot end a job that was taken from it."""
-    assert status in FINISHED_JOB
-    extra = Q(instance_id=instance_id) if instance_id else Q()
-    changed = _cas_job(
-        job_id,
-        [JobStatus.ASSIGNED, JobStatus.RUNNING, JobStatus.STOPPING],
-        extra=extra,
-        status=status,
-        exit_code=exit_code,
-        status_reason=reason[:1000],
-        finished_at=timezone.now(),
-        lease_expires_at=None,
+    """The runner's final state of its attempt. False when that attempt is not
+    the job's current one on this instance (a fenced runner's late report)."""
+    current = _live_attempt(job_id, attempt, instance_id)
+    if current is None:
+        return False
+    why = {
+        "succeeded": TerminationReason.DONE,
+        "stopped": TerminationReason.STOPPED_BY_USER,
+        "interrupted": TerminationReason.INTERRUPTED,
+    }.get(state, TerminationReason.ERROR)
+    if why == TerminationReason.ERROR and not reason and exit_code is not None:
+        reason = f"exited with code {exit_code}"
+    return attempt_end(attempt_id=str(current.pk), reason=why, message=reason, exit_code=exit_code)
+
+
+def attempt_end(*, attempt_id: str, reason: TerminationReason, message: str = "", exit_code: int | None = None) -> bool:
+    """End a live attempt, then decide the job's fate:
+
+    1. The attempt ends with ``reason`` (a compare-and-set: only once).
+    2. A job being stopped ends stopped; ``done`` ends it succeeded.
+    3. Otherwise ``retry`` decides: back to pending for another attempt, or
+       the status ``reason`` maps to, with the message as the job's reason.
+    4. The instance is idle again unless it ended or has another attempt.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_for_update().filter(pk=attempt_id, status__in=LIVE_ATTEMPT).first()
+        if attempt is None:
+            return False
+        job = Job.objects.select_for_update().get(pk=attempt.job_id)
+        Attempt.objects.filter(pk=attempt.pk).update(
+            status=AttemptStatus.ENDED,
+            termination_reason=reason,
+            termination_message=message[:REASON_MAX],
+            exit_code=exit_code,
+            finished_at=now,
+            last_seq=job.last_seq,
+            lease_expires_at=None,
+        )
+        if job.attempt == attempt.number and job.status in ACTIVE_JOB:
+            _job_after_attempt(job, attempt, reason, message, exit_code)
+    if attempt.instance_id:
+        _instance_job_done(str(attempt.instance_id), job.name)
+    _after_job_change(job.pk)
+    return True
+
+
+def job_fail_no_capacity(*, job: Job, offers_tried: list[dict[str, Any]], message: str) -> bool:
+    """Every offer that fits failed to launch: an attempt records the offers
+    tried and ends ``no_capacity``; ``retry`` decides whether the job waits."""
+    number = job.attempt + 1
+    now = timezone.now()
+    attempt = Attempt.objects.create(
+        workspace_id=job.workspace_id,
+        job=job,
+        number=number,
+        status=AttemptStatus.ENDED,
+        termination_reason=TerminationReason.NO_CAPACITY,
+        termination_message=message[:REASON_MAX],
+        first_seq=job.last_seq + 1,
+        last_seq=job.last_seq,
+        finished_at=now,
+        offers_tried=offers_tried,
     )
-    if changed:
-        _after_job_change(job_id)
+    decision = _decide(job, TerminationReason.NO_CAPACITY, counted=number)
+    if decision.retry:
+        changed = _cas_job(job.pk, [JobStatus.PENDING], attempt=number, status_reason=f"{message}; {decision.why}")
+    else:
+        reason = f"{message}; {decision.why}" if decision.why else message
+        changed = _cas_job(
+            job.pk, [JobStatus.PENDING], attempt=number, status=JobStatus.FAILED, status_reason=reason, finished_at=now
+        )
+    if not changed:
+        attempt.delete()
+    _after_job_change(job.pk)
     return changed
+
+
+# ---------------------------------------------------------------- jobs alone
 
 
 def job_fail_pending(*, job_id: str, reason: str) -> bool:
@@ -142,12 +239,7 @@ def job_reuse(*, job_id: str, source: Job) -> bool:
     return changed
 
 
-def instance_mark_idle(*, instance_id: str) -> bool:
-    return bool(
-        Instance.objects.filter(pk=instance_id, status=InstanceStatus.BUSY).update(
-            status=InstanceStatus.IDLE, idle_since=timezone.now()
-        )
-    )
+# ---------------------------------------------------------------------- runs
 
 
 def run_refresh(*, run_id: str) -> Run:
@@ -179,17 +271,102 @@ def run_refresh(*, run_id: str) -> Run:
 
 
 def publish_run(run: Run) -> None:
-    from backend.runs.api.serializers import run_to_dict
+    from backend.runs.selectors import run_snapshot
 
-    data = run_to_dict(Run.objects.get(pk=run.pk))
+    data = run_snapshot(run_id=str(run.pk))
+    if data is None:
+        return
     publish(run_group(run.pk), {"type": "run.status", "run": data})
     publish(workspace_group(run.workspace_id), {"type": "run.status", "run": data})
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _job_after_attempt(
+    job: Job, attempt: Attempt, reason: TerminationReason, message: str, exit_code: int | None
+) -> None:
+    now = timezone.now()
+    if job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER:
+        stop_reason = job.status_reason if job.status == JobStatus.STOPPING else message
+        _cas_job(
+            job.pk,
+            list(ACTIVE_JOB),
+            status=JobStatus.STOPPED,
+            status_reason=stop_reason,
+            exit_code=exit_code,
+            finished_at=now,
+        )
+        return
+    if reason == TerminationReason.DONE:
+        _cas_job(
+            job.pk, list(ACTIVE_JOB), status=JobStatus.SUCCEEDED, exit_code=exit_code, status_reason="", finished_at=now
+        )
+        return
+    counted = _counted_attempts(job) if not reason.always_requeued else 0
+    decision = _decide(job, reason, counted=counted)
+    ended = f"attempt {attempt.number} ended: {reason.label}" + (f" ({message})" if message else "")
+    if decision.retry:
+        _cas_job(
+            job.pk,
+            list(ACTIVE_JOB),
+            status=JobStatus.PENDING,
+            instance=None,
+            status_reason=f"{decision.why}: {ended}"[:REASON_MAX],
+        )
+        return
+    final = message or ended
+    _cas_job(
+        job.pk,
+        list(ACTIVE_JOB),
+        status=reason.to_status(),
+        exit_code=exit_code,
+        status_reason=(f"{final}; {decision.why}" if decision.why else final)[:REASON_MAX],
+        finished_at=now,
+    )
+
+
+def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
+    first = Attempt.objects.filter(job_id=job.pk).exclude(started_at=None).order_by("number").first()
+    return retry_decide(
+        policy=RetryPolicy.from_spec(job.retry_policy),
+        reason=reason,
+        attempts=counted,
+        first_started_at=first.started_at if first else None,
+        now=timezone.now(),
+    )
+
+
+def _counted_attempts(job: Job) -> int:
+    """Attempts that count against ``retry: limit`` (not the ones whose
+    commands never started: a lease that ran out, a refusal)."""
+    free = [TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED]
+    return Attempt.objects.filter(job_id=job.pk).exclude(termination_reason__in=free).count()
+
+
+def _live_attempt(job_id: str, number: int, instance_id: str) -> Attempt | None:
+    return (
+        Attempt.objects.filter(job_id=job_id, number=number, instance_id=instance_id, status__in=LIVE_ATTEMPT)
+        .filter(job__attempt=number)
+        .first()
+    )
+
+
+def _instance_job_done(instance_id: str, job_name: str) -> None:
+    """The runner finished its attempt: idle again unless it still has one."""
+    if Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT).exists():
+        return
+    instance_set_idle(instance_id=instance_id, message=f"job {job_name} done")
+
+
+def _attempt_note(number: int, text: str) -> str:
+    return text if number <= 1 else f"attempt {number}: {text}"
 
 
 def _derive(run: Run, jobs: Iterable[Job]) -> tuple[RunStatus, str, int | None]:
     jobs = list(jobs)
     stopping = any(j.status == JobStatus.STOPPING for j in jobs) or run.status == RunStatus.STOPPING
-    if any(j.status in (JobStatus.ASSIGNED, JobStatus.RUNNING, JobStatus.STOPPING) for j in jobs):
+    if any(j.status in ACTIVE_JOB for j in jobs):
         active = next(j for j in jobs if j.status not in FINISHED_JOB and j.status != JobStatus.PENDING)
         return (RunStatus.STOPPING if stopping else RunStatus.RUNNING), active.status_reason, None
     if jobs and all(j.status in FINISHED_JOB for j in jobs):
@@ -201,6 +378,9 @@ def _derive(run: Run, jobs: Iterable[Job]) -> tuple[RunStatus, str, int | None]:
             return RunStatus.STOPPED, stopped.status_reason, None
         return RunStatus.SUCCEEDED, "", 0
     pending = next((j for j in jobs if j.status == JobStatus.PENDING), None)
+    # A job waiting for its next attempt keeps the run running.
+    if pending is not None and pending.attempt > 0 and run.status == RunStatus.RUNNING:
+        return RunStatus.RUNNING, pending.status_reason, None
     return RunStatus.PENDING, pending.status_reason if pending else "", None
 
 

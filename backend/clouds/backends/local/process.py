@@ -1,0 +1,286 @@
+"""Runner processes on this host, one per idempotency key, found again by their files.
+
+Used by the ``local`` backend, and by the ``fake`` backend when it runs real
+runners. One directory holds, for each key:
+
+    <key>.json  the record: installation, account, instance name, offer, start
+                time, and ``terminate_requested_at`` once terminate was asked
+    <key>.pid   the runner's pid; ``backend/embedded/runners.py`` reads these
+                to kill the runners a crashed server left behind
+    <key>.log   the runner's stdout and stderr (appended; kept after the end)
+    <key>/      the runner's work directory (``TRAINYARD_RUNNER_DIR``)
+    .lock       flock'd around every read and write of the files above, so two
+                processes (two Celery workers, a test and a worker) never start
+                two runners for one key nor see a half-started one
+
+Files are written atomically (a temporary file, then ``os.replace``). A pid
+counts only while ``/proc/<pid>/cmdline`` still names the runner: pids are
+reused, and a runner that exited may be a zombie until its parent reaps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.clouds.backends.base import AccountConfig, LaunchSpec, Offer
+from backend.clouds.backends.config import config_float, config_strings
+from backend.clouds.backends.errors import InvalidConfig
+from backend.clouds.backends.files import KEY_PATTERN, checked_key, locked, write_atomic
+
+# The server's own configuration and credentials, *_FILE variants included: a
+# runner (and so every job, which inherits its environment) has no business
+# with them.
+SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "CELERY_", "AWS_", "GITHUB_")
+# Set by us for each runner; never inherited from the server's environment.
+RUNNER_VARS_PREFIXES = ("TRAINYARD_RUNNER_", "TRAINYARD_SERVER_URL")
+RESOURCES_VAR = "TRAINYARD_RUNNER_RESOURCES"  # trainyard_runner.resources reads it
+# The console script, or ``python -m trainyard_runner``.
+RUNNER_MARKERS = (b"trainyard_runner", b"trainyard-runner")
+DEFAULT_KILL_AFTER = 10.0
+
+# Runners this process started, so they are reaped (not left as zombies) once
+# they exit; a runner another process started is reaped by that process.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+_children_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """How runners are started and stopped: config keys ``runner_command``,
+    ``env_strip_prefixes`` and ``kill_after``."""
+
+    command: tuple[str, ...]
+    strip_prefixes: tuple[str, ...] = SERVER_ONLY_PREFIXES
+    kill_after: float = DEFAULT_KILL_AFTER
+
+    @classmethod
+    def from_config(cls, account: AccountConfig) -> RunnerSettings:
+        command = config_strings(account, "runner_command", [sys.executable, "-m", "trainyard_runner"])
+        prefixes = config_strings(account, "env_strip_prefixes", SERVER_ONLY_PREFIXES)
+        if not command or "" in prefixes:
+            raise InvalidConfig(
+                f"the {account.kind} backend's runner_command must not be empty, nor any env_strip_prefixes",
+                code="BadConfig",
+            )
+        return cls(command=command, strip_prefixes=prefixes, kill_after=config_float(account, "kill_after", 10.0))
+
+
+@dataclass(frozen=True)
+class Runner:
+    """What the files say about one key. ``pid`` is None when no live runner has it."""
+
+    key: str
+    pid: int | None
+    record: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def stopping(self) -> bool:
+        return "terminate_requested_at" in self.record
+
+
+class RunnerDir:
+    """The runners of one directory (see the module docstring)."""
+
+    def __init__(self, path: Path, settings: RunnerSettings) -> None:
+        self.path = path
+        self.settings = settings
+
+    def start(
+        self, spec: LaunchSpec, *, record: Mapping[str, object], resources: Mapping[str, object] | None
+    ) -> Runner:
+        """Start a runner for ``spec.idempotency_key``, detached in its own
+        session. Idempotent: a live runner for the key is returned as it is.
+        ``resources`` (an ``offer_resources`` dict) is what its Hello reports;
+        None lets the runner detect the host. Raises ``InvalidConfig`` naming
+        the command when it cannot be started."""
+        key = checked_key(spec.idempotency_key)
+        with self._locked():
+            current = self._find(key)
+            if current is not None and current.pid is not None:
+                return current
+            record = {**record, "started_at": time.time()}
+            write_atomic(self.path / f"{key}.json", json.dumps(record))
+            try:
+                pid = self._spawn(key, self._env(key, spec, resources))
+            except OSError as exc:
+                self._forget(key)
+                raise InvalidConfig(
+                    f"cannot start the runner command {shlex.join(self.settings.command)!r}: {exc}",
+                    code="RunnerCommandFailed",
+                ) from exc
+            write_atomic(self.path / f"{key}.pid", f"{pid}\n")
+            return Runner(key=key, pid=pid, record=record)
+
+    def find(self, key: str) -> Runner | None:
+        """None when the directory has no file for ``key``."""
+        with self._locked():
+            return self._find(checked_key(key))
+
+    def all(self) -> list[Runner]:
+        """Every key with a record or a pidfile, live or not."""
+        with self._locked():
+            keys = {p.stem for p in self.path.glob("*.json")} | {p.stem for p in self.path.glob("*.pid")}
+            found = (self._find(key) for key in sorted(keys) if KEY_PATTERN.fullmatch(key))
+            return [runner for runner in found if runner is not None]
+
+    def stop(self, key: str) -> bool:
+        """Stop the runner of ``key``; True once it is gone and its pid and
+        record are deleted (the log and work directory stay).
+
+        1. No files, or no live runner: delete the files, True.
+        2. The first request: note its time in the record, SIGTERM the
+           runner's process group (the runner cancels its job and exits).
+        3. Still alive ``kill_after`` seconds after the first request: SIGKILL
+           the group (its jobs' reapers then kill the jobs).
+        4. False while it is alive: call again.
+        """
+        key = checked_key(key)
+        with self._locked():
+            runner = self._find(key)
+            if runner is not None and runner.pid is not None:
+                self._signal_stop(runner, runner.pid)
+                if _runner_alive(runner.pid):
+                    return False
+            self._forget(key)
+            return True
+
+    def kill(self, key: str) -> None:
+        """SIGKILL the runner's group now and keep its files (the machine was
+        reclaimed: the fake backend's interruption)."""
+        with self._locked():
+            runner = self._find(checked_key(key))
+            if runner is not None and runner.pid is not None:
+                _signal_group(runner.pid, signal.SIGKILL)
+
+    def _find(self, key: str) -> Runner | None:
+        record = _read_record(self.path / f"{key}.json")
+        pid = _read_pid(self.path / f"{key}.pid")
+        if record is None and pid is None:
+            return None
+        live = pid if pid is not None and _runner_alive(pid) else None
+        return Runner(key=key, pid=live, record=record or {})
+
+    def _signal_stop(self, runner: Runner, pid: int) -> None:
+        requested = runner.record.get("terminate_requested_at")
+        if not isinstance(requested, int | float):
+            record = {**runner.record, "terminate_requested_at": time.time()}
+            write_atomic(self.path / f"{runner.key}.json", json.dumps(record))
+            # Once only: the runner takes a second SIGTERM as "exit now", without draining its logs.
+            _signal_group(pid, signal.SIGTERM)
+        elif time.time() - requested >= self.settings.kill_after:
+            _signal_group(pid, signal.SIGKILL)
+            _wait_gone(pid, timeout=1.0)
+
+    def _spawn(self, key: str, env: Mapping[str, str]) -> int:
+        with open(self.path / f"{key}.log", "ab") as log:
+            proc = subprocess.Popen(
+                self.settings.command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        with _children_lock:
+            _children[proc.pid] = proc
+        return proc.pid
+
+    def _env(self, key: str, spec: LaunchSpec, resources: Mapping[str, object] | None) -> dict[str, str]:
+        dropped = (*self.settings.strip_prefixes, *RUNNER_VARS_PREFIXES)
+        env = {name: value for name, value in os.environ.items() if not name.startswith(dropped)}
+        env.update(
+            TRAINYARD_SERVER_URL=ws_url(spec.server_url),
+            TRAINYARD_RUNNER_TOKEN=spec.runner_token,
+            TRAINYARD_RUNNER_DIR=str(self.path / key),
+            TRAINYARD_RUNNER_ADDRESS="127.0.0.1",
+        )
+        if resources is not None:
+            env[RESOURCES_VAR] = json.dumps(resources)
+        return env
+
+    def _forget(self, key: str) -> None:
+        for suffix in (".pid", ".json"):
+            (self.path / f"{key}{suffix}").unlink(missing_ok=True)
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self.path)
+
+
+def offer_resources(offer: Offer) -> dict[str, object]:
+    """``offer``'s resources as the runner's ``TRAINYARD_RUNNER_RESOURCES`` JSON."""
+    return {
+        "cpus": offer.cpus,
+        "memory_bytes": offer.memory_bytes,
+        "disk_bytes": offer.disk_bytes,
+        "gpus": [{"name": gpu.name, "memory_bytes": gpu.memory_bytes} for gpu in offer.gpus],
+    }
+
+
+def ws_url(server_url: str) -> str:
+    """The runner's websocket base URL for the server's ``http(s)://`` URL."""
+    for http, ws in (("https://", "wss://"), ("http://", "ws://")):
+        if server_url.startswith(http):
+            return ws + server_url.removeprefix(http)
+    return server_url
+
+
+def _runner_alive(pid: int) -> bool:
+    _reap_children()
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # A zombie's cmdline is empty; a reused pid names something else.
+    return any(marker in cmdline for marker in RUNNER_MARKERS)
+
+
+def _reap_children() -> None:
+    with _children_lock:
+        for pid, proc in list(_children.items()):
+            if proc.poll() is not None:
+                del _children[pid]
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """The whole group when ``pid`` leads one (runners do: start_new_session),
+    else the process alone, so we never signal a group it merely joined."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _wait_gone(pid: int, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _runner_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _read_record(path: Path) -> dict[str, object] | None:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: the key exists, its details are lost
+    return value if isinstance(value, dict) else {}
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None

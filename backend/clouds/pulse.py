@@ -1,0 +1,49 @@
+"""The web process's pulse: written every few seconds, through the same
+database thread the runner connections use, from the event loop that serves
+them. If the process is frozen, its event loop stalls or its database thread
+hangs, the pulse stops, and the reconciler counts no runner's silence for
+that time (``clouds.services.reconcile.hearing``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from backend.clouds.services.reconcile import web_pulse
+
+logger = logging.getLogger(__name__)
+
+PULSE_SECONDS = 3.0
+
+
+async def serve_lifespan(receive: Any, send: Any) -> None:
+    """ASGI lifespan: start the pulse at startup, stop it at shutdown."""
+    task: asyncio.Task[None] | None = None
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            task = asyncio.create_task(pulse_forever())
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def pulse_forever() -> None:
+    process = f"{socket.gethostname()}:{os.getpid()}"[:100]
+    while True:
+        try:
+            await database_sync_to_async(web_pulse)(process=process)
+        except Exception:  # the database is down: no pulse is the signal
+            logger.warning("could not write this web process's pulse", exc_info=True)
+        await asyncio.sleep(PULSE_SECONDS)

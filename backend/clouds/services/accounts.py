@@ -1,0 +1,83 @@
+"""Connected accounts and the backend built for each (``registry``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from django.conf import settings
+
+from backend.clouds.backends.base import AccountConfig, Compute
+from backend.clouds.backends.registry import compute_for
+from backend.clouds.models import AccountStatus, BackendKind, CloudAccount
+from backend.vault.crypto import decrypt
+
+logger = logging.getLogger(__name__)
+
+LOCAL_ACCOUNT_NAME = "local"
+
+_computes: dict[tuple[str, str], Compute] = {}
+
+
+def accounts_usable(*, workspace_id: object) -> list[CloudAccount]:
+    """The workspace's active accounts; the shared ``local`` one when the
+    local backend is enabled on this server."""
+    if settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]:
+        CloudAccount.objects.get_or_create(
+            workspace_id=workspace_id, name=LOCAL_ACCOUNT_NAME, defaults={"kind": BackendKind.LOCAL}
+        )
+    accounts = CloudAccount.objects.filter(workspace_id=workspace_id, status=AccountStatus.ACTIVE).order_by(
+        "created_at"
+    )
+    return [a for a in accounts if a.kind != BackendKind.LOCAL or settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]]
+
+
+def compute_of(account: CloudAccount) -> Compute:
+    """The backend for ``account``, built once per process and configuration."""
+    key = (str(account.pk), account.updated_at.isoformat() if account.updated_at else "")
+    compute = _computes.get(key)
+    if compute is None:
+        compute = compute_for(account_config(account), settings.TRAINYARD["BACKEND_KINDS"])
+        _computes[key] = compute
+    return compute
+
+
+def account_config(account: CloudAccount) -> AccountConfig:
+    config: dict[str, Any] = dict(account.config or {})
+    if account.kind == BackendKind.LOCAL:
+        config = {**local_config(), **config}
+    credentials = json.loads(decrypt(bytes(account.credentials_ciphertext))) if account.credentials_ciphertext else {}
+    return AccountConfig(
+        account_id=str(account.pk),
+        workspace_id=str(account.workspace_id),
+        kind=account.kind,
+        installation=installation(),
+        config=config,
+        credentials=credentials,
+    )
+
+
+def local_config() -> dict[str, Any]:
+    trainyard = settings.TRAINYARD
+    config: dict[str, Any] = {"runners_dir": str(settings.DATA_DIR / "local-runners")}
+    if trainyard["LOCAL_RUNNER_COMMAND"]:
+        import shlex
+
+        config["runner_command"] = shlex.split(trainyard["LOCAL_RUNNER_COMMAND"])
+    if trainyard["LOCAL_SHAPES"]:
+        config["shapes"] = trainyard["LOCAL_SHAPES"]
+    return config
+
+
+def installation() -> str:
+    """Tags every machine this server starts, so the leak sweep knows ours."""
+    explicit = settings.TRAINYARD["INSTALLATION"]
+    return explicit or "ty-" + hashlib.sha256(str(settings.DATA_DIR).encode()).hexdigest()[:12]
+
+
+def account_mark_broken(*, account_id: str, message: str) -> None:
+    """Credentials or configuration were refused: not used until fixed."""
+    logger.warning("cloud account %s is broken: %s", account_id, message)
+    CloudAccount.objects.filter(pk=account_id).update(status=AccountStatus.BROKEN, status_reason=message[:1000])

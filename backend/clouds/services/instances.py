@@ -1,0 +1,350 @@
+"""The only code that writes ``Instance.status``.
+
+Every change is a compare-and-set on the old status and is recorded as an
+``InstanceEvent`` with its reason. Cloud calls never happen here: a change
+that needs one (launch, terminate) enqueues the task for it on commit
+(``clouds.tasks``).
+
+Lifecycle (docs/RUNS.md draws it)::
+
+    provisioning ─hello─▶ idle ⇄ busy ─silent─▶ unreachable ─hello─▶ idle/busy
+         │                  │                        │
+         ├─launch failed────┴──terminate──▶ terminating ─confirmed─▶ terminated
+         └───────────── machine gone / fenced ──────────────────────▶ lost
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from trainyard_runner import protocol
+
+from backend.clouds.backends.base import Handle, Offer
+from backend.clouds.models import (
+    ENDED_STATUSES,
+    LIVE_STATUSES,
+    CloudAccount,
+    Instance,
+    InstanceEvent,
+    InstanceReason,
+    InstanceStatus,
+)
+from backend.core.channels import send_to_channel
+from backend.core.tokens import hash_token
+
+logger = logging.getLogger(__name__)
+
+CONNECTABLE = (InstanceStatus.PROVISIONING, InstanceStatus.IDLE, InstanceStatus.BUSY, InstanceStatus.UNREACHABLE)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a runner's hello says about its machine."""
+
+    hostname: str
+    address: str
+    runner_version: str
+    cpus: int
+    memory_bytes: int
+    disk_bytes: int
+    gpus: list[dict[str, Any]]
+
+
+# ------------------------------------------------------------------ requests
+
+
+def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None, reason_text: str) -> Instance:
+    """A new machine for ``offer``: the row is written first (inside the
+    caller's transaction) and the launch task enqueued on commit, so a crash
+    at any point leaves a row the reconciler finishes (CLOUDS.md)."""
+    pk = uuid.uuid4()
+    key = f"ty-{pk}"
+    instance = Instance.objects.create(
+        id=pk,
+        workspace_id=account.workspace_id,
+        account=account,
+        backend=account.kind,
+        name=f"{account.kind}-{pk.hex[:8]}",
+        idempotency_key=key,
+        token_hash=hash_token(runner_token(key)),
+        offer_id=offer.offer_id,
+        instance_type=offer.instance_type,
+        region=offer.region,
+        zone=offer.zone,
+        spot=offer.spot,
+        price_per_hour=Decimal(str(offer.price_per_hour)),
+        requested_for_id=job_id,
+        status_reason=reason_text,
+        backend_data={"offer": _offer_data(offer)},
+    )
+    _event(instance, "", InstanceStatus.PROVISIONING, InstanceReason.REQUESTED, reason_text)
+    transaction.on_commit(lambda: instance_task_enqueue("launch", str(pk)))
+    return instance
+
+
+def runner_token(idempotency_key: str) -> str:
+    """The runner's token, derived from the row's key with the server's secret:
+    a redelivered launch task passes the same token the first one did."""
+    return hmac.new(settings.SECRET_KEY.encode(), f"runner:{idempotency_key}".encode(), hashlib.sha256).hexdigest()
+
+
+def instance_launched(*, instance_id: str, handle: Handle) -> bool:
+    """The backend accepted the launch: remember how to find the machine."""
+    changed = Instance.objects.filter(pk=instance_id, status=InstanceStatus.PROVISIONING, launched_at=None).update(
+        backend_id=handle.backend_id[:200],
+        launched_at=timezone.now(),
+        status_reason="starting: waiting for its runner to connect",
+    )
+    if changed:
+        instance = Instance.objects.get(pk=instance_id)
+        data = {**instance.backend_data, "handle": {"region": handle.region, **dict(handle.data)}}
+        Instance.objects.filter(pk=instance_id).update(backend_data=data)
+        _event(instance, instance.status, instance.status, InstanceReason.LAUNCHED, f"launched as {handle.backend_id}")
+    return bool(changed)
+
+
+def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
+    """Nothing was started (the backend refused): terminated at once."""
+    return _transition(
+        instance_id,
+        [InstanceStatus.PROVISIONING],
+        InstanceStatus.TERMINATED,
+        reason,
+        message,
+        termination_reason=reason,
+        terminated_at=timezone.now(),
+    )
+
+
+# ------------------------------------------------------------ the runner side
+
+
+def instance_for_token(*, token: str) -> Instance | None:
+    """The instance a runner token belongs to, unless it has ended."""
+    return Instance.objects.filter(token_hash=hash_token(token)).exclude(status__in=ENDED_STATUSES).first()
+
+
+def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, busy: bool) -> bool:
+    """The runner said hello. A hello never revives an instance that is
+    terminating, terminated or lost: False then, and the caller refuses it."""
+    now = timezone.now()
+    with transaction.atomic():
+        instance = Instance.objects.select_for_update().filter(pk=instance_id).first()
+        if instance is None or instance.status not in CONNECTABLE:
+            return False
+        new = InstanceStatus.BUSY if busy else InstanceStatus.IDLE
+        Instance.objects.filter(pk=instance_id).update(
+            status=new,
+            status_reason="",
+            hostname=facts.hostname[:255],
+            address=facts.address[:255],
+            runner_version=facts.runner_version[:50],
+            cpus=facts.cpus,
+            memory_bytes=facts.memory_bytes,
+            disk_bytes=facts.disk_bytes,
+            gpus=facts.gpus,
+            channel_name=channel_name,
+            last_heartbeat_at=now,
+            unreachable_since=None,
+            connected_at=instance.connected_at or now,
+            idle_since=None if busy else (instance.idle_since or now),
+        )
+        if instance.status != new:
+            _event(instance, instance.status, new, InstanceReason.CONNECTED, f"runner {facts.runner_version} connected")
+    return True
+
+
+def instance_disconnected(*, instance_id: str, channel_name: str) -> None:
+    Instance.objects.filter(pk=instance_id, channel_name=channel_name).update(channel_name="")
+
+
+def instance_heartbeat(*, instance_id: str) -> None:
+    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=timezone.now())
+
+
+def instance_set_busy(*, instance_id: str, message: str) -> bool:
+    return _transition(
+        instance_id, [InstanceStatus.IDLE], InstanceStatus.BUSY, InstanceReason.ASSIGNED, message, idle_since=None
+    )
+
+
+def instance_set_idle(*, instance_id: str, message: str) -> bool:
+    return _transition(
+        instance_id,
+        [InstanceStatus.BUSY],
+        InstanceStatus.IDLE,
+        InstanceReason.JOB_DONE,
+        message,
+        idle_since=timezone.now(),
+    )
+
+
+def instance_mark_unreachable(*, instance_id: str, message: str) -> bool:
+    return _transition(
+        instance_id,
+        [InstanceStatus.IDLE, InstanceStatus.BUSY],
+        InstanceStatus.UNREACHABLE,
+        InstanceReason.SILENT,
+        message,
+        unreachable_since=timezone.now(),
+    )
+
+
+def instance_mark_lost(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
+    """The machine is gone, or is fenced: its socket is closed and the
+    machine terminated to be sure (a fenced runner may still be alive)."""
+    instance = Instance.objects.filter(pk=instance_id).first()
+    changed = _transition(
+        instance_id,
+        [*LIVE_STATUSES, InstanceStatus.TERMINATING],
+        InstanceStatus.LOST,
+        reason,
+        message,
+        termination_reason=reason,
+        terminated_at=timezone.now(),
+        channel_name="",
+    )
+    if changed and instance is not None:
+        if instance.channel_name:
+            channel = instance.channel_name
+            transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.fenced", "reason": message}))
+        transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+    return changed
+
+
+def instance_request_termination(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
+    """Retire a machine: its runner is told to shut down and the backend to terminate it."""
+    instance = Instance.objects.filter(pk=instance_id).first()
+    changed = _transition(
+        instance_id,
+        list(LIVE_STATUSES),
+        InstanceStatus.TERMINATING,
+        reason,
+        message,
+        termination_reason=reason,
+        terminate_requested_at=timezone.now(),
+    )
+    if changed and instance is not None:
+        if instance.channel_name:
+            frame = protocol.Shutdown(reason=message).model_dump_json()
+            channel = instance.channel_name
+            transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
+        transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+    return changed
+
+
+def instance_terminated(*, instance_id: str, message: str = "the backend confirmed") -> bool:
+    """The backend says the machine is gone. A lost instance stays lost."""
+    changed = _transition(
+        instance_id,
+        [InstanceStatus.TERMINATING, *LIVE_STATUSES],
+        InstanceStatus.TERMINATED,
+        InstanceReason.TERMINATED,
+        message,
+        terminated_at=timezone.now(),
+        channel_name="",
+    )
+    if not changed:
+        Instance.objects.filter(pk=instance_id, status=InstanceStatus.LOST).update(backend_data=_confirmed(instance_id))
+    return changed
+
+
+def instance_history(*, instance: Instance) -> list[InstanceEvent]:
+    return list(instance.events.order_by("created_at"))
+
+
+def instances_live(*, workspace_id: object | None = None, kinds: Iterable[str] | None = None) -> Any:
+    query = Instance.objects.filter(status__in=LIVE_STATUSES)
+    if workspace_id is not None:
+        query = query.filter(workspace_id=workspace_id)
+    if kinds is not None:
+        query = query.filter(backend__in=list(kinds))
+    return query
+
+
+def handle_of(instance: Instance) -> Handle:
+    data = instance.backend_data.get("handle", {}) if isinstance(instance.backend_data, dict) else {}
+    extra = {k: str(v) for k, v in data.items() if k != "region"}
+    return Handle(
+        key=instance.idempotency_key, backend_id=instance.backend_id, region=str(data.get("region", "")), data=extra
+    )
+
+
+def offer_of(instance: Instance) -> dict[str, Any]:
+    data = instance.backend_data.get("offer", {}) if isinstance(instance.backend_data, dict) else {}
+    return dict(data)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _transition(
+    instance_id: str,
+    old: list[InstanceStatus] | list[str],
+    new: InstanceStatus,
+    reason: InstanceReason,
+    message: str,
+    **fields: Any,
+) -> bool:
+    instance = Instance.objects.filter(pk=instance_id, status__in=old).only("id", "workspace_id", "status").first()
+    if instance is None:
+        return False
+    changed = Instance.objects.filter(pk=instance_id, status=instance.status).update(
+        status=new, status_reason=message[:500], **fields
+    )
+    if changed:
+        _event(instance, instance.status, new, reason, message)
+        logger.info("instance %s: %s → %s (%s) %s", instance_id, instance.status, new, reason, message)
+    return bool(changed)
+
+
+def _event(instance: Instance, old: str, new: str, reason: InstanceReason, message: str) -> None:
+    InstanceEvent.objects.create(
+        workspace_id=instance.workspace_id,
+        instance_id=instance.pk,
+        from_status=old,
+        to_status=new,
+        reason=reason,
+        message=message[:1000],
+    )
+
+
+def _confirmed(instance_id: str) -> dict[str, Any]:
+    instance = Instance.objects.get(pk=instance_id)
+    return {**instance.backend_data, "terminate_confirmed": True}
+
+
+def _offer_data(offer: Offer) -> dict[str, Any]:
+    return {
+        "backend": offer.backend,
+        "instance_type": offer.instance_type,
+        "region": offer.region,
+        "zone": offer.zone,
+        "spot": offer.spot,
+        "price_per_hour": offer.price_per_hour,
+        "cpus": offer.cpus,
+        "memory_bytes": offer.memory_bytes,
+        "disk_bytes": offer.disk_bytes,
+        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in offer.gpus],
+        "data": dict(offer.data),
+    }
+
+
+def instance_task_enqueue(what: str, instance_id: str) -> None:
+    from backend.clouds import tasks
+
+    task = tasks.instance_launch if what == "launch" else tasks.instance_terminate
+    try:
+        task.delay(instance_id)
+    except Exception:  # the broker is down: the reconciler finds the row and enqueues again
+        logger.warning("could not enqueue %s of instance %s; the reconciler will", what, instance_id, exc_info=True)

@@ -1,0 +1,276 @@
+"""The clouds' reconciler: what the backends say against what the rows say.
+
+Runs on every reconcile pass (Celery beat). Cloud calls (``describe``,
+``list_managed``) happen here, outside any transaction; every status change
+goes through ``instances``. Steps, each safe to run twice:
+
+1. Hearing: silence only counts from when the server itself could hear
+   (``hearing_since``): not while no web process was alive, nor across a gap
+   in the reconciler's own passes (its restart, a database or Redis outage).
+2. Launches nobody performed (the task was lost): enqueued again.
+3. Silent runners become unreachable.
+4. Unreachable (and launched, not yet connected) machines: ``describe``
+   decides. Gone → lost (or interrupted). Still there → an unreachable one
+   keeps its job for the grace, then it is fenced (lost), and terminated.
+5. Provisioning that never connected within the backend's timeout: terminated.
+6. Termination that was not confirmed: asked again.
+7. Idle machines past their idle time: retired.
+8. Now and then, the leak sweep: a machine with our tags and no live row is terminated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from backend.clouds.backends.base import GONE, CloudState, Compute
+from backend.clouds.models import (
+    LIVE_STATUSES,
+    CloudAccount,
+    ControlPlane,
+    Instance,
+    InstanceReason,
+    InstanceStatus,
+    WebPulse,
+)
+from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.instances import (
+    handle_of,
+    instance_launch_failed,
+    instance_mark_lost,
+    instance_mark_unreachable,
+    instance_request_termination,
+    instance_task_enqueue,
+)
+
+logger = logging.getLogger(__name__)
+
+# A web process that has not written its pulse for this long is not serving.
+PULSE_STALE_SECONDS = 10.0
+# A launch task that left no trace for this long is enqueued again.
+LAUNCH_STUCK_SECONDS = 30.0
+# A terminate that was not confirmed for this long is asked again.
+TERMINATE_RECHECK_SECONDS = 30.0
+
+
+def clouds_reconcile(*, now: datetime | None = None) -> int:
+    """One pass; returns how many instances changed in a way that may free or need capacity."""
+    now = now or timezone.now()
+    hearing_since = hearing(now=now)
+    changed = 0
+    _relaunch_stuck(now)
+    if hearing_since is not None:
+        changed += _silent_to_unreachable(now, hearing_since)
+    changed += _describe_doubtful(now, hearing_since)
+    changed += _provision_timeouts(now)
+    _terminations_unconfirmed(now)
+    changed += _retire_idle(now)
+    _leak_sweep(now)
+    return changed
+
+
+def hearing(*, now: datetime) -> datetime | None:
+    """Since when the server could hear runners without a break; None while
+    it cannot (no web process alive)."""
+    interval = settings.TRAINYARD["RECONCILE_SECONDS"]
+    with transaction.atomic():
+        state = ControlPlane.objects.select_for_update().order_by("created_at").first()
+        if state is None:
+            state = ControlPlane.objects.create()
+        gap = (now - state.reconciled_at).total_seconds() if state.reconciled_at else None
+        deaf = not WebPulse.objects.filter(at__gte=now - timedelta(seconds=PULSE_STALE_SECONDS)).exists()
+        broke = gap is None or gap > max(3 * interval, 10.0)
+        if deaf or broke or state.hearing_since is None:
+            if deaf or broke:
+                logger.info("control plane could not hear runners (%s): silence counts from now", _why(deaf, gap))
+            state.hearing_since = now
+        state.reconciled_at = now
+        state.save(update_fields=["reconciled_at", "hearing_since", "updated_at"])
+    return None if deaf else state.hearing_since
+
+
+def web_pulse(*, process: str, now: datetime | None = None) -> None:
+    """Called by each web process every few seconds while it serves."""
+    now = now or timezone.now()
+    WebPulse.objects.update_or_create(process=process, defaults={"at": now})
+    WebPulse.objects.filter(at__lt=now - timedelta(hours=1)).delete()
+
+
+# ------------------------------------------------------------------ steps
+
+
+def _relaunch_stuck(now: datetime) -> None:
+    cutoff = now - timedelta(seconds=LAUNCH_STUCK_SECONDS)
+    stuck = Instance.objects.filter(status=InstanceStatus.PROVISIONING, launched_at=None, created_at__lt=cutoff)
+    for instance in stuck[:50]:
+        if (now - instance.created_at).total_seconds() > 10 * LAUNCH_STUCK_SECONDS:
+            instance_launch_failed(
+                instance_id=str(instance.pk),
+                reason=InstanceReason.LAUNCH_FAILED,
+                message="the launch never happened (no worker took it)",
+            )
+            continue
+        instance_task_enqueue("launch", str(instance.pk))
+
+
+def _silent_to_unreachable(now: datetime, hearing_since: datetime) -> int:
+    timeout = settings.TRAINYARD["HEARTBEAT_TIMEOUT_SECONDS"]
+    if now - hearing_since < timedelta(seconds=timeout):
+        return 0
+    cutoff = now - timedelta(seconds=timeout)
+    silent = Instance.objects.filter(
+        status__in=[InstanceStatus.IDLE, InstanceStatus.BUSY], last_heartbeat_at__lt=cutoff
+    )
+    count = 0
+    for instance in silent:
+        message = f"runner {instance.name} stopped responding (no heartbeat for {timeout:.0f}s)"
+        count += instance_mark_unreachable(instance_id=str(instance.pk), message=message)
+    return count
+
+
+def _describe_doubtful(now: datetime, hearing_since: datetime | None) -> int:
+    """Ask the backends about unreachable machines and launched ones that have
+    not said hello yet, one batched describe per account."""
+    doubtful = Instance.objects.filter(
+        status__in=[InstanceStatus.UNREACHABLE, InstanceStatus.PROVISIONING], account__isnull=False
+    ).exclude(launched_at=None)
+    changed = 0
+    for account, instances in _by_account(doubtful.select_related("account")).items():
+        states = _describe(account, instances)
+        for instance in instances:
+            changed += _judge(instance, states.get(instance.idempotency_key), now, hearing_since)
+    return changed
+
+
+def _judge(instance: Instance, state: CloudState | None, now: datetime, hearing_since: datetime | None) -> int:
+    if state in GONE:
+        reason = InstanceReason.INTERRUPTED if state == CloudState.INTERRUPTED else InstanceReason.MACHINE_GONE
+        words = "was interrupted by the cloud" if state == CloudState.INTERRUPTED else "is gone"
+        message = f"machine {instance.name} {words} (the backend says {state})"
+        return instance_mark_lost(instance_id=str(instance.pk), reason=reason, message=message)
+    if instance.status != InstanceStatus.UNREACHABLE or instance.unreachable_since is None or hearing_since is None:
+        return 0
+    grace = settings.TRAINYARD["UNREACHABLE_GRACE_SECONDS"]
+    since = max(instance.unreachable_since, hearing_since)
+    if now - since < timedelta(seconds=grace):
+        return 0
+    message = f"runner {instance.name} unreachable for {grace:.0f}s while its machine is still there: fenced"
+    return instance_mark_lost(instance_id=str(instance.pk), reason=InstanceReason.UNREACHABLE_GRACE, message=message)
+
+
+def _provision_timeouts(now: datetime) -> int:
+    count = 0
+    launched = Instance.objects.filter(status=InstanceStatus.PROVISIONING).exclude(launched_at=None)
+    for instance in launched.select_related("account"):
+        timeout = _timeout(instance)
+        if instance.launched_at and now - instance.launched_at > timedelta(seconds=timeout):
+            message = f"runner {instance.name} did not connect within {timeout:.0f}s"
+            count += instance_request_termination(
+                instance_id=str(instance.pk), reason=InstanceReason.PROVISION_TIMEOUT, message=message
+            )
+    return count
+
+
+def _terminations_unconfirmed(now: datetime) -> None:
+    cutoff = now - timedelta(seconds=TERMINATE_RECHECK_SECONDS)
+    waiting = Instance.objects.filter(status=InstanceStatus.TERMINATING, terminate_requested_at__lt=cutoff)
+    for instance in waiting[:50]:
+        Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=now)  # not a status change
+        instance_task_enqueue("terminate", str(instance.pk))
+
+
+def _retire_idle(now: datetime) -> int:
+    idle_for = settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"]
+    cutoff = now - timedelta(seconds=idle_for)
+    stale = Instance.objects.filter(status=InstanceStatus.IDLE, idle_since__lt=cutoff)
+    return sum(
+        instance_request_termination(
+            instance_id=str(i.pk), reason=InstanceReason.IDLE_RETIRED, message=f"retired after {idle_for:.0f}s idle"
+        )
+        for i in stale
+    )
+
+
+def _leak_sweep(now: datetime) -> None:
+    """Machines with our tags and no live row: a crash between launch and
+    commit, a row deleted by hand. Terminated, and logged loudly."""
+    every = settings.TRAINYARD["LEAK_SWEEP_SECONDS"]
+    last = getattr(_leak_sweep, "last", None)
+    if last is not None and (now - last).total_seconds() < every:
+        return
+    _leak_sweep.last = now  # type: ignore[attr-defined]
+    for account in CloudAccount.objects.all():
+        compute = _compute(account)
+        if compute is None:
+            continue
+        try:
+            managed = compute.list_managed()
+        except Exception:
+            logger.warning("leak sweep of account %s failed", account.pk, exc_info=True)
+            continue
+        live = set(
+            Instance.objects.filter(
+                account=account, status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING]
+            ).values_list("idempotency_key", flat=True)
+        )
+        young = now - timedelta(seconds=LAUNCH_STUCK_SECONDS)
+        known_young = set(
+            Instance.objects.filter(account=account, created_at__gte=young).values_list("idempotency_key", flat=True)
+        )
+        for handle in managed:
+            if handle.key in live or handle.key in known_young:
+                continue
+            logger.warning("leak sweep: terminating %s (%s), which has no live row", handle.key, handle.backend_id)
+            try:
+                compute.terminate(handle)
+            except Exception:
+                logger.warning("leak sweep: terminating %s failed; next sweep tries again", handle.key, exc_info=True)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _by_account(instances: Iterable[Instance]) -> dict[CloudAccount, list[Instance]]:
+    grouped: dict[CloudAccount, list[Instance]] = defaultdict(list)
+    for instance in instances:
+        if instance.account is not None:
+            grouped[instance.account].append(instance)
+    return grouped
+
+
+def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, CloudState]:
+    compute = _compute(account)
+    if compute is None:
+        return {}
+    try:
+        return dict(compute.describe([handle_of(i) for i in instances]))
+    except Exception:  # unknown is not gone: decide nothing this pass
+        logger.warning("describe of account %s failed", account.pk, exc_info=True)
+        return {}
+
+
+def _compute(account: CloudAccount) -> Compute | None:
+    try:
+        return compute_of(account)
+    except Exception:
+        logger.warning("cannot build the backend of account %s", account.pk, exc_info=True)
+        return None
+
+
+def _timeout(instance: Instance) -> float:
+    if instance.backend == "local":
+        return settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
+    compute = _compute(instance.account) if instance.account else None
+    return compute.timings.provision_timeout if compute is not None else settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
+
+
+def _why(deaf: bool, gap: float | None) -> str:
+    if deaf:
+        return "no web process alive"
+    return "first pass" if gap is None else f"no reconcile pass for {gap:.0f}s"

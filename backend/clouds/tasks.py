@@ -1,0 +1,32 @@
+"""One idempotent Celery task launches an instance, one terminates it.
+
+Both take the instance id only, re-read the row, and are safe to run twice
+(``acks_late``: a worker SIGKILLed mid-task gets the task redelivered, and the
+backend's idempotency key makes the second launch find the first machine).
+Retries are bounded and only for transient errors.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from backend.clouds.services.provisioning import LaunchOutcome, instance_launch_run, instance_terminate_run
+
+LAUNCH_RETRIES = 3
+TERMINATE_RETRIES = 60  # a machine that takes long to go down is checked again and again
+
+
+@shared_task(bind=True, acks_late=True, time_limit=120, soft_time_limit=100, max_retries=LAUNCH_RETRIES)
+def instance_launch(self, instance_id: str) -> str:  # type: ignore[no-untyped-def]
+    outcome = instance_launch_run(instance_id=instance_id, last_try=self.request.retries >= LAUNCH_RETRIES)
+    if isinstance(outcome, LaunchOutcome) and outcome.retry_after is not None:
+        raise self.retry(countdown=outcome.retry_after)
+    return outcome.status if isinstance(outcome, LaunchOutcome) else str(outcome)
+
+
+@shared_task(bind=True, acks_late=True, time_limit=120, soft_time_limit=100, max_retries=TERMINATE_RETRIES)
+def instance_terminate(self, instance_id: str) -> str:  # type: ignore[no-untyped-def]
+    retry_after = instance_terminate_run(instance_id=instance_id)
+    if retry_after is not None:
+        raise self.retry(countdown=retry_after)
+    return "done"

@@ -1,0 +1,49 @@
+"""Why an attempt ended: one enum, the job status each reason leads to, and
+the retry event it counts as (``retry: on_events``)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from backend.runs.models import JobStatus
+
+
+class TerminationReason(models.TextChoices):
+    DONE = "done", "the commands succeeded"
+    ERROR = "error", "the job failed"
+    STOPPED_BY_USER = "stopped_by_user", "stopped"
+    NO_CAPACITY = "no_capacity", "no capacity"
+    INTERRUPTED = "interrupted", "the machine was interrupted"
+    INSTANCE_LOST = "instance_lost", "the machine was lost"
+    LEASE_EXPIRED = "lease_expired", "the runner did not accept in time"
+    REJECTED = "rejected", "the runner refused the job"
+    UNREACHABLE = "unreachable", "the runner was unreachable for too long"
+
+    def to_status(self) -> JobStatus:
+        """The job's status when this attempt is its last."""
+        return _STATUS.get(self, JobStatus.FAILED)
+
+    @property
+    def retry_event(self) -> str | None:
+        """The ``retry: on_events`` name this reason counts as; None: never retried."""
+        return _EVENT.get(self)
+
+    @property
+    def always_requeued(self) -> bool:
+        """The job's commands never started: try again, not counted as a retry."""
+        return self in (TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED)
+
+
+_STATUS = {
+    TerminationReason.DONE: JobStatus.SUCCEEDED,
+    TerminationReason.STOPPED_BY_USER: JobStatus.STOPPED,
+}
+_EVENT = {
+    TerminationReason.ERROR: "error",
+    TerminationReason.NO_CAPACITY: "no_capacity",
+    TerminationReason.INTERRUPTED: "interruption",
+    TerminationReason.INSTANCE_LOST: "instance_lost",
+    # Fenced after the grace while its machine was still there: the job may be
+    # stuck on a machine we cannot reach; treated like a lost machine.
+    TerminationReason.UNREACHABLE: "instance_lost",
+}

@@ -1,0 +1,68 @@
+"""Whether an ended attempt is tried again, from its reason and the
+workflow's ``retry:`` (docs/RUNS.md, "Retries").
+
+Defaults when the key is absent: retry on ``interruption`` and
+``instance_lost``, at most 5 attempts, within 1 hour of the first attempt's
+start; never on ``error``. ``retry: true`` is the defaults; ``retry: false``
+is one attempt. ``limit`` counts attempts, the first included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from backend.runs.reasons import TerminationReason
+
+DEFAULT_EVENTS = ("interruption", "instance_lost")
+DEFAULT_LIMIT = 5
+DEFAULT_DURATION_SECONDS = 3600
+EVENTS = ("interruption", "instance_lost", "error", "no_capacity")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    on_events: tuple[str, ...] = DEFAULT_EVENTS
+    limit: int = DEFAULT_LIMIT
+    duration_seconds: int = DEFAULT_DURATION_SECONDS
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, object] | None) -> RetryPolicy:
+        """From ``Job.retry_policy`` ({"enabled": False} for ``retry: false``)."""
+        if not spec:
+            return cls()
+        if spec.get("enabled") is False:
+            return cls(on_events=(), limit=1)
+        events = spec.get("on_events")
+        limit = spec.get("limit")
+        duration = spec.get("duration")
+        return cls(
+            on_events=tuple(str(e) for e in events) if isinstance(events, list) else DEFAULT_EVENTS,
+            limit=int(limit) if isinstance(limit, int) else DEFAULT_LIMIT,
+            duration_seconds=int(duration) if isinstance(duration, int) else DEFAULT_DURATION_SECONDS,
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    retry: bool
+    why: str  # for the job's reason: "retrying (attempt 2 of 5)" or why not
+
+
+def retry_decide(
+    *, policy: RetryPolicy, reason: TerminationReason, attempts: int, first_started_at: datetime | None, now: datetime
+) -> Decision:
+    """``attempts``: how many attempts counted so far (this one included)."""
+    if reason.always_requeued:
+        return Decision(True, "trying again")
+    event = reason.retry_event
+    if event is None or event not in policy.on_events:
+        return Decision(False, "")
+    if attempts >= policy.limit:
+        return Decision(False, f"not retried: {attempts} of {policy.limit} attempts used (retry: limit)")
+    if first_started_at and now - first_started_at > timedelta(seconds=policy.duration_seconds):
+        return Decision(
+            False, f"not retried: more than {policy.duration_seconds}s since the first attempt (retry: duration)"
+        )
+    return Decision(True, f"retrying (attempt {attempts + 1} of {policy.limit})")

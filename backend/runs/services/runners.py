@@ -1,0 +1,120 @@
+"""A runner's (re)connection: what it holds, what we think it holds, and
+what each side does about the difference (docs/RUNNER.md, "Reconnecting")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from trainyard_runner import protocol
+
+from backend.clouds.models import Instance
+from backend.clouds.services.instances import Facts, instance_connected
+from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job
+from backend.runs.reasons import TerminationReason
+from backend.runs.services.transitions import attempt_end, job_accept
+
+
+@dataclass(frozen=True)
+class Connected:
+    instance: Instance | None  # None: refused (the instance has ended)
+    previous_channel: str = ""
+    welcome: protocol.Welcome | None = None
+    refusal: str = ""
+    ended: list[str] = field(default_factory=list)  # attempts that ended because of this hello
+
+
+def runner_connect(
+    *, instance_id: str, hello: protocol.Hello, channel_name: str, heartbeat_seconds: float
+) -> Connected:
+    """1. The instance takes the connection, unless it ended (a hello never
+    revives a lost or terminated instance). 2. Each attempt the runner holds:
+    confirmed when it is still current (its lost acceptance is recorded now),
+    cancelled otherwise. 3. Attempts we think it runs that it does not hold
+    (it restarted): ended, and retried as the reason allows."""
+    instance = Instance.objects.filter(pk=instance_id).first()
+    if instance is None:
+        return Connected(None, refusal="unknown instance")
+    previous = instance.channel_name
+    ours = {str(a.job_id): a for a in Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT)}
+    held = {h.job: h for h in hello.running_jobs}
+    current = {jid: h for jid, h in held.items() if _is_current(ours.get(jid), h)}
+    if not instance_connected(
+        instance_id=instance_id, channel_name=channel_name, facts=_facts(hello), busy=bool(current or ours)
+    ):
+        return Connected(None, refusal=f"instance {instance.name} has ended ({instance.status}): this runner must stop")
+    welcome, ended = _reconcile_held(instance, ours, held, current, heartbeat_seconds)
+    instance.refresh_from_db()
+    return Connected(instance, previous, welcome, ended=ended)
+
+
+def _reconcile_held(
+    instance: Instance,
+    ours: dict[str, Attempt],
+    held: dict[str, protocol.HeldJob],
+    current: dict[str, protocol.HeldJob],
+    heartbeat_seconds: float,
+) -> tuple[protocol.Welcome, list[str]]:
+    confirmed: list[str] = []
+    cancel = [jid for jid in held if jid not in current]
+    for jid, h in current.items():
+        attempt = ours[jid]
+        if attempt.status == AttemptStatus.STOPPING:
+            cancel.append(jid)
+        elif attempt.status == AttemptStatus.RUNNING or job_accept(
+            job_id=jid, instance_id=str(instance.pk), attempt=h.attempt, lease=h.lease
+        ):
+            confirmed.append(jid)
+        else:
+            cancel.append(jid)
+    acked = dict(Job.objects.filter(pk__in=list(held)).values_list("pk", "last_seq"))
+    ended = [str(a.pk) for jid, a in ours.items() if jid not in held]
+    for jid, attempt in ours.items():
+        if jid not in held:
+            _lost_by_runner(instance, attempt)
+    welcome = protocol.Welcome(
+        instance=str(instance.pk),
+        heartbeat_seconds=heartbeat_seconds,
+        acked={str(k): v for k, v in acked.items()},
+        cancel=cancel,
+        confirmed=confirmed,
+    )
+    return welcome, ended
+
+
+def _lost_by_runner(instance: Instance, attempt: Attempt) -> None:
+    """The runner came back without an attempt we gave it."""
+    if attempt.status == AttemptStatus.ASSIGNED:
+        # The assignment never reached it: nothing ran. Give it out again.
+        attempt_end(
+            attempt_id=str(attempt.pk),
+            reason=TerminationReason.REJECTED,
+            message=f"runner {instance.name} reconnected without the assignment",
+        )
+        return
+    reason = (
+        TerminationReason.STOPPED_BY_USER
+        if attempt.status == AttemptStatus.STOPPING
+        else TerminationReason.INSTANCE_LOST
+    )
+    with transaction.atomic():
+        attempt_end(
+            attempt_id=str(attempt.pk), reason=reason, message=f"runner {instance.name} restarted and lost the job"
+        )
+
+
+def _is_current(attempt: Attempt | None, held: protocol.HeldJob) -> bool:
+    return attempt is not None and attempt.number == held.attempt
+
+
+def _facts(hello: protocol.Hello) -> Facts:
+    r = hello.resources
+    return Facts(
+        hostname=hello.hostname,
+        address=hello.address,
+        runner_version=hello.version,
+        cpus=r.cpus,
+        memory_bytes=r.memory_bytes,
+        disk_bytes=r.disk_bytes,
+        gpus=[g.model_dump() for g in r.gpus],
+    )

@@ -1,0 +1,37 @@
+"""Driving a job's current attempt as a runner would, for unit tests."""
+
+from __future__ import annotations
+
+from trainyard_runner import protocol
+
+from backend.runs.models import Attempt, Job
+from backend.runs.services.scheduling import _assign_frame
+from backend.runs.services.transitions import job_accept, job_report_final
+
+
+def current_attempt(job: Job) -> Attempt:
+    job.refresh_from_db()
+    return Attempt.objects.get(job=job, number=job.attempt)
+
+
+def accept(job: Job, instance_id: object, *, lease: str | None = None) -> bool:
+    attempt = current_attempt(job)
+    return job_accept(
+        job_id=str(job.pk), instance_id=str(instance_id), attempt=attempt.number, lease=lease or attempt.lease
+    )
+
+
+def report(job: Job, instance_id: object, state: str, exit_code: int | None = None, reason: str = "") -> bool:
+    job.refresh_from_db()
+    return job_report_final(
+        job_id=str(job.pk),
+        instance_id=str(instance_id),
+        attempt=job.attempt,
+        state=state,
+        exit_code=exit_code,
+        reason=reason,
+    )
+
+
+def assign_frame(job: Job) -> protocol.AssignJob:
+    return _assign_frame(Job.objects.select_related("run").get(pk=job.pk), current_attempt(job))
