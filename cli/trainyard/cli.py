@@ -27,9 +27,11 @@ from .code import CodeError, code_digests, find_workspace, prepare_code
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
 from .follow import Follower, job_prefixes
 from .output import (
+    AttemptMarks,
     LogWriter,
     StatusDisplay,
     age,
+    attempt_rows,
     dag_rows,
     duration,
     input_lines,
@@ -204,6 +206,11 @@ def show(run_name: str, as_json: bool) -> None:
     click.echo(f"Run {current['name']} of {current['workflow']}: {current['status']}{reason}")
     headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
     print_table(headers, dag_rows(current, client.list_artifacts(run_name)), tty=sys.stdout.isatty())
+    attempts = attempt_rows(current)
+    if attempts:
+        click.echo("\nAttempts:")
+        headers = ["JOB", "ATTEMPT", "INSTANCE", "STARTED", "ENDED", "REASON"]
+        print_table(headers, attempts, tty=sys.stdout.isatty())
     inputs = input_lines(current)
     if inputs:
         click.echo("\n".join(["", "Inputs:", *inputs]))
@@ -230,9 +237,11 @@ def logs(run_name: str, follow_: bool) -> None:
     writer, seen, prefixes = LogWriter(), {}, job_prefixes(current)
     for job in current["jobs"]:
         prefix = prefixes.get(job["id"], "")
+        marks = AttemptMarks(job)
         for page in client.iter_job_logs(job["id"], limit=10000):
-            writer.write((line["stream"], prefix + line["text"]) for line in page)
+            writer.write(marks.around((line["seq"], line["stream"], prefix + line["text"]) for line in page))
             seen[job["id"]] = page[-1]["seq"]
+        writer.write(marks.rest())
     if follow_ and current["status"] not in FINISHED:
         _follow(client, current["name"], seen=seen)
 

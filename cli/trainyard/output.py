@@ -10,7 +10,7 @@ stderr, so a job's stdout can be piped or redirected untouched.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -231,6 +231,71 @@ def dag_rows(run: dict[str, Any], artifacts: list[dict[str, Any]]) -> list[list[
             ]
         )
     return rows
+
+
+def attempt_rows(run: dict[str, Any]) -> list[list[str]]:
+    """``trainyard show``'s attempts: JOB, ATTEMPT, INSTANCE, STARTED, ENDED,
+    REASON; only for jobs that had more than one attempt or whose attempt ended
+    other than by finishing normally."""
+    rows = []
+    for job in run.get("jobs") or []:
+        attempts = job.get("attempts") or []
+        normal = {"done", "error", "stopped_by_user", ""}
+        if len(attempts) < 2 and all(a.get("reason", "") in normal for a in attempts):
+            continue
+        for a in attempts:
+            reason = a.get("reason") or a.get("status", "")
+            if a.get("message"):
+                reason = f"{reason}: {a['message']}"
+            rows.append(
+                [
+                    job["name"],
+                    str(a["number"]),
+                    a.get("instance") or "-",
+                    age(a.get("started_at")),
+                    age(a.get("finished_at")) if a.get("finished_at") else "-",
+                    truncate(reason),
+                ]
+            )
+    return rows
+
+
+class AttemptMarks:
+    """Marks where each attempt of a job starts and ends in its one log
+    (``trainyard logs``), from the attempts' seq ranges. A job that ran
+    once, normally, gets no marks: its log reads as it always did."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        attempts = sorted(job.get("attempts") or [], key=lambda a: a["number"])
+        self._job = job["name"]
+        self._pending = attempts if len(attempts) > 1 else []
+        self._open: dict[str, Any] | None = None
+
+    def around(self, lines: Iterable[tuple[int, str, str]]) -> Iterator[tuple[str, str]]:
+        """The lines as (stream, text), with a mark line before each attempt's
+        first line and after each attempt's last."""
+        for seq, stream, text in lines:
+            yield from self._up_to(seq)
+            yield stream, text
+
+    def rest(self) -> Iterator[tuple[str, str]]:
+        """Marks of attempts after the last line (and the last one's end)."""
+        yield from self._up_to(None)
+
+    def _up_to(self, seq: int | None) -> Iterator[tuple[str, str]]:
+        while self._pending and (seq is None or self._pending[0].get("first_seq", 1) <= seq):
+            if self._open is not None:
+                yield "o", self._ended(self._open)
+            self._open = self._pending.pop(0)
+            yield "o", f"--- attempt {self._open['number']} of {self._job} on {self._open.get('instance') or '-'} ---"
+        if seq is None and self._open is not None and self._open.get("reason") not in ("", None, "done"):
+            yield "o", self._ended(self._open)
+            self._open = None
+
+    @staticmethod
+    def _ended(attempt: dict[str, Any]) -> str:
+        message = f" ({attempt['message']})" if attempt.get("message") else ""
+        return f"--- attempt {attempt['number']} ended: {attempt.get('reason') or 'unknown'}{message} ---"
 
 
 def input_lines(run: dict[str, Any]) -> list[str]:

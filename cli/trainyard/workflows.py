@@ -64,7 +64,7 @@ BUILTIN_PROVIDERS = ("bash", "python", "docker")
 # backend so far (local) never is (docs/decisions/0007-checkpoint-accepted.md).
 NOT_SUPPORTED_YET = (
     "backends", "regions", "spot_policy", "max_price",
-    "max_wait", "idle_duration", "max_duration", "retry",
+    "max_wait", "idle_duration", "max_duration",
 )  # fmt: skip
 
 
@@ -180,9 +180,14 @@ def python_binary(version: str) -> str:
 
 
 def _retry_shorthand(value: object) -> object:
+    """``retry: true`` is the defaults; ``retry: false`` is a single attempt."""
     if value is True:
         return {}
-    return None if value is False else value
+    return {"on_events": [], "limit": 1} if value is False else value
+
+
+def _event_name(value: object) -> object:
+    return value.replace("-", "_") if isinstance(value, str) else value
 
 
 def _port(value: object) -> int:
@@ -231,10 +236,22 @@ class Dep(_Model):
         return self
 
 
+RetryEvent = Literal["interruption", "instance_lost", "error", "no_capacity"]
+
+
 class Retry(_Model):
-    on_events: list[Literal["no-capacity", "interruption", "error"]] | None = None
-    limit: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """Which ended attempts are tried again (docs/RUNS.md, "Retries").
+    Absent: ``interruption`` and ``instance_lost``, 5 attempts, within 1h."""
+
+    on_events: list[Annotated[RetryEvent, BeforeValidator(_event_name)]] | None = None
+    limit: Annotated[int, Field(strict=True, ge=1)] | None = None
     duration: _Duration | None = None
+
+    def policy(self) -> dict[str, object]:
+        """What the server stores on each job (None fields left to the defaults)."""
+        duration = self.duration if isinstance(self.duration, int) else None
+        values = {"on_events": self.on_events, "limit": self.limit, "duration": duration}
+        return {k: v for k, v in values.items() if v is not None}
 
 
 class Workflow(_Model):

@@ -85,14 +85,14 @@ def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path,
     path = tiny_train / ".trainyard" / "workflows.yaml"
     text = path.read_text()
     line = text.count("\n") + 4
-    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    retry: {limit: 2}\n")
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n")
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "flaky")
     assert (code, out) == (1, "")
     assert (
         err
-        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).retry: 'retry' is not supported yet; remove it from workflow 'flaky' to run it\n"
+        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).max_duration: 'max_duration' is not supported yet; remove it from workflow 'flaky' to run it\n"
     )
     assert rest.requests == []
 

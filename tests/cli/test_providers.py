@@ -153,7 +153,7 @@ def test_keys_not_supported_yet_are_refused_in_dependencies_too_all_at_once():
           - name: a
             provider: bash
             commands: [x]
-            retry: true
+            max_wait: 1h
           - name: b
             provider: bash
             commands: [x]
@@ -162,7 +162,7 @@ def test_keys_not_supported_yet_are_refused_in_dependencies_too_all_at_once():
         """,
         "b",
     ) == [
-        f"{PATH}:5: workflows[0] (a).retry: 'retry' is not supported yet; remove it from workflow 'a' to run it",
+        f"{PATH}:5: workflows[0] (a).max_wait: 'max_wait' is not supported yet; remove it from workflow 'a' to run it",
         f"{PATH}:10: workflows[1] (b).max_price: 'max_price' is not supported yet; remove it from workflow 'b' to run it",
     ]
 
@@ -171,7 +171,7 @@ def test_a_workflow_unused_by_the_run_may_have_unsupported_keys_and_cycles():
     result = plan("""\
         workflows:
           - {name: ok, provider: bash, commands: [x]}
-          - {name: a, provider: bash, commands: [x], deps: [{workflow: a}], retry: true}
+          - {name: a, provider: bash, commands: [x], deps: [{workflow: a}], max_wait: 1h}
         """, "ok")  # fmt: skip
     assert [j.name for j in result.jobs] == ["ok"]
 

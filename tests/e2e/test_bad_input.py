@@ -88,9 +88,9 @@ def test_an_unknown_workflow_names_the_ones_there_are(alice: User, repo: Path) -
 def test_a_key_not_supported_yet_is_refused_only_for_the_workflow_that_uses_it(alice: User, repo: Path) -> None:
     path = repo / ".trainyard" / "workflows.yaml"
     path.write_text(
-        path.read_text() + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    retry: {limit: 3}\n"
+        path.read_text() + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n"
     )
     refused = alice.cli(repo, "run", "flaky")
     assert refused.returncode == 1
-    assert "'retry' is not supported yet" in refused.stderr
+    assert "'max_duration' is not supported yet" in refused.stderr
     assert alice.cli(repo, "run", "hello").returncode == 0  # same file, other workflow

@@ -22,6 +22,18 @@ WORKFLOWS = """workflows:
     commands:
       - echo started
       - sleep $NAP & sleep $((NAP + 1))
+  - name: resumable
+    provider: bash
+    commands:
+      - echo "attempt=$TRAINYARD_ATTEMPT resumed=$TRAINYARD_RESUMED"
+      - if [ "$TRAINYARD_ATTEMPT" = 1 ]; then sleep $NAP & sleep $((NAP + 1)); fi
+      - echo finished
+  - name: once
+    provider: bash
+    retry: {limit: 1}
+    commands:
+      - echo started
+      - sleep $NAP & sleep $((NAP + 1))
 """
 
 
@@ -71,22 +83,60 @@ def test_stop_kills_the_whole_process_tree_and_marks_the_run_stopped(alice: User
     assert _sleeps(417) == []
 
 
-def test_a_runner_killed_mid_job_fails_the_job_with_a_reason(alice: User, repo: Path) -> None:
-    name = _running(alice, repo, nap=427)
-    instance = alice.run(name)["jobs"][0]["instance"]
+def _kill_the_runner_of(alice: User, nap: int) -> str:
+    """SIGKILL the runner process whose job runs ``sleep <nap>``; its instance name."""
     pidfiles = list((alice.stack.data_dir / "local-runners").glob("*.pid"))
-    pids = [int(p.read_text()) for p in pidfiles]
-    [job_sleep, _] = _sleeps(427)
+    pids = [int(p.read_text().split()[0]) for p in pidfiles]
+    [job_sleep, _] = _sleeps(nap)
     runner_pid = next(pid for pid in pids if _is_ancestor(pid, int(job_sleep)))
+    os.kill(runner_pid, signal.SIGKILL)
+    return str(runner_pid)
+
+
+def test_a_runner_killed_mid_job_is_retried_on_a_new_runner(alice: User, repo: Path) -> None:
+    """Attempt 1 ends instance_lost (the backend says the process is gone),
+    attempt 2 runs on another runner with TRAINYARD_ATTEMPT=2, the run
+    succeeds, and the one log shows both attempts in order."""
+    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS)
+    name = run_name_of(alice.cli(repo, "run", "resumable", "-d", "-e", "NAP=437"))
+    alice.wait(name, lambda r: r["status"] == "running" and r["jobs"][0]["last_seq"] >= 1)
+    first_instance = alice.run(name)["jobs"][0]["instance"]
     killed_at = time.monotonic()
 
-    os.kill(runner_pid, signal.SIGKILL)
-    run = alice.wait(name, lambda r: r["status"] == "failed", timeout=30)
+    _kill_the_runner_of(alice, 437)
+    run = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=90)
 
-    assert time.monotonic() - killed_at < 30
-    assert run["jobs"][0]["status_reason"] == f"runner {instance} stopped responding (no heartbeat for 5s)"
-    _wait_gone(427)
-    assert _sleeps(427) == []  # the whole job died with its runner
+    job = run["jobs"][0]
+    assert run["status"] == "succeeded", run
+    assert time.monotonic() - killed_at < 60
+    assert [(a["number"], a["reason"]) for a in job["attempts"]] == [(1, "instance_lost"), (2, "done")]
+    assert job["attempts"][0]["instance"] == first_instance != job["attempts"][1]["instance"]
+    assert "is gone" in job["attempts"][0]["message"]
+    lines = [line for line in alice.cli(repo, "logs", name).stdout.splitlines() if line.strip()]
+    assert lines[0] == f"--- attempt 1 of resumable on {first_instance} ---"
+    boundary = lines.index(f"--- attempt 2 of resumable on {job['attempts'][1]['instance']} ---")
+    assert lines[boundary - 1].startswith("--- attempt 1 ended: instance_lost (machine ")
+    assert lines[-2:] == ["attempt=2 resumed=1", "finished"]
+    assert [line for line in lines if line.startswith("attempt=")] == ["attempt=1 resumed=", "attempt=2 resumed=1"]
+    _wait_gone(437)
+    assert _sleeps(437) == []
+
+
+def test_with_retry_limit_1_a_killed_runner_fails_the_run_with_the_reason(alice: User, repo: Path) -> None:
+    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS)
+    name = run_name_of(alice.cli(repo, "run", "once", "-d", "-e", "NAP=447"))
+    alice.wait(name, lambda r: r["status"] == "running" and r["jobs"][0]["last_seq"] >= 1)
+    instance = alice.run(name)["jobs"][0]["instance"]
+
+    _kill_the_runner_of(alice, 447)
+    run = alice.wait(name, lambda r: r["status"] == "failed", timeout=60)
+
+    job = run["jobs"][0]
+    assert [(a["number"], a["reason"]) for a in job["attempts"]] == [(1, "instance_lost")]
+    assert job["status_reason"].startswith(f"machine {instance} is gone")
+    assert job["status_reason"].endswith("not retried: 1 of 1 attempts used (retry: limit)")
+    _wait_gone(447)
+    assert _sleeps(447) == []
 
 
 def _is_ancestor(ancestor: int, pid: int) -> bool:

@@ -174,7 +174,13 @@ def test_a_job_streams_every_line_exactly_once_across_connection_cuts(tmp_path: 
         {"type": "job_accepted", "job": "job1", "attempt": 1, "lease": "lease-job1"},
         {"type": "job_accepted", "job": "job2", "attempt": 1, "lease": "lease-job2"},
     ]
-    assert [[j["job"] for j in h["running_jobs"]] for h in server.hellos] == [[], ["job1"], ["job1"], ["job1"], ["job1"]]
+    assert [[j["job"] for j in h["running_jobs"]] for h in server.hellos] == [
+        [],
+        ["job1"],
+        ["job1"],
+        ["job1"],
+        ["job1"],
+    ]
     assert server.hellos[0]["resources"]["cpus"] == os.cpu_count()
     assert [(s, t) for _, s, t in server.stored["job2"]] == [("o", "hi")]
     assert latency < 0.5, latency
@@ -217,7 +223,9 @@ def test_cancel_stops_the_job_and_reports_stopped(tmp_path: Path, repo: tuple[Pa
     server = asyncio.run(go())
     assert server.states("j") == [("preparing", None), ("running", None), ("stopped", 143)]
     rejected = [m for m in server.received if m["type"] == "job_rejected"]
-    assert rejected == [{"type": "job_rejected", "job": "k", "attempt": 1, "lease": "lease-k", "reason": "busy with job j"}]
+    assert rejected == [
+        {"type": "job_rejected", "job": "k", "attempt": 1, "lease": "lease-k", "reason": "busy with job j"}
+    ]
 
 
 def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> None:

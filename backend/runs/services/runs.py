@@ -46,6 +46,7 @@ def run_create(
     run and its jobs and enqueue scheduling. Nothing is written when
     anything is wrong."""
     plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
+    retries = _retry_policies(workflows_file_path, workflows_file_text)
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
@@ -67,7 +68,7 @@ def run_create(
             no_cache=no_cache,
             status_reason="waiting for a runner",
         )
-        _jobs_create(run, plan, refs)
+        _jobs_create(run, plan, refs, retries)
         transaction.on_commit(_enqueue_schedule)
     return run
 
@@ -202,7 +203,15 @@ def _repo(workspace: Workspace, url: str) -> Repo:
     return repo
 
 
-def _jobs_create(run: Run, plan: RunPlan, refs: dict[str, list[dict[str, str]]]) -> list[Job]:
+def _retry_policies(path: str, text: str) -> dict[str, dict[str, object]]:
+    """Each workflow's ``retry:`` as stored on its jobs ({}: the defaults)."""
+    file = load_workflows_file(text, path=path)  # already validated by resolve_plan
+    return {name: wf.retry.policy() if wf.retry is not None else {} for name, wf in file.workflows.items()}
+
+
+def _jobs_create(
+    run: Run, plan: RunPlan, refs: dict[str, list[dict[str, str]]], retries: dict[str, dict[str, object]]
+) -> list[Job]:
     """One Job per planned job (dependencies first), then the DAG's edges."""
     by_name: dict[str, Job] = {}
     for planned in plan.jobs:
@@ -219,6 +228,7 @@ def _jobs_create(run: Run, plan: RunPlan, refs: dict[str, list[dict[str, str]]])
             gpu_name=resources.gpu_name or "",
             ports=list(planned.ports),
             input_refs=refs[planned.name],
+            retry_policy=retries.get(planned.workflow, {}),
             status_reason="waiting for a runner",
         )
     for planned in plan.jobs:
