@@ -1,9 +1,16 @@
 """Clean-up of ``trainyard-runner`` processes started by the ``local`` backend.
 
-The local backend starts each runner detached in its own session and writes
-``$TRAINYARD_DATA_DIR/local-runners/<instance-id>.pid``. Runners outlive the
-Celery worker that started them, so whoever owns the data dir (the supervisor,
-the e2e stack) kills them on shutdown and after a crash.
+The local backend starts each runner detached in its own session and keeps
+its files in ``$TRAINYARD_DATA_DIR/local-runners/`` (its ``runners_dir``;
+``backend/clouds/backends/local/process.py``): ``<key>.pid``, the record
+``<key>.json``, ``<key>.log`` and the work directory ``<key>/``, where the
+key is the Instance's idempotency key. Runners outlive the Celery worker
+that started them, so whoever owns the data dir (the supervisor, the e2e
+stack) kills them on shutdown and after a crash.
+
+Only the pidfiles are deleted: the records stay, so the backend's
+``describe`` reports those machines TERMINATED (not unknown) to the
+reconciler after a restart, and its ``terminate`` deletes them.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.clouds.backends.base import AccountConfig, CloudState, LaunchSpec, Requirements
+from backend.clouds.backends.local.compute import LocalCompute
 from backend.embedded.processes import cmdline, group_members, pid_alive
 from backend.embedded.runners import local_runners_kill
 
@@ -52,6 +54,30 @@ def test_a_runner_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
     local_runners_kill(tmp_path)
 
     assert runner.wait(timeout=10) == -9
+
+
+def test_kills_the_runners_the_local_backend_started_which_it_then_reports_terminated(tmp_path: Path) -> None:
+    account = AccountConfig(
+        account_id="a",
+        workspace_id="w",
+        kind="local",
+        installation="ty-test",
+        config={"runners_dir": str(tmp_path / "local-runners")},
+    )
+    local = LocalCompute(account)
+    spec = LaunchSpec(
+        idempotency_key="ty-instance-1", instance_name="local-1", runner_token="t", server_url="http://127.0.0.1:9"
+    )
+    handle = local.launch(next(iter(local.offers(Requirements()))), spec)
+
+    killed = local_runners_kill(tmp_path)
+
+    assert killed == [int(handle.backend_id)]
+    assert not pid_alive(int(handle.backend_id))
+    assert local.describe([handle]) == {"ty-instance-1": CloudState.TERMINATED}
+    assert local.list_managed() == []
+    local.terminate(handle)
+    assert local.describe([handle]) == {"ty-instance-1": CloudState.NOT_FOUND}
 
 
 def _spawn(script: str, *, shows: str) -> subprocess.Popen[bytes]:

@@ -73,7 +73,9 @@ class RunnerSettings:
                 f"the {account.kind} backend's runner_command must not be empty, nor any env_strip_prefixes",
                 code="BadConfig",
             )
-        return cls(command=command, strip_prefixes=prefixes, kill_after=config_float(account, "kill_after", 10.0))
+        return cls(
+            command=command, strip_prefixes=prefixes, kill_after=config_float(account, "kill_after", DEFAULT_KILL_AFTER)
+        )
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class RunnerDir:
                     code="RunnerCommandFailed",
                 ) from exc
             write_atomic(self.path / f"{key}.pid", f"{pid}\n")
-            return Runner(key=key, pid=pid, record=record)
+            return Runner(key=key, pid=self._check_started(key, pid), record=record)
 
     def find(self, key: str) -> Runner | None:
         """None when the directory has no file for ``key``."""
@@ -197,6 +199,24 @@ class RunnerDir:
             _children[proc.pid] = proc
         return proc.pid
 
+    def _check_started(self, key: str, pid: int) -> int | None:
+        """``pid`` once the kernel shows its command line (Popen returns
+        before exec has filled it in, and an empty one looks like a zombie's);
+        None when it already exited. A command whose process never shows the
+        runner's name could never be found again: it is killed and refused."""
+        command = _cmdline_after_exec(pid)
+        if command is None:
+            return None  # it exited at once; its log says why
+        if _runner_alive(pid):
+            return pid
+        _signal_group(pid, signal.SIGKILL)
+        self._forget(key)
+        raise InvalidConfig(
+            f"the runner command {shlex.join(self.settings.command)!r} runs as {command!r}, which does not name"
+            " trainyard-runner or trainyard_runner: its runners could not be told from other processes",
+            code="RunnerCommandUnrecognisable",
+        )
+
     def _env(self, key: str, spec: LaunchSpec, resources: Mapping[str, object] | None) -> dict[str, str]:
         dropped = (*self.settings.strip_prefixes, *RUNNER_VARS_PREFIXES)
         env = {name: value for name, value in os.environ.items() if not name.startswith(dropped)}
@@ -244,6 +264,24 @@ def _runner_alive(pid: int) -> bool:
         return False
     # A zombie's cmdline is empty; a reused pid names something else.
     return any(marker in cmdline for marker in RUNNER_MARKERS)
+
+
+def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> str | None:
+    """The command line of a process that just started, once exec has filled
+    it in; None when it is gone (or a zombie) first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap_children()
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state in ("Z", "X"):
+            return None
+        if raw or time.monotonic() > deadline:
+            return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        time.sleep(0.002)
 
 
 def _reap_children() -> None:

@@ -1,0 +1,247 @@
+"""Backends under test, each behind one ``Subject`` so the contract suite
+(test_contract.py) runs the same tests on every backend, and the helpers
+the backend tests share.
+
+Adding a backend to the suite (``aws`` on moto, later) means: one more
+``Subject`` subclass and one more entry in ``SUBJECTS``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from backend.clouds.backends.base import AccountConfig, CloudState, Compute, Handle, LaunchSpec
+from backend.clouds.backends.errors import NotYetTerminated
+from backend.clouds.backends.fake.script import write_script
+from backend.clouds.backends.fake.state import read_calls
+from backend.clouds.backends.registry import compute_for
+
+GIB = 2**30
+INSTALLATION = "ty-test"
+TERMINATE_DEADLINE = 30.0
+
+# The same three machines for every backend's catalog tests.
+SHAPES: list[dict[str, Any]] = [
+    {"name": "cpu-small", "cpus": 2, "memory_bytes": 4 * GIB, "disk_bytes": 20 * GIB, "gpus": []},
+    {"name": "cpu-big", "cpus": 32, "memory_bytes": 128 * GIB, "disk_bytes": 500 * GIB, "gpus": []},
+    {
+        "name": "gpu-a100",
+        "cpus": 16,
+        "memory_bytes": 64 * GIB,
+        "disk_bytes": 200 * GIB,
+        "gpus": [{"name": "NVIDIA A100-SXM4-40GB", "memory_bytes": 40 * GIB}] * 2,
+    },
+]
+
+
+def unused_loopback_url() -> str:
+    """An http URL where nothing listens: a runner pointed at it keeps retrying."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def runner_pids(root: Path, key: str = "") -> list[int]:
+    """Live processes whose TRAINYARD_RUNNER_DIR is under ``root`` (exactly
+    ``root/key`` when a key is given), found in /proc, not from the backend's
+    own files. A zombie has no environ, so it does not count."""
+    prefix = f"TRAINYARD_RUNNER_DIR={root}".encode()
+    exact = f"TRAINYARD_RUNNER_DIR={root / key}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(var == exact if key else var.startswith(prefix) for var in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def signals_of(pid: int, field: str) -> set[signal.Signals]:
+    """The signals a process ignores ("SigIgn") or catches ("SigCgt"), from /proc."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{field}:")), 16)
+    return {sig for sig in signal.Signals if mask & (1 << (sig - 1))}
+
+
+def terminate_fully(compute: Compute, handle: Handle, *, on_not_yet: Callable[[], None] | None = None) -> int:
+    """Call terminate until it returns; the number of NotYetTerminated seen."""
+    deadline = time.monotonic() + TERMINATE_DEADLINE
+    not_yet = 0
+    while True:
+        try:
+            compute.terminate(handle)
+            return not_yet
+        except NotYetTerminated:
+            not_yet += 1
+            if on_not_yet is not None:
+                on_not_yet()
+            assert time.monotonic() < deadline, f"{handle.key} still not terminated after {TERMINATE_DEADLINE}s"
+            time.sleep(0.1)
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@dataclass
+class Subject:
+    """One backend under test. ``build`` makes a ``Compute`` over the same
+    machines (another installation, another config) as the test needs."""
+
+    name: str
+    root: Path
+    server_url: str = field(default_factory=unused_loopback_url)
+    specs: int = 0
+    built: list[Compute] = field(default_factory=list)
+
+    kind: ClassVar[str]
+    has_processes: ClassVar[bool] = False  # launch starts real runner processes on this host
+
+    def build(self, *, installation: str = INSTALLATION, **config: Any) -> Compute:
+        account = AccountConfig(
+            account_id="acct-1",
+            workspace_id="ws-1",
+            kind=self.kind,
+            installation=installation,
+            config={**self.config(), **config},
+        )
+        compute = compute_for(account)
+        self.built.append(compute)
+        return compute
+
+    def config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def catalog_config(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Config under which ``offers`` are exactly ``shapes``."""
+        raise NotImplementedError
+
+    def slow_to_stop_config(self) -> dict[str, Any]:
+        """Config under which terminate says NotYetTerminated for about a second."""
+        raise NotImplementedError
+
+    def settle(self, handle: Handle) -> None:
+        """Wait until a machine launched under ``slow_to_stop_config`` is slow to stop."""
+
+    def machines_for(self, key: str) -> int:
+        """How many machines exist for ``key``, counted independently of the
+        backend's own lookup (processes in /proc, the fake's calls log)."""
+        raise NotImplementedError
+
+    def spec(self, *, key: str | None = None) -> LaunchSpec:
+        self.specs += 1
+        key = key or f"ty-{os.getpid()}-{self.specs}"
+        return LaunchSpec(
+            idempotency_key=key,
+            instance_name=f"{self.name}-{self.specs}",
+            runner_token=f"token-{self.specs}",
+            server_url=self.server_url,
+            tags={"trainyard:installation": INSTALLATION, "trainyard:instance": key},
+        )
+
+    def leftovers(self) -> list[str]:
+        """What is still running, then killed; [] when the test cleaned up after itself."""
+        left = [f"{h.key} (list_managed)" for c in self.built for h in c.list_managed()]
+        pids = runner_pids(self.root)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for compute in self.built:
+            for handle in compute.list_managed():
+                terminate_fully(compute, handle)
+        return left + [f"pid {pid}" for pid in pids]
+
+
+class LocalSubject(Subject):
+    kind = "local"
+    has_processes = True
+
+    def config(self) -> dict[str, Any]:
+        return {"runners_dir": str(self.root / "runners")}
+
+    def catalog_config(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return {"shapes": list(shapes)}
+
+    def slow_to_stop_config(self) -> dict[str, Any]:
+        # A "runner" that ignores SIGTERM, so only kill_after's SIGKILL ends it.
+        return {"runner_command": ["bash", "-c", "trap '' TERM; exec -a trainyard-runner sleep 600"], "kill_after": 1}
+
+    def settle(self, handle: Handle) -> None:
+        # A SIGTERM before the trap is installed would end it the ordinary way.
+        wait_for(lambda: signal.SIGTERM in signals_of(int(handle.backend_id), "SigIgn"), what="SIGTERM ignored")
+
+    def machines_for(self, key: str) -> int:
+        return len(runner_pids(self.root / "runners", key))
+
+
+class FakeSubject(Subject):
+    kind = "fake"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "fake"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "script.json"
+
+    @property
+    def runners_dir(self) -> Path:
+        return self.state_dir / "runners"
+
+    def config(self) -> dict[str, Any]:
+        return {"state_dir": str(self.state_dir), "script_file": str(self.script)}
+
+    def catalog_config(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        offers = [{"instance_type": s["name"], **{k: v for k, v in s.items() if k != "name"}} for s in shapes]
+        return {"offers": offers}
+
+    def slow_to_stop_config(self) -> dict[str, Any]:
+        write_script(self.script, {"terminate_delay": 1})
+        return {}
+
+    def machines_for(self, key: str) -> int:
+        live = 0  # launches that created a machine, since its last termination
+        for call in read_calls(self.state_dir):
+            if call["key"] == key and call["result"] in ("created", "terminated"):
+                live = live + 1 if call["result"] == "created" else 0
+        return live
+
+
+class FakeWithRunnerSubject(FakeSubject):
+    """The fake backend with real runner processes (``run_runner``)."""
+
+    has_processes = True
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "run_runner": True}
+
+    def machines_for(self, key: str) -> int:
+        processes = len(runner_pids(self.runners_dir, key))
+        assert super().machines_for(key) == processes, "every live fake machine has exactly one runner"
+        return processes
+
+
+SUBJECTS: dict[str, type[Subject]] = {"local": LocalSubject, "fake": FakeSubject, "fake-runner": FakeWithRunnerSubject}
+
+
+def states(compute: Compute, *handles: Handle) -> list[CloudState]:
+    found = compute.describe(list(handles))
+    return [found[h.key] for h in handles]
