@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.clouds.subjects import SUBJECTS, Subject
+from tests.support.fixtures import *  # noqa: F403  (tenant fixtures for the scheduling tests)
 
 
 @pytest.fixture(params=sorted(SUBJECTS))

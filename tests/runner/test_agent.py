@@ -30,12 +30,14 @@ class FakeServer:
         self.first_log_at: dict[str, float] = {}
         self.changed = asyncio.Event()
         self.confirm = True  # answer every acceptance with job_confirmed, as the server does
+        self.current: ServerConnection | None = None
 
     async def handler(self, ws: ServerConnection) -> None:
         if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":  # type: ignore[union-attr]
             await ws.close(4401, "bad token")
             return
         self.connections += 1
+        self.current = ws
         self.hellos.append(json.loads(await ws.recv()))
         acked = {job: len(lines) for job, lines in self.stored.items()}
         held = [h["job"] for h in self.hellos[-1]["running_jobs"]]
@@ -201,6 +203,41 @@ def test_the_fail_workflow_reports_exit_code_3(tmp_path: Path, repo: tuple[Path,
     server = asyncio.run(go())
     assert [(s, t) for _, s, t in server.stored["j"]] == [("e", "about to fail")]
     assert [m["reason"] for m in server.received if m.get("state") == "failed"] == ["exit code 3"]
+
+
+def test_commands_wait_for_the_confirmation_and_a_lost_one_never_runs_them_twice(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    """The acceptance is "lost" (no job_confirmed): the code is prepared but
+    nothing runs. After a reconnect the welcome confirms the held attempt and
+    the commands run exactly once (a marker file counts the runs)."""
+    marker = tmp_path / "ran"
+
+    async def go() -> tuple[FakeServer, bool, list[str]]:
+        server = FakeServer()
+        server.confirm = False
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", [f"echo run >> {marker}", "echo done"], repo))
+                await server.wait_for(lambda: ("preparing", None) in server.states("j"), 20)
+                await asyncio.sleep(1.5)
+                ran_before = marker.exists()
+                held = []
+                server.confirm = True
+                assert server.current is not None
+                await server.current.close(1012, "restart")
+                await server.wait_for(lambda: server.states("j")[-1:] == [("succeeded", 0)], 20)
+                held = [h["running_jobs"] for h in server.hellos]
+            finally:
+                await stop(runner)
+        return server, ran_before, held
+
+    server, ran_before, held = asyncio.run(go())
+    assert ran_before is False
+    assert held[1] == [{"job": "j", "attempt": 1, "lease": "lease-j", "confirmed": False}]
+    assert marker.read_text() == "run\n"
+    assert [t for _, _, t in server.stored["j"]] == ["done"]
 
 
 def test_cancel_stops_the_job_and_reports_stopped(tmp_path: Path, repo: tuple[Path, str]) -> None:

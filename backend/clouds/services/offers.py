@@ -37,16 +37,19 @@ def offers_rank(*, workspace_id: object, req: Requirements, backends: Iterable[s
     wanted = set(backends)
     accounts = [a for a in accounts_usable(workspace_id=workspace_id) if not wanted or a.kind in wanted]
     fitting: list[Candidate] = []
-    shortfalls: list[str] = []
+    short: list[tuple[Offer, str]] = []
     for account in accounts:
         for offer in _offers(account, req):
             missing = shortfall(req, offer)
             if missing is None:
                 fitting.append(Candidate(account, offer))
             else:
-                shortfalls.append(f"{offer.backend} {offer.instance_type}: {missing}")
+                short.append((offer, missing))
     fitting.sort(key=lambda c: (c.offer.price_per_hour, c.offer.cpus, c.offer.memory_bytes, len(c.offer.gpus)))
-    return OfferChoice(fitting, "; ".join(shortfalls[:3]), len(accounts))
+    # The biggest machines first: their shortfall is the one worth reading.
+    short.sort(key=lambda s: (len(s[0].gpus), s[0].memory_bytes, s[0].cpus, s[0].disk_bytes), reverse=True)
+    words = "; ".join(f"{o.backend} {o.instance_type}: {m}" for o, m in short[:3])
+    return OfferChoice(fitting, words, len(accounts))
 
 
 def pool_room(*, kind: str) -> int | None:

@@ -256,7 +256,7 @@ def _no_capacity_backoff(job: Job) -> str:
     streak = Attempt.objects.filter(job_id=job.pk, termination_reason=TerminationReason.NO_CAPACITY).count()
     wait = NO_CAPACITY_BACKOFF[min(streak, len(NO_CAPACITY_BACKOFF)) - 1]
     left = (last.finished_at + timedelta(seconds=wait) - timezone.now()).total_seconds()
-    return f"{last.termination_message}; trying again in {left:.0f}s" if left > 0 else ""
+    return f"{last.termination_message}; retrying (attempt {last.number + 1}) in {left:.0f}s" if left > 0 else ""
 
 
 def _requested(job: Job) -> Any:
