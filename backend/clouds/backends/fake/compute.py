@@ -128,7 +128,9 @@ class FakeCompute(Compute):
                 self.state.log_call("launch", key, type(exc).__name__, offer_id=offer.offer_id, code=exc.code)
                 raise
             self.state.log_call("launch", key, "created", offer_id=offer.offer_id)
-            return _handle(machine)
+        if script.launch_delay:
+            time.sleep(script.launch_delay)  # outside the lock: other calls go on meanwhile
+        return _handle(machine)
 
     def describe(self, handles: Sequence[Handle]) -> Mapping[str, CloudState]:
         now = time.time()

@@ -9,7 +9,8 @@ Keys, all optional::
       "launch_error": {"kind": "quota", "code": "VcpuLimitExceeded", "message": "…"},
       "terminate_delay": 5,
       "interrupt": {"ty-…-1": 1767225600, "*": 1767225600},
-      "vanish": ["ty-…-1", "fake-3f2a9c1e"]
+      "vanish": ["ty-…-1", "fake-3f2a9c1e"],
+      "launch_delay": 10
     }
 
 ``no_capacity``: offer ids or instance types whose launch raises NoCapacity.
@@ -20,7 +21,9 @@ NotYetTerminated for this many seconds after its first call. ``interrupt``:
 from that unix time on, the machine (by key or instance name; ``"*"``: every
 machine launched by then) is INTERRUPTED and its runner SIGKILLed.
 ``vanish``: machines (by key or instance name) the cloud no longer knows:
-NOT_FOUND, runner SIGKILLed.
+NOT_FOUND, runner SIGKILLed. ``launch_delay``: a new machine's launch
+returns this many seconds after the machine (and its runner) started, as a
+slow cloud API would: a window in which to kill the caller.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ LAUNCH_ERRORS: Mapping[str, type[ComputeError]] = {
     "invalid": InvalidConfig,
     "transient": Transient,
 }
-KEYS = frozenset({"no_capacity", "no_capacity_first", "launch_error", "terminate_delay", "interrupt", "vanish"})
+KEYS = frozenset(
+    {"no_capacity", "no_capacity_first", "launch_error", "terminate_delay", "interrupt", "vanish", "launch_delay"}
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Script:
     terminate_delay: float = 0.0
     interrupt: Mapping[str, float] = field(default_factory=dict)
     vanish: frozenset[str] = frozenset()
+    launch_delay: float = 0.0
 
 
 def load_script(path: Path | None) -> Script:
@@ -95,6 +101,7 @@ def _parse(raw: Mapping[str, object]) -> Script:
         terminate_delay=_number(raw.get("terminate_delay", 0), "terminate_delay"),
         interrupt={str(name): _number(at, f"interrupt[{name!r}]") for name, at in interrupt.items()},
         vanish=_names(raw.get("vanish", []), "vanish"),
+        launch_delay=_number(raw.get("launch_delay", 0), "launch_delay"),
     )
 
 
