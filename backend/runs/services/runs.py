@@ -16,7 +16,7 @@ from backend.core.errors import ApplicationError
 from backend.repos.models import Repo
 from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
-from backend.runs.services.transitions import job_request_stop, run_refresh
+from backend.runs.services.transitions import job_request_stop, run_refresh, run_request_stop
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
 
@@ -98,9 +98,7 @@ def run_stop(*, run: Run, user: User) -> Run:
     if run.status in FINISHED_RUN:
         return run
     with transaction.atomic():
-        Run.objects.filter(pk=run.pk, status__in=[RunStatus.PENDING, RunStatus.RUNNING]).update(
-            status=RunStatus.STOPPING
-        )
+        run_request_stop(run=run)
         for job in run.jobs.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]):
             job_request_stop(job=job, reason=f"stopped by {user.username}")
         run = run_refresh(run_id=str(run.pk))

@@ -270,6 +270,15 @@ def run_refresh(*, run_id: str) -> Run:
     return run
 
 
+def run_request_stop(*, run: Run) -> bool:
+    """pending/running → stopping; its jobs are stopped by ``job_request_stop``."""
+    return bool(
+        Run.objects.filter(pk=run.pk, status__in=[RunStatus.PENDING, RunStatus.RUNNING]).update(
+            status=RunStatus.STOPPING
+        )
+    )
+
+
 def publish_run(run: Run) -> None:
     from backend.runs.selectors import run_snapshot
 
