@@ -31,6 +31,7 @@ class FakeServer:
         self.changed = asyncio.Event()
         self.confirm = True  # answer every acceptance with job_confirmed, as the server does
         self.current: ServerConnection | None = None
+        self.welcome_extra: dict[str, Any] = {}
 
     async def handler(self, ws: ServerConnection) -> None:
         if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":  # type: ignore[union-attr]
@@ -42,6 +43,7 @@ class FakeServer:
         acked = {job: len(lines) for job, lines in self.stored.items()}
         held = [h["job"] for h in self.hellos[-1]["running_jobs"]]
         welcome = {"type": "welcome", "instance": "i-1", "heartbeat_seconds": 0.5, "acked": acked, "confirmed": held}
+        welcome.update(self.welcome_extra)
         await ws.send(json.dumps(welcome))
         sender = asyncio.create_task(self._send_queued(ws))
         try:
@@ -551,3 +553,21 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
     ]
     assert lines[6:8] == ["STEPS=20", "PYTHONUNBUFFERED=1"]
     assert lines[-1] == "kill trainyard-d2"
+
+
+def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upgrade(tmp_path: Path) -> None:
+    async def go() -> tuple[int, str]:
+        server = FakeServer()
+        server.welcome_extra = {"protocol": 3}
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                code = await asyncio.wait_for(runner.wait(), 20)
+            finally:
+                await stop(runner)
+            assert runner.stderr is not None
+            return code, (await runner.stderr.read()).decode()
+
+    code, stderr = asyncio.run(go())
+    assert code == 2
+    assert "server speaks protocol 3, runner 2: upgrade trainyard-runner" in stderr

@@ -163,3 +163,22 @@ def test_an_acceptance_that_was_lost_is_recorded_at_the_reconnect_and_confirmed_
     attempt = current_attempt(job)
     assert (attempt.status, job.status, job.instance_id) == (AttemptStatus.RUNNING, JobStatus.RUNNING, instance.pk)
     assert Attempt.objects.filter(job=job).count() == 1
+
+
+def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Workspace) -> None:
+    _runner(team, "old-runner", "old-runner-secret")
+
+    async def scenario() -> Any:
+        ws = _connect("old-runner-secret")
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_copy(update={"protocol": 1}).model_dump_json())
+        closed = await ws.receive_output(timeout=5)
+        await ws.wait()
+        return closed
+
+    closed = async_to_sync(scenario)()
+
+    assert (closed["code"], closed["reason"]) == (
+        protocol.CLOSE_VERSION_MISMATCH,
+        "runner speaks protocol 1, server 2: upgrade trainyard-runner",
+    )
