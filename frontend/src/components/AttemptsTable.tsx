@@ -81,7 +81,15 @@ function Offers({ offers }: { offers: readonly OfferTried[] }) {
     <ul className="plain small">
       {offers.map((offer) => (
         <li key={offer.instance || offer.offer} title={offer.instance ? `instance ${offer.instance}` : undefined}>
-          tried <span className="mono">{offer.offer}</span>: {offer.outcome.replace(/_/g, " ")}
+          {offer.outcome === "launched" ? (
+            <>
+              launched <span className="mono">{offer.offer}</span>
+            </>
+          ) : (
+            <>
+              tried <span className="mono">{offer.offer}</span>: {offer.outcome.replace(/_/g, " ")}
+            </>
+          )}
           {offer.message ? <span className="muted"> — {offer.message}</span> : null}
         </li>
       ))}

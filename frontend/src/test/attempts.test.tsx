@@ -201,7 +201,7 @@ describe("AttemptsTable", () => {
       "tried fake/acct/fake-small/on-demand: no capacity — no fake-small left in eu-1",
     ]);
     expect(within(rows[0]).getByText("no capacity")).toHaveAttribute("title", "no offer had capacity");
-    expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "running", "tried fake/acct/fake-large/on-demand: launched"]);
+    expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "running", "launched fake/acct/fake-large/on-demand"]);
   });
 
   it("says how an attempt ended in words, with its exit code, and has no offers column when none were tried", () => {
