@@ -78,7 +78,7 @@ function Outcome({ attempt }: { attempt: Attempt }) {
 function Offers({ offers }: { offers: readonly OfferTried[] }) {
   if (!offers.length) return <span className="muted">—</span>;
   return (
-    <ul className="plain small">
+    <ul className="plain small attempt-offers">
       {offers.map((offer) => (
         <li key={offer.instance || offer.offer} title={offer.instance ? `instance ${offer.instance}` : undefined}>
           {offer.outcome === "launched" ? (
