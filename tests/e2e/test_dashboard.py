@@ -5,7 +5,8 @@ A person signs in with GitHub, makes an API token on the tokens page, submits
 a run with the CLI, watches it appear and its lines stream in without
 reloading, tags it, previews and downloads an artifact, and signs out. A
 viewer of a team workspace sees no Stop button, and the API refuses their
-stop too.
+stop too. When a job's runner dies and the job runs again, the run page
+shows both attempts: marks in the one log and a row each in its table.
 
 Screenshots (full page, 1280x800) go to ``test-artifacts/screenshots/``.
 The browser is Debian's ``chromium`` (never ``playwright install``).
@@ -24,6 +25,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
 from tests.e2e.conftest import User, make_repo, run_name_of
+from tests.e2e.test_lifecycle import _kill_the_runner_of, _sleeps
 from tests.support.github import GithubServer, GithubUser
 from tests.support.stack import REPO_ROOT, Stack
 
@@ -59,6 +61,13 @@ workflows:
     provider: bash
     commands:
       - sleep 60
+
+  - name: resumable
+    provider: bash
+    commands:
+      - echo "attempt=$TRAINYARD_ATTEMPT"
+      - if [ "$TRAINYARD_ATTEMPT" = 1 ]; then sleep $NAP & sleep $((NAP + 1)); fi
+      - echo finished
 """
 # What tiny-train's download.py writes: json.dumps({"w": 0.0, "b": 0.0}).
 WEIGHTS = b'{"w": 0.0, "b": 0.0}'
@@ -325,6 +334,56 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
         stopped = dana.api("POST", f"{run_path}stop/")
         assert stopped.status_code == 202, stopped.text
     assert _wait_finished(dana, team, name) == "stopped"
+
+
+def test_the_run_page_shows_both_attempts_of_a_job_whose_runner_died(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    context = new_context(browser, stack)
+    contexts.append(context)
+    page = context.new_page()
+    sign_in(page, stack_github, DANA)
+    dana = User("dana", make_token(page, "attempts"), stack)
+    submitted = dana.cli(tiny_repo(tmp_path), "run", "resumable", "-d", "-e", "NAP=467")
+    assert submitted.returncode == 0, submitted.stderr
+    name = run_name_of(submitted)
+    nav_to(page, "Runs")
+    open_run(page, name)
+
+    # While its first attempt runs normally, the log has no marks and the table one row.
+    log = page.get_by_role("log")
+    expect(log).to_contain_text("attempt=1", timeout=60_000)
+    attempts = page.get_by_role("region", name="Attempts")
+    expect(attempts.get_by_role("row")).to_have_count(2)
+    expect(log.locator(".log-attempt")).to_have_count(0)
+    first = dana.run(name)["jobs"][0]["instance"]
+    deadline = time.monotonic() + 10
+    while len(_sleeps(467)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    _kill_the_runner_of(dana, 467)
+    expect(page.locator("header.run-header h1 .badge")).to_have_attribute("data-status", "succeeded", timeout=90_000)
+    second = dana.run(name)["jobs"][0]["attempts"][1]["instance"]
+    assert second != first
+
+    # The page followed it live: attempt 1's lines, how it ended, attempt 2's lines.
+    expect(log).to_contain_text("finished")
+    text = log.locator(".log-row .log-text").all_inner_texts()
+    clock = r"\d\d:\d\d:\d\d"
+    assert len(text) == 6, text
+    assert re.fullmatch(rf"Attempt 1 on {first} — started {clock}", text[0]), text
+    assert text[1] == "attempt=1", text
+    assert text[2].startswith(f"Attempt 1 ended: instance lost — machine {first} is gone"), text
+    assert re.fullmatch(rf"Attempt 2 on {second} — started {clock}", text[3]), text
+    assert text[4:] == ["attempt=2", "finished"], text
+    rows = attempts.get_by_role("row")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(1)).to_contain_text(first)
+    expect(rows.nth(1)).to_contain_text("instance lost")
+    expect(rows.nth(1)).to_contain_text(f"machine {first} is gone")
+    expect(rows.nth(2)).to_contain_text(second)
+    expect(rows.nth(2)).to_contain_text("done")
+    screenshot(page, "run-detail-attempts")
 
 
 def _wait_finished(user: User, workspace: str, name: str, timeout: float = 60) -> str:

@@ -565,11 +565,12 @@ export interface components {
         };
         /**
          * @description * `local` - Local
+         *     * `fake` - Fake
          *     * `self-hosted` - Self Hosted
          *     * `aws` - Aws
          * @enum {string}
          */
-        BackendEnum: "local" | "self-hosted" | "aws";
+        BackendEnum: "local" | "fake" | "self-hosted" | "aws";
         BlobOut: {
             /** Format: uuid */
             id: string;
@@ -630,12 +631,13 @@ export interface components {
          * @description * `provisioning` - Provisioning
          *     * `idle` - Idle
          *     * `busy` - Busy
+         *     * `unreachable` - Unreachable
          *     * `terminating` - Terminating
          *     * `terminated` - Terminated
          *     * `lost` - Lost
          * @enum {string}
          */
-        InstanceOutStatusEnum: "provisioning" | "idle" | "busy" | "terminating" | "terminated" | "lost";
+        InstanceOutStatusEnum: "provisioning" | "idle" | "busy" | "unreachable" | "terminating" | "terminated" | "lost";
         InvitationOut: {
             /** Format: uuid */
             id: string;

@@ -1,9 +1,10 @@
 // Types of the REST and websocket contract (docs/API.md).
 //
 // Where the generated OpenAPI schema (schema.d.ts, `npm run gen-api`)
-// describes an object precisely it is used directly; a run's jobs and code
-// (untyped objects in the schema) and the websocket frames are written here
-// from docs/API.md.
+// describes an object precisely it is used directly; a run's jobs, their
+// attempts and code (untyped objects in the schema: RunOut.jobs is a method
+// field) and the websocket frames are written here from docs/API.md and
+// backend/runs/api/serializers.py (JobOut, AttemptOut).
 import type { components } from "./schema";
 
 type Schemas = components["schemas"];
@@ -44,6 +45,45 @@ export interface Resources {
   gpu_name: string;
 }
 
+export type AttemptStatus = "assigned" | "running" | "stopping" | "ended";
+
+/** Why an attempt ended (backend/runs/reasons.py); "" while it is live. */
+export type TerminationReason =
+  | "done"
+  | "error"
+  | "stopped_by_user"
+  | "no_capacity"
+  | "interrupted"
+  | "instance_lost"
+  | "lease_expired"
+  | "rejected"
+  | "unreachable";
+
+/** A machine launched for a job before its attempt got one; `outcome` is an instance reason or "launched". */
+export interface OfferTried {
+  offer: string;
+  instance: string;
+  outcome: string;
+  message: string;
+}
+
+/** One try of a job on one instance. Its log lines are seqs first_seq..last_seq of the job's one log. */
+export interface Attempt {
+  number: number;
+  status: AttemptStatus;
+  instance: string | null;
+  reason: TerminationReason | "";
+  message: string;
+  exit_code: number | null;
+  started_at: string | null;
+  finished_at: string | null;
+  first_seq: number;
+  /** null while the attempt is live. */
+  last_seq: number | null;
+  offers_tried: OfferTried[];
+  created_at: string;
+}
+
 export interface Job {
   id: string;
   name: string;
@@ -52,7 +92,10 @@ export interface Job {
   status: JobStatus;
   status_reason: string;
   exit_code: number | null;
+  /** The current attempt's number; 0 before the first. */
   attempt: number;
+  /** Ordered by number. */
+  attempts: Attempt[];
   instance: string | null;
   resources: Resources;
   created_at: string;

@@ -13,9 +13,15 @@ export interface ViewerLine {
 
 export interface AttemptMark {
   attempt: number;
-  /** Index in `lines` of the attempt's first line. */
+  /**
+   * The mark's row goes before `lines[lineIndex]` (after the last line when it
+   * is `lines.length`): for a start mark the attempt's first line, for an end
+   * mark the line after its last.
+   */
   lineIndex: number;
   label: string;
+  /** "start" (the default) heads an attempt's lines; "end" says how it ended. */
+  kind?: "start" | "end";
 }
 
 export interface LogViewerProps {
@@ -35,6 +41,11 @@ type Row = { kind: "attempt"; mark: AttemptMark } | { kind: "line"; index: numbe
 
 const OVERSCAN = 30;
 const FALLBACK_VIEWPORT = 480;
+
+/** Marks in row order; at one line: by attempt, an attempt's start before its end. */
+function compareMarks(a: AttemptMark, b: AttemptMark): number {
+  return a.lineIndex - b.lineIndex || a.attempt - b.attempt || Number(a.kind === "end") - Number(b.kind === "end");
+}
 
 const plainCache = new WeakMap<ViewerLine, string>();
 
@@ -66,7 +77,7 @@ export function LogViewer({
   const [current, setCurrent] = useState(0);
 
   const sortedAttempts = useMemo(
-    () => [...attempts].sort((a, b) => a.lineIndex - b.lineIndex),
+    () => [...attempts].sort(compareMarks),
     [attempts],
   );
   const rowCount = lines.length + sortedAttempts.length;
@@ -218,11 +229,14 @@ export function LogViewer({
           ↓
         </button>
         <span className="toolbar-spacer" />
-        {sortedAttempts.map((mark) => (
-          <button key={mark.attempt} type="button" className="btn btn-small" onClick={() => scrollToRow(rowOfLine(mark.lineIndex) - 1, "top")}>
-            Jump to attempt {mark.attempt}
-          </button>
-        ))}
+        {sortedAttempts.map((mark, position) =>
+          mark.kind === "end" ? null : (
+            // The i-th mark sits on row lineIndex + i: one row per line and per mark above it.
+            <button key={mark.attempt} type="button" className="btn btn-small" onClick={() => scrollToRow(mark.lineIndex + position, "top")}>
+              Jump to attempt {mark.attempt}
+            </button>
+          ),
+        )}
         <button
           type="button"
           className={`btn btn-small ${follow ? "btn-active" : ""}`}
@@ -254,7 +268,12 @@ export function LogViewer({
           <div className="log-rows" style={{ transform: `translateY(${first * rowHeight}px)` }}>
             {rows.map((row) =>
               row.kind === "attempt" ? (
-                <div key={`attempt-${row.mark.attempt}`} className="log-row log-attempt" data-attempt={row.mark.attempt}>
+                <div
+                  key={`attempt-${row.mark.attempt}-${row.mark.kind ?? "start"}`}
+                  className={`log-row log-attempt log-attempt-${row.mark.kind ?? "start"}`}
+                  data-attempt={row.mark.attempt}
+                  data-mark={row.mark.kind ?? "start"}
+                >
                   <span className="log-gutter" />
                   <span className="log-text">{row.mark.label}</span>
                 </div>
@@ -268,7 +287,11 @@ export function LogViewer({
               ),
             )}
           </div>
-          {lines.length === 0 ? <div className="log-placeholder">{placeholder}</div> : null}
+          {lines.length === 0 ? (
+            <div className="log-placeholder" style={{ top: sortedAttempts.length * rowHeight + 6 }}>
+              {placeholder}
+            </div>
+          ) : null}
         </div>
       </div>
     </div>

@@ -5,9 +5,11 @@ import { useLiveFrames } from "../api/live";
 import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type LogPage, type Run, type Tag } from "../api/types";
 import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
 import { JobGraph } from "../components/JobGraph";
-import { LogViewer, type AttemptMark } from "../components/LogViewer";
+import { AttemptsTable } from "../components/AttemptsTable";
+import { LogViewer } from "../components/LogViewer";
 import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
 import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration } from "../lib/format";
+import { attemptMarks } from "../lib/attempts";
 import { useNow, useResource } from "../lib/hooks";
 import { RunLogStore } from "../lib/logstore";
 import { useWorkspace } from "../workspace";
@@ -247,10 +249,9 @@ function JobLogs({ run, job, store, version, now }: { run: Run; job: Job; store:
   const [downloading, setDownloading] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const lines = store.lines(job.id);
-  const attempts: AttemptMark[] = useMemo(
-    () => [{ attempt: job.attempt, lineIndex: 0, label: attemptLabel(job) }],
-    [job],
-  );
+  // `version` stands for the lines, which grow in place.
+  // eslint-disable-next-line react-hooks/exhaustive-deps
+  const attempts = useMemo(() => attemptMarks(job, lines), [job, lines, version]);
 
   const download = useCallback(async () => {
     setDownloading(true);
@@ -298,7 +299,7 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
       </h2>
       <dl className="facts">
         <Fact label="Attempt">{job.attempt}</Fact>
-        <Fact label="Ended because">{job.status_reason || (job.finished_at ? job.status : "—")}</Fact>
+        <Fact label={job.finished_at ? "Ended because" : "Status"}>{job.status_reason || (job.finished_at ? job.status : "—")}</Fact>
         <Fact label="Exit code">{job.exit_code ?? "—"}</Fact>
         <Fact label="Resources">{resources.length ? resources.join(", ") : "any"}</Fact>
         <Fact label="Instance">{job.instance ?? "—"}</Fact>
@@ -324,6 +325,7 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
           </Fact>
         ) : null}
       </dl>
+      <AttemptsTable attempts={job.attempts} now={now} />
     </section>
   );
 }
@@ -357,14 +359,6 @@ function defaultJob(jobs: Job[]): Job | undefined {
     [...jobs].reverse().find((j) => j.started_at) ??
     jobs[0]
   );
-}
-
-function attemptLabel(job: Job): string {
-  const parts = [`Attempt ${job.attempt}`];
-  if (job.started_at) parts.push(`started ${absoluteTime(job.started_at)}`);
-  if (job.instance) parts.push(`on ${job.instance}`);
-  if (job.finished_at) parts.push(job.exit_code !== null ? `${job.status}, exit code ${job.exit_code}` : job.status);
-  return `── ${parts.join(" · ")} ──`;
 }
 
 /** Every line of a job, paged through the REST API (the viewer may hold only part). */

@@ -1,0 +1,224 @@
+import { render, screen, within } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Attempt } from "../api/types";
+import { AttemptsTable } from "../components/AttemptsTable";
+import { LogViewer, type ViewerLine } from "../components/LogViewer";
+import { attemptMarks } from "../lib/attempts";
+
+const ROW = 18;
+
+// Local times, so that the labels read the same in any time zone.
+const at = (h: number, m: number, s: number) => new Date(2026, 0, 5, h, m, s).toISOString();
+
+function attempt(overrides: Partial<Attempt> & Pick<Attempt, "number">): Attempt {
+  return {
+    status: "ended",
+    instance: `local-${overrides.number}a2b3c4d`,
+    reason: "done",
+    message: "",
+    exit_code: null,
+    started_at: at(10, overrides.number, 0),
+    finished_at: at(10, overrides.number, 30),
+    first_seq: 1,
+    last_seq: null,
+    offers_tried: [],
+    created_at: at(10, 0, 0),
+    ...overrides,
+  };
+}
+
+function lines(from: number, to: number): ViewerLine[] {
+  return Array.from({ length: to - from + 1 }, (_, i) => ({ seq: from + i, ts: 0, stream: "o", text: `line ${from + i}` }));
+}
+
+/** The log's rows top to bottom: marks as their label, lines as their text. */
+function rowTexts(): string[] {
+  const log = screen.getByRole("log");
+  return Array.from(log.querySelectorAll(".log-row")).map((row) => row.querySelector(".log-text")?.textContent ?? "");
+}
+
+const lost = attempt({
+  number: 1,
+  instance: "local-1a2b3c4d",
+  started_at: at(10, 1, 5),
+  reason: "instance_lost",
+  message: "machine local-1a2b3c4d is gone (process 4242 not found)",
+  first_seq: 1,
+  last_seq: 3,
+});
+
+let restore: PropertyDescriptor | undefined;
+beforeAll(() => {
+  restore = Object.getOwnPropertyDescriptor(HTMLElement.prototype, "clientHeight");
+  Object.defineProperty(HTMLElement.prototype, "clientHeight", { configurable: true, get: () => 180 });
+});
+afterAll(() => {
+  if (restore) Object.defineProperty(HTMLElement.prototype, "clientHeight", restore);
+});
+
+describe("attempt marks from a job's attempts", () => {
+  it("heads each attempt's lines and says how a lost attempt ended", () => {
+    const second = attempt({ number: 2, instance: "local-5e6f7a8b", started_at: at(10, 4, 11), status: "running", reason: "", finished_at: null, first_seq: 4 });
+    const log = lines(1, 5);
+    render(<LogViewer lines={log} attempts={attemptMarks({ attempts: [second, lost] }, log)} label="Logs" />);
+
+    expect(rowTexts()).toEqual([
+      "Attempt 1 on local-1a2b3c4d — started 10:01:05",
+      "line 1",
+      "line 2",
+      "line 3",
+      "Attempt 1 ended: instance lost — machine local-1a2b3c4d is gone (process 4242 not found)",
+      "Attempt 2 on local-5e6f7a8b — started 10:04:11",
+      "line 4",
+      "line 5",
+    ]);
+    expect(screen.getByRole("log").querySelector('[data-mark="end"]')).toHaveAttribute("data-attempt", "1");
+  });
+
+  it("gives an attempt without lines its marks where its lines would be, and jumps to it", async () => {
+    const expired = attempt({ number: 2, instance: "local-2a2b3c4d", status: "ended", reason: "lease_expired", started_at: null, first_seq: 201, last_seq: 200 });
+    const third = attempt({ number: 3, instance: "local-3a2b3c4d", started_at: at(10, 9, 0), reason: "error", exit_code: 1, first_seq: 201, last_seq: 400 });
+    const first = { ...lost, last_seq: 200 };
+    const log = lines(1, 400);
+    const marks = attemptMarks({ attempts: [first, expired, third] }, log);
+    expect(marks.map((m) => [m.attempt, m.kind, m.lineIndex])).toEqual([
+      [1, "start", 0],
+      [1, "end", 200],
+      [2, "start", 200],
+      [2, "end", 200],
+      [3, "start", 200],
+      [3, "end", 400],
+    ]);
+    expect(marks.map((m) => m.label).slice(2)).toEqual([
+      "Attempt 2 on local-2a2b3c4d — never started",
+      "Attempt 2 ended: lease expired",
+      "Attempt 3 on local-3a2b3c4d — started 10:09:00",
+      "Attempt 3 ended: failed (exit code 1)",
+    ]);
+
+    // The viewer orders marks itself: at one line by attempt, a start before its end.
+    render(<LogViewer lines={log} attempts={[...marks].reverse()} label="Logs" />);
+    const view = screen.getByRole("log");
+    await userEvent.click(screen.getByRole("button", { name: "Jump to attempt 2" }));
+    // Rows: attempt 1's mark, its 200 lines, its end mark, then attempt 2's mark.
+    expect(view.scrollTop).toBe(202 * ROW);
+    expect(rowTexts().slice(rowTexts().indexOf("line 200"), rowTexts().indexOf("line 201") + 1)).toEqual([
+      "line 200",
+      "Attempt 1 ended: instance lost — machine local-1a2b3c4d is gone (process 4242 not found)",
+      "Attempt 2 on local-2a2b3c4d — never started",
+      "Attempt 2 ended: lease expired",
+      "Attempt 3 on local-3a2b3c4d — started 10:09:00",
+      "line 201",
+    ]);
+    expect(screen.getAllByRole("button", { name: /^Jump to attempt/ }).map((b) => b.textContent)).toEqual([
+      "Jump to attempt 1",
+      "Jump to attempt 2",
+      "Jump to attempt 3",
+    ]);
+  });
+
+  it("puts marks of attempts that have no lines yet after the last line", () => {
+    const waiting = attempt({ number: 2, status: "assigned", reason: "", started_at: null, finished_at: null, first_seq: 4 });
+    const log = lines(1, 3);
+    render(<LogViewer lines={log} attempts={attemptMarks({ attempts: [lost, waiting] }, log)} label="Logs" />);
+    expect(rowTexts().slice(-2)).toEqual([
+      "Attempt 1 ended: instance lost — machine local-1a2b3c4d is gone (process 4242 not found)",
+      "Attempt 2 on local-2a2b3c4d — waiting to start",
+    ]);
+  });
+
+  it("shows no marks for a job whose only attempt ended normally or is still running", () => {
+    const log = lines(1, 3);
+    for (const only of [
+      attempt({ number: 1, reason: "done", last_seq: 3 }),
+      attempt({ number: 1, reason: "error", exit_code: 2, last_seq: 3 }),
+      attempt({ number: 1, reason: "stopped_by_user", last_seq: 3 }),
+      attempt({ number: 1, status: "running", reason: "", finished_at: null }),
+    ]) {
+      expect(attemptMarks({ attempts: [only] }, log)).toEqual([]);
+    }
+    expect(attemptMarks({ attempts: [] }, log)).toEqual([]);
+
+    render(<LogViewer lines={log} attempts={attemptMarks({ attempts: [attempt({ number: 1, last_seq: 3 })] }, log)} label="Logs" />);
+    expect(rowTexts()).toEqual(["line 1", "line 2", "line 3"]);
+    expect(screen.queryByRole("button", { name: /Jump to attempt/ })).toBeNull();
+  });
+
+  it("marks a single attempt that ended abnormally, and a last attempt that ended done gets no end mark", () => {
+    const log = lines(1, 3);
+    expect(attemptMarks({ attempts: [lost] }, log).map((m) => m.kind)).toEqual(["start", "end"]);
+    const done = attempt({ number: 2, first_seq: 4, last_seq: 5 });
+    expect(attemptMarks({ attempts: [lost, done] }, lines(1, 5)).map((m) => [m.attempt, m.kind])).toEqual([
+      [1, "start"],
+      [1, "end"],
+      [2, "start"],
+    ]);
+  });
+});
+
+describe("AttemptsTable", () => {
+  const noCapacity = attempt({
+    number: 1,
+    instance: null,
+    started_at: null,
+    reason: "no_capacity",
+    message: "no capacity: tried 1 of 2 offers",
+    last_seq: 0,
+    offers_tried: [{ offer: "fake/acct/fake-small/on-demand", instance: "fake-0001", outcome: "no_capacity", message: "no fake-small left in eu-1" }],
+  });
+  const running = attempt({
+    number: 2,
+    instance: "fake-0002",
+    started_at: at(10, 4, 11),
+    status: "running",
+    reason: "",
+    finished_at: null,
+    offers_tried: [{ offer: "fake/acct/fake-large/on-demand", instance: "fake-0002", outcome: "launched", message: "" }],
+  });
+
+  it("lists each attempt with its instance, times, reason, message and the offers tried", () => {
+    render(<AttemptsTable attempts={[running, noCapacity]} now={new Date(at(10, 5, 11)).getTime()} />);
+    const table = within(screen.getByRole("region", { name: "Attempts" })).getByRole("table");
+    const rows = within(table).getAllByRole("row").slice(1);
+    expect(within(table).getAllByRole("columnheader").map((h) => h.textContent)).toEqual([
+      "#",
+      "Instance",
+      "Started",
+      "Ended",
+      "Duration",
+      "Outcome",
+      "Offers tried",
+    ]);
+    const cells = (row: HTMLElement) => within(row).getAllByRole("cell").map((c) => c.textContent);
+    expect(cells(rows[0])).toEqual([
+      "1",
+      "—",
+      "—",
+      "10:01:30",
+      "—",
+      "no capacityno capacity: tried 1 of 2 offers",
+      "tried fake/acct/fake-small/on-demand: no capacity — no fake-small left in eu-1",
+    ]);
+    expect(within(rows[0]).getByText("no capacity")).toHaveAttribute("title", "no offer had capacity");
+    expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "running", "launched fake/acct/fake-large/on-demand"]);
+  });
+
+  it("says how an attempt ended in words, with its exit code, and has no offers column when none were tried", () => {
+    const lostOne = { ...lost, finished_at: at(10, 2, 5) };
+    const failed = attempt({ number: 2, started_at: at(10, 3, 0), finished_at: at(10, 3, 42), reason: "error", exit_code: 3, message: "" });
+    render(<AttemptsTable attempts={[lostOne, failed]} now={0} />);
+    const table = screen.getByRole("table");
+    expect(within(table).queryByRole("columnheader", { name: "Offers tried" })).toBeNull();
+    const rows = within(table).getAllByRole("row").slice(1);
+    expect(within(rows[0]).getByText("instance lost")).toHaveClass("reason-instance_lost");
+    expect(within(rows[0]).getByText("machine local-1a2b3c4d is gone (process 4242 not found)")).toBeInTheDocument();
+    expect(within(rows[0]).getAllByRole("cell")[4]).toHaveTextContent("1m 0s");
+    expect(within(rows[1]).getAllByRole("cell")[5]).toHaveTextContent("failed · exit code 3");
+  });
+
+  it("renders nothing for a job that has no attempt yet", () => {
+    const { container } = render(<AttemptsTable attempts={[]} now={0} />);
+    expect(container).toBeEmptyDOMElement();
+  });
+});
