@@ -182,9 +182,7 @@ def test_silence_while_no_web_process_could_hear_does_not_count(
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
 
 
-def test_a_gap_in_the_reconcilers_passes_restarts_the_count(
-    fake: CloudAccount, team: Workspace, owner: Person
-) -> None:
+def test_a_gap_in_the_reconcilers_passes_restarts_the_count(fake: CloudAccount, team: Workspace, owner: Person) -> None:
     _, instance = _running(team, owner)
     WebPulse.objects.create(process="web:1", at=timezone.now())
     ControlPlane.objects.create(reconciled_at=_ago(45), hearing_since=_ago(3600))  # beat or the database was down

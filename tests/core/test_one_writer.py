@@ -26,11 +26,11 @@ def _writes(tree: ast.AST) -> list[tuple[int, str]]:
             for kw in node.keywords:
                 if kw.arg == "status" and isinstance(kw.value, ast.Attribute) and isinstance(kw.value.value, ast.Name):
                     found.append((node.lineno, kw.value.value.id))
-        if isinstance(node, ast.Assign):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute):
+            enum = node.value.value
             for target in node.targets:
-                if isinstance(target, ast.Attribute) and target.attr == "status":
-                    if isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name):
-                        found.append((node.lineno, node.value.value.id))
+                if isinstance(target, ast.Attribute) and target.attr == "status" and isinstance(enum, ast.Name):
+                    found.append((node.lineno, enum.id))
     return found
 
 

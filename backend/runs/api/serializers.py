@@ -213,6 +213,7 @@ class RunOut(serializers.ModelSerializer):
             "has_patch": run.patch_blob_id is not None,
         }
 
+    @extend_schema_field(JobOut(many=True))
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:
         jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related(
             "needs", "after_running", "attempts__instance"

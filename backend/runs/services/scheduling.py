@@ -87,7 +87,7 @@ def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
                 continue
             instance = _claim_instance(job)
             if instance is not None:
-                assigned.append(job_assign(job=job, instance=instance, offers_tried=_offers_tried(job)))
+                assigned.append(job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job)))
                 continue
             reason, requested = _capacity(job)
             if requested is not None:
@@ -285,6 +285,13 @@ def _offers_tried(job: Job) -> list[dict[str, Any]]:
         }
         for i in _requested(job).order_by("created_at")
     ]
+
+
+def _offers_worth_showing(job: Job) -> list[dict[str, Any]]:
+    """The offers tried for this attempt, when any of them failed: a plain
+    launch that worked needs no explaining."""
+    tried = _offers_tried(job)
+    return tried if any(t["outcome"] != "launched" for t in tried) else []
 
 
 def _offer_label(instance: Instance) -> str:
