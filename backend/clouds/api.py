@@ -15,13 +15,13 @@ from backend.core.api import WorkspaceAPIView
 from backend.runs.models import ACTIVE_JOB, Job
 
 
-class CurrentJobOut(serializers.Serializer):
+class CurrentJobOut(serializers.Serializer[Any]):
     run = serializers.CharField()
     job = serializers.UUIDField()
     job_name = serializers.CharField()
 
 
-class InstanceOut(serializers.ModelSerializer):
+class InstanceOut(serializers.ModelSerializer[Instance]):
     current_job = serializers.SerializerMethodField()
     uptime_seconds = serializers.SerializerMethodField()
 
@@ -61,7 +61,7 @@ class InstanceListView(WorkspaceAPIView):
         instances = Instance.objects.for_workspace(self.workspace).order_by("-created_at")
         if request.query_params.get("all") not in {"1", "true"}:
             instances = instances.filter(status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING])
-        instances = list(instances[:200])
-        active = Job.objects.filter(instance__in=instances, status__in=ACTIVE_JOB).select_related("run")
+        shown = list(instances[:200])
+        active = Job.objects.filter(instance__in=shown, status__in=ACTIVE_JOB).select_related("run")
         current = {job.instance_id: job for job in active}
-        return Response(InstanceOut(instances, many=True, context={"current": current}).data)
+        return Response(InstanceOut(shown, many=True, context={"current": current}).data)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 
@@ -21,7 +22,7 @@ LOCAL_ACCOUNT_NAME = "local"
 _computes: dict[tuple[str, str], Compute] = {}
 
 
-def accounts_usable(*, workspace_id: object) -> list[CloudAccount]:
+def accounts_usable(*, workspace_id: UUID | str) -> list[CloudAccount]:
     """The workspace's active accounts; the shared ``local`` one when the
     local backend is enabled on this server."""
     if settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -263,7 +264,7 @@ def instance_history(*, instance: Instance) -> list[InstanceEvent]:
     return list(instance.events.order_by("created_at"))
 
 
-def instances_live(*, workspace_id: object | None = None, kinds: Iterable[str] | None = None) -> Any:
+def instances_live(*, workspace_id: UUID | str | None = None, kinds: Iterable[str] | None = None) -> Any:
     query = Instance.objects.filter(status__in=LIVE_STATUSES)
     if workspace_id is not None:
         query = query.filter(workspace_id=workspace_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from uuid import UUID
 
 from django.conf import settings
 
@@ -29,7 +30,7 @@ class OfferChoice:
     accounts: int  # how many accounts were asked
 
 
-def offers_rank(*, workspace_id: object, req: Requirements, backends: Iterable[str] = ()) -> OfferChoice:
+def offers_rank(*, workspace_id: UUID | str, req: Requirements, backends: Iterable[str] = ()) -> OfferChoice:
     """1. The workspace's usable accounts (only ``backends`` when given).
     2. Each backend's offers, from its catalog (no network call).
     3. Keep the ones whose resources cover ``req``; remember the shortfall
@@ -58,7 +59,7 @@ def pool_room(*, kind: str) -> int | None:
     if kind != BackendKind.LOCAL:
         return None
     live = Instance.objects.filter(backend=BackendKind.LOCAL, status__in=LIVE_STATUSES).count()
-    return max(0, settings.TRAINYARD["LOCAL_RUNNERS_MAX"] - live)
+    return max(0, int(settings.TRAINYARD["LOCAL_RUNNERS_MAX"]) - live)
 
 
 def _offers(account: CloudAccount, req: Requirements) -> list[Offer]:

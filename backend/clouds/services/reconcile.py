@@ -265,7 +265,7 @@ def _compute(account: CloudAccount) -> Compute | None:
 
 def _timeout(instance: Instance) -> float:
     if instance.backend == "local":
-        return settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
+        return float(settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"])
     compute = _compute(instance.account) if instance.account else None
     return compute.timings.provision_timeout if compute is not None else settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
 

@@ -180,7 +180,7 @@ def _code_blobs(workspace: Workspace, code: CodeInput) -> tuple[Blob | None, Blo
 def _blob(workspace: Workspace, blob_id: str | None, field: str) -> Blob | None:
     if not blob_id:
         return None
-    blob = Blob.objects.for_workspace(workspace).filter(pk=blob_id).first()
+    blob: Blob | None = Blob.objects.for_workspace(workspace).filter(pk=blob_id).first()
     if blob is None:
         raise ApplicationError(f"{field} {blob_id} is not a blob of this workspace: upload it to /blobs/ first.")
     return blob

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -399,7 +400,7 @@ def _failure_reason(job: Job) -> str:
     return f"job {job.name} exited with code {job.exit_code}"
 
 
-def _cas_job(job_id: object, old: list[JobStatus], *, extra: Q | None = None, **updates: Any) -> bool:
+def _cas_job(job_id: UUID | str, old: list[JobStatus], *, extra: Q | None = None, **updates: Any) -> bool:
     query = Job.objects.filter(Q(pk=job_id, status__in=old) & (extra or Q()))
     changed = query.update(**updates) == 1
     if changed:
@@ -407,7 +408,7 @@ def _cas_job(job_id: object, old: list[JobStatus], *, extra: Q | None = None, **
     return changed
 
 
-def _after_job_change(job_id: object) -> None:
+def _after_job_change(job_id: UUID | str) -> None:
     run_id = Job.objects.filter(pk=job_id).values_list("run_id", flat=True).first()
     if run_id is not None:
         run_refresh(run_id=str(run_id))
