@@ -7,8 +7,9 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# runner/ and cli/ are installed editable once they have a pyproject.toml.
-PYPROJECTS := $(wildcard runner/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
+# Installed editable: runner/ and spec/ (what the server imports), cli/ and the
+# example provider plugin (what the tests drive).
+PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
 
@@ -32,8 +33,8 @@ services: $(STAMP)
 	$(PY) -m backend.embedded services
 
 lint: $(STAMP)
-	$(PY) -m ruff check backend cli runner tests bench
-	$(PY) -m ruff format --check backend cli runner tests bench
+	$(PY) -m ruff check backend cli runner spec tests bench
+	$(PY) -m ruff format --check backend cli runner spec tests bench
 
 # The dashboard: node_modules from the lock file (npm ci only when it changed),
 # dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
 import click
+from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_run_plan
 
 from . import __version__
 from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run
@@ -38,8 +39,6 @@ from .output import (
     size,
     truncate,
 )
-from .providers import resolve_run_plan
-from .workflows import WorkflowFileError, find_workflows_file, load_workflows_file
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["backend", "cli", "runner", "tests", "bench"]
+SOURCES = ["backend", "cli", "runner", "spec", "tests", "bench"]
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
