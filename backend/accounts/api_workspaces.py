@@ -20,7 +20,7 @@ from backend.accounts.services.workspaces import (
     member_role_set,
     workspace_create_team,
 )
-from backend.core.api import WorkspaceAPIView
+from backend.accounts.tenancy import WorkspaceAPIView
 
 # GitHub logins: letters, digits and single hyphens, at most 39 characters.
 GITHUB_LOGIN = r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}$"

@@ -175,7 +175,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "backend.core.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "backend.core.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "backend.core.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

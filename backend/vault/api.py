@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backend.core.api import WorkspaceAPIView
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import NotFound
 from backend.vault.services import secret_delete, secret_list, secret_set
 

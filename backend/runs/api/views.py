@@ -10,9 +10,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.models import Role
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
-from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import PageNumberPagination, RawBodyParser
 from backend.runs.api.serializers import (

@@ -1,4 +1,4 @@
-"""The one workspace-scoped base every tenant API view inherits.
+"""The one workspace-scoped base every tenant API view of every app inherits.
 
 It resolves ``<workspace>`` from the URL against the caller's memberships
 (404 when not a member: another tenant's workspace does not exist for you)
@@ -12,12 +12,11 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from backend.accounts.models import Membership, Role, Workspace
+from backend.accounts.models import ROLE_RANK, Membership, Role, Workspace
 from backend.accounts.selectors import membership_get
 from backend.core.errors import ApplicationError, NotFound
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
 
 
 class WorkspaceAPIView(APIView):
