@@ -35,6 +35,7 @@ services: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check backend cli runner spec tests bench
 	$(PY) -m ruff format --check backend cli runner spec tests bench
+	$(VENV)/bin/lint-imports --no-logo
 
 # The dashboard: node_modules from the lock file (npm ci only when it changed),
 # dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.
