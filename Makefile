@@ -2,6 +2,7 @@
 #   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
 #   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set
 #   make test-fast                   the suite without end-to-end tests (-m "not slow")
+#   make lint                        ruff (lint and format), lint-imports (.importlinter), mypy (mypy.ini)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -36,6 +37,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check backend cli runner spec tests bench
 	$(PY) -m ruff format --check backend cli runner spec tests bench
 	$(VENV)/bin/lint-imports --no-logo
+	DATABASE_URL=$${DATABASE_URL:-postgresql://lint@127.0.0.1/lint} REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:1} $(PY) -m mypy
 
 # The dashboard: node_modules from the lock file (npm ci only when it changed),
 # dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.

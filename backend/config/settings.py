@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict
 
 import dj_database_url
 
@@ -240,7 +241,29 @@ SOCIAL_AUTH_REQUESTS_TIMEOUT = 10
 SOCIAL_AUTH_REDIRECT_IS_HTTPS = PUBLIC_URL.startswith("https://")
 
 # --- Trainyard ------------------------------------------------------------
-TRAINYARD = {
+
+
+class TrainyardSettings(TypedDict):
+    """The type of ``settings.TRAINYARD``: mypy reads each key's type from here."""
+
+    STORAGE: str
+    STORAGE_DIR: Path
+    SIGNED_URL_SECONDS: int
+    MAX_BLOB_BYTES: int
+    HEARTBEAT_SECONDS: float
+    HEARTBEAT_TIMEOUT_SECONDS: float
+    LEASE_SECONDS: float
+    STOP_GRACE_SECONDS: float
+    LOCAL_RUNNERS_MAX: int
+    LOCAL_RUNNER_IDLE_SECONDS: float
+    LOCAL_RUNNER_COMMAND: str
+    LOCAL_BACKEND_ENABLED: bool
+    RECONCILE_SECONDS: float
+    PROVISION_TIMEOUT_SECONDS: float
+    SECRET_KEYS: list[str]
+
+
+TRAINYARD: TrainyardSettings = {
     # Storage for artifacts and code blobs: "local" (files under DATA_DIR) for
     # the embedded default; "s3" arrives with the AWS backend.
     "STORAGE": env_str("TRAINYARD_STORAGE", "local"),

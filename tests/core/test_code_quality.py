@@ -54,6 +54,12 @@ def test_a_broken_import_contract_fails_the_check(tmp_path: Path) -> None:
     assert re.search(r"^Contracts: \d+ kept, 1 broken\.$", result.stdout, re.MULTILINE), result.stdout
 
 
+def test_mypy_finds_nothing() -> None:
+    """mypy.ini: strict for the runner and the spec package, every function annotated elsewhere."""
+    result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.django_db
 def test_every_model_change_has_its_migration() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)

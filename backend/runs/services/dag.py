@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from uuid import UUID
 
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.runs.models import Job, JobStatus, Run
@@ -47,7 +48,7 @@ def readiness(job: Job) -> Readiness:
 
 def effective(job: Job) -> Job:
     """The job that really ran: a cached job's source, else itself."""
-    return job.cached_from if job.cached_from_id else job
+    return job.cached_from if job.cached_from is not None else job
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def job_inputs(job: Job) -> list[InputArtifact]:
     return inputs
 
 
-def run_artifacts(*, run_id: object) -> list[Artifact]:
+def run_artifacts(*, run_id: UUID | str) -> list[Artifact]:
     """The artifacts of a run's jobs, a cached job's through its source."""
     jobs = Job.objects.filter(run_id=run_id).select_related("cached_from")
     sources = [effective(j).pk for j in jobs]
@@ -97,14 +98,12 @@ def job_cache_key(job: Job) -> str:
     return cache_key(spec=job.spec, code=code_identity(job.run), inputs=job_inputs(job))
 
 
-def cached_source(*, workspace_id: object, key: str, exclude: object = None) -> Job | None:
+def cached_source(*, workspace_id: UUID, key: str, exclude: UUID | None = None) -> Job | None:
     """The newest job that succeeded with ``key`` and still has all its artifacts."""
-    candidates = (
-        Job.objects.filter(workspace_id=workspace_id, cache_key=key, status=JobStatus.SUCCEEDED)
-        .exclude(pk=exclude)
-        .select_related("cached_from", "run")
-        .order_by("-finished_at")
-    )
+    candidates = Job.objects.filter(workspace_id=workspace_id, cache_key=key, status=JobStatus.SUCCEEDED)
+    if exclude is not None:
+        candidates = candidates.exclude(pk=exclude)
+    candidates = candidates.select_related("cached_from", "run").order_by("-finished_at")
     for candidate in candidates[:5]:
         source = effective(candidate)
         wanted = len(source.spec.get("artifacts", []))
