@@ -2,13 +2,15 @@
 #   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
 #   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set
 #   make test-fast                   the suite without end-to-end tests (-m "not slow")
+#   make lint                        ruff (lint and format), lint-imports (.importlinter), mypy (mypy.ini)
 
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# runner/ and cli/ are installed editable once they have a pyproject.toml.
-PYPROJECTS := $(wildcard runner/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
+# Installed editable: runner/ and spec/ (what the server imports), cli/ and the
+# example provider plugin (what the tests drive).
+PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
 
@@ -32,8 +34,10 @@ services: $(STAMP)
 	$(PY) -m backend.embedded services
 
 lint: $(STAMP)
-	$(PY) -m ruff check backend cli runner tests bench
-	$(PY) -m ruff format --check backend cli runner tests bench
+	$(PY) -m ruff check backend cli runner spec tests bench
+	$(PY) -m ruff format --check backend cli runner spec tests bench
+	$(VENV)/bin/lint-imports --no-logo
+	DATABASE_URL=$${DATABASE_URL:-postgresql://lint@127.0.0.1/lint} REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:1} $(PY) -m mypy
 
 # The dashboard: node_modules from the lock file (npm ci only when it changed),
 # dist/ rebuilt only when a source changed. Needs node >= 20.19 and npm.

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.accounts.auth import signed_in_user
 from backend.accounts.github import github_enabled
 from backend.accounts.models import Role, User
 from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
@@ -65,7 +66,7 @@ class TokenCreatedOut(TokenOut):
 class MeView(APIView):
     @extend_schema(responses=MeOut)
     def get(self, request: Request) -> Response:
-        return Response(_me(request.user))
+        return Response(_me(signed_in_user(request)))
 
 
 @method_decorator(ensure_csrf_cookie, name="dispatch")
@@ -114,26 +115,26 @@ class TokenListView(APIView):
 
     @extend_schema(responses=TokenOut(many=True))
     def get(self, request: Request) -> Response:
-        return Response(TokenOut(api_tokens_of(user=request.user), many=True).data)
+        return Response(TokenOut(api_tokens_of(user=signed_in_user(request)), many=True).data)
 
     @extend_schema(request=TokenIn, responses={201: TokenCreatedOut})
     def post(self, request: Request) -> Response:
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
-        issued = api_token_issue(user=request.user, name=data.validated_data["name"])
+        issued = api_token_issue(user=signed_in_user(request), name=data.validated_data["name"])
         return Response({**TokenOut(issued.row).data, "token": issued.token}, status=201)
 
 
 class TokenDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, token_id: Any) -> Response:
-        if not api_token_revoke(user=request.user, token_id=token_id):
+        if not api_token_revoke(user=signed_in_user(request), token_id=token_id):
             raise NotFound("Token not found (or revoked already).")
         return Response(status=204)
 
 
 class HealthView(APIView):
-    authentication_classes: list[object] = []
+    authentication_classes = []
     permission_classes = [AllowAny]
 
     @extend_schema(responses=inline_serializer("Health", {"status": serializers.CharField()}))

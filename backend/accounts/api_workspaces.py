@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.accounts.auth import signed_in_user
 from backend.accounts.models import Membership, Role
 from backend.accounts.selectors import invitations_pending, members_of, memberships_of
 from backend.accounts.services.workspaces import (
@@ -20,7 +21,7 @@ from backend.accounts.services.workspaces import (
     member_role_set,
     workspace_create_team,
 )
-from backend.core.api import WorkspaceAPIView
+from backend.accounts.tenancy import WorkspaceAPIView
 
 # GitHub logins: letters, digits and single hyphens, at most 39 characters.
 GITHUB_LOGIN = r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}$"
@@ -73,13 +74,13 @@ class WorkspaceListView(APIView):
 
     @extend_schema(responses=WorkspaceOut(many=True))
     def get(self, request: Request) -> Response:
-        return Response([_workspace_out(m) for m in memberships_of(user=request.user)])
+        return Response([_workspace_out(m) for m in memberships_of(user=signed_in_user(request))])
 
     @extend_schema(request=WorkspaceIn, responses={201: WorkspaceOut})
     def post(self, request: Request) -> Response:
         data = WorkspaceIn(data=request.data)
         data.is_valid(raise_exception=True)
-        workspace = workspace_create_team(user=request.user, **data.validated_data)
+        workspace = workspace_create_team(user=signed_in_user(request), **data.validated_data)
         return Response(
             {"slug": workspace.slug, "name": workspace.name, "role": Role.ADMIN, "personal": False}, status=201
         )
@@ -102,7 +103,7 @@ class MemberListView(WorkspaceAPIView):
     def post(self, request: Request, workspace: str) -> Response:
         data = MemberIn(data=request.data)
         data.is_valid(raise_exception=True)
-        added = member_add(workspace=self.workspace, invited_by=request.user, **data.validated_data)
+        added = member_add(workspace=self.workspace, invited_by=signed_in_user(request), **data.validated_data)
         if added.membership is not None:
             return Response({"member": MemberOut(added.membership).data}, status=201)
         return Response({"invitation": InvitationOut(added.invitation).data}, status=202)

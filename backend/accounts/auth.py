@@ -1,4 +1,5 @@
-"""DRF authentication with personal API tokens (Bearer or Token scheme), and the local password login."""
+"""DRF authentication with personal API tokens (Bearer or Token scheme), the
+signed-in user of an API request, and the local password login."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
 from django.http import HttpRequest
 from rest_framework import authentication, exceptions
+from rest_framework.request import Request
 
 from backend.accounts.models import User
 from backend.accounts.selectors import user_for_token
+
+
+def signed_in_user(request: Request) -> User:
+    """The user of an API request. Views require authentication
+    (``IsAuthenticated`` by default), so an anonymous one is refused with a 401."""
+    user = request.user
+    if not isinstance(user, User):
+        raise exceptions.NotAuthenticated()
+    return user
 
 
 def token_from_header(value: str) -> str | None:

@@ -1,11 +1,15 @@
-"""Users, workspaces (the tenants), memberships with roles, invitations, API tokens."""
+"""Users, workspaces (the tenants), memberships with roles, invitations, API
+tokens; and the tenancy primitives every tenant-owned model of every app uses
+(``WorkspaceOwnedModel``, ``WorkspaceQuerySet.for_workspace``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 
-from backend.core.models import BaseModel, WorkspaceOwnedModel
+from backend.core.models import BaseModel
 
 
 class User(AbstractUser):
@@ -34,10 +38,32 @@ class Workspace(BaseModel):
         return self.slug
 
 
+class WorkspaceQuerySet(models.QuerySet):
+    """Tenancy fails closed: reads of tenant data go through for_workspace()."""
+
+    def for_workspace(self, workspace: Workspace) -> WorkspaceQuerySet:
+        return self.filter(workspace=workspace)
+
+
+class WorkspaceOwnedModel(BaseModel):
+    """The base of every tenant-owned model: it belongs to exactly one workspace."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+
+    objects: Any = WorkspaceQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
 class Role(models.TextChoices):
     ADMIN = "admin"
     MEMBER = "member"
     VIEWER = "viewer"
+
+
+# Who may do what another role may: a role can do everything a lower one can.
+ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
 
 
 class Membership(WorkspaceOwnedModel):

@@ -13,12 +13,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.accounts.auth import token_from_header
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.archive import archive_url
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
 from backend.artifacts.storage import get_storage
 from backend.clouds.services.instances import instance_for_token
-from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import ACTIVE_JOB, Job
 from backend.runs.selectors import run_get
@@ -88,7 +88,8 @@ class FileIn_(serializers.Serializer):
 
 class ArtifactBeginIn(serializers.Serializer):
     path = serializers.CharField(max_length=500)
-    files = FileIn_(many=True, max_length=100_000)
+    # many=True hands max_length to the ListSerializer; the stubs do not know that.
+    files = FileIn_(many=True, max_length=100_000)  # type: ignore[call-arg]
 
 
 class RunnerAPIView(APIView):

@@ -63,6 +63,9 @@ class _Chunks:
     def flush(self) -> None:
         return None
 
+    def close(self) -> None:  # ZipFile never closes a file it was given; the protocol still asks for it
+        return None
+
     def drain(self) -> Iterator[bytes]:
         parts, self._parts = self._parts, []
         yield from parts

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
-from backend.core.models import BaseModel, WorkspaceOwnedModel
+from backend.accounts.models import WorkspaceOwnedModel
+from backend.core.models import BaseModel
 
 
 class Blob(WorkspaceOwnedModel):

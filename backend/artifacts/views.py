@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from django.core import signing
-from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from backend.artifacts.archive import archive_name, archive_token, zip_stream
@@ -16,7 +16,7 @@ CHUNK = 1 << 20
 
 
 @csrf_exempt
-def storage_object(request: HttpRequest, token: str) -> HttpResponse:
+def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     try:
         key, method, filename = verify_token(token)
     except signing.SignatureExpired:
@@ -33,10 +33,10 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponse:
         handle = storage.open(key)
     except FileNotFoundError:
         return _error(404, "Not found.")
-    return FileResponse(handle, as_attachment=bool(filename), filename=filename or None)
+    return FileResponse(handle, as_attachment=bool(filename), filename=filename)
 
 
-def storage_archive(request: HttpRequest, token: str) -> HttpResponse:
+def storage_archive(request: HttpRequest, token: str) -> HttpResponseBase:
     try:
         artifact_id, prefix = archive_token(token)
     except signing.SignatureExpired:

@@ -10,8 +10,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.clouds.models import LIVE_STATUSES, Instance, InstanceStatus
-from backend.core.api import WorkspaceAPIView
 from backend.runs.models import ACTIVE_JOB, Job
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, TypedDict
 
 import dj_database_url
 
@@ -70,7 +71,7 @@ INSTALLED_APPS = [
     "backend.accounts.apps.AccountsConfig",
     "backend.repos",
     "backend.clouds",
-    "backend.runs",
+    "backend.runs.apps.RunsConfig",
     "backend.artifacts",
     "backend.vault",
 ]
@@ -176,7 +177,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "backend.core.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "backend.core.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "backend.core.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -241,7 +242,35 @@ SOCIAL_AUTH_REQUESTS_TIMEOUT = 10
 SOCIAL_AUTH_REDIRECT_IS_HTTPS = PUBLIC_URL.startswith("https://")
 
 # --- Trainyard ------------------------------------------------------------
-TRAINYARD = {
+
+
+class TrainyardSettings(TypedDict):
+    """The type of ``settings.TRAINYARD``: mypy reads each key's type from here."""
+
+    STORAGE: str
+    STORAGE_DIR: Path
+    SIGNED_URL_SECONDS: int
+    MAX_BLOB_BYTES: int
+    HEARTBEAT_SECONDS: float
+    HEARTBEAT_TIMEOUT_SECONDS: float
+    LEASE_SECONDS: float
+    STOP_GRACE_SECONDS: float
+    LOCAL_RUNNERS_MAX: int
+    LOCAL_RUNNER_IDLE_SECONDS: float
+    LOCAL_RUNNER_COMMAND: str
+    LOCAL_BACKEND_ENABLED: bool
+    RECONCILE_SECONDS: float
+    PROVISION_TIMEOUT_SECONDS: float
+    UNREACHABLE_GRACE_SECONDS: float
+    INSTALLATION: str
+    LOCAL_SHAPES: list[dict[str, Any]]
+    BACKEND_KINDS: dict[str, str]
+    TEST_DROP_ACCEPTANCES: str
+    LEAK_SWEEP_SECONDS: float
+    SECRET_KEYS: list[str]
+
+
+TRAINYARD: TrainyardSettings = {
     # Storage for artifacts and code blobs: "local" (files under DATA_DIR) for
     # the embedded default; "s3" arrives with the AWS backend.
     "STORAGE": env_str("TRAINYARD_STORAGE", "local"),

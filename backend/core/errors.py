@@ -1,23 +1,23 @@
-"""One error format for the API: {"message": ..., "extra": {...}}."""
+"""Domain errors: a rule was broken, and the message says so to the user.
+
+Services and selectors raise these; they know nothing of HTTP frameworks.
+The API turns them into the one error format (``backend.core.api_errors``).
+"""
 
 from __future__ import annotations
 
-import logging
+from http import HTTPStatus
 from typing import Any
-
-from django.core.exceptions import PermissionDenied
-from django.http import Http404
-from rest_framework import exceptions, status
-from rest_framework.response import Response
-from rest_framework.views import exception_handler
-
-logger = logging.getLogger(__name__)
 
 
 class ApplicationError(Exception):
-    """A rule of the domain was broken; the message is for the user."""
+    """A rule of the domain was broken; the message is for the user.
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    ``status_code`` is the HTTP status the API answers with (400 unless a
+    subclass or the caller says otherwise).
+    """
+
+    status_code: int = HTTPStatus.BAD_REQUEST
 
     def __init__(self, message: str, *, extra: dict[str, Any] | None = None, status_code: int | None = None) -> None:
         super().__init__(message)
@@ -28,39 +28,4 @@ class ApplicationError(Exception):
 
 
 class NotFound(ApplicationError):
-    status_code = status.HTTP_404_NOT_FOUND
-
-
-def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, ApplicationError):
-        return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound("Not found.")
-    elif isinstance(exc, PermissionDenied):
-        exc = exceptions.PermissionDenied()
-    response = exception_handler(exc, context)
-    if response is None:
-        logger.exception("unhandled API error", exc_info=exc)
-        return Response(
-            {"message": "Internal error: the server logged the details.", "extra": {}},
-            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
-        )
-    response.data = _format(exc, response.data)
-    return response
-
-
-def _format(exc: Exception, data: Any) -> dict[str, Any]:
-    if isinstance(exc, exceptions.ValidationError):
-        fields = data if isinstance(data, dict) else {"non_field_errors": data}
-        first = _first_message(fields)
-        return {"message": f"Invalid input: {first}", "extra": {"fields": fields}}
-    detail = data.get("detail", data) if isinstance(data, dict) else data
-    return {"message": str(detail), "extra": {}}
-
-
-def _first_message(fields: dict[str, Any]) -> str:
-    for key, value in fields.items():
-        while isinstance(value, (list, dict)) and value:
-            value = value[0] if isinstance(value, list) else next(iter(value.values()))
-        return f"{key}: {value}" if key != "non_field_errors" else str(value)
-    return "invalid request"
+    status_code = HTTPStatus.NOT_FOUND

@@ -1,14 +1,14 @@
-"""Base model and the tenancy primitives every tenant-owned model uses."""
+"""The base model every model of the project uses.
+
+Tenancy (the ``workspace`` key and ``for_workspace()``) belongs to the app
+that owns workspaces: ``backend.accounts.models.WorkspaceOwnedModel``.
+"""
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
 
 from django.db import models
-
-if TYPE_CHECKING:
-    from backend.accounts.models import Workspace
 
 
 class BaseModel(models.Model):
@@ -17,22 +17,6 @@ class BaseModel(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        abstract = True
-
-
-class WorkspaceQuerySet(models.QuerySet):
-    """Tenancy fails closed: reads of tenant data go through for_workspace()."""
-
-    def for_workspace(self, workspace: Workspace) -> WorkspaceQuerySet:
-        return self.filter(workspace=workspace)
-
-
-class WorkspaceOwnedModel(BaseModel):
-    workspace = models.ForeignKey("accounts.Workspace", on_delete=models.CASCADE, related_name="+")
-
-    objects: Any = WorkspaceQuerySet.as_manager()
 
     class Meta:
         abstract = True

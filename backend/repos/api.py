@@ -8,7 +8,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backend.core.api import WorkspaceAPIView
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.repos.models import Repo
 
 

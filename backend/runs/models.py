@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from backend.core.models import WorkspaceOwnedModel
+from backend.accounts.models import WorkspaceOwnedModel
 
 
 class RunStatus(models.TextChoices):

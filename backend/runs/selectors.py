@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from django.db.models import Q, QuerySet
 
@@ -57,14 +56,6 @@ def attempt_current(*, job_id: str, number: int, instance_id: str) -> Attempt | 
         .filter(job__attempt=number)
         .first()
     )
-
-
-def run_snapshot(*, run_id: str) -> dict[str, Any] | None:
-    """The run as the API shows it, JSON-ready: what events publish."""
-    from backend.runs.api.serializers import run_to_dict  # the output shape is the API's
-
-    run = Run.objects.filter(pk=run_id).first()
-    return run_to_dict(run) if run is not None else None
 
 
 def _is_uuid(value: str) -> bool:

@@ -7,7 +7,8 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backend.core.api import WorkspaceAPIView
+from backend.accounts.auth import signed_in_user
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import NotFound
 from backend.vault.services import secret_delete, secret_list, secret_set
 
@@ -34,7 +35,7 @@ class SecretDetailView(WorkspaceAPIView):
         data = SecretIn(data=request.data)
         data.is_valid(raise_exception=True)
         secret, created = secret_set(
-            workspace=self.workspace, user=request.user, name=name, value=data.validated_data["value"]
+            workspace=self.workspace, user=signed_in_user(request), name=name, value=data.validated_data["value"]
         )
         return Response(SecretOut(secret).data, status=201 if created else 200)
 

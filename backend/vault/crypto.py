@@ -21,11 +21,11 @@ def encrypt(value: str) -> bytes:
     return _fernet().encrypt(value.encode())
 
 
-def decrypt(token: bytes) -> str:
+def decrypt(token: bytes | memoryview) -> str:
     return _fernet().decrypt(bytes(token)).decode()
 
 
-def rotate(token: bytes) -> bytes:
+def rotate(token: bytes | memoryview) -> bytes:
     return _fernet().rotate(bytes(token))
 
 

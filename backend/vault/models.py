@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from backend.core.models import WorkspaceOwnedModel
+from backend.accounts.models import WorkspaceOwnedModel
 
 
 class Secret(WorkspaceOwnedModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from uuid import UUID
 
 from django.db.models import Count, Max
 
@@ -46,7 +47,7 @@ def secret_list(*, workspace: Workspace) -> list[Secret]:
     return list(Secret.objects.for_workspace(workspace).order_by("name").defer("ciphertext"))
 
 
-def secret_env(*, workspace_id: object) -> dict[str, str]:
+def secret_env(*, workspace_id: UUID) -> dict[str, str]:
     """Every secret of the workspace, decrypted: a job's environment."""
     return {s.name: decrypt(s.ciphertext) for s in Secret.objects.filter(workspace_id=workspace_id)}
 
@@ -61,7 +62,7 @@ class _Cached:
 _mask_cache: dict[str, _Cached] = {}
 
 
-def mask_values(*, workspace_id: object) -> list[str]:
+def mask_values(*, workspace_id: UUID) -> list[str]:
     """The values to mask in this workspace's logs, longest first.
 
     Called for every stored log batch, so it is cached per process and

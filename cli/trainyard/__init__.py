@@ -1,4 +1,6 @@
-"""Trainyard: the ``trainyard`` command, its Python SDK (``trainyard.api``)
-and the workflow-file schema shared with the server (``trainyard.workflows``)."""
+"""Trainyard: the ``trainyard`` command and its Python SDK (``trainyard.api``).
+
+The workflow-file schema and the provider SDK it validates with are the
+``trainyard_spec`` package, shared with the server."""
 
 __version__ = "0.1.0"

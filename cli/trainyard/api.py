@@ -110,6 +110,16 @@ class Artifact(TypedDict):
     files: list[ArtifactFile]
 
 
+class RunSubmission(TypedDict):
+    """The keyword arguments ``create_run`` and ``plan_run`` share."""
+
+    workflow: str
+    workflows_file_path: str
+    workflows_file_text: str
+    env: dict[str, str]
+    no_cache: bool
+
+
 class PlannedJob(TypedDict):
     name: str
     workflow: str
@@ -393,8 +403,9 @@ def _error_from(response: httpx.Response) -> ApiError:
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("message"), str):
-        extra = body.get("extra") if isinstance(body.get("extra"), dict) else {}
-        errors = extra.get("errors") if isinstance(extra.get("errors"), list) else []
+        extra = body.get("extra")
+        listed = extra.get("errors") if isinstance(extra, dict) else None
+        errors = listed if isinstance(listed, list) else []
         message = body["message"]
     else:
         errors, message = (

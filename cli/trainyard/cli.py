@@ -20,9 +20,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
 import click
+from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_run_plan
 
 from . import __version__
-from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run
+from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run, RunSubmission
 from .code import CodeError, code_digests, find_workspace, prepare_code
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
 from .follow import Follower, job_prefixes
@@ -40,8 +41,6 @@ from .output import (
     size,
     truncate,
 )
-from .providers import resolve_run_plan
-from .workflows import WorkflowFileError, find_workflows_file, load_workflows_file
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -123,7 +122,7 @@ def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, n
     text = _read_text(file_path)
     plan = resolve_run_plan(load_workflows_file(text, path=relative), workflow, env_overrides=env)
     client = _client()
-    submit = {
+    submit: RunSubmission = {
         "workflow": workflow,
         "workflows_file_path": relative,
         "workflows_file_text": text,

@@ -114,7 +114,7 @@ def archive_files(workspace: Workspace) -> list[str]:
         names = {n for n in out.decode("utf-8", "surrogateescape").split("\0") if n}
         # a tracked file deleted from the working tree is listed but absent
         return sorted(n for n in names if os.path.lexists(workspace.root / n))
-    found = []
+    found: list[str] = []
     for directory, dirs, files in os.walk(workspace.root):
         dirs[:] = sorted(d for d in dirs if d != ".git")
         rel = Path(directory).relative_to(workspace.root)

@@ -10,7 +10,7 @@ stderr, so a job's stdout can be piped or redirected untouched.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -34,7 +34,8 @@ class LogWriter:
         self.err = err or sys.stderr
 
     def write(self, lines: Iterable[tuple[str, str]]) -> None:
-        current, chunk = "", []
+        current = ""
+        chunk: list[str] = []
         for stream, text in lines:
             if stream != current:
                 self._emit(current, chunk)
@@ -67,7 +68,7 @@ class StatusDisplay:
         self._spinner: Status | None = None
         self._last: tuple[str, str] | None = None
 
-    def update(self, run: dict[str, Any]) -> None:
+    def update(self, run: Mapping[str, Any]) -> None:
         status, reason = run_status(run)
         if (status, reason) == self._last:
             return
@@ -94,7 +95,7 @@ class StatusDisplay:
             self._spinner.update(Text(text))
 
 
-def waiting(run: dict[str, Any]) -> bool:
+def waiting(run: Mapping[str, Any]) -> bool:
     """Whether the run waits for a machine (pending, or every job not started)."""
     jobs = run.get("jobs") or []
     return run.get("status") == "pending" or (
@@ -102,7 +103,7 @@ def waiting(run: dict[str, Any]) -> bool:
     )
 
 
-def run_status(run: dict[str, Any]) -> tuple[str, str]:
+def run_status(run: Mapping[str, Any]) -> tuple[str, str]:
     """(status, reason) to show; the first job's reason if the run has none."""
     reason = run.get("status_reason") or next(
         (j.get("status_reason") for j in run.get("jobs") or [] if j.get("status_reason")), ""
@@ -171,7 +172,7 @@ def truncate(text: str, width: int = REASON_WIDTH) -> str:
 
 def _span(seconds: int, *, parts: int) -> str:
     units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
-    out = []
+    out: list[str] = []
     for name, length in units:
         if seconds >= length or (name == "s" and not out):
             out.append(f"{seconds // length}{name}")
@@ -184,7 +185,7 @@ def _span(seconds: int, *, parts: int) -> str:
 # ---------------------------------------------------------------- runs of several jobs
 
 
-def plan_lines(plan: dict[str, Any]) -> list[str]:
+def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     """A run plan (``Client.plan_run``) as text: jobs in order, what each
     waits for, its inputs, resources, and either its cache hit or its commands."""
     jobs = plan.get("jobs") or []
@@ -206,7 +207,7 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     return out
 
 
-def dag_rows(run: dict[str, Any], artifacts: list[dict[str, Any]]) -> list[list[str]]:
+def dag_rows(run: Mapping[str, Any], artifacts: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """``trainyard show``'s rows: JOB, STATUS, NEEDS, STARTED, DURATION,
     CACHED FROM, ARTIFACTS (a cached job's are its source job's)."""
     rows = []
@@ -233,7 +234,7 @@ def dag_rows(run: dict[str, Any], artifacts: list[dict[str, Any]]) -> list[list[
     return rows
 
 
-def attempt_rows(run: dict[str, Any]) -> list[list[str]]:
+def attempt_rows(run: Mapping[str, Any]) -> list[list[str]]:
     """``trainyard show``'s attempts: JOB, ATTEMPT, INSTANCE, STARTED, ENDED,
     REASON; only for jobs that had more than one attempt or whose attempt ended
     other than by finishing normally."""
@@ -265,7 +266,7 @@ class AttemptMarks:
     (``trainyard logs``), from the attempts' seq ranges. A job that ran
     once, normally, gets no marks: its log reads as it always did."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, job: Mapping[str, Any]) -> None:
         attempts = sorted(job.get("attempts") or [], key=lambda a: a["number"])
         self._job = job["name"]
         self._pending = attempts if len(attempts) > 1 else []
@@ -298,7 +299,7 @@ class AttemptMarks:
         return f"--- attempt {attempt['number']} ended: {attempt.get('reason') or 'unknown'}{message} ---"
 
 
-def input_lines(run: dict[str, Any]) -> list[str]:
+def input_lines(run: Mapping[str, Any]) -> list[str]:
     """``  <job>  <path> from <source>`` for every input of every job."""
     return [
         f"  {job['name']}  {i['path']} from {i['from']}"
@@ -307,7 +308,7 @@ def input_lines(run: dict[str, Any]) -> list[str]:
     ]
 
 
-def resources(spec: dict[str, Any]) -> str:
+def resources(spec: Mapping[str, Any]) -> str:
     """``cpu 4, memory 16.0 GiB, gpu 2x A100`` for a job's resources; ``any`` if none."""
     parts = [f"cpu {spec['cpu']}"] if spec.get("cpu") else []
     for key, label in (("memory_bytes", "memory"), ("disk_bytes", "disk"), ("shm_size_bytes", "shm")):
@@ -319,12 +320,12 @@ def resources(spec: dict[str, Any]) -> str:
     return ", ".join(parts) or "any"
 
 
-def _waits(job: dict[str, Any]) -> str:
+def _waits(job: Mapping[str, Any]) -> str:
     running = [f"{name} (running)" for name in job.get("after_running") or []]
     return ", ".join([*(job.get("needs") or []), *running])
 
 
-def _seconds(job: dict[str, Any]) -> float | None:
+def _seconds(job: Mapping[str, Any]) -> float | None:
     start = parse_time(job.get("started_at"))
     if start is None:
         return None

@@ -249,7 +249,7 @@ def _resumes_at(resp: http.client.HTTPResponse, offset: int) -> bool:
     if resp.status != 206:
         return False
     m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
-    return bool(m) and int(m.group(1)) == offset
+    return m is not None and int(m.group(1)) == offset
 
 
 def _mb(size: int) -> str:

@@ -5,25 +5,15 @@
 - ``tokens``: personal API tokens (stored hashed, shown once).
 
 The names below were importable from ``backend.accounts.services`` before the
-split. Only ``tokens`` is imported eagerly: DRF loads the token
+split. None of these modules may import DRF: DRF loads the token
 authentication class (which needs ``hash_token``) while ``rest_framework.views``
-is half-imported, and ``users``/``workspaces`` reach it through ``core.errors``.
+is half-imported (domain errors are in ``backend.core.errors`` for that reason).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from backend.accounts.services.tokens import TOKEN_PREFIX, api_token_create, hash_token
-
-_LAZY = {"user_get_or_create": "users", "workspace_create_personal": "workspaces"}
+from backend.accounts.services.users import user_get_or_create
+from backend.accounts.services.workspaces import workspace_create_personal
 
 __all__ = ["TOKEN_PREFIX", "api_token_create", "hash_token", "user_get_or_create", "workspace_create_personal"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -15,10 +15,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from backend.accounts.models import Invitation, Membership, Role, User, Workspace
+from backend.accounts.models import ROLE_RANK, Invitation, Membership, Role, User, Workspace
 from backend.core.errors import ApplicationError, NotFound
-
-ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
 
 
 @dataclass(frozen=True)

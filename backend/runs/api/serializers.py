@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -44,7 +44,8 @@ class RunPlanIn(RunCreateIn):
 
 class PlannedInputOut(serializers.Serializer):
     path = serializers.CharField()
-    source = serializers.CharField(source="from")
+    # The API's key is "source", which is also an attribute of every DRF field.
+    source = serializers.CharField(source="from")  # type: ignore[assignment]
 
 
 class CacheHitOut(serializers.Serializer):
@@ -218,7 +219,8 @@ class RunOut(serializers.ModelSerializer):
         jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related(
             "needs", "after_running", "attempts__instance"
         )
-        return JobOut(sorted(jobs, key=lambda j: j.created_at), many=True).data
+        # many=True makes a ListSerializer, whose data is a list (the stubs say a dict).
+        return cast(list[dict[str, Any]], JobOut(sorted(jobs, key=lambda j: j.created_at), many=True).data)
 
 
 class LogLineOut(serializers.Serializer):

@@ -9,10 +9,11 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from backend.accounts.auth import signed_in_user
 from backend.accounts.models import Role
+from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
-from backend.core.api import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import PageNumberPagination, RawBodyParser
 from backend.runs.api.serializers import (
@@ -67,7 +68,7 @@ class RunListView(WorkspaceAPIView):
         code = v["code"]
         run = run_create(
             workspace=self.workspace,
-            user=request.user,
+            user=signed_in_user(request),
             workflow=v["workflow"],
             workflows_file_path=v["workflows_file"]["path"],
             workflows_file_text=v["workflows_file"]["text"],
@@ -127,7 +128,7 @@ class TagListView(WorkspaceAPIView):
         v = data.validated_data
         tag, outcome = tag_set(
             workspace=self.workspace,
-            user=request.user,
+            user=signed_in_user(request),
             name=v["name"],
             run=_run_or_404(self.workspace, v["run"]),
             force=v["force"],
@@ -159,14 +160,14 @@ class RunDetailView(WorkspaceAPIView):
 class RunRerunView(WorkspaceAPIView):
     @extend_schema(request=None, responses={201: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
-        again = run_rerun(run=_run_or_404(self.workspace, run), user=request.user)
+        again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
         return Response(RunOut(_fresh(again)).data, status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):
     @extend_schema(request=None, responses={202: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
-        stopped = run_stop(run=_run_or_404(self.workspace, run), user=request.user)
+        stopped = run_stop(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
         return Response(RunOut(_fresh(stopped)).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -190,7 +191,7 @@ class JobLogsView(WorkspaceAPIView):
 class BlobCreateView(WorkspaceAPIView):
     @extend_schema(request={"application/octet-stream": bytes}, responses={201: BlobOut})
     def post(self, request: Request, workspace: str) -> Response:
-        blob = blob_create(workspace=self.workspace, user=request.user, chunks=_chunks(request))
+        blob = blob_create(workspace=self.workspace, user=signed_in_user(request), chunks=_chunks(request))
         return Response(BlobOut(blob).data, status=201)
 
     parser_classes = [RawBodyParser]

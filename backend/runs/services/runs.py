@@ -7,8 +7,7 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection, transaction
-from trainyard.providers import JobPlan, RunPlan, resolve_run_plan
-from trainyard.workflows import WorkflowFileError, load_workflows_file
+from trainyard_spec import JobPlan, RunPlan, WorkflowFileError, load_workflows_file, resolve_run_plan
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob

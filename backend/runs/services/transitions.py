@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_set_busy, instance_set_idle
-from backend.runs.events import publish, run_group, workspace_group
+from backend.runs.events import publish_run
 from backend.runs.models import (
     ACTIVE_JOB,
     FINISHED_JOB,
@@ -267,7 +267,7 @@ def run_refresh(*, run_id: str) -> Run:
         return run
     if Run.objects.filter(pk=run.pk, status=run.status).update(**updates):
         run.refresh_from_db()
-        transaction.on_commit(lambda: publish_run(run))
+        transaction.on_commit(lambda: publish_run(str(run.pk)))
     return run
 
 
@@ -278,16 +278,6 @@ def run_request_stop(*, run: Run) -> bool:
             status=RunStatus.STOPPING
         )
     )
-
-
-def publish_run(run: Run) -> None:
-    from backend.runs.selectors import run_snapshot
-
-    data = run_snapshot(run_id=str(run.pk))
-    if data is None:
-        return
-    publish(run_group(run.pk), {"type": "run.status", "run": data})
-    publish(workspace_group(run.workspace_id), {"type": "run.status", "run": data})
 
 
 # ------------------------------------------------------------------ helpers

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
-from trainyard.providers import JobPlan, Provider, job_plan
-from trainyard.workflows import Workflow
+from trainyard_spec import JobPlan, Provider, Workflow, job_plan
 
 
 class ClusterOptions(BaseModel):

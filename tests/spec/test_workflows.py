@@ -4,15 +4,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from trainyard.providers import resolve_run_plan
-from trainyard.workflows import (
-    JobSpec,
+from trainyard_spec import (
+    JobPlan,
     ResourceSpec,
     WorkflowError,
     WorkflowFileError,
     find_workflows_file,
     load_workflows_file,
-    resolve_job_spec,
+    resolve_run_plan,
 )
 
 PATH = ".trainyard/workflows.yaml"
@@ -295,23 +294,31 @@ def test_tiny_train_loads_and_hello_resolves(tiny_train: Path):
     path = find_workflows_file(tiny_train)
     wf_file = load_workflows_file(path.read_text(), path=PATH)
     assert list(wf_file.workflows) == ["hello", "download-base-model", "finetune-model", "evaluate", "noisy", "fail"]
-    spec = resolve_job_spec(wf_file.get("hello"), file=wf_file, env_overrides={})
-    assert spec == JobSpec(
-        workflow="hello",
-        commands=['echo "hello from $(hostname)"', "python --version"],
-        env={},
-        artifacts=[],
-        resources=ResourceSpec(
-            cpu=None,
-            memory_bytes=None,
-            disk_bytes=None,
-            shm_size_bytes=None,
-            gpu_name=None,
-            gpu_count=0,
-            gpu_memory_bytes=None,
-        ),
-        provider="bash",
-    )
+    plan = resolve_run_plan(wf_file, "hello", env_overrides={})
+    assert plan.jobs == [
+        JobPlan(
+            name="hello",
+            workflow="hello",
+            commands=['echo "hello from $(hostname)"', "python --version"],
+            env={},
+            artifacts=[],
+            resources=ResourceSpec(
+                cpu=None,
+                memory_bytes=None,
+                disk_bytes=None,
+                shm_size_bytes=None,
+                gpu_name=None,
+                gpu_count=0,
+                gpu_memory_bytes=None,
+            ),
+            provider="bash",
+            ports=[],
+            needs=[],
+            after_running=[],
+            tags=[],
+            runs=[],
+        )
+    ]
 
 
 def test_finetune_model_with_its_checkpoint_plans_its_dependency_first(tiny_train: Path):
@@ -341,8 +348,8 @@ def test_env_values_are_passed_as_written_and_overrides_win():
             commands: [x]
             env: {VERSION: 1.10, FLAG: true, N: 20, S: "a b", KEEP: k}
         """)
-    spec = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={"N": "50"})
-    assert spec.env == {"VERSION": "1.10", "FLAG": "true", "N": "50", "S": "a b", "KEEP": "k"}
+    job = resolve_run_plan(wf_file, "a", env_overrides={"N": "50"}).job("a")
+    assert job.env == {"VERSION": "1.10", "FLAG": "true", "N": "50", "S": "a b", "KEEP": "k"}
 
 
 def test_resources_are_resolved_to_bytes():
@@ -357,7 +364,7 @@ def test_resources_are_resolved_to_bytes():
             commands: [x]
             resources: {gpu: 1}
         """)
-    a = resolve_job_spec(wf_file.get("a"), file=wf_file, env_overrides={}).resources
+    a = resolve_run_plan(wf_file, "a", env_overrides={}).job("a").resources
     assert a == ResourceSpec(
         cpu=4,
         memory_bytes=512 * 2**20,
@@ -367,28 +374,8 @@ def test_resources_are_resolved_to_bytes():
         gpu_count=2,
         gpu_memory_bytes=40 * 2**30,
     )
-    b = resolve_job_spec(wf_file.get("b"), file=wf_file, env_overrides={}).resources
+    b = resolve_run_plan(wf_file, "b", env_overrides={}).job("b").resources
     assert (b.gpu_name, b.gpu_count) == (None, 1)
-
-
-def test_job_spec_refuses_what_a_single_job_spec_cannot_carry():
-    wf_file = load("""\
-        workflows:
-          - name: a
-            provider: docker
-            image: ubuntu:24.04
-          - name: b
-            provider: bash
-            commands: [x]
-            deps: [{workflow: a}]
-        """)
-    for name, line, lost in (("a", 3, "a container image"), ("b", 6, "more than one job")):
-        with pytest.raises(WorkflowFileError) as info:
-            resolve_job_spec(wf_file.get(name), file=wf_file, env_overrides={})
-        assert (
-            str(info.value)
-            == f"{PATH}:{line}: workflows[{'ab'.index(name)}] ({name}).provider: workflow '{name}' needs {lost}, which this server cannot run yet (it takes single jobs only)"
-        )
 
 
 @pytest.mark.parametrize("version", ["3", "3.11", "3.11.4"])

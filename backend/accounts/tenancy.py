@@ -1,4 +1,4 @@
-"""The one workspace-scoped base every tenant API view inherits.
+"""The one workspace-scoped base every tenant API view of every app inherits.
 
 It resolves ``<workspace>`` from the URL against the caller's memberships
 (404 when not a member: another tenant's workspace does not exist for you)
@@ -12,12 +12,12 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from backend.accounts.models import Membership, Role, Workspace
+from backend.accounts.auth import signed_in_user
+from backend.accounts.models import ROLE_RANK, Membership, Role, Workspace
 from backend.accounts.selectors import membership_get
 from backend.core.errors import ApplicationError, NotFound
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
 
 
 class WorkspaceAPIView(APIView):
@@ -29,7 +29,7 @@ class WorkspaceAPIView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        membership = membership_get(user=request.user, workspace_slug=kwargs.get("workspace", ""))
+        membership = membership_get(user=signed_in_user(request), workspace_slug=kwargs.get("workspace", ""))
         if membership is None:
             raise NotFound(f"Workspace {kwargs.get('workspace')!r} not found.")
         if request.method in WRITE_METHODS and ROLE_RANK[Role(membership.role)] < ROLE_RANK[self.write_role]:

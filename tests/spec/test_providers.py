@@ -1,13 +1,26 @@
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from trainyard import providers
-from trainyard.providers import JobPlan, Provider, ProviderNotFound, get_provider, job_plan, resolve_run_plan
-from trainyard.workflows import ResourceSpec, Workflow, WorkflowFileError, find_workflows_file, load_workflows_file
+from trainyard_spec import (
+    JobPlan,
+    Provider,
+    ProviderNotFound,
+    ResourceSpec,
+    Workflow,
+    WorkflowFileError,
+    find_workflows_file,
+    get_provider,
+    job_plan,
+    load_workflows_file,
+    providers,
+    resolve_run_plan,
+)
 
 PATH = ".trainyard/workflows.yaml"
 NO_RESOURCES = ResourceSpec(
@@ -321,6 +334,28 @@ def test_a_builtin_workflow_with_a_plugins_key_is_still_an_unknown_key():
 def test_an_unknown_provider_is_not_found():
     with pytest.raises(ProviderNotFound, match=r"unknown provider 'clustr'; did you mean 'cluster'\?"):
         get_provider("clustr")
+
+
+def test_a_plugin_that_imports_the_sdk_from_the_cli_says_where_the_sdk_is_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "oldstyle_plugin.py").write_text("from trainyard.providers import Provider\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "trainyard", None)  # as on the server, which has no CLI
+    monkeypatch.delitem(sys.modules, "trainyard.providers", raising=False)
+    entry = importlib.metadata.EntryPoint("oldstyle", "oldstyle_plugin:OldProvider", providers.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(providers, "_entry_points", lambda: (entry,))
+    providers._plugin.cache_clear()
+    try:
+        with pytest.raises(ProviderNotFound) as info:
+            get_provider("oldstyle")
+    finally:
+        providers._plugin.cache_clear()
+    message = str(info.value)
+    assert message.startswith(
+        "provider 'oldstyle' is installed (oldstyle_plugin:OldProvider) but could not be loaded: ModuleNotFoundError: "
+    )
+    assert message.endswith(" (the provider SDK is now the trainyard-spec package: import from trainyard_spec)")
 
 
 class _Broken(Provider):

@@ -1,0 +1,17 @@
+"""The runs app. At start it plugs the API's run snapshot into the events
+module, so that services publish runs without importing the API layer."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class RunsConfig(AppConfig):
+    name = "backend.runs"
+    label = "runs"
+
+    def ready(self) -> None:
+        from backend.runs import events
+        from backend.runs.api.serializers import run_to_dict
+
+        events.snapshot_with(run_to_dict)

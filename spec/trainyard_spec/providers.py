@@ -1,0 +1,269 @@
+"""The provider SDK: a provider turns a workflow into the jobs of a run.
+
+Built in: ``bash`` (commands), ``python`` (a script, optional requirements
+and Python version) and ``docker`` (an image, optional commands). A third
+party publishes a provider as a ``Provider`` subclass registered under the
+entry point group ``trainyard.providers``; docs/providers.md is the guide.
+
+A job plan says what the *runner* does: its ``provider`` is ``bash``,
+``python`` (bash commands the python provider generated) or ``docker``
+(the commands run inside ``image``). A plugin's jobs are one of those.
+
+This module knows workflows (``schema``) but not files: ``workflows`` loads a
+file and looks its providers up here, ``planning`` makes the plan of a run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.metadata
+import shlex
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from .schema import BUILTIN_PROVIDERS, PROVIDER_KEYS, ResourceSpec, Workflow, python_binary, resource_spec
+
+ENTRY_POINT_GROUP = "trainyard.providers"
+# What a job plan's provider may be: what the runner knows how to execute.
+RUNNER_PROVIDERS = ("bash", "python", "docker")
+VENV = ".trainyard-venv"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One job of a run, as the runner will execute it.
+
+    ``needs``: jobs of this run that must succeed first; their artifacts are
+    placed in this job's working directory at the same relative paths.
+    ``after_running``: jobs of this run that must be running before this one
+    starts (a cluster's master); the server gives this job
+    ``TRAINYARD_MASTER_HOST`` and ``TRAINYARD_MASTER_PORT`` (the first port
+    of the first of them). ``tags``/``runs``: the ``deps: - tag:``/``- run:``
+    of the workflow, resolved by the server.
+    """
+
+    name: str
+    workflow: str
+    provider: str
+    commands: list[str]
+    env: dict[str, str]
+    artifacts: list[str]
+    resources: ResourceSpec
+    ports: list[int]
+    needs: list[str]
+    after_running: list[str]
+    tags: list[str]
+    runs: list[str]
+    image: str = ""
+
+
+class ProviderError(Exception):
+    """Raised by a provider's ``jobs`` for a workflow it cannot plan; the
+    message is shown at the workflow's ``provider`` line."""
+
+
+class ProviderNotFound(LookupError):
+    """No built-in provider and no installed plugin has this name, or the
+    plugin could not be loaded; the message says which."""
+
+
+class Provider(ABC):
+    """Turns one workflow into one or more jobs.
+
+    ``name``: what workflows write as ``provider:``. ``options``: a pydantic
+    model (``extra="forbid"``) of the extra workflow keys this provider
+    accepts, validated when the file is loaded with file:line:key errors;
+    None for no extra keys. ``workflow_keys``: which of the provider-specific
+    workflow keys (``commands``, ``script``, ``requirements``, ``python``,
+    ``image``) it reads; the others are refused in its workflows.
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[type[BaseModel] | None] = None
+    workflow_keys: ClassVar[frozenset[str]] = frozenset()
+
+    @abstractmethod
+    def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        """The jobs of ``wf``, each with a name unique in the workflow (the
+        workflow's name for a single job; ``<workflow>-<role>`` otherwise).
+
+        ``env`` is the workflow's env with the run's overrides applied: start
+        each job's env from it. ``options`` is an instance of ``options``.
+        Set ``needs``/``after_running`` only between this workflow's own
+        jobs; leave ``tags``/``runs`` empty: the planner adds the workflow's
+        ``deps``. Must not do I/O: it runs on the CLI's machine and again on
+        the server. Raise ProviderError for a workflow that cannot be planned.
+        """
+
+
+def job_plan(
+    wf: Workflow,
+    *,
+    commands: list[str],
+    env: dict[str, str],
+    name: str | None = None,
+    provider: str = "bash",
+    **fields: Any,
+) -> JobPlan:
+    """A JobPlan of ``wf`` with the workflow's artifacts, resources and ports,
+    no dependencies, and ``fields`` (any other JobPlan field) on top."""
+    defaults: dict[str, Any] = {
+        "artifacts": list(wf.artifacts), "resources": resource_spec(wf.resources), "ports": list(wf.ports),
+        "needs": [], "after_running": [], "tags": [], "runs": [],
+    }  # fmt: skip
+    return JobPlan(
+        name=name or wf.name,
+        workflow=wf.name,
+        provider=provider,
+        commands=list(commands),
+        env=dict(env),
+        **{**defaults, **fields},
+    )
+
+
+def get_provider(name: str) -> Provider:
+    """The built-in provider ``name``, else the installed plugin registered
+    under that name in the ``trainyard.providers`` entry point group."""
+    if name in _BUILTINS:
+        return _BUILTINS[name]
+    return _plugin(name)
+
+
+def plugin_names() -> list[str]:
+    """The names of the installed plugin providers, sorted."""
+    return sorted({ep.name for ep in _entry_points()} - set(_BUILTINS))
+
+
+# ---------------------------------------------------------------- built-in providers
+
+
+class BashProvider(Provider):
+    """``commands`` under bash; ``python: "3.11"`` puts that Python first on PATH as ``python``."""
+
+    name = "bash"
+    workflow_keys = PROVIDER_KEYS["bash"]
+
+    def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        setup: list[str] = []
+        if wf.python:
+            binary = python_binary(wf.python)
+            setup = [
+                _python_check(binary),
+                f'mkdir -p .trainyard-bin && ln -sf "$(command -v {binary})" '
+                f'.trainyard-bin/python && ln -sf "$(command -v {binary})" .trainyard-bin/python3',
+                'export PATH="$PWD/.trainyard-bin:$PATH"',
+            ]
+        return [job_plan(wf, commands=[*setup, *(wf.commands or [])], env=env)]
+
+
+class PythonProvider(Provider):
+    """``python <script>``; with ``requirements``, in a fresh virtual
+    environment (the runner sets PIP_CACHE_DIR, so wheels are reused between
+    jobs on the same machine); with ``python: "3.11"``, that interpreter."""
+
+    name = "python"
+    workflow_keys = PROVIDER_KEYS["python"]
+
+    def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        return [
+            job_plan(
+                wf,
+                commands=python_commands(script=wf.script or "", requirements=wf.requirements, version=wf.python),
+                env=env,
+                provider="python",
+            )
+        ]
+
+
+class DockerProvider(Provider):
+    """``commands`` inside ``image`` (the image's own command without
+    commands); the runner needs a Docker engine and fails the job without one."""
+
+    name = "docker"
+    workflow_keys = PROVIDER_KEYS["docker"]
+
+    def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        return [job_plan(wf, commands=list(wf.commands or []), env=env, provider="docker", image=wf.image or "")]
+
+
+def python_commands(*, script: str, requirements: str | None, version: str | None) -> list[str]:
+    """The bash commands that run ``script`` as the python provider does."""
+    binary = python_binary(version) if version else "python"
+    check = [_python_check(binary)] if version else []
+    if not requirements:
+        return [*check, f"{binary} {shlex.quote(script)}"]
+    return [
+        *check,
+        f"{binary} -m venv {VENV}",
+        f". {VENV}/bin/activate",
+        f"pip install --disable-pip-version-check -r {shlex.quote(requirements)}",
+        f"python {shlex.quote(script)}",
+    ]
+
+
+_BUILTINS: dict[str, Provider] = {p.name: p for p in (BashProvider(), PythonProvider(), DockerProvider())}
+assert tuple(_BUILTINS) == BUILTIN_PROVIDERS
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _python_check(binary: str) -> str:
+    version = binary.removeprefix("python")
+    return (
+        f"command -v {binary} >/dev/null || "
+        f'{{ echo "python {version} is not installed on this runner\'s machine" >&2; exit 127; }}'
+    )
+
+
+@functools.cache
+def _entry_points() -> tuple[importlib.metadata.EntryPoint, ...]:
+    # Cached: scanning installed distributions costs milliseconds, and a newly
+    # installed plugin needs a restart of the server anyway.
+    return tuple(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+@functools.cache
+def _plugin(name: str) -> Provider:
+    found = [ep for ep in _entry_points() if ep.name == name]
+    if not found:
+        raise ProviderNotFound(_unknown_provider(name))
+    entry = found[0]
+    try:
+        loaded = entry.load()
+    except Exception as e:  # a broken plugin must not take the file (or the server) down with a traceback
+        raise ProviderNotFound(
+            f"provider '{name}' is installed ({entry.value}) but could not be loaded: {type(e).__name__}: {e}"
+            + _old_sdk_hint(e)
+        ) from None
+    provider = loaded() if isinstance(loaded, type) and issubclass(loaded, Provider) else loaded
+    if not isinstance(provider, Provider):
+        raise ProviderNotFound(f"provider '{name}' ({entry.value}) is not a trainyard_spec.Provider subclass")
+    if getattr(provider, "name", None) != name:
+        raise ProviderNotFound(
+            f"provider '{name}' ({entry.value}) calls itself '{getattr(provider, 'name', None)}'; "
+            "the entry point name and Provider.name must match"
+        )
+    return provider
+
+
+def _old_sdk_hint(e: Exception) -> str:
+    # Plugins written before the SDK left the CLI import ``trainyard.providers``,
+    # which only exists where the CLI is installed (never on the server).
+    if isinstance(e, ModuleNotFoundError) and (e.name or "").partition(".")[0] == "trainyard":
+        return " (the provider SDK is now the trainyard-spec package: import from trainyard_spec)"
+    return ""
+
+
+def _unknown_provider(name: str) -> str:
+    plugins = plugin_names()
+    close = difflib.get_close_matches(name, [*BUILTIN_PROVIDERS, *plugins], n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    installed = (
+        f"; installed plugin providers: {', '.join(plugins)}" if plugins else "; no plugin provider is installed"
+    )
+    return f"unknown provider '{name}'; {hint}the built-in providers are {', '.join(BUILTIN_PROVIDERS)}{installed}"

@@ -1,0 +1,261 @@
+"""The keys of a workflow: the pydantic schema, the resource sizes in bytes,
+and the errors a workflow file can have (file, line, key, message).
+
+Pure data and validation: no file is read and no provider is looked up here
+(``workflows`` loads a file, ``providers`` turns a workflow into jobs,
+``planning`` makes a run's plan), so every other module can import this one.
+
+Rules the schema enforces (see ``_units`` for sizes and durations):
+
+- every key is known; a misspelt key is an error that suggests the right one;
+- sizes need a unit (``512MB``, ``16GB``, ``1.5GiB``; binary units); a bare
+  number is refused as ambiguous;
+- ``gpu`` is a mapping ``{name, count, memory}`` or a plain count
+  (``gpu: 2``); the count is at least 1;
+- ``env`` values are strings, numbers or booleans and are passed on as the
+  text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
+- artifact and checkpoint paths are relative and stay inside the repo.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from ._messages import describe
+from ._units import parse_duration, parse_size
+
+BUILTIN_PROVIDERS = ("bash", "python", "docker")
+# checkpoint is accepted: its behaviour (sync and resume after a spot
+# interruption) only exists where instances can be interrupted, and the only
+# backend so far (local) never is (docs/decisions/0007-checkpoint-accepted.md).
+NOT_SUPPORTED_YET = (
+    "backends", "regions", "spot_policy", "max_price",
+    "max_wait", "idle_duration", "max_duration",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkflowError:
+    """One problem in a workflow file. ``line`` is 1-based, None if unknown."""
+
+    file: str
+    line: int | None
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where}: {self.key}: {self.message}"
+
+
+class WorkflowFileError(Exception):
+    """A workflow file (or the use of one of its workflows) is invalid."""
+
+    def __init__(self, errors: list[WorkflowError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    cpu: int | None
+    memory_bytes: int | None
+    disk_bytes: int | None
+    shm_size_bytes: int | None
+    gpu_name: str | None
+    gpu_count: int
+    gpu_memory_bytes: int | None
+
+
+# ---------------------------------------------------------------- schema
+
+
+def _gpu_count(value: int) -> int:
+    if value < 1:
+        raise PydanticCustomError(
+            "gpu_count",
+            "a gpu count must be at least 1, got {value} (to run without a GPU, leave out gpu)",
+            {"value": value},
+        )
+    return value
+
+
+def _gpu_shorthand(value: object) -> object:
+    return {"count": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _env_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    raise PydanticCustomError(
+        "env_value", "an env value must be a string, number or boolean, got {got}", {"got": describe(value)}
+    )
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if not value.strip() or path.is_absolute() or ".." in path.parts:
+        raise PydanticCustomError(
+            "rel_path", "expected a path inside the repository such as ./checkpoint, got '{value}'", {"value": value}
+        )
+    return value
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
+        raise PydanticCustomError(
+            "name",
+            "a workflow name uses letters, digits, '.', '_' and '-' and starts with a letter or digit, got '{value}'",
+            {"value": value},
+        )
+    return value
+
+
+def _python_version(value: object) -> object:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise PydanticCustomError(
+            "python_version",
+            'write the Python version as a string, e.g. python: "3.11" (3.10 unquoted is the number 3.1)',
+        )
+    return value
+
+
+def _python_version_text(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"3(\.\d+){0,2}", value):
+        raise PydanticCustomError(
+            "python_version", "expected a Python 3 version such as \"3.11\", got '{value}'", {"value": value}
+        )
+    return value
+
+
+def python_binary(version: str) -> str:
+    """``python3.11`` for ``"3.11"`` (and ``"3.11.4"``: a patch level has no binary of its own)."""
+    return "python" + ".".join(version.split(".")[:2])
+
+
+def _retry_shorthand(value: object) -> object:
+    """``retry: true`` is the defaults; ``retry: false`` is a single attempt."""
+    if value is True:
+        return {}
+    return {"on_events": [], "limit": 1} if value is False else value
+
+
+def _event_name(value: object) -> object:
+    return value.replace("-", "_") if isinstance(value, str) else value
+
+
+def _port(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+        return value
+    raise PydanticCustomError("port", "expected a port number from 1 to 65535, got {got}", {"got": describe(value)})
+
+
+_Str = Annotated[str, Field(strict=True)]
+_Count = Annotated[int, Field(strict=True, ge=1)]
+_Size = Annotated[int, BeforeValidator(parse_size)]
+_Duration = Annotated[int | str, BeforeValidator(parse_duration)]
+_RelPath = Annotated[_Str, AfterValidator(_relative_path)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Model):
+    name: _Str | None = None
+    count: Annotated[int, Field(strict=True), AfterValidator(_gpu_count)] = 1
+    memory: _Size | None = None
+
+
+class Resources(_Model):
+    cpu: _Count | None = None
+    memory: _Size | None = None
+    disk: _Size | None = None
+    shm_size: _Size | None = None
+    gpu: Annotated[GpuSpec | None, BeforeValidator(_gpu_shorthand)] = None
+
+
+class Dep(_Model):
+    workflow: _Str | None = None
+    tag: _Str | None = None
+    run: _Str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Dep:
+        if sum(v is not None for v in (self.workflow, self.tag, self.run)) != 1:
+            raise PydanticCustomError("dep", "a dependency names exactly one of workflow, tag or run")
+        return self
+
+
+RetryEvent = Literal["interruption", "instance_lost", "error", "no_capacity"]
+
+
+class Retry(_Model):
+    """Which ended attempts are tried again (docs/RUNS.md, "Retries").
+    Absent: ``interruption`` and ``instance_lost``, 5 attempts, within 1h."""
+
+    on_events: list[Annotated[RetryEvent, BeforeValidator(_event_name)]] | None = None
+    limit: Annotated[int, Field(strict=True, ge=1)] | None = None
+    duration: _Duration | None = None
+
+    def policy(self) -> dict[str, object]:
+        """What the server stores on each job (None fields left to the defaults)."""
+        duration = self.duration if isinstance(self.duration, int) else None
+        values = {"on_events": self.on_events, "limit": self.limit, "duration": duration}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class Workflow(_Model):
+    name: Annotated[_Str, AfterValidator(_name)]
+    provider: _Str
+    commands: list[_Str] | None = None
+    script: _Str | None = None
+    requirements: _Str | None = None
+    python: Annotated[_Str | None, BeforeValidator(_python_version), AfterValidator(_python_version_text)] = None
+    image: _Str | None = None
+    env: dict[str, Annotated[str, BeforeValidator(_env_value)]] = Field(default_factory=dict)
+    ports: list[Annotated[int, BeforeValidator(_port)]] = Field(default_factory=list)
+    artifacts: list[_RelPath] = Field(default_factory=list)
+    deps: list[Dep] = Field(default_factory=list)
+    checkpoint: _RelPath | None = None
+    resources: Resources = Field(default_factory=Resources)
+    backends: list[_Str] | None = None
+    regions: list[_Str] | None = None
+    spot_policy: Literal["spot", "on-demand", "auto"] | None = None
+    max_price: Annotated[float, Field(gt=0)] | None = None
+    max_wait: _Duration | None = None
+    idle_duration: _Duration | None = None
+    max_duration: _Duration | None = None
+    retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
+
+
+# The keys only some providers read; a plugin declares the ones it reads
+# (``Provider.workflow_keys``), the rest are refused in its workflows.
+PROVIDER_KEYS: dict[str, frozenset[str]] = {
+    "bash": frozenset({"commands", "python"}),
+    "python": frozenset({"script", "requirements", "python"}),
+    "docker": frozenset({"image", "commands"}),
+}
+PROVIDER_SPECIFIC_KEYS = frozenset().union(*PROVIDER_KEYS.values())
+
+
+def resource_spec(r: Resources) -> ResourceSpec:
+    """The resources of a workflow, sizes in bytes."""
+    gpu = r.gpu
+    return ResourceSpec(
+        cpu=r.cpu,
+        memory_bytes=r.memory,
+        disk_bytes=r.disk,
+        shm_size_bytes=r.shm_size,
+        gpu_name=gpu.name if gpu else None,
+        gpu_count=gpu.count if gpu else 0,
+        gpu_memory_bytes=gpu.memory if gpu else None,
+    )
