@@ -1,7 +1,8 @@
 """Secrets are masked in the raw text of log lines, before COPY escaping: values
 with special characters, values split across lines or across the runner's
 64 KiB line cut (within a batch and across batches), and their base64 and
-URL-encoded forms. What is stored is exactly what followers are sent."""
+URL-encoded forms. What is stored is exactly what followers are sent. Job
+and run reasons are masked too, and never hold a signed storage URL's token."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import pytest
 from trainyard_runner.protocol import MAX_LINE_BYTES, LogLineWire
 
 from backend.accounts.models import Workspace
+from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
-from backend.runs.models import Job, LogLine, Run
+from backend.runs.models import Job, JobStatus, LogLine, Run
 from backend.runs.services.logs import logs_prepare, logs_store
+from backend.runs.services.reasons import WITHHELD
 from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_accept
+from backend.runs.services.transitions import job_accept, job_finish, job_set_reason
+from backend.vault.models import Secret
 from backend.vault.services import secret_set
 from tests.support.fixtures import Person
 
@@ -201,3 +205,91 @@ def test_a_short_start_left_by_the_cut_is_completed_by_the_next_batch(
 
     assert first == [head]
     assert second == ["*****"]
+
+
+def _reasons(running: Running) -> tuple[str, str]:
+    job = Job.objects.select_related("run").get(pk=running.job.pk)
+    return job.status_reason, job.run.status_reason
+
+
+def test_a_secret_in_a_reason_from_the_runner_or_git_is_masked_in_the_job_and_its_run(
+    team: Workspace, owner: Person, running: Running
+) -> None:
+    _secrets(team, owner, GIT_TOKEN="ab\\cd-21600")
+    job_id, instance_id = str(running.job.pk), str(running.instance.pk)
+
+    job_set_reason(job_id=job_id, instance_id=instance_id, reason="cloning https://bot:ab\\cd-21600@git.test/r.git")
+    progress = _reasons(running)
+    job_finish(
+        job_id=job_id,
+        status=JobStatus.FAILED,
+        exit_code=None,
+        reason="clone of https://bot:ab%5Ccd-21600@git.test/r.git failed (exit 128): fatal: denied (ab\\cd-21600)",
+        instance_id=instance_id,
+    )
+
+    assert progress == ("cloning https://bot:*****@git.test/r.git",) * 2
+    assert (
+        _reasons(running) == ("clone of https://bot:*****@git.test/r.git failed (exit 128): fatal: denied (*****)",) * 2
+    )
+
+
+def test_a_secret_cut_short_by_the_reasons_length_limit_is_masked(
+    team: Workspace, owner: Person, running: Running
+) -> None:
+    _secrets(team, owner, TOKEN=TOKEN)
+
+    job_finish(
+        job_id=str(running.job.pk),
+        status=JobStatus.FAILED,
+        exit_code=None,
+        reason="e" * 990 + TOKEN + " and more",  # job_finish keeps 1000 characters: "wandb-0123" at the end
+        instance_id=str(running.instance.pk),
+    )
+
+    assert _reasons(running) == ("e" * 990 + "*****",) * 2
+
+
+def test_a_reason_quoting_a_failed_download_holds_no_signed_token(running: Running) -> None:
+    url = get_storage().signed_url("blobs/p.patch", method="GET")
+    token = url.rsplit("/", 1)[1]
+    reason = (
+        f"download of the patch failed: GET {url}: HTTP 403 This link has expired. "
+        f"URL can't contain control characters. '/storage/{token} x' (found at least ' '); "
+        "GET https://b.s3.test/k?X-Amz-Credential=AKIA&X-Amz-Signature=0a1b: HTTP 403"
+    )
+
+    job_finish(
+        job_id=str(running.job.pk),
+        status=JobStatus.FAILED,
+        exit_code=None,
+        reason=reason,
+        instance_id=str(running.instance.pk),
+    )
+
+    public = url.split("/storage/", 1)[0]
+    expected = (
+        f"download of the patch failed: GET {public}/storage/…: HTTP 403 This link has expired. "
+        "URL can't contain control characters. '/storage/… x' (found at least ' '); "
+        "GET https://b.s3.test/k?…: HTTP 403"
+    )
+    assert len(token) > 40
+    assert _reasons(running) == (expected, expected)
+
+
+def test_a_secret_that_cannot_be_decrypted_withholds_the_reason_and_the_job_still_ends(
+    team: Workspace, owner: Person, running: Running
+) -> None:
+    _secrets(team, owner, TOKEN=TOKEN)
+    Secret.objects.filter(workspace=team).update(ciphertext=b"not a fernet token")
+
+    ended = job_finish(
+        job_id=str(running.job.pk),
+        status=JobStatus.FAILED,
+        exit_code=None,
+        reason=f"fatal: {TOKEN}",
+        instance_id=str(running.instance.pk),
+    )
+
+    assert ended is True
+    assert _reasons(running) == (WITHHELD, WITHHELD)

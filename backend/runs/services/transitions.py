@@ -20,6 +20,7 @@ from django.utils import timezone
 from backend.clouds.models import Instance, InstanceStatus
 from backend.runs.events import publish, run_group, workspace_group
 from backend.runs.models import FINISHED_JOB, FINISHED_RUN, Job, JobStatus, Run, RunStatus
+from backend.runs.services.reasons import job_reason_clean
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def job_release(*, job_id: str, reason: str, instance_id: str | None = None, lea
 
 def job_set_reason(*, job_id: str, instance_id: str, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job."""
+    reason = job_reason_clean(job_id=job_id, reason=reason)
     running = Job.objects.filter(pk=job_id, instance_id=instance_id, status=JobStatus.RUNNING)
     if running.exclude(status_reason=reason[:1000]).update(status_reason=reason[:1000]):
         _after_job_change(job_id)
@@ -211,6 +213,8 @@ def _failure_reason(job: Job) -> str:
 
 
 def _cas_job(job_id: object, old: list[JobStatus], *, extra: Q | None = None, **updates: Any) -> bool:
+    if "status_reason" in updates:
+        updates["status_reason"] = job_reason_clean(job_id=job_id, reason=updates["status_reason"])
     query = Job.objects.filter(Q(pk=job_id, status__in=old) & (extra or Q()))
     changed = query.update(**updates) == 1
     if changed:
