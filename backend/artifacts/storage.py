@@ -8,6 +8,7 @@ implementation) and PUT or GET the bytes directly.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -21,6 +22,13 @@ from django.core import signing
 
 Method = Literal["GET", "PUT"]
 _SALT = "trainyard.storage"
+# Where a signed URL carries its credential: the token in the path of our own
+# links (/storage/<token>, /storage-archive/<token>, also when an error quotes
+# only the path; a token is 100+ characters of base64 and ":", ending in the
+# signature), the query of any other URL (presigned S3 URLs). Neither takes
+# the punctuation of the sentence around it.
+_TOKEN_IN_PATH = re.compile(r"(/storage(?:-archive)?/)[\w.:\-]{19,}[\w\-]")
+_QUERY = re.compile(r"(https?://[^\s?#'\"<>]+)\?[^\s#'\"<>]*[^\s#'\"<>:.,;!)]")
 
 
 class Storage(ABC):
@@ -96,6 +104,12 @@ def verify_token(token: str) -> tuple[str, Method, str]:
     if time.time() > data["x"]:
         raise signing.SignatureExpired("the link has expired")
     return data["k"], data["m"], data.get("f", "")
+
+
+def redact_signed_urls(text: str) -> str:
+    """``text`` with the credentials of every signed URL in it replaced by "…"
+    (a reason that quotes a failed download must not hand out its link)."""
+    return _QUERY.sub(r"\1?…", _TOKEN_IN_PATH.sub(r"\1…", text))
 
 
 def get_storage() -> Storage:

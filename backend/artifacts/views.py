@@ -1,11 +1,22 @@
-"""/storage/<token>: the local storage's signed URLs (GET and PUT)."""
+"""/storage/<token>: the local storage's signed URLs (GET and PUT), and
+/storage-archive/<token>: a zip of an artifact's files.
+
+These serve files named and written by jobs, from the dashboard's origin. A
+browser must never render one as a page there (an ``x.html`` artifact would
+run with the signed-in user's cookies): every response is a download
+(``attachment``, ``application/octet-stream``), is never sniffed for a type,
+and is sandboxed should a browser render it anyway. The dashboard previews
+files by reading their bytes (``fetch``), never by navigating to them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import wraps
 
 from django.core import signing
 from django.http import FileResponse, HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 
 from backend.artifacts.archive import archive_name, archive_token, zip_stream
@@ -13,9 +24,26 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.storage import get_storage, verify_token
 
 CHUNK = 1 << 20
+DOWNLOAD_TYPE = "application/octet-stream"
+
+
+def _inert(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """Every response of ``view``, errors included, is never sniffed for a
+    type and, if a browser renders it anyway, runs in a sandbox (no script,
+    no same-origin access)."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, token: str) -> HttpResponseBase:
+        response = view(request, token)
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "sandbox"
+        return response
+
+    return wrapped
 
 
 @csrf_exempt
+@_inert
 def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     try:
         key, method, filename = verify_token(token)
@@ -33,9 +61,11 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
         handle = storage.open(key)
     except FileNotFoundError:
         return _error(404, "Not found.")
-    return FileResponse(handle, as_attachment=bool(filename), filename=filename)
+    name = filename or key.rsplit("/", 1)[-1]
+    return FileResponse(handle, as_attachment=True, filename=name, content_type=DOWNLOAD_TYPE)
 
 
+@_inert
 def storage_archive(request: HttpRequest, token: str) -> HttpResponseBase:
     try:
         artifact_id, prefix = archive_token(token)
@@ -46,8 +76,8 @@ def storage_archive(request: HttpRequest, token: str) -> HttpResponseBase:
     artifact = Artifact.objects.filter(pk=artifact_id).first()
     if artifact is None:
         return _error(404, "Not found.")
-    response = StreamingHttpResponse(zip_stream(artifact, prefix), content_type="application/zip")
-    response["Content-Disposition"] = f'attachment; filename="{archive_name(artifact, prefix)}"'
+    response = StreamingHttpResponse(zip_stream(artifact, prefix), content_type=DOWNLOAD_TYPE)
+    response["Content-Disposition"] = content_disposition_header(True, archive_name(artifact, prefix))
     return response
 
 

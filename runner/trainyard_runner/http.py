@@ -2,6 +2,11 @@
 
 Callers run them in a thread (``asyncio.to_thread``). ``HttpError.recoverable``
 tells a network problem or a 5xx (worth retrying) from a refusal (4xx).
+
+``download``, ``open_get`` and ``put_file`` take signed URLs, whose path or
+query is a credential (the server's ``/storage/<token>``, a presigned S3
+query): their errors name only the URL's origin, so a job's reason never
+hands out the link. ``post_json`` errors name the API path.
 """
 
 from __future__ import annotations
@@ -30,19 +35,19 @@ class HttpError(Exception):
 
 def download(url: str, dest: Path, *, timeout: float = TIMEOUT) -> None:
     """GET ``url`` into the file ``dest``."""
-    with _open(urllib.request.Request(url), timeout) as resp, dest.open("wb") as f:
+    with _open(urllib.request.Request(url), timeout, signed=True) as resp, dest.open("wb") as f:
         shutil.copyfileobj(resp, f, 1 << 20)
         expected = resp.headers.get("Content-Length")
     # A cut connection can end the body early without an error, and git
     # apply silently skips a truncated binary hunk: check the length.
     if expected is not None and dest.stat().st_size != int(expected):
-        raise HttpError(f"GET {_short(url)}: got {dest.stat().st_size} of {expected} bytes")
+        raise HttpError(f"GET {_shown(url, signed=True)}: got {dest.stat().st_size} of {expected} bytes")
 
 
 def open_get(url: str, *, headers: dict[str, str] | None = None, timeout: float = TIMEOUT) -> Any:
     """GET ``url`` and return the open response (read it in chunks, then close
     it); ``timeout`` applies to every socket operation."""
-    return _open(urllib.request.Request(url, headers=headers or {}), timeout)
+    return _open(urllib.request.Request(url, headers=headers or {}), timeout, signed=True)
 
 
 def post_json(url: str, body: dict[str, Any], *, token: str, timeout: float = TIMEOUT) -> Any:
@@ -68,7 +73,7 @@ def put_file(url: str, path: Path, *, headers: dict[str, str], timeout: float = 
             method="PUT",
             headers={**headers, "Content-Length": str(size), "Content-Type": "application/octet-stream"},
         )
-        with _open(req, timeout) as resp:
+        with _open(req, timeout, signed=True) as resp:
             resp.read()
 
 
@@ -77,16 +82,32 @@ def same_origin(a: str, b: str) -> bool:
     return (sa.scheme, sa.netloc) == (sb.scheme, sb.netloc)
 
 
-def _open(req: urllib.request.Request, timeout: float) -> Any:
+def _open(req: urllib.request.Request, timeout: float, *, signed: bool = False) -> Any:
+    shown = _shown(req.full_url, signed=signed)
     try:
         return urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as e:
         detail = e.read(500).decode("utf-8", errors="replace").strip()
-        raise HttpError(f"{req.get_method()} {_short(req.full_url)}: HTTP {e.code} {detail}", status=e.code) from None
+        detail = _scrubbed(detail, req.full_url) if signed else detail
+        raise HttpError(f"{req.get_method()} {shown}: HTTP {e.code} {detail}", status=e.code) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        raise HttpError(f"{req.get_method()} {_short(req.full_url)}: {e}") from None
+        why = _scrubbed(str(e), req.full_url) if signed else str(e)
+        raise HttpError(f"{req.get_method()} {shown}: {why}") from None
 
 
-def _short(url: str) -> str:
-    # Signed URLs carry credentials in the query string: never log them.
-    return url.split("?", 1)[0]
+def _shown(url: str, *, signed: bool) -> str:
+    """The URL as messages show it: no query (a signature), no user:password,
+    and for a signed URL not its path either (our storage's token is there)."""
+    parts = urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return f"{origin}/… (signed URL)" if signed else f"{origin}{parts.path}"
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """``text`` (an error body, an exception) without the signed URL's path
+    or query, which some servers and exceptions quote."""
+    parts = urlsplit(url)
+    for secret in (parts.query, parts.path):
+        if len(secret) > 1:
+            text = text.replace(secret, "…")
+    return text

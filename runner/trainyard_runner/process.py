@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .logstream import LogStream
+from .protocol import MAX_LINE_BYTES
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_BYTES = 64 * 1024
 _CHUNK = 64 * 1024
 # Leads the job's process group and takes it down if the runner dies.
 REAPER = Path(__file__).with_name("_reaper.py")
@@ -128,7 +128,8 @@ async def _pump(reader: asyncio.StreamReader, stream_name: str, stream: LogStrea
     """Read ``reader`` to EOF, handing complete lines to ``stream``.
 
     Reads in chunks and splits them, which is several times faster than
-    ``readline`` per line; a line longer than MAX_LINE_BYTES is cut into pieces.
+    ``readline`` per line; a line longer than MAX_LINE_BYTES is cut into pieces
+    (protocol.py says how long a piece is, and the server relies on it).
     """
     rest = b""
     while True:
@@ -141,13 +142,26 @@ async def _pump(reader: asyncio.StreamReader, stream_name: str, stream: LogStrea
         if cut:
             texts = data[: cut - 1].decode("utf-8", errors="replace").split("\n")
         rest = data[cut:]
-        while len(rest) >= MAX_LINE_BYTES:
-            texts.append(rest[:MAX_LINE_BYTES].decode("utf-8", errors="replace"))
-            rest = rest[MAX_LINE_BYTES:]
+        # ">": the byte after the cut tells whether it splits a character.
+        while len(rest) > MAX_LINE_BYTES:
+            at = _boundary(rest)
+            texts.append(rest[:at].decode("utf-8", errors="replace"))
+            rest = rest[at:]
         texts = _split_long(texts)
         await stream.put(stream_name, texts)
     if rest:
         await stream.put(stream_name, [rest.decode("utf-8", errors="replace")])
+
+
+def _boundary(data: bytes) -> int:
+    """Where to cut ``data`` (longer than MAX_LINE_BYTES): at MAX_LINE_BYTES, or
+    up to 3 bytes before it so no UTF-8 character is split in two (a split one
+    would arrive as two U+FFFD, hiding what it was on both sides). Bytes that
+    are not UTF-8 are cut at MAX_LINE_BYTES."""
+    for back in range(4):
+        if data[MAX_LINE_BYTES - back] & 0xC0 != 0x80:  # not a continuation byte
+            return MAX_LINE_BYTES - back
+    return MAX_LINE_BYTES
 
 
 def _split_long(texts: list[str]) -> list[str]:

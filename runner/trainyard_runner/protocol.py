@@ -35,6 +35,25 @@ PROTOCOL_VERSION = 2
 # sends 200k of these.
 LogLineWire = tuple[float, Literal["o", "e"], str]
 
+# A line longer than MAX_LINE_BYTES of UTF-8 reaches the server as pieces: the
+# runner cuts it at a character boundary at most MAX_LINE_BYTES in, and the
+# next line of the same stream continues it. Frames do not mark the pieces;
+# every runner's piece is at least CUT_MIN_BYTES long, and that is how the
+# server tells them (``may_be_cut``), so masking can follow a secret across a
+# cut.
+MAX_LINE_BYTES = 64 * 1024
+CUT_MIN_BYTES = MAX_LINE_BYTES - 3  # a cut backs off at most 3 bytes of a character
+CUT_MIN_CHARS = CUT_MIN_BYTES // 4  # a character is at most 4 bytes
+
+
+def may_be_cut(text: str) -> bool:
+    """Whether ``text`` may be a piece of a longer line (the next line of its
+    stream continues it). True for every piece; also for the rare whole line
+    that long, which only makes the server's masking more careful."""
+    if len(text) < CUT_MIN_CHARS:
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) >= CUT_MIN_BYTES
+
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -7,7 +7,7 @@ import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -121,3 +121,46 @@ def test_archive_extraction_refuses_paths_outside_the_work_dir(tmp_path: Path, n
         safe_extract(archive, dest)
     assert list(dest.iterdir()) == []
     assert not (tmp_path / "evil").exists()
+
+
+@pytest.fixture
+def echoing_403() -> Iterator[str]:
+    """A server that refuses every GET with 403 and quotes the request's path
+    and query in the body, as some servers do; returns its base url."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = f"no access to {self.path}".encode()
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_failed_download_names_no_part_of_the_signed_url(
+    tmp_path: Path, repo: tuple[Path, str], echoing_403: str
+) -> None:
+    path, commit = repo
+    token = ".eJyrVkrOz8lJTVWyUlJKyUxXKi1OLQIAQKkGhQ:1u9Zk2:Gv3Hs7F0x6tM0QYw1k2l3m4n5o6p7q8r9s0t1u2v3w"
+    patch_url = f"{echoing_403}/storage/{token}"
+    archive_url = f"{echoing_403}/bucket/code.tar.gz?X-Amz-Signature=0123abcd&X-Amz-Expires=900"
+
+    with pytest.raises(CodeError) as patch:
+        _prepare(CodeSpec(kind="git", repo_url=str(path), commit=commit, patch_url=patch_url), tmp_path, "w1")
+    with pytest.raises(CodeError) as archive:
+        _prepare(CodeSpec(kind="archive", archive_url=archive_url), tmp_path, "w2")
+
+    assert (
+        str(patch.value) == f"download of the patch failed: GET {echoing_403}/… (signed URL): HTTP 403 no access to …"
+    )
+    assert str(archive.value) == (
+        f"download of the archive failed: GET {echoing_403}/… (signed URL): HTTP 403 no access to …?…"
+    )

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
 from trainyard_runner.logstream import LogStream, read_spool
 from trainyard_runner.process import MAX_LINE_BYTES, Execution, job_env
+from trainyard_runner.protocol import may_be_cut
 
 
 def _run(
@@ -44,6 +46,19 @@ def test_output_is_split_into_numbered_lines(tmp_path: Path) -> None:
         (5, "o", "x" * 10),
         (6, "o", "café \ufffd"),
     ]
+
+
+def test_a_long_line_is_cut_between_characters_into_pieces_the_server_recognises(tmp_path: Path) -> None:
+    # Byte 65,536 of this line is the second half of an "é" (2 bytes): the
+    # first cut moves one byte back, so no character is split in two.
+    text = "x" * 21_845 + "é" * 60_000 + "end"
+    write = "import sys; sys.stdout.buffer.write(('x' * 21_845 + 'é' * 60_000 + 'end\\n').encode())"
+    code, lines = _run([f'{sys.executable} -c "{write}"'], tmp_path)
+    texts = [t for _, _, t in lines]
+    assert code == 0
+    assert texts[0] == "x" * 21_845 + "é" * 21_845  # 65,535 bytes
+    assert "".join(texts) == text  # nothing lost or replaced by U+FFFD
+    assert [may_be_cut(t) for t in texts] == [True] * (len(texts) - 1) + [False]
 
 
 def test_the_job_gets_its_env_without_the_runner_token(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -27,6 +27,21 @@ def test_an_invalid_name_is_refused(team: Workspace, owner: Person) -> None:
         secret_set(workspace=team, user=owner.user, name="BAD-NAME", value="x")
 
 
+def test_a_value_under_4_characters_is_refused_with_the_reason(team: Workspace, owner: Person) -> None:
+    with pytest.raises(ApplicationError) as refused:
+        secret_set(workspace=team, user=owner.user, name="PIN", value="123")
+    put = owner.client().put("/api/v1/workspaces/acme/secrets/PIN/", {"value": "abc"}, format="json")
+    kept = owner.client().put("/api/v1/workspaces/acme/secrets/PIN/", {"value": "abcd"}, format="json")
+
+    reason = (
+        "A secret's value needs at least 4 characters: a shorter one cannot be masked in logs"
+        " without masking ordinary text too."
+    )
+    assert str(refused.value) == reason
+    assert (put.status_code, put.json()["message"]) == (400, reason)
+    assert kept.status_code == 201 and Secret.objects.count() == 1
+
+
 def test_the_api_lists_names_and_never_values(team: Workspace, owner: Person, viewer: Person) -> None:
     client = owner.client()
     put = client.put("/api/v1/workspaces/acme/secrets/WANDB_API_KEY/", {"value": VALUE}, format="json")

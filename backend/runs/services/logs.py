@@ -7,7 +7,8 @@ watermark: a batch is trimmed to the lines above it and written with one
 locked (``SELECT … FOR UPDATE``) for the duration, so two connections of the
 same runner (an old one not yet closed and its replacement) cannot both write
 the same seqs, whichever web process holds them. Every line is masked
-against the workspace's secrets before it is stored.
+against the workspace's secrets, in its raw text, before it is stored or
+streamed (``logmask.py``).
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from django.db import connection, transaction
-from trainyard_runner.protocol import LogLineWire
+from trainyard_runner.protocol import LogLineWire, may_be_cut
 
-from backend.runs.models import Job
-from backend.vault.services import mask, mask_values
+from backend.runs.models import Job, LogLine
+from backend.runs.services.logmask import Previous, joined_text, masked, needs_masking
+from backend.vault.masking import MASK, Masks
+from backend.vault.services import masks_for
 
 logger = logging.getLogger(__name__)
+
+# How far back a batch's first line of a stream looks for the line it may
+# continue (the other stream can print in between).
+PREVIOUS_WINDOW = 1000
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class PreparedLogs:
     lines: list[LogLineWire]
     rows: str
     frame: str
+    text: str  # the lines' raw texts joined by "\n": what masking searches
     attempt: int = 1
 
 
@@ -57,8 +65,9 @@ class UnknownJob(Exception):
 
 def logs_prepare(*, job_id: str, first_seq: int, lines: list[LogLineWire], attempt: int = 1) -> PreparedLogs:
     """Pure CPU work, no database: safe to run in any thread."""
-    rows, frame = _rows(job_id, first_seq, lines), _frame(job_id, first_seq, lines)
-    return PreparedLogs(job_id, first_seq, lines, rows, frame, attempt)
+    text = joined_text(lines)
+    rows, frame = _rows(job_id, first_seq, lines, text), _frame(job_id, first_seq, lines)
+    return PreparedLogs(job_id, first_seq, lines, rows, frame, text, attempt)
 
 
 def logs_store(
@@ -87,7 +96,8 @@ def logs_store(
             # Store nothing; the ack tells the runner where to resume.
             logger.warning("job %s: gap before seq %s (stored up to %s)", job_id, first_seq, job.last_seq)
             return StoredLogs(str(job.pk), str(job.run_id), job.last_seq, job.last_seq + 1, [])
-        batch = _final(prepared, job_id, first_seq, lines, skip, mask_values(workspace_id=job.workspace_id))
+        masks = masks_for(workspace_id=job.workspace_id)
+        batch = _final(prepared, job_id, attempt, first_seq, lines, skip, masks, _previous(job))
         if batch.lines:
             _copy(batch.rows)
             Job.objects.filter(pk=job.pk).update(last_seq=job.last_seq + len(batch.lines))
@@ -97,23 +107,43 @@ def logs_store(
 
 
 def _final(
-    prepared: PreparedLogs | None, job_id: str, first_seq: int, lines: list[LogLineWire], skip: int, secrets: list[str]
+    prepared: PreparedLogs | None,
+    job_id: str,
+    attempt: int,
+    first_seq: int,
+    lines: list[LogLineWire],
+    skip: int,
+    masks: Masks,
+    previous: Previous,
 ) -> PreparedLogs:
     """The batch to store: the prepared one unless lines were already stored
-    (a resend after a reconnect) or contain a secret's value."""
-    if prepared is not None and skip == 0 and not any(value in prepared.rows for value in secrets):
+    (a resend after a reconnect) or need masking. Secret values never reach
+    storage or followers, so no reader can ever see them."""
+    if prepared is None or skip:
+        prepared = logs_prepare(job_id=job_id, first_seq=first_seq + skip, lines=lines[skip:], attempt=attempt)
+    if not needs_masking(prepared.text, prepared.lines, masks, previous):
         return prepared
-    new = _masked(lines[skip:], secrets)
-    return logs_prepare(
-        job_id=job_id, first_seq=first_seq + skip, lines=new, attempt=prepared.attempt if prepared else 1
-    )
+    lines = masked(prepared.lines, masks, previous)
+    return logs_prepare(job_id=job_id, first_seq=prepared.first_seq, lines=lines, attempt=attempt)
 
 
-def _masked(lines: list[LogLineWire], secrets: list[str]) -> list[LogLineWire]:
-    """Secret values never reach storage, so no reader can ever see them."""
-    if not secrets:
-        return lines
-    return [(ts, stream, mask(text, secrets)) for ts, stream, text in lines]
+def _previous(job: Job) -> Previous:
+    """The stored line a batch's first line of ``stream`` may continue: the
+    last stored line of that stream if it may be cut, else None. A line with
+    a mask in it may have been cut before masking shortened it. Read only
+    when masking asks, at most once per stream and batch."""
+
+    @cache
+    def text(stream: str) -> str | None:
+        recent = LogLine.objects.filter(job_id=job.pk, seq__gt=job.last_seq - PREVIOUS_WINDOW, stream=stream)
+        found = recent.order_by("-seq").values_list("text", flat=True).first()
+        if found is None:
+            # Not within the window: unknown, so assume the careful case (a
+            # cut whose end was masked) if older lines exist.
+            return MASK if job.last_seq > PREVIOUS_WINDOW else None
+        return found if may_be_cut(found) or MASK in found else None
+
+    return text
 
 
 def _copy(rows: str) -> None:
@@ -125,9 +155,10 @@ def _copy(rows: str) -> None:
         copy.write(rows)
 
 
-def _rows(job_id: str, first_seq: int, lines: list[LogLineWire]) -> str:
-    """COPY text format, built in one pass over the batch."""
-    texts = _escaped_texts(lines)
+def _rows(job_id: str, first_seq: int, lines: list[LogLineWire], joined: str) -> str:
+    """COPY text format, built in one pass over the batch (``joined``: the
+    lines' texts joined by "\\n")."""
+    texts = _escaped_texts(lines, joined)
     return "".join(
         f"{job_id}\t{first_seq + i}\t{_timestamp(ts)}\t{stream}\t{text}\n"
         for i, ((ts, stream, _), text) in enumerate(zip(lines, texts, strict=True))
@@ -137,11 +168,10 @@ def _rows(job_id: str, first_seq: int, lines: list[LogLineWire]) -> str:
 _SPECIAL = ("\\", "\t", "\r", "\x00")
 
 
-def _escaped_texts(lines: list[LogLineWire]) -> list[str]:
+def _escaped_texts(lines: list[LogLineWire], joined: str) -> list[str]:
     """Escape every text at once: str.replace over one joined string runs in
     C, while a per-line translate dominated the profile. Lines never contain
     a newline (the runner splits on it); if one does, fall back per line."""
-    joined = "\n".join(text for _, _, text in lines)
     if joined.count("\n") != len(lines) - 1:
         return [_escape(text) for _, _, text in lines]
     if any(ch in joined for ch in _SPECIAL):

@@ -41,6 +41,7 @@ from backend.runs.models import (
     RunStatus,
 )
 from backend.runs.reasons import TerminationReason
+from backend.runs.services.redaction import job_reason_clean
 from backend.runs.services.retry import RetryPolicy, retry_decide
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str) -> bo
 
 def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job."""
-    reason = _attempt_note(attempt, reason)[:REASON_MAX]
+    reason = job_reason_clean(job_id=job_id, reason=_attempt_note(attempt, reason))[:REASON_MAX]
     running = Job.objects.filter(pk=job_id, instance_id=instance_id, attempt=attempt, status=JobStatus.RUNNING)
     if running.exclude(status_reason=reason).update(status_reason=reason):
         _after_job_change(job_id)
@@ -164,7 +165,7 @@ def attempt_end(*, attempt_id: str, reason: TerminationReason, message: str = ""
         Attempt.objects.filter(pk=attempt.pk).update(
             status=AttemptStatus.ENDED,
             termination_reason=reason,
-            termination_message=message[:REASON_MAX],
+            termination_message=job_reason_clean(job_id=job.pk, reason=message)[:REASON_MAX],
             exit_code=exit_code,
             finished_at=now,
             last_seq=job.last_seq,
@@ -391,6 +392,8 @@ def _failure_reason(job: Job) -> str:
 
 
 def _cas_job(job_id: UUID | str, old: list[JobStatus], *, extra: Q | None = None, **updates: Any) -> bool:
+    if "status_reason" in updates:
+        updates["status_reason"] = job_reason_clean(job_id=job_id, reason=updates["status_reason"])
     query = Job.objects.filter(Q(pk=job_id, status__in=old) & (extra or Q()))
     changed = query.update(**updates) == 1
     if changed:

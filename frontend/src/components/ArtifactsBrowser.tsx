@@ -1,5 +1,8 @@
 // Each job's artifacts as a folder tree built from the file paths, with a
-// preview pane (text, JSON, CSV, images, logs; at most PREVIEW_CAP bytes).
+// preview pane (text, JSON, CSV, logs: at most PREVIEW_CAP bytes; images: at
+// most IMAGE_CAP). Previews read the file's bytes with fetch: storage answers
+// every file as an octet-stream download (never rendered on our origin), so
+// an image is shown from a blob of its bytes typed by its extension.
 import { useEffect, useMemo, useState } from "react";
 import type { Artifact, ArtifactFile, Job } from "../api/types";
 import { humanBytes, shortHash } from "../lib/format";
@@ -8,6 +11,7 @@ import { CopyButton, EmptyState } from "./ui";
 import { formatJson } from "../lib/jsonFormat";
 
 export const PREVIEW_CAP = 1024 * 1024;
+export const IMAGE_CAP = 20 * 1024 * 1024;
 
 export interface FileNode {
   kind: "file";
@@ -203,6 +207,22 @@ function TreeItem({
 type Kind = "image" | "json" | "csv" | "log" | "text" | "binary";
 
 const IMAGE = /\.(png|jpe?g|gif|webp|svg|bmp|ico|avif)$/i;
+const IMAGE_TYPES: Record<string, string> = {
+  png: "image/png",
+  jpg: "image/jpeg",
+  jpeg: "image/jpeg",
+  gif: "image/gif",
+  webp: "image/webp",
+  svg: "image/svg+xml",
+  bmp: "image/bmp",
+  ico: "image/x-icon",
+  avif: "image/avif",
+};
+
+/** The image type a blob of the file's bytes gets (an <img> of a blob never runs script, SVG included). */
+export function imageType(path: string): string {
+  return IMAGE_TYPES[path.split(".").pop()?.toLowerCase() ?? ""] ?? "application/octet-stream";
+}
 const BINARY = /\.(bin|pt|pth|ckpt|safetensors|npy|npz|zip|gz|tgz|tar|bz2|xz|zst|parquet|onnx|h5|hdf5|pkl|pickle|arrow|so|whl|pb|tflite|mp4|mp3|wav|pdf)$/i;
 
 export function previewKind(path: string): Kind {
@@ -218,7 +238,32 @@ function Preview({ workspace, artifact, file }: { workspace: string; artifact: A
   const url = fileUrl(workspace, artifact.id, file.path);
   const kind = previewKind(file.path);
   const [state, setState] = useState<{ text: string; truncated: boolean; binary: boolean } | null>(null);
+  const [image, setImage] = useState<{ src: string } | { tooLarge: true } | null>(null);
   const [error, setError] = useState<string | null>(null);
+
+  useEffect(() => {
+    setImage(null);
+    setError(null);
+    if (kind !== "image") return undefined;
+    const controller = new AbortController();
+    let src = "";
+    fetchCapped(url, IMAGE_CAP, controller.signal)
+      .then(({ bytes, truncated }) => {
+        if (truncated) {
+          setImage({ tooLarge: true });
+          return;
+        }
+        src = URL.createObjectURL(new Blob([bytes as BlobPart], { type: imageType(file.path) }));
+        setImage({ src });
+      })
+      .catch((caught: unknown) => {
+        if (!controller.signal.aborted) setError(caught instanceof Error ? caught.message : String(caught));
+      });
+    return () => {
+      controller.abort();
+      if (src) URL.revokeObjectURL(src);
+    };
+  }, [url, kind, file.path]);
 
   useEffect(() => {
     setState(null);
@@ -247,10 +292,11 @@ function Preview({ workspace, artifact, file }: { workspace: string; artifact: A
       </div>
       <div className="preview-body">
         {error ? <p role="alert">Could not load the preview: {error}</p> : null}
-        {kind === "image" ? <img src={url} alt={file.path} /> : null}
+        {image && "src" in image ? <img src={image.src} alt={file.path} /> : null}
+        {image && "tooLarge" in image ? <p className="muted">Too large to preview ({humanBytes(file.size)}). Download it instead.</p> : null}
         {kind === "binary" || state?.binary ? <p className="muted">No preview for this file type. Download it instead.</p> : null}
         {state && !state.binary ? <TextPreview kind={kind} text={state.text} truncated={state.truncated} /> : null}
-        {!state && !error && kind !== "image" && kind !== "binary" ? <p className="muted">Loading preview…</p> : null}
+        {!state && !image && !error && kind !== "binary" ? <p className="muted">Loading preview…</p> : null}
       </div>
     </div>
   );

@@ -89,4 +89,30 @@ describe("ArtifactsBrowser", () => {
     expect(within(preview).getByText(/No preview for this file type/)).toBeInTheDocument();
     expect(fetchMock).not.toHaveBeenCalled();
   });
+
+  it("shows an image from a blob of its bytes, typed by its extension (storage sends every file as an octet-stream)", async () => {
+    const svg = '<svg xmlns="http://www.w3.org/2000/svg"/>';
+    const fetchMock = vi.fn(async () => new Response(svg, { headers: { "Content-Type": "application/octet-stream" } }));
+    vi.stubGlobal("fetch", fetchMock);
+    const blobs: Blob[] = [];
+    const createObjectURL = vi.fn((blob: Blob) => {
+      blobs.push(blob);
+      return "blob:preview-1";
+    });
+    // jsdom has no object URLs: a URL class that records the blobs it is given.
+    vi.stubGlobal("URL", class extends URL {
+      static createObjectURL = createObjectURL;
+      static revokeObjectURL = vi.fn();
+    });
+    const withImage = { ...artifact, files: [...artifact.files, { path: "plots/loss.svg", size: svg.length, sha256: SHA }] };
+    render(<ArtifactsBrowser workspace="team" artifacts={[withImage]} jobs={[job]} />);
+
+    await userEvent.click(screen.getByRole("button", { name: "loss.svg" }));
+    const preview = screen.getByRole("region", { name: "Preview" });
+    const img = await within(preview).findByRole("img", { name: "plots/loss.svg" });
+    expect(img).toHaveAttribute("src", "blob:preview-1");
+    expect(fetchMock).toHaveBeenCalledWith("/api/v1/workspaces/team/artifacts/art-1/files/plots/loss.svg", expect.objectContaining({ credentials: "same-origin" }));
+    expect(blobs.map((blob) => blob.type)).toEqual(["image/svg+xml"]);
+    expect(await blobs[0].text()).toBe(svg);
+  });
 });
