@@ -71,7 +71,10 @@ def test_a_worker_killed_during_a_launch_leaves_one_machine_and_the_run_finishes
 
         assert run["status"] == "succeeded", run
         [job] = run["jobs"]
-        assert [(a["number"], a["reason"]) for a in job["attempts"]] == [(1, "done")]
+        # One machine ran it (on a loaded machine a lease may run out first: a
+        # free retry on the same machine, never a second machine).
+        assert job["attempts"][-1]["reason"] == "done"
+        assert {a["instance"] for a in job["attempts"]} == {job["instance"]}
         assert len(_machines(state)) == 1
         created = [c for c in read_calls(state) if c["call"] == "launch" and c["result"] == "created"]
         assert len(created) == 1
