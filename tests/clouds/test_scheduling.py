@@ -183,3 +183,20 @@ def test_the_gpu_offer_is_chosen_for_a_gpu_job(fake: CloudAccount, team: Workspa
     submit(team, owner.user, workflow="train", text=workflows("{gpu: {name: A10G, memory: 16GB}, disk: 50GB}"))
     instance = _schedule_until_launched()
     assert instance is not None and (instance.instance_type, float(instance.price_per_hour)) == ("fake-gpu", 1.0)
+
+
+def test_local_shapes_are_offers_and_a_gpu_job_gets_the_gpu_shape(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    shapes = [
+        {"name": "cpu-box", "cpus": 2, "memory_bytes": 4 * GIB, "disk_bytes": 50 * GIB},
+        {"name": "gpu-box", "cpus": 8, "memory_bytes": 32 * GIB, "disk_bytes": 50 * GIB, "gpus": [{"name": "T4"}]},
+    ]
+    settings.TRAINYARD = {**settings.TRAINYARD, "LOCAL_BACKEND_ENABLED": True, "LOCAL_SHAPES": shapes}
+    gpu = submit(team, owner.user, workflow="train", text=workflows("{gpu: {name: T4}}"))
+    cpu = submit(team, owner.user, workflow="train", text=workflows("{cpu: 2}"))
+
+    jobs_schedule()  # the launches would run on commit; the rows say what was asked for
+
+    requested = {i.requested_for_id: i.instance_type for i in Instance.objects.all()}
+    assert requested == {gpu.jobs.get().pk: "gpu-box", cpu.jobs.get().pk: "cpu-box"}
