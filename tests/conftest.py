@@ -69,6 +69,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) 
         TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS="5",
         TRAINYARD_RECONCILE_SECONDS="1",
         TRAINYARD_LOCAL_RUNNERS_MAX="4",
+        # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
+        TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
     )
     _stacks.append(running)
     try:

@@ -41,6 +41,7 @@ def _expire_leases() -> int:
             attempt_id=str(a.pk),
             reason=TerminationReason.LEASE_EXPIRED,
             message="the runner did not accept the job in time; finding another",
+            tell_runner=True,
         )
         for a in expired
     )
@@ -74,4 +75,5 @@ def _finish_unconfirmed_stops() -> None:
                 attempt_id=str(attempt.pk),
                 reason=TerminationReason.STOPPED_BY_USER,
                 message=f"{job.status_reason}; the runner did not confirm within {grace:.0f}s",
+                tell_runner=True,
             )

@@ -24,10 +24,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from trainyard_runner import protocol
 
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_set_busy, instance_set_idle
-from backend.runs.events import publish_run
+from backend.runs.events import publish_run, send_to_channel
 from backend.runs.models import (
     ACTIVE_JOB,
     FINISHED_JOB,
@@ -147,7 +148,14 @@ def job_report_final(
     return attempt_end(attempt_id=str(current.pk), reason=why, message=reason, exit_code=exit_code)
 
 
-def attempt_end(*, attempt_id: str, reason: TerminationReason, message: str = "", exit_code: int | None = None) -> bool:
+def attempt_end(
+    *,
+    attempt_id: str,
+    reason: TerminationReason,
+    message: str = "",
+    exit_code: int | None = None,
+    tell_runner: bool = False,
+) -> bool:
     """End a live attempt, then decide the job's fate:
 
     1. The attempt ends with ``reason`` (a compare-and-set: only once).
@@ -155,6 +163,9 @@ def attempt_end(*, attempt_id: str, reason: TerminationReason, message: str = ""
     3. Otherwise ``retry`` decides: back to pending for another attempt, or
        the status ``reason`` maps to, with the message as the job's reason.
     4. The instance is idle again unless it ended or has another attempt.
+    5. ``tell_runner`` (the server ended it, not the runner's report): the
+       runner is sent ``Refused`` for the attempt, so one that still holds
+       it (an acceptance lost on the way) drops it instead of waiting.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -175,6 +186,8 @@ def attempt_end(*, attempt_id: str, reason: TerminationReason, message: str = ""
             _job_after_attempt(job, attempt, reason, message, exit_code)
     if attempt.instance_id:
         _instance_job_done(str(attempt.instance_id), job.name)
+        if tell_runner:
+            _refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
     _after_job_change(job.pk)
     return True
 
@@ -351,6 +364,14 @@ def _live_attempt(job_id: str, number: int, instance_id: str) -> Attempt | None:
         .filter(job__attempt=number)
         .first()
     )
+
+
+def _refuse_on_commit(instance_id: str, job_id: str, number: int, why: str) -> None:
+    channel = Instance.objects.filter(pk=instance_id).values_list("channel_name", flat=True).first()
+    if not channel:
+        return  # not connected: its next hello is answered with a cancel
+    frame = protocol.Refused(job=job_id, attempt=number, reason=why[:500]).model_dump_json()
+    transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
 
 
 def _instance_job_done(instance_id: str, job_name: str) -> None:
