@@ -171,7 +171,8 @@ def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Work
     async def scenario() -> Any:
         ws = _connect("old-runner-secret")
         await ws.connect()
-        await ws.send_to(text_data=HELLO.model_copy(update={"protocol": 1}).model_dump_json())
+        v1 = {**HELLO.model_dump(), "protocol": 1, "running_jobs": ["a-job-it-still-runs"]}  # v1: job ids
+        await ws.send_to(text_data=json.dumps(v1))
         closed = await ws.receive_output(timeout=5)
         await ws.wait()
         return closed

@@ -9,6 +9,7 @@ channel name, which the instance row records.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -75,6 +76,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         try:
             message = protocol.runner_message.validate_json(text_data or bytes_data or b"")
         except ValidationError as exc:
+            theirs = _hello_protocol(text_data or bytes_data or b"") if self.instance_id is None else None
+            if theirs is not None and theirs != protocol.PROTOCOL_VERSION:
+                # Another version's hello need not validate as ours: say what to upgrade.
+                await self.close(code=protocol.CLOSE_VERSION_MISMATCH, reason=_version_advice(theirs))
+                return
             logger.warning("runner sent a bad frame: %s", exc.errors()[:1])
             await self.close(code=protocol.CLOSE_BAD_MESSAGE)
             return
@@ -273,6 +279,18 @@ def _drop_acceptance_for_tests() -> bool:
     file.write_text("\n".join(lines[1:]))
     logger.warning("test hook: dropping a job acceptance")
     return True
+
+
+def _hello_protocol(raw: str | bytes) -> int | None:
+    """The ``protocol`` of a hello frame of any version, else None."""
+    try:
+        frame = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(frame, dict) or frame.get("type") != "hello":
+        return None
+    version = frame.get("protocol")
+    return version if isinstance(version, int) else None
 
 
 def _version_advice(theirs: int) -> str:
