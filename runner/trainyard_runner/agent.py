@@ -233,6 +233,9 @@ class Agent:
                 self._jobs[job_id].confirm()
         for job_id in welcome.cancel:
             if job_id in self._jobs:
+                self._jobs[job_id].cancel("cancelled by the server")
+        for job_id in welcome.refused:
+            if job_id in self._jobs:
                 self._jobs[job_id].refuse("the server no longer wants this attempt")
         self._last_ack_at = time.monotonic()
 
@@ -275,6 +278,9 @@ class Agent:
         held = self._jobs.get(msg.job)
         if held is not None and held.attempt == msg.attempt:  # the same assignment again after a reconnect
             return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
+        if held is not None:  # an earlier attempt of this job is still shutting down here
+            reason = f"still stopping attempt {held.attempt} of this job"
+            return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
         reason = self._refusal(msg)
         if reason:
             log.info("rejecting job %s: %s", msg.job, reason)
@@ -298,7 +304,7 @@ class Agent:
             return "runner is shutting down"
         if not msg.job or "/" in msg.job or msg.job.startswith("."):
             return "invalid job id"
-        busy = [j.id for j in self._jobs.values() if j.id not in self._finals and not j.refused]
+        busy = [j.id for j in self._jobs.values() if j.id not in self._finals]
         return f"busy with job {busy[0]}" if busy else ""
 
     async def _heartbeat(self, ws: ClientConnection, every: float) -> None:

@@ -280,8 +280,10 @@ class Welcome(_Message):
     instance: str
     heartbeat_seconds: float
     acked: dict[str, int] = Field(default_factory=dict)
-    # Jobs the server no longer wants from this runner (stopped, moved, fenced).
+    # Held jobs being stopped: stop them and report (their last lines are still wanted).
     cancel: list[str] = Field(default_factory=list)
+    # Held attempts the server no longer listens to (moved, ended, fenced): drop them.
+    refused: list[str] = Field(default_factory=list)
     # Held jobs whose acceptance is confirmed: their commands may run.
     confirmed: list[str] = Field(default_factory=list)
 

@@ -208,7 +208,8 @@ class Retry(_Model):
 
     def policy(self) -> dict[str, object]:
         """What the server stores on each job (None fields left to the defaults)."""
-        duration = self.duration if isinstance(self.duration, int) else None
+        # "off": no time limit, stored as 0.
+        duration = 0 if self.duration == "off" else self.duration
         values = {"on_events": self.on_events, "limit": self.limit, "duration": duration}
         return {k: v for k, v in values.items() if v is not None}
 

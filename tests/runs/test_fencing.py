@@ -88,7 +88,7 @@ def test_a_runner_back_with_a_moved_attempt_is_told_to_stop_and_its_frames_are_r
 
     welcome, refused_logs, refused_state = async_to_sync(scenario)()
 
-    assert welcome["cancel"] == [str(job.pk)] and welcome["confirmed"] == []
+    assert (welcome["refused"], welcome["cancel"], welcome["confirmed"]) == ([str(job.pk)], [], [])
     for refused in (refused_logs, refused_state):
         assert (refused["type"], refused["job"], refused["attempt"]) == ("refused", str(job.pk), 1)
         assert "not the job's current one" in refused["reason"]

@@ -223,12 +223,15 @@ def instance_mark_lost(*, instance_id: str, reason: InstanceReason, message: str
     return changed
 
 
-def instance_request_termination(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
-    """Retire a machine: its runner is told to shut down and the backend to terminate it."""
+def instance_request_termination(
+    *, instance_id: str, reason: InstanceReason, message: str, only_if_idle: bool = False
+) -> bool:
+    """Retire a machine: its runner is told to shut down and the backend to
+    terminate it. ``only_if_idle``: not if it took a job meanwhile."""
     instance = Instance.objects.filter(pk=instance_id).first()
     changed = _transition(
         instance_id,
-        list(LIVE_STATUSES),
+        [InstanceStatus.IDLE] if only_if_idle else list(LIVE_STATUSES),
         InstanceStatus.TERMINATING,
         reason,
         message,

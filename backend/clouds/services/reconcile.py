@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from backend.clouds.backends.base import GONE, CloudState, Compute
@@ -137,9 +138,11 @@ def _silent_to_unreachable(now: datetime, hearing_since: datetime) -> int:
 def _describe_doubtful(now: datetime, hearing_since: datetime | None) -> int:
     """Ask the backends about unreachable machines and launched ones that have
     not said hello yet, one batched describe per account."""
-    doubtful = Instance.objects.filter(
-        status__in=[InstanceStatus.UNREACHABLE, InstanceStatus.PROVISIONING], account__isnull=False
-    ).exclude(launched_at=None)
+    # An unreachable machine is asked about even if its launch was never
+    # recorded (a worker killed mid-launch: its runner connected anyway).
+    doubtful = Instance.objects.filter(account__isnull=False).filter(
+        Q(status=InstanceStatus.UNREACHABLE) | Q(status=InstanceStatus.PROVISIONING, launched_at__isnull=False)
+    )
     changed = 0
     for account, instances in _by_account(doubtful.select_related("account")).items():
         states = _describe(account, instances)
@@ -191,7 +194,10 @@ def _retire_idle(now: datetime) -> int:
     stale = Instance.objects.filter(status=InstanceStatus.IDLE, idle_since__lt=cutoff)
     return sum(
         instance_request_termination(
-            instance_id=str(i.pk), reason=InstanceReason.IDLE_RETIRED, message=f"retired after {idle_for:.0f}s idle"
+            instance_id=str(i.pk),
+            reason=InstanceReason.IDLE_RETIRED,
+            message=f"retired after {idle_for:.0f}s idle",
+            only_if_idle=True,
         )
         for i in stale
     )

@@ -4,7 +4,8 @@ workflow's ``retry:`` (docs/RUNS.md, "Retries").
 Defaults when the key is absent: retry on ``interruption`` and
 ``instance_lost``, at most 5 attempts, within 1 hour of the first attempt's
 start; never on ``error``. ``retry: true`` is the defaults; ``retry: false``
-is one attempt. ``limit`` counts attempts, the first included.
+is one attempt. ``limit`` counts attempts, the first included;
+``duration: off`` (stored as 0) sets no time limit.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ class RetryPolicy:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, object] | None) -> RetryPolicy:
-        """From ``Job.retry_policy`` ({"enabled": False} for ``retry: false``)."""
+        """From ``Job.retry_policy`` (``retry: false`` is stored as no events, limit 1)."""
         if not spec:
             return cls()
-        if spec.get("enabled") is False:
-            return cls(on_events=(), limit=1)
         events = spec.get("on_events")
         limit = spec.get("limit")
         duration = spec.get("duration")
@@ -61,7 +60,8 @@ def retry_decide(
         return Decision(False, "")
     if attempts >= policy.limit:
         return Decision(False, f"not retried: {attempts} of {policy.limit} attempts used (retry: limit)")
-    if first_started_at and now - first_started_at > timedelta(seconds=policy.duration_seconds):
+    window = policy.duration_seconds  # 0: `duration: off`, no time limit
+    if window and first_started_at and now - first_started_at > timedelta(seconds=window):
         return Decision(
             False, f"not retried: more than {policy.duration_seconds}s since the first attempt (retry: duration)"
         )

@@ -56,7 +56,8 @@ def _reconcile_held(
     heartbeat_seconds: float,
 ) -> tuple[protocol.Welcome, list[str]]:
     confirmed: list[str] = []
-    cancel = [jid for jid in held if jid not in current]
+    cancel: list[str] = []
+    refused = [jid for jid in held if jid not in current]
     for jid, h in current.items():
         attempt = ours[jid]
         if attempt.status == AttemptStatus.STOPPING:
@@ -66,7 +67,7 @@ def _reconcile_held(
         ):
             confirmed.append(jid)
         else:
-            cancel.append(jid)
+            refused.append(jid)
     acked = dict(Job.objects.filter(pk__in=list(held)).values_list("pk", "last_seq"))
     ended = [str(a.pk) for jid, a in ours.items() if jid not in held]
     for jid, attempt in ours.items():
@@ -77,6 +78,7 @@ def _reconcile_held(
         heartbeat_seconds=heartbeat_seconds,
         acked={str(k): v for k, v in acked.items()},
         cancel=cancel,
+        refused=refused,
         confirmed=confirmed,
     )
     return welcome, ended

@@ -237,6 +237,7 @@ def _pool_full(job: Job) -> str:
             instance_id=str(idle_elsewhere.pk),
             reason=InstanceReason.MAKE_ROOM,
             message="retired to make room for another workspace's job",
+            only_if_idle=True,
         )
         return "waiting for a runner: freeing a place in the local pool"
     return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"
@@ -270,7 +271,10 @@ def _requested(job: Job) -> Any:
 
 def _tried_offer_ids(job: Job) -> set[str]:
     launch_failures = [InstanceReason.NO_CAPACITY, InstanceReason.LAUNCH_FAILED, InstanceReason.PROVISION_TIMEOUT]
-    failed = _requested(job).filter(termination_reason__in=launch_failures)
+    # A machine that went away before its runner ever connected failed to start too.
+    failed = _requested(job).filter(
+        Q(termination_reason__in=launch_failures) | Q(status=InstanceStatus.LOST, connected_at__isnull=True)
+    )
     return set(failed.values_list("offer_id", flat=True))
 
 
@@ -314,7 +318,8 @@ def _set_waiting_reason(job: Job, reason: str) -> None:
 def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
     run: Run = job.run
     spec = job.spec
-    resumed = {"TRAINYARD_RESUMED": "1"} if attempt.number > 1 else {}
+    ran_before = Attempt.objects.filter(job_id=job.pk, number__lt=attempt.number).exclude(started_at=None).exists()
+    resumed = {"TRAINYARD_RESUMED": "1"} if ran_before else {}
     env = {
         **secret_env(workspace_id=job.workspace_id),
         **spec["env"],

@@ -143,6 +143,11 @@ def job_report_final(
         "stopped": TerminationReason.STOPPED_BY_USER,
         "interrupted": TerminationReason.INTERRUPTED,
     }.get(state, TerminationReason.ERROR)
+    if why == TerminationReason.STOPPED_BY_USER and current.status != AttemptStatus.STOPPING:
+        # Nobody asked: the runner itself was stopped (its machine shutting
+        # down, SIGTERM): the work was interrupted, not cancelled.
+        why = TerminationReason.INTERRUPTED
+        reason = f"the runner stopped the job: {reason}" if reason else "the runner stopped the job"
     if why == TerminationReason.ERROR and not reason and exit_code is not None:
         reason = f"exited with code {exit_code}"
     return attempt_end(attempt_id=str(current.pk), reason=why, message=reason, exit_code=exit_code)
