@@ -30,25 +30,8 @@ OFFER = {"instance_type": "fake-a", "region": "r1", "price_per_hour": 0.1, "cpus
 
 
 @pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "script.json"
-    path.write_text("{}")
-    return path
-
-
-@pytest.fixture
-def fake(team: Workspace, tmp_path: Path, script: Path, settings: Any) -> Any:
-    settings.TRAINYARD = {**settings.TRAINYARD, "LOCAL_BACKEND_ENABLED": False, "HEARTBEAT_TIMEOUT_SECONDS": 5.0}
-    account = CloudAccount.objects.create(
-        workspace=team,
-        kind="fake",
-        name="fake",
-        config={"state_dir": str(tmp_path / "state"), "script_file": str(script), "offers": [OFFER]},
-    )
-    yield account
-    for instance in Instance.objects.filter(account=account):
-        instance_terminate_run(instance_id=str(instance.pk))
-    assert list(compute_of(account).list_managed()) == []
+def fake(fake_account: Any) -> Any:
+    return fake_account([OFFER])
 
 
 @pytest.fixture

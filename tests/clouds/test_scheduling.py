@@ -13,9 +13,8 @@ import pytest
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import CloudAccount, Instance, InstanceReason, InstanceStatus
-from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.instances import Facts, instance_connected
-from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
+from backend.clouds.services.provisioning import instance_launch_run
 from backend.runs.models import Attempt, JobStatus, Run
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.fixtures import Person, submit
@@ -46,25 +45,8 @@ def workflows(resources: str = "", retry: str = "") -> str:
 
 
 @pytest.fixture
-def script(tmp_path: Path) -> Path:
-    path = tmp_path / "script.json"
-    path.write_text("{}")
-    return path
-
-
-@pytest.fixture
-def fake(team: Workspace, tmp_path: Path, script: Path, settings: Any) -> Any:
-    settings.TRAINYARD = {**settings.TRAINYARD, "LOCAL_BACKEND_ENABLED": False}
-    account = CloudAccount.objects.create(
-        workspace=team,
-        kind="fake",
-        name="fake",
-        config={"state_dir": str(tmp_path / "state"), "script_file": str(script), "offers": [*OFFERS, GPU_OFFER]},
-    )
-    yield account
-    for instance in Instance.objects.filter(account=account):
-        instance_terminate_run(instance_id=str(instance.pk))
-    assert list(compute_of(account).list_managed()) == []  # nothing of ours is left running
+def fake(fake_account: Any) -> Any:
+    return fake_account([*OFFERS, GPU_OFFER])
 
 
 def _launch_all() -> None:
