@@ -86,7 +86,7 @@ def outage_stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> 
         TRAINYARD_UNREACHABLE_GRACE_SECONDS="20",
         # The runner retires soon after its job, so each test can check that
         # nothing of its runner is left running.
-        TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS="10",
+        TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS="5",
     )
     reported("outage_stack", stack)
     try:
