@@ -14,13 +14,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.github import GithubServer
-from tests.support.stack import Stack
+from tests.support.stack import REPORTED, Stack, reported
 
 MISSING_SERVICES_MESSAGE = (
     "run the tests with `make test` (it starts Postgres and Valkey), or set DATABASE_URL and REDIS_URL"
 )
-
-_stacks: list[Stack] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -72,7 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) 
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
     )
-    _stacks.append(running)
+    reported("stack", running)
     try:
         running.start_all()
         yield running
@@ -82,8 +80,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """On failure of a test that uses the stack, attach the tail of each process log."""
+    """On failure of a test that uses a stack, attach the tail of each of its process logs."""
     report = yield
-    if report.failed and _stacks and "stack" in getattr(item, "fixturenames", ()):
-        report.sections.append(("stack process logs", _stacks[-1].logs_tail()))
+    if report.failed:
+        for fixture, stack in REPORTED.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                report.sections.append((f"{fixture} process logs", stack.logs_tail()))
     return report

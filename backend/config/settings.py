@@ -151,9 +151,21 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Reconnect to the broker forever: with Celery's default (100 tries, up to
+# 30 s apart) a worker exits after a Redis outage of about 45 minutes.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # Django's LOGGING applies in workers too
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 600}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 600,
+    # Without a socket timeout, a publish to a broker that stops answering
+    # without closing the connection (frozen, failed over) waits forever; the
+    # web process publishes from its database thread, so every runner
+    # connection of that process would stall with it. Only synchronous
+    # commands wait on this: the worker's BRPOP runs with the event loop.
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+}
 
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"

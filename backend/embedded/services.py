@@ -16,6 +16,7 @@ and ``_valkey_stale_kill``.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -161,6 +162,9 @@ class EmbeddedServices:
         # cleanup() drops our pid from .handle_pids.json and, as the last
         # handle, runs `pg_ctl -w stop` (fast shutdown) as the pgserver user.
         self._postgres.cleanup()
+        # pgserver registers the same cleanup at exit and leaves it there: it
+        # would run (and log) again at exit, for every start and stop.
+        atexit.unregister(self._postgres._cleanup)
         self._postgres = None
 
     def _valkey_start(self) -> str:

@@ -5,7 +5,8 @@ Jobs live across connections; on every (re)connection the runner says which
 jobs it still holds, rewinds their log streams to what the server has stored,
 and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
 ``Shutdown`` (or SIGTERM), 1 when the server was unreachable for
-``give_up_after`` seconds while idle, 2 when the server refused the runner
+``give_up_after`` seconds while the runner held no job (not even a final
+state still to deliver), 2 when the server refused the runner
 (close codes 4401/4403/4409/4410, HTTP 401/403).
 """
 
@@ -116,7 +117,10 @@ class Agent:
                 break
             if error is not None:
                 log.warning("connection to %s failed: %s; retrying in %.1fs", self.url, _describe(error), delay)
-            if not self._busy() and time.monotonic() - last_contact > self._give_up_after:
+            # Not _busy(): a job that ended during the outage is not busy, but
+            # until its final state is delivered the server would count it
+            # lost (and run it again) if we left.
+            if not self._jobs and time.monotonic() - last_contact > self._give_up_after:
                 log.error("server unreachable for %.0fs while idle; giving up", self._give_up_after)
                 return 1
             await asyncio.sleep(min(delay * random.uniform(0.8, 1.2), BACKOFF_MAX))

@@ -22,7 +22,12 @@ from .http import HttpError, post_json, put_file, same_origin
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3
+# Recoverable failures (network errors, 5xx, 429) are retried for this long
+# after the first one, so that a server restart or a database failover while
+# a job uploads its artifacts costs the job nothing; the pause between tries
+# doubles from 1 s up to RETRY_PAUSE_MAX.
+RETRY_FOR = 600.0
+RETRY_PAUSE_MAX = 10.0
 T = TypeVar("T")
 
 
@@ -90,17 +95,20 @@ def _upload_one(path: str, root: Path, *, job: str, attempt: int, api_url: str, 
 
 
 def _retry(call: Callable[[], T]) -> T:
-    """Run ``call``; retry network errors and 5xx with backoff, give up on 4xx."""
-    for attempt in range(1, ATTEMPTS + 1):
+    """Run ``call``; retry network errors and 5xx with backoff for
+    ``RETRY_FOR`` seconds after the first failure, give up on 4xx at once."""
+    deadline, pause = None, 1.0
+    while True:
         try:
             return call()
         except (HttpError, OSError, http.client.HTTPException) as e:
+            deadline = deadline or time.monotonic() + RETRY_FOR
             recoverable = not isinstance(e, HttpError) or e.recoverable
-            if not recoverable or attempt == ATTEMPTS:
+            if not recoverable or time.monotonic() + pause > deadline:
                 raise ArtifactError(f"artifact upload failed: {e}") from e
-            log.warning("artifact upload: %s (retrying)", e)
-            time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
+            log.warning("artifact upload: %s (retrying in %.0fs)", e, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSE_MAX)
 
 
 def _put_timeout(path: Path) -> float:

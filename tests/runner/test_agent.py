@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import sys
 import time
 from functools import partial
@@ -332,6 +333,41 @@ def test_an_unreachable_server_makes_an_idle_runner_give_up(tmp_path: Path) -> N
     code, took = asyncio.run(go())
     assert code == 1
     assert 1 <= took < 10
+
+
+def test_a_job_that_ends_while_the_server_is_away_keeps_the_runner_until_its_final_state_is_delivered(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    """Idle for --give-up-after, but holding a final state: the runner
+    waits for the server instead of leaving (the server would count the job
+    lost and run it again), and delivers it once the server is back."""
+
+    async def go() -> tuple[int | None, FakeServer]:
+        first, back, port = FakeServer(), FakeServer(), _free_port()
+        async with serve(first.handler, "127.0.0.1", port) as ws_server:
+            runner = await start_runner(port, tmp_path / "rd", "--give-up-after", "1")
+            await first.to_send.put(assign("j", ["sleep 1"], repo))
+            await first.wait_for(lambda: ("running", None) in first.states("j"), 20)
+            ws_server.close()  # the server goes away; the job ends a second later
+        try:
+            await asyncio.sleep(5)
+            if runner.returncode is not None:
+                return runner.returncode, back
+            async with serve(back.handler, "127.0.0.1", port):
+                await back.wait_for(lambda: ("succeeded", 0) in back.states("j"), 20)
+        finally:
+            await stop(runner)
+        return None, back
+
+    exited, back = asyncio.run(go())
+    assert exited is None
+    assert [h["job"] for h in back.hellos[0]["running_jobs"]] == ["j"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_the_job_and_its_background_children_die_with_a_sigkilled_runner(

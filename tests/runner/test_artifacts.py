@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainyard_runner import artifacts
 from trainyard_runner.artifacts import ArtifactError, manifest, upload_artifacts
 
 
@@ -21,6 +22,7 @@ class FakeApi:
         self.put_auth: list[str | None] = []
         self.completed: list[str] = []
         self.auth: list[str | None] = []
+        self.unavailable = 0  # answer this many more requests with 503, as a server in an outage would
 
 
 @pytest.fixture
@@ -33,6 +35,9 @@ def api() -> Iterator[tuple[FakeApi, str]]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if state.unavailable:
+                state.unavailable -= 1
+                return self._json(503, {"message": "down"})
             state.auth.append(self.headers.get("Authorization"))
             if self.path.endswith("/complete/?attempt=1"):
                 state.completed.append(self.path)
@@ -103,3 +108,32 @@ def test_an_artifact_path_outside_the_work_dir_is_refused(tmp_path: Path) -> Non
     (tmp_path / "work").mkdir()
     with pytest.raises(ArtifactError, match="outside the working directory"):
         upload_artifacts(["../"], work=tmp_path / "work", job="j", attempt=1, api_url="http://127.0.0.1:1", token="t")
+
+
+def test_an_upload_rides_out_a_server_outage(
+    tmp_path: Path, api: tuple[FakeApi, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, url = api
+    pauses: list[float] = []
+    monkeypatch.setattr(artifacts.time, "sleep", pauses.append)
+    (tmp_path / "m.pt").write_bytes(b"abc")
+    state.unavailable = 6
+
+    upload_artifacts(["./m.pt"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
+
+    assert pauses == [1, 2, 4, 8, 10, 10]
+    assert state.puts == {"/put/1/m.pt": b"abc"}
+    assert state.completed == ["/api/v1/runner/jobs/j1/artifacts/a1/complete/?attempt=1"]
+
+
+def test_an_upload_gives_up_when_the_server_stays_away(
+    tmp_path: Path, api: tuple[FakeApi, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, url = api
+    monkeypatch.setattr(artifacts, "RETRY_FOR", 0.5)
+    (tmp_path / "m.pt").write_bytes(b"abc")
+    state.unavailable = 1000
+
+    with pytest.raises(ArtifactError, match=r"^artifact upload failed: POST .*/artifacts/: HTTP 503"):
+        upload_artifacts(["./m.pt"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
+    assert state.created == []

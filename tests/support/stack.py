@@ -10,8 +10,13 @@ ones), isolated from everything else that uses those servers:
   under ``logs/``, and free ports on 127.0.0.1.
 
 Tests drive it through ``url`` / ``ws_url``, ``env`` (for CLI and runner
-subprocesses), ``manage()``, ``issue_token()``, and ``stop()`` / ``start()`` /
-``restart()`` of one process to test crash and restart behaviour.
+subprocesses), ``manage()``, ``issue_token()``, ``stop()`` / ``start()`` /
+``restart()`` of one process to test crash and restart behaviour, ``pause()``
+/ ``resume()`` to freeze one (SIGSTOP / SIGCONT), and ``runner_processes()``
+to see what its local runners left running.
+
+``reported(fixture, stack)`` registers a stack whose process logs are attached
+to the failure report of every test that uses ``fixture`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import urllib.request
 from collections import deque
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import psutil
 
 from backend.embedded.processes import groups_stop
 from backend.embedded.runners import local_runners_kill
@@ -119,6 +126,13 @@ class Stack:
         self.stop(name)
         self.start(name)
 
+    def pause(self, name: str) -> None:
+        """Freeze one process's group (SIGSTOP), as a stalled host or VM would."""
+        os.killpg(self._processes[name].pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.killpg(self._processes[name].pid, signal.SIGCONT)
+
     def running(self, name: str) -> bool:
         process = self._processes.get(name)
         return process is not None and process.poll() is None
@@ -142,6 +156,22 @@ class Stack:
 
     def issue_token(self, username: str) -> str:
         return self.manage("issue_token", username).strip()
+
+    def runner_processes(self) -> list[str]:
+        """Live local runners of this stack and their jobs' processes ("pid
+        command line"): every process whose TRAINYARD_RUNNER_DIR (set by the
+        local backend, inherited by jobs) is under this stack's data dir."""
+        runners_dir = str(self.data_dir / "local-runners")
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if proc.environ().get("TRAINYARD_RUNNER_DIR", "").startswith(runners_dir):
+                    found.append(f"{proc.pid} {' '.join(proc.cmdline())}")
+            except psutil.Error:
+                continue
+        return found
 
     def logs_tail(self, lines: int = 60) -> str:
         """The last ``lines`` lines of each process's log, for failure reports."""
@@ -208,6 +238,15 @@ class Stack:
             client.close()
 
 
+# fixture name → the stack whose logs a failing test that uses it gets.
+REPORTED: dict[str, Stack] = {}
+
+
+def reported(fixture: str, stack: Stack) -> Stack:
+    REPORTED[fixture] = stack
+    return stack
+
+
 def _url_with_path(url: str, path: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{path}"))
@@ -234,4 +273,4 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-__all__ = ["E2E_REDIS_DB", "Stack", "StackError"]
+__all__ = ["E2E_REDIS_DB", "REPORTED", "Stack", "StackError", "reported"]

@@ -300,9 +300,17 @@ def _version_advice(theirs: int) -> str:
 
 
 async def _enqueue_schedule() -> None:
+    """Best effort, and not on the database thread: a publish to a broker that
+    is down or frozen takes up to a minute to fail (socket timeout × publish
+    retries), and on the database thread it would stall every connection of
+    this process, pulse included. The reconciler schedules pending work on
+    its next pass anyway."""
     from backend.runs.tasks import schedule
 
-    await database_sync_to_async(schedule.delay)()
+    try:
+        await sync_to_async(schedule.delay, thread_sensitive=False)()
+    except Exception:
+        logger.warning("could not enqueue a scheduling pass; the reconciler's next pass schedules", exc_info=True)
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str:
