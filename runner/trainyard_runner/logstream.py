@@ -55,6 +55,7 @@ class LogStream:
         self._lines: list[LogLine] = []  # unacknowledged, _lines[0] has seq _base
         # A job's seqs continue across attempts: a retried attempt starts
         # after the lines its predecessors stored (AssignJob.seq_base).
+        self._first_seq = first_seq  # this attempt's first line; earlier seqs are not ours to resend
         self._base = first_seq
         self._bytes = 0
         self._next_seq = first_seq  # seq the next put line gets
@@ -144,7 +145,7 @@ class LogStream:
     def rewind(self, acked: int) -> None:
         """A new connection: the server has stored lines up to ``acked``; the
         next batch starts at ``acked + 1``."""
-        acked = max(0, min(acked, self.last_seq))
+        acked = max(self._first_seq - 1, min(acked, self.last_seq))
         if acked < self._base - 1:
             self._reload_from_spool(acked + 1)
         self._drop_through(acked)

@@ -122,3 +122,16 @@ def test_a_partial_batch_waits_at_most_the_batch_delay(tmp_path: Path) -> None:
         assert _texts(s, s.take_batch()) == (2, ["2"])
 
     asyncio.run(go())
+
+
+def test_an_attempt_after_the_first_numbers_from_its_seq_base_and_never_resends_below_it(tmp_path: Path) -> None:
+    async def go() -> None:
+        s = LogStream("j", tmp_path / "spool", first_seq=41)  # attempt 2: attempt 1 stored 1..40
+        await s.put("o", ["a", "b", "c"])
+        assert _texts(s, s.take_batch()) == (41, ["a", "b", "c"])
+        s.ack(43)
+        s.rewind(10)  # a server that lost lines: this attempt can resend only its own
+        s.close()
+        assert _texts(s, s.take_batch()) == (41, ["a", "b", "c"])
+
+    asyncio.run(go())

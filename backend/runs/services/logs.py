@@ -22,7 +22,7 @@ from functools import cache, lru_cache
 from django.db import connection, transaction
 from trainyard_runner.protocol import LogLineWire, may_be_cut
 
-from backend.runs.models import Job, LogLine
+from backend.runs.models import ACTIVE_JOB, Attempt, Job, LogLine
 from backend.runs.services.logmask import Previous, joined_text, masked, needs_masking
 from backend.vault.masking import MASK, Masks
 from backend.vault.services import masks_for
@@ -84,7 +84,7 @@ def logs_store(
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .only("id", "run_id", "workspace_id", "last_seq", "instance_id", "attempt")
+            .only("id", "run_id", "workspace_id", "last_seq", "instance_id", "attempt", "status")
             .filter(pk=job_id, instance_id=instance_id, attempt=attempt)
             .first()
         )
@@ -101,6 +101,8 @@ def logs_store(
         if batch.lines:
             _copy(batch.rows)
             Job.objects.filter(pk=job.pk).update(last_seq=job.last_seq + len(batch.lines))
+            if job.status not in ACTIVE_JOB:  # rare: lines after the final state: keep the attempt's range whole
+                Attempt.objects.filter(job_id=job.pk, number=attempt).update(last_seq=job.last_seq + len(batch.lines))
         return StoredLogs(
             str(job.pk), str(job.run_id), job.last_seq + len(batch.lines), batch.first_seq, batch.lines, batch.frame
         )
