@@ -271,9 +271,8 @@ class LogAck(_Message):
 
 
 class Welcome(_Message):
-    """Answer to Hello. ``acked`` gives, for every job in ``running_jobs`` and
-    every job the server still expects logs for, the highest stored seq, so the
-    runner resends exactly what is missing."""
+    """Answer to Hello. ``acked`` gives, for every job in ``running_jobs``,
+    the highest stored seq, so the runner resends exactly what is missing."""
 
     type: Literal["welcome"] = "welcome"
     protocol: int = PROTOCOL_VERSION

@@ -30,7 +30,7 @@ def runner_connect(
     """1. The instance takes the connection, unless it ended (a hello never
     revives a lost or terminated instance). 2. Each attempt the runner holds:
     confirmed when it is still current (its lost acceptance is recorded now),
-    cancelled otherwise. 3. Attempts we think it runs that it does not hold
+    refused otherwise (being stopped: cancelled). 3. Attempts we think it runs that it does not hold
     (it restarted): ended, and retried as the reason allows."""
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:

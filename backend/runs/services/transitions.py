@@ -374,7 +374,7 @@ def _live_attempt(job_id: str, number: int, instance_id: str) -> Attempt | None:
 def _refuse_on_commit(instance_id: str, job_id: str, number: int, why: str) -> None:
     channel = Instance.objects.filter(pk=instance_id).values_list("channel_name", flat=True).first()
     if not channel:
-        return  # not connected: its next hello is answered with a cancel
+        return  # not connected: its next hello is answered with a refusal
     frame = protocol.Refused(job=job_id, attempt=number, reason=why[:500]).model_dump_json()
     transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
 
