@@ -273,7 +273,7 @@ class TrainyardSettings(TypedDict):
     LOCAL_BACKEND_ENABLED: bool
     RECONCILE_SECONDS: float
     PROVISION_TIMEOUT_SECONDS: float
-    UNREACHABLE_GRACE_SECONDS: float
+    UNREACHABLE_GRACE_SECONDS: float | None
     INSTALLATION: str
     LOCAL_SHAPES: list[dict[str, Any]]
     BACKEND_KINDS: dict[str, str]
@@ -304,7 +304,8 @@ TRAINYARD: TrainyardSettings = {
     "RECONCILE_SECONDS": env_float("TRAINYARD_RECONCILE_SECONDS", 2.0),
     "PROVISION_TIMEOUT_SECONDS": env_float("TRAINYARD_PROVISION_TIMEOUT_SECONDS", 60.0),
     # A silent runner whose machine is still there keeps its job this long.
-    "UNREACHABLE_GRACE_SECONDS": env_float("TRAINYARD_UNREACHABLE_GRACE_SECONDS", 120.0),
+    # Unset: each backend's own (Timings.unreachable_grace; 120 s for local and fake).
+    "UNREACHABLE_GRACE_SECONDS": env_float("TRAINYARD_UNREACHABLE_GRACE_SECONDS", 0.0) or None,
     # Tags every machine this server starts (the leak sweep finds ours by it).
     "INSTALLATION": env_str("TRAINYARD_INSTALLATION", ""),
     # Machine shapes the local backend offers (JSON list; tests): each runner reports its shape.

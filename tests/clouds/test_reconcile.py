@@ -135,7 +135,7 @@ def test_an_unreachable_runner_whose_machine_is_there_keeps_its_job_for_the_grac
     job.refresh_from_db()
     assert (instance.status, job.status) == (InstanceStatus.UNREACHABLE, JobStatus.RUNNING)
 
-    grace = settings.TRAINYARD["UNREACHABLE_GRACE_SECONDS"]
+    grace = compute_of(fake).timings.unreachable_grace  # no TRAINYARD_UNREACHABLE_GRACE_SECONDS: the backend's
     Instance.objects.filter(pk=instance.pk).update(unreachable_since=_ago(grace + 1))
     _pulse()
     reconcile()
@@ -184,7 +184,7 @@ def test_an_idle_machine_is_retired_after_its_idle_time(
     from tests.support.attempts import report
 
     report(job, instance.pk, "succeeded", 0)
-    idle = settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"]
+    idle = compute_of(fake).timings.idle_default  # a fake machine: the backend's idle time
     Instance.objects.filter(pk=instance.pk).update(idle_since=_ago(idle + 1), last_heartbeat_at=timezone.now())
 
     reconcile()

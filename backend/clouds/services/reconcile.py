@@ -159,7 +159,7 @@ def _judge(instance: Instance, state: CloudState | None, now: datetime, hearing_
         return instance_mark_lost(instance_id=str(instance.pk), reason=reason, message=message)
     if instance.status != InstanceStatus.UNREACHABLE or instance.unreachable_since is None or hearing_since is None:
         return 0
-    grace = settings.TRAINYARD["UNREACHABLE_GRACE_SECONDS"]
+    grace = _grace(instance)
     since = max(instance.unreachable_since, hearing_since)
     if now - since < timedelta(seconds=grace):
         return 0
@@ -189,18 +189,19 @@ def _terminations_unconfirmed(now: datetime) -> None:
 
 
 def _retire_idle(now: datetime) -> int:
-    idle_for = settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"]
-    cutoff = now - timedelta(seconds=idle_for)
-    stale = Instance.objects.filter(status=InstanceStatus.IDLE, idle_since__lt=cutoff)
-    return sum(
-        instance_request_termination(
-            instance_id=str(i.pk),
+    """Idle past the backend's idle time (the local pool's: TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS)."""
+    count = 0
+    for instance in Instance.objects.filter(status=InstanceStatus.IDLE).select_related("account"):
+        idle_for = _idle_time(instance)
+        if instance.idle_since is None or now - instance.idle_since < timedelta(seconds=idle_for):
+            continue
+        count += instance_request_termination(
+            instance_id=str(instance.pk),
             reason=InstanceReason.IDLE_RETIRED,
             message=f"retired after {idle_for:.0f}s idle",
             only_if_idle=True,
         )
-        for i in stale
-    )
+    return count
 
 
 def _leak_sweep(now: datetime) -> None:
@@ -267,6 +268,23 @@ def _compute(account: CloudAccount) -> Compute | None:
     except Exception:
         logger.warning("cannot build the backend of account %s", account.pk, exc_info=True)
         return None
+
+
+def _grace(instance: Instance) -> float:
+    configured = settings.TRAINYARD["UNREACHABLE_GRACE_SECONDS"]
+    if configured is not None:
+        return float(configured)
+    compute = _compute(instance.account) if instance.account else None
+    return compute.timings.unreachable_grace if compute is not None else 120.0
+
+
+def _idle_time(instance: Instance) -> float:
+    if instance.backend == "local":
+        return float(settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"])
+    compute = _compute(instance.account) if instance.account else None
+    return (
+        compute.timings.idle_default if compute is not None else float(settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"])
+    )
 
 
 def _timeout(instance: Instance) -> float:
