@@ -164,6 +164,9 @@ class RunnerDir:
             runner = self._find(checked_key(key))
             if runner is not None and runner.pid is not None:
                 _signal_group(runner.pid, signal.SIGKILL)
+                # SIGKILL is delivered asynchronously: the caller is told the
+                # machine is gone, so it must be gone when this returns.
+                _wait_gone(runner.pid, timeout=2.0)
 
     def _find(self, key: str) -> Runner | None:
         record = _read_record(self.path / f"{key}.json")

@@ -1,0 +1,57 @@
+"""How the CLI shows attempts: `trainyard logs` marks, `trainyard show` rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainyard.output import AttemptMarks, attempt_rows
+
+
+def _job(*attempts: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "train", "attempts": list(attempts)}
+
+
+LOST = {"number": 1, "instance": "local-a", "reason": "instance_lost", "message": "machine local-a is gone",
+        "first_seq": 1, "last_seq": 2, "started_at": None, "finished_at": None}  # fmt: skip
+DONE = {"number": 2, "instance": "local-b", "reason": "done", "message": "", "first_seq": 3, "last_seq": 3,
+        "started_at": None, "finished_at": None}  # fmt: skip
+
+
+def test_logs_mark_each_attempt_in_the_one_log() -> None:
+    marks = AttemptMarks(_job(LOST, DONE))
+    lines = [(1, "o", "a"), (2, "o", "b"), (3, "o", "c")]
+    printed = [text for _, text in [*marks.around(lines), *marks.rest()]]
+    assert printed == [
+        "--- attempt 1 of train on local-a ---",
+        "a",
+        "b",
+        "--- attempt 1 ended: instance_lost (machine local-a is gone) ---",
+        "--- attempt 2 of train on local-b ---",
+        "c",
+    ]
+
+
+def test_a_job_that_ran_once_gets_no_marks() -> None:
+    marks = AttemptMarks(_job(DONE | {"number": 1, "first_seq": 1}))
+    assert [t for _, t in [*marks.around([(1, "o", "x")]), *marks.rest()]] == ["x"]
+
+
+def test_an_attempt_without_lines_still_shows_and_a_last_failure_is_marked() -> None:
+    no_capacity = {"number": 2, "instance": None, "reason": "no_capacity", "message": "tried 3 of 3 offers",
+                   "first_seq": 3, "last_seq": 2}  # fmt: skip
+    marks = AttemptMarks(_job(LOST, no_capacity))
+    printed = [t for _, t in [*marks.around([(1, "o", "a"), (2, "o", "b")]), *marks.rest()]]
+    assert printed[-3:] == [
+        "--- attempt 1 ended: instance_lost (machine local-a is gone) ---",
+        "--- attempt 2 of train on - ---",
+        "--- attempt 2 ended: no_capacity (tried 3 of 3 offers) ---",
+    ]
+
+
+def test_show_lists_attempts_only_for_jobs_that_had_more_than_an_ordinary_one() -> None:
+    run = {"jobs": [_job(LOST, DONE), {"name": "plain", "attempts": [DONE | {"number": 1}]}]}
+    rows = attempt_rows(run)
+    assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
+        ("train", "1", "local-a", "instance_lost: machine local-a is gone"),
+        ("train", "2", "local-b", "done"),
+    ]
