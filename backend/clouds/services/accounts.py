@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shlex
 from typing import Any
 from uuid import UUID
 
@@ -64,8 +65,6 @@ def local_config() -> dict[str, Any]:
     trainyard = settings.TRAINYARD
     config: dict[str, Any] = {"runners_dir": str(settings.DATA_DIR / "local-runners")}
     if trainyard["LOCAL_RUNNER_COMMAND"]:
-        import shlex
-
         config["runner_command"] = shlex.split(trainyard["LOCAL_RUNNER_COMMAND"])
     if trainyard["LOCAL_SHAPES"]:
         config["shapes"] = trainyard["LOCAL_SHAPES"]

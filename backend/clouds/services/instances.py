@@ -19,11 +19,9 @@ import hashlib
 import hmac
 import logging
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -261,19 +259,6 @@ def instance_terminated(*, instance_id: str, message: str = "the backend confirm
     if not changed:
         Instance.objects.filter(pk=instance_id, status=InstanceStatus.LOST).update(backend_data=_confirmed(instance_id))
     return changed
-
-
-def instance_history(*, instance: Instance) -> list[InstanceEvent]:
-    return list(instance.events.order_by("created_at"))
-
-
-def instances_live(*, workspace_id: UUID | str | None = None, kinds: Iterable[str] | None = None) -> Any:
-    query = Instance.objects.filter(status__in=LIVE_STATUSES)
-    if workspace_id is not None:
-        query = query.filter(workspace_id=workspace_id)
-    if kinds is not None:
-        query = query.filter(backend__in=list(kinds))
-    return query
 
 
 def handle_of(instance: Instance) -> Handle:

@@ -11,7 +11,7 @@ from django.conf import settings
 from backend.clouds.backends.base import Gpu as OfferGpu
 from backend.clouds.backends.base import LaunchSpec, Offer
 from backend.clouds.backends.errors import ACCOUNT_BROKEN, NEXT_OFFER, ComputeError, NotYetTerminated, Transient
-from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
+from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.accounts import account_mark_broken, compute_of, installation
 from backend.clouds.services.instances import (
     handle_of,
@@ -130,6 +130,3 @@ def _schedule_soon() -> None:
         current_app.send_task("backend.runs.tasks.schedule")
     except Exception:
         logger.warning("could not enqueue a scheduling pass; the reconciler will", exc_info=True)
-
-
-__all__ = ["ENDED_STATUSES", "LaunchOutcome", "instance_launch_run", "instance_terminate_run"]

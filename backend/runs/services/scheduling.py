@@ -191,10 +191,12 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
     4. Launch the cheapest not tried for this attempt; every one tried: the
        attempt ends ``no_capacity`` and ``retry`` decides.
     """
-    starting = _requested(job).filter(status=InstanceStatus.PROVISIONING).first()
+    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
+    requested = _requested(job, last)  # read once: the steps below look at it in turn
+    starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
         return f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})", None
-    backoff = _no_capacity_backoff(job)
+    backoff = _no_capacity_backoff(job, last)
     if backoff:
         return backoff, None
     choice = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job))
@@ -202,10 +204,10 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
         return "waiting for a runner: no backend is configured for this workspace", None
     if not choice.candidates:
         return f"no backend can run this job: {choice.shortfall}", None
-    tried = _tried_offer_ids(job)
+    tried = _tried_offer_ids(requested)
     untried = [c for c in choice.candidates if c.offer.offer_id not in tried]
     if not untried or len(tried) >= MAX_OFFERS_PER_ATTEMPT:
-        _no_capacity(job, len(choice.candidates))
+        _no_capacity(job, _offers_tried(requested), len(choice.candidates))
         return "", None
     return _launch(job, untried[0])
 
@@ -243,15 +245,13 @@ def _pool_full(job: Job) -> str:
     return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"
 
 
-def _no_capacity(job: Job, fitting: int) -> None:
-    tried = _offers_tried(job)
+def _no_capacity(job: Job, tried: list[dict[str, Any]], fitting: int) -> None:
     listed = ", ".join(f"{t['offer']} {t['outcome']}" for t in tried[:4])
     message = f"no capacity: tried {len(tried)} of {fitting} offers ({listed})"
     job_fail_no_capacity(job=job, offers_tried=tried, message=message)
 
 
-def _no_capacity_backoff(job: Job) -> str:
-    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
+def _no_capacity_backoff(job: Job, last: Attempt | None) -> str:
     if last is None or last.termination_reason != TerminationReason.NO_CAPACITY or last.finished_at is None:
         return ""
     streak = Attempt.objects.filter(job_id=job.pk, termination_reason=TerminationReason.NO_CAPACITY).count()
@@ -260,25 +260,29 @@ def _no_capacity_backoff(job: Job) -> str:
     return f"{last.termination_message}; retrying (attempt {last.number + 1}) in {left:.0f}s" if left > 0 else ""
 
 
-def _requested(job: Job) -> Any:
-    """Instances started for this job since its last attempt ended."""
+def _requested(job: Job, last: Attempt | None) -> list[Instance]:
+    """Instances started for this job since its last attempt ended (``last``:
+    its latest attempt), oldest first."""
     query = Instance.objects.filter(requested_for=job)
-    last = Attempt.objects.filter(job_id=job.pk).exclude(finished_at=None).order_by("-number").first()
     if last is not None and last.finished_at is not None:
         query = query.filter(created_at__gt=last.finished_at)
-    return query
+    return list(query.order_by("created_at"))
 
 
-def _tried_offer_ids(job: Job) -> set[str]:
-    launch_failures = [InstanceReason.NO_CAPACITY, InstanceReason.LAUNCH_FAILED, InstanceReason.PROVISION_TIMEOUT]
-    # A machine that went away before its runner ever connected failed to start too.
-    failed = _requested(job).filter(
-        Q(termination_reason__in=launch_failures) | Q(status=InstanceStatus.LOST, connected_at__isnull=True)
-    )
-    return set(failed.values_list("offer_id", flat=True))
+LAUNCH_FAILURES = (InstanceReason.NO_CAPACITY, InstanceReason.LAUNCH_FAILED, InstanceReason.PROVISION_TIMEOUT)
 
 
-def _offers_tried(job: Job) -> list[dict[str, Any]]:
+def _tried_offer_ids(requested: list[Instance]) -> set[str]:
+    """Offers whose machine failed to start; one that went away before its
+    runner ever connected failed to start too."""
+    return {
+        i.offer_id
+        for i in requested
+        if i.termination_reason in LAUNCH_FAILURES or (i.status == InstanceStatus.LOST and i.connected_at is None)
+    }
+
+
+def _offers_tried(requested: list[Instance]) -> list[dict[str, Any]]:
     """What was launched for this attempt, in order, with each outcome."""
     return [
         {
@@ -287,14 +291,15 @@ def _offers_tried(job: Job) -> list[dict[str, Any]]:
             "outcome": i.termination_reason or "launched",
             "message": i.status_reason if i.termination_reason else "",
         }
-        for i in _requested(job).order_by("created_at")
+        for i in requested
     ]
 
 
 def _offers_worth_showing(job: Job) -> list[dict[str, Any]]:
     """The offers tried for this attempt, when any of them failed: a plain
     launch that worked needs no explaining."""
-    tried = _offers_tried(job)
+    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
+    tried = _offers_tried(_requested(job, last))
     return tried if any(t["outcome"] != "launched" for t in tried) else []
 
 
