@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.github import GithubServer
+from tests.support.moto import aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported
 
 MISSING_SERVICES_MESSAGE = (

@@ -40,7 +40,8 @@ from backend.embedded.processes import groups_stop
 from backend.embedded.runners import local_runners_kill
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-E2E_REDIS_DB = 5
+# Several suites may share one Redis server (a developer's worktrees): each picks its own index.
+E2E_REDIS_DB = int(os.environ.get("TRAINYARD_E2E_REDIS_DB", "5"))
 READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 10.0
 MANAGE_TIMEOUT_SECONDS = 180.0

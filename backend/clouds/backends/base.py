@@ -80,6 +80,10 @@ class LaunchSpec:
     runner_token: str  # the runner says hello with it
     server_url: str  # where the runner connects (http(s)://…)
     tags: Mapping[str, str] = field(default_factory=dict, hash=False)  # installation, workspace, instance, …
+    # A POSIX sh script that turns a fresh machine into a runner of this
+    # server (backends that boot machines from an image run it at first boot,
+    # as EC2 user data); "" for backends that start the runner themselves.
+    user_data: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

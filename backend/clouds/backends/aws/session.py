@@ -1,0 +1,153 @@
+"""boto3 sessions and clients for one connected AWS account.
+
+Two ways to connect (docs/BACKENDS.md, README "Connecting AWS"):
+
+- a role: ``config["role_arn"]`` and the server-generated
+  ``config["external_id"]``; the server's own credentials (the default
+  chain: environment, instance profile) call ``sts:AssumeRole``, and the
+  session refreshes itself before the role's credentials expire;
+- access keys: ``credentials["access_key_id"]`` / ``["secret_access_key"]``
+  (decrypted by the caller, never logged).
+
+Every client honours ``AWS_ENDPOINT_URL`` (boto3 reads it itself), which is
+how the tests point everything at moto's server. Timeouts: connect 5 s, read
+30 s. The launch client does not retry at all (botocore would retry a
+capacity error inside one call); the caller retries throttling with the
+same ClientToken. Other clients use botocore's standard retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.credentials import RefreshableCredentials
+from botocore.session import get_session
+
+from backend.clouds.backends.base import AccountConfig
+from backend.clouds.backends.errors import InvalidConfig
+
+ROLE_SESSION_SECONDS = 3600
+CONNECT_TIMEOUT = 5
+READ_TIMEOUT = 30
+
+_lock = threading.Lock()
+_base: boto3.session.Session | None = None
+_sessions: dict[tuple[str, ...], boto3.session.Session] = {}
+
+
+@dataclass(frozen=True)
+class AwsAuth:
+    """How to get credentials for one account; ``repr`` shows no secret."""
+
+    role_arn: str = ""
+    external_id: str = ""
+    access_key_id: str = ""
+    secret_access_key: str = ""
+    session_name: str = "trainyard"
+
+    def __repr__(self) -> str:
+        if self.role_arn:
+            return f"AwsAuth(role_arn={self.role_arn!r})"
+        return f"AwsAuth(access_key_id={self.access_key_id[:4]}…)"
+
+    @property
+    def cache_key(self) -> tuple[str, ...]:
+        return (self.role_arn, self.external_id, self.access_key_id, self.secret_access_key, self.session_name)
+
+
+def auth_of(account: AccountConfig) -> AwsAuth:
+    """The account's way in; ``InvalidConfig`` naming what is missing."""
+    role_arn = str(account.config.get("role_arn") or "")
+    external_id = str(account.config.get("external_id") or "")
+    key_id = account.credentials.get("access_key_id", "")
+    secret = account.credentials.get("secret_access_key", "")
+    session_name = f"trainyard-{account.workspace_id}"[:64]
+    if role_arn:
+        if len(external_id) < 2:
+            raise InvalidConfig(
+                "the aws account's role has no external id; reconnect it with `trainyard backend add aws --role-arn …`",
+                code="MissingExternalId",
+            )
+        return AwsAuth(role_arn=role_arn, external_id=external_id, session_name=session_name)
+    if key_id and secret:
+        return AwsAuth(access_key_id=key_id, secret_access_key=secret, session_name=session_name)
+    raise InvalidConfig(
+        "the aws account has neither a role ARN nor access keys; connect it with "
+        "`trainyard backend add aws --role-arn …` (or --access-key-id/--secret-access-key)",
+        code="MissingCredentials",
+    )
+
+
+def base_session() -> boto3.session.Session:
+    """The server's own session (default credential chain). Role accounts
+    assume their role from it. Tests register botocore event hooks on it
+    (``base_session().events.register(...)``): clients made later see them."""
+    global _base
+    with _lock:
+        if _base is None:
+            _base = boto3.session.Session()
+        return _base
+
+
+def session_for(auth: AwsAuth) -> boto3.session.Session:
+    """A session for ``auth``, built once per process; a role session
+    refreshes its credentials by itself before they expire."""
+    with _lock:
+        session = _sessions.get(auth.cache_key)
+    if session is not None:
+        return session
+    if auth.role_arn:
+        session = _role_session(auth)
+    else:
+        session = boto3.session.Session(
+            aws_access_key_id=auth.access_key_id, aws_secret_access_key=auth.secret_access_key
+        )
+    with _lock:
+        return _sessions.setdefault(auth.cache_key, session)
+
+
+def client(auth: AwsAuth, service: str, region: str, *, launch: bool = False) -> Any:
+    """A boto3 client of ``service`` in ``region``. ``launch=True``: no
+    retries inside botocore (RunInstances; see the module docstring)."""
+    retries: dict[str, Any] = {"mode": "standard", "max_attempts": 1 if launch else 3}
+    config = Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT, retries=retries)
+    return session_for(auth).client(service, region_name=region, config=config)
+
+
+def forget_sessions() -> None:
+    """Drop cached sessions (tests; an account whose credentials changed)."""
+    global _base
+    with _lock:
+        _sessions.clear()
+        _base = None
+
+
+def _role_session(auth: AwsAuth) -> boto3.session.Session:
+    def refresh() -> dict[str, str]:
+        sts = base_session().client("sts", config=Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT))
+        answer = sts.assume_role(
+            RoleArn=auth.role_arn,
+            RoleSessionName=auth.session_name,
+            ExternalId=auth.external_id,
+            DurationSeconds=ROLE_SESSION_SECONDS,
+        )
+        creds = answer["Credentials"]
+        expiry = creds["Expiration"]
+        return {
+            "access_key": creds["AccessKeyId"],
+            "secret_key": creds["SecretAccessKey"],
+            "token": creds["SessionToken"],
+            "expiry_time": expiry.isoformat() if isinstance(expiry, datetime) else str(expiry),
+        }
+
+    credentials = RefreshableCredentials.create_from_metadata(
+        metadata=refresh(), refresh_using=refresh, method="sts-assume-role"
+    )
+    botocore_session = get_session()
+    botocore_session._credentials = credentials  # the documented way to hand a session refreshable credentials
+    return boto3.session.Session(botocore_session=botocore_session)

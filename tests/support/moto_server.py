@@ -1,0 +1,92 @@
+"""moto's standalone server with EC2 fault injection: ``python -m tests.support.moto_server -p PORT``.
+
+moto has no error injection (shared/STACK.md), so this wrapper wraps a few of
+moto's EC2 response handlers before calling ``moto.server.main()``. Each call
+reads the JSON fault list at ``$TRAINYARD_MOTO_FAULTS`` (written by
+``MotoServer.fault`` in tests/support/moto.py); the first fault whose action
+and ``when`` match answers with the real EC2 error shape (HTTP 400, the given
+code and message) and counts down its ``times``. Everything else is moto.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.responses import EC2Response
+
+# The EC2 actions a fault may name (the API's own names).
+ACTIONS = (
+    "RunInstances",
+    "DescribeInstances",
+    "TerminateInstances",
+    "DescribeInstanceTypes",
+    "DescribeInstanceTypeOfferings",
+    "DescribeSpotPriceHistory",
+    "CreateSecurityGroup",
+    "DescribeSecurityGroups",
+    "DescribeVpcs",
+    "DescribeSubnets",
+    "DescribeImages",
+    "CreateTags",
+)
+
+_lock = threading.Lock()
+
+
+def _underscored(action: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in action).lstrip("_")
+
+
+def _matching_fault(action: str, params: Callable[[str], Any]) -> dict[str, Any] | None:
+    path = os.environ.get("TRAINYARD_MOTO_FAULTS")
+    if not path:
+        return None
+    with _lock:
+        file = Path(path)
+        try:
+            faults: list[dict[str, Any]] = json.loads(file.read_text() or "[]")
+        except FileNotFoundError:
+            return None
+        for fault in faults:
+            if fault["action"] != action or fault.get("times", 1) <= 0:
+                continue
+            if any(str(params(key)) != str(value) for key, value in (fault.get("when") or {}).items()):
+                continue
+            fault["times"] = fault.get("times", 1) - 1
+            fault["hits"] = fault.get("hits", 0) + 1
+            file.write_text(json.dumps(faults))
+            return fault
+    return None
+
+
+def _wrap(action: str) -> None:
+    name = _underscored(action)
+    original = getattr(EC2Response, name)
+
+    def handler(self: EC2Response) -> Any:
+        fault = _matching_fault(action, self._get_param)
+        if fault is not None:
+            raise EC2ClientError(fault["code"], fault.get("message") or f"{fault['code']} (injected by the test)")
+        return original(self)
+
+    handler.__name__ = name
+    setattr(EC2Response, name, handler)
+
+
+def main() -> None:
+    for action in ACTIONS:
+        _wrap(action)
+    from moto.server import main as moto_main
+
+    moto_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
