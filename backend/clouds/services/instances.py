@@ -112,6 +112,16 @@ def instance_launched(*, instance_id: str, handle: Handle) -> bool:
     return bool(changed)
 
 
+def remember_handle(*, instance_id: str, handle: Handle) -> None:
+    """Record how to find a machine whose row is no longer provisioning (a
+    launch that finished late), without changing its status."""
+    instance = Instance.objects.filter(pk=instance_id).first()
+    if instance is None or instance.backend_id:
+        return
+    data = {**instance.backend_data, "handle": {"region": handle.region, **dict(handle.data)}}
+    Instance.objects.filter(pk=instance_id, backend_id="").update(backend_id=handle.backend_id[:200], backend_data=data)
+
+
 def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
     """Nothing was started (the backend refused): terminated at once."""
     return _transition(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from backend.clouds.backends.base import Gpu as OfferGpu
-from backend.clouds.backends.base import LaunchSpec, Offer
+from backend.clouds.backends.base import Handle, LaunchSpec, Offer
 from backend.clouds.backends.errors import ACCOUNT_BROKEN, NEXT_OFFER, ComputeError, NotYetTerminated, Transient
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.accounts import account_mark_broken, compute_of, installation
@@ -19,6 +19,7 @@ from backend.clouds.services.instances import (
     instance_launched,
     instance_terminated,
     offer_of,
+    remember_handle,
     runner_token,
 )
 
@@ -49,7 +50,8 @@ def instance_launch_run(*, instance_id: str, last_try: bool = False) -> LaunchOu
     except Exception as error:  # a backend bug: treated as transient, bounded by the task's retries
         logger.exception("launching %s failed", instance.name)
         return _launch_error(instance, Transient(str(error) or type(error).__name__), last_try)
-    instance_launched(instance_id=instance_id, handle=handle)
+    if not instance_launched(instance_id=instance_id, handle=handle):
+        _launched_too_late(instance, handle)
     return LaunchOutcome("launched")
 
 
@@ -72,6 +74,20 @@ def instance_terminate_run(*, instance_id: str) -> float | None:
         return 10.0
     instance_terminated(instance_id=instance_id)
     return None
+
+
+def _launched_too_late(instance: Instance, handle: Handle) -> None:
+    """The row moved on while the backend was launching (its run was
+    cancelled, the reconciler gave the launch up): the machine is not
+    wanted. Remember how to find it, so the terminate task (and the leak
+    sweep, failing that) can, and terminate it now."""
+    remember_handle(instance_id=str(instance.pk), handle=handle)
+    logger.warning("%s was launched after its row moved on; terminating %s", instance.name, handle.backend_id)
+    assert instance.account is not None
+    try:
+        compute_of(instance.account).terminate(handle)
+    except Exception:
+        logger.warning("terminating %s failed; the leak sweep will", handle.backend_id, exc_info=True)
 
 
 def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> LaunchOutcome:

@@ -36,6 +36,7 @@ from backend.clouds.models import (
     CloudAccount,
     ControlPlane,
     Instance,
+    InstanceEvent,
     InstanceReason,
     InstanceStatus,
     WebPulse,
@@ -58,6 +59,7 @@ PULSE_STALE_SECONDS = 10.0
 LAUNCH_STUCK_SECONDS = 30.0
 # A terminate that was not confirmed for this long is asked again.
 TERMINATE_RECHECK_SECONDS = 30.0
+TERMINATE_OVERDUE_SECONDS = 15 * 60.0  # then people are told (CLOUDS.md)
 
 
 def clouds_reconcile(*, now: datetime | None = None) -> int:
@@ -181,11 +183,38 @@ def _provision_timeouts(now: datetime) -> int:
 
 
 def _terminations_unconfirmed(now: datetime) -> None:
+    """Terminate is asked again every 30 s, never given up; after 15 minutes
+    the instance says so where the workspace's people look (the Instances
+    page, ``trainyard instances``) and the server logs an error."""
     cutoff = now - timedelta(seconds=TERMINATE_RECHECK_SECONDS)
     waiting = Instance.objects.filter(status=InstanceStatus.TERMINATING, terminate_requested_at__lt=cutoff)
     for instance in waiting[:50]:
         Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=now)  # not a status change
         instance_task_enqueue("terminate", str(instance.pk))
+        _tell_if_overdue(instance, now)
+
+
+def _tell_if_overdue(instance: Instance, now: datetime) -> None:
+    since = (
+        InstanceEvent.objects.filter(instance=instance, to_status=InstanceStatus.TERMINATING)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if since is None or now - since < timedelta(seconds=TERMINATE_OVERDUE_SECONDS):
+        return
+    data = instance.backend_data if isinstance(instance.backend_data, dict) else {}
+    if data.get("terminate_overdue"):
+        return
+    minutes = (now - since).total_seconds() / 60
+    message = (
+        f"still not terminated after {minutes:.0f} min ({instance.backend_id or 'no cloud id yet'}); "
+        "Trainyard keeps trying every 30 s. Check the machine in the cloud console."
+    )
+    logger.error("instance %s: %s", instance.name, message)
+    Instance.objects.filter(pk=instance.pk).update(
+        status_reason=message[:500], backend_data={**data, "terminate_overdue": now.isoformat()}
+    )
 
 
 def _retire_idle(now: datetime) -> int:

@@ -15,9 +15,10 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from backend.clouds.models import ENDED_STATUSES, InstanceReason
+from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
+from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
-from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
+from backend.runs.models import FINISHED_JOB, LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.transitions import attempt_end
 
@@ -30,6 +31,7 @@ def reconcile() -> bool:
     released = _expire_leases()
     ended = _end_attempts_on_ended_instances()
     _finish_unconfirmed_stops()
+    _retire_unwanted_launches()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
     return bool(changed or released or ended or pending)
 
@@ -77,3 +79,18 @@ def _finish_unconfirmed_stops() -> None:
                 message=f"{job.status_reason}; the runner did not confirm within {grace:.0f}s",
                 tell_runner=True,
             )
+
+
+def _retire_unwanted_launches() -> None:
+    """A machine still starting for a job that has ended (its run was
+    stopped during provisioning) is terminated, not left to come up and
+    idle: on a cloud it costs money from the first second."""
+    unwanted = Instance.objects.filter(status=InstanceStatus.PROVISIONING, requested_for__status__in=FINISHED_JOB)
+    for instance in unwanted.select_related("requested_for")[:50]:
+        job = instance.requested_for
+        assert job is not None
+        instance_request_termination(
+            instance_id=str(instance.pk),
+            reason=InstanceReason.TERMINATE_REQUESTED,
+            message=f"not needed any more: job {job.name} {job.status} while this machine was starting",
+        )
