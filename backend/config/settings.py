@@ -279,6 +279,7 @@ class TrainyardSettings(TypedDict):
     BACKEND_KINDS: dict[str, str]
     TEST_DROP_ACCEPTANCES: str
     LEAK_SWEEP_SECONDS: float
+    LEAK_MIN_AGE_SECONDS: float
     SECRET_KEYS: list[str]
 
 
@@ -315,6 +316,8 @@ TRAINYARD: TrainyardSettings = {
     # Test hook: a file whose lines each drop one job acceptance (never set in production).
     "TEST_DROP_ACCEPTANCES": env_str("TRAINYARD_TEST_DROP_ACCEPTANCES", ""),
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
+    # A machine with our tags and no live row is left alone until it is this old (CLOUDS.md: 10 min).
+    "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
 }

@@ -3,6 +3,7 @@ away while they were starting (fake backend, state only)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -14,9 +15,11 @@ from django.db import connection
 from django.utils import timezone
 
 from backend.accounts.models import Workspace
-from backend.clouds.backends.base import CloudState
+from backend.clouds.backends.base import CloudState, Compute, Handle, LaunchSpec, Requirements
+from backend.clouds.backends.fake.state import FakeState, read_machines
+from backend.clouds.backends.registry import compute_for
 from backend.clouds.models import CloudAccount, Instance, InstanceEvent, InstanceReason, InstanceStatus
-from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.accounts import account_config, compute_of
 from backend.clouds.services.instances import handle_of, instance_request_termination
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.runs.services.reconcile import reconcile
@@ -112,3 +115,43 @@ def test_a_termination_the_cloud_does_not_confirm_is_retried_and_after_15_minute
     assert instance.status_reason.startswith("still not terminated after 16 min")
     assert instance.terminate_requested_at is not None and instance.terminate_requested_at > long_ago
     script.write_text("{}")
+
+
+def test_the_leak_sweep_terminates_an_old_machine_of_ours_with_no_row_and_leaves_young_and_foreign_ones(
+    fake: CloudAccount, team: Workspace, owner: Person, tmp_path: Path, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "LEAK_SWEEP_SECONDS": 0.0}
+    compute = compute_of(fake)
+    offer = next(iter(compute.offers(Requirements())))
+
+    foreign = compute_for(dataclasses.replace(account_config(fake), installation="ty-another-installation"))
+
+    def machine(key: str, backend: Compute) -> None:
+        spec = LaunchSpec(
+            idempotency_key=key,
+            instance_name=key,
+            runner_token="t",
+            server_url="http://127.0.0.1:1",
+            tags={"trainyard:installation": backend.account.installation},
+        )
+        backend.launch(offer, spec)
+
+    machine("ty-orphan-old", compute)
+    machine("ty-orphan-young", compute)
+    machine("ty-foreign-old", foreign)
+    state_dir = Path(str(fake.config["state_dir"]))
+    old = FakeState(state_dir)
+    with old.locked():
+        for key in ("ty-orphan-old", "ty-foreign-old"):
+            aged = old.machine(key)
+            assert aged is not None
+            old.save(dataclasses.replace(aged, launched_at=time.time() - 601))
+
+    reconcile()
+
+    alive = {h.key for h in compute.list_managed()}
+    assert alive == {"ty-orphan-young"}, "the old orphan is terminated, the young one left for now"
+    untouched = {m.key for m in read_machines(state_dir) if m.terminate_requested_at is None}
+    assert untouched == {"ty-orphan-young", "ty-foreign-old"}, "another installation's machine is never touched"
+    compute.terminate(Handle(key="ty-orphan-young"))
+    foreign.terminate(Handle(key="ty-foreign-old"))

@@ -86,6 +86,12 @@ class LaunchSpec:
     user_data: str = field(default="", repr=False)
 
 
+# ``Handle.data[LAUNCHED_AT]``: when the machine was launched, Unix seconds
+# as a string. Handles from ``list_managed`` carry it where the backend knows
+# it, so the leak sweep leaves young machines alone.
+LAUNCHED_AT = "launched_at"
+
+
 @dataclass(frozen=True)
 class Handle:
     """How a backend finds a machine again. ``key`` is the idempotency key

@@ -30,7 +30,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from backend.clouds.backends.base import GONE, CloudState, Compute
+from backend.clouds.backends.base import GONE, LAUNCHED_AT, CloudState, Compute, Handle
 from backend.clouds.models import (
     LIVE_STATUSES,
     CloudAccount,
@@ -241,6 +241,7 @@ def _leak_sweep(now: datetime) -> None:
     if last is not None and (now - last).total_seconds() < every:
         return
     _leak_sweep.last = now  # type: ignore[attr-defined]
+    min_age = settings.TRAINYARD["LEAK_MIN_AGE_SECONDS"]
     for account in CloudAccount.objects.all():
         compute = _compute(account)
         if compute is None:
@@ -260,7 +261,7 @@ def _leak_sweep(now: datetime) -> None:
             Instance.objects.filter(account=account, created_at__gte=young).values_list("idempotency_key", flat=True)
         )
         for handle in managed:
-            if handle.key in live or handle.key in known_young:
+            if handle.key in live or handle.key in known_young or _younger_than(handle, min_age, now):
                 continue
             logger.warning("leak sweep: terminating %s (%s), which has no live row", handle.key, handle.backend_id)
             try:
@@ -270,6 +271,14 @@ def _leak_sweep(now: datetime) -> None:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _younger_than(handle: Handle, seconds: float, now: datetime) -> bool:
+    launched = handle.data.get(LAUNCHED_AT, "")
+    try:
+        return now.timestamp() - float(launched) < seconds
+    except ValueError:
+        return False  # the backend does not know: the rows decide
 
 
 def _by_account(instances: Iterable[Instance]) -> dict[CloudAccount, list[Instance]]:

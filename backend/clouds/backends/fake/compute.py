@@ -40,6 +40,7 @@ from pathlib import Path
 
 from backend.clouds.backends.base import (
     GONE,
+    LAUNCHED_AT,
     AccountConfig,
     CloudState,
     Compute,
@@ -276,7 +277,12 @@ def _handle(machine: Machine) -> Handle:
         key=machine.key,
         backend_id=machine.backend_id,
         region=machine.region,
-        data={"instance_name": machine.instance_name, "instance_type": machine.instance_type, "zone": machine.zone},
+        data={
+            "instance_name": machine.instance_name,
+            "instance_type": machine.instance_type,
+            "zone": machine.zone,
+            LAUNCHED_AT: f"{machine.launched_at:.3f}",
+        },
     )
 
 
