@@ -262,3 +262,21 @@ def _close_of(token: str) -> dict[str, Any]:
         return closed
 
     return async_to_sync(scenario)()
+
+
+def test_the_self_hosted_backend_offers_nothing_launches_nothing_and_presumes_machines_are_there() -> None:
+    from backend.clouds.backends.base import AccountConfig, CloudState, Handle, LaunchSpec, Offer, Requirements
+    from backend.clouds.backends.errors import InvalidConfig
+    from backend.clouds.backends.registry import compute_for
+
+    compute = compute_for(AccountConfig("a", "w", "self-hosted", "ty-test", {}))
+    offer = Offer(backend="self-hosted", instance_type="x", region="r", cpus=1, memory_bytes=0, disk_bytes=0)
+
+    assert list(compute.offers(Requirements())) == [] and list(compute.list_managed()) == []
+    with pytest.raises(InvalidConfig, match="self-hosted machines are registered, not launched"):
+        compute.launch(offer, LaunchSpec("k", "n", "t", "http://x"))
+    assert compute.describe([Handle("k1", ""), Handle("k2", "")]) == {
+        "k1": CloudState.RUNNING,
+        "k2": CloudState.RUNNING,
+    }
+    assert compute.terminate(Handle("k1", "")) is None
