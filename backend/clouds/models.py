@@ -77,6 +77,8 @@ class InstanceReason(models.TextChoices):
     TERMINATE_REQUESTED = "terminate_requested"
     TERMINATED = "terminated"  # the backend confirmed
     LEAK_SWEEP = "leak_sweep"  # found running with no live row
+    REGISTERED = "registered"  # a self-hosted machine was registered with a registration token
+    REVOKED = "revoked"  # a self-hosted runner's identity was revoked: its token is refused from then on
 
 
 class Instance(WorkspaceOwnedModel):
@@ -139,6 +141,23 @@ class InstanceEvent(WorkspaceOwnedModel):
 
     class Meta:
         indexes = [models.Index(fields=["instance", "created_at"], name="instance_event_at")]
+
+
+class RunnerRegistrationToken(WorkspaceOwnedModel):
+    """A single-use token that registers one self-hosted machine in the
+    workspace (``trainyard-runner register``). Stored hashed; shown once."""
+
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)  # the first characters, to tell tokens apart in a list
+    note = models.CharField(max_length=100, blank=True)
+    created_by = models.ForeignKey("accounts.User", null=True, on_delete=models.SET_NULL, related_name="+")
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}…"
 
 
 class ControlPlane(BaseModel):

@@ -8,6 +8,7 @@ from backend.accounts.api import HealthView, MeView
 from backend.artifacts import api as artifacts
 from backend.artifacts.views import storage_archive, storage_object
 from backend.clouds import api as clouds
+from backend.clouds import api_selfhosted as selfhosted
 from backend.core import spa
 from backend.repos import api as repos
 from backend.runs.api import views as runs
@@ -39,7 +40,13 @@ urlpatterns = [
     path(f"{ws}/artifacts/<uuid:artifact>/files/<path:path>", artifacts.ArtifactFileView.as_view()),
     path(f"{ws}/artifacts/<uuid:artifact>/archive/", artifacts.ArtifactArchiveView.as_view()),
     path(f"{ws}/repos/", repos.RepoListView.as_view()),
+    path(f"{ws}/repos/credential/", repos.RepoCredentialView.as_view()),
     path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
+    path(f"{ws}/runners/", selfhosted.SelfHostedRunnerListView.as_view()),
+    path(f"{ws}/runners/registration-tokens/", selfhosted.RegistrationTokenListView.as_view()),
+    path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),
+    path(f"{ws}/runners/<uuid:runner>/revoke/", selfhosted.SelfHostedRunnerRevokeView.as_view()),
+    path("api/v1/runner/register/", selfhosted.RunnerRegisterView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path(
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",

@@ -1,6 +1,7 @@
-"""Writes and reads of workspace secrets. Plaintext never leaves this module
-except as a job's environment and as the masks logs and reasons are masked
-with (``masking.py``)."""
+"""Writes and reads of workspace secrets and of repositories' clone
+credentials. Plaintext never leaves this module except as a job's
+environment, as the credential in a job's assignment, and as the masks logs
+and reasons are masked with (``masking.py``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from django.db.models import Count, Max
 
 from backend.accounts.models import User, Workspace
 from backend.core.errors import ApplicationError
+from backend.repos.services import repo_get_or_create
 from backend.vault.crypto import decrypt, encrypt
 from backend.vault.masking import MIN_LENGTH, Masks, masks_of
-from backend.vault.models import Secret
+from backend.vault.models import CredentialKind, RepoCredential, Secret
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_VALUE_BYTES = 64 * 1024
@@ -61,7 +63,7 @@ def secret_env(*, workspace_id: UUID) -> dict[str, str]:
 
 @dataclass
 class _Cached:
-    version: tuple[object, int]
+    version: tuple[object, ...]
     masks: Masks
     checked: float
 
@@ -82,9 +84,119 @@ def masks_for(*, workspace_id: UUID) -> Masks:
     if cached is not None and now - cached.checked < 0.5:
         return cached.masks
     stats = Secret.objects.filter(workspace_id=workspace_id).aggregate(latest=Max("updated_at"), n=Count("id"))
-    version = (stats["latest"], stats["n"])
+    creds = RepoCredential.objects.filter(workspace_id=workspace_id).aggregate(latest=Max("updated_at"), n=Count("id"))
+    version = (stats["latest"], stats["n"], creds["latest"], creds["n"])
     if cached is None or cached.version != version:
-        cached = _Cached(version, masks_of(secret_env(workspace_id=workspace_id).values()), now)
+        values = [*secret_env(workspace_id=workspace_id).values(), *_credential_values(workspace_id)]
+        cached = _Cached(version, masks_of(values), now)
         _mask_cache[key] = cached
     cached.checked = now
     return cached.masks
+
+
+# ------------------------------------------------------- repo credentials
+
+# The username git sends with a token when none is given (GitHub's convention
+# for tokens; GitLab and most others accept any non-empty name).
+DEFAULT_TOKEN_USERNAME = "x-access-token"
+MAX_KEY_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True)
+class GitCredential:
+    kind: str  # CredentialKind
+    username: str
+    secret: str
+
+    def __repr__(self) -> str:  # never the secret
+        return f"GitCredential(kind={self.kind!r}, username={self.username!r})"
+
+
+def repo_credential_set(
+    *, workspace: Workspace, user: User, url: str, kind: str, secret: str, username: str = ""
+) -> RepoCredential:
+    """Create or replace the clone credential of the workspace's repo ``url``
+    (recording the repo if no run came from it yet)."""
+    url = url.strip()
+    if not url or len(url) > 500:
+        raise ApplicationError("Say which repository: its clone URL, at most 500 characters.", extra={"field": "url"})
+    secret, username = _checked_credential(url, kind, secret, username.strip())
+    repo = repo_get_or_create(workspace=workspace, url=url)
+    credential, _ = RepoCredential.objects.update_or_create(
+        repo=repo,
+        defaults={
+            "workspace": workspace,
+            "kind": kind,
+            "username": username,
+            "ciphertext": encrypt(secret),
+            "created_by": user,
+        },
+    )
+    _mask_cache.pop(str(workspace.pk), None)
+    return credential
+
+
+def repo_credential_delete(*, workspace: Workspace, url: str) -> bool:
+    deleted, _ = RepoCredential.objects.for_workspace(workspace).filter(repo__url=url.strip()).delete()
+    _mask_cache.pop(str(workspace.pk), None)
+    return bool(deleted)
+
+
+def repo_credential_for(*, workspace_id: UUID, repo_id: UUID | None) -> GitCredential | None:
+    """The decrypted credential of a repo of the workspace, for a job's assignment."""
+    if repo_id is None:
+        return None
+    row = RepoCredential.objects.filter(workspace_id=workspace_id, repo_id=repo_id).first()
+    if row is None:
+        return None
+    return GitCredential(kind=row.kind, username=row.username, secret=decrypt(row.ciphertext))
+
+
+def _credential_values(workspace_id: UUID) -> list[str]:
+    """What of each credential may show up in text: the secret, and for a
+    token the ``user:token`` pair a Basic header encodes (``masks_of`` adds
+    the base64 and URL-encoded forms)."""
+    values = []
+    for row in RepoCredential.objects.filter(workspace_id=workspace_id):
+        secret = decrypt(row.ciphertext)
+        values.append(secret)
+        if row.kind == CredentialKind.HTTPS_TOKEN:
+            values.append(f"{row.username or DEFAULT_TOKEN_USERNAME}:{secret}")
+    return values
+
+
+def _checked_credential(url: str, kind: str, secret: str, username: str) -> tuple[str, str]:
+    ssh_url = url.startswith("ssh://") or (not re.match(r"^[a-z][a-z0-9+.-]*://", url) and ":" in url)
+    if kind == CredentialKind.HTTPS_TOKEN:
+        if not url.startswith(("https://", "http://")):
+            raise ApplicationError(
+                f"{url} is not an http(s):// URL: a token works for HTTPS remotes; for an SSH remote set an SSH"
+                " key (--ssh-key-file)."
+            )
+        token = secret.strip()
+        if len(token) < MIN_LENGTH or any(c in token for c in "\r\n"):
+            raise ApplicationError(f"A token is one line of at least {MIN_LENGTH} characters.")
+        if ":" in username:
+            raise ApplicationError("A username cannot contain ':'.")
+        return token, username
+    if kind == CredentialKind.SSH_KEY:
+        if not ssh_url:
+            raise ApplicationError(
+                f"{url} is not an SSH remote (ssh://… or git@host:path): an SSH key works for SSH remotes; for"
+                " HTTPS set a token (--https-token)."
+            )
+        key = secret.strip().replace("\r\n", "\n") + "\n"
+        if key.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise ApplicationError("That is a public key: give the private key (the file without .pub).")
+        if not (key.startswith("-----BEGIN ") and "PRIVATE KEY-----" in key):
+            raise ApplicationError(
+                "That is not a private key: expected a file starting with -----BEGIN … PRIVATE KEY-----."
+            )
+        if "ENCRYPTED" in key.split("\n", 1)[0] or "Proc-Type: 4,ENCRYPTED" in key:
+            raise ApplicationError(
+                "That key is protected by a passphrase: a runner cannot type it; use a key without one."
+            )
+        if len(key.encode()) > MAX_KEY_BYTES:
+            raise ApplicationError(f"A key is at most {MAX_KEY_BYTES // 1024} KiB.")
+        return key, ""
+    raise ApplicationError(f"Unknown credential kind {kind!r}: one of https-token, ssh-key.", extra={"field": "kind"})

@@ -156,6 +156,14 @@ class Secret(TypedDict):
     updated_at: str
 
 
+class RepoCredential(TypedDict):
+    """Whether a repo's clone credential is set, its kind and when; never its value."""
+
+    set: bool
+    kind: str
+    set_at: str
+
+
 class Blob(TypedDict):
     id: str
     size: int
@@ -344,6 +352,14 @@ class Client:
 
     def remove_secret(self, name: str) -> None:
         self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
+
+    def set_repo_credential(self, url: str, *, kind: str, secret: str, username: str = "") -> RepoCredential:
+        """Set (or replace) the credential runners clone ``url`` with."""
+        body = {"url": url, "kind": kind, "secret": secret, "username": username}
+        return cast(RepoCredential, self._request("PUT", self._ws("repos/credential/"), json=body))
+
+    def remove_repo_credential(self, url: str) -> None:
+        self._request("DELETE", self._ws(f"repos/credential/?url={quote(url, safe='')}"))
 
     def ws_url(self, run: str, *, after_seq: int = 0) -> str:
         """The run's websocket URL (http→ws, https→wss)."""

@@ -24,7 +24,7 @@ from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflow
 
 from . import __version__
 from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run, RunSubmission
-from .code import CodeError, code_digests, find_workspace, prepare_code
+from .code import CodeError, code_digests, find_workspace, prepare_code, remote_url
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
 from .follow import Follower, job_prefixes
 from .output import (
@@ -405,6 +405,71 @@ def secrets_rm(name: str) -> None:
     click.echo(f"Removed secret {name}", err=True)
 
 
+# ---------------------------------------------------------------- repo
+
+
+@cli.group(cls=_Group)
+def repo() -> None:
+    """The repository runs come from."""
+
+
+@repo.group("credential", cls=_Group)
+def repo_credential() -> None:
+    """How runners clone a private repository (never shown back)."""
+
+
+@repo_credential.command("set")
+@click.option("--url", default=None, help="The repository's clone URL (default: this repo's origin remote).")
+@click.option(
+    "--https-token",
+    "https_token",
+    is_flag=True,
+    help="Set a token for an HTTPS remote (read from a hidden prompt or stdin).",
+)
+@click.option("--username", default="", help="The username sent with the token (default: x-access-token).")
+@click.option(
+    "--ssh-key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Set a private deploy key for an SSH remote.",
+)
+def repo_credential_set(url: str | None, https_token: bool, username: str, ssh_key_file: Path | None) -> None:
+    """Set the credential runners clone the repository with. A token is read
+    from a hidden prompt on a terminal, else from stdin: never from the
+    command line, where it would stay in the shell's history."""
+    if https_token == (ssh_key_file is not None):
+        raise click.UsageError("give one of --https-token or --ssh-key-file")
+    target = url or _this_remote()
+    if ssh_key_file is not None:
+        found = _client().set_repo_credential(target, kind="ssh-key", secret=_read_text(ssh_key_file))
+    else:
+        token = _token_value()
+        found = _client().set_repo_credential(target, kind="https-token", secret=token, username=username)
+    click.echo(f"Credential ({found['kind']}) set for {target}; runners clone it with it", err=True)
+
+
+@repo_credential.command("rm")
+@click.option("--url", default=None, help="The repository's clone URL (default: this repo's origin remote).")
+def repo_credential_rm(url: str | None) -> None:
+    """Remove the repository's credential."""
+    target = url or _this_remote()
+    _client().remove_repo_credential(target)
+    click.echo(f"Removed the credential of {target}", err=True)
+
+
+def _this_remote() -> str:
+    workspace = find_workspace(Path.cwd())
+    if not workspace.is_git:
+        raise CliError("this directory is not in a git repository: name the repository with --url")
+    try:
+        found = remote_url(workspace.root)
+    except CodeError as e:
+        raise CliError(f"{e}; or name the repository with --url") from None
+    if not found:
+        raise CliError("this directory's repository has no remote: name the repository with --url")
+    return found
+
+
 # ---------------------------------------------------------------- login
 
 
@@ -526,6 +591,19 @@ def _secret_value(name: str) -> str:
         raise CliError(
             "empty value: nothing was set (type the value at the prompt, or "
             f'pipe it: printf %s "$VALUE" | trainyard secrets set {name})'
+        )
+    return value
+
+
+def _token_value() -> str:
+    if sys.stdin.isatty():
+        value = click.prompt("Token", hide_input=True, default="", show_default=False)
+    else:
+        value = sys.stdin.read().strip()
+    if not value:
+        raise CliError(
+            "empty token: nothing was set (type it at the prompt, or pipe it: "
+            'printf %s "$TOKEN" | trainyard repo credential set --https-token)'
         )
     return value
 

@@ -9,6 +9,7 @@ import { RunPage } from "./pages/RunDetail";
 import { TagsPage } from "./pages/Tags";
 import { ReposPage } from "./pages/Repos";
 import { InstancesPage } from "./pages/Instances";
+import { SelfHostedPage } from "./pages/SelfHosted";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
 import { TokensPage } from "./pages/Tokens";
@@ -38,6 +39,7 @@ export function App() {
         <Route path="tags" element={<TagsPage />} />
         <Route path="repos" element={<ReposPage />} />
         <Route path="instances" element={<InstancesPage />} />
+        <Route path="self-hosted" element={<SelfHostedPage />} />
         <Route path="secrets" element={<SecretsPage />} />
         <Route path="members" element={<MembersPage />} />
         <Route path="tokens" element={<TokensPage />} />

@@ -1,4 +1,6 @@
-"""``trainyard-runner``: parse options (flags or environment) and run the agent."""
+"""``trainyard-runner``: parse options (flags, environment, or the
+``runner.json`` that ``trainyard-runner register`` saved) and run the agent;
+``trainyard-runner register …`` registers a self-hosted machine (``register.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+from . import register
 from .agent import Agent
 from .resources import RESOURCES_VAR, declared_resources
 
@@ -17,13 +20,28 @@ log = logging.getLogger("trainyard_runner")
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["register"]:
+        return register.main(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="trainyard-runner: %(message)s", stream=sys.stderr
     )
-    token = args.token or _token_from_file()
-    if not args.server or not token:
-        log.error("--server and --token (or TRAINYARD_SERVER_URL and TRAINYARD_RUNNER_TOKEN) are required")
+    server, token = args.server, args.token or _token_from_file()
+    if not server or not token:
+        # A registered machine: flags and environment win over runner.json.
+        try:
+            saved = register.load_config(Path(args.work_dir).resolve())
+        except register.RegisterError as e:
+            log.error("%s", e)
+            return 2
+        if saved is not None:
+            server, token = server or saved.server_url, token or saved.runner_token
+    if not server or not token:
+        log.error(
+            "--server and --token (or TRAINYARD_SERVER_URL and TRAINYARD_RUNNER_TOKEN) are required,"
+            " or register this machine first: trainyard-runner register --url <server> --token <registration token>"
+        )
         return 2
     try:
         declared_resources()  # every Hello reads it: refuse a bad value now, not at each reconnect
@@ -31,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s is not valid Resources JSON: %s", RESOURCES_VAR, e)
         return 2
     agent = Agent(
-        server_url=args.server,
+        server_url=server,
         token=token,
         work_dir=Path(args.work_dir).resolve(),
         give_up_after=args.give_up_after,

@@ -5,23 +5,52 @@ and fetched only when the commit is missing; the working copy is a
 ``--shared`` clone of the mirror (no object copies), so a warm runner checks
 out in milliseconds. archive: a tar.gz downloaded and extracted safely.
 Every failure raises ``CodeError`` with a reason fit for the job's state.
+
+A private repository's credential (``CodeSpec.credential``) reaches git only
+through the environment of the clone and fetch, never a command line or a
+URL: a token as an ``http.<origin>/.extraHeader`` (``GIT_CONFIG_COUNT``,
+``GIT_CONFIG_KEY_0``, ``GIT_CONFIG_VALUE_0``), a key as a 0600 file in the
+job's ``tmp/`` named by ``GIT_SSH_COMMAND`` and deleted once git is done.
+Error messages never hold it (``_Auth.scrub``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import hashlib
 import os
+import shlex
 import shutil
 import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from .http import HttpError, download
-from .protocol import CodeSpec
+from .protocol import CodeSpec, GitCredential
 
 GIT_TIMEOUT = 600.0  # a first clone of a large repository can take minutes
 LOCAL_GIT_TIMEOUT = 60.0
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+# The username sent with a token when the credential names none (GitHub's
+# convention; GitLab and most others accept any name with a token).
+DEFAULT_TOKEN_USERNAME = "x-access-token"
+# What git (and ssh) print when a remote wants a credential or refused one.
+_AUTH_FAILURES = (
+    "authentication failed",
+    "could not read username",
+    "could not read password",
+    "terminal prompts disabled",
+    "permission denied (publickey",
+    "returned error: 401",
+    "returned error: 403",
+    "http basic: access denied",
+    "invalid username or password",
+    "repository not found",
+)
 
 
 class CodeError(Exception):
@@ -64,15 +93,16 @@ async def _prepare_git(code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: 
     if not code.repo_url or not code.commit:
         raise CodeError("git code needs repo_url and commit")
     mirror = mirror_path(cache_dir, code.repo_url)
-    if not mirror.exists():
-        await _make_mirror(mirror, code.repo_url)
-    await _git("clone", "--shared", "--no-checkout", "-q", str(mirror), str(work), what="clone from cache")
-    checkout = ["-C", str(work), "checkout", "-q", code.commit]
-    if (await _run(["git", *checkout], LOCAL_GIT_TIMEOUT))[0] != 0:
-        # The work tree borrows the mirror's objects (alternates), so a fetch
-        # into the mirror is enough for the commit to become visible here.
-        await _fetch(mirror, code.repo_url, code.commit)
-        await _git(*checkout, what=f"checkout {code.commit}")
+    with _auth(code, tmp_dir) as auth:
+        if not mirror.exists():
+            await _make_mirror(mirror, code.repo_url, auth)
+        await _git("clone", "--shared", "--no-checkout", "-q", str(mirror), str(work), what="clone from cache")
+        checkout = ["-C", str(work), "checkout", "-q", code.commit]
+        if (await _run(["git", *checkout], LOCAL_GIT_TIMEOUT))[0] != 0:
+            # The work tree borrows the mirror's objects (alternates), so a fetch
+            # into the mirror is enough for the commit to become visible here.
+            await _fetch(mirror, code.repo_url, code.commit, auth)
+            await _git(*checkout, what=f"checkout {code.commit}")
     if code.patch_url:
         patch = tmp_dir / "code.patch"
         await _download(code.patch_url, patch, what="patch")
@@ -80,16 +110,19 @@ async def _prepare_git(code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: 
             await _git("-C", str(work), "apply", "--binary", str(patch), what="git apply of the patch")
 
 
-async def _make_mirror(mirror: Path, url: str) -> None:
+async def _make_mirror(mirror: Path, url: str, auth: _Auth) -> None:
     mirror.parent.mkdir(parents=True, exist_ok=True)
     partial = mirror.with_name(mirror.name + ".partial")
     await _rmtree(partial)
-    await _git("clone", "--mirror", "-q", url, str(partial), what=f"clone of {url}", timeout=GIT_TIMEOUT)
+    await _git(
+        "clone", "--mirror", "-q", url, str(partial), what=f"clone of {url}", timeout=GIT_TIMEOUT, auth=auth, url=url
+    )
     os.rename(partial, mirror)  # atomic: a half-made mirror is never used
 
 
-async def _fetch(mirror: Path, url: str, commit: str) -> None:
-    await _git("-C", str(mirror), "fetch", "-q", "--prune", "origin", what=f"fetch of {url}", timeout=GIT_TIMEOUT)
+async def _fetch(mirror: Path, url: str, commit: str, auth: _Auth) -> None:
+    fetch = ["-C", str(mirror), "fetch", "-q", "--prune", "origin"]
+    await _git(*fetch, what=f"fetch of {url}", timeout=GIT_TIMEOUT, auth=auth, url=url)
     if not await _has_commit(mirror, commit):
         raise CodeError(f"commit {commit} not found in {url}")
 
@@ -99,21 +132,30 @@ async def _has_commit(mirror: Path, commit: str) -> bool:
     return code == 0
 
 
-async def _git(*args: str, what: str, timeout: float = LOCAL_GIT_TIMEOUT) -> None:
-    code, err = await _run(["git", *args], timeout)
-    if code != 0:
-        tail = err.strip()[-2000:]
-        raise CodeError(f"{what} failed (exit {code}): {tail}" if tail else f"{what} failed (exit {code})")
+async def _git(
+    *args: str, what: str, timeout: float = LOCAL_GIT_TIMEOUT, auth: _Auth | None = None, url: str = ""
+) -> None:
+    """``auth``: a call that talks to the remote, with the credential's
+    environment; a refusal is then explained in words, not in git's."""
+    code, err = await _run(["git", *args], timeout, env=auth.env if auth else None)
+    if code == 0:
+        return
+    if auth is not None:
+        err = auth.scrub(err)
+        if any(marker in err.lower() for marker in _AUTH_FAILURES):
+            raise CodeError(_refused(url, auth, err))
+    tail = err.strip()[-2000:]
+    raise CodeError(f"{what} failed (exit {code}): {tail}" if tail else f"{what} failed (exit {code})")
 
 
-async def _run(argv: list[str], timeout: float) -> tuple[int, str]:
+async def _run(argv: list[str], timeout: float, *, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run a command; returns (exit code, stderr). A timeout kills it."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **_GIT_ENV},
+        env={**os.environ, **_GIT_ENV, **(env or {})},
     )
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -124,6 +166,84 @@ async def _run(argv: list[str], timeout: float) -> tuple[int, str]:
             proc.kill()
             await asyncio.shield(proc.wait())
     return proc.returncode or 0, err.decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class _Auth:
+    """The environment git authenticates with, and what no message may show."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()
+    kind: str = ""  # "" without a credential
+
+    def scrub(self, text: str) -> str:
+        for secret in self.hidden:
+            text = text.replace(secret, "*****")
+        return text
+
+
+@contextlib.contextmanager
+def _auth(code: CodeSpec, tmp_dir: Path) -> Iterator[_Auth]:
+    credential = code.credential
+    if credential is None:
+        yield _Auth()
+    elif credential.kind == "https-token":
+        yield _token_auth(code.repo_url, credential)
+    else:
+        with _key_auth(credential, tmp_dir) as auth:
+            yield auth
+
+
+def _token_auth(url: str, credential: GitCredential) -> _Auth:
+    """HTTP Basic for this origin only (not for a submodule on another host)."""
+    pair = f"{credential.username or DEFAULT_TOKEN_USERNAME}:{credential.secret}"
+    basic = base64.b64encode(pair.encode()).decode()
+    parts = urlsplit(url)
+    env = {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": f"http.{parts.scheme}://{parts.netloc}/.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+    }
+    return _Auth(env, (credential.secret, basic, pair), credential.kind)
+
+
+@contextlib.contextmanager
+def _key_auth(credential: GitCredential, tmp_dir: Path) -> Iterator[_Auth]:
+    """The key in a 0600 file for as long as git runs; hosts are learnt on
+    first use into the job's own known_hosts (there is no user to ask)."""
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    key = tmp_dir / "git-ssh-key"
+    key.unlink(missing_ok=True)
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(credential.secret if credential.secret.endswith("\n") else credential.secret + "\n")
+    command = [
+        "ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new",
+        "-o", f"UserKnownHostsFile={tmp_dir / 'known_hosts'}", "-o", "BatchMode=yes",
+    ]  # fmt: skip
+    lines = tuple(line for line in credential.secret.splitlines() if len(line) >= 8)
+    try:
+        yield _Auth({"GIT_SSH_COMMAND": shlex.join(command)}, lines, credential.kind)
+    finally:
+        key.unlink(missing_ok=True)
+
+
+def _refused(url: str, auth: _Auth, err: str) -> str:
+    last = next((line.strip() for line in reversed(err.strip().splitlines()) if line.strip()), "")
+    said = f" (git: {last[:300]})" if last else ""
+    if not auth.kind:
+        how = "--ssh-key-file <private key>" if not url.startswith(("http://", "https://")) else "--https-token <token>"
+        return (
+            f"the repository {url} needs a credential and none is set for it{said}. Set one with"
+            f" `trainyard repo credential set --url {url} {how}`, or ship the code with `trainyard run --upload`"
+        )
+    return (
+        f"the repository {url} refused the {auth.kind} credential set for it{said}: check that it is valid and"
+        f" may read the repository, then set it again with `trainyard repo credential set --url {url} …`"
+    )
 
 
 # ---------------------------------------------------------------- archive

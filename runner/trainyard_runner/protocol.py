@@ -177,6 +177,17 @@ class ArtifactSpec(_Message):
     path: str  # relative to the job's working directory, e.g. "./base_model"
 
 
+class GitCredential(_Message):
+    """How git authenticates to a private repository: ``https-token`` (HTTP
+    Basic, ``username`` and the token as ``secret``) or ``ssh-key`` (a private
+    key as ``secret``). Used for the clone and fetches of this job only: never
+    logged, never written to disk but as a 0600 key file while git runs."""
+
+    kind: Literal["https-token", "ssh-key"]
+    username: str = ""
+    secret: str = Field(repr=False, min_length=1)
+
+
 class CodeSpec(_Message):
     """Where the job's code comes from: a git remote at a commit plus an
     optional binary patch (``git apply``), or an archive (tar.gz) to download."""
@@ -186,6 +197,7 @@ class CodeSpec(_Message):
     commit: str = ""
     patch_url: str = ""  # signed GET url; empty when there is no patch
     archive_url: str = ""  # signed GET url; kind == "archive"
+    credential: GitCredential | None = None  # the repository's, when one is set (kind == "git")
 
 
 class InputFile(_Message):

@@ -28,7 +28,7 @@ def test_each_kind_builds_its_backend_for_the_account(tmp_path: Path) -> None:
 
     assert (type(local), type(fake)) == (LocalCompute, FakeCompute)
     assert local.account.installation == "ty-test"
-    assert sorted(KINDS) == ["fake", "local"]
+    assert sorted(KINDS) == ["fake", "local", "self-hosted"]
 
 
 def test_the_capabilities_and_timings_are_declared_on_the_class() -> None:
@@ -47,7 +47,7 @@ def test_an_unknown_kind_names_the_known_ones() -> None:
     with pytest.raises(InvalidConfig) as raised:
         compute_for(_account("aws"))
 
-    assert raised.value.message == "unknown backend kind 'aws'; known kinds: fake, local"
+    assert raised.value.message == "unknown backend kind 'aws'; known kinds: fake, local, self-hosted"
     assert raised.value.code == "UnknownBackendKind"
 
 
@@ -57,7 +57,7 @@ def test_extra_kinds_are_added_by_import_string(tmp_path: Path) -> None:
     built = compute_for(_account("fake2", state_dir=str(tmp_path)), extra)
 
     assert (type(built).__name__, built.kind) == ("Fake2", "fake2")  # the module may be imported twice
-    with pytest.raises(InvalidConfig, match="known kinds: fake, fake2, local"):
+    with pytest.raises(InvalidConfig, match="known kinds: fake, fake2, local, self-hosted"):
         compute_class("nope", extra)
 
 

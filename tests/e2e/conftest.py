@@ -98,7 +98,12 @@ class User:
         return run
 
     def cli(
-        self, cwd: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+        self,
+        cwd: Path,
+        *args: str,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+        input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         full_env = {
             **os.environ,
@@ -108,7 +113,14 @@ class User:
             **(env or {}),
         }
         return subprocess.run(
-            [str(TRAINYARD), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+            [str(TRAINYARD), *args],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
         )
 
 

@@ -11,6 +11,14 @@ Lifecycle (docs/RUNS.md draws it)::
          │                  │                        │
          ├─launch failed────┴──terminate──▶ terminating ─confirmed─▶ terminated
          └───────────── machine gone / fenced ──────────────────────▶ lost
+
+A self-hosted machine (registered, not launched) differs in three ways: its
+row starts ``provisioning`` at registration (``instance_register``) and waits
+for its runner as long as it takes; ``lost`` fences its attempts but not its
+identity (a later hello with its token makes it ``idle`` again, once the
+attempts it had are ended: ``runner_connect``); and it ends only when it is
+revoked (``instance_revoke``: ``terminated``, reason ``revoked``), never by a
+backend call (docs/decisions/0026-self-hosted-runners.md).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from backend.clouds.backends.base import Handle, Offer
 from backend.clouds.models import (
     ENDED_STATUSES,
     LIVE_STATUSES,
+    BackendKind,
     CloudAccount,
     Instance,
     InstanceEvent,
@@ -91,6 +100,27 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
     return instance
 
 
+def instance_register(*, account: CloudAccount, name: str, token_hash: str, message: str) -> Instance:
+    """A self-hosted machine's row, written when it is registered: it waits
+    in ``provisioning`` for its runner's first hello (inside the caller's
+    transaction; nothing is launched)."""
+    pk = uuid.uuid4()
+    instance = Instance.objects.create(
+        id=pk,
+        workspace_id=account.workspace_id,
+        account=account,
+        backend=BackendKind.SELF_HOSTED,
+        name=name,
+        idempotency_key=f"ty-{pk}",
+        token_hash=token_hash,
+        instance_type="self-hosted",
+        status=InstanceStatus.PROVISIONING,
+        status_reason="registered: waiting for its runner to connect",
+    )
+    _event(instance, "", InstanceStatus.PROVISIONING, InstanceReason.REGISTERED, message)
+    return instance
+
+
 def runner_token(idempotency_key: str) -> str:
     """The runner's token, derived from the row's key with the server's secret:
     a redelivered launch task passes the same token the first one did."""
@@ -139,17 +169,31 @@ def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message:
 
 
 def instance_for_token(*, token: str) -> Instance | None:
-    """The instance a runner token belongs to, unless it has ended."""
-    return Instance.objects.filter(token_hash=hash_token(token)).exclude(status__in=ENDED_STATUSES).first()
+    """The instance a runner token belongs to, unless it has ended (a lost
+    self-hosted machine has not: its identity outlives the fencing)."""
+    instance = Instance.objects.filter(token_hash=hash_token(token)).first()
+    if instance is None or (instance.status in ENDED_STATUSES and not _revivable(instance)):
+        return None
+    return instance
+
+
+def instance_refusal(*, token: str) -> str:
+    """Why a runner token is refused, in words its runner can show; "" when
+    there is nothing more to say than "unknown token"."""
+    instance = Instance.objects.filter(token_hash=hash_token(token)).first()
+    if instance is None or instance.termination_reason != InstanceReason.REVOKED:
+        return ""
+    return f"runner {instance.name} was revoked; register the machine again (trainyard-runner register)"
 
 
 def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, busy: bool) -> bool:
     """The runner said hello. A hello never revives an instance that is
-    terminating, terminated or lost: False then, and the caller refuses it."""
+    terminating, terminated or lost (False then, and the caller refuses it),
+    except a lost self-hosted machine, whose attempts the caller has ended."""
     now = timezone.now()
     with transaction.atomic():
         instance = Instance.objects.select_for_update().filter(pk=instance_id).first()
-        if instance is None or instance.status not in CONNECTABLE:
+        if instance is None or not (instance.status in CONNECTABLE or _revivable(instance)):
             return False
         new = InstanceStatus.BUSY if busy else InstanceStatus.IDLE
         Instance.objects.filter(pk=instance_id).update(
@@ -167,9 +211,12 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             unreachable_since=None,
             connected_at=instance.connected_at or now,
             idle_since=None if busy else (instance.idle_since or now),
+            **({"termination_reason": "", "terminated_at": None} if _revivable(instance) else {}),
         )
         if instance.status != new:
-            _event(instance, instance.status, new, InstanceReason.CONNECTED, f"runner {facts.runner_version} connected")
+            words = " again after it was lost" if instance.status == InstanceStatus.LOST else ""
+            message = f"runner {facts.runner_version} connected{words}"
+            _event(instance, instance.status, new, InstanceReason.CONNECTED, message)
     return True
 
 
@@ -211,7 +258,11 @@ def instance_mark_unreachable(*, instance_id: str, message: str) -> bool:
 
 def instance_mark_lost(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
     """The machine is gone, or is fenced: its socket is closed and the
-    machine terminated to be sure (a fenced runner may still be alive)."""
+    machine terminated to be sure (a fenced runner may still be alive).
+
+    A self-hosted machine is never terminated (it is the user's): its socket
+    is dropped so that its runner reconnects, and that hello ends the
+    attempts it had (``runner_connect``) before the machine takes new work."""
     instance = Instance.objects.filter(pk=instance_id).first()
     changed = _transition(
         instance_id,
@@ -224,10 +275,36 @@ def instance_mark_lost(*, instance_id: str, reason: InstanceReason, message: str
         channel_name="",
     )
     if changed and instance is not None:
+        self_hosted = instance.backend == BackendKind.SELF_HOSTED
         if instance.channel_name:
             channel = instance.channel_name
-            transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.fenced", "reason": message}))
-        transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+            event = {"type": "runner.drop"} if self_hosted else {"type": "runner.fenced", "reason": message}
+            transaction.on_commit(lambda: send_to_channel(channel, event))
+        if not self_hosted:
+            transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+    return changed
+
+
+def instance_revoke(*, instance_id: str, message: str) -> bool:
+    """A self-hosted runner's identity is withdrawn: ``terminated`` (reason
+    ``revoked``), its token refused from now on with ``message``, its open
+    socket closed with that reason. Its machine is not touched."""
+    instance = Instance.objects.filter(pk=instance_id, backend=BackendKind.SELF_HOSTED).first()
+    if instance is None:
+        return False
+    changed = _transition(
+        instance_id,
+        [*LIVE_STATUSES, InstanceStatus.TERMINATING, InstanceStatus.LOST],
+        InstanceStatus.TERMINATED,
+        InstanceReason.REVOKED,
+        message,
+        termination_reason=InstanceReason.REVOKED,
+        terminated_at=timezone.now(),
+        channel_name="",
+    )
+    if changed and instance.channel_name:
+        channel = instance.channel_name
+        transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.fenced", "reason": message}))
     return changed
 
 
@@ -285,6 +362,11 @@ def offer_of(instance: Instance) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _revivable(instance: Instance) -> bool:
+    """A self-hosted machine that was fenced (lost), not revoked."""
+    return instance.backend == BackendKind.SELF_HOSTED and instance.status == InstanceStatus.LOST
 
 
 def _transition(

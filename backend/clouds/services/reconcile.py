@@ -8,6 +8,9 @@ goes through ``instances``. Steps, each safe to run twice:
    (``hearing_since``): not while no web process was alive, nor across a gap
    in the reconciler's own passes (its restart, a database or Redis outage).
 2. Launches nobody performed (the task was lost): enqueued again.
+   Self-hosted machines are registered, not launched: steps 2, 5 and 7 skip
+   them; step 4 presumes their machine is there (``SelfHostedCompute``), so
+   a silent one is fenced after the grace, and never terminated.
 3. Silent runners become unreachable.
 4. Unreachable (and launched, not yet connected) machines: ``describe``
    decides. Gone → lost (or interrupted). Still there → an unreachable one
@@ -33,6 +36,7 @@ from django.utils import timezone
 from backend.clouds.backends.base import GONE, LAUNCHED_AT, CloudState, Compute, Handle
 from backend.clouds.models import (
     LIVE_STATUSES,
+    BackendKind,
     CloudAccount,
     ControlPlane,
     Instance,
@@ -110,7 +114,9 @@ def web_pulse(*, process: str, now: datetime | None = None) -> None:
 
 def _relaunch_stuck(now: datetime) -> None:
     cutoff = now - timedelta(seconds=LAUNCH_STUCK_SECONDS)
-    stuck = Instance.objects.filter(status=InstanceStatus.PROVISIONING, launched_at=None, created_at__lt=cutoff)
+    stuck = Instance.objects.filter(
+        status=InstanceStatus.PROVISIONING, launched_at=None, created_at__lt=cutoff
+    ).exclude(backend=BackendKind.SELF_HOSTED)  # registered, never launched: it waits for its runner
     for instance in stuck[:50]:
         if (now - instance.created_at).total_seconds() > 10 * LAUNCH_STUCK_SECONDS:
             instance_launch_failed(
@@ -172,6 +178,7 @@ def _judge(instance: Instance, state: CloudState | None, now: datetime, hearing_
 def _provision_timeouts(now: datetime) -> int:
     count = 0
     launched = Instance.objects.filter(status=InstanceStatus.PROVISIONING).exclude(launched_at=None)
+    launched = launched.exclude(backend=BackendKind.SELF_HOSTED)
     for instance in launched.select_related("account"):
         timeout = _timeout(instance)
         if instance.launched_at and now - instance.launched_at > timedelta(seconds=timeout):
@@ -218,9 +225,11 @@ def _tell_if_overdue(instance: Instance, now: datetime) -> None:
 
 
 def _retire_idle(now: datetime) -> int:
-    """Idle past the backend's idle time (the local pool's: TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS)."""
+    """Idle past the backend's idle time (the local pool's: TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS).
+    A self-hosted machine is the user's and costs us nothing idle: never retired."""
     count = 0
-    for instance in Instance.objects.filter(status=InstanceStatus.IDLE).select_related("account"):
+    idle = Instance.objects.filter(status=InstanceStatus.IDLE).exclude(backend=BackendKind.SELF_HOSTED)
+    for instance in idle.select_related("account"):
         idle_for = _idle_time(instance)
         if instance.idle_since is None or now - instance.idle_since < timedelta(seconds=idle_for):
             continue

@@ -21,7 +21,12 @@ from pydantic import ValidationError
 from trainyard_runner import protocol
 
 from backend.accounts.auth import token_from_header
-from backend.clouds.services.instances import instance_disconnected, instance_for_token, instance_heartbeat
+from backend.clouds.services.instances import (
+    instance_disconnected,
+    instance_for_token,
+    instance_heartbeat,
+    instance_refusal,
+)
 from backend.runs.events import run_group
 from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
@@ -60,7 +65,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         token = token_from_header(_header(self.scope, b"authorization"))
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
         if instance is None:
-            await self.close(code=protocol.CLOSE_UNAUTHORIZED)
+            # A revoked runner is told so, and stops (4401 is fatal to it).
+            reason = await database_sync_to_async(instance_refusal)(token=token) if token else ""
+            await self.close(code=protocol.CLOSE_UNAUTHORIZED, reason=reason[:120])
             return
         self.pending_instance_id = str(instance.pk)
 

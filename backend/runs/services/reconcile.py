@@ -57,15 +57,19 @@ def _end_attempts_on_ended_instances() -> int:
     )
     count = 0
     for attempt in doomed:
-        instance = attempt.instance
-        assert instance is not None
-        interrupted = instance.termination_reason == InstanceReason.INTERRUPTED
-        reason = TerminationReason.INTERRUPTED if interrupted else TerminationReason.INSTANCE_LOST
-        if instance.termination_reason == InstanceReason.UNREACHABLE_GRACE:
-            reason = TerminationReason.UNREACHABLE
-        message = instance.status_reason or f"machine {instance.name} {instance.status}"
-        count += attempt_end(attempt_id=str(attempt.pk), reason=reason, message=message)
+        assert attempt.instance is not None
+        count += attempt_end_with_instance(attempt=attempt, instance=attempt.instance)
     return count
+
+
+def attempt_end_with_instance(*, attempt: Attempt, instance: Instance) -> bool:
+    """End ``attempt`` with what happened to its (lost or terminated) machine."""
+    interrupted = instance.termination_reason == InstanceReason.INTERRUPTED
+    reason = TerminationReason.INTERRUPTED if interrupted else TerminationReason.INSTANCE_LOST
+    if instance.termination_reason == InstanceReason.UNREACHABLE_GRACE:
+        reason = TerminationReason.UNREACHABLE
+    message = instance.status_reason or f"machine {instance.name} {instance.status}"
+    return attempt_end(attempt_id=str(attempt.pk), reason=reason, message=message)
 
 
 def _finish_unconfirmed_stops() -> None:

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from trainyard_runner import protocol
 
-from backend.clouds.models import Instance
+from backend.clouds.models import BackendKind, Instance, InstanceStatus
 from backend.clouds.services.instances import Facts, instance_connected
 from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job
 from backend.runs.reasons import TerminationReason
+from backend.runs.services.reconcile import attempt_end_with_instance
 from backend.runs.services.transitions import attempt_end, job_accept
 
 
@@ -28,13 +29,16 @@ def runner_connect(
     *, instance_id: str, hello: protocol.Hello, channel_name: str, heartbeat_seconds: float
 ) -> Connected:
     """1. The instance takes the connection, unless it ended (a hello never
-    revives a lost or terminated instance). 2. Each attempt the runner holds:
+    revives a lost or terminated instance; a lost self-hosted machine comes
+    back, its old attempts ended first). 2. Each attempt the runner holds:
     confirmed when it is still current (its lost acceptance is recorded now),
     refused otherwise (being stopped: cancelled). 3. Attempts we think it runs that it does not hold
     (it restarted): ended, and retried as the reason allows."""
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return Connected(None, refusal="unknown instance")
+    if instance.backend == BackendKind.SELF_HOSTED and instance.status == InstanceStatus.LOST:
+        _fence(instance)  # its identity comes back, its old attempts do not
     previous = instance.channel_name
     ours = {str(a.job_id): a for a in Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT)}
     held = {h.job: h for h in hello.running_jobs}
@@ -82,6 +86,14 @@ def _reconcile_held(
         confirmed=confirmed,
     )
     return welcome, ended
+
+
+def _fence(instance: Instance) -> None:
+    """A lost self-hosted machine says hello again: every attempt it had ends
+    as the reconciler would end it, before the machine is idle again, so what
+    the runner still holds is refused (``Welcome.refused``)."""
+    for attempt in Attempt.objects.filter(instance_id=instance.pk, status__in=LIVE_ATTEMPT):
+        attempt_end_with_instance(attempt=attempt, instance=instance)
 
 
 def _lost_by_runner(instance: Instance, attempt: Attempt) -> None:

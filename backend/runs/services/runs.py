@@ -13,6 +13,7 @@ from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob
 from backend.core.errors import ApplicationError
 from backend.repos.models import Repo
+from backend.repos.services import repo_get_or_create
 from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
 from backend.runs.services.transitions import job_request_stop, run_refresh, run_request_stop
@@ -195,9 +196,7 @@ def _next_run_number(workspace: Workspace) -> int:
 
 
 def _repo(workspace: Workspace, url: str) -> Repo:
-    name = url.rstrip("/").removesuffix(".git").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or url
-    repo, _ = Repo.objects.get_or_create(workspace=workspace, url=url, defaults={"name": name})
-    return repo
+    return repo_get_or_create(workspace=workspace, url=url)
 
 
 def _retry_policies(path: str, text: str) -> dict[str, dict[str, object]]:

@@ -39,7 +39,7 @@ from backend.runs.services.transitions import (
     job_reuse,
     run_refresh,
 )
-from backend.vault.services import secret_env
+from backend.vault.services import repo_credential_for, secret_env
 
 logger = logging.getLogger(__name__)
 
@@ -395,4 +395,12 @@ def _code_spec(run: Run) -> protocol.CodeSpec:
         if run.patch_blob
         else ""
     )
-    return protocol.CodeSpec(kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url)
+    found = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
+    credential = (
+        protocol.GitCredential(kind=found.kind, username=found.username, secret=found.secret)  # type: ignore[arg-type]
+        if found is not None
+        else None
+    )
+    return protocol.CodeSpec(
+        kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url, credential=credential
+    )

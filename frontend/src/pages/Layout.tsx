@@ -11,6 +11,7 @@ const NAV = [
   { to: "tags", label: "Tags" },
   { to: "repos", label: "Repos" },
   { to: "instances", label: "Runners & instances" },
+  { to: "self-hosted", label: "Self-hosted runners" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
   { to: "tokens", label: "API tokens" },

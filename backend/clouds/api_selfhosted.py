@@ -1,0 +1,168 @@
+"""Self-hosted runners of a workspace: registration tokens (shown once), the
+registered machines, revoking one; and the runner's own registration call."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from backend.accounts.auth import signed_in_user
+from backend.accounts.models import Role
+from backend.accounts.tenancy import WorkspaceAPIView
+from backend.clouds.models import Instance, InstanceReason, RunnerRegistrationToken
+from backend.clouds.services.selfhosted import (
+    registration_token_create,
+    registration_token_list,
+    registration_token_revoke,
+    registration_token_state,
+    runner_register,
+    runner_revoke,
+    runners_list,
+)
+from backend.core.errors import NotFound
+
+
+class RegistrationTokenIn(serializers.Serializer[Any]):
+    note = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+
+
+class RegistrationTokenOut(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    prefix = serializers.CharField()
+    note = serializers.CharField()
+    state = serializers.SerializerMethodField()  # unused, used, revoked, expired
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    used_at = serializers.DateTimeField(allow_null=True)
+    runner = serializers.SerializerMethodField()
+
+    def get_state(self, row: RunnerRegistrationToken) -> str:
+        return registration_token_state(row)
+
+    def get_runner(self, row: RunnerRegistrationToken) -> str | None:
+        return str(row.instance_id) if row.instance_id else None
+
+
+class RegistrationTokenCreatedOut(RegistrationTokenOut):
+    token = serializers.CharField()  # this answer only
+
+
+class SelfHostedRunnerOut(serializers.ModelSerializer[Instance]):
+    revoked = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Instance
+        fields = [
+            "id",
+            "name",
+            "status",
+            "status_reason",
+            "revoked",
+            "hostname",
+            "address",
+            "runner_version",
+            "cpus",
+            "memory_bytes",
+            "disk_bytes",
+            "gpus",
+            "created_at",
+            "connected_at",
+            "last_heartbeat_at",
+        ]
+        read_only_fields = fields
+
+    def get_revoked(self, instance: Instance) -> bool:
+        return instance.termination_reason == InstanceReason.REVOKED
+
+
+class RegistrationTokenListView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=RegistrationTokenOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        rows = registration_token_list(workspace=self.workspace)
+        return Response(RegistrationTokenOut(rows, many=True).data)
+
+    @extend_schema(request=RegistrationTokenIn, responses={201: RegistrationTokenCreatedOut})
+    def post(self, request: Request, workspace: str) -> Response:
+        data = RegistrationTokenIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = registration_token_create(
+            workspace=self.workspace, user=signed_in_user(request), note=data.validated_data["note"]
+        )
+        out = {**RegistrationTokenOut(issued.row).data, "token": issued.token}
+        return Response(out, status=201)
+
+
+class RegistrationTokenDetailView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, workspace: str, token: UUID) -> Response:
+        if not registration_token_revoke(workspace=self.workspace, token_id=token):
+            raise NotFound("No such registration token in this workspace.")
+        return Response(status=204)
+
+
+class SelfHostedRunnerListView(WorkspaceAPIView):
+    @extend_schema(responses=SelfHostedRunnerOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        return Response(SelfHostedRunnerOut(runners_list(workspace=self.workspace), many=True).data)
+
+
+class SelfHostedRunnerRevokeView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request, workspace: str, runner: UUID) -> Response:
+        if not runner_revoke(workspace=self.workspace, instance_id=runner):
+            raise NotFound("No such self-hosted runner in this workspace.")
+        return Response(status=204)
+
+
+# ------------------------------------------------------------- runner side
+
+
+class RegisterIn(serializers.Serializer[Any]):
+    token = serializers.CharField(max_length=200)
+    name = serializers.CharField(max_length=63, required=False, default="", allow_blank=True)
+    hostname = serializers.CharField(max_length=255, required=False, default="", allow_blank=True)
+
+
+class RegisterOut(serializers.Serializer[Any]):
+    runner = serializers.UUIDField()
+    name = serializers.CharField()
+    workspace = serializers.CharField()
+    runner_token = serializers.CharField()  # this answer only
+
+
+class RunnerRegisterView(APIView):
+    """``trainyard-runner register``: authenticated by the registration token in the body."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=RegisterIn, responses={201: RegisterOut})
+    def post(self, request: Request) -> Response:
+        data = RegisterIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        registered = runner_register(
+            token=data.validated_data["token"],
+            name=data.validated_data["name"],
+            hostname=data.validated_data["hostname"],
+        )
+        instance = registered.instance
+        out = {
+            "runner": str(instance.pk),
+            "name": instance.name,
+            "workspace": instance.workspace.slug,
+            "runner_token": registered.runner_token,
+        }
+        return Response(RegisterOut(out).data, status=201)

@@ -1,0 +1,13 @@
+"""Writes of connected repositories."""
+
+from __future__ import annotations
+
+from backend.accounts.models import Workspace
+from backend.repos.models import Repo
+
+
+def repo_get_or_create(*, workspace: Workspace, url: str) -> Repo:
+    """The workspace's repo of ``url``, recorded the first time it is named."""
+    name = url.rstrip("/").removesuffix(".git").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or url
+    repo, _ = Repo.objects.get_or_create(workspace=workspace, url=url, defaults={"name": name})
+    return repo
