@@ -80,19 +80,19 @@ def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, m
     )
 
 
-def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
+def test_run_refuses_a_bad_placement_value_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
     path = tiny_train / ".trainyard" / "workflows.yaml"
     text = path.read_text()
     line = text.count("\n") + 4
-    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n")
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: soon\n")
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "flaky")
     assert (code, out) == (1, "")
     assert (
         err
-        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).max_duration: 'max_duration' is not supported yet; remove it from workflow 'flaky' to run it\n"
+        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).max_duration: expected a duration such as 30m, 2h or 1d (or off), got 'soon'\n"
     )
     assert rest.requests == []
 
