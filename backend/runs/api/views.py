@@ -81,6 +81,7 @@ class RunListView(WorkspaceAPIView):
             ),
             env=v["env"],
             no_cache=v["no_cache"],
+            placement=dict(v["placement"]),
         )
         return Response(RunOut(_fresh(run)).data, status=status.HTTP_201_CREATED)
 
@@ -111,6 +112,7 @@ class RunPlanView(WorkspaceAPIView):
             code_identity=identity,
             env=v["env"],
             no_cache=v["no_cache"],
+            placement=dict(v["placement"]),
         )
         return Response(plan)
 
