@@ -127,6 +127,9 @@ class Instance(WorkspaceOwnedModel):
     class Meta:
         indexes = [models.Index(fields=["workspace", "status"], name="instance_ws_status")]
 
+    def __str__(self) -> str:
+        return self.name
+
 
 IDLE_FOREVER = -1
 
@@ -151,7 +154,7 @@ class OfferBlock(WorkspaceOwnedModel):
         constraints = [models.UniqueConstraint(fields=["account", "scope", "key"], name="uniq_offer_block")]
 
     def __str__(self) -> str:
-        return self.name
+        return f"{self.scope} {self.key} until {self.until:%H:%M:%S}"
 
 
 class InstanceEvent(WorkspaceOwnedModel):

@@ -325,11 +325,11 @@ def _job_after_attempt(
     if job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER:
         stop_reason = job.status_reason if job.status == JobStatus.STOPPING else message
         # A stop the server made for a reason of its own ends as that reason says.
-        final = reason.to_status() if job.stop_reason and reason == job.stop_reason else JobStatus.STOPPED
+        stopped = reason.to_status() if job.stop_reason and reason == job.stop_reason else JobStatus.STOPPED
         _cas_job(
             job.pk,
             list(ACTIVE_JOB),
-            status=final,
+            status=stopped,
             status_reason=stop_reason,
             exit_code=exit_code,
             finished_at=now,
