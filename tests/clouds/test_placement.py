@@ -18,10 +18,13 @@ from django.utils import timezone
 from backend.accounts.models import Workspace
 from backend.clouds.models import AccountStatus, CloudAccount, Instance, InstanceReason, InstanceStatus, OfferBlock
 from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.blocks import Blocks
 from backend.clouds.services.instances import Facts, instance_connected
+from backend.clouds.services.offers import offers_rank
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.clouds.services.reconcile import clouds_reconcile
 from backend.runs.models import Attempt, Job, JobStatus
+from backend.runs.services.placement import choose, requirements_of
 from backend.runs.services.reconcile import _end_attempts_on_ended_instances, _stop_past_max_duration
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
@@ -351,8 +354,14 @@ def test_after_an_interruption_the_next_attempt_skips_that_zone_for_3_minutes(
 
     assert Attempt.objects.get(job=job, number=1).termination_reason == "interrupted"
     assert second is not None and second.zone == "r1b"  # r1a is cheaper, but the job was interrupted there
-    job.refresh_from_db()
-    assert job.status_reason.startswith("waiting for a runner: starting ")
+    ranked = offers_rank(workspace_id=team.pk, req=requirements_of(job)).candidates
+    later = choose(
+        job=job, candidates=ranked, tried=set(), blocks=Blocks({}), now=timezone.now() + timedelta(seconds=181)
+    )
+    now = choose(job=job, candidates=ranked, tried=set(), blocks=Blocks({}))
+    assert [c.offer.zone for c in now.open] == ["r1b"]
+    assert now.blocked[0].startswith("zone r1a skipped 1") and now.blocked[0].endswith("s more (interrupted there)")
+    assert [c.offer.zone for c in later.open] == ["r1a", "r1b"]  # 3 minutes on, r1a is back
 
 
 def test_max_duration_stops_the_job_and_fails_it_with_the_reason(
@@ -419,3 +428,71 @@ def test_idle_duration_off_never_retires_the_machine(fake_account: Any, team: Wo
     )
     clouds_reconcile()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.IDLE
+
+
+# ------------------------------------------------------------------------ API
+
+
+def _body(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "workflow": "train",
+        "workflows_file": {"path": ".trainyard/workflows.yaml", "text": text},
+        "code": {"kind": "git", "repo_url": "https://example.com/r.git", "commit": "b" * 40},
+        **extra,
+    }
+
+
+def test_the_run_answer_has_the_plan_and_the_overrides_win_over_the_workflow(
+    fake_account: Any, team: Workspace, owner: Person
+) -> None:
+    fake_account([offer("a", 0.1), offer("b", 0.3, spot=True), offer("c", 0.2, region="r2")])
+    text = workflow(regions="[r2]", idle_duration="1h")
+    overrides = {"regions": ["r1"], "spot_policy": "spot", "max_price": 1.0, "backends": ["fake"]}
+
+    answer = owner.client().post(
+        f"/api/v1/workspaces/{team.slug}/runs/", _body(text, placement=overrides), format="json"
+    )
+
+    assert answer.status_code == 201, answer.content
+    plan = answer.json()["plan"]
+    assert plan == [
+        {
+            "job": "train",
+            "offer": {
+                "offers": 1,
+                "backend": "fake",
+                "instance_type": "b",
+                "region": "r1",
+                "spot": True,
+                "price_per_hour": 0.3,
+            },
+        }
+    ]
+    job = Job.objects.get(run__name=answer.json()["name"])
+    assert job.placement == {**overrides, "idle_duration": 3600}
+    assert answer.json()["jobs"][0]["placement"] == job.placement
+
+
+def test_the_dry_run_names_each_jobs_cheapest_offer(fake_account: Any, team: Workspace, owner: Person) -> None:
+    fake_account([offer("a", 0.1), offer("b", 0.3)])
+    answer = owner.client().post(
+        f"/api/v1/workspaces/{team.slug}/runs/plan/", _body(workflow(max_price="0.05")), format="json"
+    )
+    assert answer.status_code == 200, answer.content
+    [job] = answer.json()["jobs"]
+    assert job["offer"] == {"offers": 0, "reason": "no offer matches its placement (on-demand, at most $0.05/h)"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [({"backends": ["asw"]}, "backends"), ({"spot_policy": "cheap"}, "spot_policy"), ({"max_price": 0}, "max_price")],
+)
+def test_a_bad_override_is_refused_and_writes_nothing(
+    fake_account: Any, team: Workspace, owner: Person, overrides: dict[str, Any], field: str
+) -> None:
+    answer = owner.client().post(
+        f"/api/v1/workspaces/{team.slug}/runs/", _body(workflow(), placement=overrides), format="json"
+    )
+    assert answer.status_code == 400
+    assert field in json.dumps(answer.json())
+    assert Job.objects.count() == 0

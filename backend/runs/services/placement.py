@@ -106,6 +106,20 @@ def requirements_from(*, resources: Mapping[str, Any], placement: Mapping[str, A
     )
 
 
+def run_offer_plan(*, run: Any) -> list[dict[str, Any]]:
+    """Each job of ``run`` with the cheapest offer it would start from (the
+    run-creation answer's ``plan``)."""
+    return [
+        {
+            "job": job.name,
+            "offer": offer_plan(
+                workspace_id=run.workspace_id, resources=job.spec.get("resources") or {}, placement=job.placement
+            ),
+        }
+        for job in Job.objects.filter(run=run).order_by("created_at")
+    ]
+
+
 def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:
     """The cheapest offer a job would start from (``trainyard run``'s plan
     table): ``{"offers": n, "backend", "instance_type", "region", "spot",
