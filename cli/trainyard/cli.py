@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_run_plan
@@ -178,8 +178,9 @@ def run(
     created = client.create_run(code=code, **submit)
     jobs = f" ({len(plan.jobs)} jobs: {', '.join(job.name for job in plan.jobs)})" if len(plan.jobs) > 1 else ""
     click.echo(f"Run {created['name']} submitted{jobs}", err=True)
-    if created.get("plan"):
-        print_table(PLAN_HEADERS, offer_rows(created["plan"]), tty=sys.stderr.isatty(), out=sys.stderr)
+    offers = cast(dict[str, Any], created).get("plan")  # the creation answer only
+    if offers:
+        print_table(PLAN_HEADERS, offer_rows(offers), tty=sys.stderr.isatty(), out=sys.stderr)
     if detach:
         click.echo(created["name"])
         return
@@ -198,7 +199,7 @@ def _placement(
             f"unknown backend {unknown[0]!r}; known backends: {', '.join(BACKEND_KINDS)}", param_hint="--backend"
         )
     names = [r.strip() for item in regions for r in item.split(",") if r.strip()]
-    values = {"backends": list(dict.fromkeys(kinds)), "regions": list(dict.fromkeys(names))}
+    values: dict[str, Any] = {"backends": list(dict.fromkeys(kinds)), "regions": list(dict.fromkeys(names))}
     values |= {"spot_policy": spot_policy, "max_price": max_price}
     return {k: v for k, v in values.items() if v not in (None, [])}
 
