@@ -122,12 +122,41 @@ class Instance(WorkspaceOwnedModel):
     connected_at = models.DateTimeField(null=True, blank=True)  # first hello
     terminate_requested_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    # Seconds it may stay idle for reuse, from its last job's ``idle_duration``:
+    # None: the backend's default; IDLE_FOREVER: ``idle_duration: off``.
+    idle_duration = models.IntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "status"], name="instance_ws_status")]
 
     def __str__(self) -> str:
         return self.name
+
+
+IDLE_FOREVER = -1
+
+
+class OfferBlock(WorkspaceOwnedModel):
+    """A part of an account's offers not to try until ``until``: a launch
+    failed with an error whose scope and retry-after say so (CLOUDS.md's
+    table). In Postgres, so every scheduler process sees it.
+
+    ``key`` names the blocked part within the account: the offer id
+    (``offer``), ``region/zone`` (``zone``), ``region/type`` (``instance_type``),
+    ``region/market/family`` (``quota``), ``region`` (``region``)."""
+
+    account = models.ForeignKey(CloudAccount, on_delete=models.CASCADE, related_name="offer_blocks")
+    scope = models.CharField(max_length=16)  # backends.errors.Scope
+    key = models.CharField(max_length=300)
+    code = models.CharField(max_length=100, blank=True)
+    message = models.CharField(max_length=1000, blank=True)
+    until = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "scope", "key"], name="uniq_offer_block")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} until {self.until:%H:%M:%S}"
 
 
 class InstanceEvent(WorkspaceOwnedModel):

@@ -54,6 +54,9 @@ class Run(WorkspaceOwnedModel):
     workflows_file_path = models.CharField(max_length=300)
     workflows_file_text = models.TextField()
     env_overrides = models.JSONField(default=dict, blank=True)
+    # The CLI's --backend/--region/--spot-policy/--max-price: they win over
+    # every workflow's placement keys ({}: none).
+    placement_overrides = models.JSONField(default=dict, blank=True)
     no_cache = models.BooleanField(default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -89,6 +92,16 @@ class Job(WorkspaceOwnedModel):
     )
     # The workflow's ``retry:`` as resolved at submission ({} when absent: the defaults).
     retry_policy = models.JSONField(default=dict, blank=True)
+    # Where and how long it may run (``Workflow.placement()`` with the CLI's
+    # overrides): backends, regions, spot_policy, max_price, max_wait,
+    # idle_duration, max_duration ({}: the defaults). docs/RUNS.md, "Placement".
+    placement = models.JSONField(default=dict, blank=True)
+    # spot_policy auto: when (and why, in ``placement_note``) it gave up on spot.
+    on_demand_since = models.DateTimeField(null=True, blank=True)
+    placement_note = models.CharField(max_length=1000, blank=True)
+    # Why the server itself stopped it (a TerminationReason, e.g. max_duration);
+    # "" for a user's stop.
+    stop_reason = models.CharField(max_length=32, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

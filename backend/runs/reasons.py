@@ -18,6 +18,9 @@ class TerminationReason(models.TextChoices):
     LEASE_EXPIRED = "lease_expired", "the runner did not accept in time"
     REJECTED = "rejected", "the runner refused the job"
     UNREACHABLE = "unreachable", "the runner was unreachable for too long"
+    # The job ran longer than its workflow's max_duration: stopped, and failed
+    # (its work is unfinished), never retried (another attempt would run as long).
+    MAX_DURATION = "max_duration", "the max duration was reached"
 
     def to_status(self) -> JobStatus:
         """The job's status when this attempt is its last."""

@@ -118,6 +118,7 @@ class RunSubmission(TypedDict):
     workflows_file_text: str
     env: dict[str, str]
     no_cache: bool
+    placement: dict[str, Any]
 
 
 class PlannedJob(TypedDict):
@@ -249,10 +250,12 @@ class Client:
         code: dict[str, Any],
         env: dict[str, str] | None = None,
         no_cache: bool = False,
+        placement: dict[str, Any] | None = None,
     ) -> Run:
         """Submit a run. ``no_cache``: run every job even if an earlier run's
-        artifacts could be reused."""
-        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
+        artifacts could be reused. ``placement``: overrides of every
+        workflow's ``backends``, ``regions``, ``spot_policy``, ``max_price``."""
+        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache, placement)
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
 
     def plan_run(
@@ -264,10 +267,11 @@ class Client:
         code: dict[str, Any],
         env: dict[str, str] | None = None,
         no_cache: bool = False,
+        placement: dict[str, Any] | None = None,
     ) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
-        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache)
+        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache, placement)
         return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
     def list_runs(
@@ -434,12 +438,19 @@ def _error_from(response: httpx.Response) -> ApiError:
 
 
 def _run_body(
-    workflow: str, path: str, text: str, code: dict[str, Any], env: dict[str, str] | None, no_cache: bool
+    workflow: str,
+    path: str,
+    text: str,
+    code: dict[str, Any],
+    env: dict[str, str] | None,
+    no_cache: bool,
+    placement: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    body = {
         "workflow": workflow,
         "workflows_file": {"path": path, "text": text},
         "code": code,
         "env": env or {},
         "no_cache": no_cache,
     }
+    return {**body, "placement": placement} if placement else body

@@ -17,10 +17,11 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_run_plan
+from trainyard_spec.schema import BACKEND_KINDS
 
 from . import __version__
 from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run, RunSubmission
@@ -28,6 +29,7 @@ from .code import CodeError, code_digests, find_workspace, prepare_code, remote_
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
 from .follow import Follower, job_prefixes
 from .output import (
+    PLAN_HEADERS,
     AttemptMarks,
     LogWriter,
     StatusDisplay,
@@ -36,6 +38,7 @@ from .output import (
     dag_rows,
     duration,
     input_lines,
+    offer_rows,
     plan_lines,
     print_table,
     size,
@@ -107,15 +110,51 @@ def main() -> None:
     "--no-cache", is_flag=True, help="Run every job, even those an earlier run's artifacts could stand in for."
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the plan (jobs, dependencies, resources, cache hits) and submit nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan (jobs, dependencies, resources, cache hits, cheapest offer) and submit nothing.",
 )
-def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, no_cache: bool, dry_run: bool) -> None:
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="KIND",
+    help="Only these backends (repeatable or comma-separated: aws,local); overrides the workflows' backends.",
+)
+@click.option(
+    "--region",
+    "regions",
+    multiple=True,
+    metavar="REGION",
+    help="Only these regions (repeatable or comma-separated); overrides the workflows' regions.",
+)
+@click.option(
+    "--spot-policy", type=click.Choice(["spot", "on-demand", "auto"]), default=None, help="Overrides spot_policy."
+)
+@click.option(
+    "--max-price", type=click.FloatRange(min=0, min_open=True), default=None, help="USD per hour; overrides max_price."
+)
+def run(
+    workflow: str,
+    detach: bool,
+    env_pairs: tuple[str, ...],
+    upload: bool,
+    no_cache: bool,
+    dry_run: bool,
+    backends: tuple[str, ...],
+    regions: tuple[str, ...],
+    spot_policy: str | None,
+    max_price: float | None,
+) -> None:
     """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it.
 
     The workflows it depends on (deps: - workflow: X) run first, as jobs of
     the same run, unless an earlier run with the same inputs can be reused.
+    --backend, --region, --spot-policy and --max-price apply to every job of
+    the run, over what the workflows say.
     """
     env = _parse_env(env_pairs)
+    placement = _placement(backends, regions, spot_policy, max_price)
     workspace = find_workspace(Path.cwd())
     file_path = find_workflows_file(workspace.root)
     relative = file_path.relative_to(workspace.root).as_posix()
@@ -128,6 +167,7 @@ def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, n
         "workflows_file_text": text,
         "env": env,
         "no_cache": no_cache,
+        "placement": placement,
     }
     if dry_run:
         planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn), **submit)
@@ -138,11 +178,30 @@ def run(workflow: str, detach: bool, env_pairs: tuple[str, ...], upload: bool, n
     created = client.create_run(code=code, **submit)
     jobs = f" ({len(plan.jobs)} jobs: {', '.join(job.name for job in plan.jobs)})" if len(plan.jobs) > 1 else ""
     click.echo(f"Run {created['name']} submitted{jobs}", err=True)
+    offers = cast(dict[str, Any], created).get("plan")  # the creation answer only
+    if offers:
+        print_table(PLAN_HEADERS, offer_rows(offers), tty=sys.stderr.isatty(), out=sys.stderr)
     if detach:
         click.echo(created["name"])
         return
     final = _follow(client, created["name"], seen={})
     sys.exit(run_exit_code(final))
+
+
+def _placement(
+    backends: tuple[str, ...], regions: tuple[str, ...], spot_policy: str | None, max_price: float | None
+) -> dict[str, Any]:
+    """The placement overrides the options give (only those given)."""
+    kinds = [k.strip() for item in backends for k in item.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in BACKEND_KINDS]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown backend {unknown[0]!r}; known backends: {', '.join(BACKEND_KINDS)}", param_hint="--backend"
+        )
+    names = [r.strip() for item in regions for r in item.split(",") if r.strip()]
+    values: dict[str, Any] = {"backends": list(dict.fromkeys(kinds)), "regions": list(dict.fromkeys(names))}
+    values |= {"spot_policy": spot_policy, "max_price": max_price}
+    return {k: v for k, v in values.items() if v not in (None, [])}
 
 
 def run_exit_code(run: Run) -> int:

@@ -199,12 +199,49 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
             out.append(f"   needs: {waits}")
         out += [f"   input: {i['path']} from {i['from']}" for i in job.get("inputs") or []]
         out.append(f"   resources: {resources(job.get('resources') or {})}")
+        if job.get("offer"):
+            out.append(f"   offer: {offer_words(job['offer'])}")
         cache = job.get("cache")
         if cache:
             out.append(f"   cached: reuses {cache['run']}/{cache['job']}")
         else:
             out += ["   commands:", *[f"     {command}" for command in job.get("commands") or []]]
     return out
+
+
+PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "SPOT", "PRICE", "OFFERS"]
+
+
+def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The run-creation answer's ``plan``: each job's cheapest matching offer."""
+    rows = []
+    for job in plan:
+        offer = job.get("offer") or {}
+        if not offer.get("offers"):
+            rows.append([job["job"], "-", "-", "-", "-", "-", f"0 ({offer.get('reason', 'no offer')})"])
+            continue
+        rows.append(
+            [
+                job["job"],
+                offer["backend"],
+                offer["region"],
+                offer["instance_type"],
+                "yes" if offer.get("spot") else "no",
+                f"${offer['price_per_hour']:.4f}/h",
+                str(offer["offers"]),
+            ]
+        )
+    return rows
+
+
+def offer_words(offer: Mapping[str, Any]) -> str:
+    """``fake fake-small in r1, on-demand, $0.0500/h (cheapest of 3)`` or why there is none."""
+    if not offer.get("offers"):
+        return f"none: {offer.get('reason', 'no offer')}"
+    market = "spot" if offer.get("spot") else "on-demand"
+    price = f"${offer['price_per_hour']:.4f}/h"
+    where = f"{offer['backend']} {offer['instance_type']} in {offer['region']}"
+    return f"{where}, {market}, {price} (cheapest of {offer['offers']})"
 
 
 def dag_rows(run: Mapping[str, Any], artifacts: Sequence[Mapping[str, Any]]) -> list[list[str]]:

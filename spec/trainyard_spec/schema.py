@@ -14,11 +14,16 @@ Rules the schema enforces (see ``_units`` for sizes and durations):
   (``gpu: 2``); the count is at least 1;
 - ``env`` values are strings, numbers or booleans and are passed on as the
   text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
-- artifact and checkpoint paths are relative and stay inside the repo.
+- artifact and checkpoint paths are relative and stay inside the repo;
+- placement (``backends``, ``regions``, ``spot_policy``, ``max_price``,
+  ``max_wait``, ``idle_duration``, ``max_duration``): backend kinds among
+  ``BACKEND_KINDS``, region names, a price above 0, durations
+  (``Workflow.placement`` is what the server stores on each job).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -34,10 +39,10 @@ BUILTIN_PROVIDERS = ("bash", "python", "docker")
 # checkpoint is accepted: its behaviour (sync and resume after a spot
 # interruption) only exists where instances can be interrupted, and the only
 # backend so far (local) never is (docs/decisions/0007-checkpoint-accepted.md).
-NOT_SUPPORTED_YET = (
-    "backends", "regions", "spot_policy", "max_price",
-    "max_wait", "idle_duration", "max_duration",
-)  # fmt: skip
+# Every key has its behaviour now; the mechanism stays for the next new key.
+NOT_SUPPORTED_YET: tuple[str, ...] = ()
+# The backend kinds a workflow may name in ``backends:`` (docs/BACKENDS.md).
+BACKEND_KINDS = ("aws", "local", "fake", "self-hosted")
 
 
 @dataclass(frozen=True)
@@ -158,11 +163,50 @@ def _port(value: object) -> int:
     raise PydanticCustomError("port", "expected a port number from 1 to 65535, got {got}", {"got": describe(value)})
 
 
+def _backend_kind(value: str) -> str:
+    if value not in BACKEND_KINDS:
+        close = difflib.get_close_matches(value, BACKEND_KINDS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise PydanticCustomError(
+            "backend_kind",
+            "unknown backend '{value}'; {hint}known backends: {known}",
+            {"value": value, "hint": hint, "known": ", ".join(BACKEND_KINDS)},
+        )
+    return value
+
+
+def _region(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", value):
+        raise PydanticCustomError("region", "expected a region name such as us-east-1, got '{value}'", {"value": value})
+    return value
+
+
+def _not_empty(value: list[str]) -> list[str]:
+    if not value:
+        raise PydanticCustomError("empty_list", "an empty list allows nothing: name at least one, or leave the key out")
+    return list(dict.fromkeys(value))
+
+
+def _price(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError(
+            "price", "expected a price in USD per hour such as 1.5, got {got}", {"got": describe(value)}
+        )
+    return value
+
+
+def _positive_duration(value: int | str) -> int | str:
+    if value == 0:
+        raise PydanticCustomError("duration", "a duration of 0 means no time at all: write e.g. 30m, or off")
+    return value
+
+
 _Str = Annotated[str, Field(strict=True)]
 _Count = Annotated[int, Field(strict=True, ge=1)]
 _Size = Annotated[int, BeforeValidator(parse_size)]
 _Duration = Annotated[int | str, BeforeValidator(parse_duration)]
 _RelPath = Annotated[_Str, AfterValidator(_relative_path)]
+_Positive = Annotated[int | str, BeforeValidator(parse_duration), AfterValidator(_positive_duration)]
 
 
 class _Model(BaseModel):
@@ -228,14 +272,29 @@ class Workflow(_Model):
     deps: list[Dep] = Field(default_factory=list)
     checkpoint: _RelPath | None = None
     resources: Resources = Field(default_factory=Resources)
-    backends: list[_Str] | None = None
-    regions: list[_Str] | None = None
+    backends: Annotated[list[Annotated[_Str, AfterValidator(_backend_kind)]], AfterValidator(_not_empty)] | None = None
+    regions: Annotated[list[Annotated[_Str, AfterValidator(_region)]], AfterValidator(_not_empty)] | None = None
     spot_policy: Literal["spot", "on-demand", "auto"] | None = None
-    max_price: Annotated[float, Field(gt=0)] | None = None
-    max_wait: _Duration | None = None
+    max_price: Annotated[float, BeforeValidator(_price), Field(gt=0)] | None = None
+    max_wait: _Positive | None = None
     idle_duration: _Duration | None = None
-    max_duration: _Duration | None = None
+    max_duration: _Positive | None = None
     retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
+
+    def placement(self) -> dict[str, object]:
+        """Where and how long its jobs may run, as the server stores it on
+        each job (keys left out: the defaults; a duration ``off`` is the
+        string "off"). docs/RUNS.md, "Placement"."""
+        values = {
+            "backends": self.backends,
+            "regions": self.regions,
+            "spot_policy": self.spot_policy,
+            "max_price": self.max_price,
+            "max_wait": self.max_wait,
+            "idle_duration": self.idle_duration,
+            "max_duration": self.max_duration,
+        }
+        return {k: v for k, v in values.items() if v is not None}
 
 
 # The keys only some providers read; a plugin declares the ones it reads

@@ -67,6 +67,41 @@ def test_run_detached_uploads_the_archive_and_prints_the_name_last(tiny_train: P
     }
 
 
+def test_run_sends_the_placement_options_and_prints_the_plan_table(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tiny_train)
+    routes = submit_routes()
+    offer = {"offers": 3, "backend": "fake", "instance_type": "fake-small", "region": "r1", "spot": True}
+    plan = [{"job": "hello", "offer": {**offer, "price_per_hour": 0.05}}]
+    routes[("POST", f"{WS}/runs/")] = httpx.Response(201, json={**make_run("pending"), "plan": plan})
+    rest = FakeRest(routes)
+    use(monkeypatch, "http://fake", rest)
+    args = ["--backend", "fake,local", "--backend", "aws", "--region", "r1", "--spot-policy", "auto"]
+    code, out, err = invoke("run", "hello", "-d", *args, "--max-price", "0.5")
+    assert (code, out) == (0, "brave-otter-1\n")
+    assert err == (
+        "Run brave-otter-1 submitted\n"
+        "JOB    BACKEND  REGION  INSTANCE    SPOT  PRICE      OFFERS\n"
+        "hello  fake     r1      fake-small  yes   $0.0500/h  3\n"
+    )
+    body = json.loads(rest.requests[1].content)
+    assert body["placement"] == {
+        "backends": ["fake", "local", "aws"],
+        "regions": ["r1"],
+        "spot_policy": "auto",
+        "max_price": 0.5,
+    }
+
+
+def test_run_refuses_an_unknown_backend_option(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tiny_train)
+    rest = FakeRest({})
+    use(monkeypatch, "http://fake", rest)
+    code, _, err = invoke("run", "hello", "--backend", "asw")
+    assert code == 2
+    assert "Invalid value for --backend: unknown backend 'asw'; known backends: aws, local, fake, self-hosted" in err
+    assert rest.requests == []
+
+
 def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
     lines = [[1, 1.0, "e", "about to fail"]]
@@ -80,19 +115,19 @@ def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, m
     )
 
 
-def test_run_refuses_an_unsupported_workflow_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
+def test_run_refuses_a_bad_placement_value_before_submitting(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tiny_train)
     path = tiny_train / ".trainyard" / "workflows.yaml"
     text = path.read_text()
     line = text.count("\n") + 4
-    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n")
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: soon\n")
     rest = FakeRest({})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "flaky")
     assert (code, out) == (1, "")
     assert (
         err
-        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).max_duration: 'max_duration' is not supported yet; remove it from workflow 'flaky' to run it\n"
+        == f".trainyard/workflows.yaml:{line}: workflows[6] (flaky).max_duration: expected a duration such as 30m, 2h or 1d (or off), got 'soon'\n"
     )
     assert rest.requests == []
 

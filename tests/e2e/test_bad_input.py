@@ -85,12 +85,15 @@ def test_an_unknown_workflow_names_the_ones_there_are(alice: User, repo: Path) -
     assert "helo" in result.stderr and "hello" in result.stderr
 
 
-def test_a_key_not_supported_yet_is_refused_only_for_the_workflow_that_uses_it(alice: User, repo: Path) -> None:
+def test_a_bad_placement_value_is_refused_with_its_line_and_a_good_one_runs(alice: User, repo: Path) -> None:
     path = repo / ".trainyard" / "workflows.yaml"
-    path.write_text(
-        path.read_text() + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n"
-    )
+    text = path.read_text()
+    line = text.count("\n") + 4
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: soon\n")
     refused = alice.cli(repo, "run", "flaky")
     assert refused.returncode == 1
-    assert "'max_duration' is not supported yet" in refused.stderr
-    assert alice.cli(repo, "run", "hello").returncode == 0  # same file, other workflow
+    assert f".trainyard/workflows.yaml:{line}: " in refused.stderr
+    assert ".max_duration: expected a duration such as 30m, 2h or 1d (or off), got 'soon'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    path.write_text(text + "  - name: flaky\n    provider: bash\n    commands: [exit 1]\n    max_duration: 2h\n")
+    assert alice.cli(repo, "run", "hello", "--backend", "local").returncode == 0

@@ -439,3 +439,54 @@ def test_dstack_path_is_the_fallback(tmp_path: Path):
     (tmp_path / ".trainyard").mkdir()
     (tmp_path / ".trainyard" / "workflows.yaml").write_text("workflows: []\n")
     assert find_workflows_file(tmp_path) == tmp_path / ".trainyard" / "workflows.yaml"
+
+
+PLACEMENT_ERRORS = [
+    (
+        "backends: [asw]",
+        "backends[0]: unknown backend 'asw'; did you mean 'aws'? known backends: aws, local, fake, self-hosted",
+    ),
+    ("backends: []", "backends: an empty list allows nothing: name at least one, or leave the key out"),
+    ("backends: aws", "backends: expected a list, got 'aws'"),
+    ("regions: [US East]", "regions[0]: expected a region name such as us-east-1, got 'US East'"),
+    ("spot_policy: spto", "spot_policy: expected one of 'spot', 'on-demand' or 'auto', got 'spto'"),
+    ("max_price: 0", "max_price: must be more than 0, got the number 0"),
+    ("max_price: cheap", "max_price: expected a price in USD per hour such as 1.5, got 'cheap'"),
+    ("max_wait: soon", "max_wait: expected a duration such as 30m, 2h or 1d (or off), got 'soon'"),
+    ("max_wait: 0", "max_wait: a duration of 0 means no time at all: write e.g. 30m, or off"),
+    ("idle_duration: forever", "idle_duration: expected a duration such as 30m, 2h or 1d (or off), got 'forever'"),
+    ("max_duration: 0", "max_duration: a duration of 0 means no time at all: write e.g. 30m, or off"),
+]
+
+
+@pytest.mark.parametrize(("line", "error"), PLACEMENT_ERRORS)
+def test_a_bad_placement_value_is_named_with_its_line_and_key(line: str, error: str):
+    text = f"workflows:\n  - name: a\n    provider: bash\n    commands: [x]\n    {line}\n"
+    assert errors_of(text) == [f"{PATH}:5: workflows[0] (a).{error}"]
+
+
+def test_placement_is_what_the_server_stores_with_durations_in_seconds():
+    wf = load("""\
+        workflows:
+          - name: a
+            provider: bash
+            commands: [x]
+            backends: [aws, local, aws]
+            regions: [us-east-1]
+            spot_policy: auto
+            max_price: 2
+            max_wait: 30m
+            idle_duration: off
+            max_duration: 2h
+          - {name: b, provider: bash, commands: [x], idle_duration: 0}
+        """)
+    assert wf.get("a").placement() == {
+        "backends": ["aws", "local"],
+        "regions": ["us-east-1"],
+        "spot_policy": "auto",
+        "max_price": 2.0,
+        "max_wait": 1800,
+        "idle_duration": "off",
+        "max_duration": 7200,
+    }
+    assert wf.get("b").placement() == {"idle_duration": 0}

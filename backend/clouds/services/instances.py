@@ -152,9 +152,10 @@ def remember_handle(*, instance_id: str, handle: Handle) -> None:
     Instance.objects.filter(pk=instance_id, backend_id="").update(backend_id=handle.backend_id[:200], backend_data=data)
 
 
-def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message: str) -> bool:
-    """Nothing was started (the backend refused): terminated at once."""
-    return _transition(
+def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message: str, code: str = "") -> bool:
+    """Nothing was started (the backend refused): terminated at once. ``code``:
+    the backend's error code, kept for the job's list of offers tried."""
+    changed = _transition(
         instance_id,
         [InstanceStatus.PROVISIONING],
         InstanceStatus.TERMINATED,
@@ -163,6 +164,17 @@ def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message:
         termination_reason=reason,
         terminated_at=timezone.now(),
     )
+    if changed and code:
+        instance = Instance.objects.get(pk=instance_id)
+        data = {**instance.backend_data, "launch_error": {"code": code}}
+        Instance.objects.filter(pk=instance_id).update(backend_data=data)
+    return changed
+
+
+def instance_set_idle_duration(*, instance_id: str, seconds: int | None) -> None:
+    """How long the machine may stay idle after its job (its job's
+    ``idle_duration``; None: the backend's default; IDLE_FOREVER: off)."""
+    Instance.objects.filter(pk=instance_id).update(idle_duration=seconds)
 
 
 # ------------------------------------------------------------ the runner side

@@ -10,9 +10,17 @@ from django.conf import settings
 
 from backend.clouds.backends.base import Gpu as OfferGpu
 from backend.clouds.backends.base import Handle, LaunchSpec, Offer
-from backend.clouds.backends.errors import ACCOUNT_BROKEN, NEXT_OFFER, ComputeError, NotYetTerminated, Transient
+from backend.clouds.backends.errors import (
+    ACCOUNT_BROKEN,
+    NEXT_OFFER,
+    ComputeError,
+    NotYetTerminated,
+    Scope,
+    Transient,
+)
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.accounts import account_mark_broken, compute_of, installation
+from backend.clouds.services.blocks import offer_block_record
 from backend.clouds.services.instances import (
     handle_of,
     instance_launch_failed,
@@ -91,18 +99,27 @@ def _launched_too_late(instance: Instance, handle: Handle) -> None:
 
 
 def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> LaunchOutcome:
+    """1. Capacity or quota: block the error's scope (``blocks``), the next
+    pass tries the next offer. 2. The account's credentials or configuration:
+    the account is not used until fixed; an error about less than the account
+    (a region) blocks only that. 3. Transient: the task retries. 4. Else the
+    launch failed and the next pass tries the next offer."""
+    assert instance.account is not None
     message = f"{instance.offer_id}: {error}"
+    failed = {"instance_id": str(instance.pk), "message": message, "code": error.code}
     if isinstance(error, NEXT_OFFER):
-        instance_launch_failed(instance_id=str(instance.pk), reason=InstanceReason.NO_CAPACITY, message=message)
+        offer_block_record(account=instance.account, offer=_offer(instance), error=error)
+        instance_launch_failed(reason=InstanceReason.NO_CAPACITY, **failed)
         _schedule_soon()
         return LaunchOutcome("no_capacity")
-    if isinstance(error, ACCOUNT_BROKEN):
-        assert instance.account is not None
+    if isinstance(error, ACCOUNT_BROKEN) and error.scope == Scope.ACCOUNT:
         account_mark_broken(account_id=str(instance.account.pk), message=str(error))
+    elif isinstance(error, ACCOUNT_BROKEN):
+        offer_block_record(account=instance.account, offer=_offer(instance), error=error)
     elif isinstance(error, Transient) and not last_try:
         logger.warning("launching %s: %s; retrying in %.0fs", instance.name, error, error.retry_after or 5)
         return LaunchOutcome("retrying", retry_after=error.retry_after or 5.0)
-    instance_launch_failed(instance_id=str(instance.pk), reason=InstanceReason.LAUNCH_FAILED, message=message)
+    instance_launch_failed(reason=InstanceReason.LAUNCH_FAILED, **failed)
     _schedule_soon()
     return LaunchOutcome("failed")
 

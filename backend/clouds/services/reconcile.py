@@ -17,7 +17,8 @@ goes through ``instances``. Steps, each safe to run twice:
    keeps its job for the grace, then it is fenced (lost), and terminated.
 5. Provisioning that never connected within the backend's timeout: terminated.
 6. Termination that was not confirmed: asked again.
-7. Idle machines past their idle time: retired.
+7. Idle machines past their idle time (their last job's ``idle_duration``,
+   else the backend's default): retired.
 8. Now and then, the leak sweep: a machine with our tags and no live row is terminated.
 """
 
@@ -35,6 +36,7 @@ from django.utils import timezone
 
 from backend.clouds.backends.base import GONE, LAUNCHED_AT, CloudState, Compute, Handle
 from backend.clouds.models import (
+    IDLE_FOREVER,
     LIVE_STATUSES,
     BackendKind,
     CloudAccount,
@@ -231,7 +233,7 @@ def _retire_idle(now: datetime) -> int:
     idle = Instance.objects.filter(status=InstanceStatus.IDLE).exclude(backend=BackendKind.SELF_HOSTED)
     for instance in idle.select_related("account"):
         idle_for = _idle_time(instance)
-        if instance.idle_since is None or now - instance.idle_since < timedelta(seconds=idle_for):
+        if idle_for is None or instance.idle_since is None or now - instance.idle_since < timedelta(seconds=idle_for):
             continue
         count += instance_request_termination(
             instance_id=str(instance.pk),
@@ -325,7 +327,11 @@ def _grace(instance: Instance) -> float:
     return compute.timings.unreachable_grace if compute is not None else 120.0
 
 
-def _idle_time(instance: Instance) -> float:
+def _idle_time(instance: Instance) -> float | None:
+    """Its last job's ``idle_duration`` (None: ``off``, never retired for
+    being idle), else the backend's default."""
+    if instance.idle_duration is not None:
+        return None if instance.idle_duration == IDLE_FOREVER else float(instance.idle_duration)
     if instance.backend == "local":
         return float(settings.TRAINYARD["LOCAL_RUNNER_IDLE_SECONDS"])
     compute = _compute(instance.account) if instance.account else None

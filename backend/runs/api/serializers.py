@@ -6,6 +6,7 @@ from typing import Any, cast
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from trainyard_spec.schema import BACKEND_KINDS
 
 from backend.runs.models import Attempt, Job, Run
 
@@ -23,12 +24,27 @@ class CodeIn(serializers.Serializer):
     archive_blob = serializers.UUIDField(required=False, allow_null=True, default=None)
 
 
+class PlacementIn(serializers.Serializer):
+    """Overrides of every workflow's placement keys (the CLI's --backend,
+    --region, --spot-policy, --max-price); each absent key leaves the workflow's."""
+
+    backends = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(BACKEND_KINDS)), required=False, allow_empty=False
+    )
+    regions = serializers.ListField(
+        child=serializers.RegexField(r"^[a-z0-9][a-z0-9-]{0,63}$"), required=False, allow_empty=False
+    )
+    spot_policy = serializers.ChoiceField(choices=["spot", "on-demand", "auto"], required=False)
+    max_price = serializers.FloatField(required=False, min_value=0.0001)
+
+
 class RunCreateIn(serializers.Serializer):
     workflow = serializers.CharField(max_length=200)
     workflows_file = WorkflowsFileIn()
     code = CodeIn()
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
     no_cache = serializers.BooleanField(required=False, default=False)
+    placement = PlacementIn(required=False, default=dict)
 
 
 class PlanCodeIn(CodeIn):
@@ -63,6 +79,10 @@ class PlannedJobOut(serializers.Serializer):
     inputs = serializers.ListField(child=serializers.DictField())
     cache = CacheHitOut(allow_null=True)
     commands = serializers.ListField(child=serializers.CharField())
+    placement = serializers.DictField()  # the job's placement keys, overrides included
+    # The cheapest offer it would start from: {offers, backend, instance_type,
+    # region, spot, price_per_hour}, or {offers: 0, reason}.
+    offer = serializers.DictField()
 
 
 class RunPlanOut(serializers.Serializer):
@@ -137,6 +157,9 @@ class JobOut(serializers.ModelSerializer):
             "after_running",
             "cached_from",
             "inputs",
+            "placement",
+            "on_demand_since",
+            "placement_note",
             "created_at",
             "started_at",
             "finished_at",

@@ -28,6 +28,7 @@ from backend.runs.api.serializers import (
 )
 from backend.runs.models import Run, Tag
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
+from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_identity_of, run_plan_preview
 from backend.runs.services.runs import CodeInput, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
@@ -81,8 +82,11 @@ class RunListView(WorkspaceAPIView):
             ),
             env=v["env"],
             no_cache=v["no_cache"],
+            placement=dict(v["placement"]),
         )
-        return Response(RunOut(_fresh(run)).data, status=status.HTTP_201_CREATED)
+        # The plan table `trainyard run` prints: each job's cheapest offer now.
+        answer = {**RunOut(_fresh(run)).data, "plan": run_offer_plan(run=run)}
+        return Response(answer, status=status.HTTP_201_CREATED)
 
 
 class RunPlanView(WorkspaceAPIView):
@@ -111,6 +115,7 @@ class RunPlanView(WorkspaceAPIView):
             code_identity=identity,
             env=v["env"],
             no_cache=v["no_cache"],
+            placement=dict(v["placement"]),
         )
         return Response(plan)
 

@@ -7,6 +7,7 @@ known); otherwise the preview says its inputs come from a job still to run.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from backend.accounts.models import Workspace
@@ -14,7 +15,8 @@ from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job
 from backend.runs.services.dag import InputArtifact, cache_key, cacheable, cached_source, effective, run_artifacts
-from backend.runs.services.runs import job_spec, resolve_plan, resolve_refs
+from backend.runs.services.placement import offer_plan
+from backend.runs.services.runs import job_spec, placements_of, resolve_plan, resolve_refs
 
 
 def run_plan_preview(
@@ -26,9 +28,11 @@ def run_plan_preview(
     code_identity: str,
     env: dict[str, str],
     no_cache: bool,
+    placement: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
     refs = resolve_refs(workspace, plan)
+    placements = placements_of(workflows_file_path, workflows_file_text, placement or {})
     hits: dict[str, Job | None] = {}
     jobs = []
     for planned in plan.jobs:
@@ -49,6 +53,12 @@ def run_plan_preview(
                 "inputs": described,
                 "cache": {"run": hit.run.name, "job": str(hit.pk)} if hit else None,
                 "commands": list(planned.commands),
+                "placement": placements[planned.workflow],
+                "offer": offer_plan(
+                    workspace_id=workspace.pk,
+                    resources=dataclasses.asdict(planned.resources),
+                    placement=placements[planned.workflow],
+                ),
             }
         )
     return {"workflow": plan.workflow, "jobs": jobs}

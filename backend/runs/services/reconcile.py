@@ -10,17 +10,20 @@ reconcilers (or a reconciler racing a runner's report) never double-act.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
-from backend.runs.models import FINISHED_JOB, LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
+from backend.runs.models import ACTIVE_JOB, FINISHED_JOB, LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.transitions import attempt_end
+from backend.runs.services.placement import Placement
+from backend.runs.services.scheduling import job_send_cancel
+from backend.runs.services.transitions import attempt_end, job_stop_by_server
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +33,11 @@ def reconcile() -> bool:
     changed = clouds_reconcile()
     released = _expire_leases()
     ended = _end_attempts_on_ended_instances()
+    stopped = _stop_past_max_duration()
     _finish_unconfirmed_stops()
     _retire_unwanted_launches()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
-    return bool(changed or released or ended or pending)
+    return bool(changed or released or ended or stopped or pending)
 
 
 def _expire_leases() -> int:
@@ -70,6 +74,26 @@ def attempt_end_with_instance(*, attempt: Attempt, instance: Instance) -> bool:
         reason = TerminationReason.UNREACHABLE
     message = instance.status_reason or f"machine {instance.name} {instance.status}"
     return attempt_end(attempt_id=str(attempt.pk), reason=reason, message=message)
+
+
+def _stop_past_max_duration(now: datetime | None = None) -> int:
+    """Jobs whose workflow's ``max_duration`` has passed since they first
+    started are stopped (the runner is told) and end failed with
+    ``max_duration``; one waiting for its next attempt fails at once."""
+    now = now or timezone.now()
+    count = 0
+    started = Job.objects.filter(status__in=[*ACTIVE_JOB, JobStatus.PENDING], stop_reason="").exclude(started_at=None)
+    for job in started.filter(placement__has_key="max_duration").select_related("instance"):
+        limit = Placement.of(job).max_duration
+        if limit is None or job.started_at is None or now - job.started_at < timedelta(seconds=limit):
+            continue
+        message = f"max_duration reached: the job ran longer than {limit}s (max_duration in the workflow)"
+        if job_stop_by_server(job=job, reason=TerminationReason.MAX_DURATION, message=message):
+            count += 1
+            job.refresh_from_db()
+            if job.status == JobStatus.STOPPING:
+                transaction.on_commit(lambda job=job: job_send_cancel(job=job))  # type: ignore[misc]
+    return count
 
 
 def _finish_unconfirmed_stops() -> None:

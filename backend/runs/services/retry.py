@@ -50,11 +50,23 @@ class Decision:
 
 
 def retry_decide(
-    *, policy: RetryPolicy, reason: TerminationReason, attempts: int, first_started_at: datetime | None, now: datetime
+    *,
+    policy: RetryPolicy,
+    reason: TerminationReason,
+    attempts: int,
+    first_started_at: datetime | None,
+    now: datetime,
+    max_wait: int | None = None,
+    waited: float = 0.0,
 ) -> Decision:
-    """``attempts``: how many attempts counted so far (this one included)."""
+    """``attempts``: how many attempts counted so far (this one included).
+    ``max_wait`` (seconds; 0: off) and ``waited``: a job whose workflow sets
+    ``max_wait`` waits for capacity that long, whatever ``retry:`` says
+    about ``no_capacity`` (docs/RUNS.md, "Placement")."""
     if reason.always_requeued:
         return Decision(True, "trying again")
+    if reason == TerminationReason.NO_CAPACITY and max_wait is not None:
+        return _capacity_wait(max_wait, waited)
     event = reason.retry_event
     if event is None or event not in policy.on_events:
         return Decision(False, "")
@@ -66,3 +78,11 @@ def retry_decide(
             False, f"not retried: more than {policy.duration_seconds}s since the first attempt (retry: duration)"
         )
     return Decision(True, f"retrying (attempt {attempts + 1} of {policy.limit})")
+
+
+def _capacity_wait(max_wait: int, waited: float) -> Decision:
+    if max_wait == 0:
+        return Decision(True, "waiting for capacity (max_wait: off)")
+    if waited < max_wait:
+        return Decision(True, f"waiting for capacity ({max_wait - waited:.0f}s of max_wait {max_wait}s left)")
+    return Decision(False, f"not retried: waited {waited:.0f}s for capacity (max_wait {max_wait}s)")

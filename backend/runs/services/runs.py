@@ -40,13 +40,16 @@ def run_create(
     code: CodeInput,
     env: dict[str, str],
     no_cache: bool = False,
+    placement: dict[str, object] | None = None,
 ) -> Run:
     """Validate the workflow file again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
     run and its jobs and enqueue scheduling. Nothing is written when
-    anything is wrong."""
+    anything is wrong. ``placement``: overrides of every workflow's
+    placement keys (the CLI's ``--backend``, ``--region``, …)."""
     plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
     retries = _retry_policies(workflows_file_path, workflows_file_text)
+    placements = placements_of(workflows_file_path, workflows_file_text, placement or {})
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
@@ -65,10 +68,11 @@ def run_create(
             workflows_file_path=workflows_file_path,
             workflows_file_text=workflows_file_text,
             env_overrides=env,
+            placement_overrides=placement or {},
             no_cache=no_cache,
             status_reason="waiting for a runner",
         )
-        _jobs_create(run, plan, refs, retries)
+        _jobs_create(run, plan, refs, retries, placements)
         transaction.on_commit(_enqueue_schedule)
     return run
 
@@ -90,6 +94,7 @@ def run_rerun(*, run: Run, user: User) -> Run:
         ),
         env=dict(run.env_overrides),
         no_cache=run.no_cache,
+        placement=dict(run.placement_overrides),
     )
 
 
@@ -205,8 +210,19 @@ def _retry_policies(path: str, text: str) -> dict[str, dict[str, object]]:
     return {name: wf.retry.policy() if wf.retry is not None else {} for name, wf in file.workflows.items()}
 
 
+def placements_of(path: str, text: str, overrides: dict[str, object]) -> dict[str, dict[str, object]]:
+    """Each workflow's placement keys (``Workflow.placement``) with the
+    overrides on top, as stored on its jobs."""
+    file = load_workflows_file(text, path=path)  # already validated by resolve_plan
+    return {name: {**wf.placement(), **overrides} for name, wf in file.workflows.items()}
+
+
 def _jobs_create(
-    run: Run, plan: RunPlan, refs: dict[str, list[dict[str, str]]], retries: dict[str, dict[str, object]]
+    run: Run,
+    plan: RunPlan,
+    refs: dict[str, list[dict[str, str]]],
+    retries: dict[str, dict[str, object]],
+    placements: dict[str, dict[str, object]],
 ) -> list[Job]:
     """One Job per planned job (dependencies first), then the DAG's edges."""
     by_name: dict[str, Job] = {}
@@ -225,6 +241,7 @@ def _jobs_create(
             ports=list(planned.ports),
             input_refs=refs[planned.name],
             retry_policy=retries.get(planned.workflow, {}),
+            placement=placements.get(planned.workflow, {}),
             status_reason="waiting for a runner",
         )
     for planned in plan.jobs:

@@ -25,6 +25,7 @@ from backend.artifacts.services import artifact_file_key
 from backend.artifacts.storage import get_storage
 from backend.clouds.backends.base import Requirements
 from backend.clouds.models import BackendKind, Instance, InstanceReason, InstanceStatus
+from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, offers_rank, pool_room
 from backend.runs.events import send_to_channel
@@ -32,6 +33,16 @@ from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.dag import cacheable, job_cache_key, job_inputs, readiness
 from backend.runs.services.dag import cached_source as find_cached_source
+from backend.runs.services.placement import (
+    Choice,
+    Placement,
+    choose,
+    idle_instances_allowed,
+    label,
+    switch_note,
+    waiting_since,
+)
+from backend.runs.services.placement import requirements_of as placement_requirements
 from backend.runs.services.transitions import (
     job_assign,
     job_fail_no_capacity,
@@ -115,16 +126,8 @@ def job_send_cancel(*, job: Job) -> None:
 
 
 def requirements_of(job: Job) -> Requirements:
-    resources: dict[str, Any] = dict(job.spec.get("resources") or {})
-    return Requirements(
-        cpu=job.cpu,
-        memory_bytes=job.memory_bytes,
-        disk_bytes=resources.get("disk_bytes"),
-        shm_size_bytes=resources.get("shm_size_bytes"),
-        gpu_count=job.gpu_count,
-        gpu_name=job.gpu_name,
-        gpu_memory_bytes=resources.get("gpu_memory_bytes"),
-    )
+    """The job's resources and placement, as the backends read them."""
+    return placement_requirements(job)
 
 
 # ------------------------------------------------------------------ helpers
@@ -159,6 +162,7 @@ def _claim_instance(job: Job) -> Instance | None:
     query = (
         Instance.objects.select_for_update(skip_locked=True)
         .filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
+        .filter(idle_instances_allowed(job))
         .exclude(channel_name="")
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
         .filter(Q(disk_bytes__gte=req.disk_bytes or 0))
@@ -187,9 +191,14 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
 
     1. A machine started for it is still coming up: wait for it.
     2. After every offer failed, wait out the back-off.
-    3. Rank the offers; none fits: say the shortfall.
-    4. Launch the cheapest not tried for this attempt; every one tried: the
-       attempt ends ``no_capacity`` and ``retry`` decides.
+    3. Rank the offers of its backends; none fits: say the shortfall.
+    4. ``placement.choose``: drop the offers tried for this attempt, the
+       blocked ones (another launch failed there lately, in any process) and
+       its interrupted zones; ``auto`` picks the market.
+    5. Launch the cheapest left. None left: if this attempt tried offers (or
+       tried ``MAX_OFFERS_PER_ATTEMPT``), it ends ``no_capacity`` and
+       ``retry`` (with ``max_wait``) decides; if every offer was blocked
+       before it tried any, it waits pending, saying until when.
     """
     last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
     requested = _requested(job, last)  # read once: the steps below look at it in turn
@@ -199,28 +208,54 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
     backoff = _no_capacity_backoff(job, last)
     if backoff:
         return backoff, None
-    choice = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job))
-    if choice.accounts == 0:
-        return "waiting for a runner: no backend is configured for this workspace", None
-    if not choice.candidates:
-        return f"no backend can run this job: {choice.shortfall}", None
+    placement = Placement.of(job)
+    ranked = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job), backends=placement.backends)
+    if ranked.accounts == 0:
+        return _no_account(placement), None
+    if not ranked.candidates:
+        why = ranked.shortfall or f"no offer matches its placement ({placement.words()})"
+        return f"no backend can run this job: {why}", None
     tried = _tried_offer_ids(requested)
-    untried = [c for c in choice.candidates if c.offer.offer_id not in tried]
-    if not untried or len(tried) >= MAX_OFFERS_PER_ATTEMPT:
-        _no_capacity(job, _offers_tried(requested), len(choice.candidates))
+    blocks = offer_blocks_active(account_ids={str(c.account.pk) for c in ranked.candidates})
+    choice = choose(job=job, candidates=ranked.candidates, tried=tried, blocks=blocks)
+    if choice.open and len(tried) < MAX_OFFERS_PER_ATTEMPT:
+        return _launch(job, choice.open[0])
+    if tried or len(tried) >= MAX_OFFERS_PER_ATTEMPT or _waited_too_long(job, placement):
+        since = last.finished_at if last is not None else None
+        _no_capacity(job, switch_note(job, since) + _offers_tried(requested), choice)
         return "", None
-    return _launch(job, untried[0])
+    return _all_blocked(choice), None
+
+
+def _no_account(placement: Placement) -> str:
+    if placement.backends:
+        kinds = " or ".join(placement.backends)
+        return f"waiting for a runner: no {kinds} account is connected to this workspace (the workflow's backends)"
+    return "waiting for a runner: no backend is configured for this workspace"
+
+
+def _all_blocked(choice: Choice) -> str:
+    """Every offer is blocked before this attempt tried one: the job waits."""
+    free = f"; the first is free again in {choice.free_in:.0f}s" if choice.free_in is not None else ""
+    return f"waiting for capacity: all {choice.considered} offers are blocked ({'; '.join(choice.blocked[:3])}){free}"
+
+
+def _waited_too_long(job: Job, placement: Placement) -> bool:
+    """``max_wait`` ran out while every offer was blocked: the attempt ends
+    ``no_capacity`` (and ``retry_decide`` says max_wait was reached)."""
+    if not placement.max_wait or placement.spot_policy == "auto":
+        return False
+    return (timezone.now() - waiting_since(job)).total_seconds() >= placement.max_wait
 
 
 def _launch(job: Job, candidate: Candidate) -> tuple[str, Instance | None]:
     room = pool_room(kind=candidate.account.kind)
     if room is not None and room <= 0:
         return _pool_full(job), None
-    label = _label(candidate)
     instance = instance_request(
         account=candidate.account, offer=candidate.offer, job_id=str(job.pk), reason_text=f"starting for job {job.name}"
     )
-    return f"waiting for a runner: starting {instance.name} ({label})", instance
+    return f"waiting for a runner: starting {instance.name} ({label(candidate.offer)})", instance
 
 
 def _pool_full(job: Job) -> str:
@@ -245,9 +280,18 @@ def _pool_full(job: Job) -> str:
     return f"waiting for a runner: all {limit} local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"
 
 
-def _no_capacity(job: Job, tried: list[dict[str, Any]], fitting: int) -> None:
-    listed = ", ".join(f"{t['offer']} {t['outcome']}" for t in tried[:4])
-    message = f"no capacity: tried {len(tried)} of {fitting} offers ({listed})"
+def _no_capacity(job: Job, tried: list[dict[str, Any]], choice: Choice) -> None:
+    """``no capacity: tried 3 of 9 offers (fake/r1/r1a/fake-a/on-demand
+    no_capacity FakeNoCapacity, …); blocked: …``."""
+    launched = [t for t in tried if t["offer"]]
+    listed = ", ".join(" ".join(filter(None, (t["offer"], t["outcome"], t.get("code", "")))) for t in launched[:4])
+    more = ", …" if len(launched) > 4 else ""
+    message = f"no capacity: tried {len(launched)} of {choice.considered} offers ({listed}{more})"
+    if choice.blocked:
+        message += f"; blocked: {'; '.join(choice.blocked[:3])}"
+    switched = [t["message"] for t in tried if t["outcome"] == "switched_to_on_demand"]
+    if switched:
+        message += f"; {switched[0]}"
     job_fail_no_capacity(job=job, offers_tried=tried, message=message)
 
 
@@ -289,6 +333,7 @@ def _offers_tried(requested: list[Instance]) -> list[dict[str, Any]]:
             "offer": i.offer_id,
             "instance": i.name,
             "outcome": i.termination_reason or "launched",
+            "code": str((i.backend_data or {}).get("launch_error", {}).get("code", "")),
             "message": i.status_reason if i.termination_reason else "",
         }
         for i in requested
@@ -299,19 +344,14 @@ def _offers_worth_showing(job: Job) -> list[dict[str, Any]]:
     """The offers tried for this attempt, when any of them failed: a plain
     launch that worked needs no explaining."""
     last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
-    tried = _offers_tried(_requested(job, last))
+    since = last.finished_at if last is not None else None
+    tried = switch_note(job, since) + _offers_tried(_requested(job, last))
     return tried if any(t["outcome"] != "launched" for t in tried) else []
 
 
 def _offer_label(instance: Instance) -> str:
     price = f", ${instance.price_per_hour:.4f}/h" if instance.price_per_hour else ""
     return f"{instance.instance_type or instance.backend} in {instance.region or '-'}{price}"
-
-
-def _label(candidate: Candidate) -> str:
-    offer = candidate.offer
-    price = f", ${offer.price_per_hour:.4f}/h" if offer.price_per_hour else ""
-    return f"{offer.instance_type} in {offer.region}{price}"
 
 
 def _set_waiting_reason(job: Job, reason: str) -> None:

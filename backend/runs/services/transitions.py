@@ -27,7 +27,7 @@ from django.utils import timezone
 from trainyard_runner import protocol
 
 from backend.clouds.models import Instance
-from backend.clouds.services.instances import instance_set_busy, instance_set_idle
+from backend.clouds.services.instances import instance_set_busy, instance_set_idle, instance_set_idle_duration
 from backend.runs.events import publish_run, send_to_channel
 from backend.runs.models import (
     ACTIVE_JOB,
@@ -42,6 +42,7 @@ from backend.runs.models import (
     RunStatus,
 )
 from backend.runs.reasons import TerminationReason
+from backend.runs.services.placement import Placement, waiting_since
 from backend.runs.services.redaction import job_reason_clean
 from backend.runs.services.retry import RetryPolicy, retry_decide
 
@@ -130,6 +131,19 @@ def job_request_stop(*, job: Job, reason: str) -> bool:
     return changed
 
 
+def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> bool:
+    """The server stops a job for a reason of its own (``max_duration``):
+    like a user's stop, but the attempt ends with ``reason`` and the job with
+    the status it maps to. A pending job (no attempt live) fails at once."""
+    Job.objects.filter(pk=job.pk, status__in=[*ACTIVE_JOB, JobStatus.PENDING]).update(stop_reason=reason)
+    if job.status == JobStatus.PENDING:
+        return job_fail_pending(job_id=str(job.pk), reason=message)
+    if job.status == JobStatus.STOPPING:
+        return False
+    job.stop_reason = reason
+    return job_request_stop(job=job, reason=message)
+
+
 def job_report_final(
     *, job_id: str, instance_id: str, attempt: int, state: str, exit_code: int | None, reason: str
 ) -> bool:
@@ -178,6 +192,8 @@ def attempt_end(
         if attempt is None:
             return False
         job = Job.objects.select_for_update().get(pk=attempt.job_id)
+        if reason == TerminationReason.STOPPED_BY_USER and job.stop_reason:
+            reason = TerminationReason(job.stop_reason)  # the server stopped it (max_duration), not a user
         Attempt.objects.filter(pk=attempt.pk).update(
             status=AttemptStatus.ENDED,
             termination_reason=reason,
@@ -190,7 +206,7 @@ def attempt_end(
         if job.attempt == attempt.number and job.status in ACTIVE_JOB:
             _job_after_attempt(job, attempt, reason, message, exit_code)
     if attempt.instance_id:
-        _instance_job_done(str(attempt.instance_id), job.name)
+        _instance_job_done(str(attempt.instance_id), job)
         if tell_runner:
             _refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
     _after_job_change(job.pk)
@@ -308,10 +324,12 @@ def _job_after_attempt(
     now = timezone.now()
     if job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER:
         stop_reason = job.status_reason if job.status == JobStatus.STOPPING else message
+        # A stop the server made for a reason of its own ends as that reason says.
+        stopped = reason.to_status() if job.stop_reason and reason == job.stop_reason else JobStatus.STOPPED
         _cas_job(
             job.pk,
             list(ACTIVE_JOB),
-            status=JobStatus.STOPPED,
+            status=stopped,
             status_reason=stop_reason,
             exit_code=exit_code,
             finished_at=now,
@@ -347,12 +365,18 @@ def _job_after_attempt(
 
 def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
     first = Attempt.objects.filter(job_id=job.pk).exclude(started_at=None).order_by("number").first()
+    placement = Placement.of(job)
+    # spot_policy auto reads max_wait as how long to try spot (placement.choose).
+    max_wait = placement.max_wait if placement.spot_policy != "auto" else None
+    now = timezone.now()
     return retry_decide(
         policy=RetryPolicy.from_spec(job.retry_policy),
         reason=reason,
         attempts=counted,
         first_started_at=first.started_at if first else None,
-        now=timezone.now(),
+        now=now,
+        max_wait=max_wait,
+        waited=(now - waiting_since(job)).total_seconds(),
     )
 
 
@@ -379,11 +403,13 @@ def _refuse_on_commit(instance_id: str, job_id: str, number: int, why: str) -> N
     transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
 
 
-def _instance_job_done(instance_id: str, job_name: str) -> None:
-    """The runner finished its attempt: idle again unless it still has one."""
+def _instance_job_done(instance_id: str, job: Job) -> None:
+    """The runner finished its attempt: idle again unless it still has one,
+    for as long as the job's ``idle_duration`` says."""
     if Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT).exists():
         return
-    instance_set_idle(instance_id=instance_id, message=f"job {job_name} done")
+    instance_set_idle_duration(instance_id=instance_id, seconds=Placement.of(job).idle_duration)
+    instance_set_idle(instance_id=instance_id, message=f"job {job.name} done")
 
 
 def _attempt_note(number: int, text: str) -> str:

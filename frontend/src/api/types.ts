@@ -57,13 +57,15 @@ export type TerminationReason =
   | "instance_lost"
   | "lease_expired"
   | "rejected"
-  | "unreachable";
+  | "unreachable"
+  | "max_duration";
 
 /** A machine launched for a job before its attempt got one; `outcome` is an instance reason or "launched". */
 export interface OfferTried {
-  offer: string;
+  offer: string; // "" for the switch of a spot_policy: auto job to on-demand
   instance: string;
-  outcome: string;
+  outcome: string; // a termination reason, "launched" or "switched_to_on_demand"
+  code?: string; // the backend's error code (InsufficientInstanceCapacity …)
   message: string;
 }
 

@@ -80,14 +80,17 @@ function Offers({ offers }: { offers: readonly OfferTried[] }) {
   return (
     <ul className="plain small attempt-offers">
       {offers.map((offer) => (
-        <li key={offer.instance || offer.offer} title={offer.instance ? `instance ${offer.instance}` : undefined}>
-          {offer.outcome === "launched" ? (
+        <li key={offer.instance || offer.offer || offer.outcome} title={offer.instance ? `instance ${offer.instance}` : undefined}>
+          {offer.outcome === "switched_to_on_demand" ? (
+            <>spot → on-demand</>
+          ) : offer.outcome === "launched" ? (
             <>
               launched <span className="mono">{offer.offer}</span>
             </>
           ) : (
             <>
               tried <span className="mono">{offer.offer}</span>: {offer.outcome.replace(/_/g, " ")}
+              {offer.code ? <span className="mono"> ({offer.code})</span> : null}
             </>
           )}
           {offer.message ? <span className="muted"> — {offer.message}</span> : null}

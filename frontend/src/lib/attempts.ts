@@ -15,6 +15,7 @@ const REASON_LABELS: Record<TerminationReason, string> = {
   lease_expired: "lease expired",
   rejected: "rejected by the runner",
   unreachable: "runner unreachable",
+  max_duration: "max duration reached",
 };
 
 /** The longer explanation (backend/runs/reasons.py), for a tooltip. */
@@ -28,6 +29,7 @@ const REASON_DESCRIPTIONS: Record<TerminationReason, string> = {
   lease_expired: "the runner did not accept the job in time",
   rejected: "the runner refused the job",
   unreachable: "the runner was unreachable for too long",
+  max_duration: "the job ran longer than its workflow's max_duration",
 };
 
 /** Endings that need no mark when they end a job's only attempt. */

@@ -204,6 +204,29 @@ describe("AttemptsTable", () => {
     expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "running", "launched fake/acct/fake-large/on-demand"]);
   });
 
+  it("shows a spot job's switch to on-demand and each failed offer's error code", () => {
+    const switched = attempt({
+      number: 1,
+      instance: "fake-0003",
+      started_at: at(10, 4, 11),
+      status: "running",
+      reason: "",
+      finished_at: null,
+      offers_tried: [
+        { offer: "", instance: "", outcome: "switched_to_on_demand", message: "switched to on-demand: every spot offer (1) was tried or is blocked" },
+        { offer: "fake/r1/r1a/a/spot", instance: "fake-0002", outcome: "no_capacity", code: "FakeNoCapacity", message: "" },
+        { offer: "fake/r1/r1a/a/on-demand", instance: "fake-0003", outcome: "launched", message: "" },
+      ],
+    });
+    render(<AttemptsTable attempts={[switched]} now={new Date(at(10, 5, 11)).getTime()} />);
+    const items = within(screen.getByRole("table")).getAllByRole("listitem").map((li) => li.textContent);
+    expect(items).toEqual([
+      "spot → on-demand — switched to on-demand: every spot offer (1) was tried or is blocked",
+      "tried fake/r1/r1a/a/spot: no capacity (FakeNoCapacity)",
+      "launched fake/r1/r1a/a/on-demand",
+    ]);
+  });
+
   it("says how an attempt ended in words, with its exit code, and has no offers column when none were tried", () => {
     const lostOne = { ...lost, finished_at: at(10, 2, 5) };
     const failed = attempt({ number: 2, started_at: at(10, 3, 0), finished_at: at(10, 3, 42), reason: "error", exit_code: 3, message: "" });

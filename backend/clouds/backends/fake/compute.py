@@ -13,8 +13,10 @@ Config keys (``AccountConfig.config``):
     The fake cloud: machines, the calls log, counters, runners.
 ``offers`` (list of objects; default ``DEFAULT_OFFERS``: fake-small, -medium, -large)
     The catalog: ``{"instance_type", "region", "zone", "spot", "price_per_hour",
-    "cpus", "memory_bytes", "disk_bytes", "gpus": [{"name", "memory_bytes"}]}``;
-    instance_type and cpus are required, region defaults to ``fake-region-1``.
+    "cpus", "memory_bytes", "disk_bytes", "gpus": [{"name", "memory_bytes"}],
+    "quota_family"}``; instance_type and cpus are required, region defaults to
+    ``fake-region-1``; ``spot: true`` makes a spot offer (list a type twice for
+    both markets); ``quota_family`` is the quota it counts against (``Offer.data``).
 ``run_runner`` (bool; default false)
     Start a real runner per machine (then ``runner_command``,
     ``env_strip_prefixes`` and ``kill_after`` work as for ``local``).
@@ -176,7 +178,7 @@ class FakeCompute(Compute):
             raise NoCapacity(f"no capacity for {offer.instance_type} (no_capacity_first)", code="FakeNoCapacity")
         if offer.offer_id in script.no_capacity or offer.instance_type in script.no_capacity:
             raise NoCapacity(f"no capacity for {offer.offer_id}", code="FakeNoCapacity")
-        if script.launch_error is not None:
+        if script.launch_error is not None and _matches(offer, script.launch_error_only):
             raise script.launch_error
         known = {known.offer_id: known for known in self.catalog}
         if offer.offer_id not in known:
@@ -228,6 +230,12 @@ class FakeCompute(Compute):
 
     def _script(self) -> Script:
         return load_script(self.script_file)
+
+
+def _matches(offer: Offer, names: frozenset[str]) -> bool:
+    """True when ``names`` is empty or names the offer, its type, zone or quota family."""
+    ours = {offer.offer_id, offer.instance_type, offer.zone, offer.data.get("quota_family", "")}
+    return not names or bool(names & ours)
 
 
 def _scripted(machine: Machine, script: Script, now: float) -> Machine:
@@ -304,4 +312,10 @@ def _offer(account: AccountConfig, item: Mapping[str, object], *, kind: str) -> 
         memory_bytes=field_int(account, "offers", item, "memory_bytes", 0),
         disk_bytes=field_int(account, "offers", item, "disk_bytes", 0),
         gpus=field_gpus(account, "offers", item),
+        data=_offer_data(account, item),
     )
+
+
+def _offer_data(account: AccountConfig, item: Mapping[str, object]) -> dict[str, str]:
+    family = field_str(account, "offers", item, "quota_family", "")
+    return {"quota_family": family} if family else {}

@@ -6,7 +6,8 @@ Keys, all optional::
     {
       "no_capacity": ["fake-small", "fake/fake-region-1/fake-region-1a/fake-large/spot"],
       "no_capacity_first": 2,
-      "launch_error": {"kind": "quota", "code": "VcpuLimitExceeded", "message": "…"},
+      "launch_error": {"kind": "quota", "code": "VcpuLimitExceeded", "message": "…",
+                       "scope": "quota", "retry_after": 600, "only": ["fake-gpu", "r1a"]},
       "terminate_delay": 5,
       "interrupt": {"ty-…-1": 1767225600, "*": 1767225600},
       "vanish": ["ty-…-1", "fake-3f2a9c1e"],
@@ -16,7 +17,9 @@ Keys, all optional::
 ``no_capacity``: offer ids or instance types whose launch raises NoCapacity.
 ``no_capacity_first``: the first N launches in the state dir raise NoCapacity.
 ``launch_error``: every launch raises this (kind ``no_capacity``, ``quota``,
-``auth``, ``invalid`` or ``transient``). ``terminate_delay``: terminate raises
+``auth``, ``invalid`` or ``transient``; optional ``scope`` and ``retry_after``
+as ``errors.py`` has them; ``only``: just for these offer ids, instance types,
+zones or quota families). ``terminate_delay``: terminate raises
 NotYetTerminated for this many seconds after its first call. ``interrupt``:
 from that unix time on, the machine (by key or instance name; ``"*"``: every
 machine launched by then) is INTERRUPTED and its runner SIGKILLed.
@@ -39,6 +42,7 @@ from backend.clouds.backends.errors import (
     InvalidConfig,
     NoCapacity,
     QuotaExceeded,
+    Scope,
     Transient,
 )
 from backend.clouds.backends.files import write_atomic
@@ -60,6 +64,7 @@ class Script:
     no_capacity: frozenset[str] = frozenset()
     no_capacity_first: int = 0
     launch_error: ComputeError | None = None
+    launch_error_only: frozenset[str] = frozenset()  # empty: every launch
     terminate_delay: float = 0.0
     interrupt: Mapping[str, float] = field(default_factory=dict)
     vanish: frozenset[str] = frozenset()
@@ -98,6 +103,7 @@ def _parse(raw: Mapping[str, object]) -> Script:
         no_capacity=_names(raw.get("no_capacity", []), "no_capacity"),
         no_capacity_first=int(_number(raw.get("no_capacity_first", 0), "no_capacity_first")),
         launch_error=_launch_error(raw.get("launch_error")),
+        launch_error_only=_names(_dict(raw.get("launch_error")).get("only", []), "launch_error.only"),
         terminate_delay=_number(raw.get("terminate_delay", 0), "terminate_delay"),
         interrupt={str(name): _number(at, f"interrupt[{name!r}]") for name, at in interrupt.items()},
         vanish=_names(raw.get("vanish", []), "vanish"),
@@ -111,7 +117,14 @@ def _launch_error(raw: object) -> ComputeError | None:
     if not isinstance(raw, dict) or raw.get("kind") not in LAUNCH_ERRORS:
         raise ValueError(f"launch_error must be {{kind, code, message}} with kind one of {sorted(LAUNCH_ERRORS)}")
     error = LAUNCH_ERRORS[raw["kind"]]
-    return error(str(raw.get("message", "scripted launch error")), code=str(raw.get("code", "")))
+    scope = Scope(raw["scope"]) if "scope" in raw else None
+    retry_after = _number(raw["retry_after"], "launch_error.retry_after") if "retry_after" in raw else None
+    message = str(raw.get("message", "scripted launch error"))
+    return error(message, code=str(raw.get("code", "")), scope=scope, retry_after=retry_after)
+
+
+def _dict(raw: object) -> dict[str, object]:
+    return raw if isinstance(raw, dict) else {}
 
 
 def _names(raw: object, key: str) -> frozenset[str]:

@@ -1,0 +1,279 @@
+"""Where and how a job may run: its workflow's placement keys (``backends``,
+``regions``, ``spot_policy``, ``max_price``, ``max_wait``, ``idle_duration``,
+``max_duration``, stored on ``Job.placement``), read for scheduling.
+
+``scheduling`` asks this module which of the ranked offers a job may try
+now: not blocked (``clouds.services.blocks``), not in a zone where its last
+attempt was interrupted less than ``INTERRUPTED_ZONE_SECONDS`` ago, and, for
+``spot_policy: auto``, spot until it switches to on-demand. docs/RUNS.md,
+"Placement", says it for users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.clouds.backends.base import Offer, Requirements, SpotPolicy
+from backend.clouds.models import IDLE_FOREVER, Instance
+from backend.clouds.services.blocks import Blocks, block_words
+from backend.clouds.services.offers import Candidate, offers_rank
+from backend.runs.models import Attempt, Job
+from backend.runs.reasons import TerminationReason
+
+# spot_policy auto without max_wait: spot offers for this long, then on-demand.
+AUTO_SPOT_WAIT_SECONDS = 600
+# After an interruption in a zone, the job's next attempts skip it this long.
+INTERRUPTED_ZONE_SECONDS = 180
+
+
+@dataclass(frozen=True)
+class Placement:
+    backends: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    spot_policy: SpotPolicy = "on-demand"
+    max_price: float | None = None
+    max_wait: int | None = None  # seconds; None: absent; 0: off
+    idle_duration: int | None = None  # seconds; None: the backend's; IDLE_FOREVER: off
+    max_duration: int | None = None  # seconds; None: no limit
+
+    @classmethod
+    def of(cls, job: Job) -> Placement:
+        return cls.from_spec(job.placement)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None) -> Placement:
+        spec = spec or {}
+        policy = spec.get("spot_policy")
+        return cls(
+            backends=tuple(str(b) for b in spec.get("backends") or ()),
+            regions=tuple(str(r) for r in spec.get("regions") or ()),
+            spot_policy=policy if policy in ("spot", "on-demand", "auto") else "on-demand",
+            max_price=float(spec["max_price"]) if spec.get("max_price") is not None else None,
+            max_wait=_seconds(spec.get("max_wait"), off=0),
+            idle_duration=_seconds(spec.get("idle_duration"), off=IDLE_FOREVER),
+            max_duration=_seconds(spec.get("max_duration"), off=None),
+        )
+
+    def spot_wait(self) -> int | None:
+        """auto: how long spot is tried before on-demand; None: no time limit."""
+        if self.max_wait is None:
+            return AUTO_SPOT_WAIT_SECONDS
+        return self.max_wait or None
+
+    def words(self) -> str:
+        """``regions us-east-1, spot, at most $1.50/h`` (what filters the offers)."""
+        parts = [f"backends {', '.join(self.backends)}"] if self.backends else []
+        parts += [f"regions {', '.join(self.regions)}"] if self.regions else []
+        parts += [self.spot_policy] if self.spot_policy != "on-demand" else ["on-demand"]
+        parts += [f"at most ${self.max_price:.2f}/h"] if self.max_price is not None else []
+        return ", ".join(parts)
+
+
+@dataclass
+class Choice:
+    """The offers a job may launch now, cheapest first, and why the others may not."""
+
+    open: list[Candidate]
+    considered: int  # offers of the market(s) in play
+    blocked: list[str] = field(default_factory=list)  # words, one per distinct block
+    free_in: float | None = None  # seconds until the first blocked offer is free again
+
+
+def requirements_of(job: Job) -> Requirements:
+    return requirements_from(resources=job.spec.get("resources") or {}, placement=job.placement)
+
+
+def requirements_from(*, resources: Mapping[str, Any], placement: Mapping[str, Any] | None) -> Requirements:
+    """From a job spec's resources (``ResourceSpec`` as a dict) and its placement."""
+    where = Placement.from_spec(placement)
+    return Requirements(
+        cpu=resources.get("cpu"),
+        memory_bytes=resources.get("memory_bytes"),
+        disk_bytes=resources.get("disk_bytes"),
+        shm_size_bytes=resources.get("shm_size_bytes"),
+        gpu_count=resources.get("gpu_count") or 0,
+        gpu_name=resources.get("gpu_name") or "",
+        gpu_memory_bytes=resources.get("gpu_memory_bytes"),
+        spot_policy=where.spot_policy,
+        regions=where.regions,
+        max_price=where.max_price,
+    )
+
+
+def run_offer_plan(*, run: Any) -> list[dict[str, Any]]:
+    """Each job of ``run`` with the cheapest offer it would start from (the
+    run-creation answer's ``plan``)."""
+    return [
+        {
+            "job": job.name,
+            "offer": offer_plan(
+                workspace_id=run.workspace_id, resources=job.spec.get("resources") or {}, placement=job.placement
+            ),
+        }
+        for job in Job.objects.filter(run=run).order_by("created_at")
+    ]
+
+
+def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:
+    """The cheapest offer a job would start from (``trainyard run``'s plan
+    table): ``{"offers": n, "backend", "instance_type", "region", "spot",
+    "price_per_hour"}``, or ``{"offers": 0, "reason": …}``."""
+    where = Placement.from_spec(placement)
+    req = requirements_from(resources=resources, placement=placement)
+    ranked = offers_rank(workspace_id=workspace_id, req=req, backends=where.backends)
+    if not ranked.candidates:
+        why = ranked.shortfall or f"no offer matches its placement ({where.words()})"
+        return {"offers": 0, "reason": why if ranked.accounts else "no backend is configured for this workspace"}
+    spot_first = [c for c in ranked.candidates if c.offer.spot] if where.spot_policy == "auto" else []
+    offer = (spot_first or ranked.candidates)[0].offer
+    return {
+        "offers": len(ranked.candidates),
+        "backend": offer.backend,
+        "instance_type": offer.instance_type,
+        "region": offer.region,
+        "spot": offer.spot,
+        "price_per_hour": offer.price_per_hour,
+    }
+
+
+def idle_instances_allowed(job: Job) -> Q:
+    """The idle machines the job may take: of its backends, regions, market and price."""
+    placement = Placement.of(job)
+    allowed = Q()
+    if placement.backends:
+        allowed &= Q(backend__in=placement.backends)
+    if placement.regions:
+        allowed &= Q(region__in=placement.regions)
+    if placement.spot_policy != "auto":  # auto takes an idle machine of either market
+        allowed &= Q(spot=placement.spot_policy == "spot")
+    if placement.max_price is not None:
+        allowed &= Q(price_per_hour__lte=placement.max_price)
+    return allowed
+
+
+def waiting_since(job: Job) -> datetime:
+    """When the job last started waiting for a machine: its submission, or
+    the end of its last attempt that had one (a no_capacity attempt had none)."""
+    last = (
+        Attempt.objects.filter(job_id=job.pk)
+        .exclude(termination_reason=TerminationReason.NO_CAPACITY)
+        .exclude(finished_at=None)
+        .order_by("-number")
+        .first()
+    )
+    return last.finished_at if last is not None and last.finished_at else job.created_at
+
+
+def choose(
+    *, job: Job, candidates: list[Candidate], tried: set[str], blocks: Blocks, now: datetime | None = None
+) -> Choice:
+    """The offers ``job`` may launch now.
+
+    1. Drop offers tried for this attempt, blocked ones and those in a zone
+       where the job was interrupted lately.
+    2. ``spot_policy: auto``: spot offers only, until it switches to
+       on-demand (``_switch``): at once when no spot offer is left open,
+       after ``max_wait`` (default ``AUTO_SPOT_WAIT_SECONDS``) otherwise.
+    """
+    now = now or timezone.now()
+    zones = _interrupted_zones(job, now)
+    reasons: dict[str, str] = {}
+    free_at: list[datetime] = []
+
+    def is_open(c: Candidate) -> bool:
+        if c.offer.offer_id in tried:
+            return False
+        block = blocks.of(str(c.account.pk), c.offer)
+        if block is not None:
+            reasons.setdefault(f"{block.account_id}/{block.scope}/{block.key}", block_words(block, now=now))
+            free_at.append(block.until)
+            return False
+        until = zones.get((str(c.account.pk), c.offer.region, c.offer.zone))
+        if until is not None:
+            left = int((until - now).total_seconds())
+            reasons.setdefault(f"zone/{c.offer.zone}", f"zone {c.offer.zone} skipped {left}s more (interrupted there)")
+            free_at.append(until)
+            return False
+        return True
+
+    market = _market(job, candidates, is_open, now)
+    reasons.clear()
+    free_at.clear()
+    open_ = [c for c in market if is_open(c)]
+    free_in = (min(free_at) - now).total_seconds() if free_at else None
+    return Choice(open_, len(market), list(reasons.values()), free_in)
+
+
+def switch_note(job: Job, since: datetime | None) -> list[dict[str, Any]]:
+    """The switch to on-demand as an entry of an attempt's offers tried, when
+    it happened while this attempt waited (``since``: the previous attempt's end)."""
+    switched = job.on_demand_since
+    if switched is None or (since is not None and switched <= since):
+        return []
+    return [{"offer": "", "instance": "", "outcome": "switched_to_on_demand", "message": job.placement_note}]
+
+
+def label(offer: Offer) -> str:
+    market = ", spot" if offer.spot else ""
+    price = f", ${offer.price_per_hour:.4f}/h" if offer.price_per_hour else ""
+    return f"{offer.instance_type} in {offer.region}{market}{price}"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _market(job: Job, candidates: list[Candidate], is_open: Any, now: datetime) -> list[Candidate]:
+    placement = Placement.of(job)
+    if placement.spot_policy != "auto":
+        return candidates
+    on_demand = [c for c in candidates if not c.offer.spot]
+    if job.on_demand_since is not None:
+        return on_demand or candidates
+    spot = [c for c in candidates if c.offer.spot]
+    wait = placement.spot_wait()
+    waited = (now - waiting_since(job)).total_seconds()
+    if not spot:
+        why = "no spot offer fits this job"
+    elif not any(is_open(c) for c in spot):
+        why = f"every spot offer ({len(spot)}) was tried or is blocked"
+    elif wait is not None and waited >= wait:
+        why = f"no spot machine after waiting {waited:.0f}s (max_wait {wait}s)"
+    else:
+        return spot
+    _switch(job, why, now)
+    return on_demand or candidates
+
+
+def _switch(job: Job, why: str, now: datetime) -> None:
+    note = f"switched to on-demand: {why}"
+    if Job.objects.filter(pk=job.pk, on_demand_since=None).update(on_demand_since=now, placement_note=note):
+        job.on_demand_since, job.placement_note = now, note
+
+
+def _interrupted_zones(job: Job, now: datetime) -> dict[tuple[str, str, str], datetime]:
+    """(account, region, zone) → until when the job skips it."""
+    cutoff = now - timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
+    ended = Attempt.objects.filter(
+        job_id=job.pk, termination_reason=TerminationReason.INTERRUPTED, finished_at__gt=cutoff
+    ).exclude(instance=None)
+    zones: dict[tuple[str, str, str], datetime] = {}
+    for attempt in ended.select_related("instance"):
+        instance: Instance | None = attempt.instance
+        if instance is None or attempt.finished_at is None:
+            continue
+        until = attempt.finished_at + timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
+        key = (str(instance.account_id), instance.region, instance.zone)
+        zones[key] = max(until, zones.get(key, until))
+    return zones
+
+
+def _seconds(value: object, *, off: int | None) -> int | None:
+    if value == "off":
+        return off
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
