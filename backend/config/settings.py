@@ -280,6 +280,9 @@ class TrainyardSettings(TypedDict):
     TEST_DROP_ACCEPTANCES: str
     LEAK_SWEEP_SECONDS: float
     SECRET_KEYS: list[str]
+    RUNNER_WHEELHOUSE: Path
+    RUNNER_MAX_LIFETIME_SECONDS: float
+    RUNNER_POWER_OFF_AFTER_SECONDS: float
 
 
 TRAINYARD: TrainyardSettings = {
@@ -317,6 +320,13 @@ TRAINYARD: TrainyardSettings = {
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
+    # Machines that boot from an image install the runner from this server
+    # (/runner/wheels/): the wheels are made here once (docs/RUNNER.md, "Bootstrap").
+    "RUNNER_WHEELHOUSE": Path(env_str("TRAINYARD_RUNNER_WHEELHOUSE", str(DATA_DIR / "runner-wheels"))),
+    # Such a machine powers itself off after this long, whatever it runs (0: never) …
+    "RUNNER_MAX_LIFETIME_SECONDS": env_float("TRAINYARD_RUNNER_MAX_LIFETIME_SECONDS", 7 * 86400.0),
+    # … and after this long without the server while idle (0: never).
+    "RUNNER_POWER_OFF_AFTER_SECONDS": env_float("TRAINYARD_RUNNER_POWER_OFF_AFTER_SECONDS", 1800.0),
 }
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(
