@@ -57,6 +57,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     transaction, one COPY, one publish, one ack)."""
 
     instance_id: str | None = None
+    pending_instance_id: str | None = None  # the token's instance, until its hello is accepted
     _bootstrap_token = ""  # set when the runner came with its machine's single-use token
     _writer: asyncio.Task[None] | None = None
     _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
@@ -102,6 +103,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     # ---------------------------------------------------------------- frames
 
     async def on_hello(self, hello: protocol.Hello) -> None:
+        if self.pending_instance_id is None:  # refused at connect; a frame that was already on its way
+            return
         if hello.protocol != protocol.PROTOCOL_VERSION:
             await self.close(code=protocol.CLOSE_VERSION_MISMATCH, reason=_version_advice(hello.protocol))
             return
