@@ -11,7 +11,7 @@ out of every URL, log and proxy). The wheels are made on the first request
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
-from django.http import FileResponse, HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views.decorators.http import require_safe
 
 from backend.clouds.services.runner_wheels import WheelhouseError, index_html, wheel_path
@@ -34,7 +34,12 @@ async def runner_wheel(request: HttpRequest, name: str) -> HttpResponseBase:
         return _unavailable(e)
     if path is None:
         return HttpResponse(f"no wheel {name!r} here; the list is at ./\n", status=404, content_type="text/plain")
-    return FileResponse(path.open("rb"), content_type="application/octet-stream", filename=name)
+    data = await sync_to_async(path.read_bytes, thread_sensitive=False)()  # a few MB at most
+    return HttpResponse(
+        data,
+        content_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{name}"', "X-Content-Type-Options": "nosniff"},
+    )
 
 
 def _unavailable(error: WheelhouseError) -> HttpResponse:

@@ -6,6 +6,7 @@ hello (services and the real websocket consumer)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -178,3 +179,35 @@ def test_the_first_hello_with_the_bootstrap_token_gets_the_runners_own_and_a_sec
     assert again["type"] == "welcome" and again["token"] == ""
     instance.refresh_from_db()
     assert instance.status == "idle"
+
+
+# ---------------------------------------------------------------- the served wheels
+
+
+def test_without_a_package_index_the_wheels_answer_503_with_what_to_do(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "RUNNER_WHEELHOUSE": tmp_path / "wheels"}
+    for name, value in {
+        "PIP_CONFIG_FILE": os.devnull,  # not this machine's mirrors
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    answer = client.get("/runner/wheels/")
+    assert answer.status_code == 503 and answer["Retry-After"] == "30"
+    text = answer.content.decode()
+    assert text.startswith("the runner's wheels are not available: could not download the runner's wheels for ")
+    assert "manage.py runner_wheels" in text and "Traceback" not in text
+    assert [p.name for p in (tmp_path / "wheels").iterdir()] == [".lock"]  # nothing half-made
+
+
+def test_a_wheel_name_that_is_no_file_name_is_refused_before_anything_is_made(
+    settings: Any, tmp_path: Path, client: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "RUNNER_WHEELHOUSE": tmp_path / "wheels"}
+    assert client.get("/runner/wheels/%3Cscript%3E.whl").status_code == 404
+    assert client.get("/runner/wheels/x.tar.gz").status_code == 404
+    assert not (tmp_path / "wheels").exists()
