@@ -30,6 +30,7 @@ from django.utils import timezone
 from trainyard_runner import protocol
 
 from backend.clouds.backends.base import Handle, Offer
+from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.registry import compute_class
 from backend.clouds.models import (
     ENDED_STATUSES,
@@ -174,7 +175,7 @@ def instance_bootstrap_exchange(*, instance_id: str, token: str) -> str | None:
 def _boots_from_image(kind: str) -> bool:
     try:
         return compute_class(kind, settings.TRAINYARD["BACKEND_KINDS"]).boots_from_image
-    except Exception:  # an unknown kind launches nothing anyway: its launch fails and says why
+    except (InvalidConfig, ImportError, TypeError):  # launches nothing anyway: its launch fails and says why
         return False
 
 
