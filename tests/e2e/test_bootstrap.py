@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +62,8 @@ print(json.dumps({{"status": i.status, "used": i.bootstrap_used_at is not None, 
 
 
 @pytest.fixture
-def boot(aws: MotoServer, tmp_path: Path) -> Iterator[Ec2Boot]:
-    helper = Ec2Boot(aws, tmp_path / "machines").start()
-    try:
-        yield helper
-    finally:
-        for instance in aws.our_instances():
-            _ec2(aws).terminate_instances(InstanceIds=[instance["InstanceId"]])
-        helper.stop()
+def boot(ec2_boot: Ec2Boot) -> Ec2Boot:
+    return ec2_boot
 
 
 def _ec2(aws: MotoServer) -> Any:

@@ -19,6 +19,8 @@ environment the script is given:
 When moto says an instance is no longer running (terminated by the server,
 by the power-off, or by the test), the helper kills everything its boot
 started. ``start()`` / ``stop()``; ``booted``, ``powered_off``, ``log(id)``.
+The ``ec2_boot`` fixture (registered in tests/conftest.py) wraps it. Only
+instances in us-east-1 (``region``) are booted.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.moto import INSTALLATION_TAG, MotoServer
 
@@ -265,4 +269,19 @@ def _kill_leftovers(root: Path) -> None:
             continue
 
 
-__all__ = ["Ec2Boot"]
+@pytest.fixture
+def ec2_boot(aws: MotoServer, tmp_path: Path) -> Iterator[Ec2Boot]:
+    """Plays the boot of every instance of ours that moto runs during the
+    test; at the end terminates what is left and kills what the boots started
+    (the ``aws`` fixture then checks that nothing of ours runs)."""
+    boot = Ec2Boot(aws, tmp_path / "machines").start()
+    try:
+        yield boot
+    finally:
+        left = [i["InstanceId"] for i in aws.our_instances()]
+        if left:
+            boot._ec2().terminate_instances(InstanceIds=left)
+        boot.stop()
+
+
+__all__ = ["Ec2Boot", "ec2_boot"]
