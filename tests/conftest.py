@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.ec2boot import ec2_boot  # noqa: F401 - plays EC2's boot of moto's instances
 from tests.support.github import GithubServer
 from tests.support.moto import aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported

@@ -105,6 +105,11 @@ class Instance(WorkspaceOwnedModel):
         "runs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="requested_instances"
     )
     token_hash = models.CharField(max_length=64, unique=True)
+    # Machines that boot from an image (Compute.boots_from_image): the hash of
+    # the single-use token in their user data, exchanged at the first hello
+    # for the runner's own token (token_hash); bootstrap_used_at marks it spent.
+    bootstrap_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    bootstrap_used_at = models.DateTimeField(null=True, blank=True)
     hostname = models.CharField(max_length=255, blank=True)
     # Where other jobs of a run reach this machine's jobs (Hello.address).
     address = models.CharField(max_length=255, blank=True)

@@ -286,6 +286,9 @@ class TrainyardSettings(TypedDict):
     LEAK_SWEEP_SECONDS: float
     LEAK_MIN_AGE_SECONDS: float
     SECRET_KEYS: list[str]
+    RUNNER_WHEELHOUSE: Path
+    RUNNER_MAX_LIFETIME_SECONDS: float
+    RUNNER_POWER_OFF_AFTER_SECONDS: float
 
 
 TRAINYARD: TrainyardSettings = {
@@ -325,6 +328,13 @@ TRAINYARD: TrainyardSettings = {
     "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
+    # Machines that boot from an image install the runner from this server
+    # (/runner/wheels/): the wheels are made here once (docs/RUNNER.md, "Bootstrap").
+    "RUNNER_WHEELHOUSE": Path(env_str("TRAINYARD_RUNNER_WHEELHOUSE", str(DATA_DIR / "runner-wheels"))),
+    # Such a machine powers itself off after this long, whatever it runs (0: never) …
+    "RUNNER_MAX_LIFETIME_SECONDS": env_float("TRAINYARD_RUNNER_MAX_LIFETIME_SECONDS", 7 * 86400.0),
+    # … and after this long without the server while idle (0: never).
+    "RUNNER_POWER_OFF_AFTER_SECONDS": env_float("TRAINYARD_RUNNER_POWER_OFF_AFTER_SECONDS", 1800.0),
 }
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(

@@ -9,6 +9,7 @@ from backend.artifacts import api as artifacts
 from backend.artifacts.views import storage_archive, storage_object
 from backend.clouds import api as clouds
 from backend.clouds import api_selfhosted as selfhosted
+from backend.clouds import views as clouds_views
 from backend.core import spa
 from backend.repos import api as repos
 from backend.runs.api import views as runs
@@ -52,6 +53,9 @@ urlpatterns = [
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
         artifacts.RunnerArtifactCompleteView.as_view(),
     ),
+    # The runner for machines that boot from an image (no auth: public code).
+    path("runner/wheels/", clouds_views.runner_wheels_index),
+    path("runner/wheels/<str:name>", clouds_views.runner_wheel),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

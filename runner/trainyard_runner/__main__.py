@@ -10,10 +10,11 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
-from . import register
-from .agent import Agent
+from . import machine, register
+from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
 
 log = logging.getLogger("trainyard_runner")
@@ -27,11 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="trainyard-runner: %(message)s", stream=sys.stderr
     )
-    server, token = args.server, args.token or _token_from_file()
+    work_dir = Path(args.work_dir).resolve()
+    # After the bootstrap exchange the saved token is the runner's own: it wins.
+    server, token = args.server, machine.saved_token(work_dir) or args.token or _token_from_file()
     if not server or not token:
         # A registered machine: flags and environment win over runner.json.
         try:
-            saved = register.load_config(Path(args.work_dir).resolve())
+            saved = register.load_config(work_dir)
         except register.RegisterError as e:
             log.error("%s", e)
             return 2
@@ -51,18 +54,49 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(
         server_url=server,
         token=token,
-        work_dir=Path(args.work_dir).resolve(),
+        work_dir=work_dir,
         give_up_after=args.give_up_after,
         drain_timeout=args.drain_timeout,
         address=args.address,
+        power_off_after=args.power_off_after,
+        cloud=machine.cloud_identity(args.cloud),
     )
-    return asyncio.run(_run(agent))
+    lifetime = _Lifetime(args.max_lifetime, work_dir)
+    code = asyncio.run(_run(agent, lifetime))
+    if code == EXIT_POWER_OFF or lifetime.over:
+        why = lifetime.reason if lifetime.over else "the server was unreachable while idle"
+        machine.power_off(args.power_off_command or machine.default_power_off_command(), why)
+        return EXIT_POWER_OFF
+    return code
 
 
-async def _run(agent: Agent) -> int:
+class _Lifetime:
+    """``--max-lifetime``, counted from the runner's first start in this work
+    dir (a restarted runner does not start the clock again): then the runner
+    stops its job (reported as stopped by the runner, with this reason),
+    exits and powers off."""
+
+    def __init__(self, seconds: float, work_dir: Path) -> None:
+        self.seconds = seconds
+        self.work_dir = work_dir
+        self.over = False
+        self.reason = f"the runner reached its maximum lifetime of {machine.describe_seconds(seconds)}"
+
+    def arm(self, agent: Agent) -> None:
+        if self.seconds > 0:
+            left = self.seconds - (time.time() - machine.first_start(self.work_dir))
+            asyncio.get_running_loop().call_later(max(left, 0.0), self._end, agent)
+
+    def _end(self, agent: Agent) -> None:
+        self.over = True
+        agent.stop(self.reason)
+
+
+async def _run(agent: Agent, lifetime: _Lifetime) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, agent, sig)
+    lifetime.arm(agent)
     return await agent.run()
 
 
@@ -95,7 +129,34 @@ def _parser() -> argparse.ArgumentParser:
         "--give-up-after",
         type=float,
         default=300.0,
-        help="exit 1 after this many seconds without the server while idle",
+        help="exit 1 after this many seconds without the server while idle (0: never)",
+    )
+    p.add_argument(
+        "--power-off-after",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_POWER_OFF_AFTER", "0")),
+        help="power the machine off after this many seconds without the server while idle (0: never; cloud"
+        " machines) [TRAINYARD_RUNNER_POWER_OFF_AFTER]",
+    )
+    p.add_argument(
+        "--max-lifetime",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_MAX_LIFETIME", "0")),
+        help="after this many seconds from start, stop the job and power the machine off (0: never)"
+        " [TRAINYARD_RUNNER_MAX_LIFETIME]",
+    )
+    p.add_argument(
+        "--power-off-command",
+        default=env("TRAINYARD_POWER_OFF_COMMAND", ""),
+        help="how to power the machine off; default `systemctl poweroff` under systemd, else"
+        " `shutdown -h now` [TRAINYARD_POWER_OFF_COMMAND]",
+    )
+    p.add_argument(
+        "--cloud",
+        default=env("TRAINYARD_RUNNER_CLOUD", ""),
+        choices=["", "aws"],
+        help="read this cloud's instance metadata for the hello (aws: IMDSv2 at"
+        " AWS_EC2_METADATA_SERVICE_ENDPOINT or 169.254.169.254) [TRAINYARD_RUNNER_CLOUD]",
     )
     p.add_argument(
         "--drain-timeout",

@@ -7,7 +7,9 @@ and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
 ``Shutdown`` (or SIGTERM), 1 when the server was unreachable for
 ``give_up_after`` seconds while the runner held no job (not even a final
 state still to deliver), 2 when the server refused the runner
-(close codes 4401/4403/4409/4410, HTTP 401/403).
+(close codes 4401/4403/4409/4410, HTTP 401/403), ``EXIT_POWER_OFF`` (3)
+when it was unreachable for ``power_off_after`` seconds likewise (the caller
+powers the machine off). 0 disables either limit.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from . import __version__
 from . import protocol as p
 from .job import Job, Lifecycle
+from .machine import save_token
 from .resources import detect_resources
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ WELCOME_TIMEOUT = 10.0
 ACK_TIMEOUT = 30.0  # batches in flight without any ack: the connection is dead
 MAX_FRAME = 16 << 20
 STOP_TIMEOUT = 20.0
+EXIT_POWER_OFF = 3
 # Worth retrying: network errors, timeouts, server restarts, a bad welcome.
 RECOVERABLE = (OSError, TimeoutError, WebSocketException, ValueError)
 
@@ -64,12 +68,16 @@ class Agent:
         give_up_after: float = 300.0,
         drain_timeout: float = 60.0,
         address: str = "",
+        power_off_after: float = 0.0,
+        cloud: p.CloudIdentity | None = None,
     ) -> None:
         self.url = runner_ws_url(server_url)
         self._address = address  # empty: worked out on every connection (default_address)
         self._token = token
         self._work_dir = work_dir
         self._give_up_after = give_up_after
+        self._power_off_after = power_off_after
+        self._cloud = cloud
         self._drain_timeout = drain_timeout
         self._jobs: dict[str, Job] = {}
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
@@ -120,12 +128,21 @@ class Agent:
             # Not _busy(): a job that ended during the outage is not busy, but
             # until its final state is delivered the server would count it
             # lost (and run it again) if we left.
-            if not self._jobs and time.monotonic() - last_contact > self._give_up_after:
-                log.error("server unreachable for %.0fs while idle; giving up", self._give_up_after)
-                return 1
+            if not self._jobs and (code := self._give_up(time.monotonic() - last_contact)) is not None:
+                return code
             await asyncio.sleep(min(delay * random.uniform(0.8, 1.2), BACKOFF_MAX))
             delay = min(delay * 2, BACKOFF_MAX)
         return self._exit_code
+
+    def _give_up(self, unreachable: float) -> int | None:
+        """Idle and cut off: power off (cloud machines), or exit 1, or keep trying."""
+        if self._power_off_after and unreachable > self._power_off_after:
+            log.error("server unreachable for %.0fs while idle; the machine powers off", self._power_off_after)
+            return EXIT_POWER_OFF
+        if self._give_up_after and unreachable > self._give_up_after:
+            log.error("server unreachable for %.0fs while idle; giving up", self._give_up_after)
+            return 1
+        return None
 
     def stop(self, reason: str) -> None:
         """SIGTERM: stop the running job, report it, then exit 0."""
@@ -173,6 +190,8 @@ class Agent:
             welcome = await self._welcome(ws)
             self._ws = ws
             log.info("connected to %s as instance %s", self.url, welcome.instance)
+            if welcome.token:
+                self._take_token(welcome.token)
             self._apply_welcome(welcome)
             for state in list(self._states.values()):
                 job = self._jobs.get(state.job)
@@ -213,6 +232,16 @@ class Agent:
             raise Fatal(f"server speaks protocol {msg.protocol}, runner {p.PROTOCOL_VERSION}: upgrade {side}")
         return msg
 
+    def _take_token(self, token: str) -> None:
+        """The bootstrap token is spent: this one is ours from now on, also after a restart."""
+        self._token = token
+        try:
+            save_token(self._work_dir, token)
+        except OSError as e:  # kept in memory; a restart could not connect again
+            log.error("could not save the runner's token in %s: %s", self._work_dir, e)
+            return
+        log.info("exchanged the bootstrap token for the runner's own (saved in the work dir)")
+
     def _hello(self, address: str) -> p.Hello:
         if self._gpus is None:  # nvidia-smi is slow: ask once
             self._gpus = detect_resources(self._work_dir).gpus
@@ -227,6 +256,7 @@ class Agent:
                 for j in self._jobs.values()
                 if not j.refused
             ],
+            cloud=self._cloud,
         )
 
     def _apply_welcome(self, welcome: p.Welcome) -> None:

@@ -297,6 +297,10 @@ class Welcome(_Message):
     refused: list[str] = Field(default_factory=list)
     # Held jobs whose acceptance is confirmed: their commands may run.
     confirmed: list[str] = Field(default_factory=list)
+    # Set only when the runner said hello with its machine's single-use
+    # bootstrap token: its own token from now on (the runner saves it and
+    # uses it for every later connection and REST call).
+    token: str = Field(default="", repr=False)
 
 
 class Shutdown(_Message):

@@ -194,6 +194,10 @@ class Stack:
             TRAINYARD_PORT=str(self.port),
             DJANGO_SETTINGS_MODULE="backend.config.settings",
             PYTHONUNBUFFERED="1",
+            # The runner's wheels for booting machines: made once, kept across sessions.
+            TRAINYARD_RUNNER_WHEELHOUSE=os.environ.get(
+                "TRAINYARD_RUNNER_WHEELHOUSE", str(REPO_ROOT / ".trainyard-data" / "test-runner-wheels")
+            ),
         )
         return env
 

@@ -154,6 +154,11 @@ class Compute(ABC):
     reusable_instances: ClassVar[bool]  # a VM takes job after job; a pod does not
     supports_spot: ClassVar[bool]
     timings: ClassVar[Timings]
+    # The machine boots from an image and becomes a runner by running
+    # ``LaunchSpec.user_data`` (EC2): the server fills it, and the token in it
+    # is single-use (exchanged at the first hello for the runner's own).
+    # False: the backend starts the runner itself with ``runner_token``.
+    boots_from_image: ClassVar[bool] = False
 
     def __init__(self, account: AccountConfig) -> None:
         self.account = account

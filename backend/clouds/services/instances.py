@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -37,6 +38,8 @@ from django.utils import timezone
 from trainyard_runner import protocol
 
 from backend.clouds.backends.base import Handle, Offer
+from backend.clouds.backends.errors import InvalidConfig
+from backend.clouds.backends.registry import compute_class
 from backend.clouds.models import (
     ENDED_STATUSES,
     LIVE_STATUSES,
@@ -77,6 +80,12 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
     at any point leaves a row the reconciler finishes (CLOUDS.md)."""
     pk = uuid.uuid4()
     key = f"ty-{pk}"
+    token = hash_token(runner_token(key))
+    # A machine that boots from an image gets the derived token in its user
+    # data, readable by every process on it: single-use, exchanged at the first
+    # hello for a random token of its own (instance_bootstrap_exchange). Until
+    # then its own token is one nobody knows.
+    bootstrap = token if _boots_from_image(account.kind) else ""
     instance = Instance.objects.create(
         id=pk,
         workspace_id=account.workspace_id,
@@ -84,7 +93,8 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
         backend=account.kind,
         name=f"{account.kind}-{pk.hex[:8]}",
         idempotency_key=key,
-        token_hash=hash_token(runner_token(key)),
+        token_hash=hash_token(secrets.token_hex(32)) if bootstrap else token,
+        bootstrap_token_hash=bootstrap,
         offer_id=offer.offer_id,
         instance_type=offer.instance_type,
         region=offer.region,
@@ -196,6 +206,42 @@ def instance_refusal(*, token: str) -> str:
     if instance is None or instance.termination_reason != InstanceReason.REVOKED:
         return ""
     return f"runner {instance.name} was revoked; register the machine again (trainyard-runner register)"
+
+
+def instance_for_bootstrap_token(*, token: str) -> Instance | None:
+    """The instance whose unspent bootstrap token this is, unless it has ended."""
+    return (
+        Instance.objects.filter(bootstrap_token_hash=hash_token(token), bootstrap_used_at=None)
+        .exclude(bootstrap_token_hash="")
+        .exclude(status__in=ENDED_STATUSES)
+        .first()
+    )
+
+
+def instance_bootstrap_exchange(*, instance_id: str, token: str) -> str | None:
+    """Spend the bootstrap token ``token``: the instance gets a new random
+    runner token (returned; only its hash is kept). None when the token was
+    already spent (a second hello with it) or is not this instance's.
+
+    A compare-and-set: of two hellos racing with the same token, one wins.
+    If the Welcome carrying the new token is lost, the machine cannot
+    connect again; the provision timeout (or the unreachable grace) then
+    replaces it (docs/decisions/0023-single-use-bootstrap-token.md)."""
+    new = secrets.token_urlsafe(32)
+    spent = Instance.objects.filter(
+        pk=instance_id, bootstrap_token_hash=hash_token(token), bootstrap_used_at=None
+    ).update(token_hash=hash_token(new), bootstrap_used_at=timezone.now())
+    if not spent:
+        return None
+    logger.info("instance %s exchanged its bootstrap token for its own", instance_id)
+    return new
+
+
+def _boots_from_image(kind: str) -> bool:
+    try:
+        return compute_class(kind, settings.TRAINYARD["BACKEND_KINDS"]).boots_from_image
+    except (InvalidConfig, ImportError, TypeError):  # launches nothing anyway: its launch fails and says why
+        return False
 
 
 def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, busy: bool) -> bool:

@@ -21,6 +21,7 @@ from backend.clouds.backends.errors import (
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.accounts import account_mark_broken, compute_of, installation
 from backend.clouds.services.blocks import offer_block_record
+from backend.clouds.services.bootstrap import user_data
 from backend.clouds.services.instances import (
     handle_of,
     instance_launch_failed,
@@ -52,7 +53,8 @@ def instance_launch_run(*, instance_id: str, last_try: bool = False) -> LaunchOu
         instance_launch_failed(instance_id=instance_id, reason=InstanceReason.LAUNCH_FAILED, message="no account")
         return LaunchOutcome("failed")
     try:
-        handle = compute_of(instance.account).launch(_offer(instance), _spec(instance))
+        compute = compute_of(instance.account)
+        handle = compute.launch(_offer(instance), _spec(instance, boots_from_image=compute.boots_from_image))
     except ComputeError as error:
         return _launch_error(instance, error, last_try)
     except Exception as error:  # a backend bug: treated as transient, bounded by the task's retries
@@ -141,12 +143,22 @@ def _offer(instance: Instance) -> Offer:
     )
 
 
-def _spec(instance: Instance) -> LaunchSpec:
+def _spec(instance: Instance, *, boots_from_image: bool = False) -> LaunchSpec:
+    """For a machine that boots from an image, the user data carries the
+    token, and that token is the instance's single-use bootstrap token
+    (``instance_request`` stored its hash as such)."""
+    token = runner_token(instance.idempotency_key)
+    script = ""
+    if boots_from_image:
+        script = user_data(
+            server_url=settings.PUBLIC_URL, instance_name=instance.name, bootstrap_token=token, cloud=instance.backend
+        )
     return LaunchSpec(
         idempotency_key=instance.idempotency_key,
         instance_name=instance.name,
-        runner_token=runner_token(instance.idempotency_key),
+        runner_token=token,
         server_url=settings.PUBLIC_URL,
+        user_data=script,
         tags={
             "trainyard:installation": installation(),
             "trainyard:workspace": str(instance.workspace_id),

@@ -22,7 +22,9 @@ from trainyard_runner import protocol
 
 from backend.accounts.auth import token_from_header
 from backend.clouds.services.instances import (
+    instance_bootstrap_exchange,
     instance_disconnected,
+    instance_for_bootstrap_token,
     instance_for_token,
     instance_heartbeat,
     instance_refusal,
@@ -56,6 +58,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     transaction, one COPY, one publish, one ack)."""
 
     instance_id: str | None = None
+    pending_instance_id: str | None = None  # the token's instance, until its hello is accepted
+    _bootstrap_token = ""  # set when the runner came with its machine's single-use token
     _writer: asyncio.Task[None] | None = None
     _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
 
@@ -64,6 +68,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self.accept()
         token = token_from_header(_header(self.scope, b"authorization"))
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
+        if instance is None and token:
+            instance = await database_sync_to_async(instance_for_bootstrap_token)(token=token)
+            self._bootstrap_token = token if instance is not None else ""
         if instance is None:
             # A revoked runner is told so, and stops (4401 is fatal to it).
             reason = await database_sync_to_async(instance_refusal)(token=token) if token else ""
@@ -99,9 +106,24 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     # ---------------------------------------------------------------- frames
 
     async def on_hello(self, hello: protocol.Hello) -> None:
+        if self.pending_instance_id is None:  # refused at connect; a frame that was already on its way
+            return
         if hello.protocol != protocol.PROTOCOL_VERSION:
             await self.close(code=protocol.CLOSE_VERSION_MISMATCH, reason=_version_advice(hello.protocol))
             return
+        own_token = ""
+        if self._bootstrap_token:
+            # Spent now, whatever follows: a second hello with it is refused.
+            own_token = (
+                await database_sync_to_async(instance_bootstrap_exchange)(
+                    instance_id=self.pending_instance_id, token=self._bootstrap_token
+                )
+                or ""
+            )
+            self._bootstrap_token = ""
+            if not own_token:
+                await self.close(code=protocol.CLOSE_UNAUTHORIZED, reason="bootstrap token already used")
+                return
         connected = await database_sync_to_async(runner_connect)(
             instance_id=self.pending_instance_id,
             hello=hello,
@@ -115,7 +137,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self.instance_id = str(connected.instance.pk)
         if connected.previous_channel and connected.previous_channel != self.channel_name:
             await self.channel_layer.send(connected.previous_channel, {"type": "runner.replaced"})
-        await self.send(text_data=connected.welcome.model_dump_json())
+        welcome = connected.welcome.model_copy(update={"token": own_token}) if own_token else connected.welcome
+        await self.send(text_data=welcome.model_dump_json())
         await _enqueue_schedule()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:

@@ -1,0 +1,149 @@
+"""What a runner on a cloud machine does for the machine's sake: keep the
+token it got in exchange for the bootstrap one, say where it runs (instance
+metadata), and power the machine off when it must not stay up.
+
+A runner started by hand or by the local backend uses none of this unless
+told to (``--cloud``, ``--power-off-after``, ``--max-lifetime``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .protocol import CloudIdentity
+
+log = logging.getLogger(__name__)
+
+TOKEN_FILE = "runner-token"  # in the work dir, mode 0600
+FIRST_START_FILE = "first-start"  # unix time of the first start (--max-lifetime counts from it)
+IMDS_DEFAULT = "http://169.254.169.254"
+IMDS_TIMEOUT = 2.0
+IMDS_TOKEN_TTL = 21600
+POWER_OFF_TIMEOUT = 60.0
+
+
+# ------------------------------------------------------------ the saved token
+
+
+def saved_token(work_dir: Path) -> str:
+    """The runner's own token, saved after the bootstrap exchange; "" if none."""
+    try:
+        return (work_dir / TOKEN_FILE).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def save_token(work_dir: Path, token: str) -> None:
+    """Written whole or not at all (temp file, fsync, rename), readable by the owner only."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tmp = work_dir / f".{TOKEN_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, work_dir / TOKEN_FILE)
+
+
+def first_start(work_dir: Path) -> float:
+    """When a runner first started in ``work_dir`` (unix time), recorded on the first call."""
+    path = work_dir / FIRST_START_FILE
+    try:
+        return float(path.read_text())
+    except (FileNotFoundError, ValueError):
+        now = time.time()
+        work_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{now}\n")
+        return now
+
+
+# ---------------------------------------------------------- instance metadata
+
+
+def aws_identity(endpoint: str = "") -> CloudIdentity | None:
+    """The EC2 instance this runs on, from IMDSv2 (a session token first,
+    never the unauthenticated v1). The address is
+    ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or the link-local default. None
+    when the metadata service does not answer within 2 s per call."""
+    base = (endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_DEFAULT).rstrip("/")
+    try:
+        token = _imds(
+            f"{base}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL)},
+        )
+        headers = {"X-aws-ec2-metadata-token": token}
+        meta = f"{base}/latest/meta-data"
+        return CloudIdentity(
+            instance_id=_imds(f"{meta}/instance-id", headers=headers),
+            instance_type=_imds(f"{meta}/instance-type", headers=headers),
+            region=_imds(f"{meta}/placement/region", headers=headers),
+            zone=_imds(f"{meta}/placement/availability-zone", headers=headers),
+        )
+    except (OSError, urllib.error.URLError, ValueError) as e:
+        log.warning("could not read the instance metadata at %s: %s", base, e)
+        return None
+
+
+def _imds(url: str, *, method: str = "GET", headers: dict[str, str]) -> str:
+    req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
+    with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT) as resp:
+        return str(resp.read(4096).decode().strip())
+
+
+def cloud_identity(cloud: str) -> CloudIdentity | None:
+    """``--cloud``: "aws" reads IMDS; "" (the default) reads nothing."""
+    if cloud == "aws":
+        return aws_identity()
+    if cloud:
+        log.warning("unknown --cloud %r: not reading any instance metadata", cloud)
+    return None
+
+
+# ------------------------------------------------------------------ power off
+
+
+def default_power_off_command() -> str:
+    return "systemctl poweroff" if Path("/run/systemd/system").is_dir() else "shutdown -h now"
+
+
+def power_off(command: str, reason: str) -> bool:
+    """Run the power-off command (split like a shell line, no shell); True if it exited 0."""
+    log.warning("powering the machine off (%s): %s", reason, command)
+    try:
+        done = subprocess.run(shlex.split(command), stdin=subprocess.DEVNULL, timeout=POWER_OFF_TIMEOUT, check=False)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        log.error("the power-off command %r failed: %s", command, e)
+        return False
+    if done.returncode != 0:
+        log.error("the power-off command %r exited with %d", command, done.returncode)
+    return done.returncode == 0
+
+
+def describe_seconds(seconds: float) -> str:
+    if seconds >= 86400 and seconds % 3600 == 0:
+        return f"{seconds / 86400:g} d"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds:g} s"
+
+
+__all__ = [
+    "TOKEN_FILE",
+    "aws_identity",
+    "cloud_identity",
+    "default_power_off_command",
+    "describe_seconds",
+    "first_start",
+    "power_off",
+    "save_token",
+    "saved_token",
+]
