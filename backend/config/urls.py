@@ -45,6 +45,15 @@ urlpatterns = [
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
         artifacts.RunnerArtifactCompleteView.as_view(),
     ),
+    path(
+        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/urls/",
+        artifacts.RunnerArtifactUploadUrlsView.as_view(),
+    ),
+    path(
+        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/parts/",
+        artifacts.RunnerArtifactPartsView.as_view(),
+    ),
+    path("api/v1/runner/jobs/<uuid:job>/urls/", artifacts.RunnerDownloadUrlView.as_view()),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

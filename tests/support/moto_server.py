@@ -1,11 +1,17 @@
-"""moto's standalone server with EC2 fault injection: ``python -m tests.support.moto_server -p PORT``.
+"""moto's standalone server with EC2 fault injection and S3's expiry of
+presigned URLs: ``python -m tests.support.moto_server -p PORT``.
 
 moto has no error injection (shared/STACK.md), so this wrapper wraps a few of
 moto's EC2 response handlers before calling ``moto.server.main()``. Each call
 reads the JSON fault list at ``$TRAINYARD_MOTO_FAULTS`` (written by
 ``MotoServer.fault`` in tests/support/moto.py); the first fault whose action
 and ``when`` match answers with the real EC2 error shape (HTTP 400, the given
-code and message) and counts down its ``times``. Everything else is moto.
+code and message) and counts down its ``times``.
+
+moto does not check when a presigned URL expires; S3 does (HTTP 403
+AccessDenied, "Request has expired"), and the runner's fresh-URL paths
+depend on it, so the wrapper answers like S3 for any request whose
+``X-Amz-Date`` + ``X-Amz-Expires`` is past. Everything else is moto.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+import time
+from calendar import timegm
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
@@ -80,9 +89,41 @@ def _wrap(action: str) -> None:
     setattr(EC2Response, name, handler)
 
 
+_EXPIRED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Request has expired</Message></Error>"
+)
+
+
+def _expired(query: str) -> bool:
+    params = parse_qs(query)
+    date, expires = params.get("X-Amz-Date", [""])[0], params.get("X-Amz-Expires", [""])[0]
+    if not date or not expires.isdigit():
+        return False
+    signed_at = timegm(time.strptime(date, "%Y%m%dT%H%M%SZ"))
+    return time.time() > signed_at + int(expires)
+
+
+def _enforce_presigned_expiry() -> None:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    original = DomainDispatcherApplication.__call__
+
+    def call(self: Any, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if _expired(environ.get("QUERY_STRING", "")):
+            start_response(
+                "403 Forbidden", [("Content-Type", "application/xml"), ("Content-Length", str(len(_EXPIRED)))]
+            )
+            return [_EXPIRED]
+        return original(self, environ, start_response)  # type: ignore[no-any-return]
+
+    DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
+
+
 def main() -> None:
     for action in ACTIONS:
         _wrap(action)
+    _enforce_presigned_expiry()
     from moto.server import main as moto_main
 
     moto_main(sys.argv[1:])
