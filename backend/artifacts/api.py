@@ -15,13 +15,22 @@ from rest_framework.views import APIView
 from backend.accounts.auth import token_from_header
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.archive import archive_url
+from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactStatus
-from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
-from backend.artifacts.storage import get_storage
+from backend.artifacts.services import (
+    FileIn,
+    artifact_begin,
+    artifact_complete,
+    artifact_file_key,
+    artifact_parts_complete,
+    artifact_upload_targets,
+)
+from backend.artifacts.storage import Part
 from backend.clouds.services.instances import instance_for_token
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import ACTIVE_JOB, Job
 from backend.runs.selectors import run_get
+from backend.runs.services.scheduling import job_download_url
 
 
 class ArtifactFileOut(serializers.Serializer):
@@ -59,7 +68,7 @@ class ArtifactFileView(WorkspaceAPIView):
         if found is None or file is None:
             raise NotFound("Artifact file not found.")
         name = path.rsplit("/", 1)[-1]
-        url = get_storage().signed_url(artifact_file_key(found, file), method="GET", seconds=300, filename=name)
+        url = storage_of(found).signed_url(artifact_file_key(found, file), method="GET", seconds=300, filename=name)
         return HttpResponseRedirect(url)
 
 
@@ -120,12 +129,61 @@ class RunnerAPIView(APIView):
 
 class UploadOut(serializers.Serializer):
     path = serializers.CharField()
-    url = serializers.URLField()
+    url = serializers.CharField(help_text="PUT the file here; empty when it goes up in parts")
+    headers = serializers.DictField(child=serializers.CharField(), help_text="send these with the PUT")
+    part_size = serializers.IntegerField(help_text="> 0: upload in parts of this size (the last may be smaller)")
+    parts = serializers.IntegerField()
 
 
 class ArtifactBeginOut(serializers.Serializer):
     id = serializers.UUIDField()
     uploads = UploadOut(many=True)
+
+
+class PartIn(serializers.Serializer):
+    number = serializers.IntegerField(min_value=1, max_value=10_000)
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+
+class UploadUrlsIn(serializers.Serializer):
+    path = serializers.CharField(max_length=1000)
+    parts = PartIn(many=True, required=False, max_length=100)  # type: ignore[call-arg]
+
+
+class TargetOut(serializers.Serializer):
+    number = serializers.IntegerField(help_text="part number; 0 for a whole file")
+    url = serializers.CharField()
+    headers = serializers.DictField(child=serializers.CharField())
+    seconds = serializers.IntegerField(help_text="how long the URL lives")
+
+
+class UploadUrlsOut(serializers.Serializer):
+    path = serializers.CharField()
+    targets = TargetOut(many=True)
+
+
+class DonePartIn(PartIn):
+    etag = serializers.CharField(max_length=200)
+
+
+class PartsDoneIn(serializers.Serializer):
+    path = serializers.CharField(max_length=1000)
+    parts = DonePartIn(many=True, max_length=10_000)  # type: ignore[call-arg]
+
+
+class DownloadUrlIn(serializers.Serializer):
+    code = serializers.ChoiceField(choices=["archive", "patch"], required=False)
+    input = serializers.CharField(max_length=500, required=False)
+    file = serializers.CharField(max_length=1000, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if bool(attrs.get("code")) == bool(attrs.get("input") and attrs.get("file")):
+            raise serializers.ValidationError('Name either "code" or both "input" and "file".')
+        return attrs
+
+
+class DownloadUrlOut(serializers.Serializer):
+    url = serializers.CharField()
 
 
 class ArtifactCompleteOut(serializers.Serializer):
@@ -141,8 +199,67 @@ class RunnerArtifactBeginView(RunnerAPIView):
         data.is_valid(raise_exception=True)
         files = [FileIn(**f) for f in data.validated_data["files"]]
         artifact, uploads = artifact_begin(job=found, path=data.validated_data["path"], files=files)
-        body = {"id": str(artifact.pk), "uploads": [{"path": u.path, "url": u.url} for u in uploads]}
+        body = {
+            "id": str(artifact.pk),
+            "uploads": [
+                {"path": u.path, "url": u.url, "headers": u.headers, "part_size": u.part_size, "parts": u.parts}
+                for u in uploads
+            ],
+        }
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RunnerArtifactUploadUrlsView(RunnerAPIView):
+    """Fresh upload URLs for one file: the whole file, or a batch of parts."""
+
+    @extend_schema(request=UploadUrlsIn, responses=UploadUrlsOut)
+    def post(self, request: Request, job: str, artifact: str) -> Response:
+        row = self._artifact(request, job, artifact)
+        data = UploadUrlsIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        path = data.validated_data["path"]
+        parts = [(p["number"], p["sha256"]) for p in data.validated_data.get("parts", [])]
+        targets = artifact_upload_targets(artifact=row, path=path, parts=parts)
+        numbers = [n for n, _ in parts] or [0]
+        body = [
+            {"number": n, "url": t.url, "headers": t.headers, "seconds": t.seconds}
+            for n, t in zip(numbers, targets, strict=True)
+        ]
+        return Response({"path": path, "targets": body})
+
+    def _artifact(self, request: Request, job: str, artifact: str) -> Artifact:
+        row = Artifact.objects.filter(pk=artifact, job=self.runner_job(request, job)).first()
+        if row is None:
+            raise NotFound("No such artifact for this job.")
+        return row
+
+
+class RunnerArtifactPartsView(RunnerArtifactUploadUrlsView):
+    """A file uploaded in parts is assembled from them."""
+
+    @extend_schema(request=PartsDoneIn, responses={204: None})
+    def post(self, request: Request, job: str, artifact: str) -> Response:
+        row = self._artifact(request, job, artifact)
+        data = PartsDoneIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        parts = [Part(p["number"], p["etag"], p["sha256"]) for p in data.validated_data["parts"]]
+        artifact_parts_complete(artifact=row, path=data.validated_data["path"], parts=parts)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RunnerDownloadUrlView(RunnerAPIView):
+    """A fresh URL for the job's code or one of its input files."""
+
+    @extend_schema(request=DownloadUrlIn, responses=DownloadUrlOut)
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = DownloadUrlIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        url = job_download_url(
+            job=found, code=v.get("code", ""), input_path=v.get("input", ""), file_path=v.get("file", "")
+        )
+        return Response({"url": url})
 
 
 class RunnerArtifactCompleteView(RunnerAPIView):

@@ -2,7 +2,8 @@
 
 The API answers with a short-lived signed URL (like single files); the URL's
 view streams a zip built on the fly from storage (stored, not deflated: model
-files do not compress and CPU is better spent elsewhere).
+files do not compress and CPU is better spent elsewhere). From an S3 bucket
+the bytes pass through this server (S3 cannot zip).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Iterator
 from django.conf import settings
 from django.core import signing
 
+from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import artifact_file_key
-from backend.artifacts.storage import get_storage
 
 _SALT = "trainyard.archive"
 ARCHIVE_URL_SECONDS = 300
@@ -39,7 +40,7 @@ def archive_name(artifact: Artifact, prefix: str) -> str:
 
 def zip_stream(artifact: Artifact, prefix: str) -> Iterator[bytes]:
     sink = _Chunks()
-    storage = get_storage()
+    storage = storage_of(artifact)
     with zipfile.ZipFile(sink, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for file in artifact.files.filter(path__startswith=prefix).order_by("path"):
             with storage.open(artifact_file_key(artifact, file)) as src, archive.open(file.path, "w") as dst:

@@ -1,8 +1,20 @@
-"""Writes for stored bytes: code blobs and job artifacts."""
+"""Writes for stored bytes: code blobs and job artifacts.
+
+An artifact is uploaded by its runner in three steps (docs/API.md, "Runner
+endpoints"): ``artifact_begin`` records the manifest and hands out a target
+per file (a PUT URL, or for a large file on S3 a part size: the file goes up
+in parts); ``artifact_upload_targets`` hands out fresh URLs on demand (a URL
+expired, the next batch of parts) and ``artifact_parts_complete`` assembles a
+file from its parts; ``artifact_complete`` checks every file against the
+manifest without reading the bytes back from S3
+(docs/decisions/0025-s3-upload-verification.md).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,12 +24,19 @@ from django.conf import settings
 from django.db import transaction
 
 from backend.accounts.models import User, Workspace
+from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus, Blob
-from backend.artifacts.storage import get_storage
-from backend.core.errors import ApplicationError
+from backend.artifacts.storage import Part, Storage, Target
+from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
 
+# Local storage signs URLs that outlive the whole upload; S3 caps every URL at
+# 15 minutes (settings.TRAINYARD["S3_URL_SECONDS"]) and the runner asks again.
 UPLOAD_URL_SECONDS = 6 * 3600
+MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
+MAX_PARTS = 10_000  # S3's maximum
+MAX_PARTS_PER_CALL = 100
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -29,14 +48,21 @@ class FileIn:
 
 @dataclass(frozen=True)
 class Upload:
+    """How one file goes up: PUT to ``url`` with ``headers``, or (``part_size``
+    > 0) in ``parts`` parts whose URLs come from ``artifact_upload_targets``."""
+
     path: str
     url: str
+    headers: dict[str, str]
+    part_size: int = 0
+    parts: int = 0
 
 
 def blob_create(*, workspace: Workspace, user: User, chunks: Iterator[bytes]) -> Blob:
     """Stream an upload into storage, hashing as it goes; enforce the size cap."""
     blob_id = uuid.uuid4()
-    key = f"workspaces/{workspace.pk}/blobs/{blob_id}"
+    storage = storage_for_new(workspace_id=workspace.pk)
+    key = f"{storage.key_root(workspace.pk)}/blobs/{blob_id}"
     digest = hashlib.sha256()
     limit = settings.TRAINYARD["MAX_BLOB_BYTES"]
     seen = 0
@@ -54,19 +80,31 @@ def blob_create(*, workspace: Workspace, user: User, chunks: Iterator[bytes]) ->
             digest.update(chunk)
             yield chunk
 
-    size = get_storage().write(key, hashed())
+    size = storage.write(key, hashed())
     return Blob.objects.create(
-        id=blob_id, workspace=workspace, size=size, sha256=digest.hexdigest(), storage_key=key, created_by=user
+        id=blob_id,
+        workspace=workspace,
+        size=size,
+        sha256=digest.hexdigest(),
+        storage_key=key,
+        created_by=user,
+        **location_of(storage),
     )
 
 
 def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifact, list[Upload]]:
-    """Record an artifact's manifest and hand out one signed PUT URL per file."""
+    """Record an artifact's manifest in the workspace's storage and say how
+    each file goes up: a signed PUT, or in parts (large files on S3)."""
     for f in files:
         _check_relative(f.path)
-    prefix = f"workspaces/{job.workspace_id}/runs/{job.run_id}/jobs/{job.pk}/artifacts/{uuid.uuid4()}"
+    storage = storage_for_new(workspace_id=job.workspace_id)
+    prefix = f"{storage.key_root(job.workspace_id)}/runs/{job.run_id}/jobs/{job.pk}/artifacts/{uuid.uuid4()}"
+    threshold = settings.TRAINYARD["MULTIPART_THRESHOLD"]
+    part_sizes = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
     with transaction.atomic():
-        # A retried upload (runner reconnected) replaces the unfinished one.
+        # A retried upload (runner reconnected) replaces the unfinished one;
+        # its unfinished multipart uploads are left to the bucket's lifecycle
+        # rule (docs/STORAGE.md).
         Artifact.objects.filter(job=job, path=path).delete()
         artifact = Artifact.objects.create(
             workspace_id=job.workspace_id,
@@ -75,49 +113,118 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
             path=path,
             storage_prefix=prefix,
             total_size=sum(f.size for f in files),
+            **location_of(storage),
         )
         ArtifactFile.objects.bulk_create(
-            ArtifactFile(artifact=artifact, path=f.path, size=f.size, sha256=f.sha256) for f in files
+            ArtifactFile(artifact=artifact, path=f.path, size=f.size, sha256=f.sha256, part_size=part_sizes[f.path])
+            for f in files
         )
-    storage = get_storage()
-    # Files are uploaded one after another: every URL must outlive the whole upload.
-    uploads = [
-        Upload(f.path, storage.signed_url(f"{prefix}/{f.path}", method="PUT", seconds=UPLOAD_URL_SECONDS))
-        for f in files
-    ]
+    uploads = []
+    for f in files:
+        if part_sizes[f.path]:
+            uploads.append(Upload(f.path, "", {}, part_sizes[f.path], math.ceil(f.size / part_sizes[f.path])))
+        else:
+            # Local storage: every URL outlives the whole upload. S3: 15 minutes, then the runner asks again.
+            target = storage.upload_target(f"{prefix}/{f.path}", sha256=f.sha256, seconds=UPLOAD_URL_SECONDS)
+            uploads.append(Upload(f.path, target.url, target.headers))
     return artifact, uploads
+
+
+def artifact_upload_targets(*, artifact: Artifact, path: str, parts: list[tuple[int, str]]) -> list[Target]:
+    """Fresh upload URLs for one file of an unfinished artifact: the whole
+    file (``parts`` empty), or the given (number, sha256) parts of a file
+    uploaded in parts. The first call for a part creates the multipart upload."""
+    file = _unfinished_file(artifact, path)
+    storage = storage_of(artifact)
+    key = artifact_file_key(artifact, file)
+    if not file.part_size:
+        if parts:
+            raise ApplicationError(f"{path} is uploaded whole, not in parts.")
+        return [storage.upload_target(key, sha256=file.sha256, seconds=UPLOAD_URL_SECONDS)]
+    _check_parts(file, [n for n, _ in parts], complete=False)
+    for _, sha in parts:
+        if not _SHA256.match(sha):
+            raise ApplicationError(f"part sha256 {sha!r} of {path} is not 64 lowercase hex digits.")
+    return storage.part_targets(key, upload_id=_upload_id(storage, key, file), parts=parts)
+
+
+def artifact_parts_complete(*, artifact: Artifact, path: str, parts: list[Part]) -> None:
+    """Assemble a file uploaded in parts; every part 1..N must be named once."""
+    file = _unfinished_file(artifact, path)
+    if not file.part_size or not file.upload_id:
+        raise ApplicationError(f"{path} has no upload in parts under way: ask for part URLs first.")
+    ordered = sorted(parts, key=lambda p: p.number)
+    _check_parts(file, [p.number for p in ordered], complete=True)
+    storage_of(artifact).multipart_complete(artifact_file_key(artifact, file), upload_id=file.upload_id, parts=ordered)
+    ArtifactFile.objects.filter(pk=file.pk).update(part_sha256s=[p.sha256 for p in ordered])
 
 
 def artifact_complete(*, artifact: Artifact) -> Artifact:
     """Check that every file arrived whole before the artifact counts."""
-    storage = get_storage()
-    bad = [f.path for f in artifact.files.all() if not _stored_intact(storage, artifact, f)]
-    if bad:
+    storage = storage_of(artifact)
+    problems = {}
+    for f in artifact.files.all():
+        if f.part_size and not f.part_sha256s:
+            problems[f.path] = "its parts were not completed"
+            continue
+        key = artifact_file_key(artifact, f)
+        problem = storage.verify(key, size=f.size, sha256=f.sha256, part_sha256s=f.part_sha256s if f.part_size else [])
+        if problem:
+            problems[f.path] = problem
+    if problems:
+        first, why = next(iter(problems.items()))
         raise ApplicationError(
-            f"{len(bad)} file(s) of {artifact.path} are missing or differ from the manifest: upload them again.",
-            extra={"files": bad[:50]},
+            f"{len(problems)} file(s) of {artifact.path} are missing or differ from the manifest "
+            f"({first}: {why}): upload them again.",
+            extra={"files": list(problems)[:50]},
         )
     Artifact.objects.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE)
     artifact.refresh_from_db()
     return artifact
 
 
+def part_size(size: int) -> int:
+    """The part size for a file of ``size`` bytes: the configured one, larger
+    if the file would need more than S3's 10,000 parts (whole MiB)."""
+    wanted = max(settings.TRAINYARD["MULTIPART_PART_SIZE"], MIN_PART_SIZE, math.ceil(size / MAX_PARTS))
+    return math.ceil(wanted / (1 << 20)) << 20
+
+
 def artifact_file_key(artifact: Artifact, file: ArtifactFile) -> str:
     return f"{artifact.storage_prefix}/{file.path}"
 
 
-def _stored_intact(storage: object, artifact: Artifact, file: ArtifactFile) -> bool:
-    from backend.artifacts.storage import Storage
+def _unfinished_file(artifact: Artifact, path: str) -> ArtifactFile:
+    if artifact.status != ArtifactStatus.UPLOADING:
+        raise ApplicationError(f"{artifact.path} is complete: nothing more to upload.", status_code=409)
+    file = artifact.files.filter(path=path).first()
+    if file is None:
+        raise NotFound(f"{path!r} is not a file of {artifact.path}.")
+    return file
 
-    assert isinstance(storage, Storage)
-    key = artifact_file_key(artifact, file)
-    if storage.size(key) != file.size:
-        return False
-    digest = hashlib.sha256()
-    with storage.open(key) as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest() == file.sha256
+
+def _check_parts(file: ArtifactFile, numbers: list[int], *, complete: bool) -> None:
+    count = math.ceil(file.size / file.part_size)
+    if complete and numbers != list(range(1, count + 1)):
+        raise ApplicationError(f"{file.path} has {count} parts: name each of 1..{count} once, with its ETag.")
+    if not complete and not 0 < len(numbers) <= MAX_PARTS_PER_CALL:
+        raise ApplicationError(f"ask for 1 to {MAX_PARTS_PER_CALL} parts of {file.path} at a time.")
+    if not complete and any(not 1 <= n <= count for n in numbers):
+        raise ApplicationError(f"{file.path} has parts 1..{count} only.")
+
+
+def _upload_id(storage: Storage, key: str, file: ArtifactFile) -> str:
+    """The file's multipart upload, created on first use. A retried first
+    call may create a second one: the row keeps whichever was saved first
+    and the other is aborted."""
+    if file.upload_id:
+        return file.upload_id
+    created = storage.multipart_create(key)
+    if ArtifactFile.objects.filter(pk=file.pk, upload_id="").update(upload_id=created):
+        return created
+    storage.multipart_abort(key, upload_id=created)
+    file.refresh_from_db(fields=["upload_id"])
+    return file.upload_id
 
 
 def _check_relative(path: str) -> None:

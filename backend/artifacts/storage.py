@@ -1,12 +1,17 @@
-"""Object storage behind one small interface: local files now, S3 next.
+"""Object storage behind one small interface: local files (the embedded
+default) or a workspace's own S3 bucket (backend/artifacts/s3.py).
 
 Runners and the CLI never stream bytes through the API's websocket: they get
-short-lived signed URLs from ``signed_url`` (presigned S3 URLs in the S3
-implementation) and PUT or GET the bytes directly.
+short-lived signed URLs (``signed_url``, ``upload_target``, ``part_targets``;
+presigned S3 URLs in the S3 implementation) and PUT or GET the bytes directly.
+The server checks an upload with ``verify`` and reads or writes bytes itself
+(``open``, ``write``) only for code blobs and zip archives.
+Which storage holds an object is recorded on it (backend/artifacts/locations.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,8 +19,10 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
+from uuid import UUID
 
 from django.conf import settings
 from django.core import signing
@@ -31,10 +38,62 @@ _TOKEN_IN_PATH = re.compile(r"(/storage(?:-archive)?/)[\w.:\-]{19,}[\w\-]")
 _QUERY = re.compile(r"(https?://[^\s?#'\"<>]+)\?[^\s#'\"<>]*[^\s#'\"<>:.,;!)]")
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a client sends one object (or one part of it): the URL, the
+    headers it must send with it, and how long the URL lives."""
+
+    url: str
+    headers: dict[str, str]
+    seconds: int
+
+
+@dataclass(frozen=True)
+class Part:
+    number: int  # 1-based
+    etag: str
+    sha256: str  # hex
+
+
 class Storage(ABC):
+    # Where objects of this storage live, as recorded on Blob and Artifact rows.
+    account_id: UUID | None = None
+    bucket: str = ""
+    # Whether files above settings.TRAINYARD["MULTIPART_THRESHOLD"] go up in parts.
+    multipart = False
+
+    @abstractmethod
+    def key_root(self, workspace_id: object) -> str:
+        """The prefix of every key of ``workspace_id``'s objects."""
+
     @abstractmethod
     def signed_url(self, key: str, *, method: Method, seconds: int | None = None, filename: str = "") -> str:
-        """A URL that allows exactly ``method`` on ``key`` until it expires."""
+        """A URL that allows exactly ``method`` on ``key`` until it expires;
+        a GET always downloads (attachment, application/octet-stream)."""
+
+    def upload_target(self, key: str, *, sha256: str, seconds: int) -> Target:
+        """Where one whole file is PUT; the storage may bind the URL to the
+        file's checksum."""
+        return Target(self.signed_url(key, method="PUT", seconds=seconds), {}, seconds)
+
+    def multipart_create(self, key: str) -> str:
+        """Start a multipart upload of ``key``; returns its upload id."""
+        raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
+
+    def part_targets(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> list[Target]:
+        """One PUT target per (part number, part sha256 hex)."""
+        raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
+
+    def multipart_complete(self, key: str, *, upload_id: str, parts: list[Part]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
+
+    def multipart_abort(self, key: str, *, upload_id: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
+
+    @abstractmethod
+    def verify(self, key: str, *, size: int, sha256: str, part_sha256s: list[str]) -> str:
+        """ "" if ``key`` holds the file of the manifest (``size``, ``sha256``;
+        a multipart upload: the sha256 of each part, in order), else what is wrong."""
 
     @abstractmethod
     def write(self, key: str, chunks: Iterator[bytes]) -> int:
@@ -54,6 +113,19 @@ class LocalStorage(Storage):
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    def key_root(self, workspace_id: object) -> str:
+        return f"workspaces/{workspace_id}"
+
+    def verify(self, key: str, *, size: int, sha256: str, part_sha256s: list[str]) -> str:
+        # Our own disk: reading the bytes back is cheap and the surest check.
+        if self.size(key) != size:
+            return "missing or of the wrong size"
+        digest = hashlib.sha256()
+        with self.open(key) as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        return "" if digest.hexdigest() == sha256 else "sha256 differs"
 
     def signed_url(self, key: str, *, method: Method, seconds: int | None = None, filename: str = "") -> str:
         lifetime = seconds or settings.TRAINYARD["SIGNED_URL_SECONDS"]
@@ -112,8 +184,13 @@ def redact_signed_urls(text: str) -> str:
     return _QUERY.sub(r"\1?…", _TOKEN_IN_PATH.sub(r"\1…", text))
 
 
-def get_storage() -> Storage:
+def get_storage() -> LocalStorage:
+    """The installation's own storage: what a workspace without a bucket uses
+    (backend/artifacts/locations.py picks per workspace and per object)."""
     kind = settings.TRAINYARD["STORAGE"]
     if kind == "local":
         return LocalStorage(Path(settings.TRAINYARD["STORAGE_DIR"]))
-    raise RuntimeError(f"TRAINYARD_STORAGE={kind!r} is not supported yet (use 'local').")
+    raise RuntimeError(
+        f"TRAINYARD_STORAGE={kind!r} is not supported (use 'local'; a workspace's own S3 bucket "
+        "comes from its AWS connection, docs/STORAGE.md)."
+    )

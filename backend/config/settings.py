@@ -268,6 +268,9 @@ class TrainyardSettings(TypedDict):
     STORAGE_DIR: Path
     SIGNED_URL_SECONDS: int
     MAX_BLOB_BYTES: int
+    S3_URL_SECONDS: int
+    MULTIPART_THRESHOLD: int
+    MULTIPART_PART_SIZE: int
     HEARTBEAT_SECONDS: float
     HEARTBEAT_TIMEOUT_SECONDS: float
     LEASE_SECONDS: float
@@ -293,11 +296,18 @@ class TrainyardSettings(TypedDict):
 
 TRAINYARD: TrainyardSettings = {
     # Storage for artifacts and code blobs: "local" (files under DATA_DIR) for
-    # the embedded default; "s3" arrives with the AWS backend.
+    # the embedded default. A workspace with an AWS connection whose config
+    # names a bucket stores new objects there instead (docs/STORAGE.md).
     "STORAGE": env_str("TRAINYARD_STORAGE", "local"),
     "STORAGE_DIR": Path(env_str("TRAINYARD_STORAGE_DIR", str(DATA_DIR / "storage"))),
     "SIGNED_URL_SECONDS": env_int("TRAINYARD_SIGNED_URL_SECONDS", 900),
     "MAX_BLOB_BYTES": env_int("TRAINYARD_MAX_BLOB_BYTES", 512 * 1024 * 1024),
+    # S3: presigned URLs live at most this long (capped at 900 s, and below what
+    # is left of a role's credentials); files above the threshold are uploaded
+    # in parts of this size (S3: 5 MiB minimum, 10,000 parts at most).
+    "S3_URL_SECONDS": env_int("TRAINYARD_S3_URL_SECONDS", 900),
+    "MULTIPART_THRESHOLD": env_int("TRAINYARD_MULTIPART_THRESHOLD", 64 * 1024 * 1024),
+    "MULTIPART_PART_SIZE": env_int("TRAINYARD_MULTIPART_PART_SIZE", 64 * 1024 * 1024),
     # Runners
     "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),
     "HEARTBEAT_TIMEOUT_SECONDS": env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 15.0),

@@ -56,6 +56,15 @@ urlpatterns = [
     # The runner for machines that boot from an image (no auth: public code).
     path("runner/wheels/", clouds_views.runner_wheels_index),
     path("runner/wheels/<str:name>", clouds_views.runner_wheel),
+    path(
+        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/urls/",
+        artifacts.RunnerArtifactUploadUrlsView.as_view(),
+    ),
+    path(
+        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/parts/",
+        artifacts.RunnerArtifactPartsView.as_view(),
+    ),
+    path("api/v1/runner/jobs/<uuid:job>/urls/", artifacts.RunnerDownloadUrlView.as_view()),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

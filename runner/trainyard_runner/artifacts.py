@@ -1,6 +1,13 @@
 """Uploading a job's artifacts through the REST API (docs/API.md, "Runner
 endpoints"): register the manifest, PUT each file to its url, complete.
 
+A large file on S3 goes up in parts: the runner hashes a batch of parts,
+asks the server for their presigned URLs, PUTs each part and keeps its ETag,
+and finally tells the server the parts (it assembles the file). Signed URLs
+are short-lived (S3: 15 minutes at most, and they die with the credentials
+that signed them): a URL refused with 403, or about to expire, is replaced
+by a fresh one from the server, and only that file or part is sent again.
+
 Blocking (urllib); the job calls ``upload_artifacts`` in a thread.
 """
 
@@ -15,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urljoin
 
 from .http import HttpError, post_json, put_file, same_origin
@@ -28,11 +35,31 @@ log = logging.getLogger(__name__)
 # doubles from 1 s up to RETRY_PAUSE_MAX.
 RETRY_FOR = 600.0
 RETRY_PAUSE_MAX = 10.0
+# Fresh URLs asked for one file or part in a row (each refused with 403)
+# before the upload fails: a 403 on a fresh URL is not an expiry.
+MAX_FRESH_URLS = 3
+URL_MARGIN = 30.0  # a URL with less than this left is replaced before use
+PART_BATCH = 16  # parts hashed and signed per request
 T = TypeVar("T")
 
 
 class ArtifactError(Exception):
     """An artifact could not be uploaded; the message says which and why."""
+
+
+class _Expired(Exception):
+    """A signed URL was refused (403): ask the server for a fresh one."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    url: str
+    headers: dict[str, str]
+    expires_at: float | None = None  # time.monotonic(); None: unknown
+
+    @property
+    def stale(self) -> bool:
+        return self.expires_at is not None and time.monotonic() > self.expires_at - URL_MARGIN
 
 
 @dataclass(frozen=True)
@@ -80,28 +107,115 @@ def _upload_one(path: str, root: Path, *, job: str, attempt: int, api_url: str, 
     body = {"path": path, "files": [e.__dict__ for e in files]}
     query = f"?attempt={attempt}"
     created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/artifacts/{query}", body, token=token))
+    server = _Server(f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/", query, api_url, token)
     by_path = {e.path: e for e in files}
     for upload in created["uploads"]:
-        url = urljoin(api_url + "/", upload["url"])
-        # The token goes only to our own server, never to object storage.
-        headers = {"Authorization": f"Bearer {token}"} if same_origin(url, api_url) else {}
         if upload["path"] not in by_path:
             raise ArtifactError(f"server asked for an unknown file {upload['path']!r} of {path}")
         local = root if root.is_file() else root / upload["path"]
-        _retry(partial(put_file, url, local, headers=headers, timeout=_put_timeout(local)))
-    complete = f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/complete/{query}"
-    _retry(lambda: post_json(complete, {}, token=token))
+        if upload.get("part_size"):
+            _put_parts(server, upload["path"], local, part_size=int(upload["part_size"]), count=int(upload["parts"]))
+        else:
+            first = _Target(server.absolute(upload["url"]), dict(upload.get("headers") or {}))
+            _put_whole(server, upload["path"], local, first)
+    _retry(lambda: post_json(f"{server.base}complete/{query}", {}, token=token))
     log.info("uploaded artifact %s (%d files)", path, len(files))
 
 
-def _retry(call: Callable[[], T]) -> T:
+class _Server:
+    """The artifact's endpoints on the server."""
+
+    def __init__(self, base: str, query: str, api_url: str, token: str) -> None:
+        self.base, self.query, self.api_url, self.token = base, query, api_url, token
+
+    def absolute(self, url: str) -> str:
+        return urljoin(self.api_url + "/", url)
+
+    def headers(self, target: _Target) -> dict[str, str]:
+        # The token goes only to our own server, never to object storage.
+        own = same_origin(target.url, self.api_url)
+        return {**target.headers, **({"Authorization": f"Bearer {self.token}"} if own else {})}
+
+    def targets(self, path: str, parts: list[tuple[int, str]]) -> list[_Target]:
+        """Fresh URLs for the whole file (``parts`` empty) or for these (number, sha256) parts."""
+        body: dict[str, Any] = {"path": path}
+        if parts:
+            body["parts"] = [{"number": n, "sha256": sha} for n, sha in parts]
+        answer = _retry(lambda: post_json(f"{self.base}urls/{self.query}", body, token=self.token))
+        now = time.monotonic()
+        return [
+            _Target(self.absolute(t["url"]), dict(t.get("headers") or {}), now + float(t["seconds"]))
+            for t in answer["targets"]
+        ]
+
+    def parts_done(self, path: str, parts: list[tuple[int, str, str]]) -> None:
+        body = {"path": path, "parts": [{"number": n, "etag": e, "sha256": sha} for n, e, sha in parts]}
+        _retry(lambda: post_json(f"{self.base}parts/{self.query}", body, token=self.token))
+
+
+def _put_whole(server: _Server, path: str, local: Path, first: _Target) -> None:
+    def put(target: _Target) -> str:
+        return put_file(target.url, local, headers=server.headers(target), timeout=_put_timeout(local))
+
+    def fresh() -> _Target:
+        return server.targets(path, [])[0]
+
+    _signed(put, first, fresh)
+
+
+def _put_parts(server: _Server, path: str, local: Path, *, part_size: int, count: int) -> None:
+    """Upload ``local`` in ``count`` parts of ``part_size`` bytes, a batch of
+    URLs at a time; a refused part gets a fresh URL and is sent again alone."""
+    size = local.stat().st_size
+    done: list[tuple[int, str, str]] = []
+    for start in range(1, count + 1, PART_BATCH):
+        numbers = range(start, min(start + PART_BATCH, count + 1))
+        spans = {n: ((n - 1) * part_size, min(part_size, size - (n - 1) * part_size)) for n in numbers}
+        shas = {n: _sha256_of(local, *spans[n]) for n in numbers}
+        targets = dict(zip(numbers, server.targets(path, [(n, shas[n]) for n in numbers]), strict=True))
+        for n in numbers:
+            offset, length = spans[n]
+
+            def put(t: _Target, offset: int = offset, length: int = length) -> str:
+                timeout = 30.0 + length / (10 << 20)
+                return put_file(t.url, local, headers=server.headers(t), timeout=timeout, offset=offset, length=length)
+
+            etag = _signed(put, targets[n], partial(_fresh_part, server, path, n, shas[n]))
+            done.append((n, etag, shas[n]))
+    server.parts_done(path, done)
+
+
+def _fresh_part(server: _Server, path: str, number: int, sha256: str) -> _Target:
+    return server.targets(path, [(number, sha256)])[0]
+
+
+def _signed(call: Callable[[_Target], T], target: _Target, fresh: Callable[[], _Target]) -> T:
+    """``call`` with ``target``; a URL about to expire, or refused with 403,
+    is replaced by ``fresh()`` (at most MAX_FRESH_URLS times in a row)."""
+    for asked in range(MAX_FRESH_URLS + 1):
+        if target.stale:
+            target = fresh()
+        try:
+            return _retry(partial(call, target), expired_ok=True)
+        except _Expired as e:
+            if asked == MAX_FRESH_URLS:
+                raise ArtifactError(f"artifact upload failed: {e}") from None
+            log.info("artifact upload: the signed URL was refused (expired?); asking for a fresh one")
+            target = fresh()
+    raise AssertionError("unreachable")
+
+
+def _retry(call: Callable[[], T], *, expired_ok: bool = False) -> T:
     """Run ``call``; retry network errors and 5xx with backoff for
-    ``RETRY_FOR`` seconds after the first failure, give up on 4xx at once."""
+    ``RETRY_FOR`` seconds after the first failure, give up on 4xx at once
+    (a 403 raises ``_Expired`` if ``expired_ok``)."""
     deadline, pause = None, 1.0
     while True:
         try:
             return call()
         except (HttpError, OSError, http.client.HTTPException) as e:
+            if expired_ok and isinstance(e, HttpError) and e.status == 403:
+                raise _Expired(str(e)) from None
             deadline = deadline or time.monotonic() + RETRY_FOR
             recoverable = not isinstance(e, HttpError) or e.recoverable
             if not recoverable or time.monotonic() + pause > deadline:
@@ -109,6 +223,16 @@ def _retry(call: Callable[[], T]) -> T:
             log.warning("artifact upload: %s (retrying in %.0fs)", e, pause)
             time.sleep(pause)
             pause = min(pause * 2, RETRY_PAUSE_MAX)
+
+
+def _sha256_of(path: Path, offset: int, length: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        f.seek(offset)
+        while length > 0 and (block := f.read(min(1 << 20, length))):
+            digest.update(block)
+            length -= len(block)
+    return digest.hexdigest()
 
 
 def _put_timeout(path: Path) -> float:

@@ -3,7 +3,8 @@
 git: a bare mirror per repository URL is kept under ``<work-dir>/git-cache``
 and fetched only when the commit is missing; the working copy is a
 ``--shared`` clone of the mirror (no object copies), so a warm runner checks
-out in milliseconds. archive: a tar.gz downloaded and extracted safely.
+out in milliseconds. archive: a tar.gz downloaded and extracted safely. A
+download link refused with 403 (expired) is replaced by a fresh one.
 Every failure raises ``CodeError`` with a reason fit for the job's state.
 
 A private repository's credential (``CodeSpec.credential``) reaches git only
@@ -24,7 +25,7 @@ import os
 import shlex
 import shutil
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
@@ -34,6 +35,9 @@ from .protocol import CodeSpec, GitCredential
 
 GIT_TIMEOUT = 600.0  # a first clone of a large repository can take minutes
 LOCAL_GIT_TIMEOUT = 60.0
+MAX_FRESH_URLS = 3
+# "archive" or "patch" -> a fresh signed URL for it (blocking).
+FreshUrl = Callable[[str], str]
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
 # The username sent with a token when the credential names none (GitHub's
 # convention; GitLab and most others accept any name with a token).
@@ -57,12 +61,15 @@ class CodeError(Exception):
     """The code could not be prepared; the message says what failed."""
 
 
-async def prepare_code(code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: Path) -> None:
-    """Fill the (not yet existing) directory ``work`` with the job's code."""
+async def prepare_code(
+    code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: Path, fresh_url: FreshUrl | None = None
+) -> None:
+    """Fill the (not yet existing) directory ``work`` with the job's code;
+    ``fresh_url`` replaces a download link refused with 403."""
     if code.kind == "git":
-        await _prepare_git(code, work=work, cache_dir=cache_dir, tmp_dir=tmp_dir)
+        await _prepare_git(code, work=work, cache_dir=cache_dir, tmp_dir=tmp_dir, fresh_url=fresh_url)
     else:
-        await _prepare_archive(code, work=work, tmp_dir=tmp_dir)
+        await _prepare_archive(code, work=work, tmp_dir=tmp_dir, fresh_url=fresh_url)
 
 
 def mirror_path(cache_dir: Path, repo_url: str) -> Path:
@@ -86,7 +93,9 @@ def safe_extract(archive: Path, dest: Path) -> None:
 # ---------------------------------------------------------------- git
 
 
-async def _prepare_git(code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: Path) -> None:
+async def _prepare_git(
+    code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: Path, fresh_url: FreshUrl | None = None
+) -> None:
     """1. make the mirror if there is none, 2. shared clone of it, 3. checkout
     the commit, fetching the mirror first if it lacks the commit, 4. apply
     the patch if there is one. The warm path is two quick local git calls."""
@@ -105,7 +114,7 @@ async def _prepare_git(code: CodeSpec, *, work: Path, cache_dir: Path, tmp_dir: 
             await _git(*checkout, what=f"checkout {code.commit}")
     if code.patch_url:
         patch = tmp_dir / "code.patch"
-        await _download(code.patch_url, patch, what="patch")
+        await _download(code.patch_url, patch, what="patch", fresh_url=fresh_url)
         if patch.stat().st_size:
             await _git("-C", str(work), "apply", "--binary", str(patch), what="git apply of the patch")
 
@@ -249,11 +258,11 @@ def _refused(url: str, auth: _Auth, err: str) -> str:
 # ---------------------------------------------------------------- archive
 
 
-async def _prepare_archive(code: CodeSpec, *, work: Path, tmp_dir: Path) -> None:
+async def _prepare_archive(code: CodeSpec, *, work: Path, tmp_dir: Path, fresh_url: FreshUrl | None = None) -> None:
     if not code.archive_url:
         raise CodeError("archive code needs archive_url")
     archive = tmp_dir / "code.tar.gz"
-    await _download(code.archive_url, archive, what="archive")
+    await _download(code.archive_url, archive, what="archive", fresh_url=fresh_url)
     work.mkdir(parents=True)
     try:
         await asyncio.to_thread(safe_extract, archive, work)
@@ -261,11 +270,20 @@ async def _prepare_archive(code: CodeSpec, *, work: Path, tmp_dir: Path) -> None
         raise CodeError(f"archive could not be extracted: {e}") from e
 
 
-async def _download(url: str, dest: Path, *, what: str) -> None:
-    try:
-        await asyncio.to_thread(download, url, dest)
-    except (HttpError, OSError) as e:
-        raise CodeError(f"download of the {what} failed: {e}") from e
+async def _download(url: str, dest: Path, *, what: str, fresh_url: FreshUrl | None = None) -> None:
+    for asked in range(MAX_FRESH_URLS + 1):
+        try:
+            await asyncio.to_thread(download, url, dest)
+            return
+        except HttpError as e:
+            if e.status != 403 or fresh_url is None or asked == MAX_FRESH_URLS:
+                raise CodeError(f"download of the {what} failed: {e}") from e
+        except OSError as e:
+            raise CodeError(f"download of the {what} failed: {e}") from e
+        try:
+            url = await asyncio.to_thread(fresh_url, what)
+        except (HttpError, OSError) as e:
+            raise CodeError(f"download of the {what} failed: the link expired and no fresh one came: {e}") from e
 
 
 async def _rmtree(path: Path) -> None:

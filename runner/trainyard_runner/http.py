@@ -63,18 +63,38 @@ def post_json(url: str, body: dict[str, Any], *, token: str, timeout: float = TI
     return json.loads(raw) if raw else None
 
 
-def put_file(url: str, path: Path, *, headers: dict[str, str], timeout: float = TIMEOUT) -> None:
-    """PUT the bytes of ``path`` to ``url``, streamed from the file."""
-    size = path.stat().st_size
+def put_file(
+    url: str, path: Path, *, headers: dict[str, str], timeout: float = TIMEOUT, offset: int = 0, length: int = -1
+) -> str:
+    """PUT the bytes of ``path`` (or ``length`` bytes from ``offset``: one
+    part of a multipart upload) to ``url``, streamed from the file; returns
+    the answer's ETag ("" if none)."""
+    size = path.stat().st_size - offset if length < 0 else length
     with path.open("rb") as f:
+        f.seek(offset)
         req = urllib.request.Request(
             url,
-            data=f if size else b"",
+            data=_Slice(f, size) if size else b"",
             method="PUT",
             headers={**headers, "Content-Length": str(size), "Content-Type": "application/octet-stream"},
         )
         with _open(req, timeout, signed=True) as resp:
             resp.read()
+            return str(resp.headers.get("ETag") or "")
+
+
+class _Slice:
+    """At most ``left`` bytes of an open file, read by http.client in blocks."""
+
+    def __init__(self, f: Any, left: int) -> None:
+        self._f = f
+        self._left = left
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = bytes(self._f.read(n))
+        self._left -= len(data)
+        return data
 
 
 def same_origin(a: str, b: str) -> bool:

@@ -4,7 +4,9 @@ Every file goes to ``<work>/<input.path>/<file.path>``, streamed from its
 signed url to ``<name>.partial`` while its sha256 is computed, checked against
 the expected size and digest, then renamed into place. Network errors, 5xx
 and 429 are retried (an interrupted download resumes with a ``Range`` request
-when the server supports it); anything else fails the job with a reason that
+when the server supports it); a URL refused with 403 (signed URLs expire: S3's
+after 15 minutes at most) is replaced by a fresh one from the server and the
+download resumes where it was; anything else fails the job with a reason that
 names the file: ``could not fetch input ./base_model/weights.json: sha256 mismatch``.
 
 Blocking (urllib); ``fetch_inputs`` runs the downloads in a thread.
@@ -33,6 +35,7 @@ from .protocol import InputArtifact, InputFile
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # failed attempts in a row before giving up (as for artifact uploads)
+MAX_FRESH_URLS = 3  # fresh URLs asked for one file, each refused with 403, before giving up
 TIMEOUT = 30.0  # per socket operation
 CHUNK = 1 << 20
 PROGRESS_EVERY = 10.0  # seconds between progress reports while fetching
@@ -51,11 +54,16 @@ class _Stopped(Exception):
     """The job was cancelled while fetching."""
 
 
+# (InputArtifact.path, InputFile.path) -> a fresh signed URL for that file.
+FreshUrl = Callable[[str, str], str]
+
+
 @dataclass(frozen=True)
 class PlannedFile:
     label: str  # "./base_model/weights.json", for messages
     dest: Path
     file: InputFile
+    artifact: str = ""  # InputArtifact.path
 
 
 def plan(inputs: list[InputArtifact], work: Path) -> list[PlannedFile]:
@@ -69,7 +77,7 @@ def plan(inputs: list[InputArtifact], work: Path) -> list[PlannedFile]:
             dest = (work / artifact.path / f.path).resolve()
             if not f.path or dest == root or not dest.is_relative_to(root):
                 raise InputError(f"could not fetch input {label}: the path is outside the working directory")
-            planned.append(PlannedFile(label, dest, f))
+            planned.append(PlannedFile(label, dest, f, artifact.path))
     return planned
 
 
@@ -80,10 +88,15 @@ def describe(planned: list[PlannedFile]) -> str:
 
 
 async def fetch_inputs(
-    inputs: list[InputArtifact], work: Path, *, report: Callable[[str], Awaitable[None]] | None = None
+    inputs: list[InputArtifact],
+    work: Path,
+    *,
+    report: Callable[[str], Awaitable[None]] | None = None,
+    fresh_url: FreshUrl | None = None,
 ) -> None:
     """Fetch every input file into ``work``; raises ``InputError``. ``report``
-    gets the progress reason at the start and every ``PROGRESS_EVERY`` seconds.
+    gets the progress reason at the start and every ``PROGRESS_EVERY`` seconds;
+    ``fresh_url`` (blocking) replaces a URL refused with 403.
     Cancelling stops the download thread at its next chunk."""
     planned = plan(inputs, work)
     if not planned:
@@ -94,7 +107,7 @@ async def fetch_inputs(
         await report(reason)
     progress = _Progress()
     started = time.monotonic()
-    fut = _in_daemon_thread(fetch_all, planned, progress)
+    fut = _in_daemon_thread(fetch_all, planned, progress, fresh_url)
     try:
         while True:
             done, _ = await asyncio.wait({fut}, timeout=PROGRESS_EVERY)
@@ -143,17 +156,25 @@ class _Progress:
         self.stop = threading.Event()
 
 
-def fetch_all(planned: list[PlannedFile], progress: _Progress) -> None:
+def fetch_all(planned: list[PlannedFile], progress: _Progress, fresh_url: FreshUrl | None = None) -> None:
     for p in planned:
+        fresh = None if fresh_url is None else (lambda p=p: fresh_url(p.artifact, p.file.path))
         try:
-            fetch_file(p.file, p.dest, progress=progress, stop=progress.stop)
+            fetch_file(p.file, p.dest, progress=progress, stop=progress.stop, fresh=fresh)
         except _Stopped:
             return
         except InputError as e:
             raise InputError(f"could not fetch input {p.label}: {e}") from e
 
 
-def fetch_file(f: InputFile, dest: Path, *, progress: _Progress, stop: threading.Event) -> None:
+def fetch_file(
+    f: InputFile,
+    dest: Path,
+    *,
+    progress: _Progress,
+    stop: threading.Event,
+    fresh: Callable[[], str] | None = None,
+) -> None:
     """Download one file to ``dest`` (atomically) and verify it. Raises
     ``InputError`` with a reason that does not name the file."""
     part = dest.with_name(dest.name + ".partial")
@@ -162,7 +183,7 @@ def fetch_file(f: InputFile, dest: Path, *, progress: _Progress, stop: threading
         out = part.open("wb")
     except OSError as e:
         raise InputError(f"cannot write {dest.name}: {e.strerror or e}") from e
-    state = _Download(out, progress)
+    state = _Download(out, progress, f.url, fresh)
     try:
         with out:
             failures, best = 0, 0
@@ -190,11 +211,29 @@ def fetch_file(f: InputFile, dest: Path, *, progress: _Progress, stop: threading
 class _Download:
     """The partial file and its running digest, kept across attempts."""
 
-    def __init__(self, out: BinaryIO, progress: _Progress) -> None:
+    def __init__(self, out: BinaryIO, progress: _Progress, url: str, fresh: Callable[[], str] | None) -> None:
         self.out = out
         self.progress = progress
         self.digest = hashlib.sha256()
         self.have = 0
+        self.url = url
+        self.fresh = fresh
+        self.fresh_asked = 0  # in a row, without a byte in between
+
+    def renew_url(self, refused: HttpError) -> None:
+        """Replace a URL the storage refused (403); raises ``_Retry`` to try it,
+        ``InputError`` when there is no way to get one or too many were refused."""
+        if self.fresh is None or self.fresh_asked >= MAX_FRESH_URLS:
+            raise InputError(str(refused))
+        self.fresh_asked += 1
+        try:
+            self.url = self.fresh()
+        except HttpError as e:
+            if e.recoverable:
+                raise _Retry(f"asking for a fresh link: {e}") from e
+            raise InputError(f"asking for a fresh link: {e}") from e
+        log.info("input download: the link was refused (expired?); got a fresh one")
+        raise _Retry("the link expired") from None
 
     def restart(self) -> None:
         self.out.seek(0)
@@ -211,6 +250,7 @@ class _Download:
         self.digest.update(chunk)
         self.have += len(chunk)
         self.progress.bytes += len(chunk)
+        self.fresh_asked = 0
 
 
 def _get(f: InputFile, state: _Download, stop: threading.Event) -> None:
@@ -218,10 +258,12 @@ def _get(f: InputFile, state: _Download, stop: threading.Event) -> None:
     5xx, 429 and a body that ended early."""
     headers = {"Range": f"bytes={state.have}-"} if 0 < state.have < f.size else {}
     try:
-        resp = open_get(f.url, headers=headers, timeout=TIMEOUT)
+        resp = open_get(state.url, headers=headers, timeout=TIMEOUT)
     except HttpError as e:
         if e.recoverable:
             raise _Retry(str(e)) from e
+        if e.status == 403:
+            state.renew_url(e)
         if e.status == 416 and state.have:  # the range is no longer valid: start over
             state.restart()
             raise _Retry(str(e)) from e

@@ -21,6 +21,7 @@ from . import docker
 from .artifacts import ArtifactError, upload_artifacts
 from .code import CodeError, prepare_code
 from .docker import DockerError
+from .http import post_json
 from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
 from .process import Execution, job_env, script
@@ -162,10 +163,29 @@ class Job:
         tmp = self.dir / "tmp"
         tmp.mkdir()
         work = self.dir / "work"
-        await prepare_code(self.spec.code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp)
+        await prepare_code(
+            self.spec.code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp, fresh_url=self._fresh_code_url
+        )
         log.debug("job %s: code ready in %.0f ms", self.id, (time.monotonic() - started) * 1000)
         if self.spec.inputs:
-            await fetch_inputs(self.spec.inputs, work, report=lambda reason: self._state("preparing", reason))
+            await fetch_inputs(
+                self.spec.inputs,
+                work,
+                report=lambda reason: self._state("preparing", reason),
+                fresh_url=self._fresh_input_url,
+            )
+
+    def _fresh_code_url(self, what: str) -> str:
+        return self._fresh_url({"code": what})
+
+    def _fresh_input_url(self, artifact: str, path: str) -> str:
+        return self._fresh_url({"input": artifact, "file": path})
+
+    def _fresh_url(self, body: dict[str, str]) -> str:
+        """A fresh signed URL for something AssignJob named (blocking: called
+        from the download threads)."""
+        url = f"{self.spec.api_url.rstrip('/')}/runner/jobs/{self.id}/urls/?attempt={self.attempt}"
+        return str(post_json(url, body, token=self._token)["url"])
 
     async def _execute(self) -> int:
         if not self._confirmed.is_set():

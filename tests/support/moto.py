@@ -184,3 +184,23 @@ def aws(moto_server: MotoServer) -> Iterator[MotoServer]:
     finally:
         moto_server.deactivate()
         forget_sessions()
+
+
+def s3_account(workspace: Any, *, bucket: str = "ty-artifacts", name: str = "aws") -> Any:
+    """A connected AWS account of ``workspace`` whose config names ``bucket``
+    (created in moto), with moto's access keys encrypted as the connect flow
+    stores them. Needs the ``aws`` fixture."""
+    import boto3
+
+    from backend.clouds.models import BackendKind, CloudAccount
+    from backend.vault.crypto import encrypt
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
+    credentials = {"access_key_id": "testing", "secret_access_key": "testing"}
+    return CloudAccount.objects.create(
+        workspace=workspace,
+        kind=BackendKind.AWS,
+        name=name,
+        config={"bucket": bucket, "regions": ["us-east-1"]},
+        credentials_ciphertext=encrypt(json.dumps(credentials)),
+    )

@@ -21,13 +21,15 @@ from django.db.models import Q
 from django.utils import timezone
 from trainyard_runner import protocol
 
+from backend.artifacts.locations import storage_of
+from backend.artifacts.models import Artifact, ArtifactFile, Blob
 from backend.artifacts.services import artifact_file_key
-from backend.artifacts.storage import get_storage
 from backend.clouds.backends.base import Requirements
 from backend.clouds.models import BackendKind, Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, offers_rank, pool_room
+from backend.core.errors import NotFound
 from backend.runs.events import send_to_channel
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.reasons import TerminationReason
@@ -404,19 +406,11 @@ def _master_env(job: Job) -> dict[str, str]:
 
 
 def _inputs(job: Job) -> list[protocol.InputArtifact]:
-    storage = get_storage()
     return [
         protocol.InputArtifact(
             path=i.artifact.path,
             files=[
-                protocol.InputFile(
-                    path=f.path,
-                    size=f.size,
-                    sha256=f.sha256,
-                    url=storage.signed_url(
-                        artifact_file_key(i.artifact, f), method="GET", seconds=DOWNLOAD_URL_SECONDS
-                    ),
-                )
+                protocol.InputFile(path=f.path, size=f.size, sha256=f.sha256, url=_input_url(i.artifact, f))
                 for f in i.artifact.files.all()
             ],
         )
@@ -425,16 +419,10 @@ def _inputs(job: Job) -> list[protocol.InputArtifact]:
 
 
 def _code_spec(run: Run) -> protocol.CodeSpec:
-    storage = get_storage()
     if run.code_kind == "archive":
         assert run.archive_blob is not None
-        url = storage.signed_url(run.archive_blob.storage_key, method="GET", seconds=DOWNLOAD_URL_SECONDS)
-        return protocol.CodeSpec(kind="archive", archive_url=url)
-    patch_url = (
-        storage.signed_url(run.patch_blob.storage_key, method="GET", seconds=DOWNLOAD_URL_SECONDS)
-        if run.patch_blob
-        else ""
-    )
+        return protocol.CodeSpec(kind="archive", archive_url=_blob_url(run.archive_blob))
+    patch_url = _blob_url(run.patch_blob) if run.patch_blob else ""
     found = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
     credential = (
         protocol.GitCredential(kind=found.kind, username=found.username, secret=found.secret)  # type: ignore[arg-type]
@@ -444,3 +432,32 @@ def _code_spec(run: Run) -> protocol.CodeSpec:
     return protocol.CodeSpec(
         kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url, credential=credential
     )
+
+
+def job_download_url(*, job: Job, code: str = "", input_path: str = "", file_path: str = "") -> str:
+    """A fresh URL for something the job's AssignJob names: its code
+    (``code`` "archive" or "patch") or an input file (``input_path`` as in
+    ``InputArtifact.path``, ``file_path`` as in ``InputFile.path``). The
+    runner asks when a URL has expired (S3 URLs live 15 minutes)."""
+    run = job.run
+    if code:
+        blob = {"archive": run.archive_blob, "patch": run.patch_blob}.get(code)
+        if blob is None:
+            raise NotFound(f"This job has no {code!r} to download.")
+        return _blob_url(blob)
+    for i in job_inputs(job):
+        if i.artifact.path == input_path:
+            file = i.artifact.files.filter(path=file_path).first()
+            if file is not None:
+                return _input_url(i.artifact, file)
+    raise NotFound(f"Input {input_path}/{file_path} is not an input of this job.")
+
+
+def _input_url(artifact: Artifact, file: ArtifactFile) -> str:
+    return storage_of(artifact).signed_url(
+        artifact_file_key(artifact, file), method="GET", seconds=DOWNLOAD_URL_SECONDS
+    )
+
+
+def _blob_url(blob: Blob) -> str:
+    return storage_of(blob).signed_url(blob.storage_key, method="GET", seconds=DOWNLOAD_URL_SECONDS)
