@@ -280,6 +280,7 @@ class TrainyardSettings(TypedDict):
     TEST_DROP_ACCEPTANCES: str
     LEAK_SWEEP_SECONDS: float
     SECRET_KEYS: list[str]
+    AWS_PRINCIPAL_ARN: str
 
 
 TRAINYARD: TrainyardSettings = {
@@ -317,6 +318,9 @@ TRAINYARD: TrainyardSettings = {
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
+    # The server's own AWS identity (role or user ARN): the principal a
+    # workspace's role trusts (GET .../backends/aws/setup; README "Connecting AWS").
+    "AWS_PRINCIPAL_ARN": env_str("TRAINYARD_AWS_PRINCIPAL_ARN", ""),
 }
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(
