@@ -158,7 +158,8 @@ def backend_remove(*, account: CloudAccount) -> None:
     so that a launch cannot slip in between the check and the delete."""
     if account.kind == BackendKind.LOCAL and account.name == LOCAL_ACCOUNT_NAME:
         raise ApplicationError(
-            "The local backend belongs to the server: it cannot be removed (TRAINYARD_LOCAL_BACKEND=false turns it off)."
+            "The local backend belongs to the server: it cannot be removed "
+            "(TRAINYARD_LOCAL_BACKEND=false turns it off)."
         )
     with transaction.atomic():
         CloudAccount.objects.select_for_update().filter(pk=account.pk).first()
