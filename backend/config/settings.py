@@ -204,7 +204,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {"Role": "backend.accounts.models.Role"},
+    "ENUM_NAME_OVERRIDES": {
+        "Role": "backend.accounts.models.Role",
+        "BackendEnum": "backend.clouds.models.BackendKind",
+        "KindEnum": [("git", "git"), ("archive", "archive")],
+        "ConnectableKindEnum": [("aws", "aws")],
+    },
 }
 
 LOGGING = {

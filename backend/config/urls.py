@@ -40,6 +40,11 @@ urlpatterns = [
     path(f"{ws}/artifacts/<uuid:artifact>/archive/", artifacts.ArtifactArchiveView.as_view()),
     path(f"{ws}/repos/", repos.RepoListView.as_view()),
     path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
+    path(f"{ws}/backends/", clouds.BackendListView.as_view()),
+    path(f"{ws}/backends/aws/setup/", clouds.AwsSetupView.as_view()),
+    path(f"{ws}/backends/<str:name>/", clouds.BackendDetailView.as_view()),
+    path(f"{ws}/backends/<str:name>/validate/", clouds.BackendValidateView.as_view()),
+    path(f"{ws}/offers/", clouds.OfferListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path(
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
