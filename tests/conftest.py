@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.github import GithubServer
-from tests.support.moto import aws, moto_server  # noqa: F401 - fixtures for the AWS tests
+from tests.support.moto import MotoServer, aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported
 
 MISSING_SERVICES_MESSAGE = (
@@ -43,8 +43,11 @@ def stack_github() -> Iterator[GithubServer]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) -> Iterator[Stack]:
-    """Web, Celery worker and beat on a fresh database; shared by the whole session."""
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer, moto_server: MotoServer
+) -> Iterator[Stack]:
+    """Web, Celery worker and beat on a fresh database; shared by the whole session.
+    Its boto3 talks to the session's moto server (tests reset it with the ``aws`` fixture)."""
     running = Stack(
         database_url=os.environ["DATABASE_URL"],
         redis_url=os.environ["REDIS_URL"],
@@ -71,6 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) 
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
     )
+    running.env.update(moto_server.env)
     reported("stack", running)
     try:
         running.start_all()
