@@ -44,7 +44,7 @@ def stack_github() -> Iterator[GithubServer]:
 
 @pytest.fixture(scope="session")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer, moto_server: MotoServer
+    tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer, request: pytest.FixtureRequest
 ) -> Iterator[Stack]:
     """Web, Celery worker and beat on a fresh database; shared by the whole session.
     Its boto3 talks to the session's moto server (tests reset it with the ``aws`` fixture)."""
@@ -74,7 +74,8 @@ def stack(
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
     )
-    running.env.update(moto_server.env)
+    moto: MotoServer = request.getfixturevalue("moto_server")
+    running.env.update(moto.env)
     reported("stack", running)
     try:
         running.start_all()

@@ -32,7 +32,7 @@ class CurrentJobOut(serializers.Serializer[Any]):
 
 
 class InstanceOut(serializers.ModelSerializer[Instance]):
-    account = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    account = serializers.SerializerMethodField()
     price_per_hour = serializers.FloatField()
     current_job = serializers.SerializerMethodField()
     uptime_seconds = serializers.SerializerMethodField()
@@ -68,6 +68,10 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
     def get_current_job(self, instance: Instance) -> dict[str, Any] | None:
         job = self.context["current"].get(instance.pk)
         return {"run": job.run.name, "job": str(job.pk), "job_name": job.name} if job else None
+
+    def get_account(self, instance: Instance) -> str | None:
+        """The name of the backend (cloud account) it runs in."""
+        return instance.account.name if instance.account else None
 
     def get_uptime_seconds(self, instance: Instance) -> float:
         end = instance.terminated_at or timezone.now()
@@ -229,7 +233,7 @@ class BackendValidateView(WorkspaceAPIView):
 
 
 def _account(workspace: Any, name: str) -> CloudAccount:
-    account = CloudAccount.objects.for_workspace(workspace).filter(name=name).first()
+    account: CloudAccount | None = CloudAccount.objects.for_workspace(workspace).filter(name=name).first()
     if account is None:
         raise NotFound(f"Backend {name!r} not found.")
     return account

@@ -67,8 +67,6 @@ def offer_requirements(
     name, _, count = gpu.strip().partition(":")
     if count and not count.isdigit():
         raise ApplicationError(f"gpu {gpu!r}: write a name and an optional count, e.g. A10G or A10G:2")
-    if spot_policy not in SPOT_POLICIES:
-        raise ApplicationError(f"spot_policy {spot_policy!r}: one of {', '.join(SPOT_POLICIES)}")
     if cpu and not cpu.strip().isdigit():
         raise ApplicationError(f"cpu {cpu!r}: a whole number of CPUs, e.g. 8")
     return Requirements(
@@ -76,7 +74,7 @@ def offer_requirements(
         memory_bytes=_size("memory", memory) if memory else None,
         gpu_name=name,
         gpu_count=int(count) if count else (1 if name else 0),
-        spot_policy=spot_policy,  # type: ignore[arg-type]  # checked against SPOT_POLICIES above
+        spot_policy=_policy(spot_policy),
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
     )
 
@@ -98,6 +96,13 @@ def pool_room(*, kind: str) -> int | None:
         return None
     live = Instance.objects.filter(backend=BackendKind.LOCAL, status__in=LIVE_STATUSES).count()
     return max(0, int(settings.TRAINYARD["LOCAL_RUNNERS_MAX"]) - live)
+
+
+def _policy(value: str) -> SpotPolicy:
+    for policy in SPOT_POLICIES:
+        if value == policy:
+            return policy
+    raise ApplicationError(f"spot_policy {value!r}: one of {', '.join(SPOT_POLICIES)}")
 
 
 def _size(what: str, value: str) -> int:
