@@ -9,6 +9,8 @@ import { RunPage } from "./pages/RunDetail";
 import { TagsPage } from "./pages/Tags";
 import { ReposPage } from "./pages/Repos";
 import { InstancesPage } from "./pages/Instances";
+import { BackendsPage } from "./pages/Backends";
+import { OffersPage } from "./pages/Offers";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
 import { TokensPage } from "./pages/Tokens";
@@ -38,6 +40,8 @@ export function App() {
         <Route path="tags" element={<TagsPage />} />
         <Route path="repos" element={<ReposPage />} />
         <Route path="instances" element={<InstancesPage />} />
+        <Route path="backends" element={<BackendsPage />} />
+        <Route path="offers" element={<OffersPage />} />
         <Route path="secrets" element={<SecretsPage />} />
         <Route path="members" element={<MembersPage />} />
         <Route path="tokens" element={<TokensPage />} />

@@ -11,6 +11,8 @@ const NAV = [
   { to: "tags", label: "Tags" },
   { to: "repos", label: "Repos" },
   { to: "instances", label: "Runners & instances" },
+  { to: "backends", label: "Backends" },
+  { to: "offers", label: "Offers" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
   { to: "tokens", label: "API tokens" },
