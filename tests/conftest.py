@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.ec2boot import ec2_boot  # noqa: F401 - plays EC2's boot of moto's instances
 from tests.support.github import GithubServer
-from tests.support.moto import aws, moto_server  # noqa: F401 - fixtures for the AWS tests
+from tests.support.moto import MotoServer, aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported
 
 MISSING_SERVICES_MESSAGE = (
@@ -44,8 +44,11 @@ def stack_github() -> Iterator[GithubServer]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) -> Iterator[Stack]:
-    """Web, Celery worker and beat on a fresh database; shared by the whole session."""
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """Web, Celery worker and beat on a fresh database; shared by the whole session.
+    Its boto3 talks to the session's moto server (tests reset it with the ``aws`` fixture)."""
     running = Stack(
         database_url=os.environ["DATABASE_URL"],
         redis_url=os.environ["REDIS_URL"],
@@ -72,6 +75,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, stack_github: GithubServer) 
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
     )
+    moto: MotoServer = request.getfixturevalue("moto_server")
+    running.env.update(moto.env)
     reported("stack", running)
     try:
         running.start_all()

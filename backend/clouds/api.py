@@ -1,17 +1,27 @@
-"""Runners and instances of a workspace, for the dashboard."""
+"""Instances, backends (connected cloud accounts) and offers of a workspace.
+
+Serializers never include credentials: an account's keys go in through
+``BackendCreateIn`` and never come out (``BackendOut`` lists what it shows).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from backend.accounts.auth import signed_in_user
+from backend.accounts.models import Role
 from backend.accounts.tenancy import WorkspaceAPIView
-from backend.clouds.models import LIVE_STATUSES, Instance, InstanceStatus
+from backend.clouds.models import LIVE_STATUSES, CloudAccount, Instance, InstanceStatus
+from backend.clouds.services.connections import aws_connect, aws_setup, aws_validate, backend_remove
+from backend.clouds.services.offers import Candidate, catalog_date, offer_requirements, offers_rank
+from backend.core.errors import NotFound
 from backend.runs.models import ACTIVE_JOB, Job
 
 
@@ -22,6 +32,8 @@ class CurrentJobOut(serializers.Serializer[Any]):
 
 
 class InstanceOut(serializers.ModelSerializer[Instance]):
+    account = serializers.SerializerMethodField()
+    price_per_hour = serializers.FloatField()
     current_job = serializers.SerializerMethodField()
     uptime_seconds = serializers.SerializerMethodField()
 
@@ -31,6 +43,13 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
             "id",
             "name",
             "backend",
+            "account",
+            "backend_id",
+            "instance_type",
+            "region",
+            "zone",
+            "spot",
+            "price_per_hour",
             "status",
             "status_reason",
             "hostname",
@@ -50,6 +69,10 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
         job = self.context["current"].get(instance.pk)
         return {"run": job.run.name, "job": str(job.pk), "job_name": job.name} if job else None
 
+    def get_account(self, instance: Instance) -> str | None:
+        """The name of the backend (cloud account) it runs in."""
+        return instance.account.name if instance.account else None
+
     def get_uptime_seconds(self, instance: Instance) -> float:
         end = instance.terminated_at or timezone.now()
         return round((end - instance.created_at).total_seconds(), 1)
@@ -58,10 +81,238 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
 class InstanceListView(WorkspaceAPIView):
     @extend_schema(responses=InstanceOut(many=True), parameters=[OpenApiParameter("all", bool)])
     def get(self, request: Request, workspace: str) -> Response:
-        instances = Instance.objects.for_workspace(self.workspace).order_by("-created_at")
+        instances = Instance.objects.for_workspace(self.workspace).select_related("account").order_by("-created_at")
         if request.query_params.get("all") not in {"1", "true"}:
             instances = instances.filter(status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING])
         shown = list(instances[:200])
         active = Job.objects.filter(instance__in=shown, status__in=ACTIVE_JOB).select_related("run")
         current = {job.instance_id: job for job in active}
         return Response(InstanceOut(shown, many=True, context={"current": current}).data)
+
+
+# ------------------------------------------------------------------ backends
+
+
+class BackendOut(serializers.ModelSerializer[CloudAccount]):
+    """An account as shown: its configuration's public part, never credentials."""
+
+    auth = serializers.SerializerMethodField()
+    regions = serializers.SerializerMethodField()
+    bucket = serializers.SerializerMethodField()
+    role_arn = serializers.SerializerMethodField()
+    external_id = serializers.SerializerMethodField()
+    aws_account_id = serializers.SerializerMethodField()
+    live_instances = serializers.SerializerMethodField()
+
+    class Meta:
+        model = CloudAccount
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "status",
+            "status_reason",
+            "validated_at",
+            "created_at",
+            "auth",
+            "regions",
+            "bucket",
+            "role_arn",
+            "external_id",
+            "aws_account_id",
+            "live_instances",
+        ]
+        read_only_fields = fields
+
+    def get_auth(self, account: CloudAccount) -> str:
+        """ "role", "keys", or "" for backends without credentials."""
+        if account.config.get("role_arn"):
+            return "role"
+        return "keys" if account.credentials_ciphertext else ""
+
+    def get_regions(self, account: CloudAccount) -> list[str]:
+        return [str(r) for r in account.config.get("regions", [])]
+
+    def get_bucket(self, account: CloudAccount) -> str:
+        return str(account.config.get("bucket", ""))
+
+    def get_role_arn(self, account: CloudAccount) -> str:
+        return str(account.config.get("role_arn", ""))
+
+    def get_external_id(self, account: CloudAccount) -> str:
+        return str(account.config.get("external_id", ""))
+
+    def get_aws_account_id(self, account: CloudAccount) -> str:
+        return str(account.config.get("aws_account_id", ""))
+
+    def get_live_instances(self, account: CloudAccount) -> int:
+        return int(self.context.get("live", {}).get(account.pk, 0))
+
+
+class BackendCreateIn(serializers.Serializer[Any]):
+    kind = serializers.ChoiceField(choices=["aws"])
+    name = serializers.CharField(default="aws", max_length=63)
+    role_arn = serializers.CharField(required=False, allow_blank=True, max_length=2048)
+    access_key_id = serializers.CharField(required=False, allow_blank=True, max_length=128)
+    secret_access_key = serializers.CharField(
+        required=False, allow_blank=True, max_length=256, write_only=True, trim_whitespace=False
+    )
+    regions = serializers.ListField(child=serializers.CharField(max_length=32), max_length=30)
+    bucket = serializers.CharField(max_length=63)
+    subnets = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField(max_length=40), max_length=20), required=False
+    )
+    amis = serializers.DictField(child=serializers.CharField(max_length=40), required=False)
+    gpu_amis = serializers.DictField(child=serializers.CharField(max_length=40), required=False)
+
+
+class AwsSetupOut(serializers.Serializer[Any]):
+    external_id = serializers.CharField()
+    principal = serializers.CharField()
+    installation = serializers.CharField()
+    prefix = serializers.CharField()
+    trust_policy = serializers.JSONField()
+    permission_policy = serializers.JSONField()
+
+
+def _backends_out(accounts: list[CloudAccount]) -> Any:
+    live = dict(
+        Instance.objects.filter(account__in=accounts, status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING])
+        .values("account")
+        .annotate(n=Count("id"))
+        .values_list("account", "n")
+    )
+    return BackendOut(accounts, many=True, context={"live": live}).data
+
+
+class BackendListView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=BackendOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        accounts = list(CloudAccount.objects.for_workspace(self.workspace).order_by("created_at"))
+        return Response(_backends_out(accounts))
+
+    @extend_schema(request=BackendCreateIn, responses={201: BackendOut})
+    def post(self, request: Request, workspace: str) -> Response:
+        data = BackendCreateIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        values.pop("kind")
+        account = aws_connect(workspace=self.workspace, user=signed_in_user(request), **values)
+        return Response(_backends_out([account])[0], status=201)
+
+
+class AwsSetupView(WorkspaceAPIView):
+    @extend_schema(responses=AwsSetupOut, parameters=[OpenApiParameter("bucket", str)])
+    def get(self, request: Request, workspace: str) -> Response:
+        bucket = request.query_params.get("bucket", "").strip()[:63]
+        return Response(AwsSetupOut(aws_setup(workspace=self.workspace, bucket=bucket)).data)
+
+
+class BackendDetailView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=BackendOut)
+    def get(self, request: Request, workspace: str, name: str) -> Response:
+        return Response(_backends_out([_account(self.workspace, name)])[0])
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, workspace: str, name: str) -> Response:
+        backend_remove(account=_account(self.workspace, name))
+        return Response(status=204)
+
+
+class BackendValidateView(WorkspaceAPIView):
+    write_role = Role.ADMIN
+
+    @extend_schema(request=None, responses=BackendOut)
+    def post(self, request: Request, workspace: str, name: str) -> Response:
+        account = aws_validate(account=_account(self.workspace, name))
+        return Response(_backends_out([account])[0])
+
+
+def _account(workspace: Any, name: str) -> CloudAccount:
+    account: CloudAccount | None = CloudAccount.objects.for_workspace(workspace).filter(name=name).first()
+    if account is None:
+        raise NotFound(f"Backend {name!r} not found.")
+    return account
+
+
+# ------------------------------------------------------------------ offers
+
+
+class GpuOut(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    memory_bytes = serializers.IntegerField()
+
+
+class OfferOut(serializers.Serializer[Any]):
+    offer_id = serializers.CharField()
+    backend = serializers.CharField()
+    account = serializers.CharField()
+    region = serializers.CharField()
+    zone = serializers.CharField()
+    instance_type = serializers.CharField()
+    spot = serializers.BooleanField()
+    price_per_hour = serializers.FloatField()
+    cpus = serializers.IntegerField()
+    memory_bytes = serializers.IntegerField()
+    disk_bytes = serializers.IntegerField()
+    gpus = GpuOut(many=True)
+    catalog_date = serializers.CharField(allow_null=True)
+
+
+class OffersOut(serializers.Serializer[Any]):
+    offers = OfferOut(many=True)
+    shortfall = serializers.CharField()
+    accounts = serializers.IntegerField()
+
+
+MAX_OFFERS = 200
+
+
+class OfferListView(WorkspaceAPIView):
+    @extend_schema(
+        responses=OffersOut,
+        parameters=[
+            OpenApiParameter("gpu", str, description="a GPU name, optionally with a count: A10G or A10G:4"),
+            OpenApiParameter("memory", str, description="at least this much memory: 16GB"),
+            OpenApiParameter("cpu", int),
+            OpenApiParameter("spot_policy", str, enum=["spot", "on-demand", "auto"]),
+            OpenApiParameter("region", str, description="comma-separated regions"),
+            OpenApiParameter("backend", str, description="comma-separated backend kinds"),
+        ],
+    )
+    def get(self, request: Request, workspace: str) -> Response:
+        params = request.query_params
+        req = offer_requirements(
+            gpu=params.get("gpu", ""),
+            memory=params.get("memory", ""),
+            cpu=params.get("cpu", ""),
+            spot_policy=params.get("spot_policy", "") or "auto",
+            regions=params.get("region", ""),
+        )
+        backends = [b for b in params.get("backend", "").split(",") if b.strip()]
+        choice = offers_rank(workspace_id=self.workspace.pk, req=req, backends=backends)
+        offers = [_offer_out(c) for c in choice.candidates[:MAX_OFFERS]]
+        return Response(OffersOut({"offers": offers, "shortfall": choice.shortfall, "accounts": choice.accounts}).data)
+
+
+def _offer_out(candidate: Candidate) -> dict[str, Any]:
+    offer = candidate.offer
+    return {
+        "offer_id": offer.offer_id,
+        "backend": offer.backend,
+        "account": candidate.account.name,
+        "region": offer.region,
+        "zone": offer.zone,
+        "instance_type": offer.instance_type,
+        "spot": offer.spot,
+        "price_per_hour": offer.price_per_hour,
+        "cpus": offer.cpus,
+        "memory_bytes": offer.memory_bytes,
+        "disk_bytes": offer.disk_bytes,
+        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in offer.gpus],
+        "catalog_date": catalog_date(candidate.account),
+    }

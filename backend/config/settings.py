@@ -209,6 +209,9 @@ SPECTACULAR_SETTINGS = {
         "InstanceStatus": "backend.clouds.models.InstanceStatus",
         "CredentialKind": "backend.vault.models.CredentialKind",
         "CodeKind": ["git", "archive"],
+        "BackendEnum": "backend.clouds.models.BackendKind",
+        "KindEnum": [("git", "git"), ("archive", "archive")],
+        "ConnectableKindEnum": [("aws", "aws")],
     },
 }
 
@@ -292,6 +295,7 @@ class TrainyardSettings(TypedDict):
     RUNNER_WHEELHOUSE: Path
     RUNNER_MAX_LIFETIME_SECONDS: float
     RUNNER_POWER_OFF_AFTER_SECONDS: float
+    AWS_PRINCIPAL_ARN: str
 
 
 TRAINYARD: TrainyardSettings = {
@@ -345,6 +349,9 @@ TRAINYARD: TrainyardSettings = {
     "RUNNER_MAX_LIFETIME_SECONDS": env_float("TRAINYARD_RUNNER_MAX_LIFETIME_SECONDS", 7 * 86400.0),
     # … and after this long without the server while idle (0: never).
     "RUNNER_POWER_OFF_AFTER_SECONDS": env_float("TRAINYARD_RUNNER_POWER_OFF_AFTER_SECONDS", 1800.0),
+    # The server's own AWS identity (role or user ARN): the principal a
+    # workspace's role trusts (GET .../backends/aws/setup; README "Connecting AWS").
+    "AWS_PRINCIPAL_ARN": env_str("TRAINYARD_AWS_PRINCIPAL_ARN", ""),
 }
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(

@@ -48,6 +48,11 @@ urlpatterns = [
     path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),
     path(f"{ws}/runners/<uuid:runner>/revoke/", selfhosted.SelfHostedRunnerRevokeView.as_view()),
     path("api/v1/runner/register/", selfhosted.RunnerRegisterView.as_view()),
+    path(f"{ws}/backends/", clouds.BackendListView.as_view()),
+    path(f"{ws}/backends/aws/setup/", clouds.AwsSetupView.as_view()),
+    path(f"{ws}/backends/<str:name>/", clouds.BackendDetailView.as_view()),
+    path(f"{ws}/backends/<str:name>/validate/", clouds.BackendValidateView.as_view()),
+    path(f"{ws}/offers/", clouds.OfferListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path(
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",

@@ -171,6 +171,40 @@ class Blob(TypedDict):
     sha256: str
 
 
+class Backend(TypedDict):
+    """A connected cloud account; credentials are never sent back."""
+
+    id: str
+    name: str
+    kind: str
+    status: str
+    status_reason: str
+    validated_at: str | None
+    created_at: str
+    auth: str
+    regions: list[str]
+    bucket: str
+    role_arn: str
+    external_id: str
+    aws_account_id: str
+    live_instances: int
+
+
+class AwsSetup(TypedDict):
+    external_id: str
+    principal: str
+    installation: str
+    prefix: str
+    trust_policy: dict[str, Any]
+    permission_policy: dict[str, Any]
+
+
+class Offers(TypedDict):
+    offers: list[dict[str, Any]]
+    shortfall: str
+    accounts: int
+
+
 class Me(TypedDict):
     username: str
     default_workspace: str
@@ -364,6 +398,36 @@ class Client:
 
     def remove_repo_credential(self, url: str) -> None:
         self._request("DELETE", self._ws(f"repos/credential/?url={quote(url, safe='')}"))
+
+    def list_backends(self) -> list[Backend]:
+        return cast(list[Backend], self._request("GET", self._ws("backends/")))
+
+    def aws_setup(self, *, bucket: str = "") -> AwsSetup:
+        """The workspace's external id and the policies its AWS role needs."""
+        params = {"bucket": bucket} if bucket else {}
+        return cast(AwsSetup, self._request("GET", self._ws("backends/aws/setup/"), params=params))
+
+    def add_backend(self, body: dict[str, Any]) -> Backend:
+        """Connect an account (``{"kind": "aws", ...}``); the server checks it
+        for real first and answers its message when a check fails."""
+        return cast(Backend, self._request("POST", self._ws("backends/"), json=body, timeout=TRANSFER_TIMEOUT))
+
+    def validate_backend(self, name: str) -> Backend:
+        url = self._ws(f"backends/{quote(name, safe='')}/validate/")
+        return cast(Backend, self._request("POST", url, timeout=TRANSFER_TIMEOUT))
+
+    def remove_backend(self, name: str) -> None:
+        self._request("DELETE", self._ws(f"backends/{quote(name, safe='')}/"))
+
+    def offers(self, **filters: str) -> Offers:
+        """Offers of the workspace's accounts, cheapest first; filters: gpu,
+        memory, cpu, spot_policy, region, backend."""
+        params = {k: v for k, v in filters.items() if v}
+        return cast(Offers, self._request("GET", self._ws("offers/"), params=params))
+
+    def list_instances(self, *, all_: bool = False) -> list[dict[str, Any]]:
+        params = {"all": "1"} if all_ else {}
+        return cast(list[dict[str, Any]], self._request("GET", self._ws("instances/"), params=params))
 
     def ws_url(self, run: str, *, after_seq: int = 0) -> str:
         """The run's websocket URL (http→ws, https→wss)."""

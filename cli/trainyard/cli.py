@@ -529,6 +529,210 @@ def _this_remote() -> str:
     return found
 
 
+# ---------------------------------------------------------------- backends, offers, instances
+
+
+@cli.group(cls=_Group)
+def backend() -> None:
+    """Cloud accounts the workspace runs machines in (README "Connecting AWS")."""
+
+
+@backend.group("add", cls=_Group)
+def backend_add() -> None:
+    """Connect a cloud account; the server checks it for real before saving it."""
+
+
+@backend_add.command("aws")
+@click.option("--name", default="aws", show_default=True, help="The backend's name in this workspace.")
+@click.option("--role-arn", default=None, help="The IAM role Trainyard assumes (recommended; see `backend setup aws`).")
+@click.option("--access-key-id", default=None, help="An IAM user's access key id (instead of a role).")
+@click.option(
+    "--secret-access-key",
+    default=None,
+    help="Its secret; else $AWS_SECRET_ACCESS_KEY, else a hidden prompt (or stdin when piped).",
+)
+@click.option("--regions", required=True, help="Comma-separated regions, e.g. us-east-1,eu-west-1.")
+@click.option("--bucket", required=True, help="The S3 bucket for artifacts and checkpoints.")
+@click.option("--subnet", "subnets", multiple=True, metavar="REGION=SUBNET", help="Use this subnet (repeatable).")
+@click.option("--ami", "amis", multiple=True, metavar="REGION=AMI", help="The image for CPU machines (repeatable).")
+@click.option("--gpu-ami", "gpu_amis", multiple=True, metavar="REGION=AMI", help="The image for GPU machines.")
+def backend_add_aws(
+    name: str,
+    role_arn: str | None,
+    access_key_id: str | None,
+    secret_access_key: str | None,
+    regions: str,
+    bucket: str,
+    subnets: tuple[str, ...],
+    amis: tuple[str, ...],
+    gpu_amis: tuple[str, ...],
+) -> None:
+    """Connect an AWS account with a role (the server assumes it with your
+    workspace's external id) or with an IAM user's access keys."""
+    if role_arn and access_key_id:
+        raise click.UsageError("give either --role-arn or --access-key-id, not both")
+    if not role_arn and not access_key_id:
+        raise click.UsageError("give --role-arn (recommended) or --access-key-id and its secret")
+    client = _client()
+    body: dict[str, Any] = {"kind": "aws", "name": name, "regions": _split(regions), "bucket": bucket}
+    body.update(_placement_options(subnets, amis, gpu_amis))
+    setup = None
+    if role_arn:
+        setup = client.aws_setup(bucket=bucket)
+        _show_setup(setup, role_arn=role_arn)
+        body["role_arn"] = role_arn
+    else:
+        body["access_key_id"] = access_key_id
+        body["secret_access_key"] = secret_access_key or _aws_secret()
+    click.echo(f"Checking the account in {', '.join(body['regions'])} …", err=True)
+    try:
+        added = client.add_backend(body)
+    except ApiError as e:
+        if setup is not None and "could not assume role" in e.message:
+            raise CliError(
+                e.message,
+                [
+                    f"The role's trust policy must allow {setup['principal'] or 'the server'} to sts:AssumeRole "
+                    f"with sts:ExternalId = {setup['external_id']} (shown above); fix it, then run this again."
+                ],
+            ) from None
+        raise
+    account = f" (AWS account {added['aws_account_id']})" if added.get("aws_account_id") else ""
+    click.echo(f"Connected backend {added['name']}{account}: {added['status']}", err=True)
+
+
+@backend.command("setup")
+@click.argument("kind", type=click.Choice(["aws"]))
+@click.option("--bucket", default="", help="Fill the bucket into the permission policy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the server's answer as JSON.")
+def backend_setup(kind: str, bucket: str, as_json: bool) -> None:
+    """Show your workspace's external id and the policies its AWS role needs
+    (deploy/aws/role.yaml creates the role with them)."""
+    setup = _client().aws_setup(bucket=bucket)
+    if as_json:
+        click.echo(json.dumps(setup, indent=2))
+        return
+    _show_setup(setup, role_arn="")
+
+
+@backend.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's backend objects (never credentials).")
+def backend_ls(as_json: bool) -> None:
+    """List the workspace's backends, their health and last error."""
+    found = _client().list_backends()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("No backends yet: connect one with `trainyard backend add aws …`.", err=True)
+        return
+    rows = [
+        [
+            b["name"],
+            b["kind"],
+            b["status"],
+            b.get("auth") or "-",
+            ",".join(b.get("regions") or []) or "-",
+            b.get("bucket") or "-",
+            str(b.get("live_instances", 0)),
+            age(b.get("validated_at")),
+            truncate(b.get("status_reason") or ""),
+        ]
+        for b in found
+    ]
+    headers = ["NAME", "KIND", "STATUS", "AUTH", "REGIONS", "BUCKET", "LIVE", "VALIDATED", "REASON"]
+    print_table(headers, rows, tty=sys.stdout.isatty())
+
+
+@backend.command("validate")
+@click.argument("name")
+def backend_validate(name: str) -> None:
+    """Check backend NAME again; a broken one becomes active when every check passes."""
+    checked = _client().validate_backend(name)
+    click.echo(f"Backend {checked['name']}: {checked['status']}", err=True)
+
+
+@backend.command("rm")
+@click.argument("name")
+def backend_rm(name: str) -> None:
+    """Remove backend NAME (refused while it has live instances)."""
+    _client().remove_backend(name)
+    click.echo(f"Removed backend {name}", err=True)
+
+
+@cli.command()
+@click.option("--gpu", default="", help="A GPU name, with an optional count: A10G or A10G:2.")
+@click.option("--memory", default="", help="At least this much memory, e.g. 16GB.")
+@click.option("--cpu", default="", help="At least this many CPUs.")
+@click.option("--spot/--on-demand", "spot", default=None, help="Only spot, or only on-demand offers (default both).")
+@click.option("--region", default="", help="Comma-separated regions.")
+@click.option("--backend", "backend_kind", default="", help="Only this backend kind (aws, local, …).")
+@click.option("-n", "limit", type=click.IntRange(min=1), default=20, show_default=True, help="At most N offers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer.")
+def offers(
+    gpu: str, memory: str, cpu: str, spot: bool | None, region: str, backend_kind: str, limit: int, as_json: bool
+) -> None:
+    """Machines the workspace's backends offer for these needs, cheapest first."""
+    policy = "auto" if spot is None else ("spot" if spot else "on-demand")
+    found = _client().offers(gpu=gpu, memory=memory, cpu=cpu, spot_policy=policy, region=region, backend=backend_kind)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found["offers"]:
+        why = f": {found['shortfall']}" if found.get("shortfall") else ""
+        click.echo(f"No offer fits (from {found['accounts']} backend(s)){why}", err=True)
+        return
+    rows = [
+        [
+            o["region"],
+            o.get("zone") or "-",
+            o["instance_type"],
+            "spot" if o["spot"] else "on-demand",
+            f"${o['price_per_hour']:.4f}",
+            str(o["cpus"]),
+            size(o["memory_bytes"]),
+            _gpus(o.get("gpus") or []),
+        ]
+        for o in found["offers"][:limit]
+    ]
+    print_table(
+        ["REGION", "ZONE", "TYPE", "MARKET", "PRICE/H", "CPUS", "MEMORY", "GPUS"], rows, tty=sys.stdout.isatty()
+    )
+    dates = sorted({o["catalog_date"] for o in found["offers"] if o.get("catalog_date")})
+    if dates:
+        click.echo(f"Prices from the catalog of {', '.join(dates)}", err=True)
+
+
+@cli.command()
+@click.option("-a", "--all", "show_all", is_flag=True, help="Also the terminated and lost ones.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's instance objects.")
+def instances(show_all: bool, as_json: bool) -> None:
+    """The workspace's machines: type, region, market, price, state, uptime, job."""
+    found = _client().list_instances(all_=show_all)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("No instances running.", err=True)
+        return
+    rows = [
+        [
+            i["name"],
+            i.get("backend") or "-",
+            i.get("instance_type") or "-",
+            i.get("region") or "-",
+            "spot" if i.get("spot") else "on-demand",
+            f"${float(i.get('price_per_hour') or 0):.4f}",
+            i["status"],
+            duration(i.get("uptime_seconds")),
+            _current_job(i.get("current_job")),
+        ]
+        for i in found
+    ]
+    headers = ["NAME", "BACKEND", "TYPE", "REGION", "MARKET", "PRICE/H", "STATUS", "UPTIME", "JOB"]
+    print_table(headers, rows, tty=sys.stdout.isatty())
+
+
 # ---------------------------------------------------------------- login
 
 
@@ -677,6 +881,75 @@ def _read_text(path: Path) -> str:
 def _format_server_error(err: dict[str, Any]) -> str:
     line = f":{err['line']}" if err.get("line") else ""
     return f"{err.get('file', '?')}{line}: {err.get('key', '?')}: {err.get('message', '')}"
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        region, sep, item = value.partition("=")
+        if not sep or not region or not item:
+            raise click.BadParameter(f"expected REGION=ID, got {value!r}", param_hint=option)
+        pairs[region.strip()] = item.strip()
+    return pairs
+
+
+def _placement_options(subnets: tuple[str, ...], amis: tuple[str, ...], gpu_amis: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    by_region: dict[str, list[str]] = {}
+    for value in subnets:
+        for region, subnet in _pairs((value,), "--subnet").items():
+            by_region.setdefault(region, []).append(subnet)
+    if by_region:
+        out["subnets"] = by_region
+    if amis:
+        out["amis"] = _pairs(amis, "--ami")
+    if gpu_amis:
+        out["gpu_amis"] = _pairs(gpu_amis, "--gpu-ami")
+    return out
+
+
+def _aws_secret() -> str:
+    """The secret access key: $AWS_SECRET_ACCESS_KEY, a hidden prompt, or stdin."""
+    value = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+    if not value and sys.stdin.isatty():
+        value = click.prompt("AWS secret access key", hide_input=True, default="", show_default=False)
+    elif not value:
+        value = sys.stdin.read().strip()
+    if not value:
+        raise CliError(
+            "no secret access key: pass --secret-access-key, set AWS_SECRET_ACCESS_KEY, or type it at the prompt"
+        )
+    return value
+
+
+def _show_setup(setup: Any, *, role_arn: str) -> None:
+    principal = setup["principal"] or "(not configured on the server: TRAINYARD_AWS_PRINCIPAL_ARN)"
+    lines = [
+        f"External id of this workspace: {setup['external_id']}",
+        f"Trainyard's AWS principal: {principal}",
+        f"The role{' ' + role_arn if role_arn else ''} must trust it with that external id (trust policy):",
+        json.dumps(setup["trust_policy"], indent=2),
+        "and carry this permission policy (or create both with deploy/aws/role.yaml):",
+        json.dumps(setup["permission_policy"], indent=2),
+    ]
+    click.echo("\n".join(lines), err=True)
+
+
+def _gpus(gpus: list[dict[str, Any]]) -> str:
+    if not gpus:
+        return "-"
+    names: dict[str, int] = {}
+    for gpu in gpus:
+        names[gpu["name"]] = names.get(gpu["name"], 0) + 1
+    return ", ".join(f"{n}× {name}" for name, n in names.items())
+
+
+def _current_job(job: dict[str, Any] | None) -> str:
+    return f"{job['run']}/{job['job_name']}" if job else "-"
 
 
 def _warn(message: str) -> None:

@@ -10,6 +10,8 @@ import { TagsPage } from "./pages/Tags";
 import { ReposPage } from "./pages/Repos";
 import { InstancesPage } from "./pages/Instances";
 import { SelfHostedPage } from "./pages/SelfHosted";
+import { BackendsPage } from "./pages/Backends";
+import { OffersPage } from "./pages/Offers";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
 import { TokensPage } from "./pages/Tokens";
@@ -40,6 +42,8 @@ export function App() {
         <Route path="repos" element={<ReposPage />} />
         <Route path="instances" element={<InstancesPage />} />
         <Route path="self-hosted" element={<SelfHostedPage />} />
+        <Route path="backends" element={<BackendsPage />} />
+        <Route path="offers" element={<OffersPage />} />
         <Route path="secrets" element={<SecretsPage />} />
         <Route path="members" element={<MembersPage />} />
         <Route path="tokens" element={<TokensPage />} />

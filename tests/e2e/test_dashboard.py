@@ -26,7 +26,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sy
 
 from tests.e2e.conftest import User, make_repo, run_name_of
 from tests.e2e.test_lifecycle import _kill_the_runner_of, _sleeps
+from tests.support.aws_account import BUCKET, prepare
 from tests.support.github import GithubServer, GithubUser
+from tests.support.moto import MotoServer
 from tests.support.stack import REPO_ROOT, Stack
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -394,3 +396,37 @@ def _wait_finished(user: User, workspace: str, name: str, timeout: float = 60) -
             return status
         time.sleep(0.3)
     raise AssertionError(f"run {name} did not finish within {timeout}s")
+
+
+ELLEN = GithubUser(id=5003, login="ellen", name="Ellen Ripley")
+
+
+def test_the_backends_page_connects_an_aws_account_and_lists_it(
+    browser: Browser, contexts: list[BrowserContext], stack: Stack, stack_github: GithubServer, aws: MotoServer
+) -> None:
+    prepare(aws, regions=["us-east-1"])
+    contexts.append(new_context(browser, stack))
+    page = contexts[-1].new_page()
+    sign_in(page, stack_github, ELLEN)
+
+    nav_to(page, "Backends")
+    expect(page.get_by_role("heading", name="Backends")).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^trainyard-[0-9a-f]{32}$"))).to_be_visible()  # the external id, shown first
+    page.get_by_label("Access keys").check()
+    page.get_by_label("Bucket").fill(BUCKET)
+    page.get_by_label("Access key id").fill("AKIABROWSERTEST")
+    page.get_by_label("Secret access key").fill("browser-secret-value")
+    page.get_by_role("button", name="Connect").click()
+
+    expect(page.get_by_text("Connected backend aws.")).to_be_visible()
+    row = page.get_by_role("row").filter(has_text="AWS account 123456789012")
+    expect(row).to_contain_text("active")
+    expect(row).to_contain_text("us-east-1")
+    expect(row).to_contain_text(BUCKET)
+    screenshot(page, "backends")
+    row.get_by_role("button", name="Validate").click()
+    expect(page.get_by_text("Backend aws passed every check.")).to_be_visible()
+    assert "browser-secret-value" not in page.content()
+    row.get_by_role("button", name="Remove").click()
+    page.get_by_role("button", name="Remove backend aws").click()
+    expect(page.get_by_role("row").filter(has_text="AWS account 123456789012")).to_have_count(0)

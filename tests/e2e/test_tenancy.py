@@ -44,3 +44,20 @@ def _ws_close_code(user: User, path: str) -> int:
         raise AssertionError("the server did not close the connection")
 
     return asyncio.run(connect())
+
+
+def test_b_gets_404_for_as_backends_offers_and_instances(alice: User, bob: User) -> None:
+    for path in ("backends/", "backends/aws/", "backends/aws/setup/", "offers/", "instances/?all=1"):
+        assert bob.api("GET", f"/api/v1/workspaces/{alice.workspace}/{path}").status_code == 404, path
+    assert bob.api("POST", f"/api/v1/workspaces/{alice.workspace}/backends/aws/validate/").status_code == 404
+    assert bob.api("DELETE", f"/api/v1/workspaces/{alice.workspace}/backends/aws/").status_code == 404
+    body = {
+        "kind": "aws",
+        "access_key_id": "AKIAX",
+        "secret_access_key": "x",
+        "regions": ["us-east-1"],
+        "bucket": "b-1",
+    }
+    assert bob.api("POST", f"/api/v1/workspaces/{alice.workspace}/backends/", json=body).status_code == 404
+    own = bob.api("GET", f"/api/v1/workspaces/{bob.workspace}/backends/aws/setup/").json()["external_id"]
+    assert own != alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/backends/aws/setup/").json()["external_id"]

@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,34 @@ class MotoServer:
                 self._process.wait()
 
     def reset(self) -> None:
-        """Forget every resource (moto's /moto-api/reset) and every fault."""
+        """Forget every resource (moto's /moto-api/reset), every fault, and
+        switch IAM authentication off again."""
         self.clear_faults()
+        self.set_iam_auth(False)
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    @contextmanager
+    def iam_auth(self) -> Iterator[None]:
+        """Inside, moto authenticates and authorises every AWS call like IAM
+        does (moto's ``/moto-api/reset-auth``): unknown keys are refused
+        (``InvalidClientTokenId``, ``AuthFailure``) and a user may only do what
+        its policies allow. The default ``testing`` keys are refused too, so
+        create the IAM users and keys a test needs before entering."""
+        self.set_iam_auth(True)
+        try:
+            yield
+        finally:
+            self.set_iam_auth(False)
+
+    def set_iam_auth(self, on: bool) -> None:
+        # The number of unauthenticated calls moto still allows: 0, or inf for off.
+        request = urllib.request.Request(
+            f"{self.url}/moto-api/reset-auth",
+            method="POST",
+            data=b"0" if on else b"inf",
+            headers={"Content-Type": "text/plain"},  # a form content type would hide the body from moto
+        )
         urllib.request.urlopen(request, timeout=10).close()
 
     def activate(self) -> None:

@@ -9,10 +9,15 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from django.conf import settings
+from pydantic_core import PydanticCustomError
+from trainyard_spec._units import parse_size  # the sizes of workflow files: 16GB means 16 GiB
 
-from backend.clouds.backends.base import Offer, Requirements, shortfall
+from backend.clouds.backends.base import Offer, Requirements, SpotPolicy, shortfall
 from backend.clouds.models import LIVE_STATUSES, BackendKind, CloudAccount, Instance
 from backend.clouds.services.accounts import accounts_usable, compute_of
+from backend.core.errors import ApplicationError
+
+SPOT_POLICIES: tuple[SpotPolicy, ...] = ("spot", "on-demand", "auto")
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,37 @@ def offers_rank(*, workspace_id: UUID | str, req: Requirements, backends: Iterab
     return OfferChoice(fitting, words, len(accounts))
 
 
+def offer_requirements(
+    *, gpu: str = "", memory: str = "", cpu: str = "", spot_policy: str = "auto", regions: str = ""
+) -> Requirements:
+    """Requirements from the words a person types (``gpu=A10G:2``,
+    ``memory=16GB``, ``cpu=8``, ``region=us-east-1,eu-west-1``);
+    ``ApplicationError`` naming the bad one."""
+    name, _, count = gpu.strip().partition(":")
+    if count and not count.isdigit():
+        raise ApplicationError(f"gpu {gpu!r}: write a name and an optional count, e.g. A10G or A10G:2")
+    if cpu and not cpu.strip().isdigit():
+        raise ApplicationError(f"cpu {cpu!r}: a whole number of CPUs, e.g. 8")
+    return Requirements(
+        cpu=int(cpu) if cpu else None,
+        memory_bytes=_size("memory", memory) if memory else None,
+        gpu_name=name,
+        gpu_count=int(count) if count else (1 if name else 0),
+        spot_policy=_policy(spot_policy),
+        regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
+    )
+
+
+def catalog_date(account: CloudAccount) -> str | None:
+    """The date of the catalog the account's backend prices offers from,
+    when it has one (``Compute.catalog_date``, an ISO date)."""
+    try:
+        date = getattr(compute_of(account), "catalog_date", None)
+    except Exception:  # a backend that cannot be built has no offers either
+        return None
+    return str(date) if date else None
+
+
 def pool_room(*, kind: str) -> int | None:
     """Machines a shared pool may still start; None when it has no limit.
     The local backend's runners share the server's host: TRAINYARD_LOCAL_RUNNERS_MAX."""
@@ -60,6 +96,20 @@ def pool_room(*, kind: str) -> int | None:
         return None
     live = Instance.objects.filter(backend=BackendKind.LOCAL, status__in=LIVE_STATUSES).count()
     return max(0, int(settings.TRAINYARD["LOCAL_RUNNERS_MAX"]) - live)
+
+
+def _policy(value: str) -> SpotPolicy:
+    for policy in SPOT_POLICIES:
+        if value == policy:
+            return policy
+    raise ApplicationError(f"spot_policy {value!r}: one of {', '.join(SPOT_POLICIES)}")
+
+
+def _size(what: str, value: str) -> int:
+    try:
+        return parse_size(value)
+    except PydanticCustomError as error:
+        raise ApplicationError(f"{what} {value!r}: {error}") from None
 
 
 def _offers(account: CloudAccount, req: Requirements) -> list[Offer]:

@@ -206,6 +206,76 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/backends/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_backends_list"];
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_backends_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/backends/{name}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_backends_retrieve"];
+        put?: never;
+        post?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        delete: operations["workspaces_backends_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/backends/{name}/validate/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_backends_validate_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/backends/aws/setup/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_backends_aws_setup_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/blobs/": {
         parameters: {
             query?: never;
@@ -325,6 +395,23 @@ export interface paths {
         head?: never;
         /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
         patch: operations["workspaces_members_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/offers/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_offers_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/api/v1/workspaces/{workspace}/repos/": {
@@ -559,9 +646,61 @@ export interface components {
          * @enum {string}
          */
         ArtifactOutStatusEnum: "uploading" | "complete";
+        AttemptOut: {
+            readonly number: number;
+            readonly status: components["schemas"]["AttemptOutStatusEnum"];
+            instance?: string;
+            reason: string;
+            message: string;
+            readonly exit_code: number | null;
+            /** Format: date-time */
+            readonly started_at: string | null;
+            /** Format: date-time */
+            readonly finished_at: string | null;
+            readonly first_seq: number;
+            readonly last_seq: number | null;
+            readonly offers_tried: unknown;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
+        /**
+         * @description * `assigned` - Assigned
+         *     * `running` - Running
+         *     * `stopping` - Stopping
+         *     * `ended` - Ended
+         * @enum {string}
+         */
+        AttemptOutStatusEnum: "assigned" | "running" | "stopping" | "ended";
         AuthConfigOut: {
             github: boolean;
             local_login: boolean;
+        };
+        AwsSetupOut: {
+            external_id: string;
+            principal: string;
+            installation: string;
+            prefix: string;
+            trust_policy: unknown;
+            permission_policy: unknown;
+        };
+        BackendCreateInRequest: {
+            kind: components["schemas"]["ConnectableKindEnum"];
+            /** @default aws */
+            name: string;
+            role_arn?: string;
+            access_key_id?: string;
+            secret_access_key?: string;
+            regions: string[];
+            bucket: string;
+            subnets?: {
+                [key: string]: string[];
+            };
+            amis?: {
+                [key: string]: string;
+            };
+            gpu_amis?: {
+                [key: string]: string;
+            };
         };
         /**
          * @description * `local` - Local
@@ -571,6 +710,33 @@ export interface components {
          * @enum {string}
          */
         BackendEnum: "local" | "fake" | "self-hosted" | "aws";
+        /** @description An account as shown: its configuration's public part, never credentials. */
+        BackendOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly kind: components["schemas"]["BackendEnum"];
+            readonly status: components["schemas"]["BackendOutStatusEnum"];
+            readonly status_reason: string;
+            /** Format: date-time */
+            readonly validated_at: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** @description "role", "keys", or "" for backends without credentials. */
+            readonly auth: string;
+            readonly regions: string[];
+            readonly bucket: string;
+            readonly role_arn: string;
+            readonly external_id: string;
+            readonly aws_account_id: string;
+            readonly live_instances: number;
+        };
+        /**
+         * @description * `active` - Active
+         *     * `broken` - Broken
+         * @enum {string}
+         */
+        BackendOutStatusEnum: "active" | "broken";
         BlobOut: {
             /** Format: uuid */
             id: string;
@@ -593,6 +759,11 @@ export interface components {
             /** Format: uuid */
             archive_blob?: string | null;
         };
+        /**
+         * @description * `aws` - aws
+         * @enum {string}
+         */
+        ConnectableKindEnum: "aws";
         CurrentJobOut: {
             run: string;
             /** Format: uuid */
@@ -604,6 +775,10 @@ export interface components {
             size: number;
             sha256: string;
         };
+        GpuOut: {
+            name: string;
+            memory_bytes: number;
+        };
         Health: {
             status: string;
         };
@@ -612,6 +787,15 @@ export interface components {
             readonly id: string;
             readonly name: string;
             readonly backend: components["schemas"]["BackendEnum"];
+            /** @description The name of the backend (cloud account) it runs in. */
+            readonly account: string | null;
+            readonly backend_id: string;
+            readonly instance_type: string;
+            readonly region: string;
+            readonly zone: string;
+            readonly spot: boolean;
+            /** Format: double */
+            price_per_hour: number;
             readonly status: components["schemas"]["InstanceOutStatusEnum"];
             readonly status_reason: string;
             readonly hostname: string;
@@ -647,6 +831,49 @@ export interface components {
             /** Format: date-time */
             created_at: string;
         };
+        JobOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly workflow: string;
+            /** @default bash */
+            provider: string;
+            readonly status: components["schemas"]["JobOutStatusEnum"];
+            readonly status_reason: string;
+            readonly exit_code: number | null;
+            readonly attempt: number;
+            readonly attempts: components["schemas"]["AttemptOut"][];
+            instance?: string;
+            readonly resources: {
+                [key: string]: unknown;
+            };
+            readonly needs: string[];
+            readonly after_running: string[];
+            readonly cached_from: {
+                [key: string]: string;
+            } | null;
+            readonly inputs: {
+                [key: string]: string;
+            }[];
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly started_at: string | null;
+            /** Format: date-time */
+            readonly finished_at: string | null;
+            readonly last_seq: number;
+        };
+        /**
+         * @description * `pending` - Pending
+         *     * `assigned` - Assigned
+         *     * `running` - Running
+         *     * `stopping` - Stopping
+         *     * `succeeded` - Succeeded
+         *     * `failed` - Failed
+         *     * `stopped` - Stopped
+         * @enum {string}
+         */
+        JobOutStatusEnum: "pending" | "assigned" | "running" | "stopping" | "succeeded" | "failed" | "stopped";
         /**
          * @description * `git` - git
          *     * `archive` - archive
@@ -703,6 +930,27 @@ export interface components {
             avatar_url: string;
             /** Format: date-time */
             joined_at: string;
+        };
+        OfferOut: {
+            offer_id: string;
+            backend: string;
+            account: string;
+            region: string;
+            zone: string;
+            instance_type: string;
+            spot: boolean;
+            /** Format: double */
+            price_per_hour: number;
+            cpus: number;
+            memory_bytes: number;
+            disk_bytes: number;
+            gpus: components["schemas"]["GpuOut"][];
+            catalog_date: string | null;
+        };
+        OffersOut: {
+            offers: components["schemas"]["OfferOut"][];
+            shortfall: string;
+            accounts: number;
         };
         PaginatedRunOutList: {
             /** @example 123 */
@@ -801,9 +1049,7 @@ export interface components {
             readonly code: {
                 [key: string]: unknown;
             };
-            readonly jobs: {
-                [key: string]: unknown;
-            }[];
+            readonly jobs: components["schemas"]["JobOut"][];
         };
         /**
          * @description * `pending` - Pending
@@ -1223,6 +1469,142 @@ export interface operations {
             };
         };
     };
+    workspaces_backends_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackendOut"][];
+                };
+            };
+        };
+    };
+    workspaces_backends_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BackendCreateInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["BackendCreateInRequest"];
+                "multipart/form-data": components["schemas"]["BackendCreateInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackendOut"];
+                };
+            };
+        };
+    };
+    workspaces_backends_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackendOut"];
+                };
+            };
+        };
+    };
+    workspaces_backends_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_backends_validate_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackendOut"];
+                };
+            };
+        };
+    };
+    workspaces_backends_aws_setup_retrieve: {
+        parameters: {
+            query?: {
+                bucket?: string;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AwsSetupOut"];
+                };
+            };
+        };
+    };
     workspaces_blobs_create: {
         parameters: {
             query?: never;
@@ -1439,6 +1821,38 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["MemberOut"];
+                };
+            };
+        };
+    };
+    workspaces_offers_retrieve: {
+        parameters: {
+            query?: {
+                /** @description comma-separated backend kinds */
+                backend?: string;
+                cpu?: number;
+                /** @description a GPU name, optionally with a count: A10G or A10G:4 */
+                gpu?: string;
+                /** @description at least this much memory: 16GB */
+                memory?: string;
+                /** @description comma-separated regions */
+                region?: string;
+                spot_policy?: "auto" | "on-demand" | "spot";
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OffersOut"];
                 };
             };
         };

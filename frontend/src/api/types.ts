@@ -167,3 +167,8 @@ export type LiveFrame =
   | { type: "logs"; job: string; lines: [number, number, Stream, string][] };
 
 export const ACTIVE_RUN_STATUSES: RunStatus[] = ["pending", "running", "stopping"];
+
+export type Backend = Schemas["BackendOut"];
+export type AwsSetup = Schemas["AwsSetupOut"];
+export type Offer = Schemas["OfferOut"];
+export type Offers = Schemas["OffersOut"];

@@ -32,7 +32,19 @@ export function InstancesPage() {
             </p>
           </EmptyState>
         }
-        columns={["State", "Name", "Backend", "Host", "Resources", "Current job", { label: "Uptime", className: "num" }, "Last heartbeat"]}
+        columns={[
+          "State",
+          "Name",
+          "Backend",
+          "Type",
+          "Where",
+          { label: "Price/h", className: "num" },
+          "Host",
+          "Resources",
+          "Current job",
+          { label: "Uptime", className: "num" },
+          "Last heartbeat",
+        ]}
         renderRow={(instance) => (
           <tr key={instance.id}>
             <td>
@@ -40,7 +52,15 @@ export function InstancesPage() {
               {instance.status_reason ? <div className="small muted">{instance.status_reason}</div> : null}
             </td>
             <td className="mono">{instance.name}</td>
-            <td>{instance.backend}</td>
+            <td>
+              {instance.account ?? instance.backend}
+              {instance.backend_id ? <div className="small muted mono">{instance.backend_id}</div> : null}
+            </td>
+            <td className="mono">{instance.instance_type || "—"}</td>
+            <td>
+              {[instance.zone || instance.region, instance.spot ? "spot" : instance.region ? "on-demand" : ""].filter(Boolean).join(" · ") || "—"}
+            </td>
+            <td className="num">{instance.price_per_hour ? `$${instance.price_per_hour.toFixed(4)}` : "—"}</td>
             <td className="mono small">{[instance.hostname, instance.address].filter(Boolean).join(" · ") || "—"}</td>
             <td>{resources(instance)}</td>
             <td>

@@ -12,6 +12,8 @@ const NAV = [
   { to: "repos", label: "Repos" },
   { to: "instances", label: "Runners & instances" },
   { to: "self-hosted", label: "Self-hosted runners" },
+  { to: "backends", label: "Backends" },
+  { to: "offers", label: "Offers" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
   { to: "tokens", label: "API tokens" },
