@@ -14,6 +14,7 @@ from .agent import Agent
 from .resources import RESOURCES_VAR, declared_resources
 
 log = logging.getLogger("trainyard_runner")
+OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         give_up_after=args.give_up_after,
         drain_timeout=args.drain_timeout,
         address=args.address,
+        jobs_outlive_runner=args.jobs_outlive_runner,
     )
     return asyncio.run(_run(agent))
 
@@ -90,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         default=env("TRAINYARD_RUNNER_ADDRESS", ""),
         help="where other jobs of a run reach this machine's jobs; default: 127.0.0.1 for a loopback server,"
         " else the local address routed to the server [TRAINYARD_RUNNER_ADDRESS]",
+    )
+    p.add_argument(
+        "--jobs-outlive-runner",
+        action=argparse.BooleanOptionalAction,
+        default=env(OUTLIVE_VAR, "1").strip().lower() not in ("0", "false", "no", "off", ""),
+        help="keep the jobs' commands running when this process dies or gets SIGTERM; a runner started on the"
+        " same work dir re-attaches to them (default: on; the local backend turns it off) [" + OUTLIVE_VAR + "]",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
