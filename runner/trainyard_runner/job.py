@@ -100,15 +100,15 @@ class Job:
         self._confirmed = asyncio.Event()
         self.refused = False  # the server fenced this attempt: nothing more is sent for it
         self.phase = Lifecycle.PREPARING
-        if resumed is not None:  # its commands were confirmed and started by an earlier runner process
-            self._confirmed.set()
-            self.phase = Lifecycle.RUNNING
-            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets)
         self._execution: Execution | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
         self._stopper: asyncio.Task[None] | None = None
         self.finished = False  # run() returned: only the final state is left to send
+        if resumed is not None:  # its commands were confirmed and started by an earlier runner process
+            self._confirmed.set()
+            self.phase = Lifecycle.RUNNING
+            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets)
 
     @property
     def executing(self) -> bool:
