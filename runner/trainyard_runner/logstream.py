@@ -266,7 +266,8 @@ def spool_tail(path: Path, none: int) -> tuple[int, dict[str, int]]:
     runner died mid-write) and anything after it are cut off the file, so
     what is appended next starts on a line of its own and the torn record's
     lines are read again from the output file, with the same seqs."""
-    last, offsets, good = none, {}, 0
+    last, good = none, 0
+    offsets: dict[str, int] = {}
     try:
         f = path.open("rb")
     except FileNotFoundError:

@@ -182,9 +182,7 @@ def test_output_is_read_on_from_the_spooled_offsets_without_a_gap_or_a_duplicate
 
     async def first_half() -> ShimRecord:
         stream = LogStream("j", tmp_path / "spool.jsonl", first_seq=11)  # attempt 2: seqs go on from 10
-        ex = await Execution.start(
-            commands, job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream, outlive=True
-        )
+        await Execution.start(commands, job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream, outlive=True)
         while stream.last_seq < 10 + n // 2:
             await asyncio.sleep(0.01)
         record = ShimRecord.load(tmp_path)
