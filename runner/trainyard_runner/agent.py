@@ -24,6 +24,7 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -33,7 +34,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from . import __version__
 from . import protocol as p
 from .job import Job, Lifecycle, Resumed
-from .reattach import find_resumable
+from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,10 @@ RECOVERABLE = (OSError, TimeoutError, WebSocketException, ValueError)
 
 class Fatal(Exception):
     """The server refused this runner; retrying will not help."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Agent:
@@ -89,6 +94,7 @@ class Agent:
         self._exit_code: int | None = None
         self._last_ack_at = time.monotonic()
         self._gpus: list[p.Gpu] | None = None
+        self._lock: IO[bytes] | None = None  # flock'd for as long as this process runs
 
     @property
     def stopping(self) -> bool:
@@ -106,6 +112,10 @@ class Agent:
     async def run(self) -> int:
         """Connect, serve, reconnect until told to stop; returns the exit code."""
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = await lock_work_dir(self._work_dir)
+        if self._lock is None:
+            log.error("another runner process uses %s; exiting", self._work_dir)
+            return 2
         for resumed in find_resumable(self._work_dir):
             self._new_job(resumed.spec, resumed)
             log.info(
@@ -121,8 +131,12 @@ class Agent:
                 await self._connect_and_serve()
             except Fatal as e:
                 log.error("server refused this runner: %s; exiting", e)
-                for job in self._jobs.values():  # fenced: nothing of ours may keep running
-                    await job.kill_now()
+                # Fenced: nothing of ours may keep running. Replaced by a newer
+                # runner: with jobs that outlive us, it may be the one that
+                # re-attached to them.
+                if not (self._outlive and e.code == p.CLOSE_REPLACED):
+                    for job in self._jobs.values():
+                        await job.kill_now()
                 return 2
             except RECOVERABLE as e:
                 error = e
@@ -466,7 +480,7 @@ def _is_loopback(host: str) -> bool:
 
 def _raise_if_fatal(code: int | None, reason: str) -> None:
     if code in FATAL_CLOSE_CODES:
-        raise Fatal(f"close code {code} {reason}".strip())
+        raise Fatal(f"close code {code} {reason}".strip(), code)
 
 
 def _describe(e: Exception) -> str:

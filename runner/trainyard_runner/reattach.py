@@ -12,10 +12,14 @@ then ends those attempts as lost by the runner and retries them
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import logging
 import shutil
 import signal
+import time
 from pathlib import Path
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -24,6 +28,27 @@ from .process import EXIT_FILE, ShimRecord, killpg
 from .protocol import AssignJob
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = "runner.lock"
+LOCK_WAIT_SECONDS = 30.0  # a restart's new process waits this long for the old one to go
+
+
+async def lock_work_dir(work_dir: Path, wait: float = LOCK_WAIT_SECONDS) -> IO[bytes] | None:
+    """An exclusive flock on ``<work_dir>/runner.lock``, held while the
+    returned file stays open (the kernel drops it when the process dies, and
+    shims do not inherit it): two runner processes never follow the same
+    jobs. None if another process still holds it after ``wait`` seconds."""
+    f = (work_dir / LOCK_FILE).open("ab")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                return None
+            await asyncio.sleep(0.2)
 
 
 def find_resumable(work_dir: Path) -> list[Resumed]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainyard_runner.logstream import LogStream, read_spool
 from trainyard_runner.process import Execution, ShimRecord, job_env, read_exit
+from trainyard_runner.reattach import lock_work_dir
 from websockets.asyncio.server import serve
 
 from tests.runner.test_agent import FakeServer, _alive, assign, start_runner, stop
@@ -220,3 +221,15 @@ def test_the_shim_writes_the_exit_code_and_keeps_running_without_its_parent(tmp_
     assert asyncio.run(go()) == 7
     assert json.loads((tmp_path / "exit.json").read_text())["code"] == 7
     assert (tmp_path / "stdout.log").read_text() == "hi\n"
+
+
+def test_two_runner_processes_never_share_a_work_dir(tmp_path: Path) -> None:
+    async def go() -> tuple[bool, bool]:
+        first = await lock_work_dir(tmp_path, wait=0)
+        second = await lock_work_dir(tmp_path, wait=0.3)  # as another process would: its own open file
+        assert first is not None
+        first.close()  # the first runner is gone
+        third = await lock_work_dir(tmp_path, wait=0.3)
+        return second is None, third is not None
+
+    assert asyncio.run(go()) == (True, True)
