@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from backend.clouds.backends.local.process import kill_shims
 from backend.embedded.processes import cmdline, groups_stop, pid_alive, pid_stop
 
 # The console script, or `python -m trainyard_runner` as the local backend starts it.
@@ -34,6 +35,8 @@ def local_runners_kill(data_dir: Path) -> list[int]:
        not a group leader, so we never hit a group it merely joined), SIGKILL
        what is left after 5 s.
     3. Delete all pidfiles, including unreadable and stale ones.
+    4. SIGKILL the process group of every job shim left under a runner's
+       work directory.
 
     Returns the pids that were signalled.
     """
@@ -45,6 +48,11 @@ def local_runners_kill(data_dir: Path) -> list[int]:
         pid_stop(pid, timeout=STOP_TIMEOUT_SECONDS)
     for pidfile in pidfiles:
         pidfile.unlink(missing_ok=True)
+    # Their jobs' shims: they die with a local runner (no --jobs-outlive-runner),
+    # but a runner that was SIGKILLed before its shim set PDEATHSIG, or one
+    # started by another configuration, may have left some.
+    for work_dir in (p for p in (data_dir / "local-runners").glob("*") if p.is_dir()):
+        kill_shims(work_dir)
     return pids
 
 

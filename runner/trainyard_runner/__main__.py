@@ -18,6 +18,7 @@ from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
 
 log = logging.getLogger("trainyard_runner")
+OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         address=args.address,
         power_off_after=args.power_off_after,
         cloud=machine.cloud_identity(args.cloud),
+        jobs_outlive_runner=args.jobs_outlive_runner,
     )
     lifetime = _Lifetime(args.max_lifetime, work_dir)
     code = asyncio.run(_run(agent, lifetime))
@@ -169,6 +171,13 @@ def _parser() -> argparse.ArgumentParser:
         default=env("TRAINYARD_RUNNER_ADDRESS", ""),
         help="where other jobs of a run reach this machine's jobs; default: 127.0.0.1 for a loopback server,"
         " else the local address routed to the server [TRAINYARD_RUNNER_ADDRESS]",
+    )
+    p.add_argument(
+        "--jobs-outlive-runner",
+        action=argparse.BooleanOptionalAction,
+        default=env(OUTLIVE_VAR, "1").strip().lower() not in ("0", "false", "no", "off", ""),
+        help="keep the jobs' commands running when this process dies or gets SIGTERM; a runner started on the"
+        " same work dir re-attaches to them (default: on; the local backend turns it off) [" + OUTLIVE_VAR + "]",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p

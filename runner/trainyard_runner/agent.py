@@ -3,7 +3,10 @@ capped backoff, and the dispatch of server messages.
 
 Jobs live across connections; on every (re)connection the runner says which
 jobs it still holds, rewinds their log streams to what the server has stored,
-and re-sends their latest state. Exit codes of ``Agent.run``: 0 after a
+and re-sends their latest state. They can live across runner processes too:
+with ``jobs_outlive_runner`` their commands survive the runner's death, and a
+runner started on the same work dir re-attaches to them (``reattach.py``)
+before its first hello. Exit codes of ``Agent.run``: 0 after a
 ``Shutdown`` (or SIGTERM), 1 when the server was unreachable for
 ``give_up_after`` seconds while the runner held no job (not even a final
 state still to deliver), 2 when the server refused the runner
@@ -23,6 +26,7 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -31,8 +35,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from . import __version__
 from . import protocol as p
-from .job import Job, Lifecycle
+from .job import Job, Lifecycle, Resumed
 from .machine import save_token
+from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,10 @@ RECOVERABLE = (OSError, TimeoutError, WebSocketException, ValueError)
 class Fatal(Exception):
     """The server refused this runner; retrying will not help."""
 
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 class Agent:
     def __init__(
@@ -70,6 +79,7 @@ class Agent:
         address: str = "",
         power_off_after: float = 0.0,
         cloud: p.CloudIdentity | None = None,
+        jobs_outlive_runner: bool = False,
     ) -> None:
         self.url = runner_ws_url(server_url)
         self._address = address  # empty: worked out on every connection (default_address)
@@ -79,6 +89,8 @@ class Agent:
         self._power_off_after = power_off_after
         self._cloud = cloud
         self._drain_timeout = drain_timeout
+        self._outlive = jobs_outlive_runner
+        self._detach = False  # SIGTERM with jobs_outlive_runner: exit, leaving started jobs running
         self._jobs: dict[str, Job] = {}
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
         self._finals: dict[str, p.JobState] = {}  # final states not yet sent
@@ -90,6 +102,7 @@ class Agent:
         self._exit_code: int | None = None
         self._last_ack_at = time.monotonic()
         self._gpus: list[p.Gpu] | None = None
+        self._lock: IO[bytes] | None = None  # flock'd for as long as this process runs
 
     @property
     def stopping(self) -> bool:
@@ -107,6 +120,18 @@ class Agent:
     async def run(self) -> int:
         """Connect, serve, reconnect until told to stop; returns the exit code."""
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = await lock_work_dir(self._work_dir)
+        if self._lock is None:
+            log.error("another runner process uses %s; exiting", self._work_dir)
+            return 2
+        for resumed in find_resumable(self._work_dir):
+            self._new_job(resumed.spec, resumed)
+            log.info(
+                "re-attached to job %s attempt %d (shim pid %d)",
+                resumed.spec.job,
+                resumed.spec.attempt,
+                resumed.shim.pid,
+            )
         delay, last_contact = BACKOFF_MIN, time.monotonic()
         while self._exit_code is None:
             error: Exception | None = None
@@ -114,6 +139,12 @@ class Agent:
                 await self._connect_and_serve()
             except Fatal as e:
                 log.error("server refused this runner: %s; exiting", e)
+                # Fenced: nothing of ours may keep running. Replaced by a newer
+                # runner: with jobs that outlive us, it may be the one that
+                # re-attached to them.
+                if not (self._outlive and e.code == p.CLOSE_REPLACED):
+                    for job in self._jobs.values():
+                        await job.kill_now()
                 return 2
             except RECOVERABLE as e:
                 error = e
@@ -145,11 +176,18 @@ class Agent:
         return None
 
     def stop(self, reason: str) -> None:
-        """SIGTERM: stop the running job, report it, then exit 0."""
+        """SIGTERM: stop the running job, report it, then exit 0. With
+        ``jobs_outlive_runner`` a job whose commands run is left running (the
+        next runner on this work dir re-attaches); only a job still preparing
+        is stopped and reported."""
         log.info("stopping: %s", reason)
         self._stopping = True
+        self._detach = self._outlive
         for job in self._jobs.values():
-            job.cancel(reason)
+            if self._detach and job.detachable:
+                log.info("leaving job %s running: a runner started on %s re-attaches to it", job.id, self._work_dir)
+            else:
+                job.cancel(reason)
         self._maybe_exit()
         # Reporting needs the server; do not wait for it forever.
         asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._force_exit)
@@ -319,19 +357,25 @@ class Agent:
         if reason:
             log.info("rejecting job %s: %s", msg.job, reason)
             return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
+        job = self._new_job(msg)
+        log.info("job %s attempt %d assigned: %s/%s", job.id, msg.attempt, msg.run_name, msg.workflow)
+        return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
+
+    def _new_job(self, spec: p.AssignJob, resumed: Resumed | None = None) -> Job:
         job = Job(
-            msg,
+            spec,
             work_dir=self._work_dir,
             token=self._token,
             report=self._report,
             on_logs_ready=self._wake.set,
             on_drain_stuck=self._end_session.set,
             drain_timeout=self._drain_timeout,
+            outlive=self._outlive,
+            resumed=resumed,
         )
         self._jobs[job.id] = job
         self._job_tasks[job.id] = asyncio.create_task(self._run_job(job))
-        log.info("job %s attempt %d assigned: %s/%s", job.id, msg.attempt, msg.run_name, msg.workflow)
-        return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
+        return job
 
     def _refusal(self, msg: p.AssignJob) -> str:
         if self._stopping:
@@ -422,7 +466,7 @@ class Agent:
         return any(not job.finished for job in self._jobs.values())
 
     def _maybe_exit(self) -> None:
-        if self._stopping and not self._jobs:
+        if self._stopping and all(self._detach and job.detachable for job in self._jobs.values()):
             self._exit_code = 0
             self._end_session.set()
 
@@ -466,7 +510,7 @@ def _is_loopback(host: str) -> bool:
 
 def _raise_if_fatal(code: int | None, reason: str) -> None:
     if code in FATAL_CLOSE_CODES:
-        raise Fatal(f"close code {code} {reason}".strip())
+        raise Fatal(f"close code {code} {reason}".strip(), code)
 
 
 def _describe(e: Exception) -> str:

@@ -5,6 +5,12 @@ logs, upload the artifacts, and produce the final ``JobState``.
 The job never talks to the websocket itself: it reports states through the
 ``report`` callback and leaves its lines in its ``LogStream``; the agent
 delivers both whenever it is connected.
+
+Before its commands start, a job writes ``job.json`` (its ``AssignJob``
+without the environment, the inputs and the code's URLs: what a later runner
+needs to finish the job, and no secret at rest). A runner started later on
+the same work dir rebuilds the job from it (``Resumed``, ``reattach.py``) and
+follows the shim that still runs the commands.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import docker
@@ -24,12 +32,22 @@ from .docker import DockerError
 from .http import post_json
 from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
-from .process import Execution, job_env, script
-from .protocol import AssignJob, JobState
+from .process import Execution, ShimLost, ShimRecord, job_env, script
+from .protocol import AssignJob, CodeSpec, JobState
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE = 5.0
+SPEC_FILE = "job.json"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A job found in the work dir by a runner that just started: its spec
+    (from ``job.json``) and its shim, alive or ended with an exit file."""
+
+    spec: AssignJob
+    shim: ShimRecord
 
 
 class Lifecycle(enum.StrEnum):
@@ -55,6 +73,8 @@ class Job:
         on_logs_ready: Callable[[], None],
         on_drain_stuck: Callable[[], None],
         drain_timeout: float = 60.0,
+        outlive: bool = False,
+        resumed: Resumed | None = None,
     ) -> None:
         self.spec = spec
         self.id = spec.job
@@ -65,9 +85,18 @@ class Job:
         self._report = report
         self._on_drain_stuck = on_drain_stuck
         self._drain_timeout = drain_timeout
-        _reset_dir(self.dir)
+        self._outlive = outlive  # the commands keep running if this runner process dies
+        self._resumed = resumed
+        if resumed is None:
+            _reset_dir(self.dir)
         self.attempt = spec.attempt
-        self.stream = LogStream(self.id, self.dir / "spool.jsonl", on_ready=on_logs_ready, first_seq=spec.seq_base + 1)
+        self.stream = LogStream(
+            self.id,
+            self.dir / "spool.jsonl",
+            on_ready=on_logs_ready,
+            first_seq=spec.seq_base + 1,
+            resume=resumed is not None,
+        )
         # The commands start only once the server confirmed the acceptance.
         self._confirmed = asyncio.Event()
         self.refused = False  # the server fenced this attempt: nothing more is sent for it
@@ -77,6 +106,10 @@ class Job:
         self._cancel_reason: str | None = None
         self._stopper: asyncio.Task[None] | None = None
         self.finished = False  # run() returned: only the final state is left to send
+        if resumed is not None:  # its commands were confirmed and started by an earlier runner process
+            self._confirmed.set()
+            self.phase = Lifecycle.RUNNING
+            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets)
 
     @property
     def executing(self) -> bool:
@@ -86,6 +119,12 @@ class Job:
     @property
     def docker(self) -> bool:
         return self.spec.provider == "docker"
+
+    @property
+    def detachable(self) -> bool:
+        """Its commands were started under a shim that outlives this runner:
+        a runner started later on the work dir can take the job over."""
+        return self._outlive and self._execution is not None and not self.refused
 
     async def run(self) -> JobState:
         """Run the job to its end and return the final state (not yet sent)."""
@@ -100,10 +139,11 @@ class Job:
         acknowledged every line; 4. uploading: artifacts, only after exit code 0.
         """
         try:
-            await self._state("preparing")
-            await self._prepare()
+            if self._resumed is None:
+                await self._state("preparing")
+                await self._prepare()
             code = await self._execute()
-        except (CodeError, InputError, DockerError) as e:
+        except (CodeError, InputError, DockerError, ShimLost) as e:
             return await self._finish("failed", None, str(e))
         except asyncio.CancelledError:
             if self._cancel_reason is None:
@@ -144,6 +184,14 @@ class Job:
 
     def remove_files(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def kill_now(self) -> None:
+        """SIGKILL the commands' process group (and a container) at once:
+        the runner must stop and nothing of the job may outlive it."""
+        if self._execution is not None:
+            self._execution.kill()
+            if self.docker:
+                await docker.kill_container(self.id)
 
     # ---------------------------------------------------------------- steps
 
@@ -188,6 +236,10 @@ class Job:
         return str(post_json(url, body, token=self._token)["url"])
 
     async def _execute(self) -> int:
+        if self._execution is not None:  # re-attached
+            log.info("job %s: re-attached to its commands (shim pid %d)", self.id, self._execution.pid)
+            await self._state("running")
+            return await self._wait_execution(self._execution)
         if not self._confirmed.is_set():
             log.info("job %s: ready, waiting for the server to confirm the acceptance", self.id)
             await self._confirmed.wait()
@@ -195,24 +247,44 @@ class Job:
             raise asyncio.CancelledError
         env_file = self.dir / "tmp" / "docker.env"
         try:
+            self._save_spec()
             self._execution = await self._start(env_file)
             if self._cancel_reason is not None:  # cancelled while the process was starting
                 self._stop_execution()
             self.phase = Lifecycle.RUNNING
             await self._state("running")
-            code = await self._execution.wait()
+            return await self._wait_execution(self._execution)
         finally:
             env_file.unlink(missing_ok=True)
+
+    async def _wait_execution(self, execution: Execution) -> int:
+        code = await execution.wait()
         log.info("job %s: process exited with %d", self.id, code)
         if self._stopper is not None and self.docker:
             await self._stopper  # a cancelled container is gone before the job ends
         return code
 
+    def _save_spec(self) -> None:
+        """``job.json``: the spec without what must not be at rest (the
+        environment holds the workspace's secrets, the inputs' and the code's
+        URLs are signed) and is not needed once the commands run."""
+        kept = self.spec.model_copy(
+            update={"env": {}, "inputs": [], "code": CodeSpec(kind=self.spec.code.kind, commit=self.spec.code.commit)}
+        )
+        path = self.dir / SPEC_FILE
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(kept.model_dump_json())
+        os.replace(tmp, path)
+
     async def _start(self, env_file: Path) -> Execution:
         work = self.dir / "work"
         if not self.docker:
             env = job_env(self.spec.env, pip_cache_dir=self._pip_cache_dir)
-            return await Execution.start(self.spec.commands, cwd=work, env=env, stream=self.stream)
+            return await Execution.start(
+                self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
+            )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
         env = {**self.spec.env, "PYTHONUNBUFFERED": "1"}
@@ -226,7 +298,13 @@ class Job:
             pass_env=pass_env,
         )
         return await Execution.start(
-            self.spec.commands, cwd=work, env=docker.client_env(env, pass_env), stream=self.stream, argv=argv
+            self.spec.commands,
+            job_dir=self.dir,
+            cwd=work,
+            env=docker.client_env(env, pass_env),
+            stream=self.stream,
+            argv=argv,
+            outlive=self._outlive,
         )
 
     def _stop_execution(self) -> None:

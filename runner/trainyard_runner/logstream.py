@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -45,9 +46,15 @@ class LogStream:
         max_bytes: int = 64 << 20,
         on_ready: Callable[[], None] = lambda: None,
         first_seq: int = 1,
+        resume: bool = False,
     ) -> None:
         self.job = job
         self.spool_path = spool_path
+        # Where each output file ("o", "e") was read to, by the last spooled chunk.
+        self.offsets: dict[str, int] = {}
+        last_seq = first_seq - 1
+        if resume:
+            last_seq, self.offsets = spool_tail(spool_path, first_seq - 1)
         self._spool = spool_path.open("a", encoding="utf-8")
         self._max_lines = max_lines
         self._max_bytes = max_bytes
@@ -56,9 +63,9 @@ class LogStream:
         # A job's seqs continue across attempts: a retried attempt starts
         # after the lines its predecessors stored (AssignJob.seq_base).
         self._first_seq = first_seq  # this attempt's first line; earlier seqs are not ours to resend
-        self._base = first_seq
+        self._base = last_seq + 1
         self._bytes = 0
-        self._next_seq = first_seq  # seq the next put line gets
+        self._next_seq = last_seq + 1  # seq the next put line gets
         self._sent = first_seq - 1  # highest seq handed out in a batch on this connection
         self._acked = first_seq - 1
         self._in_flight: deque[int] = deque()  # last seq of each unacked batch
@@ -69,8 +76,10 @@ class LogStream:
 
     # ------------------------------------------------------------ producer side
 
-    async def put(self, stream: str, texts: list[str], *, timeout: float = 1.0) -> None:
-        """Append lines; blocks (re-checking every ``timeout`` s) while the buffer is full."""
+    async def put(self, stream: str, texts: list[str], *, timeout: float = 1.0, offset: int | None = None) -> None:
+        """Append lines; blocks (re-checking every ``timeout`` s) while the buffer is full.
+        ``offset``: where the output file of ``stream`` is read to after these
+        lines (spooled with them, so a later runner resumes there)."""
         if not texts or self._abandoned:
             return
         while self._full():
@@ -78,9 +87,13 @@ class LogStream:
         size = sum(len(t) for t in texts)
         ts = round(time.time(), 6)
         first = self._next_seq
-        # One spool record per chunk: [first_seq, ts, stream, [texts]]. Cheap and
-        # compact; every line of a chunk arrived at the same time on one stream.
-        self._spool.write(json.dumps([first, ts, stream, texts], ensure_ascii=False))
+        # One spool record per chunk: [first_seq, ts, stream, [texts]] (+ offset).
+        # Cheap and compact; every line of a chunk arrived at the same time on one stream.
+        record: list[object] = [first, ts, stream, texts]
+        if offset is not None:
+            record.append(offset)
+            self.offsets[stream] = offset
+        self._spool.write(json.dumps(record, ensure_ascii=False))
         self._spool.write("\n")
         self._spool.flush()
         if self._sent == self._next_seq - 1:
@@ -239,9 +252,38 @@ def read_spool(path: Path, from_seq: int = 1) -> Iterator[tuple[int, LogLine]]:
     with path.open(encoding="utf-8") as f:
         for raw in f:
             try:
-                first, ts, stream, texts = json.loads(raw)
+                first, ts, stream, texts, *_ = json.loads(raw)
             except ValueError:
                 continue
             for i, text in enumerate(texts):
                 if first + i >= from_seq:
                     yield first + i, (ts, stream, text)
+
+
+def spool_tail(path: Path, none: int) -> tuple[int, dict[str, int]]:
+    """The last seq of the spool's whole records (``none`` when it has none)
+    and the output offset of each stream's last record. A torn record (the
+    runner died mid-write) and anything after it are cut off the file, so
+    what is appended next starts on a line of its own and the torn record's
+    lines are read again from the output file, with the same seqs."""
+    last, good = none, 0
+    offsets: dict[str, int] = {}
+    try:
+        f = path.open("rb")
+    except FileNotFoundError:
+        return last, offsets
+    with f:
+        for raw in f:
+            try:
+                first, _, stream, texts, *rest = json.loads(raw)
+            except ValueError:
+                break
+            if not raw.endswith(b"\n"):
+                break
+            good += len(raw)
+            last = first + len(texts) - 1
+            if rest:
+                offsets[stream] = int(rest[0])
+    if good < path.stat().st_size:
+        os.truncate(path, good)
+    return last, offsets

@@ -1,15 +1,20 @@
-"""Running a job's commands: one ``bash`` under ``_reaper.py`` in its own process group, stdout and
-stderr read in chunks and split into lines for the job's ``LogStream``."""
+"""Running a job's commands: one ``bash`` under ``_shim.py``, the leader of its own process group
+and session, which appends the job's stdout and stderr to files in the job's directory; the runner
+follows those files from byte offsets, splits them into lines for the job's ``LogStream``, and learns the
+exit code from the shim's exit file. A runner started later on the same work dir re-attaches to a shim
+that is still alive (``Execution.attach``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from .logstream import LogStream
@@ -18,9 +23,56 @@ from .protocol import MAX_LINE_BYTES
 log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
-# Leads the job's process group and takes it down if the runner dies.
-REAPER = Path(__file__).with_name("_reaper.py")
+POLL_SECONDS = 0.05  # how often the output files and the exit file are looked at when nothing happens
+# Leads the job's process group; see its docstring for the files it writes.
+SHIM = Path(__file__).with_name("_shim.py")
+OUTPUT_FILES = {"o": "stdout.log", "e": "stderr.log"}
+SHIM_FILE, EXIT_FILE, SHIM_LOG = "shim.json", "exit.json", "shim.log"
 TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
+
+
+class ShimLost(Exception):
+    """The shim ended without writing its exit file, and nobody here killed it."""
+
+
+@dataclass(frozen=True)
+class ShimRecord:
+    """Who the shim of a job is (``shim.json``): pid, start time in clock ticks
+    since boot, boot id. A pid alone could have been reused."""
+
+    pid: int
+    start: int
+    boot: str
+
+    @classmethod
+    def load(cls, job_dir: Path) -> ShimRecord | None:
+        try:
+            raw = json.loads((job_dir / SHIM_FILE).read_text())
+            return cls(pid=int(raw["pid"]), start=int(raw["start"]), boot=str(raw["boot"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def alive(self) -> bool:
+        """The very process that wrote the record still runs (not a zombie)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except (OSError, IndexError):
+            return False
+        return fields[0] not in ("Z", "X") and int(fields[19]) == self.start and boot == self.boot
+
+
+def read_exit(job_dir: Path) -> int | None:
+    """The exit code the shim recorded, or None when it wrote none (yet)."""
+    try:
+        return int(json.loads((job_dir / EXIT_FILE).read_text())["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def runner_env() -> dict[str, str]:
@@ -46,111 +98,183 @@ def script(commands: list[str]) -> str:
 
 
 class Execution:
-    """One running job process. ``start`` then ``wait``; ``terminate`` from
-    anywhere to stop the whole process group."""
+    """One job process under its shim. ``start`` (or ``attach`` after a
+    runner restart) then ``wait``; ``terminate`` from anywhere to stop the
+    whole process group."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, stream: LogStream) -> None:
-        self.proc = proc
-        self.pid = proc.pid  # also the process group id (start_new_session)
+    def __init__(
+        self,
+        job_dir: Path,
+        stream: LogStream,
+        pid: int,
+        *,
+        proc: asyncio.subprocess.Process | None = None,
+        record: ShimRecord | None = None,
+        offsets: Mapping[str, int] | None = None,
+    ) -> None:
+        self.job_dir = job_dir
+        self.pid = pid  # the shim's: also the process group id
+        self._proc = proc  # ours: reaped by asyncio; None when attached to another runner's shim
+        self._record = record
         self._stream = stream
-        self._readers = [
-            asyncio.create_task(_pump(proc.stdout, "o", stream)),  # type: ignore[arg-type]
-            asyncio.create_task(_pump(proc.stderr, "e", stream)),  # type: ignore[arg-type]
-        ]
         self.terminated = False
+        self._killed = False  # we SIGKILLed the group: a missing exit file means 128 + 9
+        self._ended = asyncio.Event()
+        self._result = asyncio.ensure_future(self._exited())
+        offsets = offsets or {}
+        self._readers = [
+            asyncio.ensure_future(
+                _follow(job_dir / OUTPUT_FILES[name], name, stream, offsets.get(name, 0), self._ended)
+            )
+            for name in OUTPUT_FILES
+        ]
 
     @classmethod
     async def start(
         cls,
         commands: list[str],
         *,
+        job_dir: Path,
         cwd: Path,
         env: Mapping[str, str],
         stream: LogStream,
         argv: list[str] | None = None,
+        outlive: bool = False,
     ) -> Execution:
-        """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under the reaper."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",
-            str(REAPER),
-            *(argv or ["bash", "-c", script(commands)]),
-            cwd=cwd,
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        return cls(proc, stream)
+        """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under
+        the shim. ``outlive``: the job keeps running if the runner dies."""
+        for name in (SHIM_FILE, EXIT_FILE, *OUTPUT_FILES.values()):
+            (job_dir / name).unlink(missing_ok=True)
+        for name in OUTPUT_FILES.values():
+            (job_dir / name).touch(mode=0o600)
+        with open(job_dir / SHIM_LOG, "ab") as shim_log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                str(SHIM),
+                str(job_dir),
+                "1" if outlive else "0",
+                *(argv or ["bash", "-c", script(commands)]),
+                cwd=cwd,
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=shim_log,
+                start_new_session=True,
+            )
+        return cls(job_dir, stream, proc.pid, proc=proc)
+
+    @classmethod
+    def attach(cls, job_dir: Path, record: ShimRecord, stream: LogStream, offsets: Mapping[str, int]) -> Execution:
+        """Follow a shim started by an earlier runner process, its output from ``offsets``."""
+        return cls(job_dir, stream, record.pid, record=record, offsets=offsets)
 
     async def wait(self) -> int:
-        """Wait for bash to exit, kill what it left behind in its process group,
-        read the pipes to the end and close the stream. Returns the exit code,
-        128 + signal number when bash was killed by a signal (shell convention)."""
-        code = await self._exited()
-        # Background children would keep the pipes open forever and outlive
-        # the job; they belong to the job, so they end with it.
-        self._killpg(signal.SIGKILL)
+        """Wait for the job to end, read its output to the end and close the
+        stream. Returns the exit code, 128 + signal number when the job was
+        killed by a signal (shell convention). Raises ``ShimLost`` when the
+        shim vanished without an exit code."""
+        try:
+            code = await asyncio.shield(self._result)
+        except ShimLost:
+            await self._read_to_the_end()
+            raise
+        await self._read_to_the_end()
+        return code
+
+    async def _read_to_the_end(self) -> None:
+        self._ended.set()
         _, pending = await asyncio.wait(self._readers, timeout=10)
         for task in pending:
             task.cancel()
         self._stream.close()
-        return 128 - code if code < 0 else code
-
-    async def _exited(self) -> int:
-        # On Python 3.11 Process.wait() also waits for the pipes to close,
-        # which a background child can keep open forever; returncode is set
-        # as soon as bash itself is reaped, so poll it too.
-        waiter = asyncio.ensure_future(self.proc.wait())
-        while self.proc.returncode is None:
-            await asyncio.wait({waiter}, timeout=0.05)
-        waiter.cancel()
-        return self.proc.returncode
 
     async def terminate(self, grace: float = 5.0) -> None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
         self.terminated = True
-        self._killpg(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace)
-        except TimeoutError:
+        killpg(self.pid, signal.SIGTERM)
+        _, pending = await asyncio.wait({self._result}, timeout=grace)
+        if pending:
             log.info("job process ignored SIGTERM for %.0fs, killing", grace)
-        self._killpg(signal.SIGKILL)
+        self.kill()
 
-    def _killpg(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+    def kill(self) -> None:
+        """SIGKILL the whole process group now."""
+        self._killed = True
+        killpg(self.pid, signal.SIGKILL)
+
+    def _shim_alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.returncode is None
+        assert self._record is not None
+        return self._record.alive()
+
+    async def _exited(self) -> int:
+        reaper = asyncio.ensure_future(self._proc.wait()) if self._proc is not None else None
+        try:
+            while (code := read_exit(self.job_dir)) is None and self._shim_alive():
+                if reaper is not None:
+                    await asyncio.wait({reaper}, timeout=POLL_SECONDS)
+                else:
+                    await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if reaper is not None and not reaper.done():
+                reaper.cancel()
+        if code is not None:
+            return code
+        code = read_exit(self.job_dir)  # written just before it ended
+        if code is not None:
+            return code
+        # Killed before it could write the file: whatever is left of the job goes too.
+        killpg(self.pid, signal.SIGKILL)
+        if self._proc is not None and self._proc.returncode is not None:
+            returncode = self._proc.returncode
+            return 128 - returncode if returncode < 0 else returncode
+        if self._killed:
+            return 128 + signal.SIGKILL
+        raise ShimLost("the job's supervisor process ended without recording an exit code (was it killed?)")
 
 
-async def _pump(reader: asyncio.StreamReader, stream_name: str, stream: LogStream) -> None:
-    """Read ``reader`` to EOF, handing complete lines to ``stream``.
+async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, ended: asyncio.Event) -> None:
+    """Read ``path`` from byte ``offset`` as it grows, handing complete lines
+    to ``stream`` with the offset after them (the spool keeps it, so a later
+    runner resumes there), until ``ended`` is set and the file is read to its end.
 
     Reads in chunks and splits them, which is several times faster than
     ``readline`` per line; a line longer than MAX_LINE_BYTES is cut into pieces
     (protocol.py says how long a piece is, and the server relies on it).
     """
     rest = b""
-    while True:
-        chunk = await reader.read(_CHUNK)
-        if not chunk:
-            break
-        data = rest + chunk
-        cut = data.rfind(b"\n") + 1
-        texts: list[str] = []
-        if cut:
-            texts = data[: cut - 1].decode("utf-8", errors="replace").split("\n")
-        rest = data[cut:]
-        # ">": the byte after the cut tells whether it splits a character.
-        while len(rest) > MAX_LINE_BYTES:
-            at = _boundary(rest)
-            texts.append(rest[:at].decode("utf-8", errors="replace"))
-            rest = rest[at:]
-        texts = _split_long(texts)
-        await stream.put(stream_name, texts)
+    start = offset  # the file offset of rest's first byte
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            last = ended.is_set()  # looked at before reading: a read after the end sees everything
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                if last:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), POLL_SECONDS)
+                continue
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            texts: list[str] = []
+            if cut:
+                texts = data[: cut - 1].decode("utf-8", errors="replace").split("\n")
+            rest = data[cut:]
+            # ">": the byte after the cut tells whether it splits a character.
+            while len(rest) > MAX_LINE_BYTES:
+                at = _boundary(rest)
+                texts.append(rest[:at].decode("utf-8", errors="replace"))
+                rest = rest[at:]
+            texts = _split_long(texts)
+            if texts:
+                start += len(data) - len(rest)
+                await stream.put(stream_name, texts, offset=start)
     if rest:
-        await stream.put(stream_name, [rest.decode("utf-8", errors="replace")])
+        await stream.put(stream_name, [rest.decode("utf-8", errors="replace")], offset=start + len(rest))
 
 
 def _boundary(data: bytes) -> int:

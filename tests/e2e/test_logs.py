@@ -49,15 +49,17 @@ PACED = """workflows:
     commands:
       - python paced.py
 """
-# 200,000 lines in 40 bursts a quarter of a second apart (about 10 s), so
-# the connection can be cut again and again while lines are in flight.
+# 200,000 lines in 40 bursts half a second apart (about 20 s), so the
+# connection can be cut again and again while lines are in flight. (The job
+# writes to files now, never slowed by the runner's reading, and each cut is a
+# `manage.py` call of a few seconds on a loaded machine.)
 PACED_PY = """import sys, time
 out = sys.stdout
 for burst in range(40):
     for i in range(burst * 5000, (burst + 1) * 5000):
         out.write(f"line {i:09d} the quick brown fox jumps over the lazy dog\\n")
     out.flush()
-    time.sleep(0.25)
+    time.sleep(0.5)
 """
 
 

@@ -116,7 +116,11 @@ def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, A
     }
 
 
-async def start_runner(port: int, work: Path, *extra: str, token: str = TOKEN) -> asyncio.subprocess.Process:
+async def start_runner(
+    port: int, work: Path, *extra: str, token: str = TOKEN, outlive: bool = False
+) -> asyncio.subprocess.Process:
+    """A real runner; by default its jobs die with it (``--no-jobs-outlive-runner``,
+    as the local backend starts it), so a test that kills it leaves nothing behind."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -125,6 +129,7 @@ async def start_runner(port: int, work: Path, *extra: str, token: str = TOKEN) -
         f"ws://127.0.0.1:{port}",
         "--work-dir",
         str(work),
+        "--jobs-outlive-runner" if outlive else "--no-jobs-outlive-runner",
         *extra,
         env={**os.environ, "TRAINYARD_RUNNER_TOKEN": token},
         stderr=asyncio.subprocess.PIPE,
@@ -370,7 +375,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_the_job_and_its_background_children_die_with_a_sigkilled_runner(
+def test_without_outlive_the_job_and_its_background_children_die_with_a_sigkilled_runner(
     tmp_path: Path, repo: tuple[Path, str]
 ) -> None:
     async def go() -> list[int]:

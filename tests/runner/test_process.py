@@ -16,7 +16,7 @@ def _run(
 ) -> tuple[int, list[tuple[int, str, str]]]:
     async def go() -> int:
         stream = LogStream("j", tmp_path / "spool")
-        ex = await Execution.start(commands, cwd=tmp_path, env=job_env(env or {}), stream=stream)
+        ex = await Execution.start(commands, job_dir=tmp_path, cwd=tmp_path, env=job_env(env or {}), stream=stream)
         return await asyncio.wait_for(ex.wait(), 30)
 
     code = asyncio.run(go())
@@ -99,7 +99,9 @@ def _group_after_exit(pgid: int) -> list[int]:
 def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
     async def go() -> tuple[int, list[int], list[int]]:
         stream = LogStream("j", tmp_path / "spool")
-        ex = await Execution.start(["sleep 1000 & sleep 1000; wait"], cwd=tmp_path, env=job_env({}), stream=stream)
+        ex = await Execution.start(
+            ["sleep 1000 & sleep 1000; wait"], job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream
+        )
         deadline = time.monotonic() + 5
         while len(_group(ex.pid)) < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -111,7 +113,7 @@ def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
         return code, before, _group_after_exit(ex.pid)
 
     code, before, after = asyncio.run(go())
-    assert len(before) == 4  # the reaper, bash and both sleeps
+    assert len(before) == 4  # the shim, bash and both sleeps
     assert after == []
     assert code == 128 + 15
 
@@ -119,7 +121,9 @@ def test_terminate_kills_the_whole_process_group(tmp_path: Path) -> None:
 def test_terminate_kills_after_the_grace_period_when_sigterm_is_ignored(tmp_path: Path) -> None:
     async def go() -> tuple[int, float]:
         stream = LogStream("j", tmp_path / "spool")
-        ex = await Execution.start(["trap '' TERM", "sleep 1000 & wait"], cwd=tmp_path, env=job_env({}), stream=stream)
+        ex = await Execution.start(
+            ["trap '' TERM", "sleep 1000 & wait"], job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream
+        )
         await asyncio.sleep(0.2)
         started = time.monotonic()
         await ex.terminate(grace=0.5)
@@ -135,7 +139,9 @@ def test_terminate_kills_after_the_grace_period_when_sigterm_is_ignored(tmp_path
 def test_background_processes_left_behind_end_with_the_job(tmp_path: Path) -> None:
     async def go() -> tuple[int, list[int]]:
         stream = LogStream("j", tmp_path / "spool")
-        ex = await Execution.start(["sleep 1000 &", "echo done"], cwd=tmp_path, env=job_env({}), stream=stream)
+        ex = await Execution.start(
+            ["sleep 1000 &", "echo done"], job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream
+        )
         code = await asyncio.wait_for(ex.wait(), 10)
         return code, _group_after_exit(ex.pid)
 

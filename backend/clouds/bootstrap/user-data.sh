@@ -98,14 +98,24 @@ ENV
 
 # One run of the runner. It powers off by itself when cut off while idle or at
 # its maximum lifetime (exit 3); retired by the server (0) or refused (2) is
-# for good too: power off. Anything else: run it again.
+# for good too: power off. Anything else: run it again. A SIGTERM (systemctl
+# stop or restart) is passed on to the runner, which leaves its jobs running
+# for the next runner to re-attach (docs/RUNNER.md), and powers nothing off.
 cat > "$ROOT/run-runner" <<RUN
 #!/bin/sh
 set -a
 . "$ROOT/runner.env"
 set +a
+"$ROOT/venv/bin/trainyard-runner" --give-up-after 0 &
+child=\$!
+stopping=0
+trap 'stopping=1; kill -TERM \$child 2>/dev/null' TERM INT
 rc=0
-"$ROOT/venv/bin/trainyard-runner" --give-up-after 0 || rc=\$?
+while :; do
+  if wait \$child; then rc=0; else rc=\$?; fi
+  kill -0 \$child 2>/dev/null || break
+done
+[ \$stopping = 1 ] && exit 0
 case \$rc in
   0|2) echo "trainyard-boot: the runner exited with \$rc for good; powering off" >&2
        \$TRAINYARD_POWER_OFF_COMMAND || true; exit 0 ;;
@@ -127,7 +137,8 @@ StartLimitIntervalSec=0
 ExecStart=$ROOT/run-runner
 Restart=on-failure
 RestartSec=5
-KillMode=mixed
+# Only the wrapper is signalled: the jobs' shims outlive a runner restart.
+KillMode=process
 TimeoutStopSec=40
 
 [Install]

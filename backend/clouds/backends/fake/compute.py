@@ -20,6 +20,11 @@ Config keys (``AccountConfig.config``):
 ``run_runner`` (bool; default false)
     Start a real runner per machine (then ``runner_command``,
     ``env_strip_prefixes`` and ``kill_after`` work as for ``local``).
+``jobs_outlive_runner`` (bool; default true)
+    The runner's ``--jobs-outlive-runner``: a killed runner leaves its jobs
+    running on the machine, and a runner started again with the same token
+    and work directory re-attaches to them. Interrupting, vanishing or
+    terminating the machine kills them.
 ``boot_seconds`` (number; default 0)
     A machine is PENDING this long after launch, then RUNNING. (Its runner,
     if any, starts at launch.)
@@ -101,7 +106,8 @@ class FakeCompute(Compute):
         super().__init__(account)
         state_dir = Path(config_str(account, "state_dir"))
         self.state = FakeState(state_dir)
-        self.runners = RunnerDir(state_dir / "runners", RunnerSettings.from_config(account))
+        # A fake machine survives its runner, as a cloud VM does: its jobs outlive the runner too.
+        self.runners = RunnerDir(state_dir / "runners", RunnerSettings.from_config(account, jobs_outlive_runner=True))
         self.run_runner = config_bool(account, "run_runner", False)
         self.boot_seconds = config_float(account, "boot_seconds", 0.0)
         script_file = account.config.get("script_file")

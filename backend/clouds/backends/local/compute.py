@@ -25,6 +25,10 @@ Config keys (``AccountConfig.config``):
     these are not passed to runners (nor so to their jobs).
 ``kill_after`` (number, seconds; default 10)
     ``terminate`` SIGKILLs a runner still alive this long after its SIGTERM.
+``jobs_outlive_runner`` (bool; default false)
+    The runner's ``--jobs-outlive-runner``. Off: a runner's jobs die with it
+    (a dead local runner is a gone machine: its attempt is retried, and
+    ``make run``'s Ctrl-C leaves no job behind).
 """
 
 from __future__ import annotations

@@ -16,6 +16,15 @@ runners. One directory holds, for each key:
 Files are written atomically (a temporary file, then ``os.replace``). A pid
 counts only while ``/proc/<pid>/cmdline`` still names the runner: pids are
 reused, and a runner that exited may be a zombie until its parent reaps it.
+
+Each job of a runner runs under a shim (``trainyard_runner/_shim.py``, the
+leader of the job's process group). Whether jobs outlive their runner is the
+``jobs_outlive_runner`` setting (``TRAINYARD_RUNNER_JOBS_OUTLIVE``): off for
+the ``local`` backend (a dead runner is a gone machine, and ``make run``'s
+Ctrl-C must leave nothing), on for the ``fake`` backend, whose machines
+survive their runner like a cloud VM. Either way, stopping or killing a
+runner's machine also SIGKILLs the process group of every shim whose command
+line names a job directory under the runner's work directory (``kill_shims``).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.clouds.backends.base import AccountConfig, LaunchSpec, Offer
-from backend.clouds.backends.config import config_float, config_strings
+from backend.clouds.backends.config import config_bool, config_float, config_strings
 from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.files import KEY_PATTERN, checked_key, locked, write_atomic
 
@@ -45,6 +54,8 @@ SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "C
 # Set by us for each runner; never inherited from the server's environment.
 RUNNER_VARS_PREFIXES = ("TRAINYARD_RUNNER_", "TRAINYARD_SERVER_URL")
 RESOURCES_VAR = "TRAINYARD_RUNNER_RESOURCES"  # trainyard_runner.resources reads it
+OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"  # trainyard_runner.__main__ reads it
+SHIM_MARKER = b"_shim.py"  # the job supervisor's script, in its command line
 # The console script, or ``python -m trainyard_runner``.
 RUNNER_MARKERS = (b"trainyard_runner", b"trainyard-runner")
 DEFAULT_KILL_AFTER = 10.0
@@ -63,9 +74,12 @@ class RunnerSettings:
     command: tuple[str, ...]
     strip_prefixes: tuple[str, ...] = SERVER_ONLY_PREFIXES
     kill_after: float = DEFAULT_KILL_AFTER
+    jobs_outlive_runner: bool = False
 
     @classmethod
-    def from_config(cls, account: AccountConfig) -> RunnerSettings:
+    def from_config(cls, account: AccountConfig, *, jobs_outlive_runner: bool = False) -> RunnerSettings:
+        """``jobs_outlive_runner``: the default of that config key (the fake
+        backend's machines survive their runner; the local backend's do not)."""
         command = config_strings(account, "runner_command", [sys.executable, "-m", "trainyard_runner"])
         prefixes = config_strings(account, "env_strip_prefixes", SERVER_ONLY_PREFIXES)
         if not command or "" in prefixes:
@@ -74,7 +88,10 @@ class RunnerSettings:
                 code="BadConfig",
             )
         return cls(
-            command=command, strip_prefixes=prefixes, kill_after=config_float(account, "kill_after", DEFAULT_KILL_AFTER)
+            command=command,
+            strip_prefixes=prefixes,
+            kill_after=config_float(account, "kill_after", DEFAULT_KILL_AFTER),
+            jobs_outlive_runner=config_bool(account, "jobs_outlive_runner", jobs_outlive_runner),
         )
 
 
@@ -144,8 +161,10 @@ class RunnerDir:
         2. The first request: note its time in the record, SIGTERM the
            runner's process group (the runner cancels its job and exits).
         3. Still alive ``kill_after`` seconds after the first request: SIGKILL
-           the group (its jobs' reapers then kill the jobs).
+           the group.
         4. False while it is alive: call again.
+        5. Once it is gone, its jobs' shims are SIGKILLed with their process
+           groups (jobs that outlive their runner would go on otherwise).
         """
         key = checked_key(key)
         with self._locked():
@@ -154,6 +173,7 @@ class RunnerDir:
                 self._signal_stop(runner, runner.pid)
                 if _runner_alive(runner.pid):
                     return False
+            kill_shims(self.path / key)
             self._forget(key)
             return True
 
@@ -167,6 +187,7 @@ class RunnerDir:
                 # SIGKILL is delivered asynchronously: the caller is told the
                 # machine is gone, so it must be gone when this returns.
                 _wait_gone(runner.pid, timeout=2.0)
+            kill_shims(self.path / checked_key(key))
 
     def _find(self, key: str) -> Runner | None:
         record = _read_record(self.path / f"{key}.json")
@@ -228,6 +249,7 @@ class RunnerDir:
             TRAINYARD_RUNNER_TOKEN=spec.runner_token,
             TRAINYARD_RUNNER_DIR=str(self.path / key),
             TRAINYARD_RUNNER_ADDRESS="127.0.0.1",
+            TRAINYARD_RUNNER_JOBS_OUTLIVE="1" if self.settings.jobs_outlive_runner else "0",
         )
         if resources is not None:
             env[RESOURCES_VAR] = json.dumps(resources)
@@ -249,6 +271,30 @@ def offer_resources(offer: Offer) -> dict[str, object]:
         "disk_bytes": offer.disk_bytes,
         "gpus": [{"name": gpu.name, "memory_bytes": gpu.memory_bytes} for gpu in offer.gpus],
     }
+
+
+def kill_shims(work_dir: Path) -> list[int]:
+    """SIGKILL the process group of every job shim of the runner work
+    directory ``work_dir`` (a shim's command line is ``python -I -S …/_shim.py
+    <work_dir>/jobs/<job> …``, and it leads its job's group); their pids."""
+    jobs = os.fsencode(str(work_dir / "jobs")) + b"/"
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        at = next((i for i, arg in enumerate(argv) if arg.endswith(SHIM_MARKER)), None)
+        if at is None or at + 1 >= len(argv) or not argv[at + 1].startswith(jobs):
+            continue
+        pid = int(entry.name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
 
 
 def ws_url(server_url: str) -> str:
