@@ -6,10 +6,23 @@ reads the JSON fault list at ``$TRAINYARD_MOTO_FAULTS`` (written by
 ``MotoServer.fault`` in tests/support/moto.py); the first fault whose action
 and ``when`` match answers with the real EC2 error shape (HTTP 400, the given
 code and message) and counts down its ``times``. Everything else is moto.
+
+Two EC2 behaviours moto lacks are added, because the backend's contract
+depends on them (tests/clouds/test_contract.py on ``aws``):
+
+- ``ClientToken``: a RunInstances whose token an earlier call already used
+  answers that call's reservation instead of launching again, as EC2 does
+  (moto ignores the token: two calls, two instances). Calls are serialised
+  for this, so concurrent launches with one token start one instance.
+- a slow terminate: with ``terminate_delay`` set in the behaviour file
+  (``$TRAINYARD_MOTO_BEHAVIOUR``, written by ``MotoServer.slow_terminate``),
+  a terminated instance stays ``shutting-down`` that many seconds before it
+  is ``terminated`` (moto terminates at once).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -19,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.instances import Instance, InstanceBackend
 from moto.ec2.responses import EC2Response
 
 # The EC2 actions a fault may name (the API's own names).
@@ -38,6 +52,8 @@ ACTIONS = (
 )
 
 _lock = threading.Lock()
+_launch_lock = threading.Lock()
+MOTO_DEFAULT_TOKEN = "ABCDE"  # what moto's response handler passes when the request has no ClientToken
 
 
 def _underscored(action: str) -> str:
@@ -80,9 +96,51 @@ def _wrap(action: str) -> None:
     setattr(EC2Response, name, handler)
 
 
+def _behaviour() -> dict[str, Any]:
+    path = os.environ.get("TRAINYARD_MOTO_BEHAVIOUR")
+    try:
+        return dict(json.loads(Path(path).read_text() or "{}")) if path else {}
+    except FileNotFoundError:
+        return {}
+
+
+def _honour_client_token() -> None:
+    original = InstanceBackend.run_instances
+
+    def run_instances(self: InstanceBackend, *args: Any, **kwargs: Any) -> Any:
+        token = kwargs.get("client_token")
+        if not token or token == MOTO_DEFAULT_TOKEN:
+            return original(self, *args, **kwargs)
+        with _launch_lock:
+            for reservation in self.reservations.values():
+                if any(instance.client_token == token for instance in reservation.instances):
+                    return reservation
+            return original(self, *args, **kwargs)
+
+    InstanceBackend.run_instances = run_instances  # type: ignore[method-assign]
+
+
+def _slow_terminate() -> None:
+    original = Instance.terminate
+
+    def terminate(self: Instance) -> Any:
+        delay = float(_behaviour().get("terminate_delay") or 0)
+        if not delay:
+            return original(self)
+        previous = copy.copy(self._state)
+        if self._state.name not in ("shutting-down", "terminated"):
+            self._state.name, self._state.code = "shutting-down", 32
+            threading.Timer(delay, original, [self]).start()
+        return previous
+
+    Instance.terminate = terminate  # type: ignore[method-assign]
+
+
 def main() -> None:
     for action in ACTIONS:
         _wrap(action)
+    _honour_client_token()
+    _slow_terminate()
     from moto.server import main as moto_main
 
     moto_main(sys.argv[1:])
