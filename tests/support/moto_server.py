@@ -16,8 +16,8 @@ depends on them (tests/clouds/test_contract.py on ``aws``):
   for this, so concurrent launches with one token start one instance.
 - a slow terminate: with ``terminate_delay`` set in the behaviour file
   (``$TRAINYARD_MOTO_BEHAVIOUR``, written by ``MotoServer.slow_terminate``),
-  a terminated instance stays ``shutting-down`` that many seconds before it
-  is ``terminated`` (moto terminates at once).
+  a terminated instance stays ``shutting-down`` until a TerminateInstances
+  at least that many seconds after the first (moto terminates at once).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,10 @@ def _honour_client_token() -> None:
 
 
 def _slow_terminate() -> None:
+    """With a delay, TerminateInstances makes an instance ``shutting-down``
+    and a TerminateInstances at least ``delay`` seconds later ``terminated``
+    (only calls change the state, so a test never races a timer). Its answer
+    reports the instance's real state (moto always says ``shutting-down``)."""
     original = Instance.terminate
 
     def terminate(self: Instance) -> Any:
@@ -128,12 +133,27 @@ def _slow_terminate() -> None:
         if not delay:
             return original(self)
         previous = copy.copy(self._state)
-        if self._state.name not in ("shutting-down", "terminated"):
+        asked = getattr(self, "_trainyard_terminate_asked", None)
+        if self._state.name == "terminated":
+            return previous
+        if asked is None:
+            self._trainyard_terminate_asked = time.monotonic()
             self._state.name, self._state.code = "shutting-down", 32
-            threading.Timer(delay, original, [self]).start()
+        elif time.monotonic() - asked >= delay:
+            original(self)
         return previous
 
     Instance.terminate = terminate  # type: ignore[method-assign]
+    respond = EC2Response.terminate_instances
+
+    def terminate_instances(self: EC2Response) -> Any:
+        answer = respond(self)
+        for item in answer.result["TerminatingInstances"]:
+            state = self.ec2_backend.get_instance(item["InstanceId"])._state
+            item["CurrentState"] = {"Code": state.code, "Name": state.name}
+        return answer
+
+    EC2Response.terminate_instances = terminate_instances  # type: ignore[method-assign]
 
 
 def main() -> None:

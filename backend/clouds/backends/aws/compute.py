@@ -202,19 +202,17 @@ class AwsCompute(Compute):
                     f"{handle.backend_id} is not visible yet; terminating it later", retry_after=10.0
                 )
             return
-        state = instance["State"]["Name"]
-        if state == "terminated":
+        if instance["State"]["Name"] == "terminated":
             return
-        if state != "shutting-down":
-            try:
-                answer = client(self.auth, "ec2", region).terminate_instances(InstanceIds=[handle.backend_id])
-            except (ClientError, BotoCoreError) as exc:
-                if error_code(exc) in NOT_FOUND_CODES:
-                    return
-                raise compute_error(exc, action="TerminateInstances", region=region) from exc
-            if answer["TerminatingInstances"][0]["CurrentState"]["Name"] == "terminated":
+        # Asked again while shutting-down too: EC2 accepts it and answers the current state.
+        try:
+            answer = client(self.auth, "ec2", region).terminate_instances(InstanceIds=[handle.backend_id])
+        except (ClientError, BotoCoreError) as exc:
+            if error_code(exc) in NOT_FOUND_CODES:
                 return
-        raise NotYetTerminated(f"{handle.backend_id} is shutting down", retry_after=5.0)
+            raise compute_error(exc, action="TerminateInstances", region=region) from exc
+        if answer["TerminatingInstances"][0]["CurrentState"]["Name"] != "terminated":
+            raise NotYetTerminated(f"{handle.backend_id} is shutting down", retry_after=5.0)
 
     def _by_id(self, region: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Instances by id; ids EC2 does not know are left out."""
