@@ -20,6 +20,8 @@ from tests.support.fixtures import *  # noqa: F403  (tenant fixtures for the sch
 @pytest.fixture(params=sorted(SUBJECTS))
 def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
     made = SUBJECTS[request.param](name=request.param, root=tmp_path)
+    if made.needs_moto:
+        made.moto = request.getfixturevalue("aws")
     yield made
     left = made.leftovers()
     assert left == [], f"the test left these running: {left}"

@@ -2,12 +2,15 @@
 (test_contract.py) runs the same tests on every backend, and the helpers
 the backend tests share.
 
-Adding a backend to the suite (``aws`` on moto, later) means: one more
-``Subject`` subclass and one more entry in ``SUBJECTS``.
+Adding a backend to the suite means: one more ``Subject`` subclass and one
+more entry in ``SUBJECTS``. ``aws`` runs on moto's server over HTTP (the
+``aws`` fixture, which the ``subject`` fixture requests for subjects with
+``needs_moto``).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import socket
@@ -114,6 +117,11 @@ class Subject:
 
     kind: ClassVar[str]
     has_processes: ClassVar[bool] = False  # launch starts real runner processes on this host
+    needs_moto: ClassVar[bool] = False  # the subject fixture hands it the ``aws`` fixture's server
+    moto: Any = None
+
+    def credentials(self) -> dict[str, str]:
+        return {}
 
     def build(self, *, installation: str = INSTALLATION, **config: Any) -> Compute:
         account = AccountConfig(
@@ -122,6 +130,7 @@ class Subject:
             kind=self.kind,
             installation=installation,
             config={**self.config(), **config},
+            credentials=self.credentials(),
         )
         compute = compute_for(account)
         self.built.append(compute)
@@ -239,7 +248,99 @@ class FakeWithRunnerSubject(FakeSubject):
         return processes
 
 
-SUBJECTS: dict[str, type[Subject]] = {"local": LocalSubject, "fake": FakeSubject, "fake-runner": FakeWithRunnerSubject}
+MOTO_SDA1_AMI = "ami-03cf127a"  # in moto's built-in images, root device /dev/sda1
+CATALOG_COLUMNS = [
+    "instance_name",
+    "location",
+    "price",
+    "cpu",
+    "memory",
+    "gpu_count",
+    "gpu_name",
+    "gpu_memory",
+    "spot",
+    "disk_size",
+]
+
+
+class AwsSubject(Subject):
+    """EC2 on moto's server (tests/support/moto.py). No runner process: the
+    contract suite never needs one (an instance is ``running`` in moto at
+    once); machines are counted with DescribeInstances by tag, not through
+    the backend."""
+
+    kind = "aws"
+    needs_moto = True
+    region = "us-east-1"
+
+    def credentials(self) -> dict[str, str]:
+        return {"access_key_id": "testing", "secret_access_key": "testing"}
+
+    def config(self) -> dict[str, Any]:
+        return {"regions": [self.region], "amis": {self.region: self.image()}}
+
+    def image(self) -> str:
+        """An AMI moto ships (root device /dev/sda1); moto has no Ubuntu
+        22.04/24.04 to find by name. (Listing moto's images by owner takes
+        seconds: name one.)"""
+        return MOTO_SDA1_AMI
+
+    def catalog_config(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A catalog file in gpuhunt's layout with exactly ``shapes`` (on-demand)."""
+        path = self.root / "aws.csv"
+        rows = [
+            [
+                s["name"],
+                self.region,
+                0.01 * s["cpus"],
+                s["cpus"],
+                s["memory_bytes"] / GIB,
+                len(s["gpus"]),
+                s["gpus"][0]["name"] if s["gpus"] else "",
+                s["gpus"][0]["memory_bytes"] / GIB if s["gpus"] else "",
+                "False",
+                s["disk_bytes"] / GIB,
+            ]
+            for s in shapes
+        ]
+        with path.open("w", newline="") as file:
+            writer = csv.writer(file)
+            writer.writerow(CATALOG_COLUMNS)
+            writer.writerows(rows)
+        return {"catalog_file": str(path)}
+
+    def slow_to_stop_config(self) -> dict[str, Any]:
+        self.moto.slow_terminate(1.0)
+        return {}
+
+    def machines_for(self, key: str) -> int:
+        pages = (
+            self.ec2()
+            .get_paginator("describe_instances")
+            .paginate(
+                Filters=[
+                    {"Name": "tag:trainyard:key", "Values": [key]},
+                    {
+                        "Name": "instance-state-name",
+                        "Values": ["pending", "running", "shutting-down", "stopping", "stopped"],
+                    },
+                ]
+            )
+        )
+        return sum(len(r["Instances"]) for page in pages for r in page["Reservations"])
+
+    def ec2(self) -> Any:
+        import boto3
+
+        return boto3.client("ec2", region_name=self.region, endpoint_url=self.moto.url)
+
+
+SUBJECTS: dict[str, type[Subject]] = {
+    "local": LocalSubject,
+    "fake": FakeSubject,
+    "fake-runner": FakeWithRunnerSubject,
+    "aws": AwsSubject,
+}
 
 
 def states(compute: Compute, *handles: Handle) -> list[CloudState]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.clouds.backends.aws.compute import AwsCompute
 from backend.clouds.backends.base import AccountConfig
 from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.fake.compute import FakeCompute
@@ -18,17 +19,26 @@ from backend.clouds.backends.registry import KINDS, compute_class, compute_for
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _account(kind: str, **config: object) -> AccountConfig:
-    return AccountConfig(account_id="a", workspace_id="w", kind=kind, installation="ty-test", config=config)
+def _account(kind: str, credentials: dict[str, str] | None = None, **config: object) -> AccountConfig:
+    return AccountConfig(
+        account_id="a",
+        workspace_id="w",
+        kind=kind,
+        installation="ty-test",
+        config=config,
+        credentials=credentials or {},
+    )
 
 
 def test_each_kind_builds_its_backend_for_the_account(tmp_path: Path) -> None:
     local = compute_for(_account("local", runners_dir=str(tmp_path / "runners")))
     fake = compute_for(_account("fake", state_dir=str(tmp_path / "fake")))
+    keys = {"access_key_id": "AKIAEXAMPLE", "secret_access_key": "secret"}
+    aws = compute_for(_account("aws", keys, regions=["us-east-1"]))  # builds without calling AWS
 
-    assert (type(local), type(fake)) == (LocalCompute, FakeCompute)
+    assert (type(local), type(fake), type(aws)) == (LocalCompute, FakeCompute, AwsCompute)
     assert local.account.installation == "ty-test"
-    assert sorted(KINDS) == ["fake", "local", "self-hosted"]
+    assert sorted(KINDS) == ["aws", "fake", "local", "self-hosted"]
 
 
 def test_the_capabilities_and_timings_are_declared_on_the_class() -> None:
@@ -45,9 +55,9 @@ def test_the_capabilities_and_timings_are_declared_on_the_class() -> None:
 
 def test_an_unknown_kind_names_the_known_ones() -> None:
     with pytest.raises(InvalidConfig) as raised:
-        compute_for(_account("aws"))
+        compute_for(_account("gcp"))
 
-    assert raised.value.message == "unknown backend kind 'aws'; known kinds: fake, local, self-hosted"
+    assert raised.value.message == "unknown backend kind 'gcp'; known kinds: aws, fake, local, self-hosted"
     assert raised.value.code == "UnknownBackendKind"
 
 
@@ -57,7 +67,7 @@ def test_extra_kinds_are_added_by_import_string(tmp_path: Path) -> None:
     built = compute_for(_account("fake2", state_dir=str(tmp_path)), extra)
 
     assert (type(built).__name__, built.kind) == ("Fake2", "fake2")  # the module may be imported twice
-    with pytest.raises(InvalidConfig, match="known kinds: fake, fake2, local, self-hosted"):
+    with pytest.raises(InvalidConfig, match="known kinds: aws, fake, fake2, local, self-hosted"):
         compute_class("nope", extra)
 
 
@@ -74,7 +84,7 @@ def test_the_backends_import_no_django_no_runs_and_only_the_runners_protocol() -
     script = (
         "import json, sys\n"
         "import backend.clouds.backends.registry, backend.clouds.backends.local.compute,"
-        " backend.clouds.backends.fake.compute\n"
+        " backend.clouds.backends.fake.compute, backend.clouds.backends.aws.compute\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'trainyard_runner')"
         " or m.startswith('backend.runs'))))\n"
     )

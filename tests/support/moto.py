@@ -40,6 +40,7 @@ class MotoServer:
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.faults_file = data_dir / "faults.json"
+        self.behaviour_file = data_dir / "behaviour.json"
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -58,8 +59,14 @@ class MotoServer:
 
     def start(self) -> MotoServer:
         self.faults_file.write_text("[]")
+        self.behaviour_file.write_text("{}")
         log = open(self.data_dir / "moto.log", "ab")  # noqa: SIM115 - the child writes to it until stop()
-        env = {**os.environ, "TRAINYARD_MOTO_FAULTS": str(self.faults_file), "PYTHONPATH": str(REPO_ROOT)}
+        env = {
+            **os.environ,
+            "TRAINYARD_MOTO_FAULTS": str(self.faults_file),
+            "TRAINYARD_MOTO_BEHAVIOUR": str(self.behaviour_file),
+            "PYTHONPATH": str(REPO_ROOT),
+        }
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
             cwd=REPO_ROOT,
@@ -88,9 +95,10 @@ class MotoServer:
                 self._process.wait()
 
     def reset(self) -> None:
-        """Forget every resource (moto's /moto-api/reset), every fault, and
-        switch IAM authentication off again."""
+        """Forget every resource (moto's /moto-api/reset), every fault and
+        behaviour, and switch IAM authentication off again."""
         self.clear_faults()
+        self.behaviour_file.write_text("{}")
         self.set_iam_auth(False)
         request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
         urllib.request.urlopen(request, timeout=10).close()
@@ -146,6 +154,10 @@ class MotoServer:
     def fault_hits(self, action: str, code: str) -> int:
         faults = json.loads(self.faults_file.read_text() or "[]")
         return sum(f.get("hits", 0) for f in faults if f["action"] == action and f["code"] == code)
+
+    def slow_terminate(self, seconds: float) -> None:
+        """Terminated instances stay ``shutting-down`` this long (0: at once, moto's way)."""
+        self.behaviour_file.write_text(json.dumps({"terminate_delay": seconds}))
 
     def clear_faults(self) -> None:
         self.faults_file.write_text("[]")

@@ -17,11 +17,26 @@ auth mechanism allowed". A fault with action ``PresignedRequest`` and
 refuses the next ``times`` matching presigned requests as expired (a URL
 signed again in the same second is the same URL, so the fault counts
 requests, not URLs: tests check that a fresh URL was asked for on the
-server's side). Everything else is moto.
+server's side).
+
+Two EC2 behaviours moto lacks are added, because the backend's contract
+depends on them (tests/clouds/test_contract.py on ``aws``):
+
+- ``ClientToken``: a RunInstances whose token an earlier call already used
+  answers that call's reservation instead of launching again, as EC2 does
+  (moto ignores the token: two calls, two instances). Calls are serialised
+  for this, so concurrent launches with one token start one instance.
+- a slow terminate: with ``terminate_delay`` set in the behaviour file
+  (``$TRAINYARD_MOTO_BEHAVIOUR``, written by ``MotoServer.slow_terminate``),
+  a terminated instance stays ``shutting-down`` until a TerminateInstances
+  at least that many seconds after the first (moto terminates at once).
+
+Everything else is moto.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -34,6 +49,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from moto.ec2.exceptions import EC2ClientError
+from moto.ec2.models.instances import Instance, InstanceBackend
 from moto.ec2.responses import EC2Response
 
 # The EC2 actions a fault may name (the API's own names).
@@ -53,6 +69,8 @@ ACTIONS = (
 )
 
 _lock = threading.Lock()
+_launch_lock = threading.Lock()
+MOTO_DEFAULT_TOKEN = "ABCDE"  # what moto's response handler passes when the request has no ClientToken
 
 
 def _underscored(action: str) -> str:
@@ -147,10 +165,71 @@ def _enforce_presigned_expiry() -> None:
     DomainDispatcherApplication.__call__ = call  # type: ignore[method-assign]
 
 
+def _behaviour() -> dict[str, Any]:
+    path = os.environ.get("TRAINYARD_MOTO_BEHAVIOUR")
+    try:
+        return dict(json.loads(Path(path).read_text() or "{}")) if path else {}
+    except FileNotFoundError:
+        return {}
+
+
+def _honour_client_token() -> None:
+    original = InstanceBackend.run_instances
+
+    def run_instances(self: InstanceBackend, *args: Any, **kwargs: Any) -> Any:
+        token = kwargs.get("client_token")
+        if not token or token == MOTO_DEFAULT_TOKEN:
+            return original(self, *args, **kwargs)
+        with _launch_lock:
+            for reservation in self.reservations.values():
+                if any(instance.client_token == token for instance in reservation.instances):
+                    return reservation
+            return original(self, *args, **kwargs)
+
+    InstanceBackend.run_instances = run_instances  # type: ignore[method-assign]
+
+
+def _slow_terminate() -> None:
+    """With a delay, TerminateInstances makes an instance ``shutting-down``
+    and a TerminateInstances at least ``delay`` seconds later ``terminated``
+    (only calls change the state, so a test never races a timer). Its answer
+    reports the instance's real state (moto always says ``shutting-down``)."""
+    original = Instance.terminate
+
+    def terminate(self: Instance) -> Any:
+        delay = float(_behaviour().get("terminate_delay") or 0)
+        if not delay:
+            return original(self)
+        previous = copy.copy(self._state)
+        asked = getattr(self, "_trainyard_terminate_asked", None)
+        if self._state.name == "terminated":
+            return previous
+        if asked is None:
+            self._trainyard_terminate_asked = time.monotonic()
+            self._state.name, self._state.code = "shutting-down", 32
+        elif time.monotonic() - asked >= delay:
+            original(self)
+        return previous
+
+    Instance.terminate = terminate  # type: ignore[method-assign]
+    respond = EC2Response.terminate_instances
+
+    def terminate_instances(self: EC2Response) -> Any:
+        answer = respond(self)
+        for item in answer.result["TerminatingInstances"]:
+            state = self.ec2_backend.get_instance(item["InstanceId"])._state
+            item["CurrentState"] = {"Code": state.code, "Name": state.name}
+        return answer
+
+    EC2Response.terminate_instances = terminate_instances  # type: ignore[method-assign]
+
+
 def main() -> None:
     for action in ACTIONS:
         _wrap(action)
     _enforce_presigned_expiry()
+    _honour_client_token()
+    _slow_terminate()
     from moto.server import main as moto_main
 
     moto_main(sys.argv[1:])

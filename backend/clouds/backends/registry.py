@@ -15,6 +15,7 @@ from backend.clouds.backends.errors import InvalidConfig
 KINDS: Mapping[str, str] = {
     "local": "backend.clouds.backends.local.compute:LocalCompute",
     "fake": "backend.clouds.backends.fake.compute:FakeCompute",
+    "aws": "backend.clouds.backends.aws.compute:AwsCompute",
     "self-hosted": "backend.clouds.backends.selfhosted.compute:SelfHostedCompute",
 }
 

@@ -114,7 +114,8 @@ def session_for(auth: AwsAuth) -> boto3.session.Session:
 def client(auth: AwsAuth, service: str, region: str, *, launch: bool = False) -> Any:
     """A boto3 client of ``service`` in ``region``. ``launch=True``: no
     retries inside botocore (RunInstances; see the module docstring)."""
-    retries: dict[str, Any] = {"mode": "standard", "max_attempts": 1 if launch else 3}
+    # total_max_attempts counts the first request; botocore's max_attempts counts only retries.
+    retries: dict[str, Any] = {"mode": "standard", "total_max_attempts": 1 if launch else 3}
     config = Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT, retries=retries)
     return session_for(auth).client(service, region_name=region, config=config)
 
