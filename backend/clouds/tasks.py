@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from backend.clouds.services.facts import accounts_refresh_facts
 from backend.clouds.services.provisioning import LaunchOutcome, instance_launch_run, instance_terminate_run
 
 LAUNCH_RETRIES = 3
@@ -30,3 +31,10 @@ def instance_terminate(self, instance_id: str) -> str:  # type: ignore[no-untype
     if retry_after is not None:
         raise self.retry(countdown=retry_after)
     return "done"
+
+
+@shared_task(acks_late=True, time_limit=300, soft_time_limit=280, expires=300)
+def facts_refresh(account_id: str | None = None) -> int:
+    """Account facts older than TRAINYARD_FACTS_REFRESH_SECONDS (or one
+    account's, right after it was connected); from Celery beat."""
+    return accounts_refresh_facts(account_id=account_id)

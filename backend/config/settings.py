@@ -291,6 +291,7 @@ class TrainyardSettings(TypedDict):
     TEST_DROP_ACCEPTANCES: str
     LEAK_SWEEP_SECONDS: float
     LEAK_MIN_AGE_SECONDS: float
+    FACTS_REFRESH_SECONDS: float
     SECRET_KEYS: list[str]
     RUNNER_WHEELHOUSE: Path
     RUNNER_MAX_LIFETIME_SECONDS: float
@@ -340,6 +341,8 @@ TRAINYARD: TrainyardSettings = {
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # A machine with our tags and no live row is left alone until it is this old (CLOUDS.md: 10 min).
     "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),
+    # Account facts (zones, offerings, spot prices, quotas) are asked for again after this long.
+    "FACTS_REFRESH_SECONDS": env_float("TRAINYARD_FACTS_REFRESH_SECONDS", 600.0),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
     # Machines that boot from an image install the runner from this server
@@ -364,4 +367,6 @@ CELERY_BEAT_SCHEDULE = {
         "task": "backend.runs.tasks.reconcile",
         "schedule": timedelta(seconds=TRAINYARD["RECONCILE_SECONDS"]),
     },
+    # Checks every minute; an account's facts are refreshed when older than FACTS_REFRESH_SECONDS.
+    "facts-refresh": {"task": "backend.clouds.tasks.facts_refresh", "schedule": timedelta(seconds=60)},
 }

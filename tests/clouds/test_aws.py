@@ -274,7 +274,7 @@ def test_run_instances_sends_the_key_as_client_token(cloud: Cloud) -> None:
 
 
 def test_a_zoned_offer_launches_in_that_zone_by_its_id(cloud: Cloud) -> None:
-    facts = cloud.build().refresh_facts()
+    facts = cloud.build().fetch_facts()
     compute = cloud.build(facts=facts.to_json())
     zoned = offer(compute, "m6i.large", zone="use1-az1")
 
@@ -563,7 +563,7 @@ def test_offers_filter_by_region_spot_policy_max_price_and_gpu(cloud: Cloud) -> 
 
 
 def test_facts_split_offers_per_zone_and_drop_types_the_region_lacks(cloud: Cloud) -> None:
-    facts = cloud.build().refresh_facts()
+    facts = cloud.build().fetch_facts()
     stored = json.loads(json.dumps(facts.to_json()))  # what the services persist
     compute = cloud.build(facts=stored)
 
@@ -579,7 +579,7 @@ def test_facts_split_offers_per_zone_and_drop_types_the_region_lacks(cloud: Clou
 
 
 def test_absurd_spot_prices_are_ignored_and_sane_ones_used(cloud: Cloud) -> None:
-    facts = cloud.build().refresh_facts()  # moto's spot prices: 0.00001, dated 2006
+    facts = cloud.build().fetch_facts()  # moto's spot prices: 0.00001, dated 2006
     estimate = next(r for r in load_catalog() if (r.instance_type, r.region, r.spot) == ("g5.xlarge", REGION, True))
 
     assert facts.regions[REGION].spot_prices == {}
@@ -597,7 +597,7 @@ def test_absurd_spot_prices_are_ignored_and_sane_ones_used(cloud: Cloud) -> None
 
 
 def test_refresh_facts_records_that_quotas_are_unknown(cloud: Cloud) -> None:
-    facts = cloud.build().refresh_facts()
+    facts = cloud.build().fetch_facts()
 
     assert facts.regions[REGION].quotas == {}
     assert any("quota" in error and "NoSuchResourceException" in error for error in facts.errors)
@@ -608,8 +608,8 @@ def test_provision_timeout_is_longer_for_eight_gpus(cloud: Cloud) -> None:
     compute = cloud.build()
 
     assert AwsCompute.timings.provision_timeout == 600.0
-    assert AwsCompute.provision_timeout_for(offer(compute, "g5.xlarge")) == 600.0
-    assert AwsCompute.provision_timeout_for(offer(compute, "p5.48xlarge")) == 1500.0
+    assert compute.provision_timeout_for(offer(compute, "g5.xlarge")) == 600.0
+    assert compute.provision_timeout_for(offer(compute, "p5.48xlarge")) == 1500.0
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,18 @@ class Compute(ABC):
         """Every live machine this installation launched in this account (the
         leak sweep), found by tag or name, not from our own rows."""
 
+    def provision_timeout_for(self, offer: Offer) -> float:
+        """Launch → the runner's hello for a machine of ``offer`` (a backend
+        whose big machines boot slower says so here)."""
+        return self.timings.provision_timeout
+
+    def refresh_facts(self) -> Mapping[str, object] | None:
+        """Ask the account what ``offers`` needs to know about it (zones, type
+        offerings, spot prices, quotas): network calls, from a periodic task,
+        never from scheduling. The services store the answer as
+        ``config["facts"]``. None: this backend keeps no facts."""
+        return None
+
 
 def shortfall(req: Requirements, offer: Offer) -> str | None:
     """None when ``offer`` covers ``req``'s resources; else the first

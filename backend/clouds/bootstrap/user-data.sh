@@ -85,8 +85,15 @@ rm -rf "$ROOT/venv"
 "$ROOT/venv/bin/python" "$ROOT/wheels/$PIP_WHEEL/pip" install --isolated --quiet --disable-pip-version-check \
   --no-index --find-links "$WHEELS" --retries 5 --timeout 60 trainyard-runner >&2 || die "installing the runner failed"
 
+# Jobs call `python` (stock Ubuntu has only python3): the one found above,
+# unless the machine has its own.
+mkdir -p "$ROOT/bin"
+command -v python >/dev/null 2>&1 || ln -sf "$PY" "$ROOT/bin/python"
+JOB_PATH="$ROOT/bin:$PATH"
+
 printf '%s\n' "$BOOTSTRAP_TOKEN" > "$ROOT/bootstrap-token"
 cat > "$ROOT/runner.env" <<ENV
+PATH=$JOB_PATH
 TRAINYARD_SERVER_URL=$SERVER_URL
 TRAINYARD_RUNNER_TOKEN_FILE=$ROOT/bootstrap-token
 TRAINYARD_RUNNER_DIR=$ROOT/work

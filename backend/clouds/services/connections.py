@@ -132,7 +132,19 @@ def aws_connect(
     except IntegrityError:
         raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
     logger.info("workspace %s connected aws account %s as %r (by %s)", workspace.slug, identity, name, user.username)
+    _facts_soon(str(account.pk))
     return account
+
+
+def _facts_soon(account_id: str) -> None:
+    """The new account's facts (zones, offerings) for its first offers; the
+    periodic refresh would get them within a minute anyway."""
+    from backend.clouds import tasks
+
+    try:
+        tasks.facts_refresh.delay(account_id)
+    except Exception:
+        logger.warning("could not enqueue the facts of account %s; beat will", account_id, exc_info=True)
 
 
 def aws_validate(*, account: CloudAccount) -> CloudAccount:

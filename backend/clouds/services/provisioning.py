@@ -54,7 +54,7 @@ def instance_launch_run(*, instance_id: str, last_try: bool = False) -> LaunchOu
         return LaunchOutcome("failed")
     try:
         compute = compute_of(instance.account)
-        handle = compute.launch(_offer(instance), _spec(instance, boots_from_image=compute.boots_from_image))
+        handle = compute.launch(launch_offer(instance), _spec(instance, boots_from_image=compute.boots_from_image))
     except ComputeError as error:
         return _launch_error(instance, error, last_try)
     except Exception as error:  # a backend bug: treated as transient, bounded by the task's retries
@@ -110,14 +110,14 @@ def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> La
     message = f"{instance.offer_id}: {error}"
     failed = {"instance_id": str(instance.pk), "message": message, "code": error.code}
     if isinstance(error, NEXT_OFFER):
-        offer_block_record(account=instance.account, offer=_offer(instance), error=error)
+        offer_block_record(account=instance.account, offer=launch_offer(instance), error=error)
         instance_launch_failed(reason=InstanceReason.NO_CAPACITY, **failed)
         _schedule_soon()
         return LaunchOutcome("no_capacity")
     if isinstance(error, ACCOUNT_BROKEN) and error.scope == Scope.ACCOUNT:
         account_mark_broken(account_id=str(instance.account.pk), message=str(error))
     elif isinstance(error, ACCOUNT_BROKEN):
-        offer_block_record(account=instance.account, offer=_offer(instance), error=error)
+        offer_block_record(account=instance.account, offer=launch_offer(instance), error=error)
     elif isinstance(error, Transient) and not last_try:
         logger.warning("launching %s: %s; retrying in %.0fs", instance.name, error, error.retry_after or 5)
         return LaunchOutcome("retrying", retry_after=error.retry_after or 5.0)
@@ -126,7 +126,8 @@ def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> La
     return LaunchOutcome("failed")
 
 
-def _offer(instance: Instance) -> Offer:
+def launch_offer(instance: Instance) -> Offer:
+    """The offer the row was launched (or is to be launched) from."""
     data = offer_of(instance)
     return Offer(
         backend=str(data.get("backend", instance.backend)),

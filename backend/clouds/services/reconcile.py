@@ -56,6 +56,7 @@ from backend.clouds.services.instances import (
     instance_request_termination,
     instance_task_enqueue,
 )
+from backend.clouds.services.provisioning import launch_offer
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +345,9 @@ def _timeout(instance: Instance) -> float:
     if instance.backend == "local":
         return float(settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"])
     compute = _compute(instance.account) if instance.account else None
-    return compute.timings.provision_timeout if compute is not None else settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"]
+    if compute is None:
+        return float(settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"])
+    return compute.provision_timeout_for(launch_offer(instance))
 
 
 def _why(deaf: bool, gap: float | None) -> str:

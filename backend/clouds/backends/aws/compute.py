@@ -89,15 +89,19 @@ class AwsCompute(Compute):
         self.facts = AccountFacts.from_json(account.config.get("facts"))
         self.launcher = Launcher(self.auth, self.options, account.installation)
 
-    @staticmethod
-    def provision_timeout_for(offer: Offer) -> float:
+    def provision_timeout_for(self, offer: Offer) -> float:
         """Launch → the runner's hello for ``offer``: 10 min, 25 for 8-GPU types."""
         return PROVISION_TIMEOUT_8_GPUS if len(offer.gpus) >= 8 else PROVISION_TIMEOUT
 
-    def refresh_facts(self) -> AccountFacts:
+    def refresh_facts(self) -> dict[str, object]:
         """Ask the account for its zones, offerings, spot prices and quotas
-        (several AWS calls per region). The caller stores ``.to_json()`` as
-        ``config["facts"]``; ``offers`` of a backend built on it use them."""
+        (several AWS calls per region), as ``AccountFacts.to_json()``; the
+        services store it as ``config["facts"]`` and ``offers`` of a backend
+        built on it use them."""
+        return self.fetch_facts().to_json()
+
+    def fetch_facts(self) -> AccountFacts:
+        """``refresh_facts`` as an ``AccountFacts``."""
         return fetch_facts(self.auth, self.options.regions, self.catalog)
 
     def offers(self, req: Requirements) -> Iterable[Offer]:

@@ -1,0 +1,62 @@
+"""Account facts: what a backend's ``offers`` needs to know about an account
+(zones, type offerings per zone, spot prices, quotas), asked for by a
+periodic task and stored as ``config["facts"]``, so that scheduling never
+waits on a cloud (docs/BACKENDS.md, "Account facts")."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.utils import timezone
+
+from backend.clouds.backends.errors import ACCOUNT_BROKEN, ComputeError
+from backend.clouds.models import AccountStatus, BackendKind, CloudAccount
+from backend.clouds.services.accounts import account_mark_broken, compute_of
+
+logger = logging.getLogger(__name__)
+
+# Backends whose accounts keep facts; the others answer None anyway.
+WITH_FACTS = (BackendKind.AWS,)
+
+
+def accounts_refresh_facts(*, account_id: str | None = None) -> int:
+    """Refresh the facts of every active account whose facts are older than
+    ``FACTS_REFRESH_SECONDS`` (or of ``account_id`` now). One backend call
+    per account, outside any transaction; returns how many were stored."""
+    accounts = CloudAccount.objects.filter(status=AccountStatus.ACTIVE, kind__in=WITH_FACTS)
+    if account_id is not None:
+        accounts = accounts.filter(pk=account_id)
+    now = timezone.now().timestamp()
+    every = settings.TRAINYARD["FACTS_REFRESH_SECONDS"]
+    stored = 0
+    for account in accounts:
+        facts = (account.config or {}).get("facts") or {}
+        if account_id is None and now - float(facts.get("refreshed_at", 0) or 0) < every:
+            continue
+        stored += _refresh(account)
+    return stored
+
+
+def _refresh(account: CloudAccount) -> int:
+    try:
+        facts = compute_of(account).refresh_facts()
+    except ComputeError as error:
+        if isinstance(error, ACCOUNT_BROKEN):
+            account_mark_broken(account_id=str(account.pk), message=str(error))
+        else:
+            logger.warning("refreshing the facts of account %s: %s", account.pk, error)
+        return 0
+    except Exception:
+        logger.exception("refreshing the facts of account %s failed", account.pk)
+        return 0
+    if facts is None:
+        return 0
+    # Read-modify-write of one key: a concurrent edit of another key is kept.
+    current = CloudAccount.objects.filter(pk=account.pk).values_list("config", flat=True).first()
+    if current is None:
+        return 0
+    CloudAccount.objects.filter(pk=account.pk).update(
+        config={**current, "facts": dict(facts)}, updated_at=timezone.now()
+    )
+    return 1
