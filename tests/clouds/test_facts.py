@@ -61,3 +61,19 @@ def test_an_account_whose_credentials_are_refused_is_marked_broken(aws: MotoServ
 
     account.refresh_from_db()
     assert account.status == "broken" and account.status_reason
+
+
+def test_refused_credentials_while_watching_machines_mark_the_account_broken(
+    aws: MotoServer, team: Workspace, settings: Any
+) -> None:
+    """Not only a launch: the leak sweep's and describe's calls too."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "LEAK_SWEEP_SECONDS": 0.0}
+    account = _account(team)
+    from backend.clouds.services.reconcile import clouds_reconcile
+
+    with aws.iam_auth():
+        clouds_reconcile()
+
+    account.refresh_from_db()
+    assert account.status == "broken"
+    assert "AWS" in account.status_reason or "credentials" in account.status_reason.lower(), account.status_reason

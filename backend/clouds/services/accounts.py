@@ -78,6 +78,12 @@ def installation() -> str:
 
 
 def account_mark_broken(*, account_id: str, message: str) -> None:
-    """Credentials or configuration were refused: not used until fixed."""
-    logger.warning("cloud account %s is broken: %s", account_id, message)
-    CloudAccount.objects.filter(pk=account_id).update(status=AccountStatus.BROKEN, status_reason=message[:1000])
+    """Credentials or configuration were refused: not used until fixed
+    (``trainyard backend validate`` makes it active again)."""
+    changed = (
+        CloudAccount.objects.filter(pk=account_id)
+        .exclude(status=AccountStatus.BROKEN, status_reason=message[:1000])
+        .update(status=AccountStatus.BROKEN, status_reason=message[:1000])
+    )
+    if changed:
+        logger.warning("cloud account %s is broken: %s", account_id, message)

@@ -35,6 +35,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backend.clouds.backends.base import GONE, LAUNCHED_AT, CloudState, Compute, Handle
+from backend.clouds.backends.errors import ACCOUNT_BROKEN
 from backend.clouds.models import (
     IDLE_FOREVER,
     LIVE_STATUSES,
@@ -47,7 +48,7 @@ from backend.clouds.models import (
     InstanceStatus,
     WebPulse,
 )
-from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.accounts import account_mark_broken, compute_of
 from backend.clouds.services.instances import (
     handle_of,
     instance_launch_failed,
@@ -260,6 +261,9 @@ def _leak_sweep(now: datetime) -> None:
             continue
         try:
             managed = compute.list_managed()
+        except ACCOUNT_BROKEN as error:
+            account_mark_broken(account_id=str(account.pk), message=str(error))
+            continue
         except Exception:
             logger.warning("leak sweep of account %s failed", account.pk, exc_info=True)
             continue
@@ -307,6 +311,9 @@ def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, Clo
         return {}
     try:
         return dict(compute.describe([handle_of(i) for i in instances]))
+    except ACCOUNT_BROKEN as error:  # e.g. a revoked key: not used for launches until fixed
+        account_mark_broken(account_id=str(account.pk), message=str(error))
+        return {}
     except Exception:  # unknown is not gone: decide nothing this pass
         logger.warning("describe of account %s failed", account.pk, exc_info=True)
         return {}
@@ -315,6 +322,9 @@ def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, Clo
 def _compute(account: CloudAccount) -> Compute | None:
     try:
         return compute_of(account)
+    except ACCOUNT_BROKEN as error:  # its configuration cannot work
+        account_mark_broken(account_id=str(account.pk), message=str(error))
+        return None
     except Exception:
         logger.warning("cannot build the backend of account %s", account.pk, exc_info=True)
         return None

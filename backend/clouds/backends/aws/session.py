@@ -130,7 +130,12 @@ def forget_sessions() -> None:
 
 def _role_session(auth: AwsAuth) -> boto3.session.Session:
     def refresh() -> dict[str, str]:
-        sts = base_session().client("sts", config=Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT))
+        sts = base_session().client(
+            "sts",
+            # STS answers in every region; without a region boto3 would refuse to make the client.
+            region_name=base_session().region_name or "us-east-1",
+            config=Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT),
+        )
         answer = sts.assume_role(
             RoleArn=auth.role_arn,
             RoleSessionName=auth.session_name,
