@@ -61,6 +61,8 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
             "created_at",
             "last_heartbeat_at",
             "uptime_seconds",
+            "cloud_state",
+            "cloud_checked_at",
         ]
         read_only_fields = fields
 

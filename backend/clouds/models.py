@@ -140,6 +140,10 @@ class Instance(WorkspaceOwnedModel):
     connected_at = models.DateTimeField(null=True, blank=True)  # first hello
     terminate_requested_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    # The cloud's own view of the machine (a CloudState), as the reconciler
+    # last asked it (every CLOUD_VIEW_SECONDS for live machines).
+    cloud_state = models.CharField(max_length=16, blank=True)
+    cloud_checked_at = models.DateTimeField(null=True, blank=True)
     # Seconds it may stay idle for reuse, from its last job's ``idle_duration``:
     # None: the backend's default; IDLE_FOREVER: ``idle_duration: off``.
     idle_duration = models.IntegerField(null=True, blank=True)

@@ -208,7 +208,6 @@ SPECTACULAR_SETTINGS = {
         "Role": "backend.accounts.models.Role",
         "InstanceStatus": "backend.clouds.models.InstanceStatus",
         "CredentialKind": "backend.vault.models.CredentialKind",
-        "CodeKind": ["git", "archive"],
         "BackendEnum": "backend.clouds.models.BackendKind",
         "KindEnum": [("git", "git"), ("archive", "archive")],
         "ConnectableKindEnum": [("aws", "aws")],

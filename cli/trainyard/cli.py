@@ -724,12 +724,13 @@ def instances(show_all: bool, as_json: bool) -> None:
             "spot" if i.get("spot") else "on-demand",
             f"${float(i.get('price_per_hour') or 0):.4f}",
             i["status"],
+            i.get("cloud_state") or "-",
             duration(i.get("uptime_seconds")),
             _current_job(i.get("current_job")),
         ]
         for i in found
     ]
-    headers = ["NAME", "BACKEND", "TYPE", "REGION", "MARKET", "PRICE/H", "STATUS", "UPTIME", "JOB"]
+    headers = ["NAME", "BACKEND", "TYPE", "REGION", "MARKET", "PRICE/H", "STATUS", "CLOUD", "UPTIME", "JOB"]
     print_table(headers, rows, tty=sys.stdout.isatty())
 
 

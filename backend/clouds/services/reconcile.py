@@ -20,13 +20,15 @@ goes through ``instances``. Steps, each safe to run twice:
 7. Idle machines past their idle time (their last job's ``idle_duration``,
    else the backend's default): retired.
 8. Now and then, the leak sweep: a machine with our tags and no live row is terminated.
+9. Every minute, the cloud's view of each live machine (``cloud_state``),
+   recorded for people to see; it decides nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -68,6 +70,8 @@ LAUNCH_STUCK_SECONDS = 30.0
 # A terminate that was not confirmed for this long is asked again.
 TERMINATE_RECHECK_SECONDS = 30.0
 TERMINATE_OVERDUE_SECONDS = 15 * 60.0  # then people are told (CLOUDS.md)
+# How often the cloud's view of every live machine is asked for (one call per account).
+CLOUD_VIEW_SECONDS = 60.0
 
 
 def clouds_reconcile(*, now: datetime | None = None) -> int:
@@ -83,6 +87,7 @@ def clouds_reconcile(*, now: datetime | None = None) -> int:
     _terminations_unconfirmed(now)
     changed += _retire_idle(now)
     _leak_sweep(now)
+    _cloud_view(now)
     return changed
 
 
@@ -246,6 +251,34 @@ def _retire_idle(now: datetime) -> int:
     return count
 
 
+def _cloud_view(now: datetime) -> None:
+    """Every ``CLOUD_VIEW_SECONDS``, one batched describe per account of its
+    live machines, recorded for the Instances page and ``trainyard
+    instances`` (the cloud's view next to ours). It decides nothing: only a
+    silent runner's machine is judged (``_describe_doubtful``)."""
+    last = getattr(_cloud_view, "last", None)
+    if last is not None and (now - last).total_seconds() < CLOUD_VIEW_SECONDS:
+        return
+    _cloud_view.last = now  # type: ignore[attr-defined]
+    stale = now - timedelta(seconds=CLOUD_VIEW_SECONDS)
+    live = (
+        Instance.objects.filter(account__isnull=False, status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING])
+        .filter(Q(cloud_checked_at__isnull=True) | Q(cloud_checked_at__lt=stale))
+        .exclude(backend_id="")
+        .select_related("account")
+    )
+    for account, instances in _by_account(live[:500]).items():
+        _describe(account, instances)
+
+
+def _record_cloud_view(instances: list[Instance], states: Mapping[str, CloudState]) -> None:
+    now = timezone.now()
+    for instance in instances:
+        state = states.get(instance.idempotency_key)
+        if state is not None:  # not a status change: the cloud's words, kept beside ours
+            Instance.objects.filter(pk=instance.pk).update(cloud_state=state.value, cloud_checked_at=now)
+
+
 def _leak_sweep(now: datetime) -> None:
     """Machines with our tags and no live row: a crash between launch and
     commit, a row deleted by hand. Terminated, and logged loudly."""
@@ -310,7 +343,9 @@ def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, Clo
     if compute is None:
         return {}
     try:
-        return dict(compute.describe([handle_of(i) for i in instances]))
+        states = dict(compute.describe([handle_of(i) for i in instances]))
+        _record_cloud_view(instances, states)
+        return states
     except ACCOUNT_BROKEN as error:  # e.g. a revoked key: not used for launches until fixed
         account_mark_broken(account_id=str(account.pk), message=str(error))
         return {}

@@ -120,6 +120,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runner/jobs/{job}/artifacts/{artifact}/parts/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description A file uploaded in parts is assembled from them. */
+        post: operations["runner_jobs_artifacts_parts_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/artifacts/{artifact}/urls/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Fresh upload URLs for one file: the whole file, or a batch of parts. */
+        post: operations["runner_jobs_artifacts_urls_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/urls/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description A fresh URL for the job's code or one of its input files. */
+        post: operations["runner_jobs_urls_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/register/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``trainyard-runner register``: authenticated by the registration token in the body. */
+        post: operations["runner_register_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/tokens/": {
         parameters: {
             query?: never;
@@ -431,6 +499,93 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/repos/credential/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes it. */
+        put: operations["workspaces_repos_credential_update"];
+        post?: never;
+        /** @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes it. */
+        delete: operations["workspaces_repos_credential_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runners/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_runners_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runners/{runner}/revoke/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_runners_revoke_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runners/registration-tokens/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_runners_registration_tokens_list"];
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_runners_registration_tokens_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runners/registration-tokens/{token}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        delete: operations["workspaces_runners_registration_tokens_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/runs/": {
         parameters: {
             query?: never;
@@ -737,6 +892,14 @@ export interface components {
          * @enum {string}
          */
         BackendOutStatusEnum: "active" | "broken";
+        /**
+         * @description * `aws` - aws
+         *     * `local` - local
+         *     * `fake` - fake
+         *     * `self-hosted` - self-hosted
+         * @enum {string}
+         */
+        BackendsEnum: "aws" | "local" | "fake" | "self-hosted";
         BlobOut: {
             /** Format: uuid */
             id: string;
@@ -748,6 +911,12 @@ export interface components {
             /** Format: uuid */
             job: string;
         };
+        /**
+         * @description * `archive` - archive
+         *     * `patch` - patch
+         * @enum {string}
+         */
+        CodeEnum: "archive" | "patch";
         CodeInRequest: {
             kind: components["schemas"]["KindEnum"];
             /** @default  */
@@ -764,11 +933,43 @@ export interface components {
          * @enum {string}
          */
         ConnectableKindEnum: "aws";
+        CredentialInRequest: {
+            url: string;
+            kind: components["schemas"]["CredentialKind"];
+            secret: string;
+            /** @default  */
+            username: string;
+        };
+        /**
+         * @description * `https-token` - Https Token
+         *     * `ssh-key` - Ssh Key
+         * @enum {string}
+         */
+        CredentialKind: "https-token" | "ssh-key";
+        CredentialOut: {
+            set: boolean;
+            kind: string;
+            /** Format: date-time */
+            set_at: string;
+        };
         CurrentJobOut: {
             run: string;
             /** Format: uuid */
             job: string;
             job_name: string;
+        };
+        DonePartInRequest: {
+            number: number;
+            sha256: string;
+            etag: string;
+        };
+        DownloadUrlInRequest: {
+            code?: components["schemas"]["CodeEnum"];
+            input?: string;
+            file?: string;
+        };
+        DownloadUrlOut: {
+            url: string;
         };
         FileIn_Request: {
             path: string;
@@ -796,7 +997,7 @@ export interface components {
             readonly spot: boolean;
             /** Format: double */
             price_per_hour: number;
-            readonly status: components["schemas"]["InstanceOutStatusEnum"];
+            readonly status: components["schemas"]["InstanceStatus"];
             readonly status_reason: string;
             readonly hostname: string;
             readonly address: string;
@@ -810,6 +1011,9 @@ export interface components {
             readonly last_heartbeat_at: string | null;
             /** Format: double */
             readonly uptime_seconds: number;
+            readonly cloud_state: string;
+            /** Format: date-time */
+            readonly cloud_checked_at: string | null;
         };
         /**
          * @description * `provisioning` - Provisioning
@@ -821,7 +1025,7 @@ export interface components {
          *     * `lost` - Lost
          * @enum {string}
          */
-        InstanceOutStatusEnum: "provisioning" | "idle" | "busy" | "unreachable" | "terminating" | "terminated" | "lost";
+        InstanceStatus: "provisioning" | "idle" | "busy" | "unreachable" | "terminating" | "terminated" | "lost";
         InvitationOut: {
             /** Format: uuid */
             id: string;
@@ -855,6 +1059,10 @@ export interface components {
             readonly inputs: {
                 [key: string]: string;
             }[];
+            readonly placement: unknown;
+            /** Format: date-time */
+            readonly on_demand_since: string | null;
+            readonly placement_note: string;
             /** Format: date-time */
             readonly created_at: string;
             /** Format: date-time */
@@ -967,8 +1175,27 @@ export interface components {
             previous?: string | null;
             results: components["schemas"]["RunOut"][];
         };
+        PartInRequest: {
+            number: number;
+            sha256: string;
+        };
+        PartsDoneInRequest: {
+            path: string;
+            parts: components["schemas"]["DonePartInRequest"][];
+        };
         PatchedRoleInRequest: {
             role?: components["schemas"]["Role"];
+        };
+        /**
+         * @description Overrides of every workflow's placement keys (the CLI's --backend,
+         *     --region, --spot-policy, --max-price); each absent key leaves the workflow's.
+         */
+        PlacementInRequest: {
+            backends?: components["schemas"]["BackendsEnum"][];
+            regions?: string[];
+            spot_policy?: components["schemas"]["SpotPolicyEnum"];
+            /** Format: double */
+            max_price?: number;
         };
         /** @description A dry run sends digests instead of uploading the code. */
         PlanCodeInRequest: {
@@ -1000,6 +1227,59 @@ export interface components {
             }[];
             cache: components["schemas"]["CacheHitOut"] | null;
             commands: string[];
+            placement: {
+                [key: string]: unknown;
+            };
+            offer: {
+                [key: string]: unknown;
+            };
+        };
+        RegisterInRequest: {
+            token: string;
+            /** @default  */
+            name: string;
+            /** @default  */
+            hostname: string;
+        };
+        RegisterOut: {
+            /** Format: uuid */
+            runner: string;
+            name: string;
+            workspace: string;
+            runner_token: string;
+        };
+        RegistrationTokenCreatedOut: {
+            /** Format: uuid */
+            id: string;
+            prefix: string;
+            note: string;
+            readonly state: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+            /** Format: date-time */
+            used_at: string | null;
+            readonly runner: string | null;
+            token: string;
+        };
+        RegistrationTokenInRequest: {
+            /** @default  */
+            note: string;
+        };
+        RegistrationTokenOut: {
+            /** Format: uuid */
+            id: string;
+            prefix: string;
+            note: string;
+            readonly state: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+            /** Format: date-time */
+            used_at: string | null;
+            readonly runner: string | null;
         };
         RepoOut: {
             /** Format: uuid */
@@ -1009,6 +1289,7 @@ export interface components {
             runs: number;
             /** Format: date-time */
             last_run_at: string | null;
+            readonly credential: components["schemas"]["CredentialOut"] | null;
         };
         /**
          * @description * `admin` - Admin
@@ -1026,6 +1307,7 @@ export interface components {
             };
             /** @default false */
             no_cache: boolean;
+            placement?: components["schemas"]["PlacementInRequest"];
         };
         RunOut: {
             /** Format: uuid */
@@ -1070,6 +1352,7 @@ export interface components {
             };
             /** @default false */
             no_cache: boolean;
+            placement?: components["schemas"]["PlacementInRequest"];
         };
         RunPlanOut: {
             workflow: string;
@@ -1085,6 +1368,34 @@ export interface components {
             /** Format: date-time */
             updated_at: string;
         };
+        SelfHostedRunnerOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly status: components["schemas"]["InstanceStatus"];
+            readonly status_reason: string;
+            readonly revoked: boolean;
+            readonly hostname: string;
+            readonly address: string;
+            readonly runner_version: string;
+            readonly cpus: number;
+            readonly memory_bytes: number;
+            readonly disk_bytes: number;
+            readonly gpus: unknown;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly connected_at: string | null;
+            /** Format: date-time */
+            readonly last_heartbeat_at: string | null;
+        };
+        /**
+         * @description * `spot` - spot
+         *     * `on-demand` - on-demand
+         *     * `auto` - auto
+         * @enum {string}
+         */
+        SpotPolicyEnum: "spot" | "on-demand" | "auto";
         /**
          * @description * `o` - o
          *     * `e` - e
@@ -1108,6 +1419,16 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+        };
+        TargetOut: {
+            /** @description part number; 0 for a whole file */
+            number: number;
+            url: string;
+            headers: {
+                [key: string]: string;
+            };
+            /** @description how long the URL lives */
+            seconds: number;
         };
         TokenCreatedOut: {
             /** Format: uuid */
@@ -1136,8 +1457,23 @@ export interface components {
         };
         UploadOut: {
             path: string;
-            /** Format: uri */
+            /** @description PUT the file here; empty when it goes up in parts */
             url: string;
+            /** @description send these with the PUT */
+            headers: {
+                [key: string]: string;
+            };
+            /** @description > 0: upload in parts of this size (the last may be smaller) */
+            part_size: number;
+            parts: number;
+        };
+        UploadUrlsInRequest: {
+            path: string;
+            parts?: components["schemas"]["PartInRequest"][];
+        };
+        UploadUrlsOut: {
+            path: string;
+            targets: components["schemas"]["TargetOut"][];
         };
         WorkflowsFileInRequest: {
             path: string;
@@ -1312,6 +1648,113 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ArtifactCompleteOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_artifacts_parts_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                artifact: string;
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PartsDoneInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["PartsDoneInRequest"];
+                "multipart/form-data": components["schemas"]["PartsDoneInRequest"];
+            };
+        };
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    runner_jobs_artifacts_urls_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                artifact: string;
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UploadUrlsInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["UploadUrlsInRequest"];
+                "multipart/form-data": components["schemas"]["UploadUrlsInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadUrlsOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_urls_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["DownloadUrlInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["DownloadUrlInRequest"];
+                "multipart/form-data": components["schemas"]["DownloadUrlInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DownloadUrlOut"];
+                };
+            };
+        };
+    };
+    runner_register_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RegisterInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["RegisterInRequest"];
+                "multipart/form-data": components["schemas"]["RegisterInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RegisterOut"];
                 };
             };
         };
@@ -1875,6 +2318,166 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["RepoOut"][];
                 };
+            };
+        };
+    };
+    workspaces_repos_credential_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CredentialInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["CredentialInRequest"];
+                "multipart/form-data": components["schemas"]["CredentialInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CredentialOut"];
+                };
+            };
+        };
+    };
+    workspaces_repos_credential_destroy: {
+        parameters: {
+            query: {
+                url: string;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_runners_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SelfHostedRunnerOut"][];
+                };
+            };
+        };
+    };
+    workspaces_runners_revoke_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                runner: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_runners_registration_tokens_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RegistrationTokenOut"][];
+                };
+            };
+        };
+    };
+    workspaces_runners_registration_tokens_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["RegistrationTokenInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["RegistrationTokenInRequest"];
+                "multipart/form-data": components["schemas"]["RegistrationTokenInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RegistrationTokenCreatedOut"];
+                };
+            };
+        };
+    };
+    workspaces_runners_registration_tokens_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                token: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

@@ -159,7 +159,7 @@ export type CreatedToken = Schemas["TokenCreatedOut"];
 export type Repo = Schemas["RepoOut"];
 
 export type Instance = Schemas["InstanceOut"];
-export type InstanceStatus = Schemas["InstanceOutStatusEnum"];
+export type InstanceStatus = Schemas["InstanceStatus"];
 
 /** A websocket frame from /ws/v1/workspaces/<ws>/runs/… */
 export type LiveFrame =

@@ -50,6 +50,11 @@ export function InstancesPage() {
             <td>
               <StatusBadge status={instance.status} />
               {instance.status_reason ? <div className="small muted">{instance.status_reason}</div> : null}
+              {instance.cloud_state ? (
+                <div className="small muted" title="What the cloud said when last asked">
+                  cloud: {instance.cloud_state.replace("_", " ")} · <Time iso={instance.cloud_checked_at} />
+                </div>
+              ) : null}
             </td>
             <td className="mono">{instance.name}</td>
             <td>
