@@ -211,3 +211,23 @@ def test_a_wheel_name_that_is_no_file_name_is_refused_before_anything_is_made(
     assert client.get("/runner/wheels/%3Cscript%3E.whl").status_code == 404
     assert client.get("/runner/wheels/x.tar.gz").status_code == 404
     assert not (tmp_path / "wheels").exists()
+
+
+def test_a_runner_naming_another_machine_is_refused_and_one_whose_launch_was_not_recorded_fills_it_in(
+    booting_account: CloudAccount,
+) -> None:
+    from backend.runs.services.runners import runner_connect
+
+    instance = _request(booting_account)
+    assert instance.backend_id == ""  # a worker killed before it recorded the launch
+    on_machine = HELLO.model_copy(update={"cloud": protocol.CloudIdentity(instance_id="i-0aaa", region="test-1")})
+
+    connected = runner_connect(instance_id=str(instance.pk), hello=on_machine, channel_name="c1", heartbeat_seconds=1)
+
+    assert connected.instance is not None
+    instance.refresh_from_db()
+    assert instance.backend_id == "i-0aaa", "the machine said who it is: it can be terminated by its id"
+    elsewhere = HELLO.model_copy(update={"cloud": protocol.CloudIdentity(instance_id="i-0bbb", region="test-1")})
+    refused = runner_connect(instance_id=str(instance.pk), hello=elsewhere, channel_name="c2", heartbeat_seconds=1)
+    assert refused.instance is None
+    assert refused.refusal == f"this runner's token belongs to {instance.name} (i-0aaa), not to machine i-0bbb"

@@ -69,6 +69,7 @@ class Facts:
     memory_bytes: int
     disk_bytes: int
     gpus: list[dict[str, Any]]
+    cloud_id: str = ""  # the machine's id in its cloud, from its instance metadata
 
 
 # ------------------------------------------------------------------ requests
@@ -264,6 +265,8 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             memory_bytes=facts.memory_bytes,
             disk_bytes=facts.disk_bytes,
             gpus=facts.gpus,
+            # A launch whose answer was lost (a worker killed mid-launch): the machine says who it is.
+            backend_id=instance.backend_id or facts.cloud_id[:200],
             channel_name=channel_name,
             last_heartbeat_at=now,
             unreachable_since=None,

@@ -37,6 +37,9 @@ def runner_connect(
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return Connected(None, refusal="unknown instance")
+    elsewhere = _machine_mismatch(instance, hello)
+    if elsewhere:
+        return Connected(None, refusal=elsewhere)
     if instance.backend == BackendKind.SELF_HOSTED and instance.status == InstanceStatus.LOST:
         _fence(instance)  # its identity comes back, its old attempts do not
     previous = instance.channel_name
@@ -121,6 +124,17 @@ def _is_current(attempt: Attempt | None, held: protocol.HeldJob) -> bool:
     return attempt is not None and attempt.number == held.attempt
 
 
+def _machine_mismatch(instance: Instance, hello: protocol.Hello) -> str:
+    """A runner on a cloud machine names it (instance metadata): its token
+    works only on the machine launched for it."""
+    said = hello.cloud.instance_id if hello.cloud else ""
+    if not said or not instance.backend_id or instance.backend == BackendKind.SELF_HOSTED:
+        return ""
+    if said == instance.backend_id:
+        return ""
+    return f"this runner's token belongs to {instance.name} ({instance.backend_id}), not to machine {said}"
+
+
 def _facts(hello: protocol.Hello) -> Facts:
     r = hello.resources
     return Facts(
@@ -131,4 +145,5 @@ def _facts(hello: protocol.Hello) -> Facts:
         memory_bytes=r.memory_bytes,
         disk_bytes=r.disk_bytes,
         gpus=[g.model_dump() for g in r.gpus],
+        cloud_id=hello.cloud.instance_id if hello.cloud else "",
     )
