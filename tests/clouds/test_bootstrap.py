@@ -231,3 +231,34 @@ def test_a_runner_naming_another_machine_is_refused_and_one_whose_launch_was_not
     refused = runner_connect(instance_id=str(instance.pk), hello=elsewhere, channel_name="c2", heartbeat_seconds=1)
     assert refused.instance is None
     assert refused.refusal == f"this runner's token belongs to {instance.name} (i-0aaa), not to machine i-0bbb"
+
+
+def test_the_systemd_unit_in_the_user_data_is_valid_and_leaves_the_jobs_alone_on_restart(tmp_path: Path) -> None:
+    """systemd itself cannot run here; systemd-analyze checks the unit the
+    script writes, expanded by sh as on the machine."""
+    import shutil
+    import subprocess
+
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze (Debian package systemd) is needed to check the runner's unit"
+    text = user_data(server_url="https://t.example.com", instance_name="aws-1", bootstrap_token="tok", cloud="aws")
+    head = "cat > /etc/systemd/system/trainyard-runner.service <<UNIT\n"
+    body = text[text.index(head) + len(head) : text.index("\nUNIT\n", text.index(head))]
+    unit = subprocess.run(
+        ["sh", "-c", f"cat <<UNIT\n{body}\nUNIT\n"],
+        env={"ROOT": str(tmp_path), "INSTANCE_NAME": "aws-1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    runner = tmp_path / "run-runner"
+    runner.write_text("#!/bin/sh\n")
+    runner.chmod(0o700)
+    path = tmp_path / "trainyard-runner.service"
+    path.write_text(unit)
+
+    checked = subprocess.run([analyze, "verify", "--man=no", str(path)], capture_output=True, text=True)
+
+    assert checked.stderr.strip() == "" and checked.returncode == 0, checked.stderr
+    assert f"ExecStart={runner}\n" in unit and "Restart=on-failure\n" in unit
+    assert "KillMode=process\n" in unit, "systemd must not kill the jobs' shims when the runner restarts"
