@@ -143,13 +143,41 @@ class MotoServer:
     # Faults (tests/support/moto_server.py reads the file at every call).
 
     def fault(
-        self, action: str, code: str, *, message: str = "", times: int = 1, when: Mapping[str, str] | None = None
+        self,
+        action: str,
+        code: str,
+        *,
+        message: str = "",
+        times: int = 1,
+        when: Mapping[str, str] | None = None,
+        delay: float = 0.0,
     ) -> None:
         """Make the next ``times`` calls of EC2 ``action`` (matching ``when``,
-        request parameters such as ``{"InstanceType": "g5.xlarge"}``) fail with ``code``."""
+        request parameters such as ``{"InstanceType": "g5.xlarge"}``; an id in
+        ``InstanceIds``; ``{"Filter.Name": "tag:trainyard:key"}``) fail with
+        ``code``, after ``delay`` seconds. With ``code`` "" the call only
+        takes ``delay`` seconds longer (``delay``)."""
         faults = json.loads(self.faults_file.read_text() or "[]")
-        faults.append({"action": action, "code": code, "message": message, "times": times, "when": dict(when or {})})
+        faults.append(
+            {
+                "action": action,
+                "code": code,
+                "message": message,
+                "times": times,
+                "when": dict(when or {}),
+                "delay": delay,
+            }
+        )
         self.faults_file.write_text(json.dumps(faults))
+
+    def delay(self, action: str, seconds: float, *, times: int = 1, when: Mapping[str, str] | None = None) -> None:
+        """The next ``times`` calls of ``action`` (matching ``when``) take
+        ``seconds`` longer and then succeed: moto performs them even if the
+        client is gone by then. ``delay_hits`` counts the delayed calls."""
+        self.fault(action, "", times=times, when=when, delay=seconds)
+
+    def delay_hits(self, action: str) -> int:
+        return self.fault_hits(action, "")
 
     def fault_hits(self, action: str, code: str) -> int:
         faults = json.loads(self.faults_file.read_text() or "[]")

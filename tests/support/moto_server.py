@@ -6,7 +6,11 @@ moto's EC2 response handlers before calling ``moto.server.main()``. Each call
 reads the JSON fault list at ``$TRAINYARD_MOTO_FAULTS`` (written by
 ``MotoServer.fault`` in tests/support/moto.py); the first fault whose action
 and ``when`` match answers with the real EC2 error shape (HTTP 400, the given
-code and message) and counts down its ``times``.
+code and message) and counts down its ``times``. A fault with a ``delay``
+sleeps that many seconds first; with an empty code it then lets the call
+through (a slow call: EC2 still performs it if the client has gone away).
+``when`` matches a parameter's value, an item of a list parameter
+(``InstanceIds``), or, for ``Filter.Name``, one of the request's filter names.
 
 moto does not check presigned URLs the way S3 does; the wrapper does, for
 any request signed in its query: past ``X-Amz-Date`` + ``X-Amz-Expires``, it
@@ -90,7 +94,7 @@ def _matching_fault(action: str, params: Callable[[str], Any]) -> dict[str, Any]
         for fault in faults:
             if fault["action"] != action or fault.get("times", 1) <= 0:
                 continue
-            if any(str(params(key)) != str(value) for key, value in (fault.get("when") or {}).items()):
+            if not all(_matches(params(key), value) for key, value in (fault.get("when") or {}).items()):
                 continue
             fault["times"] = fault.get("times", 1) - 1
             fault["hits"] = fault.get("hits", 0) + 1
@@ -99,14 +103,35 @@ def _matching_fault(action: str, params: Callable[[str], Any]) -> dict[str, Any]
     return None
 
 
+def _matches(actual: Any, wanted: Any) -> bool:
+    """A request parameter matches a ``when`` value: equal, or (a list such
+    as DescribeInstances' ``InstanceIds``) holding it."""
+    if isinstance(actual, list | tuple):
+        return str(wanted) in {str(item) for item in actual} or str(actual) == str(wanted)
+    return str(actual) == str(wanted)
+
+
+def _param(response: EC2Response, key: str) -> Any:
+    """A request parameter for ``when``; ``Filter.Name``: the names of the
+    request's filters (``tag:trainyard:key`` for a look-up by key)."""
+    if key == "Filter.Name":
+        return list(response._filters_from_querystring())
+    return response._get_param(key)
+
+
 def _wrap(action: str) -> None:
     name = _underscored(action)
     original = getattr(EC2Response, name)
 
     def handler(self: EC2Response) -> Any:
-        fault = _matching_fault(action, self._get_param)
+        fault = _matching_fault(action, lambda key: _param(self, key))
         if fault is not None:
-            raise EC2ClientError(fault["code"], fault.get("message") or f"{fault['code']} (injected by the test)")
+            if fault.get("delay"):
+                # The call takes this long, and then happens all the same,
+                # even when the client is gone by then (EC2 does not notice).
+                time.sleep(float(fault["delay"]))
+            if fault.get("code"):
+                raise EC2ClientError(fault["code"], fault.get("message") or f"{fault['code']} (injected by the test)")
         return original(self)
 
     handler.__name__ = name

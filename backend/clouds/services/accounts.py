@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import shlex
+from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
@@ -34,6 +35,13 @@ def accounts_usable(*, workspace_id: UUID | str) -> list[CloudAccount]:
         "created_at"
     )
     return [a for a in accounts if a.kind != BackendKind.LOCAL or settings.TRAINYARD["LOCAL_BACKEND_ENABLED"]]
+
+
+def accounts_broken(*, workspace_id: UUID | str, kinds: Iterable[str] = ()) -> list[CloudAccount]:
+    """The workspace's accounts marked broken (``account_mark_broken``), of ``kinds`` when given."""
+    accounts = CloudAccount.objects.filter(workspace_id=workspace_id, status=AccountStatus.BROKEN)
+    wanted = set(kinds)
+    return [a for a in accounts.order_by("created_at") if not wanted or a.kind in wanted]
 
 
 def compute_of(account: CloudAccount) -> Compute:

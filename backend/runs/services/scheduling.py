@@ -26,6 +26,7 @@ from backend.artifacts.models import Artifact, ArtifactFile, Blob
 from backend.artifacts.services import artifact_file_key
 from backend.clouds.backends.base import Requirements
 from backend.clouds.models import BackendKind, Instance, InstanceReason, InstanceStatus
+from backend.clouds.services.accounts import accounts_broken
 from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, offers_rank, pool_room
@@ -213,7 +214,7 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
     placement = Placement.of(job)
     ranked = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job), backends=placement.backends)
     if ranked.accounts == 0:
-        return _no_account(placement), None
+        return _no_account(job, placement), None
     if not ranked.candidates:
         why = ranked.shortfall or f"no offer matches its placement ({placement.words()})"
         return f"no backend can run this job: {why}", None
@@ -229,7 +230,11 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
     return _all_blocked(choice), None
 
 
-def _no_account(placement: Placement) -> str:
+def _no_account(job: Job, placement: Placement) -> str:
+    broken = accounts_broken(workspace_id=job.workspace_id, kinds=placement.backends)
+    if broken:
+        named = "; ".join(f"{a.kind} account {a.name!r} is broken: {a.status_reason}" for a in broken[:3])
+        return f"waiting for a runner: {named} (fix it and reconnect the account)"
     if placement.backends:
         kinds = " or ".join(placement.backends)
         return f"waiting for a runner: no {kinds} account is connected to this workspace (the workflow's backends)"

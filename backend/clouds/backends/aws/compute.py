@@ -26,7 +26,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from backend.clouds.backends.aws.catalog import CATALOG_DATE, GIB, CatalogRow, by_key, load_catalog
-from backend.clouds.backends.aws.errors import STALE_ID_PREFIXES, compute_error, error_code
+from backend.clouds.backends.aws.errors import STALE_ID_PREFIXES, compute_error, error_code, quota_key
 from backend.clouds.backends.aws.facts import SPOT_PRICE_MAX_AGE, AccountFacts, RegionFacts, fetch_facts
 from backend.clouds.backends.aws.launch import Launcher
 from backend.clouds.backends.aws.machines import (
@@ -279,7 +279,9 @@ def _row_offers(
     kind: str, row: CatalogRow, region: RegionFacts | None, req: Requirements, *, spot_prices: bool
 ) -> list[Offer]:
     disk_gib = row.disk_gib or max(GPU_DISK_GIB if row.gpus else CPU_DISK_GIB, -(-(req.disk_bytes or 0) // GIB))
-    data = {"catalog_date": CATALOG_DATE, "flags": " ".join(row.flags)}
+    # quota_family: one vCPU quota covers many type prefixes (c6i, m7i, t3:
+    # Standard), so a quota error blocks them all, not just the prefix.
+    data = {"catalog_date": CATALOG_DATE, "flags": " ".join(row.flags), "quota_family": quota_key(row.instance_type)}
 
     def offer(zone: str, zone_name: str, price: float, source: str) -> Offer:
         return Offer(

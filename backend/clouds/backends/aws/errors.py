@@ -125,6 +125,14 @@ def quota_family(instance_type: str) -> tuple[str, str, str]:
     return STANDARD
 
 
+def quota_key(instance_type: str) -> str:
+    """The quota family as an offer names it (``Offer.data["quota_family"]``,
+    which the offer blocks key on): ``standard`` for c6i, m7i, t3 and every
+    other type one vCPU quota covers, ``g-and-vt``, ``p``, …"""
+    family = quota_family(instance_type)[0]
+    return "standard" if family == STANDARD[0] else family.lower().replace(" ", "-")
+
+
 def quota_name(instance_type: str, region: str, *, spot: bool) -> str:
     """``the account's vCPU quota for G and VT instances in us-east-1 (On-Demand), quota code L-DB2E81BA``."""
     family, on_demand_code, spot_code = quota_family(instance_type)

@@ -186,9 +186,9 @@ class Launcher:
                 )["Images"],
             )
         if not images:
-            what = "an NVIDIA-driver (Deep Learning Base GPU)" if gpu else "an Ubuntu 22.04/24.04"
+            what = "NVIDIA-driver (Deep Learning Base GPU)" if gpu else "Ubuntu 22.04/24.04"
             raise InvalidConfig(
-                f"no {what} image found in {region}; set the aws account's config key {key!r} "
+                f"found no {what} image in {region}; set the aws account's config key {key!r} "
                 f'to an AMI id for {region} (e.g. {{"{region}": "ami-…"}})',
                 code="NoImage",
                 scope=Scope.REGION,
