@@ -137,12 +137,12 @@ def _crash_and_finish(
         assert len(ours) == 1, (ours, rows)
         assert len(rows) == 1, rows  # one row for the job, never a second launch
         [row] = rows
-        # The machine is the row's (its key tag). The row may not know the
-        # cloud id: when the runner's hello came before the relaunch, the
-        # launch is never recorded (terminate and describe go by the key).
+        # The machine is the row's (its key tag), and the row knows its cloud
+        # id: from the recorded launch, or, when the runner's hello came
+        # before the relaunch could record it, from the hello (Hello.cloud).
         tags = {t["Key"]: t["Value"] for t in ours[0]["Tags"]}
         assert tags["trainyard:key"] == row[4]
-        assert row[3] in ("-", ours[0]["InstanceId"]), (row, ours)
+        assert row[3] == ours[0]["InstanceId"], (row, ours)
         assert ours[0]["InstanceId"] in ec2_boot.booted
         [job] = run["jobs"]
         assert {a["instance"] for a in job["attempts"]} == {job["instance"]}
