@@ -26,6 +26,7 @@ import httpx  # noqa: E402
 from websockets.sync.client import ClientConnection, connect  # noqa: E402
 
 from backend.embedded.services import EmbeddedServices  # noqa: E402
+from tests.support.moto import MotoServer  # noqa: E402
 from tests.support.stack import Stack  # noqa: E402
 
 TINY_TRAIN = REPO_ROOT.parent / "shared" / "examples" / "tiny-train"
@@ -76,15 +77,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def bench_environment(keep: bool = False) -> Iterator[tuple[Stack, Path, dict[str, Any]]]:
+def bench_environment(keep: bool = False, moto: bool = False) -> Iterator[tuple[Stack, Path, dict[str, Any]]]:
     """Temp dir, Postgres + Valkey (embedded unless DATABASE_URL and REDIS_URL
-    are both set), then web + worker + beat on a fresh database. Everything is
-    stopped and deleted on the way out, Ctrl-C included."""
+    are both set), with ``moto`` moto's server (its requests logged; in
+    ``info["moto"]``, the stack's boto3 pointed at it), then web + worker +
+    beat on a fresh database. Everything is stopped and deleted on the way
+    out, Ctrl-C included."""
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-", dir="/tmp"))
     info: dict[str, Any] = {"tmp": str(tmp)}
     services: EmbeddedServices | None = None
     stack: BenchStack | None = None
+    moto_server: MotoServer | None = None
     try:
+        if moto:
+            (tmp / "moto").mkdir()
+            moto_server = MotoServer(tmp / "moto", log_requests=True).start()
+            info["moto"] = moto_server
+            log(f"moto server up at {moto_server.url}")
         database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
         if database_url and redis_url:
             info["services"] = "reused DATABASE_URL / REDIS_URL"
@@ -101,6 +110,8 @@ def bench_environment(keep: bool = False) -> Iterator[tuple[Stack, Path, dict[st
         if services is None:
             stack.redis_url = _redis_db(stack.redis_url, BENCH_REDIS_DB)
             stack.env["REDIS_URL"] = stack.redis_url
+        if moto_server is not None:
+            stack.env.update(moto_server.env)
         started = time.monotonic()
         stack.start_all()
         log(f"web + worker + beat up in {time.monotonic() - started:.1f} s at {stack.url}")
@@ -111,6 +122,11 @@ def bench_environment(keep: bool = False) -> Iterator[tuple[Stack, Path, dict[st
                 stack.close()
             except Exception as error:
                 log(f"stack clean-up: {error!r}")
+        if moto_server is not None:
+            try:
+                moto_server.stop()
+            except Exception as error:
+                log(f"moto clean-up: {error!r}")
         if services is not None:
             try:
                 services.stop()
@@ -156,6 +172,7 @@ class Api:
     workspace: str = ""
     repo: Path | None = None
     origin: Path | None = None
+    workflows_text: str = ""
     _client: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -172,13 +189,18 @@ class Api:
         return response.json()
 
     def submit(
-        self, workflow: str, env: dict[str, str] | None = None, client: httpx.Client | None = None
+        self,
+        workflow: str,
+        env: dict[str, str] | None = None,
+        client: httpx.Client | None = None,
+        workflows_text: str | None = None,
     ) -> dict[str, Any]:
-        """POST /runs/ with a git code spec for the repo's HEAD."""
+        """POST /runs/ with a git code spec for the repo's HEAD (and its
+        workflows file, or ``workflows_text`` in its place)."""
         assert self.repo is not None and self.origin is not None
         body = {
             "workflow": workflow,
-            "workflows_file": {"path": ".trainyard/workflows.yaml", "text": self._workflows_text},
+            "workflows_file": {"path": ".trainyard/workflows.yaml", "text": workflows_text or self.workflows_text},
             "code": {"kind": "git", "repo_url": str(self.origin), "commit": self._commit, "patch_blob": None},
             "env": env or {},
             # Measure the whole path: a run served from the run cache (same
@@ -192,7 +214,7 @@ class Api:
 
     def use_repo(self, repo: Path, origin: Path) -> None:
         self.repo, self.origin = repo, origin
-        self._workflows_text = (repo / ".trainyard" / "workflows.yaml").read_text()
+        self.workflows_text = (repo / ".trainyard" / "workflows.yaml").read_text()
         self._commit = git(repo, "rev-parse", "HEAD").strip()
 
     def new_client(self) -> httpx.Client:

@@ -1,12 +1,14 @@
 """Trainyard benchmark: submit→first-log latency, durable log throughput vs a
-plain COPY, and 50 concurrent runs — measured in one run on the embedded
-default (embedded Postgres + Valkey, web + worker + beat, local runners).
+plain COPY, 50 concurrent runs, and a run on a fresh / a reused EC2 instance
+(moto) — measured in one run on the embedded default (embedded Postgres +
+Valkey, web + worker + beat, local runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
+                                  [--aws-fresh 2] [--aws-reuse 5]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
-MISSED); exits 1 when the bench itself could not run.
+MISSED); exits 1 when the bench itself, or its AWS part, could not run.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
 from bench.lib import (
     FINISHED,
     Api,
@@ -318,7 +321,7 @@ def machine() -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> tuple[str, list[str]]:
-    lat, thr, copy, burst = (results.get(k) for k in ("latency", "throughput", "copy", "burst"))
+    lat, thr, copy, burst, aws = (results.get(k) for k in ("latency", "throughput", "copy", "burst", "aws"))
     rows: list[tuple[str, str, str, str]] = []
     missed: list[str] = []
 
@@ -375,6 +378,47 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
             f"{burst['runs']} / 0 / 0",
             burst["succeeded"] == burst["runs"],
         )
+    if aws and "error" in aws:
+        row("AWS on moto: could not be measured", aws["error"][:60], "", False)
+    elif aws:
+        n = len(aws["fresh"])
+
+        def each(key: str) -> str:
+            return " / ".join(f"{f[key]:.2f}" for f in aws["fresh"])
+
+        row(f"AWS fresh instance: submit → first log line (each of {n})", f"{each('total_s')} s", "", None)
+        row("  of which the boot helper's install (user data)", f"{each('install_s')} s", "", None)
+        worst = max(f["own_part_s"] for f in aws["fresh"])
+        row(
+            "  Trainyard's own part (total − install)",
+            f"{each('own_part_s')} s",
+            f"< {TARGET_OWN_PART_S:.0f} s each",
+            worst < TARGET_OWN_PART_S and aws["all_succeeded"],
+        )
+        for label, key in (
+            ("  submit → RunInstances received by moto", "run_instances_received"),
+            ("  submit → instance seen running (boot helper)", "boot_saw_running"),
+            ("  submit → runner hello (connected_at)", "runner_hello"),
+            ("  submit → first log line (stored ts)", "first_line_stored_ts"),
+        ):
+            times = [f["milestones_s"].get(key) for f in aws["fresh"]]
+            row(label, " / ".join("?" if t is None else f"{t:.2f}" for t in times) + " s", "", None)
+        reuse_n = len(aws["reuse"])
+        row(
+            f"AWS idle instance reused: submit → first line, median ({reuse_n})",
+            f"{aws['reuse_median_ms']:.0f} ms",
+            "",
+            None,
+        )
+        if aws["reuse_ratio"] is not None:
+            row(
+                f"  reused / local warm runner ({aws['local_median_ms']:.0f} ms)",
+                f"{aws['reuse_ratio']:.2f}×",
+                f"≤ {TARGET_REUSE_RATIO:.0f}×",
+                aws["reuse_ratio"] <= TARGET_REUSE_RATIO and aws["all_reused"],
+            )
+        left = aws["cleanup"]["left_instances"] + aws["cleanup"]["left_processes"]
+        row("AWS: left running after clean-up", str(len(left)), "0", not left)
     widths = [max(len(r[i]) for r in [("metric", "value", "target", "result"), *rows]) for i in range(4)]
     lines = []
     for i, r in enumerate([("metric", "value", "target", "result"), *rows]):
@@ -390,17 +434,20 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
+    parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument(
-        "--only", choices=["latency", "throughput", "burst"], action="append", help="run only these parts"
+        "--only", choices=["latency", "throughput", "burst", "aws"], action="append", help="run only these parts"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(args.only or ["latency", "throughput", "burst"])
+    parts = set(args.only or ["latency", "throughput", "burst", "aws"])
+    failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
     started = time.monotonic()
     try:
-        with sigterm_as_interrupt(), bench_environment(keep=args.keep) as (stack, tmp, info):
+        with sigterm_as_interrupt(), bench_environment(keep=args.keep, moto="aws" in parts) as (stack, tmp, info):
             results["services"] = info["services"]
             token = stack.issue_token("bench").strip().splitlines()[-1]
             repo, origin = make_repo(tmp / "repo" / "tiny-train")
@@ -415,6 +462,24 @@ def main() -> int:
                     results["machine"]["postgres"] = results["copy"]["postgres_version"]
                 if "burst" in parts:
                     results["burst"] = bench_burst(api, args.burst, stack.data_dir)
+                if "aws" in parts:
+                    if "latency" not in results:  # the baseline of the reuse ratio, measured in this run
+                        results["latency"] = bench_latency(api, 5)
+                    try:
+                        results["aws"] = bench_aws(
+                            api,
+                            stack,
+                            info["moto"],
+                            tmp,
+                            fresh=max(args.aws_fresh, 1),
+                            reuse=max(args.aws_reuse, 1),
+                            local_median_ms=results["latency"]["median_ms"],
+                        )
+                    except Exception as error:  # the other parts' results still print
+                        message = str(error) if isinstance(error, AwsBenchError) else f"{type(error).__name__}: {error}"
+                        log(f"(4) AWS: {message}")
+                        results["aws"] = {"error": message}
+                        failed = True
             finally:
                 api.close()
                 if "postgres" not in results["machine"]:
@@ -450,6 +515,16 @@ def main() -> int:
         print(
             f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} distinct runners, peak {b['peak_live_local_runners']} live at once (polled every 0.5 s)"
         )
+    if "aws" in results and "error" not in results["aws"]:
+        a = results["aws"]
+        print(f"AWS fresh-instance milestones (median s after the clock started): {a['fresh_milestones_median_s']}")
+        print(
+            f"AWS detail: wheelhouse made in {a['wheelhouse_s']} s (before the clock), RunInstances calls per launch "
+            f"{[s['run_instances_calls'] for s in a['fresh']]}, all reused the idle instance: {a['all_reused']}, "
+            f"terminated at the end: {a['cleanup']['terminated']}"
+        )
+    elif "aws" in results:
+        print(f"AWS: {results['aws']['error']}")
     print()
     print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")
     print(f"(total {results['total_seconds']} s)")
@@ -457,7 +532,7 @@ def main() -> int:
         results["missed"] = missed
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"results written to {args.json}")
-    return 0
+    return 1 if failed else 0
 
 
 def _postgres_version(database_url: str) -> str | None:

@@ -37,10 +37,12 @@ START_TIMEOUT = 30.0
 
 
 class MotoServer:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, log_requests: bool = False) -> None:
         self.data_dir = data_dir
         self.faults_file = data_dir / "faults.json"
         self.behaviour_file = data_dir / "behaviour.json"
+        # One JSON line per EC2 call (tests/support/moto_server.py), read by ``requests()``.
+        self.requests_file = data_dir / "requests.jsonl" if log_requests else None
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
@@ -67,6 +69,9 @@ class MotoServer:
             "TRAINYARD_MOTO_BEHAVIOUR": str(self.behaviour_file),
             "PYTHONPATH": str(REPO_ROOT),
         }
+        if self.requests_file is not None:
+            self.requests_file.write_text("")
+            env["TRAINYARD_MOTO_REQUEST_LOG"] = str(self.requests_file)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
             cwd=REPO_ROOT,
@@ -186,6 +191,15 @@ class MotoServer:
     def slow_terminate(self, seconds: float) -> None:
         """Terminated instances stay ``shutting-down`` this long (0: at once, moto's way)."""
         self.behaviour_file.write_text(json.dumps({"terminate_delay": seconds}))
+
+    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+        """The EC2 calls moto got (with ``log_requests``), oldest first: action,
+        region, ``received`` / ``answered`` (epoch seconds), error code or ""."""
+        if self.requests_file is None:
+            raise RuntimeError("this MotoServer was started without log_requests=True")
+        lines = self.requests_file.read_text().splitlines() if self.requests_file.exists() else []
+        found = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in found if action is None or r["action"] == action]
 
     def clear_faults(self) -> None:
         self.faults_file.write_text("[]")

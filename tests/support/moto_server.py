@@ -35,6 +35,12 @@ depends on them (tests/clouds/test_contract.py on ``aws``):
   a terminated instance stays ``shutting-down`` until a TerminateInstances
   at least that many seconds after the first (moto terminates at once).
 
+With ``$TRAINYARD_MOTO_REQUEST_LOG`` set (``MotoServer(log_requests=True)``),
+each call of an EC2 action above appends one JSON line to that file:
+action, region, ``received`` and ``answered`` (``time.time()`` on arrival at
+moto and when its answer was ready) and the error code, if any. The
+benchmark times the launch from it (bench/README.md).
+
 Everything else is moto.
 """
 
@@ -124,18 +130,38 @@ def _wrap(action: str) -> None:
     original = getattr(EC2Response, name)
 
     def handler(self: EC2Response) -> Any:
-        fault = _matching_fault(action, lambda key: _param(self, key))
-        if fault is not None:
-            if fault.get("delay"):
-                # The call takes this long, and then happens all the same,
-                # even when the client is gone by then (EC2 does not notice).
-                time.sleep(float(fault["delay"]))
-            if fault.get("code"):
-                raise EC2ClientError(fault["code"], fault.get("message") or f"{fault['code']} (injected by the test)")
-        return original(self)
+        received = time.time()
+        error = ""
+        try:
+            fault = _matching_fault(action, lambda key: _param(self, key))
+            if fault is not None:
+                if fault.get("delay"):
+                    # The call takes this long, and then happens all the same,
+                    # even when the client is gone by then (EC2 does not notice).
+                    time.sleep(float(fault["delay"]))
+                if fault.get("code"):
+                    error = fault["code"]
+                    raise EC2ClientError(
+                        fault["code"], fault.get("message") or f"{fault['code']} (injected by the test)"
+                    )
+            return original(self)
+        except Exception as e:
+            error = error or str(getattr(e, "code", "") or type(e).__name__)
+            raise
+        finally:
+            _log_request(action, getattr(self, "region", ""), received, error)
 
     handler.__name__ = name
     setattr(EC2Response, name, handler)
+
+
+def _log_request(action: str, region: str, received: float, error: str) -> None:
+    path = os.environ.get("TRAINYARD_MOTO_REQUEST_LOG")
+    if not path:
+        return
+    line = {"action": action, "region": region, "received": received, "answered": time.time(), "error": error}
+    with _lock, open(path, "a") as file:
+        file.write(json.dumps(line) + "\n")
 
 
 _EXPIRED = (
