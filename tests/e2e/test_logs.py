@@ -49,38 +49,44 @@ PACED = """workflows:
     commands:
       - python paced.py
 """
-# 200,000 lines in 40 bursts half a second apart (about 20 s), so the
-# connection can be cut again and again while lines are in flight. (The job
-# writes to files now, never slowed by the runner's reading, and each cut is a
-# `manage.py` call of a few seconds on a loaded machine.)
-PACED_PY = """import sys, time
-out = sys.stdout
-for burst in range(40):
+# Bursts of 5,000 lines half a second apart, at least 40 of them (200,000
+# lines), and on until the test has cut the connection five times: the job
+# waits for the test's file, so a slow `manage.py` on a loaded machine never
+# makes it end before the cuts. Its last line says how many lines came before.
+PACED_PY = """import os, sys, time
+out, burst = sys.stdout, 0
+while burst < 40 or not os.path.exists(os.environ["CUTS_DONE"]):
     for i in range(burst * 5000, (burst + 1) * 5000):
         out.write(f"line {i:09d} the quick brown fox jumps over the lazy dog\\n")
     out.flush()
+    burst += 1
     time.sleep(0.5)
+print(f"end {burst * 5000}", flush=True)
 """
 
 
-def test_lines_survive_the_server_cutting_the_runner_off_repeatedly(alice: User, repo: Path) -> None:
+def test_lines_survive_the_server_cutting_the_runner_off_repeatedly(alice: User, repo: Path, tmp_path: Path) -> None:
     (repo / ".trainyard" / "workflows.yaml").write_text(PACED)
     (repo / "paced.py").write_text(PACED_PY)
-    name = run_name_of(alice.cli(repo, "run", "paced", "-d"))
+    done = tmp_path / "cuts-done"
+    name = run_name_of(alice.cli(repo, "run", "paced", "-d", "-e", f"CUTS_DONE={done}"))
     alice.wait(name, lambda r: r["jobs"][0]["last_seq"] > 0, timeout=60)
     cuts = 0
     while alice.run(name)["status"] == "running" and cuts < 5:
         alice.stack.manage("disconnect_runners")
         cuts += 1
         time.sleep(1.0)
+    done.touch()
     run = alice.wait(name, lambda r: r["status"] in {"succeeded", "failed"}, timeout=180)
 
     stored = _stored(alice, run["jobs"][0]["id"])
 
-    assert cuts >= 4, f"the job ended after {cuts} cuts: too fast to test reconnects"
+    assert cuts == 5, f"the job ended after {cuts} cuts"
     assert run["status"] == "succeeded"
-    assert [seq for seq, _ in stored] == list(range(1, LINES + 1))
-    assert [text for _, text in stored] == _expected(LINES)
+    count = int(stored[-1][1].split()[1])
+    assert count >= LINES
+    assert [seq for seq, _ in stored] == list(range(1, count + 2))
+    assert [text for _, text in stored] == [*_expected(count), f"end {count}"]
 
 
 def test_a_follower_sees_lines_while_the_job_is_still_running(alice: User, repo: Path) -> None:
