@@ -211,7 +211,7 @@ class Agent:
         """A rebalance recommendation: sync every running job's checkpoint, keep running."""
         for job in list(self._jobs.values()):
             if job.phase == Lifecycle.RUNNING and not job.interrupted:
-                self._keep(job._sync("rebalance"))
+                self._keep(job.checkpoint_now("rebalance"))
 
     def _keep(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

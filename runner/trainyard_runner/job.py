@@ -223,11 +223,13 @@ class Job:
         log.warning("job %s: checkpoint sync is not available in this runner (%s)", self.id, reason)
         return False
 
-    async def _sync(self, reason: str) -> bool:
+    async def checkpoint_now(self, reason: str) -> bool:
+        """``sync_checkpoint`` for a notice or a recommendation, with a log
+        line; never raises (a failed sync must not stop the wind-down)."""
         log.info("job %s: syncing the checkpoint (%s)", self.id, reason)
         try:
             return await self.sync_checkpoint(reason)
-        except Exception:  # a failed sync must not stop the wind-down
+        except Exception:
             log.exception("job %s: checkpoint sync (%s) failed", self.id, reason)
             return False
 
@@ -254,12 +256,12 @@ class Job:
         execution.signal(signal.SIGTERM)
         await self._report_interrupted(notice, reason)
         exited = await execution.ended_within(notice.at - CHECKPOINT_MARGIN - time.time())
-        await self._sync("interruption")
+        await self.checkpoint_now("interruption")
         if exited:
             return
         if await execution.ended_within(notice.at - KILL_MARGIN - time.time()):
             if time.time() < notice.at - KILL_MARGIN:
-                await self._sync("interruption")
+                await self.checkpoint_now("interruption")
             return
         log.warning("job %s: still running %.0fs before the machine is reclaimed: killing it", self.id, KILL_MARGIN)
         execution.kill()
