@@ -214,9 +214,15 @@ class Agent:
                 self._keep(job.checkpoint_now("rebalance"))
 
     def _keep(self, coro: Any) -> None:
+        """Run ``coro`` in the background for as long as the agent runs; a crash is logged."""
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[object]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a background task of the runner failed", exc_info=task.exception())
 
     def _force_exit(self) -> None:
         if self._exit_code is None:

@@ -16,10 +16,13 @@ import contextlib
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from trainyard_runner import machine
+from trainyard_runner.spot import parse_notice
 from websockets.asyncio.server import serve
 
 from tests.runner.test_agent import TOKEN, FakeServer, assign, stop
@@ -281,3 +284,24 @@ def test_a_notice_during_the_setup_is_an_interruption_not_a_failure(
     assert set(states[2:]) == {"interrupted"}, states
     assert "will stop this machine" in _states(server, "j")[2]["reason"]
     assert not (mark / "ran").exists(), "the commands never started"
+
+
+def test_the_imds_client_refreshes_its_token_before_the_ttl_and_caps_the_ttl(imds: ImdsServer) -> None:
+    client = machine.Imds(imds.url, ttl=2)
+    assert client.get("instance-id") == "i-0spot"
+    assert client.get("instance-id") == "i-0spot"
+    assert len(imds.puts()) == 1, "the token is reused while it is fresh"
+    time.sleep(1.2)  # past half of a 2 s TTL
+    assert client.get(NOTICE) is None  # 404: no notice
+    assert len(imds.puts()) == 2, "asked for again before it expires"
+    assert machine.Imds(imds.url, ttl=10**6).get("placement/region") == "us-east-1"  # capped at 21600, accepted
+    assert not imds.without_token()
+
+
+def test_a_notice_is_parsed_and_nonsense_is_not_one() -> None:
+    notice = parse_notice('{"action": "terminate", "time": "2026-12-01T12:00:00Z"}')
+    assert notice is not None
+    assert (notice.action, notice.when) == ("terminate", "2026-12-01T12:00:00Z")
+    assert notice.at == datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp()
+    for body in ("", "{}", "[]", '{"action": "stop"}', '{"time": "soon"}', "<html>"):
+        assert parse_notice(body) is None, body
