@@ -55,7 +55,9 @@ KILL_MARGIN = 10.0
 # How long the lines written before the notice get to be acknowledged before
 # the interruption is reported (nothing of the attempt is stored after it).
 REPORT_DRAIN = 2.0
-INTERRUPT_FILE = "interrupt.env"  # in the job's directory; its path is TRAINYARD_INTERRUPT_FILE
+# The interrupt file: <job dir>/interrupt/interrupt.env, its path in TRAINYARD_INTERRUPT_FILE
+# (a docker job sees the folder read-only at docker.INTERRUPT_MOUNT).
+INTERRUPT_DIR, INTERRUPT_FILE = "interrupt", "interrupt.env"
 INTERRUPT_FILE_VAR = "TRAINYARD_INTERRUPT_FILE"
 
 
@@ -251,7 +253,7 @@ class Job:
             log.warning("job %s: interrupted before its commands started", self.id)
             await self._report_interrupted(notice, reason)
             return
-        _write_interrupt_file(self.dir / INTERRUPT_FILE, notice)
+        _write_interrupt_file(self.dir / INTERRUPT_DIR / INTERRUPT_FILE, notice)
         log.warning("job %s: SIGTERM (the machine is reclaimed at %s)", self.id, notice.when)
         execution.signal(signal.SIGTERM)
         await self._report_interrupted(notice, reason)
@@ -404,15 +406,21 @@ class Job:
 
     async def _start(self, env_file: Path) -> Execution:
         work = self.dir / "work"
+        interrupt_dir = self.dir / INTERRUPT_DIR
+        interrupt_dir.mkdir(exist_ok=True)
         if not self.docker:
             env = job_env(self.spec.env, pip_cache_dir=self._pip_cache_dir)
-            env[INTERRUPT_FILE_VAR] = str(self.dir / INTERRUPT_FILE)
+            env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
                 self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
             )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
-        env = {**self.spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **self.spec.env,
+            "PYTHONUNBUFFERED": "1",
+            INTERRUPT_FILE_VAR: f"{docker.INTERRUPT_MOUNT}/{INTERRUPT_FILE}",
+        }
         pass_env = docker.write_env_file(env_file, env)
         argv = docker.run_argv(
             job=self.id,
@@ -421,6 +429,7 @@ class Job:
             image=self.spec.image,
             script=script(self.spec.commands),
             pass_env=pass_env,
+            interrupt_dir=interrupt_dir,
         )
         return await Execution.start(
             self.spec.commands,

@@ -143,10 +143,12 @@ def test_a_notice_reports_interrupted_at_once_sigterms_the_job_and_kills_it_at_t
     # SIGTERM first (right after the notice), then SIGKILL no earlier than T-10 s.
     term = float((mark / "term").read_text())
     assert noticed < term < noticed + 5.0
+    ended = _at(server, "j", "interrupted", final=True)  # sent after the kill
+    assert ended is not None
+    assert ended >= deadline - 10, f"killed {deadline - ended:.1f}s before T"
+    assert ended <= deadline - 10 + 4.0, "killed no later than about T-10 s"
     last_alive = float((mark / "alive").read_text())
-    assert last_alive >= deadline - 10.5, f"killed {deadline - last_alive:.1f}s before T"
-    ended = _at(server, "j", "interrupted", final=True)
-    assert ended is not None and ended <= deadline - 10 + 4.0, "killed no later than about T-10 s"
+    assert last_alive >= deadline - 12, "the job ran on after its SIGTERM until it was killed"
     final = [m for m in _states(server, "j") if m.get("exit_code") is not None]
     assert [(m["state"], m["exit_code"]) for m in final] == [("interrupted", 137)]
     assert not any(m["state"] in ("failed", "stopped") for m in _states(server, "j"))
