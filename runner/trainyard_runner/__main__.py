@@ -16,6 +16,7 @@ from pathlib import Path
 from . import machine, register
 from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
+from .spot import NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher
 
 log = logging.getLogger("trainyard_runner")
 OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("%s is not valid Resources JSON: %s", RESOURCES_VAR, e)
         return 2
+    identity = machine.cloud_identity(args.cloud)
     agent = Agent(
         server_url=server,
         token=token,
@@ -60,9 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout=args.drain_timeout,
         address=args.address,
         power_off_after=args.power_off_after,
-        cloud=machine.cloud_identity(args.cloud),
+        cloud=identity,
         jobs_outlive_runner=args.jobs_outlive_runner,
     )
+    if args.cloud == "aws":
+        agent.spot = SpotWatcher(
+            machine.Imds(),
+            on_notice=agent.on_notice,
+            on_rebalance=agent.on_rebalance,
+            notice_every=args.spot_poll_seconds,
+            rebalance_every=args.rebalance_poll_seconds,
+        )
     lifetime = _Lifetime(args.max_lifetime, work_dir)
     code = asyncio.run(_run(agent, lifetime))
     if code == EXIT_POWER_OFF or lifetime.over:
@@ -159,6 +169,20 @@ def _parser() -> argparse.ArgumentParser:
         choices=["", "aws"],
         help="read this cloud's instance metadata for the hello (aws: IMDSv2 at"
         " AWS_EC2_METADATA_SERVICE_ENDPOINT or 169.254.169.254) [TRAINYARD_RUNNER_CLOUD]",
+    )
+    p.add_argument(
+        "--spot-poll-seconds",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_SPOT_POLL_SECONDS", str(NOTICE_EVERY))),
+        help="with --cloud aws: how often to read spot/instance-action (an interruption notice)"
+        " [TRAINYARD_RUNNER_SPOT_POLL_SECONDS]",
+    )
+    p.add_argument(
+        "--rebalance-poll-seconds",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_REBALANCE_POLL_SECONDS", str(REBALANCE_EVERY))),
+        help="with --cloud aws: how often to read events/recommendations/rebalance"
+        " [TRAINYARD_RUNNER_REBALANCE_POLL_SECONDS]",
     )
     p.add_argument(
         "--drain-timeout",

@@ -26,7 +26,7 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
@@ -39,6 +39,7 @@ from .job import Job, Lifecycle, Resumed
 from .machine import save_token
 from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
+from .spot import Notice, SpotWatcher
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,10 @@ class Agent:
         self._last_ack_at = time.monotonic()
         self._gpus: list[p.Gpu] | None = None
         self._lock: IO[bytes] | None = None  # flock'd for as long as this process runs
+        # Set before run() with --cloud aws: calls on_notice / on_rebalance.
+        self.spot: SpotWatcher | None = None
+        self._notice: Notice | None = None  # the machine is being reclaimed: no new jobs
+        self._background: set[asyncio.Task[object]] = set()
 
     @property
     def stopping(self) -> bool:
@@ -132,6 +137,8 @@ class Agent:
                 resumed.spec.attempt,
                 resumed.shim.pid,
             )
+        if self.spot is not None:
+            self._keep(self.spot.run())
         delay, last_contact = BACKOFF_MIN, time.monotonic()
         while self._exit_code is None:
             error: Exception | None = None
@@ -144,6 +151,7 @@ class Agent:
                 # re-attached to them.
                 if not (self._outlive and e.code == p.CLOSE_REPLACED):
                     for job in self._jobs.values():
+                        await job.wait_wound_down()  # an interrupted job keeps its time until the deadline
                         await job.kill_now()
                 return 2
             except RECOVERABLE as e:
@@ -191,6 +199,30 @@ class Agent:
         self._maybe_exit()
         # Reporting needs the server; do not wait for it forever.
         asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._force_exit)
+
+    def on_notice(self, notice: Notice) -> None:
+        """A spot interruption notice: every job winds down by its deadline,
+        and no new job is taken."""
+        self._notice = notice
+        for job in list(self._jobs.values()):
+            job.interrupt(notice)
+
+    def on_rebalance(self, recommendation: str) -> None:
+        """A rebalance recommendation: sync every running job's checkpoint, keep running."""
+        for job in list(self._jobs.values()):
+            if job.phase == Lifecycle.RUNNING and not job.interrupted:
+                self._keep(job.checkpoint_now("rebalance"))
+
+    def _keep(self, coro: Any) -> None:
+        """Run ``coro`` in the background for as long as the agent runs; a crash is logged."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[object]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a background task of the runner failed", exc_info=task.exception())
 
     def _force_exit(self) -> None:
         if self._exit_code is None:
@@ -380,6 +412,8 @@ class Agent:
     def _refusal(self, msg: p.AssignJob) -> str:
         if self._stopping:
             return "runner is shutting down"
+        if self._notice is not None:
+            return f"this machine is being reclaimed by the cloud at {self._notice.when}"
         if not msg.job or "/" in msg.job or msg.job.startswith("."):
             return "invalid job id"
         busy = [j.id for j in self._jobs.values() if j.id not in self._finals]

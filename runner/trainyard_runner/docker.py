@@ -2,7 +2,8 @@
 
 The runner checks for an engine (``docker info``) while preparing, then runs
 ``docker run --rm --network host --name trainyard-<job> -v <work>:/workdir -w
-/workdir --env-file <file> <image> bash -c <script>`` under the reaper, like
+/workdir -v <interrupt folder>:/run/trainyard:ro --env-file <file> <image> bash
+-c <script>`` under the reaper, like
 bash for the other providers. The job's environment goes through a 0600 file
 (never the command line), deleted when the job's process ends; a value with a
 line break, which an env file cannot hold, is passed as ``-e NAME`` with the
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 ENGINE_TIMEOUT = 10.0
 KILL_TIMEOUT = 30.0
 WORKDIR = "/workdir"
+INTERRUPT_MOUNT = "/run/trainyard"  # the job's interrupt folder, read-only (docs/RUNNER.md, "Spot interruption")
 NO_ENGINE = "the docker provider needs a Docker engine on the runner's machine; `docker info` failed: "
 
 
@@ -45,12 +47,24 @@ async def check_engine() -> str:
 
 
 def run_argv(
-    *, job: str, work: Path, env_file: Path, image: str, script: str, pass_env: Sequence[str] = ()
+    *,
+    job: str,
+    work: Path,
+    env_file: Path,
+    image: str,
+    script: str,
+    pass_env: Sequence[str] = (),
+    interrupt_dir: Path | None = None,
 ) -> list[str]:
     """The ``docker run`` command line of a job (``pass_env``: names given as
-    ``-e NAME``, their values taken from the client's environment)."""
+    ``-e NAME``, their values taken from the client's environment;
+    ``interrupt_dir``: the folder of the job's interrupt file, mounted
+    read-only at ``INTERRUPT_MOUNT``)."""
     argv = ["docker", "run", "--rm", "--network", "host", "--name", container_name(job)]
-    argv += ["-v", f"{work}:{WORKDIR}", "-w", WORKDIR, "--env-file", str(env_file)]
+    argv += ["-v", f"{work}:{WORKDIR}", "-w", WORKDIR]
+    if interrupt_dir is not None:
+        argv += ["-v", f"{interrupt_dir}:{INTERRUPT_MOUNT}:ro"]
+    argv += ["--env-file", str(env_file)]
     for name in pass_env:
         argv += ["-e", name]
     return [*argv, image, "bash", "-c", script]

@@ -11,18 +11,26 @@ without the environment, the inputs and the code's URLs: what a later runner
 needs to finish the job, and no secret at rest). A runner started later on
 the same work dir rebuilds the job from it (``Resumed``, ``reattach.py``) and
 follows the shim that still runs the commands.
+
+A spot interruption notice (``interrupt``): the job is reported
+``interrupted`` at once, its process group gets SIGTERM and the time in
+``TRAINYARD_INTERRUPT_FILE``, its checkpoint is synced when it exits or at
+T-45 s, and it is SIGKILLed no later than T-10 s (docs/RUNNER.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import docker
@@ -34,11 +42,23 @@ from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
 from .process import Execution, ShimLost, ShimRecord, job_env, script
 from .protocol import AssignJob, CodeSpec, JobState
+from .spot import Notice
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE = 5.0
 SPEC_FILE = "job.json"
+# A spot interruption notice with time T: the job writes its checkpoint until
+# T - CHECKPOINT_MARGIN (then it is synced) and is killed at T - KILL_MARGIN.
+CHECKPOINT_MARGIN = 45.0
+KILL_MARGIN = 10.0
+# How long the lines written before the notice get to be acknowledged before
+# the interruption is reported (nothing of the attempt is stored after it).
+REPORT_DRAIN = 2.0
+# The interrupt file: <job dir>/interrupt/interrupt.env, its path in TRAINYARD_INTERRUPT_FILE
+# (a docker job sees the folder read-only at docker.INTERRUPT_MOUNT).
+INTERRUPT_DIR, INTERRUPT_FILE = "interrupt", "interrupt.env"
+INTERRUPT_FILE_VAR = "TRAINYARD_INTERRUPT_FILE"
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,9 @@ class Job:
         self._cancel_reason: str | None = None
         self._stopper: asyncio.Task[None] | None = None
         self.finished = False  # run() returned: only the final state is left to send
+        self._notice: Notice | None = None  # a spot interruption notice arrived
+        self._wind_down_task: asyncio.Task[None] | None = None
+        self._interrupted_before_start = False
         if resumed is not None:  # its commands were confirmed and started by an earlier runner process
             self._confirmed.set()
             self.phase = Lifecycle.RUNNING
@@ -144,11 +167,17 @@ class Job:
                 await self._prepare()
             code = await self._execute()
         except (CodeError, InputError, DockerError, ShimLost) as e:
+            if self._notice is not None:  # the machine going away broke the setup: not the job's fault
+                return await self._interrupted_final(None)
             return await self._finish("failed", None, str(e))
         except asyncio.CancelledError:
+            if self._notice is not None:
+                return await self._interrupted_final(None)
             if self._cancel_reason is None:
                 raise
             return await self._finish("stopped", None, self._cancel_reason)
+        if self._notice is not None:
+            return await self._interrupted_final(code)
         if self._cancel_reason is not None:
             return await self._finish("stopped", code, self._cancel_reason)
         if code != 0:
@@ -164,10 +193,105 @@ class Job:
         self._confirmed.set()
 
     def refuse(self, reason: str) -> None:
-        """The server no longer listens to this attempt: stop it, send nothing more."""
+        """The server no longer listens to this attempt: stop it, send nothing
+        more. An interrupted job is refused once its report arrived: it goes on
+        winding down until the cloud's deadline."""
         self.refused = True
         self.stream.abandon()
+        if self._notice is not None:
+            return
         self.cancel(f"refused by the server: {reason}")
+
+    @property
+    def interrupted(self) -> bool:
+        return self._notice is not None
+
+    def interrupt(self, notice: Notice) -> None:
+        """A spot interruption notice: wind the job down by the cloud's
+        deadline (``_wind_down``). Once per job; a job whose commands ended
+        (uploading, draining) is left to finish."""
+        if self._notice is not None or self.finished or not self.executing or self.refused:
+            return
+        self._notice = notice
+        self._wind_down_task = asyncio.get_running_loop().create_task(self._wind_down(notice))
+
+    async def wait_wound_down(self) -> None:
+        if self._wind_down_task is not None:
+            with contextlib.suppress(Exception):
+                await self._wind_down_task
+
+    async def sync_checkpoint(self, reason: str) -> bool:
+        """Placeholder until checkpoint sync lands in the runner: says so and returns False."""
+        log.warning("job %s: checkpoint sync is not available in this runner (%s)", self.id, reason)
+        return False
+
+    async def checkpoint_now(self, reason: str) -> bool:
+        """``sync_checkpoint`` for a notice or a recommendation, with a log
+        line; never raises (a failed sync must not stop the wind-down)."""
+        log.info("job %s: syncing the checkpoint (%s)", self.id, reason)
+        try:
+            return await self.sync_checkpoint(reason)
+        except Exception:
+            log.exception("job %s: checkpoint sync (%s) failed", self.id, reason)
+            return False
+
+    async def _wind_down(self, notice: Notice) -> None:
+        """1. The time goes into ``TRAINYARD_INTERRUPT_FILE`` and the process
+        group gets SIGTERM (a job still preparing is abandoned: it never ran).
+        2. ``interrupted`` is reported (after at most ``REPORT_DRAIN`` for the
+        lines already written to be stored): the server moves the job now.
+        3. The job writes its checkpoint until it exits or T-45 s; then it is
+        synced. 4. Still running at T-10 s: SIGKILL; if it exited by then
+        after that sync, one more sync."""
+        reason = f"spot interruption notice: the cloud will {notice.action or 'reclaim'} this machine at {notice.when}"
+        execution = self._execution
+        if execution is None:
+            self._interrupted_before_start = True
+            self._confirmed.set()
+            if self._prepare_task is not None:
+                self._prepare_task.cancel()
+            log.warning("job %s: interrupted before its commands started", self.id)
+            await self._report_interrupted(notice, reason)
+            return
+        _write_interrupt_file(self.dir / INTERRUPT_DIR / INTERRUPT_FILE, notice)
+        log.warning("job %s: SIGTERM (the machine is reclaimed at %s)", self.id, notice.when)
+        execution.signal(signal.SIGTERM)
+        await self._report_interrupted(notice, reason)
+        exited = await execution.ended_within(notice.at - CHECKPOINT_MARGIN - time.time())
+        await self.checkpoint_now("interruption")
+        if exited:
+            return
+        if await execution.ended_within(notice.at - KILL_MARGIN - time.time()):
+            if time.time() < notice.at - KILL_MARGIN:
+                await self.checkpoint_now("interruption")
+            return
+        log.warning("job %s: still running %.0fs before the machine is reclaimed: killing it", self.id, KILL_MARGIN)
+        execution.kill()
+        if self.docker:
+            await docker.kill_container(self.id)
+
+    async def _report_interrupted(self, notice: Notice, reason: str) -> None:
+        await self.stream.wait_acked(REPORT_DRAIN)
+        state = JobState(job=self.id, attempt=self.attempt, state="interrupted", reason=reason, interrupt_at=notice.at)
+        await self._report(state)
+        # The server ends the attempt now and gives the job's next lines to the next attempt.
+        self.stream.abandon()
+
+    async def _interrupted_final(self, code: int | None) -> JobState:
+        assert self._notice is not None
+        await self.wait_wound_down()
+        if not self.stream.closed:
+            self.stream.close()
+        reason = f"spot interruption notice: the machine is reclaimed at {self._notice.when}"
+        state = JobState(
+            job=self.id,
+            attempt=self.attempt,
+            state="interrupted",
+            exit_code=code,
+            reason=reason,
+            interrupt_at=self._notice.at,
+        )
+        return state
 
     def cancel(self, reason: str) -> None:
         """Stop the job: SIGTERM its process group (SIGKILL after the grace
@@ -243,7 +367,7 @@ class Job:
         if not self._confirmed.is_set():
             log.info("job %s: ready, waiting for the server to confirm the acceptance", self.id)
             await self._confirmed.wait()
-        if self._cancel_reason is not None:
+        if self._cancel_reason is not None or self._notice is not None:
             raise asyncio.CancelledError
         env_file = self.dir / "tmp" / "docker.env"
         try:
@@ -251,6 +375,8 @@ class Job:
             self._execution = await self._start(env_file)
             if self._cancel_reason is not None:  # cancelled while the process was starting
                 self._stop_execution()
+            if self._interrupted_before_start:  # a notice while the process was starting
+                self._execution.kill()
             self.phase = Lifecycle.RUNNING
             await self._state("running")
             return await self._wait_execution(self._execution)
@@ -280,14 +406,21 @@ class Job:
 
     async def _start(self, env_file: Path) -> Execution:
         work = self.dir / "work"
+        interrupt_dir = self.dir / INTERRUPT_DIR
+        interrupt_dir.mkdir(exist_ok=True)
         if not self.docker:
             env = job_env(self.spec.env, pip_cache_dir=self._pip_cache_dir)
+            env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
                 self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
             )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
-        env = {**self.spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **self.spec.env,
+            "PYTHONUNBUFFERED": "1",
+            INTERRUPT_FILE_VAR: f"{docker.INTERRUPT_MOUNT}/{INTERRUPT_FILE}",
+        }
         pass_env = docker.write_env_file(env_file, env)
         argv = docker.run_argv(
             job=self.id,
@@ -296,6 +429,7 @@ class Job:
             image=self.spec.image,
             script=script(self.spec.commands),
             pass_env=pass_env,
+            interrupt_dir=interrupt_dir,
         )
         return await Execution.start(
             self.spec.commands,
@@ -358,6 +492,22 @@ class Job:
 
     async def _state(self, state: str, reason: str = "") -> None:
         await self._report(JobState(job=self.id, attempt=self.attempt, state=state, reason=reason))  # type: ignore[arg-type]
+
+
+def _write_interrupt_file(path: Path, notice: Notice) -> None:
+    """Shell-sourceable (``. "$TRAINYARD_INTERRUPT_FILE"``), written whole or not at all."""
+    at = datetime.fromtimestamp(notice.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    text = (
+        f"TRAINYARD_INTERRUPT_AT={at}\n"
+        f"TRAINYARD_INTERRUPT_AT_UNIX={notice.at:.0f}\n"
+        f"TRAINYARD_INTERRUPT_ACTION={notice.action or 'terminate'}\n"
+    )
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.error("could not write %s: %s", path, e)
 
 
 def _reset_dir(path: Path) -> None:

@@ -189,6 +189,16 @@ class LogStream:
         """Closed and every line acknowledged."""
         return self.closed and self._acked == self.last_seq
 
+    async def wait_acked(self, timeout: float) -> bool:
+        """Wait until every line put so far is acknowledged (closed or not); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._acked < self.last_seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await self._wait_changed(min(left, 1.0))
+        return True
+
     async def wait_drained(self, timeout: float) -> bool:
         """Wait until ``drained()``; False on timeout."""
         deadline = time.monotonic() + timeout

@@ -68,34 +68,70 @@ def first_start(work_dir: Path) -> float:
 # ---------------------------------------------------------- instance metadata
 
 
+class Imds:
+    """An IMDSv2 client: a session token first (``PUT /latest/api/token``,
+    TTL ``IMDS_TOKEN_TTL``), refreshed a minute before it expires and asked
+    for again when a read is answered 401; every read carries it. Never the
+    unauthenticated v1. 2 s per HTTP call. Blocking (the watcher calls it in
+    a thread). The address is ``endpoint``, else
+    ``AWS_EC2_METADATA_SERVICE_ENDPOINT``, else the link-local default."""
+
+    def __init__(self, endpoint: str = "", *, ttl: int = IMDS_TOKEN_TTL, timeout: float = IMDS_TIMEOUT) -> None:
+        self.base = (endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_DEFAULT).rstrip("/")
+        self._ttl = min(ttl, IMDS_TOKEN_TTL)
+        self._timeout = timeout
+        self._token = ""
+        self._token_until = 0.0  # monotonic time after which it is asked for again
+
+    def get(self, path: str) -> str | None:
+        """``/latest/meta-data/<path>``; None when it is not there (404)."""
+        url = f"{self.base}/latest/meta-data/{path.lstrip('/')}"
+        for fresh in (False, True):
+            try:
+                return _imds(url, headers={"X-aws-ec2-metadata-token": self._session(fresh)}, timeout=self._timeout)
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    return None
+                if e.code != 401 or fresh:
+                    raise
+                log.info("instance metadata refused the session token (401): asking for a new one")
+        raise AssertionError("unreachable")
+
+    def _session(self, fresh: bool) -> str:
+        if fresh or not self._token or time.monotonic() >= self._token_until:
+            self._token = _imds(
+                f"{self.base}/latest/api/token",
+                method="PUT",
+                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(self._ttl)},
+                timeout=self._timeout,
+            )
+            self._token_until = time.monotonic() + max(self._ttl - 60, self._ttl / 2)
+        return self._token
+
+
 def aws_identity(endpoint: str = "") -> CloudIdentity | None:
-    """The EC2 instance this runs on, from IMDSv2 (a session token first,
-    never the unauthenticated v1). The address is
-    ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or the link-local default. None
-    when the metadata service does not answer within 2 s per call."""
-    base = (endpoint or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_DEFAULT).rstrip("/")
+    """The EC2 instance this runs on, from IMDSv2 (``Imds``). None when the
+    metadata service does not answer within 2 s per call."""
+    imds = Imds(endpoint)
     try:
-        token = _imds(
-            f"{base}/latest/api/token",
-            method="PUT",
-            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL)},
-        )
-        headers = {"X-aws-ec2-metadata-token": token}
-        meta = f"{base}/latest/meta-data"
-        return CloudIdentity(
-            instance_id=_imds(f"{meta}/instance-id", headers=headers),
-            instance_type=_imds(f"{meta}/instance-type", headers=headers),
-            region=_imds(f"{meta}/placement/region", headers=headers),
-            zone=_imds(f"{meta}/placement/availability-zone", headers=headers),
-        )
+        values = {
+            key: imds.get(path) or ""
+            for key, path in (
+                ("instance_id", "instance-id"),
+                ("instance_type", "instance-type"),
+                ("region", "placement/region"),
+                ("zone", "placement/availability-zone"),
+            )
+        }
     except (OSError, urllib.error.URLError, ValueError) as e:
-        log.warning("could not read the instance metadata at %s: %s", base, e)
+        log.warning("could not read the instance metadata at %s: %s", imds.base, e)
         return None
+    return CloudIdentity(**values)
 
 
-def _imds(url: str, *, method: str = "GET", headers: dict[str, str]) -> str:
+def _imds(url: str, *, method: str = "GET", headers: dict[str, str], timeout: float = IMDS_TIMEOUT) -> str:
     req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
-    with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT) as resp:
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return str(resp.read(4096).decode().strip())
 
 
@@ -138,6 +174,7 @@ def describe_seconds(seconds: float) -> str:
 
 __all__ = [
     "TOKEN_FILE",
+    "Imds",
     "aws_identity",
     "cloud_identity",
     "default_power_off_command",

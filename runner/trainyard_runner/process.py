@@ -199,6 +199,15 @@ class Execution:
             log.info("job process ignored SIGTERM for %.0fs, killing", grace)
         self.kill()
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group (the shim ignores SIGTERM)."""
+        killpg(self.pid, sig)
+
+    async def ended_within(self, seconds: float) -> bool:
+        """Whether the job ends within ``seconds`` (at once if it already has)."""
+        done, _ = await asyncio.wait({self._result}, timeout=max(seconds, 0.0))
+        return bool(done)
+
     def kill(self) -> None:
         """SIGKILL the whole process group now."""
         self._killed = True

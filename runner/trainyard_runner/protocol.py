@@ -136,8 +136,12 @@ class JobState(_Message):
     every artifact uploaded. ``stopped``: ended by a ``CancelJob``.
     ``failed`` with ``exit_code`` None means the runner could not run the job
     (clone failed, artifact upload failed, …); ``reason`` says why.
-    ``interrupted``: the machine is being reclaimed (spot); the job was
-    stopped and its checkpoint synced.
+    ``interrupted``: the machine is being reclaimed (a spot interruption
+    notice, ``interrupt_at`` the unix time the cloud takes it). Sent at the
+    notice, while the job still gets SIGTERM, writes its checkpoint and is
+    synced: the server ends the attempt at once and starts another one
+    elsewhere; nothing more of this attempt is stored after it. Also the
+    final state of such a job (which the server then refuses).
     """
 
     type: Literal["job_state"] = "job_state"
@@ -146,6 +150,7 @@ class JobState(_Message):
     state: Literal["preparing", "running", "uploading", "succeeded", "failed", "stopped", "interrupted"]
     exit_code: int | None = None
     reason: str = ""
+    interrupt_at: float | None = None
 
 
 class Logs(_Message):

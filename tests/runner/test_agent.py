@@ -582,17 +582,18 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
     assert server.states("d2")[-1][0] == "stopped"
     work = tmp_path / "rd" / "jobs" / "d1" / "work"
     env_file = tmp_path / "rd" / "jobs" / "d1" / "tmp" / "docker.env"
+    interrupt = tmp_path / "rd" / "jobs" / "d1" / "interrupt"
     lines = calls.read_text().splitlines()
     assert lines[:6] == [
         "info --format {{.ServerVersion}}",
         "rm -f trainyard-d1",
-        f"run --rm --network host --name trainyard-d1 -v {work}:/workdir -w /workdir --env-file {env_file}"
-        " python:3.12-slim bash -c set -e",
+        f"run --rm --network host --name trainyard-d1 -v {work}:/workdir -w /workdir"
+        f" -v {interrupt}:/run/trainyard:ro --env-file {env_file} python:3.12-slim bash -c set -e",
         'echo "steps=$STEPS"',
         "",
         "600",
     ]
-    assert lines[6:8] == ["STEPS=20", "PYTHONUNBUFFERED=1"]
+    assert lines[6:9] == ["STEPS=20", "PYTHONUNBUFFERED=1", "TRAINYARD_INTERRUPT_FILE=/run/trainyard/interrupt.env"]
     assert lines[-1] == "kill trainyard-d2"
 
 

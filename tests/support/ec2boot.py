@@ -11,7 +11,9 @@ environment the script is given:
 - ``TRAINYARD_BOOT_FOREGROUND=1``: the runner in the foreground (no systemd);
 - ``AWS_EC2_METADATA_SERVICE_ENDPOINT``: this helper's instance metadata
   service (IMDSv2: a session token first; instance id, type, region, zone of
-  that instance; ``spot/instance-action`` 404);
+  that instance; ``spot/instance-action`` and
+  ``events/recommendations/rebalance`` 404 until the test calls
+  ``notice(instance_id, action, at)`` or ``rebalance(instance_id)``);
 - ``TRAINYARD_POWER_OFF_COMMAND``: a script that tells this helper, which
   then ends the instance in moto as its shutdown behaviour says (terminate,
   unless it says stop).
@@ -26,6 +28,7 @@ instances in us-east-1 (``region``) are booted.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -209,6 +212,15 @@ class Ec2Boot:
             ec2.terminate_instances(InstanceIds=[instance_id])
 
     # -------------------------------------------------------- metadata service
+
+    def notice(self, instance_id: str, action: str, at: float) -> None:
+        """From now on the instance's metadata has a spot interruption notice for ``at`` (unix time)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        self.facts[instance_id]["spot/instance-action"] = json.dumps({"action": action, "time": when})
+
+    def rebalance(self, instance_id: str) -> None:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.facts[instance_id]["events/recommendations/rebalance"] = json.dumps({"noticeTime": when})
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         boot = self

@@ -29,6 +29,7 @@ import logging
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -55,6 +56,10 @@ from backend.core.tokens import hash_token
 
 logger = logging.getLogger(__name__)
 
+# A terminate that was not confirmed for this long is asked again (the reconciler).
+TERMINATE_RECHECK_SECONDS = 30.0
+# An interrupted machine's own terminate waits for the cloud's deadline, but never longer than this.
+MAX_RECLAIM_WAIT = timedelta(minutes=5)
 CONNECTABLE = (InstanceStatus.PROVISIONING, InstanceStatus.IDLE, InstanceStatus.BUSY, InstanceStatus.UNREACHABLE)
 
 
@@ -367,6 +372,28 @@ def instance_revoke(*, instance_id: str, message: str) -> bool:
         channel = instance.channel_name
         transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.fenced", "reason": message}))
     return changed
+
+
+def instance_mark_interrupted(*, instance_id: str, message: str, reclaim_at: datetime | None) -> bool:
+    """The runner got the cloud's interruption notice (spot): the machine
+    takes no new work (terminating, reason ``interrupted``). Its runner keeps
+    winding its job down until the cloud reclaims the machine at
+    ``reclaim_at``, so it is not told to shut down, and our own terminate is
+    first asked at ``reclaim_at`` (at most ``MAX_RECLAIM_WAIT`` from now),
+    then every ``TERMINATE_RECHECK_SECONDS`` like any other until the cloud
+    confirms."""
+    now = timezone.now()
+    at = min(max(reclaim_at or now, now), now + MAX_RECLAIM_WAIT)
+    return _transition(
+        instance_id,
+        list(LIVE_STATUSES),
+        InstanceStatus.TERMINATING,
+        InstanceReason.INTERRUPTED,
+        message,
+        termination_reason=InstanceReason.INTERRUPTED,
+        # The reconciler asks again TERMINATE_RECHECK_SECONDS after a request: the first ask lands at ``at``.
+        terminate_requested_at=at - timedelta(seconds=TERMINATE_RECHECK_SECONDS),
+    )
 
 
 def instance_request_termination(

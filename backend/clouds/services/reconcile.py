@@ -52,6 +52,7 @@ from backend.clouds.models import (
 )
 from backend.clouds.services.accounts import account_mark_broken, compute_of
 from backend.clouds.services.instances import (
+    TERMINATE_RECHECK_SECONDS,
     handle_of,
     instance_launch_failed,
     instance_mark_lost,
@@ -67,8 +68,6 @@ logger = logging.getLogger(__name__)
 PULSE_STALE_SECONDS = 10.0
 # A launch task that left no trace for this long is enqueued again.
 LAUNCH_STUCK_SECONDS = 30.0
-# A terminate that was not confirmed for this long is asked again.
-TERMINATE_RECHECK_SECONDS = 30.0
 TERMINATE_OVERDUE_SECONDS = 15 * 60.0  # then people are told (CLOUDS.md)
 # How often the cloud's view of every live machine is asked for (one call per account).
 CLOUD_VIEW_SECONDS = 60.0

@@ -175,6 +175,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             state=message.state,
             exit_code=message.exit_code,
             reason=message.reason,
+            interrupt_at=message.interrupt_at,
         )
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)

@@ -143,7 +143,8 @@ def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Ma
 
 
 def idle_instances_allowed(job: Job) -> Q:
-    """The idle machines the job may take: of its backends, regions, market and price."""
+    """The idle machines the job may take: of its backends, regions, market
+    and price, not in a zone it was interrupted in lately."""
     placement = Placement.of(job)
     allowed = Q()
     if placement.backends:
@@ -154,6 +155,9 @@ def idle_instances_allowed(job: Job) -> Q:
         allowed &= Q(spot=placement.spot_policy == "spot")
     if placement.max_price is not None:
         allowed &= Q(price_per_hour__lte=placement.max_price)
+    for account_id, region, zone in _interrupted_zones(job, timezone.now()):
+        if zone:  # an idle machine in the zone the job was interrupted in may go the same way
+            allowed &= ~Q(account_id=account_id, region=region, zone=zone)
     return allowed
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -27,7 +27,12 @@ from django.utils import timezone
 from trainyard_runner import protocol
 
 from backend.clouds.models import Instance
-from backend.clouds.services.instances import instance_set_busy, instance_set_idle, instance_set_idle_duration
+from backend.clouds.services.instances import (
+    instance_mark_interrupted,
+    instance_set_busy,
+    instance_set_idle,
+    instance_set_idle_duration,
+)
 from backend.runs.events import publish_run, send_to_channel
 from backend.runs.models import (
     ACTIVE_JOB,
@@ -145,13 +150,29 @@ def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> 
 
 
 def job_report_final(
-    *, job_id: str, instance_id: str, attempt: int, state: str, exit_code: int | None, reason: str
+    *,
+    job_id: str,
+    instance_id: str,
+    attempt: int,
+    state: str,
+    exit_code: int | None,
+    reason: str,
+    interrupt_at: float | None = None,
 ) -> bool:
     """The runner's final state of its attempt. False when that attempt is not
-    the job's current one on this instance (a fenced runner's late report)."""
+    the job's current one on this instance (a fenced runner's late report).
+
+    ``interrupted`` comes at the cloud's notice, while the runner still winds
+    the job down: the machine takes no new work and is terminated from
+    ``interrupt_at`` on (``instance_mark_interrupted``), the attempt ends
+    ``interrupted`` now, and ``retry`` gives the job its next attempt at once
+    (placement skips the zone). The runner's later frames for it are refused."""
     current = _live_attempt(job_id, attempt, instance_id)
     if current is None:
         return False
+    if state == "interrupted":
+        at = datetime.fromtimestamp(interrupt_at, UTC) if interrupt_at is not None else None
+        instance_mark_interrupted(instance_id=instance_id, message=reason or "interrupted by the cloud", reclaim_at=at)
     why = {
         "succeeded": TerminationReason.DONE,
         "stopped": TerminationReason.STOPPED_BY_USER,

@@ -1,0 +1,122 @@
+"""A spot interruption notice end to end: moto's server over HTTP plays EC2,
+tests/support/ec2boot.py boots each instance from its user data and serves
+its instance metadata, where the test puts the notice.
+
+The job runs on a spot machine; the notice (T ~25 s ahead) makes the runner
+report ``interrupted`` at once; the server ends attempt 1 ``interrupted``,
+launches a second machine outside the first one's zone, and the job
+finishes there on attempt 2. The first machine is terminated from T on;
+after the idle time the second one too: nothing of ours is left running."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import User, commit_all
+from tests.e2e.test_aws import AMI, _instances, _wait
+from tests.support.aws_account import prepare
+from tests.support.ec2boot import Ec2Boot
+from tests.support.moto import MotoServer
+from tests.support.stack import Stack
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "ty-e2e-aws-spot"
+IDLE_SECONDS = 20
+WORKFLOW = f"""
+  - name: spot-loop
+    provider: bash
+    backends: [aws]
+    spot_policy: spot
+    idle_duration: {IDLE_SECONDS}s
+    resources:
+      cpu: 1
+      memory: 256MB
+    commands:
+      - 'trap "exit 0" TERM'
+      - 'echo "attempt $TRAINYARD_ATTEMPT starts"'
+      - 'if [ "$TRAINYARD_ATTEMPT" = 1 ]; then while true; do sleep 0.2 || true; done; fi'
+      - 'echo "finished on attempt $TRAINYARD_ATTEMPT"'
+"""
+
+
+@pytest.fixture
+def dave(stack: Stack) -> User:
+    return User("dave", stack.issue_token("dave"), stack)
+
+
+def _job(user: User, run: str) -> dict[str, Any]:
+    job: dict[str, Any] = user.run(run)["jobs"][0]
+    return job
+
+
+def test_a_spot_notice_moves_the_job_to_a_second_machine_in_another_zone(
+    stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, dave: User, repo: Path
+) -> None:
+    prepare(aws, regions=["us-east-1"], bucket=BUCKET)
+    connected = dave.cli(
+        repo,
+        "backend",
+        "add",
+        "aws",
+        "--access-key-id",
+        "testing",
+        "--secret-access-key",
+        "testing",
+        "--regions",
+        "us-east-1",
+        "--bucket",
+        BUCKET,
+        "--ami",
+        f"us-east-1={AMI}",
+    )
+    assert connected.returncode == 0, connected.stderr + connected.stdout
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    workflows.write_text(workflows.read_text().rstrip("\n") + "\n" + WORKFLOW)
+    commit_all(repo, "a job that runs until it is interrupted on attempt 1")
+
+    submitted = dave.cli(repo, "run", "spot-loop", "-d")
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    name = submitted.stdout.strip().splitlines()[-1]
+
+    running = _wait(
+        "attempt 1's commands to run",
+        lambda: (j := _job(dave, name))["status_reason"] == "the commands are running" and j,
+        300,
+    )
+    [first] = [i for i in _instances(dave) if i["name"] == running["instance"]]
+    time.sleep(2)  # the runner's first polls of the metadata
+    deadline = time.time() + 25
+    ec2_boot.notice(first["backend_id"], "terminate", deadline)
+    noticed = time.time()
+
+    interrupted = _wait(
+        "attempt 1 to end interrupted",
+        lambda: [a for a in _job(dave, name)["attempts"] if a["number"] == 1 and a["reason"] == "interrupted"],
+        30,
+    )
+    ended_at = time.time()
+    assert ended_at - noticed < 15, "the runner reports the interruption within seconds"
+    assert "spot interruption notice" in interrupted[0]["message"]
+
+    done = dave.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=360)
+    assert done["status"] == "succeeded", done
+    job = done["jobs"][0]
+    assert [(a["number"], a["reason"]) for a in job["attempts"]] == [(1, "interrupted"), (2, "done")]
+    machines = {i["name"]: i for i in _instances(dave)}
+    second = machines[job["attempts"][1]["instance"]]
+    assert second["name"] != first["name"] and second["backend_id"] != first["backend_id"]
+    assert second["zone"] != first["zone"], "the interrupted zone is skipped"
+    logs = dave.cli(repo, "logs", name)
+    assert "finished on attempt 2" in logs.stdout, logs.stdout + logs.stderr
+
+    # The first machine: terminating from the report on, terminated from T on (not before).
+    _wait("the first machine to be terminated in moto", lambda: first["backend_id"] in ec2_boot.ended, 90)
+    assert time.time() >= deadline - 1
+    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    removed = dave.cli(repo, "backend", "rm", "aws")
+    assert removed.returncode == 0, removed.stderr
