@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import docker
 from .artifacts import ArtifactError, upload_artifacts
+from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
 from .http import post_json
@@ -106,6 +107,20 @@ class Job:
         self._cancel_reason: str | None = None
         self._stopper: asyncio.Task[None] | None = None
         self.finished = False  # run() returned: only the final state is left to send
+        self._checkpoint = (
+            CheckpointSync(
+                spec.checkpoint,
+                work=self.dir / "work",
+                staging=self.dir / "tmp" / "checkpoint-sync",
+                job=spec.job,
+                attempt=spec.attempt,
+                api_url=spec.api_url,
+                token=token,
+                fresh_url=self._fresh_url,
+            )
+            if spec.checkpoint is not None
+            else None
+        )
         if resumed is not None:  # its commands were confirmed and started by an earlier runner process
             self._confirmed.set()
             self.phase = Lifecycle.RUNNING
@@ -143,6 +158,9 @@ class Job:
                 await self._state("preparing")
                 await self._prepare()
             code = await self._execute()
+        except CheckpointError as e:
+            # Not the job's fault: another attempt may well restore it (retried as an interruption).
+            return await self._finish("interrupted", None, str(e))
         except (CodeError, InputError, DockerError, ShimLost) as e:
             return await self._finish("failed", None, str(e))
         except asyncio.CancelledError:
@@ -154,6 +172,16 @@ class Job:
         if code != 0:
             return await self._finish("failed", code, f"exit code {code}")
         return await self._upload(code)
+
+    async def sync_checkpoint(self, reason: str) -> bool:
+        """Sync the job's checkpoint now (an interruption notice, a rebalance
+        recommendation; ``reason`` is logged): True once the server's latest
+        version holds the files as they are (a new version, or nothing
+        changed), False if the job has no checkpoint, is no longer listened
+        to, or the sync failed (the previous version stays the latest)."""
+        if self._checkpoint is None or self.refused:
+            return False
+        return await self._checkpoint.sync(reason)
 
     @property
     def confirmed(self) -> bool:
@@ -222,6 +250,9 @@ class Job:
                 report=lambda reason: self._state("preparing", reason),
                 fresh_url=self._fresh_input_url,
             )
+        if self._checkpoint is not None and self._checkpoint.spec.version:
+            await self._state("preparing", f"restoring checkpoint {self._checkpoint.spec.version}")
+            await self._checkpoint.restore()
 
     def _fresh_code_url(self, what: str) -> str:
         return self._fresh_url({"code": what})
@@ -229,7 +260,7 @@ class Job:
     def _fresh_input_url(self, artifact: str, path: str) -> str:
         return self._fresh_url({"input": artifact, "file": path})
 
-    def _fresh_url(self, body: dict[str, str]) -> str:
+    def _fresh_url(self, body: dict[str, object]) -> str:
         """A fresh signed URL for something AssignJob named (blocking: called
         from the download threads)."""
         url = f"{self.spec.api_url.rstrip('/')}/runner/jobs/{self.id}/urls/?attempt={self.attempt}"
@@ -258,8 +289,15 @@ class Job:
             env_file.unlink(missing_ok=True)
 
     async def _wait_execution(self, execution: Execution) -> int:
+        if self._checkpoint is not None:
+            self._checkpoint.start_periodic()
         code = await execution.wait()
         log.info("job %s: process exited with %d", self.id, code)
+        if self._checkpoint is not None:
+            # The last state of the checkpoint, whatever the outcome (a stopped
+            # or failed job may be retried from it).
+            await self._checkpoint.stop_periodic()
+            await self.sync_checkpoint("the commands ended")
         if self._stopper is not None and self.docker:
             await self._stopper  # a cancelled container is gone before the job ends
         return code

@@ -1,0 +1,231 @@
+"""Versioned checkpoints, end to end: real runners sync a job's
+``checkpoint:`` path while it runs (every second here), each sync a new
+version that becomes the latest only once verified; a runner SIGKILLed
+mid-run is replaced, and attempt 2 restores the latest version before its
+commands start. LocalStorage (the embedded default) for tiny-train's
+resume, the workspace's S3 bucket (moto over HTTP) for the changed-files
+and half-uploaded-version cases."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.e2e.conftest import User, commit_all, run_name_of
+from tests.e2e.test_s3_storage import BUCKET, _connect_bucket
+from tests.support.moto import MotoServer
+from tests.support.stack import Stack
+
+KEEP = 3
+STEPPED = """
+  - name: stepped
+    provider: bash
+    checkpoint: ./ckpt
+    commands:
+      - if [ -e ckpt/step ]; then echo "restored step $(cat ckpt/step) big $(sha256sum ckpt/big.bin | cut -c1-16)"; exit 0; fi
+      - mkdir -p ckpt && head -c 300000 /dev/urandom > ckpt/big.bin && echo 1 > ckpt/step
+      - until [ -e "$CONTROL/2" ]; do sleep 0.1; done; echo 2 > ckpt/step
+      - until [ -e "$CONTROL/3" ]; do sleep 0.1; done; echo 3 > ckpt/step
+      - until [ -e "$CONTROL/end" ]; do sleep 0.1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def ckpt_stack(stack: Stack, moto_server: MotoServer) -> Iterator[Stack]:
+    """The session's stack with checkpoints synced every second, KEEP kept,
+    and moto's endpoint and keys."""
+    extra = {**moto_server.env, "TRAINYARD_CHECKPOINT_SYNC_SECONDS": "1", "TRAINYARD_CHECKPOINT_KEEP": str(KEEP)}
+    saved = {k: stack.env.get(k) for k in extra}
+    stack.env.update(extra)
+    for name in ("web", "worker"):
+        stack.restart(name)
+    try:
+        yield stack
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                stack.env.pop(key, None)
+            else:
+                stack.env[key] = value
+        for name in ("web", "worker"):
+            stack.restart(name)
+
+
+def _job(alice: User, name: str, workflow: str) -> dict[str, Any]:
+    return next(j for j in alice.run(name)["jobs"] if j["workflow"] == workflow)
+
+
+def _wait_latest(alice: User, name: str, workflow: str, until: Any, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        latest = (_job(alice, name, workflow).get("checkpoint") or {}).get("latest")
+        if latest is not None and until(latest):
+            return latest
+        assert time.monotonic() < deadline, f"checkpoint of {workflow} never reached the state; latest {latest}"
+        time.sleep(0.2)
+
+
+def _versions(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    """Every checkpoint version row of the job: number, status, and its files' keys."""
+    code = f"""
+import json
+from backend.artifacts.models import Artifact
+out = []
+for a in Artifact.stored.filter(job_id={job_id!r}, kind="checkpoint").order_by("number"):
+    out.append({{"number": a.number, "attempt": a.attempt, "status": a.status, "prefix": a.storage_prefix,
+                "files": {{f.path: f.key for f in a.files.all()}}}})
+print(json.dumps(out))
+"""
+    return list(json.loads(stack.manage("shell", "-c", code).strip().splitlines()[-1]))
+
+
+def _kill_runner_of(stack: Stack, marker: str) -> None:
+    """SIGKILL the runner (of this stack) whose job's processes have
+    ``marker`` in their command line or environment."""
+    pids = [int(p.read_text().split()[0]) for p in (stack.data_dir / "local-runners").glob("*.pid")]
+    jobs = []
+    for proc in Path("/proc").iterdir():
+        try:
+            text = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if proc.name.isdigit() and marker.encode() in text:
+            jobs.append(int(proc.name))
+    runner = next(r for r in pids for j in jobs if _is_ancestor(r, j))
+    os.kill(runner, signal.SIGKILL)
+
+
+def _is_ancestor(ancestor: int, pid: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
+    ckpt_stack: Stack, alice: User, repo: Path
+) -> None:
+    """finetune-model, 40 steps of 0.2 s on LocalStorage: its runner is
+    SIGKILLed once a few versions exist; attempt 2 (another runner) restores
+    the latest before train.py starts, which prints "resuming from step k"
+    once, k > 0, and ends with all 40 steps and resumed >= 1. Old versions
+    are pruned to KEEP."""
+    name = run_name_of(alice.cli(repo, "run", "finetune-model", "-d", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2"))
+    latest = _wait_latest(alice, name, "finetune-model", lambda v: v["number"] >= 3, timeout=90)
+    assert latest["attempt"] == 1 and latest["files"] == 1 and latest["size"] > 0
+
+    _kill_runner_of(ckpt_stack, f"TRAINYARD_JOB_ID={_job(alice, name, 'finetune-model')['id']}")
+    run = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+
+    assert run["status"] == "succeeded", run
+    job = _job(alice, name, "finetune-model")
+    attempts = job["attempts"]
+    assert [a["reason"] for a in attempts] == ["instance_lost", "done"]
+    restored = attempts[1]["restored_checkpoint"]
+    assert restored is not None and restored >= 3
+    logs = [line.removeprefix("[finetune-model] ") for line in alice.cli(repo, "logs", name).stdout.splitlines()]
+    resuming = [line for line in logs if line.startswith("resuming from step ")]
+    assert len(resuming) == 1, logs
+    k = int(resuming[0].split()[-1])
+    assert 0 < k < 40
+    # The loss sequence continues from the checkpointed step: attempt 2 starts at k + 1.
+    after = logs[logs.index(resuming[0]) + 1]
+    assert after.startswith(f"step {k + 1}/40 "), after
+    assert any(f"resumed from checkpoint {restored}" in line for line in logs if line.startswith("--- attempt 2"))
+    out = repo.parent / "out"
+    assert alice.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
+    final = json.loads(next(out.rglob("final.json")).read_text())
+    assert final["steps"] == 40 and final["resumed"] >= 1
+    # Pruned: at most KEEP versions, the latest among them, and only their objects on disk.
+    versions = _versions(ckpt_stack, job["id"])
+    assert len([v for v in versions if v["status"] == "complete"]) == KEEP
+    assert job["checkpoint"]["latest"]["number"] == max(v["number"] for v in versions)
+    storage = ckpt_stack.data_dir / "storage"
+    on_disk = {p.parent.name for p in storage.rglob("checkpoints/*/*/state.json")}
+    assert on_disk == {str(v["number"]) for v in versions}
+
+
+def test_only_changed_files_go_up_and_a_half_uploaded_version_never_replaces_the_latest(
+    ckpt_stack: Stack, aws: MotoServer, alice: User, repo: Path, tmp_path: Path
+) -> None:
+    """In the workspace's bucket: version 2 uploads only the changed file
+    (the unchanged one is carried by reference); with S3 refusing every
+    presigned PUT, version 3 never becomes the latest, and the attempt
+    after the runner is killed restores version 2, bytes and all."""
+    workspace_id = _connect_bucket(ckpt_stack, alice.workspace)
+    try:
+        _changed_files_and_half_versions(ckpt_stack, aws, alice, repo, tmp_path, workspace_id)
+    finally:  # later tests of the session store in the local storage again
+        ckpt_stack.manage(
+            "shell",
+            "-c",
+            f"from backend.clouds.models import CloudAccount; "
+            f"CloudAccount.objects.filter(workspace__slug={alice.workspace!r}, kind='aws').delete()",
+        )
+
+
+def _changed_files_and_half_versions(
+    ckpt_stack: Stack, aws: MotoServer, alice: User, repo: Path, tmp_path: Path, workspace_id: str
+) -> None:
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    workflows.write_text(workflows.read_text() + STEPPED)
+    commit_all(repo, "a stepped checkpoint")
+    control = tmp_path / "control"
+    control.mkdir()
+    s3 = boto3.client("s3", region_name="us-east-1")
+
+    def objects(prefix: str) -> dict[str, bytes]:
+        found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+        return {o["Key"][len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in found}
+
+    name = run_name_of(alice.cli(repo, "run", "stepped", "-d", "-e", f"CONTROL={control}"))
+    v1 = _wait_latest(alice, name, "stepped", lambda v: v["files"] == 2)
+    job_id = _job(alice, name, "stepped")["id"]
+    run_id = alice.run(name)["id"]
+    prefix = f"trainyard/{workspace_id}/runs/{run_id}/jobs/{job_id}/checkpoints/1/"
+    first = objects(f"{prefix}{v1['number']}/")
+    assert set(first) == {"big.bin", "step"} and first["step"] == b"1\n"
+
+    (control / "2").touch()
+    v2 = _wait_latest(alice, name, "stepped", lambda v: v["number"] > v1["number"])
+
+    assert objects(f"{prefix}{v2['number']}/") == {"step": b"2\n"}  # only the changed file went up
+    versions = {v["number"]: v for v in _versions(ckpt_stack, job_id)}
+    assert versions[v2["number"]]["files"]["big.bin"] == f"{prefix}{v1['number']}/big.bin"
+
+    # Every presigned PUT refused from now on (as expired; fresh URLs are refused too).
+    aws.fault("PresignedRequest", "AccessDenied", times=10_000, when={"method": "PUT"})
+    (control / "3").touch()
+    deadline = time.monotonic() + 60
+    while aws.fault_hits("PresignedRequest", "AccessDenied") < 8:  # two syncs gave up
+        assert time.monotonic() < deadline, "the refused syncs never happened"
+        time.sleep(0.2)
+    job = _job(alice, name, "stepped")
+    assert job["checkpoint"]["latest"]["number"] == v2["number"]
+    half = [v for v in _versions(ckpt_stack, job_id) if v["number"] > v2["number"]]
+    assert half and all(v["status"] == "uploading" for v in half)
+
+    _kill_runner_of(ckpt_stack, f"CONTROL={control}")
+    run = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    aws.clear_faults()
+
+    assert run["status"] == "succeeded", run
+    attempts = _job(alice, name, "stepped")["attempts"]
+    assert attempts[1]["restored_checkpoint"] == v2["number"]
+    big = first["big.bin"]
+    expected = f"restored step 2 big {hashlib.sha256(big).hexdigest()[:16]}"
+    assert expected in alice.cli(repo, "logs", name).stdout.splitlines()
