@@ -304,10 +304,17 @@ class Job:
 
     def _save_spec(self) -> None:
         """``job.json``: the spec without what must not be at rest (the
-        environment holds the workspace's secrets, the inputs' and the code's
-        URLs are signed) and is not needed once the commands run."""
+        environment holds the workspace's secrets, the inputs', the code's
+        and the restored checkpoint's URLs are signed) and is not needed once
+        the commands run."""
+        checkpoint = self.spec.checkpoint
         kept = self.spec.model_copy(
-            update={"env": {}, "inputs": [], "code": CodeSpec(kind=self.spec.code.kind, commit=self.spec.code.commit)}
+            update={
+                "env": {},
+                "inputs": [],
+                "code": CodeSpec(kind=self.spec.code.kind, commit=self.spec.code.commit),
+                "checkpoint": checkpoint.model_copy(update={"files": []}) if checkpoint is not None else None,
+            }
         )
         path = self.dir / SPEC_FILE
         tmp = path.with_suffix(".tmp")
