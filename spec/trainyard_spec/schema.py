@@ -37,7 +37,8 @@ from ._units import parse_duration, parse_size
 
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
 # checkpoint: synced by the runner on every backend and restored when a job
-# resumes (docs/decisions/0030-checkpoint-versions.md). Every key has its behaviour now; the mechanism stays for the next new key.
+# resumes (docs/decisions/0030-checkpoint-versions.md). Every key has its
+# behaviour now; the mechanism stays for the next new key.
 NOT_SUPPORTED_YET: tuple[str, ...] = ()
 # The backend kinds a workflow may name in ``backends:`` (docs/BACKENDS.md).
 BACKEND_KINDS = ("aws", "local", "fake", "self-hosted")
