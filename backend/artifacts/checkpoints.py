@@ -142,7 +142,10 @@ def checkpoint_complete(*, version: Artifact) -> Artifact:
             status_code=409,
         )
     log.info("job %s: checkpoint %d is the latest", version.job_id, version.number)
-    checkpoint_prune(job_id=str(version.job_id), keep=settings.TRAINYARD["CHECKPOINT_KEEP"])
+    try:
+        checkpoint_prune(job_id=str(version.job_id), keep=settings.TRAINYARD["CHECKPOINT_KEEP"])
+    except Exception:  # the version is the latest either way; the next sync prunes again
+        log.exception("job %s: pruning old checkpoint versions failed", version.job_id)
     return version
 
 

@@ -90,7 +90,7 @@ class CheckpointLatest(BaseModel):
     was based on), after every file of the new one is verified."""
 
     job = models.OneToOneField("runs.Job", on_delete=models.CASCADE, related_name="checkpoint_latest")
-    version = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="+")
+    version = models.ForeignKey(Artifact, on_delete=models.RESTRICT, related_name="+")
 
 
 class ArtifactFile(BaseModel):

@@ -106,3 +106,12 @@ def test_pruning_keeps_n_versions_and_the_objects_they_point_at(job: Job, tmp_pa
     assert checkpoint_prune(job_id=str(job.pk), keep=2) == 0
     latest = checkpoint_latest(job=job)
     assert latest is not None and latest.number == 5
+
+
+def test_a_run_with_checkpoints_can_be_deleted(job: Job) -> None:
+    checkpoint_complete(version=_sync(job, {"step": b"1"}))
+    checkpoint_complete(version=_sync(job, {"step": b"2"}))
+
+    job.run.delete()
+
+    assert not Artifact.stored.filter(job_id=job.pk).exists()

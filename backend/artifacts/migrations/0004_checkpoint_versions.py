@@ -103,7 +103,7 @@ class Migration(migrations.Migration):
             model_name="checkpointlatest",
             name="version",
             field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="+", to="artifacts.artifact"
+                on_delete=django.db.models.deletion.RESTRICT, related_name="+", to="artifacts.artifact"
             ),
         ),
     ]
