@@ -137,7 +137,9 @@ class JobState(_Message):
     ``failed`` with ``exit_code`` None means the runner could not run the job
     (clone failed, artifact upload failed, …); ``reason`` says why.
     ``interrupted``: the machine is being reclaimed (spot); the job was
-    stopped and its checkpoint synced.
+    stopped and its checkpoint synced. Also: the job's checkpoint could not
+    be restored before its commands started (``reason`` says why); retried
+    like an interruption, not counted as the job's error.
     """
 
     type: Literal["job_state"] = "job_state"

@@ -60,14 +60,21 @@ def ckpt_stack(stack: Stack, moto_server: MotoServer) -> Iterator[Stack]:
             stack.restart(name)
 
 
-def _job(alice: User, name: str, workflow: str) -> dict[str, Any]:
-    return next(j for j in alice.run(name)["jobs"] if j["workflow"] == workflow)
+@pytest.fixture(scope="module")
+def carol(ckpt_stack: Stack) -> User:
+    """A user of her own: no AWS connection left behind by other tests, so
+    her workspace stores in the local storage until a test connects a bucket."""
+    return User("carol", ckpt_stack.issue_token("carol"), ckpt_stack)
 
 
-def _wait_latest(alice: User, name: str, workflow: str, until: Any, timeout: float = 60) -> dict[str, Any]:
+def _job(carol: User, name: str, workflow: str) -> dict[str, Any]:
+    return next(j for j in carol.run(name)["jobs"] if j["workflow"] == workflow)
+
+
+def _wait_latest(carol: User, name: str, workflow: str, until: Any, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        latest = (_job(alice, name, workflow).get("checkpoint") or {}).get("latest")
+        latest = (_job(carol, name, workflow).get("checkpoint") or {}).get("latest")
         if latest is not None and until(latest):
             return latest
         assert time.monotonic() < deadline, f"checkpoint of {workflow} never reached the state; latest {latest}"
@@ -117,27 +124,27 @@ def _is_ancestor(ancestor: int, pid: int) -> bool:
 
 
 def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
-    ckpt_stack: Stack, alice: User, repo: Path
+    ckpt_stack: Stack, carol: User, repo: Path
 ) -> None:
     """finetune-model, 40 steps of 0.2 s on LocalStorage: its runner is
     SIGKILLed once a few versions exist; attempt 2 (another runner) restores
     the latest before train.py starts, which prints "resuming from step k"
     once, k > 0, and ends with all 40 steps and resumed >= 1. Old versions
     are pruned to KEEP."""
-    name = run_name_of(alice.cli(repo, "run", "finetune-model", "-d", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2"))
-    latest = _wait_latest(alice, name, "finetune-model", lambda v: v["number"] >= 3, timeout=90)
+    name = run_name_of(carol.cli(repo, "run", "finetune-model", "-d", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2"))
+    latest = _wait_latest(carol, name, "finetune-model", lambda v: v["number"] >= 3, timeout=90)
     assert latest["attempt"] == 1 and latest["files"] == 1 and latest["size"] > 0
 
-    _kill_runner_of(ckpt_stack, f"TRAINYARD_JOB_ID={_job(alice, name, 'finetune-model')['id']}")
-    run = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    _kill_runner_of(ckpt_stack, f"TRAINYARD_JOB_ID={_job(carol, name, 'finetune-model')['id']}")
+    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
 
     assert run["status"] == "succeeded", run
-    job = _job(alice, name, "finetune-model")
+    job = _job(carol, name, "finetune-model")
     attempts = job["attempts"]
     assert [a["reason"] for a in attempts] == ["instance_lost", "done"]
     restored = attempts[1]["restored_checkpoint"]
     assert restored is not None and restored >= 3
-    logs = [line.removeprefix("[finetune-model] ") for line in alice.cli(repo, "logs", name).stdout.splitlines()]
+    logs = [line.removeprefix("[finetune-model] ") for line in carol.cli(repo, "logs", name).stdout.splitlines()]
     resuming = [line for line in logs if line.startswith("resuming from step ")]
     assert len(resuming) == 1, logs
     k = int(resuming[0].split()[-1])
@@ -147,7 +154,7 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
     assert after.startswith(f"step {k + 1}/40 "), after
     assert any(f"resumed from checkpoint {restored}" in line for line in logs if line.startswith("--- attempt 2"))
     out = repo.parent / "out"
-    assert alice.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
+    assert carol.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
     final = json.loads(next(out.rglob("final.json")).read_text())
     assert final["steps"] == 40 and final["resumed"] >= 1
     # Pruned: at most KEEP versions, the latest among them, and only their objects on disk.
@@ -160,26 +167,26 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
 
 
 def test_only_changed_files_go_up_and_a_half_uploaded_version_never_replaces_the_latest(
-    ckpt_stack: Stack, aws: MotoServer, alice: User, repo: Path, tmp_path: Path
+    ckpt_stack: Stack, aws: MotoServer, carol: User, repo: Path, tmp_path: Path
 ) -> None:
     """In the workspace's bucket: version 2 uploads only the changed file
     (the unchanged one is carried by reference); with S3 refusing every
     presigned PUT, version 3 never becomes the latest, and the attempt
     after the runner is killed restores version 2, bytes and all."""
-    workspace_id = _connect_bucket(ckpt_stack, alice.workspace)
+    workspace_id = _connect_bucket(ckpt_stack, carol.workspace)
     try:
-        _changed_files_and_half_versions(ckpt_stack, aws, alice, repo, tmp_path, workspace_id)
+        _changed_files_and_half_versions(ckpt_stack, aws, carol, repo, tmp_path, workspace_id)
     finally:  # later tests of the session store in the local storage again
         ckpt_stack.manage(
             "shell",
             "-c",
             f"from backend.clouds.models import CloudAccount; "
-            f"CloudAccount.objects.filter(workspace__slug={alice.workspace!r}, kind='aws').delete()",
+            f"CloudAccount.objects.filter(workspace__slug={carol.workspace!r}, kind='aws').delete()",
         )
 
 
 def _changed_files_and_half_versions(
-    ckpt_stack: Stack, aws: MotoServer, alice: User, repo: Path, tmp_path: Path, workspace_id: str
+    ckpt_stack: Stack, aws: MotoServer, carol: User, repo: Path, tmp_path: Path, workspace_id: str
 ) -> None:
     workflows = repo / ".trainyard" / "workflows.yaml"
     workflows.write_text(workflows.read_text() + STEPPED)
@@ -192,16 +199,16 @@ def _changed_files_and_half_versions(
         found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
         return {o["Key"][len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in found}
 
-    name = run_name_of(alice.cli(repo, "run", "stepped", "-d", "-e", f"CONTROL={control}"))
-    v1 = _wait_latest(alice, name, "stepped", lambda v: v["files"] == 2)
-    job_id = _job(alice, name, "stepped")["id"]
-    run_id = alice.run(name)["id"]
+    name = run_name_of(carol.cli(repo, "run", "stepped", "-d", "-e", f"CONTROL={control}"))
+    v1 = _wait_latest(carol, name, "stepped", lambda v: v["files"] == 2)
+    job_id = _job(carol, name, "stepped")["id"]
+    run_id = carol.run(name)["id"]
     prefix = f"trainyard/{workspace_id}/runs/{run_id}/jobs/{job_id}/checkpoints/1/"
     first = objects(f"{prefix}{v1['number']}/")
     assert set(first) == {"big.bin", "step"} and first["step"] == b"1\n"
 
     (control / "2").touch()
-    v2 = _wait_latest(alice, name, "stepped", lambda v: v["number"] > v1["number"])
+    v2 = _wait_latest(carol, name, "stepped", lambda v: v["number"] > v1["number"])
 
     assert objects(f"{prefix}{v2['number']}/") == {"step": b"2\n"}  # only the changed file went up
     versions = {v["number"]: v for v in _versions(ckpt_stack, job_id)}
@@ -214,18 +221,59 @@ def _changed_files_and_half_versions(
     while aws.fault_hits("PresignedRequest", "AccessDenied") < 8:  # two syncs gave up
         assert time.monotonic() < deadline, "the refused syncs never happened"
         time.sleep(0.2)
-    job = _job(alice, name, "stepped")
+    job = _job(carol, name, "stepped")
     assert job["checkpoint"]["latest"]["number"] == v2["number"]
     half = [v for v in _versions(ckpt_stack, job_id) if v["number"] > v2["number"]]
     assert half and all(v["status"] == "uploading" for v in half)
 
     _kill_runner_of(ckpt_stack, f"CONTROL={control}")
-    run = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
     aws.clear_faults()
 
     assert run["status"] == "succeeded", run
-    attempts = _job(alice, name, "stepped")["attempts"]
+    attempts = _job(carol, name, "stepped")["attempts"]
     assert attempts[1]["restored_checkpoint"] == v2["number"]
     big = first["big.bin"]
     expected = f"restored step 2 big {hashlib.sha256(big).hexdigest()[:16]}"
-    assert expected in alice.cli(repo, "logs", name).stdout.splitlines()
+    assert expected in carol.cli(repo, "logs", name).stdout.splitlines()
+
+
+RESTORE_FAILS = """
+  - name: lost-checkpoint
+    provider: bash
+    checkpoint: ./ckpt
+    retry: {limit: 2}
+    commands:
+      - mkdir -p ckpt && echo 1 > ckpt/step
+      - until [ -e "$CONTROL/never" ]; do sleep 0.1; done
+"""
+
+
+def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_failed(
+    ckpt_stack: Stack, carol: User, repo: Path, tmp_path: Path
+) -> None:
+    """The latest version's object vanished from the storage: attempt 2's
+    restore fails before its commands start, and the attempt ends
+    ``interrupted`` (retried like an interruption) with the reason, not
+    ``error``."""
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    workflows.write_text(workflows.read_text() + RESTORE_FAILS)
+    commit_all(repo, "a checkpoint that will be lost")
+    control = tmp_path / "control"
+    control.mkdir()
+    name = run_name_of(carol.cli(repo, "run", "lost-checkpoint", "-d", "-e", f"CONTROL={control}"))
+    latest = _wait_latest(carol, name, "lost-checkpoint", lambda v: v["files"] == 1)
+    job_id = _job(carol, name, "lost-checkpoint")["id"]
+    [version] = [v for v in _versions(ckpt_stack, job_id) if v["number"] == latest["number"]]
+    stored = ckpt_stack.data_dir / "storage" / version["prefix"] / "step"
+    assert stored.read_bytes() == b"1\n"
+    stored.unlink()
+
+    _kill_runner_of(ckpt_stack, f"CONTROL={control}")
+    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+
+    attempts = _job(carol, name, "lost-checkpoint")["attempts"]
+    assert [a["reason"] for a in attempts] == ["instance_lost", "interrupted"], attempts
+    assert attempts[1]["restored_checkpoint"] == latest["number"]
+    assert f"could not restore checkpoint {latest['number']}" in attempts[1]["message"]
+    assert run["status"] == "failed" and "2 of 2 attempts" in run["jobs"][0]["status_reason"], run
