@@ -20,19 +20,21 @@ from typing import Any
 import boto3
 import pytest
 
+from backend.artifacts.s3 import composite_checksum
 from tests.e2e.conftest import User, commit_all, run_name_of
 from tests.e2e.test_s3_storage import BUCKET, _connect_bucket
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
 KEEP = 3
+MiB = 1 << 20
 STEPPED = """
   - name: stepped
     provider: bash
     checkpoint: ./ckpt
     commands:
       - if [ -e ckpt/step ]; then echo "restored step $(cat ckpt/step) big $(sha256sum ckpt/big.bin | cut -c1-16)"; exit 0; fi
-      - mkdir -p ckpt && head -c 300000 /dev/urandom > ckpt/big.bin && echo 1 > ckpt/step
+      - mkdir -p ckpt && head -c 11534339 /dev/urandom > ckpt/big.bin && echo 1 > ckpt/step
       - until [ -e "$CONTROL/2" ]; do sleep 0.1; done; echo 2 > ckpt/step
       - until [ -e "$CONTROL/3" ]; do sleep 0.1; done; echo 3 > ckpt/step
       - until [ -e "$CONTROL/end" ]; do sleep 0.1; done
@@ -42,8 +44,15 @@ STEPPED = """
 @pytest.fixture(scope="module")
 def ckpt_stack(stack: Stack, moto_server: MotoServer) -> Iterator[Stack]:
     """The session's stack with checkpoints synced every second, KEEP kept,
-    and moto's endpoint and keys."""
-    extra = {**moto_server.env, "TRAINYARD_CHECKPOINT_SYNC_SECONDS": "1", "TRAINYARD_CHECKPOINT_KEEP": str(KEEP)}
+    parts of 5 MiB above 6 MiB, and moto's endpoint and keys."""
+    extra = {
+        **moto_server.env,
+        "TRAINYARD_CHECKPOINT_SYNC_SECONDS": "1",
+        "TRAINYARD_CHECKPOINT_KEEP": str(KEEP),
+        # big.bin (11 MiB) goes up to S3 in parts, and is carried as such.
+        "TRAINYARD_MULTIPART_THRESHOLD": str(6 * MiB),
+        "TRAINYARD_MULTIPART_PART_SIZE": str(5 * MiB),
+    }
     saved = {k: stack.env.get(k) for k in extra}
     stack.env.update(extra)
     for name in ("web", "worker"):
@@ -170,7 +179,8 @@ def test_only_changed_files_go_up_and_a_half_uploaded_version_never_replaces_the
     ckpt_stack: Stack, aws: MotoServer, carol: User, repo: Path, tmp_path: Path
 ) -> None:
     """In the workspace's bucket: version 2 uploads only the changed file
-    (the unchanged one is carried by reference); with S3 refusing every
+    (the unchanged one, uploaded in parts, is carried by reference and
+    verified by its composite checksum); with S3 refusing every
     presigned PUT, version 3 never becomes the latest, and the attempt
     after the runner is killed restores version 2, bytes and all."""
     workspace_id = _connect_bucket(ckpt_stack, carol.workspace)
@@ -206,6 +216,9 @@ def _changed_files_and_half_versions(
     prefix = f"trainyard/{workspace_id}/runs/{run_id}/jobs/{job_id}/checkpoints/1/"
     first = objects(f"{prefix}{v1['number']}/")
     assert set(first) == {"big.bin", "step"} and first["step"] == b"1\n"
+    head = s3.head_object(Bucket=BUCKET, Key=f"{prefix}{v1['number']}/big.bin", ChecksumMode="ENABLED")
+    parts = [hashlib.sha256(first["big.bin"][i : i + 5 * MiB]).hexdigest() for i in range(0, 11534339, 5 * MiB)]
+    assert len(parts) == 3 and head["ChecksumSHA256"].split("-")[0] == composite_checksum(parts)  # went up in parts
 
     (control / "2").touch()
     v2 = _wait_latest(carol, name, "stepped", lambda v: v["number"] > v1["number"])
