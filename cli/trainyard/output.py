@@ -285,6 +285,8 @@ def attempt_rows(run: Mapping[str, Any]) -> list[list[str]]:
             reason = a.get("reason") or a.get("status", "")
             if a.get("message"):
                 reason = f"{reason}: {a['message']}"
+            if a.get("restored_checkpoint"):
+                reason = f"{reason} (resumed from checkpoint {a['restored_checkpoint']})"
             rows.append(
                 [
                     job["name"],
