@@ -36,6 +36,7 @@ from backend.artifacts.services import (
     artifact_file_key,
     part_size,
 )
+from backend.artifacts.storage import Storage
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
 
@@ -72,16 +73,45 @@ def checkpoint_begin(*, job: Job, path: str, files: list[FileIn]) -> Begun:
     )
     known = {f.path: f for f in base.files.all()} if base is not None and same_place else {}
     threshold = settings.TRAINYARD["MULTIPART_THRESHOLD"]
-    for _ in range(3):  # two syncs racing for the same number: the loser takes the next
-        number = (
-            Artifact.stored.filter(job=job, kind=ArtifactKind.CHECKPOINT).aggregate(n=Max("number"))["n"] or 0
-        ) + 1
-        prefix = (
-            f"{storage.key_root(job.workspace_id)}/runs/{job.run_id}/jobs/{job.pk}/checkpoints/{job.attempt}/{number}"
-        )
+    carried: dict[str, ArtifactFile] = {}
+    for f in files:
+        old = known.get(f.path)
+        if base is not None and old is not None and (old.size, old.sha256) == (f.size, f.sha256):
+            carried[f.path] = old
+    parts = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
+    version = _create_version(job, path, files, base, storage, carried, parts)
+    uploads = []
+    for f in files:
+        if f.path in carried:
+            continue
+        if parts[f.path]:
+            uploads.append(Upload(f.path, "", {}, parts[f.path], math.ceil(f.size / parts[f.path])))
+        else:
+            key = f"{version.storage_prefix}/{f.path}"
+            target = storage.upload_target(key, sha256=f.sha256, seconds=UPLOAD_URL_SECONDS)
+            uploads.append(Upload(f.path, target.url, target.headers))
+    return Begun(version, uploads, len(files) - len(uploads))
+
+
+def _create_version(
+    job: Job,
+    path: str,
+    files: list[FileIn],
+    base: Artifact | None,
+    storage: Storage,
+    carried: dict[str, ArtifactFile],
+    parts: dict[str, int],
+) -> Artifact:
+    """The version's row and its files' rows, in one transaction, as number
+    n+1 of the job (two syncs racing for a number: the loser takes the next)."""
+    for _ in range(3):
+        last = Artifact.stored.filter(job=job, kind=ArtifactKind.CHECKPOINT).aggregate(n=Max("number"))["n"]
+        number = (last or 0) + 1
+        root = storage.key_root(job.workspace_id)
+        prefix = f"{root}/runs/{job.run_id}/jobs/{job.pk}/checkpoints/{job.attempt}/{number}"
         try:
             with transaction.atomic():
-                version = Artifact.stored.create(
+                version: Artifact = Artifact.stored.create(
                     workspace_id=job.workspace_id,
                     run_id=job.run_id,
                     job=job,
@@ -94,37 +124,32 @@ def checkpoint_begin(*, job: Job, path: str, files: list[FileIn]) -> Begun:
                     total_size=sum(f.size for f in files),
                     **location_of(storage),
                 )
-                break
+                rows = []
+                for f in files:
+                    old = carried.get(f.path)
+                    if base is not None and old is not None:
+                        rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
+                                                 key=artifact_file_key(base, old), part_size=old.part_size,
+                                                 part_sha256s=old.part_sha256s))  # fmt: skip
+                    else:
+                        rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
+                                                 part_size=parts[f.path]))  # fmt: skip
+                ArtifactFile.objects.bulk_create(rows)
+                return version
         except IntegrityError:
             continue
-    else:
-        raise ApplicationError(
-            "Another checkpoint sync of this job is starting at the same time: try again.", status_code=409
-        )
-    rows, uploads = [], []
-    for f in files:
-        old = known.get(f.path)
-        if base is not None and old is not None and (old.size, old.sha256) == (f.size, f.sha256):
-            rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
-                                     key=artifact_file_key(base, old), part_sha256s=old.part_sha256s,
-                                     part_size=old.part_size))  # fmt: skip
-            continue
-        parts = part_size(f.size) if storage.multipart and f.size > threshold else 0
-        rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256, part_size=parts))
-        if parts:
-            uploads.append(Upload(f.path, "", {}, parts, math.ceil(f.size / parts)))
-        else:
-            target = storage.upload_target(f"{prefix}/{f.path}", sha256=f.sha256, seconds=UPLOAD_URL_SECONDS)
-            uploads.append(Upload(f.path, target.url, target.headers))
-    ArtifactFile.objects.bulk_create(rows)
-    return Begun(version, uploads, len(files) - len(uploads))
+    raise ApplicationError(
+        "Another checkpoint sync of this job is starting at the same time: try again.", status_code=409
+    )
 
 
 def checkpoint_complete(*, version: Artifact) -> Artifact:
     """Verify every file of ``version``, then make it the latest by one
     compare-and-set on the version it was based on; prune old versions."""
-    if version.status == ArtifactStatus.COMPLETE:
-        raise ApplicationError(f"checkpoint {version.number} is complete already.", status_code=409)
+    if version.status == ArtifactStatus.COMPLETE:  # a retried request: the answer it did not get
+        if CheckpointLatest.objects.filter(job_id=version.job_id, version=version).exists():
+            return version
+        raise ApplicationError(f"checkpoint {version.number} is complete but not the latest.", status_code=409)
     version = artifact_complete(artifact=version)
     with transaction.atomic():
         if version.base_id is None:

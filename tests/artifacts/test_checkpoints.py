@@ -77,6 +77,13 @@ def test_a_version_with_a_missing_file_never_becomes_the_latest(job: Job) -> Non
     assert half.status == ArtifactStatus.UPLOADING
 
 
+def test_a_retried_complete_of_the_latest_is_answered_again(job: Job) -> None:
+    version = checkpoint_complete(version=_sync(job, {"step": b"1"}))
+
+    assert checkpoint_complete(version=version) == version
+    assert checkpoint_latest(job=job) == version
+
+
 def test_the_latest_moves_only_from_the_version_a_sync_was_based_on(job: Job) -> None:
     checkpoint_complete(version=_sync(job, {"step": b"1"}))
     a = _sync(job, {"step": b"2"})
