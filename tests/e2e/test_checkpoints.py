@@ -4,7 +4,8 @@ version that becomes the latest only once verified; a runner SIGKILLed
 mid-run is replaced, and attempt 2 restores the latest version before its
 commands start. LocalStorage (the embedded default) for tiny-train's
 resume, the workspace's S3 bucket (moto over HTTP) for the changed-files
-and half-uploaded-version cases."""
+and half-uploaded-version cases. Every run is pinned to the local backend
+(``--backend local``): killing its runner is losing the machine."""
 
 from __future__ import annotations
 
@@ -135,7 +136,9 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
     the latest before train.py starts, which prints "resuming from step k"
     once, k > 0, and ends with all 40 steps and resumed >= 1. Old versions
     are pruned to KEEP."""
-    name = run_name_of(carol.cli(repo, "run", "finetune-model", "-d", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2"))
+    name = run_name_of(
+        carol.cli(repo, "run", "finetune-model", "-d", "--backend", "local", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2")
+    )
     latest = _wait_latest(carol, name, "finetune-model", lambda v: v["number"] >= 2, timeout=90)
     assert latest["attempt"] == 1 and latest["files"] == 1 and latest["size"] > 0
 
@@ -204,7 +207,7 @@ def _changed_files_and_half_versions(
         found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
         return {o["Key"][len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in found}
 
-    name = run_name_of(carol.cli(repo, "run", "stepped", "-d", "-e", f"CONTROL={control}"))
+    name = run_name_of(carol.cli(repo, "run", "stepped", "-d", "--backend", "local", "-e", f"CONTROL={control}"))
     v1 = _wait_latest(carol, name, "stepped", lambda v: v["files"] == 2)
     job_id = _job(carol, name, "stepped")["id"]
     run_id = carol.run(name)["id"]
@@ -269,7 +272,9 @@ def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_f
     commit_all(repo, "a checkpoint that will be lost")
     control = tmp_path / "control"
     control.mkdir()
-    name = run_name_of(carol.cli(repo, "run", "lost-checkpoint", "-d", "-e", f"CONTROL={control}"))
+    name = run_name_of(
+        carol.cli(repo, "run", "lost-checkpoint", "-d", "--backend", "local", "-e", f"CONTROL={control}")
+    )
     latest = _wait_latest(carol, name, "lost-checkpoint", lambda v: v["files"] == 1)
     job_id = _job(carol, name, "lost-checkpoint")["id"]
     [version] = [v for v in _versions(ckpt_stack, job_id) if v["number"] == latest["number"]]
