@@ -15,8 +15,9 @@ from rest_framework.views import APIView
 from backend.accounts.auth import token_from_header
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.archive import archive_url
+from backend.artifacts.checkpoints import checkpoint_begin, checkpoint_complete
 from backend.artifacts.locations import storage_of
-from backend.artifacts.models import Artifact, ArtifactStatus
+from backend.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
 from backend.artifacts.services import (
     FileIn,
     artifact_begin,
@@ -174,11 +175,14 @@ class PartsDoneIn(serializers.Serializer):
 class DownloadUrlIn(serializers.Serializer):
     code = serializers.ChoiceField(choices=["archive", "patch"], required=False)
     input = serializers.CharField(max_length=500, required=False)
+    checkpoint = serializers.IntegerField(min_value=1, required=False, help_text="a checkpoint version's number")
     file = serializers.CharField(max_length=1000, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if bool(attrs.get("code")) == bool(attrs.get("input") and attrs.get("file")):
-            raise serializers.ValidationError('Name either "code" or both "input" and "file".')
+        named = [bool(attrs.get("code")), bool(attrs.get("input") and attrs.get("file")),
+                 bool(attrs.get("checkpoint") and attrs.get("file"))]  # fmt: skip
+        if sum(named) != 1:
+            raise serializers.ValidationError('Name either "code", or "file" with "input" or with "checkpoint".')
         return attrs
 
 
@@ -228,7 +232,7 @@ class RunnerArtifactUploadUrlsView(RunnerAPIView):
         return Response({"path": path, "targets": body})
 
     def _artifact(self, request: Request, job: str, artifact: str) -> Artifact:
-        row = Artifact.objects.filter(pk=artifact, job=self.runner_job(request, job)).first()
+        row = Artifact.stored.filter(pk=artifact, job=self.runner_job(request, job)).first()
         if row is None:
             raise NotFound("No such artifact for this job.")
         return row
@@ -257,7 +261,11 @@ class RunnerDownloadUrlView(RunnerAPIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         url = job_download_url(
-            job=found, code=v.get("code", ""), input_path=v.get("input", ""), file_path=v.get("file", "")
+            job=found,
+            code=v.get("code", ""),
+            input_path=v.get("input", ""),
+            file_path=v.get("file", ""),
+            checkpoint=v.get("checkpoint", 0),
         )
         return Response({"url": url})
 
@@ -266,8 +274,40 @@ class RunnerArtifactCompleteView(RunnerAPIView):
     @extend_schema(request=None, responses=ArtifactCompleteOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
         found = self.runner_job(request, job)
-        row = Artifact.objects.filter(pk=artifact, job=found).first()
+        row = Artifact.stored.filter(pk=artifact, job=found).first()
         if row is None:
             raise NotFound("No such artifact for this job.")
+        if row.kind == ArtifactKind.CHECKPOINT:
+            done = checkpoint_complete(version=row)
+            return Response({"id": str(done.pk), "status": done.status, "number": done.number, "latest": True})
         done = artifact_complete(artifact=row)
         return Response({"id": str(done.pk), "status": done.status})
+
+
+class CheckpointBeginOut(ArtifactBeginOut):
+    number = serializers.IntegerField(help_text="the version's number n (…/checkpoints/<attempt>/<n>/)")
+    carried = serializers.IntegerField(help_text="files unchanged since the latest version: not uploaded again")
+
+
+class RunnerCheckpointBeginView(RunnerAPIView):
+    """A new version of the job's checkpoint: the manifest of every file; the
+    answer lists only the files to upload. The URL, parts and complete
+    endpoints of artifacts finish it (complete makes it the latest)."""
+
+    @extend_schema(request=ArtifactBeginIn, responses={201: CheckpointBeginOut})
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = ArtifactBeginIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        files = [FileIn(**f) for f in data.validated_data["files"]]
+        begun = checkpoint_begin(job=found, path=data.validated_data["path"], files=files)
+        body = {
+            "id": str(begun.version.pk),
+            "number": begun.version.number,
+            "carried": begun.carried,
+            "uploads": [
+                {"path": u.path, "url": u.url, "headers": u.headers, "part_size": u.part_size, "parts": u.parts}
+                for u in begun.uploads
+            ],
+        }
+        return Response(body, status=status.HTTP_201_CREATED)

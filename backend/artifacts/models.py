@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
-from backend.accounts.models import WorkspaceOwnedModel
+from backend.accounts.models import WorkspaceOwnedModel, WorkspaceQuerySet
 from backend.core.models import BaseModel
 
 
@@ -35,8 +37,28 @@ class ArtifactStatus(models.TextChoices):
     COMPLETE = "complete"
 
 
+class ArtifactKind(models.TextChoices):
+    OUTPUT = "output"  # a workflow's ``artifacts:`` path
+    CHECKPOINT = "checkpoint"  # one version of a workflow's ``checkpoint:`` path
+
+
+class OutputManager(models.Manager.from_queryset(WorkspaceQuerySet)):  # type: ignore[misc]
+    """Only outputs: what every listing, input and cache lookup means by a
+    job's artifacts. Checkpoint versions are reached through ``Artifact.stored``
+    (backend/artifacts/checkpoints.py)."""
+
+    def get_queryset(self) -> models.QuerySet[Artifact]:
+        return super().get_queryset().filter(kind=ArtifactKind.OUTPUT)
+
+
 class Artifact(StoredModel):
-    """One output path of one job (``./base_model``) and its file manifest."""
+    """One output path of one job (``./base_model``) and its file manifest,
+    or one version of its checkpoint (``kind`` checkpoint, ``number`` n of
+    the job, uploaded by ``attempt``; ``base`` the version that was latest
+    when it began: the compare-and-set guard)."""
+
+    objects: Any = OutputManager()  # type: ignore[misc]
+    stored: Any = WorkspaceQuerySet.as_manager()
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="artifacts")
     job = models.ForeignKey("runs.Job", on_delete=models.CASCADE, related_name="artifacts")
@@ -44,9 +66,31 @@ class Artifact(StoredModel):
     status = models.CharField(max_length=16, choices=ArtifactStatus.choices, default=ArtifactStatus.UPLOADING)
     storage_prefix = models.CharField(max_length=500)
     total_size = models.PositiveBigIntegerField(default=0)
+    kind = models.CharField(max_length=16, choices=ArtifactKind.choices, default=ArtifactKind.OUTPUT)
+    attempt = models.PositiveIntegerField(default=0)
+    number = models.PositiveIntegerField(default=0)
+    base = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["job", "path"], name="uniq_artifact_job_path")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "path"], condition=models.Q(kind="output"), name="uniq_artifact_job_path"
+            ),
+            models.UniqueConstraint(
+                fields=["job", "number"], condition=models.Q(kind="checkpoint"), name="uniq_checkpoint_number"
+            ),
+        ]
+        base_manager_name = "stored"
+
+
+class CheckpointLatest(BaseModel):
+    """The one pointer to a job's latest complete checkpoint version. It
+    moves only by a compare-and-set on ``version`` (the version a new one
+    was based on), after every file of the new one is verified."""
+
+    job = models.OneToOneField("runs.Job", on_delete=models.CASCADE, related_name="checkpoint_latest")
+    version = models.ForeignKey(Artifact, on_delete=models.RESTRICT, related_name="+")
 
 
 class ArtifactFile(BaseModel):
@@ -61,6 +105,10 @@ class ArtifactFile(BaseModel):
     upload_id = models.CharField(max_length=1024, blank=True)
     part_size = models.PositiveBigIntegerField(default=0)
     part_sha256s = models.JSONField(default=list, blank=True)
+    # A checkpoint file unchanged since the version this one is based on is
+    # not uploaded again: it points at the object that holds it ("": the
+    # artifact's own ``storage_prefix/path``).
+    key = models.CharField(max_length=1500, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["artifact", "path"], name="uniq_artifact_file")]

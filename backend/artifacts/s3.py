@@ -76,6 +76,9 @@ class S3Storage(Storage):
             return "SHA-256 checksum differs"
         return ""
 
+    def delete(self, keys: list[str]) -> None:
+        self._s3.delete(keys)
+
     def write(self, key: str, chunks: Iterator[bytes]) -> int:
         reader = _ChunkReader(chunks)
         self._s3.upload(key, reader)

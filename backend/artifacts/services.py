@@ -22,6 +22,7 @@ from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
@@ -178,7 +179,7 @@ def artifact_complete(*, artifact: Artifact) -> Artifact:
             f"({first}: {why}): upload them again.",
             extra={"files": list(problems)[:50]},
         )
-    Artifact.objects.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE)
+    Artifact.stored.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE, completed_at=timezone.now())
     artifact.refresh_from_db()
     return artifact
 
@@ -191,7 +192,9 @@ def part_size(size: int) -> int:
 
 
 def artifact_file_key(artifact: Artifact, file: ArtifactFile) -> str:
-    return f"{artifact.storage_prefix}/{file.path}"
+    """Where the file's bytes are: under the artifact's prefix, or (a
+    checkpoint file carried from an earlier version) the object it names."""
+    return file.key or f"{artifact.storage_prefix}/{file.path}"
 
 
 def _unfinished_file(artifact: Artifact, path: str) -> ArtifactFile:

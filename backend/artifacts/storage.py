@@ -96,6 +96,10 @@ class Storage(ABC):
         a multipart upload: the sha256 of each part, in order), else what is wrong."""
 
     @abstractmethod
+    def delete(self, keys: list[str]) -> None:
+        """Delete the objects; a key that does not exist is no error."""
+
+    @abstractmethod
     def write(self, key: str, chunks: Iterator[bytes]) -> int:
         """Store the bytes atomically (readers never see half a file); return the size."""
 
@@ -132,6 +136,10 @@ class LocalStorage(Storage):
         expires = int(time.time() + lifetime)
         token = signing.dumps({"k": key, "m": method, "f": filename, "x": expires}, salt=_SALT, compress=True)
         return f"{settings.PUBLIC_URL}/storage/{token}"
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
 
     def write(self, key: str, chunks: Iterator[bytes]) -> int:
         target = self._path(key)

@@ -273,6 +273,8 @@ class TrainyardSettings(TypedDict):
     S3_URL_SECONDS: int
     MULTIPART_THRESHOLD: int
     MULTIPART_PART_SIZE: int
+    CHECKPOINT_SYNC_SECONDS: float
+    CHECKPOINT_KEEP: int
     HEARTBEAT_SECONDS: float
     HEARTBEAT_TIMEOUT_SECONDS: float
     LEASE_SECONDS: float
@@ -312,6 +314,11 @@ TRAINYARD: TrainyardSettings = {
     "S3_URL_SECONDS": env_int("TRAINYARD_S3_URL_SECONDS", 900),
     "MULTIPART_THRESHOLD": env_int("TRAINYARD_MULTIPART_THRESHOLD", 64 * 1024 * 1024),
     "MULTIPART_PART_SIZE": env_int("TRAINYARD_MULTIPART_PART_SIZE", 64 * 1024 * 1024),
+    # Checkpoints (docs/RUNNER.md, "Checkpoints"): the runner syncs a job's
+    # ``checkpoint:`` path this often when it changed; the server keeps this
+    # many complete versions of a job and prunes older ones.
+    "CHECKPOINT_SYNC_SECONDS": env_float("TRAINYARD_CHECKPOINT_SYNC_SECONDS", 300.0),
+    "CHECKPOINT_KEEP": env_int("TRAINYARD_CHECKPOINT_KEEP", 3),
     # Runners
     "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),
     "HEARTBEAT_TIMEOUT_SECONDS": env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 15.0),

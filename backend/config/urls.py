@@ -54,6 +54,7 @@ urlpatterns = [
     path(f"{ws}/backends/<str:name>/validate/", clouds.BackendValidateView.as_view()),
     path(f"{ws}/offers/", clouds.OfferListView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/checkpoints/", artifacts.RunnerCheckpointBeginView.as_view()),
     path(
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
         artifacts.RunnerArtifactCompleteView.as_view(),

@@ -158,6 +158,9 @@ class Attempt(WorkspaceOwnedModel):
     # Offers launched for this job before this attempt got its machine:
     # [{"offer": id, "instance": name, "outcome": reason, "message": …}].
     offers_tried = models.JSONField(default=list, blank=True)
+    # The checkpoint version (its number) restored before this attempt's
+    # commands started; None: it started without one.
+    restored_checkpoint = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number")]

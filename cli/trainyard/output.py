@@ -285,6 +285,8 @@ def attempt_rows(run: Mapping[str, Any]) -> list[list[str]]:
             reason = a.get("reason") or a.get("status", "")
             if a.get("message"):
                 reason = f"{reason}: {a['message']}"
+            if a.get("restored_checkpoint"):
+                reason = f"{reason} (resumed from checkpoint {a['restored_checkpoint']})"
             rows.append(
                 [
                     job["name"],
@@ -325,7 +327,10 @@ class AttemptMarks:
             if self._open is not None:
                 yield "o", self._ended(self._open)
             self._open = self._pending.pop(0)
-            yield "o", f"--- attempt {self._open['number']} of {self._job} on {self._open.get('instance') or '-'} ---"
+            restored = self._open.get("restored_checkpoint")
+            resumed = f" · resumed from checkpoint {restored}" if restored else ""
+            where = self._open.get("instance") or "-"
+            yield "o", f"--- attempt {self._open['number']} of {self._job} on {where}{resumed} ---"
         if seq is None and self._open is not None and self._open.get("reason") not in ("", None, "done"):
             yield "o", self._ended(self._open)
             self._open = None

@@ -104,9 +104,28 @@ def _resolve(work: Path, path: str) -> Path:
 
 def _upload_one(path: str, root: Path, *, job: str, attempt: int, api_url: str, token: str) -> None:
     files = manifest(root)
+    upload_tree(path, root, files, begin="artifacts", job=job, attempt=attempt, api_url=api_url, token=token)
+    log.info("uploaded artifact %s (%d files)", path, len(files))
+
+
+def upload_tree(
+    path: str,
+    root: Path,
+    files: list[FileEntry],
+    *,
+    begin: str,
+    job: str,
+    attempt: int,
+    api_url: str,
+    token: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Register ``files`` (under ``root``) at ``runner/jobs/<job>/<begin>/``
+    (``artifacts`` or ``checkpoints``), upload every file the server asks
+    for, complete; returns the begin and complete answers."""
     body = {"path": path, "files": [e.__dict__ for e in files]}
     query = f"?attempt={attempt}"
-    created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/artifacts/{query}", body, token=token))
+    api_url = api_url.rstrip("/")
+    created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/{begin}/{query}", body, token=token))
     server = _Server(f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/", query, api_url, token)
     by_path = {e.path: e for e in files}
     for upload in created["uploads"]:
@@ -118,8 +137,8 @@ def _upload_one(path: str, root: Path, *, job: str, attempt: int, api_url: str, 
         else:
             first = _Target(server.absolute(upload["url"]), dict(upload.get("headers") or {}))
             _put_whole(server, upload["path"], local, first)
-    _retry(lambda: post_json(f"{server.base}complete/{query}", {}, token=token))
-    log.info("uploaded artifact %s (%d files)", path, len(files))
+    done = _retry(lambda: post_json(f"{server.base}complete/{query}", {}, token=token))
+    return created, done or {}
 
 
 class _Server:

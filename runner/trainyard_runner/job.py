@@ -35,6 +35,7 @@ from pathlib import Path
 
 from . import docker
 from .artifacts import ArtifactError, upload_artifacts
+from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
 from .http import post_json
@@ -129,6 +130,20 @@ class Job:
         self._notice: Notice | None = None  # a spot interruption notice arrived
         self._wind_down_task: asyncio.Task[None] | None = None
         self._interrupted_before_start = False
+        self._checkpoint = (
+            CheckpointSync(
+                spec.checkpoint,
+                work=self.dir / "work",
+                staging=self.dir / "tmp" / "checkpoint-sync",
+                job=spec.job,
+                attempt=spec.attempt,
+                api_url=spec.api_url,
+                token=token,
+                fresh_url=self._fresh_url,
+            )
+            if spec.checkpoint is not None
+            else None
+        )
         if resumed is not None:  # its commands were confirmed and started by an earlier runner process
             self._confirmed.set()
             self.phase = Lifecycle.RUNNING
@@ -166,6 +181,9 @@ class Job:
                 await self._state("preparing")
                 await self._prepare()
             code = await self._execute()
+        except CheckpointError as e:
+            # Not the job's fault: another attempt may well restore it (retried as an interruption).
+            return await self._finish("interrupted", None, str(e))
         except (CodeError, InputError, DockerError, ShimLost) as e:
             if self._notice is not None:  # the machine going away broke the setup: not the job's fault
                 return await self._interrupted_final(None)
@@ -183,6 +201,16 @@ class Job:
         if code != 0:
             return await self._finish("failed", code, f"exit code {code}")
         return await self._upload(code)
+
+    async def sync_checkpoint(self, reason: str) -> bool:
+        """Sync the job's checkpoint now (an interruption notice, a rebalance
+        recommendation; ``reason`` is logged): True once the server's latest
+        version holds the files as they are (a new version, or nothing
+        changed), False if the job has no checkpoint, is no longer listened
+        to, or the sync failed (the previous version stays the latest)."""
+        if self._checkpoint is None or self.refused:
+            return False
+        return await self._checkpoint.sync(reason)
 
     @property
     def confirmed(self) -> bool:
@@ -219,11 +247,6 @@ class Job:
         if self._wind_down_task is not None:
             with contextlib.suppress(Exception):
                 await self._wind_down_task
-
-    async def sync_checkpoint(self, reason: str) -> bool:
-        """Placeholder until checkpoint sync lands in the runner: says so and returns False."""
-        log.warning("job %s: checkpoint sync is not available in this runner (%s)", self.id, reason)
-        return False
 
     async def checkpoint_now(self, reason: str) -> bool:
         """``sync_checkpoint`` for a notice or a recommendation, with a log
@@ -346,6 +369,9 @@ class Job:
                 report=lambda reason: self._state("preparing", reason),
                 fresh_url=self._fresh_input_url,
             )
+        if self._checkpoint is not None and self._checkpoint.spec.version:
+            await self._state("preparing", f"restoring checkpoint {self._checkpoint.spec.version}")
+            await self._checkpoint.restore()
 
     def _fresh_code_url(self, what: str) -> str:
         return self._fresh_url({"code": what})
@@ -353,7 +379,7 @@ class Job:
     def _fresh_input_url(self, artifact: str, path: str) -> str:
         return self._fresh_url({"input": artifact, "file": path})
 
-    def _fresh_url(self, body: dict[str, str]) -> str:
+    def _fresh_url(self, body: dict[str, object]) -> str:
         """A fresh signed URL for something AssignJob named (blocking: called
         from the download threads)."""
         url = f"{self.spec.api_url.rstrip('/')}/runner/jobs/{self.id}/urls/?attempt={self.attempt}"
@@ -384,18 +410,32 @@ class Job:
             env_file.unlink(missing_ok=True)
 
     async def _wait_execution(self, execution: Execution) -> int:
+        if self._checkpoint is not None:
+            self._checkpoint.start_periodic()
         code = await execution.wait()
         log.info("job %s: process exited with %d", self.id, code)
+        if self._checkpoint is not None:
+            # The last state of the checkpoint, whatever the outcome (a stopped
+            # or failed job may be retried from it).
+            await self._checkpoint.stop_periodic()
+            await self.sync_checkpoint("the commands ended")
         if self._stopper is not None and self.docker:
             await self._stopper  # a cancelled container is gone before the job ends
         return code
 
     def _save_spec(self) -> None:
         """``job.json``: the spec without what must not be at rest (the
-        environment holds the workspace's secrets, the inputs' and the code's
-        URLs are signed) and is not needed once the commands run."""
+        environment holds the workspace's secrets, the inputs', the code's
+        and the restored checkpoint's URLs are signed) and is not needed once
+        the commands run."""
+        checkpoint = self.spec.checkpoint
         kept = self.spec.model_copy(
-            update={"env": {}, "inputs": [], "code": CodeSpec(kind=self.spec.code.kind, commit=self.spec.code.commit)}
+            update={
+                "env": {},
+                "inputs": [],
+                "code": CodeSpec(kind=self.spec.code.kind, commit=self.spec.code.commit),
+                "checkpoint": checkpoint.model_copy(update={"files": []}) if checkpoint is not None else None,
+            }
         )
         path = self.dir / SPEC_FILE
         tmp = path.with_suffix(".tmp")

@@ -142,6 +142,9 @@ class JobState(_Message):
     synced: the server ends the attempt at once and starts another one
     elsewhere; nothing more of this attempt is stored after it. Also the
     final state of such a job (which the server then refuses).
+    Also: the job's checkpoint could not be restored before its commands
+    started (``reason`` says why); retried like an interruption, not counted
+    as the job's error.
     """
 
     type: Literal["job_state"] = "job_state"
@@ -221,11 +224,17 @@ class InputArtifact(_Message):
 
 
 class CheckpointSpec(_Message):
-    """Where the job keeps its checkpoint (synced and restored by the runner
-    where the backend can interrupt machines)."""
+    """Where the job keeps its checkpoint, synced by the runner: every
+    ``sync_seconds`` when something changed, when asked
+    (``Job.sync_checkpoint``: an interruption notice, a rebalance
+    recommendation) and when the commands end. ``version`` > 0: the job's
+    latest checkpoint version, whose ``files`` the runner restores at
+    ``path`` before the commands start (an attempt after an interruption)."""
 
     path: str  # relative to the working directory
     sync_seconds: float = 300.0
+    version: int = Field(default=0, ge=0)  # 0: nothing to restore
+    files: list[InputFile] = Field(default_factory=list)  # relative to ``path``
 
 
 class AssignJob(_Message):

@@ -143,7 +143,8 @@ def _plan_workflow(file: WorkflowsFile, wf: Workflow, overrides: dict[str, str])
         raise WorkflowFileError(
             [file.error(wf, "provider", f"the {wf.provider} provider made an invalid plan: {problem}")]
         )
-    return [replace(job, workflow=wf.name, env={**job.env, **overrides}) for job in ordered]
+    checkpoint = wf.checkpoint or ""
+    return [replace(job, workflow=wf.name, env={**job.env, **overrides}, checkpoint=checkpoint) for job in ordered]
 
 
 def _check_jobs(wf: Workflow, jobs: Any) -> str:

@@ -59,6 +59,8 @@ class JobPlan:
     tags: list[str]
     runs: list[str]
     image: str = ""
+    # The workflow's ``checkpoint:`` path (every job of the workflow syncs its own); "" when none.
+    checkpoint: str = ""
 
 
 class ProviderError(Exception):

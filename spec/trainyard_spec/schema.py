@@ -36,10 +36,9 @@ from ._messages import describe
 from ._units import parse_duration, parse_size
 
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
-# checkpoint is accepted: its behaviour (sync and resume after a spot
-# interruption) only exists where instances can be interrupted, and the only
-# backend so far (local) never is (docs/decisions/0007-checkpoint-accepted.md).
-# Every key has its behaviour now; the mechanism stays for the next new key.
+# checkpoint: synced by the runner on every backend and restored when a job
+# resumes (docs/decisions/0030-checkpoint-versions.md). Every key has its
+# behaviour now; the mechanism stays for the next new key.
 NOT_SUPPORTED_YET: tuple[str, ...] = ()
 # The backend kinds a workflow may name in ``backends:`` (docs/BACKENDS.md).
 BACKEND_KINDS = ("aws", "local", "fake", "self-hosted")

@@ -55,3 +55,13 @@ def test_show_lists_attempts_only_for_jobs_that_had_more_than_an_ordinary_one() 
         ("train", "1", "local-a", "instance_lost: machine local-a is gone"),
         ("train", "2", "local-b", "done"),
     ]
+
+
+def test_a_resumed_attempt_says_which_checkpoint_it_started_from() -> None:
+    resumed = DONE | {"restored_checkpoint": 4}
+    marks = AttemptMarks(_job(LOST, resumed))
+    printed = [text for _, text in [*marks.around([(1, "o", "a"), (3, "o", "c")]), *marks.rest()]]
+    rows = attempt_rows({"jobs": [_job(LOST, resumed)]})
+
+    assert "--- attempt 2 of train on local-b · resumed from checkpoint 4 ---" in printed
+    assert rows[1][5] == "done (resumed from checkpoint 4)"

@@ -124,9 +124,23 @@ class AttemptOut(serializers.ModelSerializer):
             "first_seq",
             "last_seq",
             "offers_tried",
+            "restored_checkpoint",
             "created_at",
         ]
         read_only_fields = fields
+
+
+class CheckpointVersionOut(serializers.Serializer):
+    number = serializers.IntegerField()
+    attempt = serializers.IntegerField(help_text="the attempt that synced it")
+    size = serializers.IntegerField()
+    files = serializers.IntegerField()
+    completed_at = serializers.DateTimeField()
+
+
+class CheckpointOut(serializers.Serializer):
+    path = serializers.CharField()
+    latest = CheckpointVersionOut(allow_null=True, help_text="the version an interrupted job resumes from")
 
 
 class JobOut(serializers.ModelSerializer):
@@ -137,6 +151,7 @@ class JobOut(serializers.ModelSerializer):
     after_running = serializers.SerializerMethodField()
     cached_from = serializers.SerializerMethodField()
     inputs = serializers.SerializerMethodField()
+    checkpoint = serializers.SerializerMethodField()
     provider = serializers.CharField(source="spec.provider", default="bash")
 
     class Meta:
@@ -157,6 +172,7 @@ class JobOut(serializers.ModelSerializer):
             "after_running",
             "cached_from",
             "inputs",
+            "checkpoint",
             "placement",
             "on_demand_since",
             "placement_note",
@@ -184,6 +200,25 @@ class JobOut(serializers.ModelSerializer):
     def get_cached_from(self, job: Job) -> dict[str, str] | None:
         source = job.cached_from
         return {"run": source.run.name, "job": str(source.pk)} if source is not None else None
+
+    @extend_schema_field(CheckpointOut(allow_null=True))
+    def get_checkpoint(self, job: Job) -> dict[str, Any] | None:
+        from backend.artifacts.checkpoints import checkpoint_latest
+
+        path = job.spec.get("checkpoint") or ""
+        if not path:
+            return None
+        latest = checkpoint_latest(job=job)
+        shown = None
+        if latest is not None:
+            shown = {
+                "number": latest.number,
+                "attempt": latest.attempt,
+                "size": latest.total_size,
+                "files": latest.files.count(),
+                "completed_at": latest.completed_at,
+            }
+        return {"path": path, "latest": CheckpointOut({"path": path, "latest": shown}).data["latest"]}
 
     def get_inputs(self, job: Job) -> list[dict[str, str]]:
         from backend.runs.services.dag import job_inputs

@@ -146,6 +146,8 @@ def job_spec(plan: JobPlan) -> dict[str, object]:
         "resources": dataclasses.asdict(plan.resources),
         "ports": list(plan.ports),
         "image": plan.image,
+        # Only when set: a job without one keeps its cache key.
+        **({"checkpoint": plan.checkpoint} if plan.checkpoint else {}),
     }
 
 

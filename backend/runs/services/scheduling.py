@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 from trainyard_runner import protocol
 
+from backend.artifacts.checkpoints import checkpoint_file_url, checkpoint_spec
 from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, Blob
 from backend.artifacts.services import artifact_file_key
@@ -398,7 +399,17 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         inputs=_inputs(job),
         provider=spec.get("provider", "bash"),
         image=spec.get("image", ""),
+        checkpoint=_checkpoint(job, attempt),
     )
+
+
+def _checkpoint(job: Job, attempt: Attempt) -> protocol.CheckpointSpec | None:
+    """The job's checkpoint path and the latest version to restore, if an
+    earlier attempt synced one (recorded on the attempt: the API shows it)."""
+    found = checkpoint_spec(job=job)
+    if found is not None and found.version:
+        Attempt.objects.filter(pk=attempt.pk).update(restored_checkpoint=found.version)
+    return found
 
 
 def _master_env(job: Job) -> dict[str, str]:
@@ -439,12 +450,16 @@ def _code_spec(run: Run) -> protocol.CodeSpec:
     )
 
 
-def job_download_url(*, job: Job, code: str = "", input_path: str = "", file_path: str = "") -> str:
+def job_download_url(
+    *, job: Job, code: str = "", input_path: str = "", file_path: str = "", checkpoint: int = 0
+) -> str:
     """A fresh URL for something the job's AssignJob names: its code
     (``code`` "archive" or "patch") or an input file (``input_path`` as in
     ``InputArtifact.path``, ``file_path`` as in ``InputFile.path``). The
     runner asks when a URL has expired (S3 URLs live 15 minutes)."""
     run = job.run
+    if checkpoint:
+        return checkpoint_file_url(job=job, number=checkpoint, file_path=file_path)
     if code:
         blob = {"archive": run.archive_blob, "patch": run.patch_blob}.get(code)
         if blob is None:

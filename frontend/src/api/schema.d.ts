@@ -154,6 +154,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runner/jobs/{job}/checkpoints/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description A new version of the job's checkpoint: the manifest of every file; the
+         *     answer lists only the files to upload. The URL, parts and complete
+         *     endpoints of artifacts finish it (complete makes it the latest).
+         */
+        post: operations["runner_jobs_checkpoints_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runner/jobs/{job}/urls/": {
         parameters: {
             query?: never;
@@ -815,6 +836,7 @@ export interface components {
             readonly first_seq: number;
             readonly last_seq: number | null;
             readonly offers_tried: unknown;
+            readonly restored_checkpoint: number | null;
             /** Format: date-time */
             readonly created_at: string;
         };
@@ -911,6 +933,29 @@ export interface components {
             /** Format: uuid */
             job: string;
         };
+        CheckpointBeginOut: {
+            /** Format: uuid */
+            id: string;
+            uploads: components["schemas"]["UploadOut"][];
+            /** @description the version's number n (…/checkpoints/<attempt>/<n>/) */
+            number: number;
+            /** @description files unchanged since the latest version: not uploaded again */
+            carried: number;
+        };
+        CheckpointOut: {
+            path: string;
+            /** @description the version an interrupted job resumes from */
+            latest: components["schemas"]["CheckpointVersionOut"] | null;
+        };
+        CheckpointVersionOut: {
+            number: number;
+            /** @description the attempt that synced it */
+            attempt: number;
+            size: number;
+            files: number;
+            /** Format: date-time */
+            completed_at: string;
+        };
         /**
          * @description * `archive` - archive
          *     * `patch` - patch
@@ -966,6 +1011,8 @@ export interface components {
         DownloadUrlInRequest: {
             code?: components["schemas"]["CodeEnum"];
             input?: string;
+            /** @description a checkpoint version's number */
+            checkpoint?: number;
             file?: string;
         };
         DownloadUrlOut: {
@@ -1059,6 +1106,7 @@ export interface components {
             readonly inputs: {
                 [key: string]: string;
             }[];
+            readonly checkpoint: components["schemas"]["CheckpointOut"] | null;
             readonly placement: unknown;
             /** Format: date-time */
             readonly on_demand_since: string | null;
@@ -1703,6 +1751,33 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UploadUrlsOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_checkpoints_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ArtifactBeginInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["ArtifactBeginInRequest"];
+                "multipart/form-data": components["schemas"]["ArtifactBeginInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointBeginOut"];
                 };
             };
         };

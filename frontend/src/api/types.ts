@@ -83,6 +83,8 @@ export interface Attempt {
   /** null while the attempt is live. */
   last_seq: number | null;
   offers_tried: OfferTried[];
+  /** The checkpoint version restored before its commands started; null (or absent) if none. */
+  restored_checkpoint?: number | null;
   created_at: string;
 }
 

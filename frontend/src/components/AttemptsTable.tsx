@@ -28,7 +28,12 @@ export function AttemptsTable({ attempts, now }: { attempts: readonly Attempt[];
             {sorted.map((attempt) => (
               <tr key={attempt.number} data-attempt={attempt.number}>
                 <td className="num">{attempt.number}</td>
-                <td className="mono">{attempt.instance ?? <span className="muted">—</span>}</td>
+                <td>
+                  <span className="mono">{attempt.instance ?? <span className="muted">—</span>}</span>
+                  {attempt.restored_checkpoint ? (
+                    <div className="small muted">resumed from checkpoint {attempt.restored_checkpoint}</div>
+                  ) : null}
+                </td>
                 <td>
                   <Clock iso={attempt.started_at} />
                 </td>

@@ -240,6 +240,14 @@ describe("AttemptsTable", () => {
     expect(within(rows[1]).getAllByRole("cell")[5]).toHaveTextContent("failed · exit code 3");
   });
 
+  it("says which checkpoint a resumed attempt started from", () => {
+    const resumed = attempt({ number: 2, instance: "local-5e6f7a8b", restored_checkpoint: 4 });
+    render(<AttemptsTable attempts={[lost, resumed]} now={0} />);
+    const rows = within(screen.getByRole("table")).getAllByRole("row").slice(1);
+    expect(within(rows[0]).getAllByRole("cell")[1]).toHaveTextContent(/^local-1a2b3c4d$/);
+    expect(within(rows[1]).getAllByRole("cell")[1]).toHaveTextContent("local-5e6f7a8bresumed from checkpoint 4");
+  });
+
   it("renders nothing for a job that has no attempt yet", () => {
     const { container } = render(<AttemptsTable attempts={[]} now={0} />);
     expect(container).toBeEmptyDOMElement();

@@ -126,6 +126,18 @@ class S3Bucket:
             if _code(e) != "NoSuchUpload":
                 raise
 
+    def delete(self, keys: list[str]) -> None:
+        """Delete the objects (a missing one is no error), 1,000 per request."""
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            answer = self._s3().delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise RuntimeError(
+                    f"S3 refused to delete {len(errors)} object(s), e.g. {first.get('Key')}: {first.get('Message')}"
+                )
+
     def head(self, key: str) -> Head | None:
         try:
             answer = self._s3().head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
