@@ -72,10 +72,22 @@ def _objects() -> dict[str, bytes]:
     return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
 
 
+@pytest.fixture
+def alice_bucket(aws_stack: Stack, alice: User) -> Iterator[str]:
+    """Alice's workspace with the bucket connected, and without it again
+    afterwards (later tests of hers must not store in moto, nor get AWS offers)."""
+    yield _connect_bucket(aws_stack, alice.workspace)
+    code = f"""
+from backend.clouds.models import CloudAccount
+CloudAccount.objects.filter(workspace__slug={alice.workspace!r}, kind="aws").delete()
+"""
+    aws_stack.manage("shell", "-c", code)
+
+
 def test_tiny_train_artifacts_live_in_the_workspaces_bucket_and_download_byte_identical(
-    aws_stack: Stack, aws: MotoServer, alice: User, bob: User, repo: Path, tmp_path: Path
+    aws_stack: Stack, aws: MotoServer, alice: User, bob: User, repo: Path, tmp_path: Path, alice_bucket: str
 ) -> None:
-    workspace_id = _connect_bucket(aws_stack, alice.workspace)
+    workspace_id = alice_bucket
     workflows = repo / ".trainyard" / "workflows.yaml"
     workflows.write_text(
         workflows.read_text().replace(
