@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.aws_account import prepare
+from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
 TINY_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "examples" / "tiny-train"
@@ -149,3 +151,19 @@ def run_name_of(result: subprocess.CompletedProcess[str]) -> str:
 def as_json(result: subprocess.CompletedProcess[str]) -> Any:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+# One of moto's built-in images (root device /dev/sda1): the AMI the e2e AWS accounts use.
+MOTO_AMI = "ami-03cf127a"
+
+
+def connect_aws(user: User, repo: Path, aws: MotoServer, *, bucket: str) -> None:
+    """``user``'s workspace connects moto's account through the CLI (keys; the
+    checks run for real), with a default VPC routed out and ``bucket``."""
+    prepare(aws, regions=["us-east-1"], bucket=bucket)
+    connected = user.cli(
+        repo,
+        *("backend", "add", "aws", "--access-key-id", "testing", "--secret-access-key", "testing"),
+        *("--regions", "us-east-1", "--bucket", bucket, "--ami", f"us-east-1={MOTO_AMI}"),
+    )
+    assert connected.returncode == 0, connected.stderr + connected.stdout

@@ -19,8 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.e2e.conftest import User, commit_all
-from tests.support.aws_account import prepare
+from tests.e2e.conftest import User, commit_all, connect_aws
 from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
@@ -28,7 +27,6 @@ from tests.support.stack import Stack
 pytestmark = pytest.mark.slow
 
 BUCKET = "ty-e2e-aws"
-AMI = "ami-03cf127a"  # one of moto's built-in images (root device /dev/sda1)
 IDLE_SECONDS = 25
 PLACEMENT = f"    backends: [aws]\n    spot_policy: spot\n    idle_duration: {IDLE_SECONDS}s\n"
 
@@ -76,24 +74,7 @@ def carol(stack: Stack) -> User:
 def test_finetune_model_runs_on_a_spot_instance_in_the_users_account_and_nothing_is_left(
     stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, carol: User, repo: Path, tmp_path: Path
 ) -> None:
-    prepare(aws, regions=["us-east-1"], bucket=BUCKET)  # a default VPC with a route out, the bucket
-    connected = carol.cli(
-        repo,
-        "backend",
-        "add",
-        "aws",
-        "--access-key-id",
-        "testing",
-        "--secret-access-key",
-        "testing",
-        "--regions",
-        "us-east-1",
-        "--bucket",
-        BUCKET,
-        "--ami",
-        f"us-east-1={AMI}",
-    )
-    assert connected.returncode == 0, connected.stderr + connected.stdout
+    connect_aws(carol, repo, aws, bucket=BUCKET)
     offers = carol.cli(repo, "offers", "--spot", "--region", "us-east-1", "--memory", "256MB")
     assert offers.returncode == 0 and "us-east-1" in offers.stdout, offers.stderr + offers.stdout
     _on_aws(repo)

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import User, commit_all
-from tests.e2e.test_aws import AMI, _instances, _wait
-from tests.support.aws_account import prepare
+from tests.e2e.conftest import User, commit_all, connect_aws
+from tests.e2e.test_aws import _instances, _wait
 from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
@@ -57,24 +56,7 @@ def _job(user: User, run: str) -> dict[str, Any]:
 def test_a_spot_notice_moves_the_job_to_a_second_machine_in_another_zone(
     stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, dave: User, repo: Path
 ) -> None:
-    prepare(aws, regions=["us-east-1"], bucket=BUCKET)
-    connected = dave.cli(
-        repo,
-        "backend",
-        "add",
-        "aws",
-        "--access-key-id",
-        "testing",
-        "--secret-access-key",
-        "testing",
-        "--regions",
-        "us-east-1",
-        "--bucket",
-        BUCKET,
-        "--ami",
-        f"us-east-1={AMI}",
-    )
-    assert connected.returncode == 0, connected.stderr + connected.stdout
+    connect_aws(dave, repo, aws, bucket=BUCKET)
     workflows = repo / ".trainyard" / "workflows.yaml"
     workflows.write_text(workflows.read_text().rstrip("\n") + "\n" + WORKFLOW)
     commit_all(repo, "a job that runs until it is interrupted on attempt 1")

@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import User, commit_all, run_name_of
-from tests.support.aws_account import prepare
+from tests.e2e.conftest import User, commit_all, connect_aws, run_name_of
 from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
@@ -33,7 +32,6 @@ from tests.support.stack import Stack
 pytestmark = pytest.mark.slow
 
 BUCKET = "ty-e2e-aws-crash"
-AMI = "ami-03cf127a"  # one of moto's built-in images (root device /dev/sda1)
 DELAY = 12.0
 ADOPT_LOOKUP = {"Filter.Name": "tag:trainyard:key"}
 WORKFLOW = """\
@@ -84,24 +82,8 @@ def _rows(stack: Stack, user: User) -> list[list[str]]:
     return [line.split() for line in out.splitlines() if line.startswith("row ")]
 
 
-def _connect(user: User, repo: Path) -> None:
-    connected = user.cli(
-        repo,
-        "backend",
-        "add",
-        "aws",
-        "--access-key-id",
-        "testing",
-        "--secret-access-key",
-        "testing",
-        "--regions",
-        "us-east-1",
-        "--bucket",
-        BUCKET,
-        "--ami",
-        f"us-east-1={AMI}",
-    )
-    assert connected.returncode == 0, connected.stderr + connected.stdout
+def _connect(user: User, repo: Path, aws: MotoServer) -> None:
+    connect_aws(user, repo, aws, bucket=BUCKET)
     (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOW)
     commit_all(repo, "hello on AWS spot")
 
@@ -118,8 +100,7 @@ def _crash_and_finish(
 ) -> None:
     """Slow one call down, start a run, SIGKILL the worker while the call is
     in flight, restart it; the run must finish on exactly one machine."""
-    prepare(aws, regions=["us-east-1"], bucket=BUCKET)
-    _connect(user, repo)
+    _connect(user, repo, aws)
     aws.delay(action, DELAY, when=when)
     try:
         name = run_name_of(user.cli(repo, "run", "hello", "-d"))
