@@ -123,9 +123,9 @@ class Subject:
     def credentials(self) -> dict[str, str]:
         return {}
 
-    def build(self, *, installation: str = INSTALLATION, **config: Any) -> Compute:
+    def build(self, *, installation: str = INSTALLATION, account_id: str = "acct-1", **config: Any) -> Compute:
         account = AccountConfig(
-            account_id="acct-1",
+            account_id=account_id,
             workspace_id="ws-1",
             kind=self.kind,
             installation=installation,

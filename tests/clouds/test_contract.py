@@ -125,6 +125,23 @@ def test_list_managed_sees_what_was_launched_and_nothing_else(subject: Subject) 
     assert (ours.list_managed(), theirs.list_managed()) == ([], [])
 
 
+def test_list_managed_sees_only_its_own_accounts_machines(subject: Subject) -> None:
+    """Two accounts of one installation on the same cloud (two workspaces on
+    the local host; two connections to one AWS account): the leak sweep of
+    one compares what it lists with its own rows only, so it must never see
+    the other's machines."""
+    mine = subject.build(account_id="acct-1")
+    other = subject.build(account_id="acct-2")
+    a = mine.launch(_offer(mine), subject.spec())
+    b = other.launch(_offer(other), subject.spec())
+
+    assert _by_key(mine.list_managed()) == {a.key: a.backend_id}
+    assert _by_key(other.list_managed()) == {b.key: b.backend_id}
+
+    terminate_fully(mine, a)
+    terminate_fully(other, b)
+
+
 def test_offers_are_the_catalog_with_stable_ids(subject: Subject) -> None:
     compute = subject.build(**subject.catalog_config(SHAPES))
 

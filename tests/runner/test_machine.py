@@ -230,7 +230,7 @@ def test_the_hello_carries_the_cloud_identity_with_cloud_aws(tmp_path: Path, imd
                 env={**os.environ, "TRAINYARD_RUNNER_TOKEN": TOKEN, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.url},
             )  # fmt: skip
             try:
-                await server.wait_for(lambda: server.connections == 1, 20)
+                await server.wait_for(lambda: len(server.hellos) == 1, 20)  # the hello, not just the socket
             finally:
                 await stop(proc)
         return server

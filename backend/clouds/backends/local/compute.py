@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from backend.clouds.backends.base import (
+    LAUNCHED_AT,
     AccountConfig,
     CloudState,
     Compute,
@@ -95,11 +96,15 @@ class LocalCompute(Compute):
             raise NotYetTerminated(f"the runner of {handle.key} is still shutting down", retry_after=1.0)
 
     def list_managed(self) -> Sequence[Handle]:
-        """Live runners in ``runners_dir`` launched by this installation."""
+        """Live runners in ``runners_dir`` launched by this installation for
+        this account: every workspace has its own local account on the same
+        host, and the leak sweep of one must never see another's runners."""
         return [
             runner_handle(runner)
             for runner in self.runners.all()
-            if runner.pid is not None and runner.record.get("installation") == self.account.installation
+            if runner.pid is not None
+            and runner.record.get("installation") == self.account.installation
+            and runner.record.get("account_id") == self.account.account_id
         ]
 
     def _catalog(self) -> list[Offer]:
@@ -145,6 +150,7 @@ def launch_record(account: AccountConfig, offer: Offer, spec: LaunchSpec) -> dic
 
 
 def runner_handle(runner: Runner) -> Handle:
+    started = runner.record.get("started_at")
     return Handle(
         key=runner.key,
         backend_id=str(runner.pid or ""),
@@ -152,6 +158,7 @@ def runner_handle(runner: Runner) -> Handle:
         data={
             "instance_name": str(runner.record.get("instance_name", "")),
             "instance_type": str(runner.record.get("instance_type", "")),
+            **({LAUNCHED_AT: f"{float(started):.3f}"} if isinstance(started, int | float) else {}),
         },
     )
 
