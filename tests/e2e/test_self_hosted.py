@@ -64,6 +64,15 @@ class Runner:
         os.killpg(self.process.pid, signal.SIGTERM)
         return self.process.wait(timeout=30)
 
+    def wait_connected(self, times: int, timeout: float = 30) -> None:
+        """Until the log says this runner connected ``times`` times in all."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log.exists() and self.log.read_text().count("trainyard-runner: connected to") >= times:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the runner did not connect {times} times: {self.log.read_text()}")
+
     def wait_exit(self, timeout: float = 30) -> int:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
@@ -139,6 +148,7 @@ def test_a_registered_machine_takes_the_job_keeps_its_identity_and_stops_when_re
     # A restart while idle: the same row, the same token, no new machine.
     assert machine.stop() == 0
     machine.start()
+    machine.wait_connected(2)  # the row is still idle from before: wait for the new connection itself
     back = _wait_status(carol, "idle")
     assert back["id"] == first["id"] and len(_runners(carol)) == 1
 

@@ -209,7 +209,12 @@ def instance_refusal(*, token: str) -> str:
     """Why a runner token is refused, in words its runner can show; "" when
     there is nothing more to say than "unknown token"."""
     instance = Instance.objects.filter(token_hash=hash_token(token)).first()
-    if instance is None or instance.termination_reason != InstanceReason.REVOKED:
+    return "" if instance is None else instance_refusal_for(instance)
+
+
+def instance_refusal_for(instance: Instance) -> str:
+    """The words for a revoked runner; "" when ``instance`` was not revoked."""
+    if instance.termination_reason != InstanceReason.REVOKED:
         return ""
     return f"runner {instance.name} was revoked; register the machine again (trainyard-runner register)"
 

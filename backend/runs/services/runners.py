@@ -9,7 +9,7 @@ from django.db import transaction
 from trainyard_runner import protocol
 
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
-from backend.clouds.services.instances import Facts, instance_connected
+from backend.clouds.services.instances import Facts, instance_connected, instance_refusal_for
 from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.reconcile import attempt_end_with_instance
@@ -49,10 +49,18 @@ def runner_connect(
     if not instance_connected(
         instance_id=instance_id, channel_name=channel_name, facts=_facts(hello), busy=bool(current or ours)
     ):
-        return Connected(None, refusal=f"instance {instance.name} has ended ({instance.status}): this runner must stop")
+        return Connected(None, refusal=_ended_refusal(instance))
     welcome, ended = _reconcile_held(instance, ours, held, current, heartbeat_seconds)
     instance.refresh_from_db()
     return Connected(instance, previous, welcome, ended=ended)
+
+
+def _ended_refusal(instance: Instance) -> str:
+    """Why the runner must stop, read after the instance ended under the
+    hello (a revocation that raced it says so, not "ended (idle)")."""
+    instance.refresh_from_db()
+    revoked = instance_refusal_for(instance)
+    return revoked or f"instance {instance.name} has ended ({instance.status}): this runner must stop"
 
 
 def _reconcile_held(
