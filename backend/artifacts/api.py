@@ -32,6 +32,7 @@ from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import ACTIVE_JOB, Job
 from backend.runs.selectors import run_get
 from backend.runs.services.scheduling import job_download_url
+from backend.runs.services.transitions import attempt_wind_down_end, attempt_winding_down
 
 
 class ArtifactFileOut(serializers.Serializer):
@@ -110,6 +111,14 @@ class RunnerAPIView(APIView):
 
     def runner_job(self, request: Request, job_id: str) -> Job:
         """The job, if ``?attempt=`` is its current attempt on this runner (fencing)."""
+        job, _ = self.runner_attempt(request, job_id, winding_down=False)
+        return job
+
+    def runner_attempt(self, request: Request, job_id: str, *, winding_down: bool) -> tuple[Job, bool]:
+        """(the job, whether ``?attempt=`` is winding down): its current
+        attempt on this runner, or, with ``winding_down``, an attempt of it
+        this runner was interrupted in and still syncs the checkpoint of
+        (until the machine's deadline: ``attempt_winding_down``)."""
         token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
         instance = instance_for_token(token=token) if token else None
         if instance is None:
@@ -117,6 +126,8 @@ class RunnerAPIView(APIView):
         attempt = request.query_params.get("attempt", "")
         if not attempt.isdigit():
             raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
+        if winding_down and attempt_winding_down(job_id=job_id, instance_id=str(instance.pk), attempt=int(attempt)):
+            return Job.objects.get(pk=job_id), True
         job = Job.objects.filter(pk=job_id, instance=instance, status__in=ACTIVE_JOB).first()
         if job is None:
             raise NotFound("No such active job on this runner.")
@@ -125,7 +136,17 @@ class RunnerAPIView(APIView):
                 f"Attempt {attempt} of this job is no longer current (attempt {job.attempt} is): stop it.",
                 status_code=409,
             )
-        return job
+        return job, False
+
+    def runner_checkpoint(self, request: Request, job_id: str, artifact_id: str) -> Artifact:
+        """An artifact of the job being uploaded by this runner; an attempt
+        winding down reaches only its own checkpoint versions."""
+        job, winding_down = self.runner_attempt(request, job_id, winding_down=True)
+        row = Artifact.stored.filter(pk=artifact_id, job=job).first()
+        attempt = int(request.query_params["attempt"])
+        if row is None or (winding_down and (row.kind != ArtifactKind.CHECKPOINT or row.attempt != attempt)):
+            raise NotFound("No such artifact for this job.")
+        return row
 
 
 class UploadOut(serializers.Serializer):
@@ -232,10 +253,7 @@ class RunnerArtifactUploadUrlsView(RunnerAPIView):
         return Response({"path": path, "targets": body})
 
     def _artifact(self, request: Request, job: str, artifact: str) -> Artifact:
-        row = Artifact.stored.filter(pk=artifact, job=self.runner_job(request, job)).first()
-        if row is None:
-            raise NotFound("No such artifact for this job.")
-        return row
+        return self.runner_checkpoint(request, job, artifact)
 
 
 class RunnerArtifactPartsView(RunnerArtifactUploadUrlsView):
@@ -273,10 +291,7 @@ class RunnerDownloadUrlView(RunnerAPIView):
 class RunnerArtifactCompleteView(RunnerAPIView):
     @extend_schema(request=None, responses=ArtifactCompleteOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
-        found = self.runner_job(request, job)
-        row = Artifact.stored.filter(pk=artifact, job=found).first()
-        if row is None:
-            raise NotFound("No such artifact for this job.")
+        row = self.runner_checkpoint(request, job, artifact)
         if row.kind == ArtifactKind.CHECKPOINT:
             done = checkpoint_complete(version=row)
             return Response({"id": str(done.pk), "status": done.status, "number": done.number, "latest": True})
@@ -296,11 +311,12 @@ class RunnerCheckpointBeginView(RunnerAPIView):
 
     @extend_schema(request=ArtifactBeginIn, responses={201: CheckpointBeginOut})
     def post(self, request: Request, job: str) -> Response:
-        found = self.runner_job(request, job)
+        found, _ = self.runner_attempt(request, job, winding_down=True)
         data = ArtifactBeginIn(data=request.data)
         data.is_valid(raise_exception=True)
         files = [FileIn(**f) for f in data.validated_data["files"]]
-        begun = checkpoint_begin(job=found, path=data.validated_data["path"], files=files)
+        attempt = int(request.query_params["attempt"])
+        begun = checkpoint_begin(job=found, attempt=attempt, path=data.validated_data["path"], files=files)
         body = {
             "id": str(begun.version.pk),
             "number": begun.version.number,
@@ -311,3 +327,21 @@ class RunnerCheckpointBeginView(RunnerAPIView):
             ],
         }
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RunnerCheckpointDoneView(RunnerAPIView):
+    """The runner of an attempt interrupted at a notice made its last
+    checkpoint sync: the job's next attempt need not wait for the machine's
+    deadline. Idempotent; nothing to do for an attempt that was not held."""
+
+    @extend_schema(request=None, responses={204: None})
+    def post(self, request: Request, job: str) -> Response:
+        token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
+        instance = instance_for_token(token=token) if token else None
+        if instance is None:
+            raise ApplicationError("Unknown runner token.", status_code=401)
+        attempt = request.query_params.get("attempt", "")
+        if not attempt.isdigit():
+            raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
+        attempt_wind_down_end(job_id=job, instance_id=str(instance.pk), attempt=int(attempt))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -58,9 +58,10 @@ def checkpoint_latest(*, job: Job) -> Artifact | None:
     return pointer.version if pointer is not None else None
 
 
-def checkpoint_begin(*, job: Job, path: str, files: list[FileIn]) -> Begun:
-    """Start version n+1 of ``job``'s checkpoint for its current attempt:
-    record the manifest and say how each changed file goes up."""
+def checkpoint_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Begun:
+    """Start version n+1 of ``job``'s checkpoint for its attempt ``attempt``
+    (the current one, or one winding down after a notice): record the
+    manifest and say how each changed file goes up."""
     if path != (job.spec.get("checkpoint") or ""):
         raise ApplicationError(f"{path!r} is not this job's checkpoint path ({job.spec.get('checkpoint')!r}).")
     for f in files:
@@ -79,7 +80,7 @@ def checkpoint_begin(*, job: Job, path: str, files: list[FileIn]) -> Begun:
         if base is not None and old is not None and (old.size, old.sha256) == (f.size, f.sha256):
             carried[f.path] = old
     parts = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
-    version = _create_version(job, path, files, base, storage, carried, parts)
+    version = _create_version(job, attempt, path, files, base, storage, carried, parts)
     uploads = []
     for f in files:
         if f.path in carried:
@@ -95,6 +96,7 @@ def checkpoint_begin(*, job: Job, path: str, files: list[FileIn]) -> Begun:
 
 def _create_version(
     job: Job,
+    attempt: int,
     path: str,
     files: list[FileIn],
     base: Artifact | None,
@@ -108,7 +110,7 @@ def _create_version(
         last = Artifact.stored.filter(job=job, kind=ArtifactKind.CHECKPOINT).aggregate(n=Max("number"))["n"]
         number = (last or 0) + 1
         root = storage.key_root(job.workspace_id)
-        prefix = f"{root}/runs/{job.run_id}/jobs/{job.pk}/checkpoints/{job.attempt}/{number}"
+        prefix = f"{root}/runs/{job.run_id}/jobs/{job.pk}/checkpoints/{attempt}/{number}"
         try:
             with transaction.atomic():
                 version: Artifact = Artifact.stored.create(
@@ -117,7 +119,7 @@ def _create_version(
                     job=job,
                     path=path,
                     kind=ArtifactKind.CHECKPOINT,
-                    attempt=job.attempt,
+                    attempt=attempt,
                     number=number,
                     base=base,
                     storage_prefix=prefix,

@@ -161,6 +161,11 @@ class Attempt(WorkspaceOwnedModel):
     # The checkpoint version (its number) restored before this attempt's
     # commands started; None: it started without one.
     restored_checkpoint = models.PositiveIntegerField(null=True, blank=True)
+    # An attempt ended ``interrupted`` at a spot notice still winds its job
+    # down until the cloud's deadline: until then (or until its runner says
+    # it is done) its runner may sync the checkpoint, and the job's next
+    # attempt is not assigned (docs/decisions/0031-wind-down-hold.md).
+    wind_down_until = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number")]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .artifacts import ArtifactError, FileEntry, _entry, upload_tree
+from .http import HttpError, post_json
 from .inputs import InputError, fetch_inputs
 from .protocol import CheckpointSpec, InputArtifact
 
@@ -132,6 +133,17 @@ class CheckpointSync:
                 time.monotonic() - started,
             )
             return True
+
+    async def done(self) -> None:
+        """Tell the server this attempt makes no more syncs (it was
+        interrupted at a notice: the next attempt waits for this or for the
+        machine's deadline). Best effort: without it the deadline decides."""
+        async with self._lock:
+            url = f"{self._api_url}/runner/jobs/{self._job}/checkpoints/done/?attempt={self._attempt}"
+            try:
+                await asyncio.to_thread(post_json, url, {}, token=self._token)
+            except (OSError, HttpError) as e:
+                log.warning("job %s: could not say the last checkpoint sync was made: %s", self._job, e)
 
     def start_periodic(self) -> None:
         if self._periodic is None:

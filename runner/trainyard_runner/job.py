@@ -208,9 +208,15 @@ class Job:
         version holds the files as they are (a new version, or nothing
         changed), False if the job has no checkpoint, is no longer listened
         to, or the sync failed (the previous version stays the latest)."""
-        if self._checkpoint is None or self.refused:
+        if self._checkpoint is None or (self.refused and not self._winding_down()):
             return False
         return await self._checkpoint.sync(reason)
+
+    def _winding_down(self) -> bool:
+        """Interrupted at a notice and the machine not reclaimed yet: the
+        server still takes this attempt's checkpoint syncs (and holds the
+        next attempt for them) although it listens to nothing else of it."""
+        return self._notice is not None and time.time() < self._notice.at
 
     @property
     def confirmed(self) -> bool:
@@ -259,6 +265,15 @@ class Job:
             return False
 
     async def _wind_down(self, notice: Notice) -> None:
+        """``_wind_down_job``, then the server is told the last sync was
+        made: the job's next attempt need not wait for the deadline."""
+        try:
+            await self._wind_down_job(notice)
+        finally:
+            if self._checkpoint is not None:
+                await self._checkpoint.done()
+
+    async def _wind_down_job(self, notice: Notice) -> None:
         """1. The time goes into ``TRAINYARD_INTERRUPT_FILE`` and the process
         group gets SIGTERM (a job still preparing is abandoned: it never ran).
         2. ``interrupted`` is reported (after at most ``REPORT_DRAIN`` for the

@@ -40,7 +40,7 @@ def _sync(job: Job, files: dict[str, bytes], *, upload: bool = True) -> Artifact
     """One version as a runner makes it: begin, PUT what was asked for (here:
     written straight to the storage), complete."""
     manifest = [FileIn(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()]
-    begun = checkpoint_begin(job=job, path="./ckpt", files=manifest)
+    begun = checkpoint_begin(job=job, attempt=job.attempt, path="./ckpt", files=manifest)
     if upload:
         for u in begun.uploads:
             get_storage().write(f"{begun.version.storage_prefix}/{u.path}", iter([files[u.path]]))

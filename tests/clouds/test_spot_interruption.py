@@ -7,6 +7,7 @@ is not taken); the old runner's later frames are refused and not stored."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -18,18 +19,22 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.utils import timezone
+from rest_framework.test import APIClient
 from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
+from backend.artifacts.models import Artifact
+from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.provisioning import instance_terminate_run
 from backend.clouds.services.reconcile import _terminations_unconfirmed
 from backend.config.asgi import application
 from backend.core.tokens import hash_token
 from backend.runs.models import Attempt, JobStatus, LogLine
-from backend.runs.services.scheduling import _claim_instance
+from backend.runs.services.scheduling import _claim_instance, jobs_schedule
+from backend.runs.services.transitions import attempts_wind_down_expire, job_report_final
 from tests.clouds.test_placement import _hello, _running, _schedule, offer, workflow
-from tests.support.attempts import current_attempt, report
+from tests.support.attempts import assign_frame, current_attempt, report
 from tests.support.fixtures import Person, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,3 +153,126 @@ def _schedule_idle_twin(instance: Instance) -> Instance:
     twin.save()
     Instance.objects.filter(pk=twin.pk).update(status=InstanceStatus.IDLE, idle_since=timezone.now(), channel_name="t")
     return Instance.objects.get(pk=twin.pk)
+
+
+# ------------------------------------------------- the sync made at the notice
+
+
+def _runner_api(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def _sync_as_runner(client: APIClient, job: Any, attempt: int, data: bytes) -> Any:
+    """One checkpoint version the way the runner makes it: begin, the file
+    into the storage, complete; returns the complete's answer."""
+    manifest = [{"path": "state.json", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+    begun = client.post(
+        f"/api/v1/runner/jobs/{job.pk}/checkpoints/?attempt={attempt}",
+        {"path": "./ckpt", "files": manifest},
+        format="json",
+    )
+    if begun.status_code != 201:
+        return begun
+    version = Artifact.stored.get(pk=begun.json()["id"])
+    get_storage().write(f"{version.storage_prefix}/state.json", iter([data]))
+    return client.post(f"/api/v1/runner/jobs/{job.pk}/artifacts/{version.pk}/complete/?attempt={attempt}")
+
+
+def _interrupted_with_a_checkpoint(fake_account: Any, team: Workspace, owner: Person) -> tuple[Any, Instance]:
+    fake_account([offer("a", 0.1, zone="r1a", spot=True), offer("b", 0.2, zone="r1b", spot=True)])
+    text = workflow(spot_policy="spot", checkpoint="./ckpt")
+    job = submit(team, owner.user, workflow="train", text=text).jobs.get()
+    first = _schedule(passes=1)
+    assert first is not None
+    Instance.objects.filter(pk=first.pk).update(token_hash=hash_token("old-secret"))
+    job = _running(job, first)
+    assert _sync_as_runner(_runner_api("old-secret"), job, 1, b'{"step": 4}').status_code == 200
+    assert job_report_final(
+        job_id=str(job.pk),
+        instance_id=str(first.pk),
+        attempt=1,
+        state="interrupted",
+        exit_code=None,
+        reason=NOTICE,
+        interrupt_at=time.time() + 90,
+    )
+    return job, first
+
+
+def test_the_sync_made_at_the_notice_is_taken_and_the_next_attempt_restores_it(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    job, first = _interrupted_with_a_checkpoint(fake_account, team, owner)
+    old = _runner_api("old-secret")
+
+    # The replacement is launched at once and comes up, but the job waits for the old runner's last sync.
+    second = _schedule(passes=1)
+    assert second is not None and second.zone == "r1b"
+    _hello(second)
+    jobs_schedule()
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == (JobStatus.PENDING, 1)
+    assert job.status_reason.startswith("waiting for attempt 1's last checkpoint sync"), job.status_reason
+    assert f"{second.name} is ready for it" in job.status_reason
+    assert Instance.objects.filter(account=first.account).count() == 2, "nothing more is launched while it waits"
+
+    # The interrupted attempt may sync its checkpoint, and nothing else.
+    done = _sync_as_runner(old, job, 1, b'{"step": 10}')
+    assert done.status_code == 200, done.content
+    assert (done.json()["number"], done.json()["latest"]) == (2, True)
+    artifact = old.post(
+        f"/api/v1/runner/jobs/{job.pk}/artifacts/?attempt=1", {"path": "model", "files": []}, format="json"
+    )
+    assert artifact.status_code == 404, "an interrupted attempt uploads no artifacts"
+    stranger = _sync_as_runner(_runner_api("twin"), job, 1, b"{}")
+    assert stranger.status_code == 401
+
+    # Its runner says it is done: attempt 2 goes to the machine that waited, with checkpoint 2.
+    assert old.post(f"/api/v1/runner/jobs/{job.pk}/checkpoints/done/?attempt=1").status_code == 204
+    jobs_schedule()
+    job.refresh_from_db()
+    assert (job.status, job.attempt, job.instance_id) == (JobStatus.ASSIGNED, 2, second.pk)
+    frame = assign_frame(job)
+    assert frame.checkpoint is not None and frame.checkpoint.version == 2
+    late = _sync_as_runner(old, job, 1, b'{"step": 11}')
+    assert late.status_code == 404, "after it said done, the old attempt syncs no more"
+    instance_terminate_run(instance_id=str(first.pk))
+
+
+def test_without_the_runners_word_the_next_attempt_waits_only_until_the_deadline(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    job, first = _interrupted_with_a_checkpoint(fake_account, team, owner)
+    second = _schedule(passes=1)
+    assert second is not None
+    _hello(second)
+    jobs_schedule()
+    job.refresh_from_db()
+    assert job.attempt == 1, "held"
+
+    Attempt.objects.filter(job=job, number=1).update(wind_down_until=timezone.now() - timedelta(seconds=1))
+    assert attempts_wind_down_expire() == 1
+    jobs_schedule()
+    job.refresh_from_db()
+    assert (job.attempt, job.instance_id) == (2, second.pk)
+    assert _sync_as_runner(_runner_api("old-secret"), job, 1, b"{}").status_code == 404, "past the deadline: refused"
+    instance_terminate_run(instance_id=str(first.pk))
+
+
+def test_an_interrupted_job_without_a_checkpoint_is_not_held(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    fake_account([offer("a", 0.1, zone="r1a", spot=True), offer("b", 0.2, zone="r1b", spot=True)])
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="spot")).jobs.get()
+    first = _schedule(passes=1)
+    assert first is not None
+    job = _running(job, first)
+    assert report(job, first.pk, "interrupted", reason=NOTICE)
+    assert Attempt.objects.get(job=job, number=1).wind_down_until is None
+    second = _schedule(passes=1)
+    assert second is not None
+    job = _running(job, second)
+    assert job.attempt == 2
+    instance_terminate_run(instance_id=str(first.pk))

@@ -10,6 +10,7 @@ after the idle time the second one too: nothing of ours is left running."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,71 @@ def test_a_spot_notice_moves_the_job_to_a_second_machine_in_another_zone(
     # The first machine: terminating from the report on, terminated from T on (not before).
     _wait("the first machine to be terminated in moto", lambda: first["backend_id"] in ec2_boot.ended, 90)
     assert time.time() >= deadline - 1
+    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    removed = dave.cli(repo, "backend", "rm", "aws")
+    assert removed.returncode == 0, removed.stderr
+
+
+def _log_lines(user: User, repo: Path, name: str) -> list[str]:
+    shown = user.cli(repo, "logs", name)
+    return [line.removeprefix("[finetune-model] ") for line in shown.stdout.splitlines()]
+
+
+def test_tiny_train_noticed_at_step_10_finishes_all_60_steps_on_a_second_machine(
+    stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, dave: User, repo: Path
+) -> None:
+    """finetune-model (60 steps of 0.5 s) on spot; the notice comes at step
+    ~10, long before any periodic sync (every 5 minutes): the sync made at
+    the notice is the one attempt 2 restores. train.py prints "resuming from
+    step k" once with k >= 10, the next step is k + 1, and final.json holds
+    all 60 steps and resumed >= 1."""
+    connect_aws(dave, repo, aws, bucket=BUCKET)
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    text = workflows.read_text()
+    for anchor in ("      - ./base_model\n", "    checkpoint: ./checkpoint\n"):  # both jobs' machines go soon after
+        text = text.replace(anchor, f"{anchor}    idle_duration: {IDLE_SECONDS}s\n")
+    workflows.write_text(text)
+    commit_all(repo, "tiny-train's machines stop soon after their jobs")
+    submitted = dave.cli(
+        repo,
+        *("run", "finetune-model", "-d", "--backend", "aws", "--spot-policy", "spot"),
+        *("-e", "STEPS=60", "-e", "STEP_SECONDS=0.5"),
+    )
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    name = submitted.stdout.strip().splitlines()[-1]
+
+    _wait(
+        "step 10 of finetune-model",
+        lambda: any(ln.startswith("step 10/60 ") for ln in _log_lines(dave, repo, name)),
+        300,
+    )
+    job = next(j for j in dave.run(name)["jobs"] if j["workflow"] == "finetune-model")
+    [first] = [i for i in _instances(dave) if i["name"] == job["instance"]]
+    ec2_boot.notice(first["backend_id"], "terminate", time.time() + 25)
+
+    done = dave.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=300)
+    assert done["status"] == "succeeded", done
+    job = next(j for j in done["jobs"] if j["workflow"] == "finetune-model")
+    attempts = job["attempts"]
+    assert [a["reason"] for a in attempts] == ["interrupted", "done"], attempts
+    assert attempts[0]["instance"] == first["name"] and attempts[1]["instance"] != first["name"]
+    restored = attempts[1]["restored_checkpoint"]
+    assert restored is not None and restored == job["checkpoint"]["latest"]["number"] - 1, job["checkpoint"]
+
+    logs = _log_lines(dave, repo, name)
+    resuming = [line for line in logs if line.startswith("resuming from step ")]
+    assert len(resuming) == 1, logs
+    k = int(resuming[0].split()[-1])
+    assert k >= 10, "the sync made at the notice is restored, not nothing"
+    assert logs[logs.index(resuming[0]) + 1].startswith(f"step {k + 1}/60 "), logs
+    assert any(f"resumed from checkpoint {restored}" in line for line in logs if line.startswith("--- attempt 2"))
+    out = repo.parent / "out"
+    downloaded = dave.cli(repo, "artifacts", "download", name, "-o", str(out))
+    assert downloaded.returncode == 0, downloaded.stderr
+    final = json.loads(next(out.rglob("final.json")).read_text())
+    assert final["steps"] == 60 and final["resumed"] >= 1
+
+    _wait("the first machine to be terminated in moto", lambda: first["backend_id"] in ec2_boot.ended, 90)
     _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr

@@ -23,7 +23,7 @@ from backend.runs.models import ACTIVE_JOB, FINISHED_JOB, LIVE_ATTEMPT, Attempt,
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.placement import Placement
 from backend.runs.services.scheduling import job_send_cancel
-from backend.runs.services.transitions import attempt_end, job_stop_by_server
+from backend.runs.services.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def reconcile() -> bool:
     stopped = _stop_past_max_duration()
     _finish_unconfirmed_stops()
     _retire_unwanted_launches()
+    attempts_wind_down_expire()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
     return bool(changed or released or ended or stopped or pending)
 

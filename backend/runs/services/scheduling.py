@@ -100,11 +100,13 @@ def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
         for job in jobs:
             if not _ready(job) or _reused(job):
                 continue
-            instance = _claim_instance(job)
+            held = _wind_down_hold(job)
+            instance = None if held else _claim_instance(job)
             if instance is not None:
                 assigned.append(job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job)))
                 continue
-            reason, requested = _capacity(job)
+            reason, requested = _capacity(job, holding=bool(held))
+            reason = f"{held}; {reason}" if held and reason else held or reason
             if requested is not None:
                 provisioned.append(str(requested.pk))
             waiting.append(str(job.pk))
@@ -190,9 +192,22 @@ def _gpus_fit(req: Requirements, gpus: list[dict[str, object]]) -> bool:
     return len(matching) >= req.gpu_count
 
 
-def _capacity(job: Job) -> tuple[str, Instance | None]:
+def _wind_down_hold(job: Job) -> str:
+    """Why the job's next attempt is not assigned yet: its interrupted
+    attempt still syncs the checkpoint (its machine is not reclaimed yet);
+    "" when nothing holds it."""
+    last = Attempt.objects.filter(job_id=job.pk, wind_down_until__gt=timezone.now()).order_by("-number").first()
+    if last is None or last.wind_down_until is None:
+        return ""
+    left = (last.wind_down_until - timezone.now()).total_seconds()
+    return f"waiting for attempt {last.number}'s last checkpoint sync (at most {left:.0f}s more)"
+
+
+def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]:
     """(why the job waits, the instance requested for it, if any).
 
+    0. ``holding`` (``_wind_down_hold``) and a machine started for it is up:
+       it waits for the job, nothing more is launched.
     1. A machine started for it is still coming up: wait for it.
     2. After every offer failed, wait out the back-off.
     3. Rank the offers of its backends; none fits: say the shortfall.
@@ -206,6 +221,9 @@ def _capacity(job: Job) -> tuple[str, Instance | None]:
     """
     last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
     requested = _requested(job, last)  # read once: the steps below look at it in turn
+    ready = next((i for i in requested if i.status == InstanceStatus.IDLE), None)
+    if holding and ready is not None:
+        return f"{ready.name} is ready for it", None
     starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
         return f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})", None

@@ -28,6 +28,7 @@ from trainyard_runner import protocol
 
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import (
+    MAX_RECLAIM_WAIT,
     instance_mark_interrupted,
     instance_set_busy,
     instance_set_idle,
@@ -173,6 +174,7 @@ def job_report_final(
     if state == "interrupted":
         at = datetime.fromtimestamp(interrupt_at, UTC) if interrupt_at is not None else None
         instance_mark_interrupted(instance_id=instance_id, message=reason or "interrupted by the cloud", reclaim_at=at)
+        _hold_for_wind_down(current, at)
     why = {
         "succeeded": TerminationReason.DONE,
         "stopped": TerminationReason.STOPPED_BY_USER,
@@ -186,6 +188,50 @@ def job_report_final(
     if why == TerminationReason.ERROR and not reason and exit_code is not None:
         reason = f"exited with code {exit_code}"
     return attempt_end(attempt_id=str(current.pk), reason=why, message=reason, exit_code=exit_code)
+
+
+def _hold_for_wind_down(attempt: Attempt, reclaim_at: datetime | None) -> None:
+    """A job with a checkpoint, interrupted at a notice: its runner syncs the
+    checkpoint once more before the machine goes, so the next attempt waits
+    for that sync (``attempt_wind_down_end``) or for the deadline."""
+    if not Job.objects.filter(pk=attempt.job_id).exclude(spec__checkpoint="").exclude(spec__checkpoint=None).exists():
+        return
+    now = timezone.now()
+    until = min(max(reclaim_at or now, now), now + MAX_RECLAIM_WAIT)
+    Attempt.objects.filter(pk=attempt.pk).update(wind_down_until=until)
+
+
+def attempt_winding_down(*, job_id: str, instance_id: str, attempt: int) -> bool:
+    """Attempt ``attempt`` of the job, on this instance, ended at a notice and
+    its runner may still sync the job's checkpoint."""
+    return Attempt.objects.filter(
+        job_id=job_id, number=attempt, instance_id=instance_id, wind_down_until__gt=timezone.now()
+    ).exists()
+
+
+def attempt_wind_down_end(*, job_id: str, instance_id: str, attempt: int) -> bool:
+    """The interrupted attempt's runner made its last sync: the job's next
+    attempt may be assigned now (a scheduling pass is queued). False when
+    nothing was held for it."""
+    ended = Attempt.objects.filter(
+        job_id=job_id, number=attempt, instance_id=instance_id, wind_down_until__isnull=False
+    ).update(wind_down_until=None)
+    if ended:
+        logger.info("job %s: attempt %d wound down; its next attempt may start", job_id, attempt)
+        transaction.on_commit(_enqueue_schedule)
+    return bool(ended)
+
+
+def attempts_wind_down_expire() -> int:
+    """Holds whose deadline passed (the runner never said it was done): the
+    jobs' next attempts may be assigned. Returns how many ended."""
+    return Attempt.objects.filter(wind_down_until__lte=timezone.now()).update(wind_down_until=None)
+
+
+def _enqueue_schedule() -> None:
+    from backend.runs.tasks import schedule
+
+    schedule.delay()
 
 
 def attempt_end(

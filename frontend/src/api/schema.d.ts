@@ -175,6 +175,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runner/jobs/{job}/checkpoints/done/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description The runner of an attempt interrupted at a notice made its last
+         *     checkpoint sync: the job's next attempt need not wait for the machine's
+         *     deadline. Idempotent; nothing to do for an attempt that was not held.
+         */
+        post: operations["runner_jobs_checkpoints_done_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runner/jobs/{job}/urls/": {
         parameters: {
             query?: never;
@@ -1779,6 +1800,26 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["CheckpointBeginOut"];
                 };
+            };
+        };
+    };
+    runner_jobs_checkpoints_done_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
