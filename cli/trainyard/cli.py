@@ -267,7 +267,7 @@ def show(run_name: str, as_json: bool) -> None:
     attempts = attempt_rows(current)
     if attempts:
         click.echo("\nAttempts:")
-        headers = ["JOB", "ATTEMPT", "INSTANCE", "STARTED", "ENDED", "REASON"]
+        headers = ["JOB", "ATTEMPT", "INSTANCE", "WHERE", "STARTED", "ENDED", "REASON"]
         print_table(headers, attempts, tty=sys.stdout.isatty())
     inputs = input_lines(current)
     if inputs:

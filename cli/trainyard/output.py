@@ -271,10 +271,20 @@ def dag_rows(run: Mapping[str, Any], artifacts: Sequence[Mapping[str, Any]]) -> 
     return rows
 
 
+def attempt_where(a: Mapping[str, Any]) -> str:
+    """``g5.xlarge us-east-1b (spot)`` for a cloud machine; "-" for this
+    host's runners, self-hosted machines and an attempt that had no machine."""
+    if a.get("backend") in (None, "local", "self-hosted") or not a.get("instance_type"):
+        return "-"
+    market = "spot" if a.get("spot") else "on-demand"
+    return f"{a['instance_type']} {a.get('zone') or a.get('region') or '?'} ({market})"
+
+
 def attempt_rows(run: Mapping[str, Any]) -> list[list[str]]:
-    """``trainyard show``'s attempts: JOB, ATTEMPT, INSTANCE, STARTED, ENDED,
-    REASON; only for jobs that had more than one attempt or whose attempt ended
-    other than by finishing normally."""
+    """``trainyard show``'s attempts: JOB, ATTEMPT, INSTANCE, WHERE (type,
+    zone, spot or on-demand), STARTED, ENDED, REASON; only for jobs that had
+    more than one attempt or whose attempt ended other than by finishing
+    normally."""
     rows = []
     for job in run.get("jobs") or []:
         attempts = job.get("attempts") or []
@@ -292,6 +302,7 @@ def attempt_rows(run: Mapping[str, Any]) -> list[list[str]]:
                     job["name"],
                     str(a["number"]),
                     a.get("instance") or "-",
+                    attempt_where(a),
                     age(a.get("started_at")),
                     age(a.get("finished_at")) if a.get("finished_at") else "-",
                     truncate(reason),
@@ -330,7 +341,9 @@ class AttemptMarks:
             restored = self._open.get("restored_checkpoint")
             resumed = f" · resumed from checkpoint {restored}" if restored else ""
             where = self._open.get("instance") or "-"
-            yield "o", f"--- attempt {self._open['number']} of {self._job} on {where}{resumed} ---"
+            machine = attempt_where(self._open)
+            placed = f" · {machine}" if machine != "-" else ""
+            yield "o", f"--- attempt {self._open['number']} of {self._job} on {where}{resumed}{placed} ---"
         if seq is None and self._open is not None and self._open.get("reason") not in ("", None, "done"):
             yield "o", self._ended(self._open)
             self._open = None

@@ -51,9 +51,9 @@ def test_an_attempt_without_lines_still_shows_and_a_last_failure_is_marked() -> 
 def test_show_lists_attempts_only_for_jobs_that_had_more_than_an_ordinary_one() -> None:
     run = {"jobs": [_job(LOST, DONE), {"name": "plain", "attempts": [DONE | {"number": 1}]}]}
     rows = attempt_rows(run)
-    assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
-        ("train", "1", "local-a", "instance_lost: machine local-a is gone"),
-        ("train", "2", "local-b", "done"),
+    assert [(r[0], r[1], r[2], r[3], r[6]) for r in rows] == [
+        ("train", "1", "local-a", "-", "instance_lost: machine local-a is gone"),
+        ("train", "2", "local-b", "-", "done"),
     ]
 
 
@@ -64,4 +64,20 @@ def test_a_resumed_attempt_says_which_checkpoint_it_started_from() -> None:
     rows = attempt_rows({"jobs": [_job(LOST, resumed)]})
 
     assert "--- attempt 2 of train on local-b · resumed from checkpoint 4 ---" in printed
-    assert rows[1][5] == "done (resumed from checkpoint 4)"
+    assert rows[1][6] == "done (resumed from checkpoint 4)"
+
+
+def test_a_cloud_attempt_says_its_machine_zone_and_market() -> None:
+    interrupted = LOST | {"instance": "aws-1", "backend": "aws", "instance_type": "g5.xlarge", "region": "us-east-1",
+                          "zone": "us-east-1a", "spot": True, "reason": "interrupted", "message": "spot notice"}  # fmt: skip
+    resumed = DONE | {"instance": "aws-2", "backend": "aws", "instance_type": "g5.xlarge", "region": "us-east-1",
+                      "zone": "us-east-1b", "spot": False, "restored_checkpoint": 4}  # fmt: skip
+    marks = AttemptMarks(_job(interrupted, resumed))
+    printed = [text for _, text in [*marks.around([(1, "o", "a"), (3, "o", "c")]), *marks.rest()]]
+    rows = attempt_rows({"jobs": [_job(interrupted, resumed)]})
+
+    assert printed[0] == "--- attempt 1 of train on aws-1 · g5.xlarge us-east-1a (spot) ---"
+    assert (
+        "--- attempt 2 of train on aws-2 · resumed from checkpoint 4 · g5.xlarge us-east-1b (on-demand) ---" in printed
+    )
+    assert [r[3] for r in rows] == ["g5.xlarge us-east-1a (spot)", "g5.xlarge us-east-1b (on-demand)"]

@@ -22,8 +22,10 @@ import boto3
 import pytest
 
 from backend.artifacts.s3 import composite_checksum
-from tests.e2e.conftest import User, commit_all, run_name_of
+from tests.e2e.conftest import User, commit_all, connect_aws, run_name_of
+from tests.e2e.test_aws import _instances, _wait
 from tests.e2e.test_s3_storage import BUCKET, _connect_bucket
+from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
@@ -290,3 +292,55 @@ def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_f
     assert attempts[1]["restored_checkpoint"] == latest["number"]
     assert f"could not restore checkpoint {latest['number']}" in attempts[1]["message"]
     assert run["status"] == "failed" and "2 of 2 attempts" in run["jobs"][0]["status_reason"], run
+
+
+def test_a_machine_terminated_behind_the_runners_back_is_replaced_within_45s_from_the_last_periodic_sync(
+    ckpt_stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, carol: User, repo: Path
+) -> None:
+    """finetune-model on an EC2 machine (moto, the boot helper), synced every
+    second. The machine vanishes — every process on it SIGKILLed, then
+    terminated in moto, no notice — once a few versions exist: within 45 s
+    the attempt ends (heartbeat lost, the cloud says gone), and attempt 2, on
+    a new machine, restores the last periodic sync and finishes the run."""
+    carol.cli(repo, "backend", "rm", "aws")  # the bucket-only account of the tests above
+    connect_aws(carol, repo, aws, bucket="ty-e2e-vanish")
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    text = workflows.read_text()
+    for anchor in ("      - ./base_model\n", "    checkpoint: ./checkpoint\n"):
+        text = text.replace(anchor, f"{anchor}    idle_duration: 15s\n")
+    workflows.write_text(text)
+    commit_all(repo, "tiny-train's machines stop soon after their jobs")
+    name = run_name_of(
+        carol.cli(repo, "run", "finetune-model", "-d", "--backend", "aws", "-e", "STEPS=60", "-e", "STEP_SECONDS=0.5")
+    )
+    latest = _wait_latest(carol, name, "finetune-model", lambda v: v["number"] >= 3, timeout=300)
+    job = _job(carol, name, "finetune-model")
+    [first] = [i for i in _instances(carol) if i["name"] == job["instance"]]
+
+    ec2_boot.pull_the_plug(first["backend_id"])
+    vanished = time.monotonic()
+    ended = _wait(
+        "attempt 1 to end",
+        lambda: [a for a in _job(carol, name, "finetune-model")["attempts"] if a["number"] == 1 and a["reason"]],
+        60,
+    )
+    assert time.monotonic() - vanished < 45, "a machine that vanished is found out within 45 s"
+    assert ended[0]["reason"] == "instance_lost", ended
+    assert "is gone" in ended[0]["message"], ended
+
+    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=300)
+    assert run["status"] == "succeeded", run
+    attempts = _job(carol, name, "finetune-model")["attempts"]
+    assert [a["reason"] for a in attempts] == ["instance_lost", "done"]
+    assert attempts[1]["instance"] != first["name"]
+    assert attempts[1]["restored_checkpoint"] >= latest["number"]
+    logs = [line.removeprefix("[finetune-model] ") for line in carol.cli(repo, "logs", name).stdout.splitlines()]
+    resuming = [line for line in logs if line.startswith("resuming from step ")]
+    assert len(resuming) == 1 and int(resuming[0].split()[-1]) > 0, logs
+    out = repo.parent / "out-vanish"
+    assert carol.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
+    final = json.loads(next(out.rglob("final.json")).read_text())
+    assert final["steps"] == 60 and final["resumed"] >= 1
+
+    _wait("every machine to be terminated", lambda: not aws.our_instances(), 180)
+    assert carol.cli(repo, "backend", "rm", "aws").returncode == 0

@@ -28,6 +28,7 @@ instances in us-east-1 (``region``) are booted.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -198,6 +199,19 @@ class Ec2Boot:
             except subprocess.TimeoutExpired:
                 continue
         _kill_leftovers(self.home(instance_id))
+
+    def pull_the_plug(self, instance_id: str) -> None:
+        """The machine goes without a word (a reclaim with no notice, a
+        terminate from the console): everything on it SIGKILLed at once, its
+        runner's socket dropped, then moto terminates the instance."""
+        self.ended.add(instance_id)
+        process = self.booted.get(instance_id)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+        _kill_leftovers(self.home(instance_id))
+        self._ec2().terminate_instances(InstanceIds=[instance_id])
 
     def _power_off(self, instance_id: str) -> None:
         """The machine shuts itself down: moto ends it as its shutdown behaviour says."""

@@ -107,6 +107,11 @@ class TagOut(serializers.Serializer):
 
 class AttemptOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None)
+    backend = serializers.CharField(source="instance.backend", default=None, help_text="the machine's backend")
+    instance_type = serializers.CharField(source="instance.instance_type", default=None)
+    region = serializers.CharField(source="instance.region", default=None)
+    zone = serializers.CharField(source="instance.zone", default=None)
+    spot = serializers.BooleanField(source="instance.spot", default=None, help_text="spot (true) or on-demand")
     reason = serializers.CharField(source="termination_reason")
     message = serializers.CharField(source="termination_message")
 
@@ -116,6 +121,11 @@ class AttemptOut(serializers.ModelSerializer):
             "number",
             "status",
             "instance",
+            "backend",
+            "instance_type",
+            "region",
+            "zone",
+            "spot",
             "reason",
             "message",
             "exit_code",

@@ -847,6 +847,13 @@ export interface components {
             readonly number: number;
             readonly status: components["schemas"]["AttemptOutStatusEnum"];
             instance?: string;
+            /** @description the machine's backend */
+            backend?: string;
+            instance_type?: string;
+            region?: string;
+            zone?: string;
+            /** @description spot (true) or on-demand */
+            spot?: boolean;
             reason: string;
             message: string;
             readonly exit_code: number | null;

@@ -85,6 +85,12 @@ export interface Attempt {
   offers_tried: OfferTried[];
   /** The checkpoint version restored before its commands started; null (or absent) if none. */
   restored_checkpoint?: number | null;
+  /** The machine's backend, type, region, zone and market; null (or absent) for an attempt without one. */
+  backend?: string | null;
+  instance_type?: string | null;
+  region?: string | null;
+  zone?: string | null;
+  spot?: boolean | null;
   created_at: string;
 }
 

@@ -1,5 +1,5 @@
 import type { Attempt, OfferTried } from "../api/types";
-import { clockTime, reasonDescription, reasonLabel } from "../lib/attempts";
+import { attemptWhere, clockTime, reasonDescription, reasonLabel } from "../lib/attempts";
 import { absoluteTime, elapsedSeconds, humanDuration } from "../lib/format";
 import { StatusBadge } from "./ui";
 
@@ -30,6 +30,7 @@ export function AttemptsTable({ attempts, now }: { attempts: readonly Attempt[];
                 <td className="num">{attempt.number}</td>
                 <td>
                   <span className="mono">{attempt.instance ?? <span className="muted">—</span>}</span>
+                  {attemptWhere(attempt) ? <div className="small muted attempt-where">{attemptWhere(attempt)}</div> : null}
                   {attempt.restored_checkpoint ? (
                     <div className="small muted">resumed from checkpoint {attempt.restored_checkpoint}</div>
                   ) : null}

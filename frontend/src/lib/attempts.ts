@@ -82,8 +82,18 @@ export function attemptMarks(job: Pick<Job, "attempts">, lines: readonly ViewerL
 }
 
 /** "Attempt 2 on local-1a2b3c4d — started 10:04:11". */
+/** "g5.xlarge us-east-1b (spot)" for a cloud machine; "" for this host's and self-hosted runners. */
+export function attemptWhere(attempt: Attempt): string {
+  if (!attempt.instance_type || !attempt.backend || attempt.backend === "local" || attempt.backend === "self-hosted") return "";
+  const place = attempt.zone || attempt.region || "?";
+  return `${attempt.instance_type} ${place} (${attempt.spot ? "spot" : "on-demand"})`;
+}
+
+/** "Attempt 2 on aws-1a2b · resumed from checkpoint 4 · g5.xlarge us-east-1b (spot) — started 12:00:01". */
 export function startLabel(attempt: Attempt): string {
-  const where = attempt.instance ? ` on ${attempt.instance}` : "";
+  const resumed = attempt.restored_checkpoint ? ` · resumed from checkpoint ${attempt.restored_checkpoint}` : "";
+  const machine = attemptWhere(attempt);
+  const where = (attempt.instance ? ` on ${attempt.instance}` : "") + resumed + (machine ? ` · ${machine}` : "");
   let when: string;
   if (attempt.started_at) when = `started ${clockTime(attempt.started_at)}`;
   else if (attempt.status === "ended") when = "never started";

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Attempt } from "../api/types";
 import { AttemptsTable } from "../components/AttemptsTable";
 import { LogViewer, type ViewerLine } from "../components/LogViewer";
-import { attemptMarks } from "../lib/attempts";
+import { attemptMarks, clockTime, startLabel } from "../lib/attempts";
 
 const ROW = 18;
 
@@ -246,6 +246,16 @@ describe("AttemptsTable", () => {
     const rows = within(screen.getByRole("table")).getAllByRole("row").slice(1);
     expect(within(rows[0]).getAllByRole("cell")[1]).toHaveTextContent(/^local-1a2b3c4d$/);
     expect(within(rows[1]).getAllByRole("cell")[1]).toHaveTextContent("local-5e6f7a8bresumed from checkpoint 4");
+  });
+
+  it("says where a cloud attempt ran, and the log mark says it was resumed", () => {
+    const spot = attempt({ number: 1, instance: "aws-1a2b3c4d", backend: "aws", instance_type: "g5.xlarge", region: "us-east-1", zone: "us-east-1a", spot: true, reason: "interrupted" });
+    const resumed = attempt({ number: 2, instance: "aws-5e6f7a8b", backend: "aws", instance_type: "g5.xlarge", region: "us-east-1", zone: "us-east-1b", spot: false, restored_checkpoint: 4 });
+    render(<AttemptsTable attempts={[spot, resumed]} now={0} />);
+    const rows = within(screen.getByRole("table")).getAllByRole("row").slice(1);
+    expect(within(rows[0]).getAllByRole("cell")[1]).toHaveTextContent(/^aws-1a2b3c4dg5\.xlarge us-east-1a \(spot\)$/);
+    expect(within(rows[1]).getAllByRole("cell")[1]).toHaveTextContent("aws-5e6f7a8bg5.xlarge us-east-1b (on-demand)resumed from checkpoint 4");
+    expect(startLabel(resumed)).toBe(`Attempt 2 on aws-5e6f7a8b · resumed from checkpoint 4 · g5.xlarge us-east-1b (on-demand) — started ${clockTime(resumed.started_at!)}`);
   });
 
   it("renders nothing for a job that has no attempt yet", () => {
