@@ -269,6 +269,9 @@ def show(run_name: str, as_json: bool) -> None:
         click.echo("\nAttempts:")
         headers = ["JOB", "ATTEMPT", "INSTANCE", "WHERE", "STARTED", "ENDED", "REASON"]
         print_table(headers, attempts, tty=sys.stdout.isatty())
+    notes = [f"  {j['name']}: {j['placement_note']}" for j in current.get("jobs") or [] if j.get("placement_note")]
+    if notes:
+        click.echo("\n".join(["", "Placement:", *notes]))
     inputs = input_lines(current)
     if inputs:
         click.echo("\n".join(["", "Inputs:", *inputs]))

@@ -276,3 +276,50 @@ def test_an_interrupted_job_without_a_checkpoint_is_not_held(
     job = _running(job, second)
     assert job.attempt == 2
     instance_terminate_run(instance_id=str(first.pk))
+
+
+def test_each_interruption_keeps_the_job_out_of_its_zone_for_3_minutes(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    """r1a is cheaper than r1b. Interrupted in r1a → r1b; interrupted in r1b
+    too → nothing is launched while both zones are fresh; r1a's 3 minutes
+    over → r1a again; interrupted in r1a a second time → r1b (once its own 3
+    minutes are over), never r1a within 3 minutes of its last interruption."""
+    fake_account([offer("a", 0.1, zone="r1a", spot=True), offer("b", 0.2, zone="r1b", spot=True)])
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="spot")).jobs.get()
+    machines = []
+
+    def interrupt_and_next(passes: int = 1) -> Instance | None:
+        current = machines[-1]
+        nonlocal job
+        job = _running(job, current)
+        assert report(job, current.pk, "interrupted", reason=NOTICE)
+        instance_terminate_run(instance_id=str(current.pk))
+        launched = _schedule(passes=passes)
+        if launched is not None:
+            machines.append(launched)
+        return launched
+
+    def age(number: int) -> None:
+        Attempt.objects.filter(job=job, number=number).update(finished_at=timezone.now() - timedelta(seconds=181))
+
+    first = _schedule(passes=1)
+    assert first is not None and first.zone == "r1a"
+    machines.append(first)
+    second = interrupt_and_next()
+    assert second is not None and second.zone == "r1b"
+    assert interrupt_and_next(passes=2) is None, "both zones were interrupted less than 3 minutes ago"
+    job.refresh_from_db()
+    assert "zone r1a skipped" in job.status_reason and "zone r1b skipped" in job.status_reason, job.status_reason
+
+    age(1)
+    third = _schedule(passes=1)
+    assert third is not None and third.zone == "r1a", "r1a's 3 minutes are over"
+    machines.append(third)
+    assert interrupt_and_next(passes=2) is None, "the second interruption in r1a keeps it out again; r1b is fresh too"
+    age(2)
+    fourth = _schedule(passes=1)
+    assert fourth is not None and fourth.zone == "r1b", "r1b's 3 minutes are over, r1a's second ones are not"
+    machines.append(fourth)
+    job = _running(job, fourth)
+    assert job.attempt == 4

@@ -168,3 +168,57 @@ def test_tiny_train_noticed_at_step_10_finishes_all_60_steps_on_a_second_machine
     _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr
+
+
+AUTO = f"""
+  - name: auto-market
+    provider: bash
+    backends: [aws]
+    spot_policy: auto
+    max_wait: 20s
+    idle_duration: {IDLE_SECONDS}s
+    resources:
+      cpu: 1
+      memory: 256MB
+    commands:
+      - 'echo "ran on attempt $TRAINYARD_ATTEMPT"'
+"""
+
+
+def test_no_spot_capacity_with_spot_policy_auto_falls_back_to_on_demand_after_max_wait(
+    stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, dave: User, repo: Path
+) -> None:
+    """Every spot RunInstances is refused with InsufficientInstanceCapacity
+    (moto over HTTP); the job tries spot offers until max_wait (20 s), then
+    runs on an on-demand machine, and `trainyard show` says why."""
+    connect_aws(dave, repo, aws, bucket=BUCKET)
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    workflows.write_text(workflows.read_text().rstrip("\n") + "\n" + AUTO)
+    commit_all(repo, "a job that takes spot or, failing that, on-demand")
+    aws.fault(
+        "RunInstances",
+        "InsufficientInstanceCapacity",
+        message="We currently do not have sufficient spot capacity in the Availability Zone you requested.",
+        times=10_000,
+        when={"InstanceMarketOptions.MarketType": "spot"},
+    )
+    submitted = dave.cli(repo, "run", "auto-market", "-d")
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    name = submitted.stdout.strip().splitlines()[-1]
+    started = time.monotonic()
+
+    done = dave.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=300)
+    assert done["status"] == "succeeded", done
+    assert time.monotonic() - started >= 20, "spot was tried for max_wait first"
+    assert aws.fault_hits("RunInstances", "InsufficientInstanceCapacity") >= 1
+    job = done["jobs"][0]
+    assert job["attempts"][-1]["spot"] is False and job["attempts"][-1]["backend"] == "aws"
+    assert job["placement_note"].startswith("switched to on-demand: no spot machine after waiting"), job
+    shown = dave.cli(repo, "show", name)
+    assert "switched to on-demand: no spot machine after waiting" in shown.stdout, shown.stdout
+    machines = [i for i in _instances(dave) if not i["spot"]]
+    assert machines, _instances(dave)
+
+    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    removed = dave.cli(repo, "backend", "rm", "aws")
+    assert removed.returncode == 0, removed.stderr

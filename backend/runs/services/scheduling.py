@@ -327,6 +327,10 @@ def _no_capacity_backoff(job: Job, last: Attempt | None) -> str:
     streak = Attempt.objects.filter(job_id=job.pk, termination_reason=TerminationReason.NO_CAPACITY).count()
     wait = NO_CAPACITY_BACKOFF[min(streak, len(NO_CAPACITY_BACKOFF)) - 1]
     left = (last.finished_at + timedelta(seconds=wait) - timezone.now()).total_seconds()
+    placement = Placement.of(job)
+    spot_wait = placement.spot_wait() if placement.spot_policy == "auto" and job.on_demand_since is None else None
+    if spot_wait is not None:  # auto: on-demand is tried once max_wait is over, not a back-off later
+        left = min(left, spot_wait - (timezone.now() - waiting_since(job)).total_seconds())
     return f"{last.termination_message}; retrying (attempt {last.number + 1}) in {left:.0f}s" if left > 0 else ""
 
 

@@ -50,7 +50,7 @@ from backend.runs.models import (
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.placement import Placement, waiting_since
 from backend.runs.services.redaction import job_reason_clean
-from backend.runs.services.retry import RetryPolicy, retry_decide
+from backend.runs.services.retry import Decision, RetryPolicy, retry_decide
 
 logger = logging.getLogger(__name__)
 
@@ -433,9 +433,12 @@ def _job_after_attempt(
 def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
     first = Attempt.objects.filter(job_id=job.pk).exclude(started_at=None).order_by("number").first()
     placement = Placement.of(job)
-    # spot_policy auto reads max_wait as how long to try spot (placement.choose).
-    max_wait = placement.max_wait if placement.spot_policy != "auto" else None
     now = timezone.now()
+    if reason == TerminationReason.NO_CAPACITY and placement.spot_policy == "auto" and job.on_demand_since is None:
+        # spot_policy auto reads max_wait as how long to try spot (placement.choose): no spot
+        # capacity is waited out until then, and on-demand comes after, never a failure.
+        return Decision(True, "waiting for spot capacity; on-demand once max_wait is over")
+    max_wait = placement.max_wait if placement.spot_policy != "auto" else None
     return retry_decide(
         policy=RetryPolicy.from_spec(job.retry_policy),
         reason=reason,
