@@ -21,6 +21,9 @@ class TerminationReason(models.TextChoices):
     # The job ran longer than its workflow's max_duration: stopped, and failed
     # (its work is unfinished), never retried (another attempt would run as long).
     MAX_DURATION = "max_duration", "the max duration was reached"
+    # Another job of its group (a master, a worker) was interrupted or lost:
+    # stopped so the whole group resumes together; not counted as a retry.
+    GROUP_RESTART = "group_restart", "restarted with its group"
 
     def to_status(self) -> JobStatus:
         """The job's status when this attempt is its last."""

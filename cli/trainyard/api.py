@@ -57,6 +57,7 @@ class Job(TypedDict, total=False):
     after_running: list[str]
     cached_from: CachedFrom | None
     inputs: list[JobInput]
+    placement_note: str
 
 
 class Run(TypedDict):

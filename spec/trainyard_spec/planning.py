@@ -16,6 +16,7 @@ from .schema import NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileErro
 from .workflows import WorkflowsFile
 
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+ON_INTERRUPTION = ("restart_group", "job")
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,22 @@ def _plan_workflow(file: WorkflowsFile, wf: Workflow, overrides: dict[str, str])
             [file.error(wf, "provider", f"the {wf.provider} provider made an invalid plan: {problem}")]
         )
     checkpoint = wf.checkpoint or ""
-    return [replace(job, workflow=wf.name, env={**job.env, **overrides}, checkpoint=checkpoint) for job in ordered]
+    policy = provider.on_interruption
+    if policy not in ON_INTERRUPTION:
+        raise WorkflowFileError(
+            [
+                file.error(
+                    wf,
+                    "provider",
+                    f"the {wf.provider} provider's on_interruption is {policy!r}, "
+                    f"not one of {', '.join(ON_INTERRUPTION)}",
+                )
+            ]
+        )
+    return [
+        replace(job, workflow=wf.name, env={**job.env, **overrides}, checkpoint=checkpoint, on_interruption=policy)
+        for job in ordered
+    ]
 
 
 def _check_jobs(wf: Workflow, jobs: Any) -> str:

@@ -61,6 +61,12 @@ class JobPlan:
     image: str = ""
     # The workflow's ``checkpoint:`` path (every job of the workflow syncs its own); "" when none.
     checkpoint: str = ""
+    # When this job is interrupted (spot, a lost machine) and it runs with
+    # others (``after_running``: a master and its workers): "restart_group"
+    # stops the rest of its group too, so all resume together from their
+    # checkpoints and the workers get the new master's address; "job" retries
+    # this job alone. The planner sets it from ``Provider.on_interruption``.
+    on_interruption: str = "restart_group"
 
 
 class ProviderError(Exception):
@@ -82,11 +88,18 @@ class Provider(ABC):
     None for no extra keys. ``workflow_keys``: which of the provider-specific
     workflow keys (``commands``, ``script``, ``requirements``, ``python``,
     ``image``) it reads; the others are refused in its workflows.
+    ``on_interruption``: when one job of a group (a master and the jobs that
+    run ``after_running`` it) is interrupted, "restart_group" (the default)
+    restarts the whole group from its checkpoints, "job" retries that job
+    alone.
     """
 
     name: ClassVar[str]
     options: ClassVar[type[BaseModel] | None] = None
     workflow_keys: ClassVar[frozenset[str]] = frozenset()
+    # What an interruption of one of its jobs does to the others of their
+    # group (``JobPlan.on_interruption``): "restart_group" or "job".
+    on_interruption: ClassVar[str] = "restart_group"
 
     @abstractmethod
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:

@@ -383,3 +383,15 @@ def test_a_plugin_job_named_like_another_workflows_job_is_an_error():
     assert plan_errors(text, "dist-master") == [
         f"{PATH}:16: workflows[2] (dist-master).name: the run would have two jobs named 'dist-master' (one of workflow 'dist'); rename one of the workflows"
     ]
+
+
+def test_the_provider_decides_what_an_interruption_does_to_the_group(monkeypatch):
+    assert {j.on_interruption for j in plan(CLUSTER, "dist").jobs} == {"restart_group"}
+    cluster = type(get_provider("cluster"))
+    monkeypatch.setattr(cluster, "on_interruption", "job")
+    assert {j.on_interruption for j in plan(CLUSTER, "dist").jobs if j.name.startswith("dist-")} == {"job"}
+    monkeypatch.setattr(cluster, "on_interruption", "restart-everything")
+    [error] = plan_errors(CLUSTER, "dist")
+    assert error.endswith(
+        "(dist).provider: the cluster provider's on_interruption is 'restart-everything', not one of restart_group, job"
+    ), error

@@ -21,6 +21,7 @@ from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
 from backend.runs.models import ACTIVE_JOB, FINISHED_JOB, LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
 from backend.runs.reasons import TerminationReason
+from backend.runs.services.groups import groups_restart
 from backend.runs.services.placement import Placement
 from backend.runs.services.scheduling import job_send_cancel
 from backend.runs.services.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server
@@ -37,8 +38,9 @@ def reconcile() -> bool:
     _finish_unconfirmed_stops()
     _retire_unwanted_launches()
     attempts_wind_down_expire()
+    restarted = groups_restart()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
-    return bool(changed or released or ended or stopped or pending)
+    return bool(changed or released or ended or stopped or restarted or pending)
 
 
 def _expire_leases() -> int:

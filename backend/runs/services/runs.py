@@ -148,6 +148,7 @@ def job_spec(plan: JobPlan) -> dict[str, object]:
         "image": plan.image,
         # Only when set: a job without one keeps its cache key.
         **({"checkpoint": plan.checkpoint} if plan.checkpoint else {}),
+        **({"on_interruption": plan.on_interruption} if plan.on_interruption != "restart_group" else {}),
     }
 
 

@@ -389,6 +389,19 @@ def _job_after_attempt(
     job: Job, attempt: Attempt, reason: TerminationReason, message: str, exit_code: int | None
 ) -> None:
     now = timezone.now()
+    if job.stop_reason == TerminationReason.GROUP_RESTART and job.status in ACTIVE_JOB:
+        # Stopped for its group's restart (``groups``): however this attempt
+        # ended, the job waits for its next one with the rest of the group.
+        _cas_job(
+            job.pk,
+            list(ACTIVE_JOB),
+            status=JobStatus.PENDING,
+            instance=None,
+            stop_reason="",
+            stop_requested_at=None,
+            status_reason=f"waiting to restart with its group: {job.status_reason}"[:REASON_MAX],
+        )
+        return
     if job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER:
         stop_reason = job.status_reason if job.status == JobStatus.STOPPING else message
         # A stop the server made for a reason of its own ends as that reason says.
@@ -453,7 +466,7 @@ def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
 def _counted_attempts(job: Job) -> int:
     """Attempts that count against ``retry: limit`` (not the ones whose
     commands never started: a lease that ran out, a refusal)."""
-    free = [TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED]
+    free = [TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED, TerminationReason.GROUP_RESTART]
     return Attempt.objects.filter(job_id=job.pk).exclude(termination_reason__in=free).count()
 
 

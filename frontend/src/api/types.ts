@@ -58,7 +58,8 @@ export type TerminationReason =
   | "lease_expired"
   | "rejected"
   | "unreachable"
-  | "max_duration";
+  | "max_duration"
+  | "group_restart";
 
 /** A machine launched for a job before its attempt got one; `outcome` is an instance reason or "launched". */
 export interface OfferTried {

@@ -16,6 +16,7 @@ const REASON_LABELS: Record<TerminationReason, string> = {
   rejected: "rejected by the runner",
   unreachable: "runner unreachable",
   max_duration: "max duration reached",
+  group_restart: "restarted with its group",
 };
 
 /** The longer explanation (backend/runs/reasons.py), for a tooltip. */
@@ -30,6 +31,7 @@ const REASON_DESCRIPTIONS: Record<TerminationReason, string> = {
   rejected: "the runner refused the job",
   unreachable: "the runner was unreachable for too long",
   max_duration: "the job ran longer than its workflow's max_duration",
+  group_restart: "another job of its group (a master or a worker) was interrupted: the whole group resumes together",
 };
 
 /** Endings that need no mark when they end a job's only attempt. */
