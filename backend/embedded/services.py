@@ -17,9 +17,11 @@ and ``_valkey_stale_kill``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -159,6 +161,7 @@ class EmbeddedServices:
     def _postgres_stop(self) -> None:
         if self._postgres is None:
             return
+        postmaster = _postmaster_pid(self._pg_dir)
         # cleanup() drops our pid from .handle_pids.json and, as the last
         # handle, runs `pg_ctl -w stop` (fast shutdown) as the pgserver user.
         self._postgres.cleanup()
@@ -166,6 +169,8 @@ class EmbeddedServices:
         # would run (and log) again at exit, for every start and stop.
         atexit.unregister(self._postgres._cleanup)
         self._postgres = None
+        if postmaster is not None:
+            _postmaster_wait_gone(postmaster)
 
     def _valkey_start(self) -> str:
         self._valkey_dir.mkdir(parents=True, exist_ok=True)
@@ -211,6 +216,37 @@ def _data_dir_lock(data_dir: Path) -> IO[str]:
     lock_file.write(f"{os.getpid()}\n")
     lock_file.flush()
     return lock_file
+
+
+# pg_ctl -w gives up after 60 s and leaves the server shutting down (seen on
+# a loaded CI machine); a stop must be a stop, or the next start "reuses" a
+# server that then goes away under it.
+POSTMASTER_STOP_SECONDS = 60.0
+POSTMASTER_IMMEDIATE_SECONDS = 15.0
+
+
+def _postmaster_pid(pg_dir: Path) -> int | None:
+    try:
+        pid = int((pg_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if pid_alive(pid) and "postgres" in cmdline(pid) else None
+
+
+def _postmaster_wait_gone(pid: int) -> None:
+    """Until the postmaster ``pid`` has exited: its fast shutdown gets
+    ``POSTMASTER_STOP_SECONDS`` more, then an immediate shutdown (SIGQUIT:
+    crash recovery at the next start, nothing committed is lost)."""
+    for sig, seconds in ((None, POSTMASTER_STOP_SECONDS), (signal.SIGQUIT, POSTMASTER_IMMEDIATE_SECONDS)):
+        if sig is not None and pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + seconds
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not pid_alive(pid):
+            return
+    raise RuntimeError(f"postgres (pid {pid}) did not stop: see its log")
 
 
 def _postgres_stale_clean(pg_dir: Path) -> None:
