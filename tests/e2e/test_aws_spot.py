@@ -222,3 +222,55 @@ def test_no_spot_capacity_with_spot_policy_auto_falls_back_to_on_demand_after_ma
     _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr
+
+
+def test_a_rebalance_recommendation_syncs_a_checkpoint_at_once_and_the_job_stays(
+    stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, dave: User, repo: Path
+) -> None:
+    """A rebalance recommendation (the instance metadata's
+    events/recommendations/rebalance, read every second here) on tiny-train's
+    machine: a checkpoint version appears within seconds (the periodic sync
+    is 5 minutes away), and the job finishes on the same machine, attempt 1."""
+    ec2_boot.extra_env["TRAINYARD_RUNNER_REBALANCE_POLL_SECONDS"] = "1"
+    connect_aws(dave, repo, aws, bucket=BUCKET)
+    workflows = repo / ".trainyard" / "workflows.yaml"
+    text = workflows.read_text()
+    for anchor in ("      - ./base_model\n", "    checkpoint: ./checkpoint\n"):
+        text = text.replace(anchor, f"{anchor}    idle_duration: {IDLE_SECONDS}s\n")
+    workflows.write_text(text)
+    commit_all(repo, "tiny-train's machines stop soon after their jobs")
+    submitted = dave.cli(
+        repo,
+        *("run", "finetune-model", "-d", "--backend", "aws", "--spot-policy", "spot"),
+        *("-e", "STEPS=40", "-e", "STEP_SECONDS=0.5"),
+    )
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    name = submitted.stdout.strip().splitlines()[-1]
+    _wait(
+        "step 5 of finetune-model", lambda: any(ln.startswith("step 5/40 ") for ln in _log_lines(dave, repo, name)), 300
+    )
+    job = next(j for j in dave.run(name)["jobs"] if j["workflow"] == "finetune-model")
+    assert (job["checkpoint"] or {}).get("latest") is None, "no periodic sync yet"
+    [machine] = [i for i in _instances(dave) if i["name"] == job["instance"]]
+
+    ec2_boot.rebalance(machine["backend_id"])
+    recommended = time.monotonic()
+    latest = _wait(
+        "a checkpoint version after the recommendation",
+        lambda: (next(j for j in dave.run(name)["jobs"] if j["workflow"] == "finetune-model")["checkpoint"] or {}).get(
+            "latest"
+        ),
+        20,
+    )
+    assert time.monotonic() - recommended < 15
+    assert latest["attempt"] == 1
+
+    done = dave.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=180)
+    assert done["status"] == "succeeded", done
+    job = next(j for j in done["jobs"] if j["workflow"] == "finetune-model")
+    assert [(a["number"], a["reason"], a["instance"]) for a in job["attempts"]] == [(1, "done", machine["name"])]
+    assert not any(line.startswith("resuming from step") for line in _log_lines(dave, repo, name))
+
+    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    removed = dave.cli(repo, "backend", "rm", "aws")
+    assert removed.returncode == 0, removed.stderr
