@@ -37,6 +37,7 @@ from . import __version__
 from . import protocol as p
 from .job import Job, Lifecycle, Resumed
 from .machine import save_token
+from .ports import free_ports, port_env
 from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
 from .spot import Notice, SpotWatcher
@@ -322,7 +323,7 @@ class Agent:
             address=address,
             resources=resources,
             running_jobs=[
-                p.HeldJob(job=j.id, attempt=j.attempt, lease=j.spec.lease, confirmed=j.confirmed)
+                p.HeldJob(job=j.id, attempt=j.attempt, lease=j.spec.lease, confirmed=j.confirmed, ports=j.ports)
                 for j in self._jobs.values()
                 if not j.refused
             ],
@@ -381,7 +382,7 @@ class Agent:
         """Accept at once (the lease is short) and run the job in the background."""
         held = self._jobs.get(msg.job)
         if held is not None and held.attempt == msg.attempt:  # the same assignment again after a reconnect
-            return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
+            return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease, ports=held.ports)
         if held is not None:  # an earlier attempt of this job is still shutting down here
             reason = f"still stopping attempt {held.attempt} of this job"
             return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
@@ -389,9 +390,16 @@ class Agent:
         if reason:
             log.info("rejecting job %s: %s", msg.job, reason)
             return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
+        if msg.port_count:
+            try:
+                ports = free_ports(msg.port_count)
+            except OSError as e:
+                reason = f"could not find {msg.port_count} free ports on this machine: {e}"
+                return p.JobRejected(job=msg.job, attempt=msg.attempt, lease=msg.lease, reason=reason)
+            msg = msg.model_copy(update={"env": {**msg.env, **port_env(ports)}})
         job = self._new_job(msg)
         log.info("job %s attempt %d assigned: %s/%s", job.id, msg.attempt, msg.run_name, msg.workflow)
-        return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease)
+        return p.JobAccepted(job=msg.job, attempt=msg.attempt, lease=msg.lease, ports=job.ports)
 
     def _new_job(self, spec: p.AssignJob, resumed: Resumed | None = None) -> Job:
         job = Job(

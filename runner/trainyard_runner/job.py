@@ -41,6 +41,7 @@ from .docker import DockerError
 from .http import post_json
 from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
+from .ports import ports_of
 from .process import Execution, ShimLost, ShimRecord, job_env, script
 from .protocol import AssignJob, CodeSpec, JobState
 from .spot import Notice
@@ -217,6 +218,11 @@ class Job:
         server still takes this attempt's checkpoint syncs (and holds the
         next attempt for them) although it listens to nothing else of it."""
         return self._notice is not None and time.time() < self._notice.at
+
+    @property
+    def ports(self) -> list[int]:
+        """The ports picked for ``ports: N`` (its PORT_0 …), [] for none."""
+        return ports_of(self.spec.env, self.spec.port_count)
 
     @property
     def confirmed(self) -> bool:

@@ -92,6 +92,7 @@ class HeldJob(_Message):
     attempt: int = Field(ge=1)
     lease: str
     confirmed: bool
+    ports: list[int] = Field(default_factory=list)  # as in its JobAccepted
 
 
 class Hello(_Message):
@@ -118,6 +119,10 @@ class JobAccepted(_Message):
     job: str
     attempt: int = Field(ge=1)
     lease: str
+    # The free ports the runner picked for an ``AssignJob.port_count`` (the
+    # job's PORT_0…), so the server can show them and give them to the jobs
+    # that run after this one (``TRAINYARD_MASTER_PORT``).
+    ports: list[int] = Field(default_factory=list)
 
 
 class JobRejected(_Message):
@@ -262,6 +267,10 @@ class AssignJob(_Message):
     provider: str = "bash"
     image: str = ""
     checkpoint: CheckpointSpec | None = None
+    # ``ports: N`` in the workflow: the runner picks N free ports on the
+    # machine, gives them to the job as PORT_0 … PORT_{N-1} and names them in
+    # its ``JobAccepted``.
+    port_count: int = Field(default=0, ge=0, le=64)
 
 
 class JobConfirmed(_Message):

@@ -19,6 +19,7 @@ from backend.clouds.services.provisioning import instance_launch_run
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.services.groups import groups_restart
 from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.services.transitions import job_accept
 from tests.clouds.test_placement import offer
 from tests.support.attempts import accept, assign_frame, report
 from tests.support.fixtures import Person, submit
@@ -134,3 +135,26 @@ def test_a_provider_that_retries_jobs_alone_keeps_the_workers_running(
     assert groups_restart() == 0
     assert {w.status for w in _fresh(workers)} == {JobStatus.RUNNING}
 
+
+def test_ports_the_runner_picked_are_the_jobs_and_its_workers_master_port(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    """``ports: N`` (a count): the assignment asks the runner for N ports; the
+    ones it names in its acceptance become the job's ``ports``, and a worker
+    started after it is given the first as TRAINYARD_MASTER_PORT."""
+    fake_account([offer("a", 0.1, zone="r1a")])
+    master, workers = _cluster(team, owner)
+    Job.objects.filter(pk=master.pk).update(spec={**master.spec, "port_count": 2}, ports=[])
+    jobs_schedule()
+    _up("10.0.1")
+    jobs_schedule()
+    master.refresh_from_db()
+    assert assign_frame(master).port_count == 2
+    attempt = Attempt.objects.get(job=master, number=1)
+    assert job_accept(
+        job_id=str(master.pk), instance_id=str(master.instance_id), attempt=1, lease=attempt.lease, ports=[40001, 40002]
+    )
+    master.refresh_from_db()
+    assert master.ports == [40001, 40002]
+    _run_until_running(workers, "10.0.2")
+    assert {assign_frame(w).env["TRAINYARD_MASTER_PORT"] for w in workers} == {"40001"}

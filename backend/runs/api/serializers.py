@@ -177,6 +177,7 @@ class JobOut(serializers.ModelSerializer):
             "attempt",
             "attempts",
             "instance",
+            "ports",
             "resources",
             "needs",
             "after_running",

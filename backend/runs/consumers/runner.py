@@ -148,7 +148,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if _drop_acceptance_for_tests():
             return
         ok = await database_sync_to_async(job_accept)(
-            job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, lease=message.lease
+            job_id=message.job,
+            instance_id=self.instance_id,
+            attempt=message.attempt,
+            lease=message.lease,
+            ports=message.ports,
         )
         if not ok:
             reason = "this runner no longer holds the job (lease expired, stopped or moved)"

@@ -78,7 +78,7 @@ def _reconcile_held(
         if attempt.status == AttemptStatus.STOPPING:
             cancel.append(jid)
         elif attempt.status == AttemptStatus.RUNNING or job_accept(
-            job_id=jid, instance_id=str(instance.pk), attempt=h.attempt, lease=h.lease
+            job_id=jid, instance_id=str(instance.pk), attempt=h.attempt, lease=h.lease, ports=h.ports
         ):
             confirmed.append(jid)
         else:

@@ -422,6 +422,7 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         provider=spec.get("provider", "bash"),
         image=spec.get("image", ""),
         checkpoint=_checkpoint(job, attempt),
+        port_count=int(spec.get("port_count", 0)),
     )
 
 

@@ -89,8 +89,10 @@ def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any
     return attempt
 
 
-def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str) -> bool:
-    """assigned → running, only for the runner holding the current attempt's lease."""
+def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports: list[int] | None = None) -> bool:
+    """assigned → running, only for the runner holding the current attempt's
+    lease. ``ports``: those its runner picked for ``ports: N``; from now on
+    they are the job's ``ports`` (shown, and its workers' master port)."""
     now = timezone.now()
     with transaction.atomic():
         changed = Attempt.objects.filter(
@@ -105,6 +107,7 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str) -> bo
             extra=Q(attempt=attempt),
             status=JobStatus.RUNNING,
             started_at=(job.started_at if job and job.started_at else now),
+            **({"ports": list(ports)} if ports else {}),
         )
     _after_job_change(job_id)
     return True
