@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,6 +41,9 @@ RETRY_PAUSE_MAX = 10.0
 MAX_FRESH_URLS = 3
 URL_MARGIN = 30.0  # a URL with less than this left is replaced before use
 PART_BATCH = 16  # parts hashed and signed per request
+# Files and parts in flight at once (boto3's upload_file sends 10 parts at a
+# time; one at a time left the runner at half of boto3's speed: bench/README.md).
+UPLOAD_THREADS = 8
 T = TypeVar("T")
 
 
@@ -128,17 +132,29 @@ def upload_tree(
     created = _retry(lambda: post_json(f"{api_url}/runner/jobs/{job}/{begin}/{query}", body, token=token))
     server = _Server(f"{api_url}/runner/jobs/{job}/artifacts/{created['id']}/", query, api_url, token)
     by_path = {e.path: e for e in files}
-    for upload in created["uploads"]:
-        if upload["path"] not in by_path:
-            raise ArtifactError(f"server asked for an unknown file {upload['path']!r} of {path}")
-        local = root if root.is_file() else root / upload["path"]
-        if upload.get("part_size"):
-            _put_parts(server, upload["path"], local, part_size=int(upload["part_size"]), count=int(upload["parts"]))
-        else:
-            first = _Target(server.absolute(upload["url"]), dict(upload.get("headers") or {}))
-            _put_whole(server, upload["path"], local, first)
+    unknown = [u["path"] for u in created["uploads"] if u["path"] not in by_path]
+    if unknown:
+        raise ArtifactError(f"server asked for an unknown file {unknown[0]!r} of {path}")
+    with ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="upload") as pool:
+        whole = []
+        for upload in created["uploads"]:
+            local = root if root.is_file() else root / upload["path"]
+            if upload.get("part_size"):
+                part_size, count = int(upload["part_size"]), int(upload["parts"])
+                _put_parts(server, upload["path"], local, part_size=part_size, count=count, pool=pool)
+            else:
+                first = _Target(server.absolute(upload["url"]), dict(upload.get("headers") or {}))
+                whole.append(pool.submit(_put_whole, server, upload["path"], local, first))
+        _all(whole)
     done = _retry(lambda: post_json(f"{server.base}complete/{query}", {}, token=token))
     return created, done or {}
+
+
+def _all(futures: list[Future[T]]) -> list[T]:
+    """Every result; the first failure is raised once all have finished
+    (nothing is left uploading behind the error)."""
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 class _Server:
@@ -182,26 +198,36 @@ def _put_whole(server: _Server, path: str, local: Path, first: _Target) -> None:
     _signed(put, first, fresh)
 
 
-def _put_parts(server: _Server, path: str, local: Path, *, part_size: int, count: int) -> None:
+def _put_parts(
+    server: _Server, path: str, local: Path, *, part_size: int, count: int, pool: ThreadPoolExecutor
+) -> None:
     """Upload ``local`` in ``count`` parts of ``part_size`` bytes, a batch of
-    URLs at a time; a refused part gets a fresh URL and is sent again alone."""
+    URLs at a time, the batch's parts hashed and sent ``UPLOAD_THREADS`` at
+    a time; a refused part gets a fresh URL and is sent again alone."""
     size = local.stat().st_size
     done: list[tuple[int, str, str]] = []
     for start in range(1, count + 1, PART_BATCH):
-        numbers = range(start, min(start + PART_BATCH, count + 1))
+        numbers = list(range(start, min(start + PART_BATCH, count + 1)))
         spans = {n: ((n - 1) * part_size, min(part_size, size - (n - 1) * part_size)) for n in numbers}
-        shas = {n: _sha256_of(local, *spans[n]) for n in numbers}
+        shas = dict(zip(numbers, _all([pool.submit(_sha256_of, local, *spans[n]) for n in numbers]), strict=True))
         targets = dict(zip(numbers, server.targets(path, [(n, shas[n]) for n in numbers]), strict=True))
-        for n in numbers:
-            offset, length = spans[n]
 
-            def put(t: _Target, offset: int = offset, length: int = length) -> str:
-                timeout = 30.0 + length / (10 << 20)
-                return put_file(t.url, local, headers=server.headers(t), timeout=timeout, offset=offset, length=length)
-
-            etag = _signed(put, targets[n], partial(_fresh_part, server, path, n, shas[n]))
-            done.append((n, etag, shas[n]))
+        sends = [pool.submit(_put_part, server, path, local, n, spans[n], shas[n], targets[n]) for n in numbers]
+        etags = _all(sends)
+        done += [(n, etag, shas[n]) for n, etag in zip(numbers, etags, strict=True)]
     server.parts_done(path, done)
+
+
+def _put_part(
+    server: _Server, path: str, local: Path, number: int, span: tuple[int, int], sha256: str, target: _Target
+) -> str:
+    offset, length = span
+
+    def put(t: _Target) -> str:
+        timeout = 30.0 + length / (10 << 20)
+        return put_file(t.url, local, headers=server.headers(t), timeout=timeout, offset=offset, length=length)
+
+    return _signed(put, target, partial(_fresh_part, server, path, number, sha256))
 
 
 def _fresh_part(server: _Server, path: str, number: int, sha256: str) -> _Target:

@@ -496,3 +496,28 @@ def test_a_bad_override_is_refused_and_writes_nothing(
     assert answer.status_code == 400
     assert field in json.dumps(answer.json())
     assert Job.objects.count() == 0
+
+
+def test_a_machine_that_comes_up_during_a_pass_is_left_to_the_next_pass_not_doubled(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    """The runner's hello lands between the pass's look for an idle machine
+    and its capacity check: no second machine is launched for the job (one
+    was, in the spot benchmark); the next pass assigns the one that came up."""
+    from django.db import transaction
+
+    from backend.runs.services.scheduling import _capacity
+
+    fake_account([offer("a", 0.1)])
+    job = submit(team, owner.user, workflow="train", text=workflow()).jobs.get()
+    jobs_schedule()
+    _launch_all()
+    [first] = Instance.objects.all()
+    _hello(first)  # as if during the pass, after its claim found nothing
+    with transaction.atomic():
+        reason, requested = _capacity(job)
+    assert requested is None and reason == f"{first.name} is ready for it"
+    assert Instance.objects.count() == 1
+    jobs_schedule()
+    job.refresh_from_db()
+    assert (job.status, job.instance_id) == (JobStatus.ASSIGNED, first.pk)

@@ -66,6 +66,9 @@ SCHEDULER_LOCK = 0x7472_6169_6E79  # "trainy"
 MAX_OFFERS_PER_ATTEMPT = 25
 # After every offer failed: wait before the next attempt (doubling, capped).
 NO_CAPACITY_BACKOFF = (15, 30, 60, 120, 300, 600)
+# A machine started for a job that came up during a pass is left to the next
+# pass this long before another is launched (it may not fit after all).
+READY_GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -222,7 +225,9 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
     last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
     requested = _requested(job, last)  # read once: the steps below look at it in turn
     ready = next((i for i in requested if i.status == InstanceStatus.IDLE), None)
-    if holding and ready is not None:
+    if ready is not None and (holding or _just_up(ready)):
+        # Its runner said hello after this pass looked for an idle machine:
+        # the pass its hello queued assigns it (a third machine was launched here).
         return f"{ready.name} is ready for it", None
     starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
@@ -247,6 +252,13 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
         _no_capacity(job, switch_note(job, since) + _offers_tried(requested), choice)
         return "", None
     return _all_blocked(choice), None
+
+
+def _just_up(instance: Instance) -> bool:
+    """Idle for less than ``READY_GRACE_SECONDS``: not yet passed over by a
+    scheduling pass that could claim it (one that fits is claimed at once)."""
+    since = instance.idle_since
+    return since is not None and (timezone.now() - since).total_seconds() < READY_GRACE_SECONDS
 
 
 def _no_account(job: Job, placement: Placement) -> str:
