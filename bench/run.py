@@ -1,10 +1,12 @@
 """Trainyard benchmark: submit→first-log latency, durable log throughput vs a
-plain COPY, 50 concurrent runs, and a run on a fresh / a reused EC2 instance
-(moto) — measured in one run on the embedded default (embedded Postgres +
-Valkey, web + worker + beat, local runners).
+plain COPY, 50 concurrent runs, a run on a fresh / a reused EC2 instance
+(moto), and a spot notice → the job running again on a second instance plus
+the checkpoint sync's throughput against plain boto3 — measured in one run on
+the embedded default (embedded Postgres + Valkey, web + worker + beat, local
+runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
-                                  [--aws-fresh 2] [--aws-reuse 5]
+                                  [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -39,6 +41,7 @@ from bench.lib import (
     percentile,
     sigterm_as_interrupt,
 )
+from bench.spot import TARGET_SPOT_OWN_S, TARGET_SYNC_RATIO, bench_spot
 
 WARMUPS = 3
 IDLE_PAUSE = 0.5  # after a run finishes, before the next sample: the runner reports itself idle
@@ -320,8 +323,57 @@ def machine() -> dict[str, Any]:
     }
 
 
+def spot_rows(spot: dict[str, Any], row: Any) -> None:
+    """The spot part's rows: the notice samples, then the checkpoint sync against plain boto3."""
+    notice, sync = spot.get("notice") or {}, spot.get("sync") or {}
+    if "error" in notice:
+        row("spot notice: could not be measured", notice["error"][:60], "", False)
+    elif notice:
+        samples = notice["samples"]
+
+        def each(key: str) -> str:
+            return " / ".join(f"{s[key]:.2f}" for s in samples)
+
+        row(f"spot notice → attempt 2's commands running (each of {len(samples)})", f"{each('total_s')} s", "", None)
+        row("  of which the 2nd instance's install (boot helper)", f"{each('install_s')} s", "", None)
+        row(
+            "  Trainyard's own part (total − install), median",
+            f"{notice['own_part_median_s']:.2f} s ({each('own_part_s')})",
+            f"< {TARGET_SPOT_OWN_S:.0f} s",
+            notice["own_part_median_s"] < TARGET_SPOT_OWN_S and notice["all_succeeded"] and notice["all_restored"],
+        )
+        for label, key in (
+            ("  notice → runner read it (IMDS, polled every 5 s)", "runner_read_notice"),
+            ("  notice → attempt 1 ended interrupted", "attempt1_ended"),
+            ("  notice → 2nd RunInstances received by moto", "run_instances_received"),
+            ("  notice → last sync of attempt 1 complete", "interruption_sync_complete"),
+            ("  notice → 2nd runner process started", "runner_process_started"),
+            ("  notice → 2nd runner hello (connected_at)", "runner_hello"),
+            ("  notice → attempt 2 accepted (started_at)", "attempt2_started"),
+        ):
+            times = [s["milestones_s"].get(key) for s in samples]
+            row(label, " / ".join("?" if t is None else f"{t:.2f}" for t in times) + " s", "", None)
+        left = notice["cleanup"]["left_instances"] + notice["cleanup"]["left_processes"]
+        row("spot: left running after clean-up", str(len(left)), "0", not left)
+    if "error" in sync:
+        row("checkpoint sync: could not be measured", sync["error"][:60], "", False)
+    elif sync:
+        for case, label in (("big", "1 × 500 MB"), ("small", "1,000 × 100 KB")):
+            c = sync[case]
+            row(f"checkpoint sync {label}: runner (real job, moto S3)", f"{c['sync_mb_s']:,.1f} MB/s", "", None)
+            row(f"  plain boto3 upload_file of the same {label}", f"{c['boto3_mb_s']:,.1f} MB/s", "", None)
+            row(
+                "  sync / boto3",
+                f"{c['ratio']:.0%}",
+                f"≥ {TARGET_SYNC_RATIO:.0%}",
+                c["ratio"] >= TARGET_SYNC_RATIO,
+            )
+
+
 def table(results: dict[str, Any]) -> tuple[str, list[str]]:
-    lat, thr, copy, burst, aws = (results.get(k) for k in ("latency", "throughput", "copy", "burst", "aws"))
+    lat, thr, copy, burst, aws, spot = (
+        results.get(k) for k in ("latency", "throughput", "copy", "burst", "aws", "spot")
+    )
     rows: list[tuple[str, str, str, str]] = []
     missed: list[str] = []
 
@@ -419,6 +471,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
             )
         left = aws["cleanup"]["left_instances"] + aws["cleanup"]["left_processes"]
         row("AWS: left running after clean-up", str(len(left)), "0", not left)
+    if spot:
+        spot_rows(spot, row)
     widths = [max(len(r[i]) for r in [("metric", "value", "target", "result"), *rows]) for i in range(4)]
     lines = []
     for i, r in enumerate([("metric", "value", "target", "result"), *rows]):
@@ -436,18 +490,25 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
+    parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
     parser.add_argument(
-        "--only", choices=["latency", "throughput", "burst", "aws"], action="append", help="run only these parts"
+        "--only",
+        choices=["latency", "throughput", "burst", "aws", "spot"],
+        action="append",
+        help="run only these parts",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(args.only or ["latency", "throughput", "burst", "aws"])
+    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot"])
     failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
     started = time.monotonic()
     try:
-        with sigterm_as_interrupt(), bench_environment(keep=args.keep, moto="aws" in parts) as (stack, tmp, info):
+        with (
+            sigterm_as_interrupt(),
+            bench_environment(keep=args.keep, moto=bool(parts & {"aws", "spot"})) as (stack, tmp, info),
+        ):
             results["services"] = info["services"]
             token = stack.issue_token("bench").strip().splitlines()[-1]
             repo, origin = make_repo(tmp / "repo" / "tiny-train")
@@ -480,6 +541,14 @@ def main() -> int:
                         log(f"(4) AWS: {message}")
                         results["aws"] = {"error": message}
                         failed = True
+                if "spot" in parts:
+                    try:
+                        results["spot"] = bench_spot(api, stack, info["moto"], tmp, samples=max(args.spot_samples, 1))
+                    except Exception as error:
+                        message = str(error) if isinstance(error, AwsBenchError) else f"{type(error).__name__}: {error}"
+                        log(f"(5) spot: {message}")
+                        results["spot"] = {"notice": {"error": message}}
+                    failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
             finally:
                 api.close()
                 if "postgres" not in results["machine"]:
@@ -525,6 +594,24 @@ def main() -> int:
         )
     elif "aws" in results:
         print(f"AWS: {results['aws']['error']}")
+    spot = results.get("spot") or {}
+    if "samples" in (spot.get("notice") or {}):
+        n = spot["notice"]
+        print(f"spot milestones (median s after the notice was put): {n['milestones_median_s']}")
+        print(
+            f"spot detail: attempts {[s['attempts'] for s in n['samples']]}; attempt 2 restored the notice's sync: "
+            f"{n['all_restored']}; the hold for that sync ended before the 2nd runner's hello each time: "
+            f"{n['hold_never_critical']}; RunInstances calls per relaunch {[s['run_instances_calls'] for s in n['samples']]}"
+        )
+    if "big" in (spot.get("sync") or {}):
+        for case in ("big", "small"):
+            c = spot["sync"][case]
+            y = c["sync"]
+            print(
+                f"sync detail ({case}, {c['files']} files, {c['bytes'] / 1e6:.0f} MB): boto3 {c['boto3_s']} s; sync "
+                f"{y['seconds']} s = staging + hashing {y['staging_s']} s + upload + complete {y['upload_and_complete_s']} s "
+                f"(runner's log: {y['runner_log_upload_s']} s)"
+            )
     print()
     print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")
     print(f"(total {results['total_seconds']} s)")
