@@ -56,8 +56,11 @@ class RunArtifactsView(WorkspaceAPIView):
         found = run_get(workspace=self.workspace, ref=run)
         if found is None:
             raise NotFound(f"Run {run!r} not found.")
-        artifacts = found.artifacts.prefetch_related("files").order_by("created_at", "path")
-        return Response(ArtifactOut(artifacts, many=True).data)
+        artifacts = list(found.artifacts.prefetch_related("files").order_by("created_at", "path"))
+        # A mounted artifact's next upload under way: its last complete one is what there is to see.
+        complete = {(a.job_id, a.path) for a in artifacts if a.status == ArtifactStatus.COMPLETE}
+        shown = [a for a in artifacts if a.status == ArtifactStatus.COMPLETE or (a.job_id, a.path) not in complete]
+        return Response(ArtifactOut(shown, many=True).data)
 
 
 class ArtifactFileView(WorkspaceAPIView):

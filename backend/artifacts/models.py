@@ -75,7 +75,11 @@ class Artifact(StoredModel):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["job", "path"], condition=models.Q(kind="output"), name="uniq_artifact_job_path"
+                # One complete upload per path; the next one (a mounted artifact's, a retry's)
+                # replaces it when it completes (artifacts.services.artifact_complete).
+                fields=["job", "path"],
+                condition=models.Q(kind="output", status="complete"),
+                name="uniq_artifact_job_path",
             ),
             models.UniqueConstraint(
                 fields=["job", "number"], condition=models.Q(kind="checkpoint"), name="uniq_checkpoint_number"

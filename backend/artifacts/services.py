@@ -13,6 +13,7 @@ manifest without reading the bytes back from S3
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import uuid
@@ -27,13 +28,15 @@ from django.utils import timezone
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
-from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus, Blob
+from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob
 from backend.artifacts.storage import Part, Storage, Target
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
 
 # Local storage signs URLs that outlive the whole upload; S3 caps every URL at
 # 15 minutes (settings.TRAINYARD["S3_URL_SECONDS"]) and the runner asks again.
+logger = logging.getLogger(__name__)
+
 UPLOAD_URL_SECONDS = 6 * 3600
 # Objects of one artifact checked at once when it completes (S3: one HEAD each).
 VERIFY_THREADS = 10  # botocore keeps 10 connections per client
@@ -108,8 +111,9 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
     with transaction.atomic():
         # A retried upload (runner reconnected) replaces the unfinished one;
         # its unfinished multipart uploads are left to the bucket's lifecycle
-        # rule (docs/STORAGE.md).
-        Artifact.objects.filter(job=job, path=path).delete()
+        # rule (docs/STORAGE.md). A complete one stays until this one is
+        # complete (``artifact_complete``): a failed upload loses nothing.
+        Artifact.objects.filter(job=job, path=path, status=ArtifactStatus.UPLOADING).delete()
         artifact = Artifact.objects.create(
             workspace_id=job.workspace_id,
             run_id=job.run_id,
@@ -190,9 +194,36 @@ def artifact_complete(*, artifact: Artifact) -> Artifact:
             f"({first}: {why}): upload them again.",
             extra={"files": list(problems)[:50]},
         )
-    Artifact.stored.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE, completed_at=timezone.now())
+    with transaction.atomic():
+        if artifact.kind == ArtifactKind.OUTPUT:
+            _replace_older(artifact)
+        Artifact.stored.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE, completed_at=timezone.now())
     artifact.refresh_from_db()
     return artifact
+
+
+def _replace_older(artifact: Artifact) -> None:
+    """The job's earlier uploads of the same path (a mounted artifact's last
+    live upload, an upload of an earlier attempt) give way to ``artifact``:
+    their rows go now, their objects once that is committed."""
+    older = list(
+        Artifact.objects.filter(job_id=artifact.job_id, path=artifact.path, created_at__lt=artifact.created_at)
+        .exclude(pk=artifact.pk)
+        .prefetch_related("files")
+    )
+    if not older:
+        return
+    doomed = [(storage_of(a), [artifact_file_key(a, f) for f in a.files.all()]) for a in older]
+    Artifact.objects.filter(pk__in=[a.pk for a in older]).delete()
+
+    def delete_objects() -> None:
+        for storage, keys in doomed:
+            try:
+                storage.delete(keys)
+            except Exception:  # the rows are gone; an object left behind only costs storage
+                logger.exception("artifact %s: deleting the objects of its earlier upload failed", artifact.path)
+
+    transaction.on_commit(delete_objects)
 
 
 def part_size(size: int) -> int:

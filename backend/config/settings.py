@@ -274,6 +274,7 @@ class TrainyardSettings(TypedDict):
     MULTIPART_THRESHOLD: int
     MULTIPART_PART_SIZE: int
     CHECKPOINT_SYNC_SECONDS: float
+    MOUNT_SYNC_SECONDS: float
     CHECKPOINT_KEEP: int
     HEARTBEAT_SECONDS: float
     HEARTBEAT_TIMEOUT_SECONDS: float
@@ -318,6 +319,7 @@ TRAINYARD: TrainyardSettings = {
     # ``checkpoint:`` path this often when it changed; the server keeps this
     # many complete versions of a job and prunes older ones.
     "CHECKPOINT_SYNC_SECONDS": env_float("TRAINYARD_CHECKPOINT_SYNC_SECONDS", 300.0),
+    "MOUNT_SYNC_SECONDS": env_float("TRAINYARD_MOUNT_SYNC_SECONDS", 10.0),
     "CHECKPOINT_KEEP": env_int("TRAINYARD_CHECKPOINT_KEEP", 3),
     # Runners
     "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),

@@ -53,8 +53,13 @@ class CheckpointSync:
         api_url: str,
         token: str,
         fresh_url: Callable[[dict[str, object]], str],
+        begin: str = "checkpoints",
     ) -> None:
+        """``begin``: "checkpoints" (versions, restored by the next attempt),
+        or "artifacts" for a mounted artifact (``ArtifactSpec.mount``: each
+        upload replaces the last; nothing to restore)."""
         self.spec = spec
+        self._begin = begin
         self._work = work
         self._staging = staging
         self._job, self._attempt, self._api_url, self._token = job, attempt, api_url, token
@@ -112,7 +117,7 @@ class CheckpointSync:
                     self.spec.path,
                     self._staging,
                     files,
-                    begin="checkpoints",
+                    begin=self._begin,
                     job=self._job,
                     attempt=self._attempt,
                     api_url=self._api_url,
@@ -122,10 +127,11 @@ class CheckpointSync:
                 log.warning("job %s: checkpoint sync (%s) failed: %s", self._job, reason, e)
                 return False
             self._synced = current
-            self.version = int(created["number"])
+            self.version = int(created.get("number") or self.version + 1)
             log.info(
-                "job %s: checkpoint %d synced (%s): %d of %d files uploaded in %.1fs",
+                "job %s: %s %d synced (%s): %d of %d files uploaded in %.1fs",
                 self._job,
+                "checkpoint" if self._begin == "checkpoints" else f"mounted artifact {self.spec.path}",
                 self.version,
                 reason,
                 len(created["uploads"]),

@@ -31,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from . import docker
 from .artifacts import ArtifactError, upload_artifacts
@@ -43,7 +43,7 @@ from .inputs import InputError, fetch_inputs
 from .logstream import LogStream
 from .ports import ports_of
 from .process import Execution, ShimLost, ShimRecord, job_env, script
-from .protocol import AssignJob, CodeSpec, JobState
+from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, JobState
 from .spot import Notice
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,21 @@ class Job:
             if spec.checkpoint is not None
             else None
         )
+        self._mounts = [
+            CheckpointSync(
+                CheckpointSpec(path=a.path, sync_seconds=spec.mount_seconds),
+                work=self.dir / "work",
+                staging=self.dir / "tmp" / f"mount-{i}",
+                job=spec.job,
+                attempt=spec.attempt,
+                api_url=spec.api_url,
+                token=token,
+                fresh_url=self._fresh_url,
+                begin="artifacts",
+            )
+            for i, a in enumerate(spec.artifacts)
+            if a.mount
+        ]
         if resumed is not None:  # its commands were confirmed and started by an earlier runner process
             self._confirmed.set()
             self.phase = Lifecycle.RUNNING
@@ -433,8 +448,12 @@ class Job:
     async def _wait_execution(self, execution: Execution) -> int:
         if self._checkpoint is not None:
             self._checkpoint.start_periodic()
+        for mount in self._mounts:
+            mount.start_periodic()
         code = await execution.wait()
         log.info("job %s: process exited with %d", self.id, code)
+        for mount in self._mounts:  # the final upload (a succeeded job) is the usual one
+            await mount.stop_periodic()
         if self._checkpoint is not None:
             # The last state of the checkpoint, whatever the outcome (a stopped
             # or failed job may be retried from it).
@@ -467,6 +486,7 @@ class Job:
 
     async def _start(self, env_file: Path) -> Execution:
         work = self.dir / "work"
+        _make_artifact_folders(work, self.spec.artifacts)
         interrupt_dir = self.dir / INTERRUPT_DIR
         interrupt_dir.mkdir(exist_ok=True)
         if not self.docker:
@@ -575,3 +595,16 @@ def _reset_dir(path: Path) -> None:
     # A job id seen again (re-assigned after a runner restart) starts clean.
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
+
+
+def _make_artifact_folders(work: Path, artifacts: list[ArtifactSpec]) -> None:
+    """An artifact path that names a folder (its last part has no ``.``:
+    ``./output``, not ``./model.pt``) exists, empty, before the commands
+    start, as in dstack 0.x (whose examples write ``output/hello.txt`` at
+    once). A path that is already there is left as it is."""
+    for artifact in artifacts:
+        folder = work / artifact.path
+        if "." in PurePosixPath(artifact.path).name or folder.exists() or folder.is_symlink():
+            continue
+        if folder.resolve().is_relative_to(work.resolve()):
+            folder.mkdir(parents=True, exist_ok=True)

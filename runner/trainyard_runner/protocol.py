@@ -188,6 +188,10 @@ runner_message = TypeAdapter(RunnerMessage)
 
 class ArtifactSpec(_Message):
     path: str  # relative to the job's working directory, e.g. "./base_model"
+    # ``mount: true`` (dstack 0.x): also uploaded while the job runs, every
+    # ``AssignJob.mount_seconds`` when something in it changed, so it can be
+    # browsed before the job ends; each upload replaces the last.
+    mount: bool = False
 
 
 class GitCredential(_Message):
@@ -271,6 +275,7 @@ class AssignJob(_Message):
     # machine, gives them to the job as PORT_0 … PORT_{N-1} and names them in
     # its ``JobAccepted``.
     port_count: int = Field(default=0, ge=0, le=64)
+    mount_seconds: float = Field(default=10.0, gt=0)
 
 
 class JobConfirmed(_Message):

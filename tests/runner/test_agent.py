@@ -181,8 +181,8 @@ def test_a_job_streams_every_line_exactly_once_across_connection_cuts(tmp_path: 
     assert transitions == [("preparing", None), ("running", None), ("uploading", None), ("succeeded", 0)]
     accepted = [m for m in server.received if m["type"] == "job_accepted"]
     assert accepted == [
-        {"type": "job_accepted", "job": "job1", "attempt": 1, "lease": "lease-job1"},
-        {"type": "job_accepted", "job": "job2", "attempt": 1, "lease": "lease-job2"},
+        {"type": "job_accepted", "job": "job1", "attempt": 1, "lease": "lease-job1", "ports": []},
+        {"type": "job_accepted", "job": "job2", "attempt": 1, "lease": "lease-job2", "ports": []},
     ]
     assert [[j["job"] for j in h["running_jobs"]] for h in server.hellos] == [
         [],
@@ -243,7 +243,7 @@ def test_commands_wait_for_the_confirmation_and_a_lost_one_never_runs_them_twice
 
     server, ran_before, held = asyncio.run(go())
     assert ran_before is False
-    assert held[1] == [{"job": "j", "attempt": 1, "lease": "lease-j", "confirmed": False}]
+    assert held[1] == [{"job": "j", "attempt": 1, "lease": "lease-j", "confirmed": False, "ports": []}]
     assert marker.read_text() == "run\n"
     assert [t for _, _, t in server.stored["j"]] == ["done"]
 

@@ -73,7 +73,7 @@ def test_a_sigkilled_runner_restarted_on_its_work_dir_finishes_the_job_with_ever
     assert _texts(server, "j") == [f"pid={pid}", *(f"line {i}" for i in range(1, n + 1))]
     assert marker.read_text() == "started\n"  # the commands ran once
     [_, hello] = server.hellos
-    assert hello["running_jobs"] == [{"job": "j", "attempt": 1, "lease": "lease-j", "confirmed": True}]
+    assert hello["running_jobs"] == [{"job": "j", "attempt": 1, "lease": "lease-j", "confirmed": True, "ports": []}]
     assert server.states("j")[-1] == ("succeeded", 0)
 
 

@@ -428,13 +428,14 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         commands=spec["commands"],
         env=env,
         code=_code_spec(run),
-        artifacts=[protocol.ArtifactSpec(path=p) for p in spec["artifacts"]],
+        artifacts=[protocol.ArtifactSpec(path=p, mount=p in spec.get("mounts", ())) for p in spec["artifacts"]],
         api_url=f"{settings.PUBLIC_URL}/api/v1",
         inputs=_inputs(job),
         provider=spec.get("provider", "bash"),
         image=spec.get("image", ""),
         checkpoint=_checkpoint(job, attempt),
         port_count=int(spec.get("port_count", 0)),
+        mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
     )
 
 
