@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from backend.accounts.auth import token_from_header
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.archive import archive_url
+from backend.artifacts.caches import cache_begin, cache_complete
 from backend.artifacts.checkpoints import checkpoint_begin, checkpoint_complete
 from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactKind, ArtifactStatus
@@ -200,13 +201,16 @@ class DownloadUrlIn(serializers.Serializer):
     code = serializers.ChoiceField(choices=["archive", "patch"], required=False)
     input = serializers.CharField(max_length=500, required=False)
     checkpoint = serializers.IntegerField(min_value=1, required=False, help_text="a checkpoint version's number")
+    cache = serializers.CharField(required=False, help_text="a cache: path of the job's workflow")
     file = serializers.CharField(max_length=1000, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        named = [bool(attrs.get("code")), bool(attrs.get("input") and attrs.get("file")),
-                 bool(attrs.get("checkpoint") and attrs.get("file"))]  # fmt: skip
+        with_file = [bool(attrs.get(k) and attrs.get("file")) for k in ("input", "checkpoint", "cache")]
+        named = [bool(attrs.get("code")), *with_file]
         if sum(named) != 1:
-            raise serializers.ValidationError('Name either "code", or "file" with "input" or with "checkpoint".')
+            raise serializers.ValidationError(
+                'Name either "code", or "file" with "input", with "checkpoint" or with "cache".'
+            )
         return attrs
 
 
@@ -287,6 +291,7 @@ class RunnerDownloadUrlView(RunnerAPIView):
             input_path=v.get("input", ""),
             file_path=v.get("file", ""),
             checkpoint=v.get("checkpoint", 0),
+            cache=v.get("cache", ""),
         )
         return Response({"url": url})
 
@@ -295,6 +300,9 @@ class RunnerArtifactCompleteView(RunnerAPIView):
     @extend_schema(request=None, responses=ArtifactCompleteOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
         row = self.runner_checkpoint(request, job, artifact)
+        if row.kind == ArtifactKind.CACHE:
+            saved = cache_complete(saving=row)
+            return Response({"id": str(saved.pk), "status": saved.status})
         if row.kind == ArtifactKind.CHECKPOINT:
             done = checkpoint_complete(version=row)
             return Response({"id": str(done.pk), "status": done.status, "number": done.number, "latest": True})
@@ -348,3 +356,26 @@ class RunnerCheckpointDoneView(RunnerAPIView):
             raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
         attempt_wind_down_end(job_id=job, instance_id=str(instance.pk), attempt=int(attempt))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RunnerCacheBeginView(RunnerAPIView):
+    """A new saving of one of the job's ``cache:`` paths: the manifest of
+    every file; the answer lists only the files that changed since the
+    workspace's latest saving for the workflow. The URL, parts and complete
+    endpoints of artifacts finish it."""
+
+    @extend_schema(request=ArtifactBeginIn, responses={201: ArtifactBeginOut})
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = ArtifactBeginIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        files = [FileIn(**f) for f in data.validated_data["files"]]
+        begun = cache_begin(job=found, attempt=found.attempt, path=data.validated_data["path"], files=files)
+        body = {
+            "id": str(begun.version.pk),
+            "uploads": [
+                {"path": u.path, "url": u.url, "headers": u.headers, "part_size": u.part_size, "parts": u.parts}
+                for u in begun.uploads
+            ],
+        }
+        return Response(body, status=status.HTTP_201_CREATED)

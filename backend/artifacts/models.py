@@ -40,6 +40,7 @@ class ArtifactStatus(models.TextChoices):
 class ArtifactKind(models.TextChoices):
     OUTPUT = "output"  # a workflow's ``artifacts:`` path
     CHECKPOINT = "checkpoint"  # one version of a workflow's ``checkpoint:`` path
+    CACHE = "cache"  # one saving of a workflow's ``cache:`` path (the workspace's latest is restored)
 
 
 class OutputManager(models.Manager.from_queryset(WorkspaceQuerySet)):  # type: ignore[misc]
@@ -71,6 +72,8 @@ class Artifact(StoredModel):
     number = models.PositiveIntegerField(default=0)
     base = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     completed_at = models.DateTimeField(null=True, blank=True)
+    # kind cache: "<workflow>\n<path>"; the workspace's latest complete one of a key is restored.
+    cache_key = models.CharField(max_length=700, blank=True)
 
     class Meta:
         constraints = [
@@ -84,6 +87,13 @@ class Artifact(StoredModel):
             models.UniqueConstraint(
                 fields=["job", "number"], condition=models.Q(kind="checkpoint"), name="uniq_checkpoint_number"
             ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["workspace", "cache_key", "-completed_at"],
+                condition=models.Q(kind="cache"),
+                name="artifact_cache_latest",
+            )
         ]
         base_manager_name = "stored"
 

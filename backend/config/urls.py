@@ -56,6 +56,7 @@ urlpatterns = [
     path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/checkpoints/", artifacts.RunnerCheckpointBeginView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/checkpoints/done/", artifacts.RunnerCheckpointDoneView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/caches/", artifacts.RunnerCacheBeginView.as_view()),
     path(
         "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
         artifacts.RunnerArtifactCompleteView.as_view(),

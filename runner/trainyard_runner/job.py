@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from . import docker
 from .artifacts import ArtifactError, upload_artifacts
+from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
@@ -216,6 +217,15 @@ class Job:
             return await self._finish("stopped", code, self._cancel_reason)
         if code != 0:
             return await self._finish("failed", code, f"exit code {code}")
+        if self.spec.caches:
+            await save_caches(
+                self.spec.caches,
+                self.dir / "work",
+                job=self.id,
+                attempt=self.attempt,
+                api_url=self.spec.api_url,
+                token=self._token,
+            )
         return await self._upload(code)
 
     async def sync_checkpoint(self, reason: str) -> bool:
@@ -408,9 +418,15 @@ class Job:
         if self._checkpoint is not None and self._checkpoint.spec.version:
             await self._state("preparing", f"restoring checkpoint {self._checkpoint.spec.version}")
             await self._checkpoint.restore()
+        if any(c.files for c in self.spec.caches):
+            await self._state("preparing", "restoring the cache")
+            await restore_caches(self.spec.caches, work, fresh_url=self._fresh_cache_url, job=self.id)
 
     def _fresh_code_url(self, what: str) -> str:
         return self._fresh_url({"code": what})
+
+    def _fresh_cache_url(self, cache: str, path: str) -> str:
+        return self._fresh_url({"cache": cache, "file": path})
 
     def _fresh_input_url(self, artifact: str, path: str) -> str:
         return self._fresh_url({"input": artifact, "file": path})

@@ -246,6 +246,17 @@ class CheckpointSpec(_Message):
     files: list[InputFile] = Field(default_factory=list)  # relative to ``path``
 
 
+class CacheSpec(_Message):
+    """A workflow's ``cache:`` path (dstack 0.x): ``~/.cache/pip`` (``~`` is
+    the job's home), an absolute path, or one relative to the working
+    directory. ``files``: the workspace's latest saving of it for this
+    workflow, restored before the commands start; the runner saves the path
+    again after the commands succeed."""
+
+    path: str
+    files: list[InputFile] = Field(default_factory=list)
+
+
 class AssignJob(_Message):
     """An attempt of a job for the runner. It must answer ``JobAccepted`` with
     the same lease within ``lease_seconds`` or the server takes the job back.
@@ -276,6 +287,7 @@ class AssignJob(_Message):
     # its ``JobAccepted``.
     port_count: int = Field(default=0, ge=0, le=64)
     mount_seconds: float = Field(default=10.0, gt=0)
+    caches: list[CacheSpec] = Field(default_factory=list)
 
 
 class JobConfirmed(_Message):

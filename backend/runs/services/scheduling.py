@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 from trainyard_runner import protocol
 
+from backend.artifacts.caches import cache_file_url, cache_specs
 from backend.artifacts.checkpoints import checkpoint_file_url, checkpoint_spec
 from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, Blob
@@ -436,6 +437,7 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         checkpoint=_checkpoint(job, attempt),
         port_count=int(spec.get("port_count", 0)),
         mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
+        caches=cache_specs(job=job),
     )
 
 
@@ -487,7 +489,7 @@ def _code_spec(run: Run) -> protocol.CodeSpec:
 
 
 def job_download_url(
-    *, job: Job, code: str = "", input_path: str = "", file_path: str = "", checkpoint: int = 0
+    *, job: Job, code: str = "", input_path: str = "", file_path: str = "", checkpoint: int = 0, cache: str = ""
 ) -> str:
     """A fresh URL for something the job's AssignJob names: its code
     (``code`` "archive" or "patch") or an input file (``input_path`` as in
@@ -496,6 +498,8 @@ def job_download_url(
     run = job.run
     if checkpoint:
         return checkpoint_file_url(job=job, number=checkpoint, file_path=file_path)
+    if cache:
+        return cache_file_url(job=job, path=cache, file_path=file_path)
     if code:
         blob = {"archive": run.archive_blob, "patch": run.patch_blob}.get(code)
         if blob is None:

@@ -154,6 +154,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runner/jobs/{job}/caches/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description A new saving of one of the job's ``cache:`` paths: the manifest of
+         *     every file; the answer lists only the files that changed since the
+         *     workspace's latest saving for the workflow. The URL, parts and complete
+         *     endpoints of artifacts finish it.
+         */
+        post: operations["runner_jobs_caches_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runner/jobs/{job}/checkpoints/": {
         parameters: {
             query?: never;
@@ -1041,6 +1063,8 @@ export interface components {
             input?: string;
             /** @description a checkpoint version's number */
             checkpoint?: number;
+            /** @description a cache: path of the job's workflow */
+            cache?: string;
             file?: string;
         };
         DownloadUrlOut: {
@@ -1123,6 +1147,7 @@ export interface components {
             readonly attempt: number;
             readonly attempts: components["schemas"]["AttemptOut"][];
             instance?: string;
+            readonly ports: unknown;
             readonly resources: {
                 [key: string]: unknown;
             };
@@ -1779,6 +1804,33 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UploadUrlsOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_caches_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ArtifactBeginInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["ArtifactBeginInRequest"];
+                "multipart/form-data": components["schemas"]["ArtifactBeginInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ArtifactBeginOut"];
                 };
             };
         };

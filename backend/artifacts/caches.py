@@ -1,0 +1,175 @@
+"""A workflow's ``cache:`` paths (dstack 0.x): restored before the commands,
+saved after them, per workspace and workflow (docs/STORAGE.md, "Caches").
+
+A saving is an ``Artifact`` of kind cache with ``cache_key``
+"<workflow>\\n<path>", belonging to the job that saved it. It goes up like
+a checkpoint version (``cache_begin``, then the artifact endpoints): a file
+unchanged since the key's latest saving (same path, size, sha256, storage)
+is not uploaded again, its row points at the object that holds it. On
+complete (``cache_complete``) every file is verified; the key's older
+savings are then deleted with the objects no kept row points at. The next
+job of the workflow in the workspace gets the latest in its ``AssignJob``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+
+from django.conf import settings
+from django.db import transaction
+from trainyard_runner import protocol
+
+from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun
+from backend.artifacts.locations import location_of, storage_for_new, storage_of
+from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus
+from backend.artifacts.services import (
+    UPLOAD_URL_SECONDS,
+    FileIn,
+    Upload,
+    artifact_complete,
+    artifact_file_key,
+    part_size,
+)
+from backend.core.errors import ApplicationError, NotFound
+from backend.runs.models import Job
+
+log = logging.getLogger(__name__)
+
+
+def cache_key(job: Job, path: str) -> str:
+    return f"{job.workflow}\n{path}"
+
+
+def cache_latest(*, job: Job, path: str) -> Artifact | None:
+    """The workspace's latest complete saving of ``path`` for the job's workflow."""
+    return (
+        Artifact.stored.filter(
+            workspace_id=job.workspace_id,
+            kind=ArtifactKind.CACHE,
+            cache_key=cache_key(job, path),
+            status=ArtifactStatus.COMPLETE,
+        )
+        .order_by("-completed_at")
+        .first()
+    )
+
+
+def cache_specs(*, job: Job) -> list[protocol.CacheSpec]:
+    """The AssignJob's caches: each ``cache:`` path with its latest saving's
+    files and signed URLs (none yet: an empty list of files)."""
+    specs = []
+    for path in job.spec.get("cache") or []:
+        latest = cache_latest(job=job, path=path)
+        files = []
+        if latest is not None:
+            storage = storage_of(latest)
+            files = [
+                protocol.InputFile(
+                    path=f.path,
+                    size=f.size,
+                    sha256=f.sha256,
+                    url=storage.signed_url(artifact_file_key(latest, f), method="GET", seconds=DOWNLOAD_URL_SECONDS),
+                )
+                for f in latest.files.order_by("path")
+            ]
+        specs.append(protocol.CacheSpec(path=path, files=files))
+    return specs
+
+
+def cache_file_url(*, job: Job, path: str, file_path: str) -> str:
+    """A fresh URL for one file of the latest saving of ``path`` (the runner asks when one expired)."""
+    latest = cache_latest(job=job, path=path)
+    file = latest.files.filter(path=file_path).first() if latest is not None else None
+    if latest is None or file is None:
+        raise NotFound(f"The cache {path!r} of this workflow has no file {file_path!r}.")
+    return storage_of(latest).signed_url(artifact_file_key(latest, file), method="GET", seconds=DOWNLOAD_URL_SECONDS)
+
+
+def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Begun:
+    """A new saving of ``path``: record the manifest and say how each file
+    that changed since the latest saving goes up."""
+    if path not in (job.spec.get("cache") or []):
+        raise ApplicationError(f"{path!r} is not a cache: path of this job ({job.spec.get('cache') or []}).")
+    storage = storage_for_new(workspace_id=job.workspace_id)
+    base = cache_latest(job=job, path=path)
+    same_place = base is not None and (base.storage_account_id, base.storage_bucket) == (
+        storage.account_id,
+        storage.bucket,
+    )
+    known = {f.path: f for f in base.files.all()} if base is not None and same_place else {}
+    carried = {
+        f.path: known[f.path]
+        for f in files
+        if f.path in known and (known[f.path].size, known[f.path].sha256) == (f.size, f.sha256)
+    }
+    threshold = settings.TRAINYARD["MULTIPART_THRESHOLD"]
+    parts = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
+    root = storage.key_root(job.workspace_id)
+    with transaction.atomic():
+        # An unfinished saving of the same path by this job (a retry) gives way.
+        Artifact.stored.filter(job=job, kind=ArtifactKind.CACHE, path=path, status=ArtifactStatus.UPLOADING).delete()
+        saving: Artifact = Artifact.stored.create(
+            workspace_id=job.workspace_id,
+            run_id=job.run_id,
+            job=job,
+            path=path,
+            kind=ArtifactKind.CACHE,
+            attempt=attempt,
+            cache_key=cache_key(job, path),
+            base=base if same_place else None,
+            storage_prefix=f"{root}/runs/{job.run_id}/jobs/{job.pk}/caches/{uuid.uuid4()}",
+            total_size=sum(f.size for f in files),
+            **location_of(storage),
+        )
+        rows = []
+        for f in files:
+            old = carried.get(f.path)
+            if base is not None and old is not None:
+                rows.append(ArtifactFile(artifact=saving, path=f.path, size=f.size, sha256=f.sha256,
+                                         key=artifact_file_key(base, old), part_size=old.part_size,
+                                         part_sha256s=old.part_sha256s))  # fmt: skip
+            else:
+                rows.append(ArtifactFile(artifact=saving, path=f.path, size=f.size, sha256=f.sha256,
+                                         part_size=parts[f.path]))  # fmt: skip
+        ArtifactFile.objects.bulk_create(rows)
+    uploads = []
+    for f in files:
+        if f.path in carried:
+            continue
+        if parts[f.path]:
+            uploads.append(Upload(f.path, "", {}, parts[f.path], math.ceil(f.size / parts[f.path])))
+        else:
+            target = storage.upload_target(
+                f"{saving.storage_prefix}/{f.path}", sha256=f.sha256, seconds=UPLOAD_URL_SECONDS
+            )
+            uploads.append(Upload(f.path, target.url, target.headers))
+    return Begun(saving, uploads, len(files) - len(uploads))
+
+
+def cache_complete(*, saving: Artifact) -> Artifact:
+    """Verify every file; the saving is then the key's latest, and the older
+    savings go (with the objects no kept row points at)."""
+    if saving.status != ArtifactStatus.COMPLETE:
+        saving = artifact_complete(artifact=saving)
+    older = list(
+        Artifact.stored.filter(workspace_id=saving.workspace_id, kind=ArtifactKind.CACHE, cache_key=saving.cache_key)
+        .exclude(pk=saving.pk)
+        .filter(created_at__lt=saving.created_at)
+        .prefetch_related("files")
+    )
+    if older:
+        in_use = {artifact_file_key(saving, f) for f in saving.files.all()}
+        Artifact.stored.filter(base__in=older).update(base=None)
+        Artifact.stored.filter(pk__in=[a.pk for a in older]).delete()
+        gone: set[str] = set()
+        for old in older:
+            keys = [k for f in old.files.all() if (k := artifact_file_key(old, f)) not in in_use and k not in gone]
+            gone.update(keys)
+            try:
+                storage_of(old).delete(keys)
+            except Exception:  # the rows are gone; an object left behind only costs storage
+                log.exception("cache %r: deleting the objects of an older saving failed", saving.path)
+    log.info("job %s: cache %s saved (%d files)", saving.job_id, saving.path, saving.files.count())
+    return saving

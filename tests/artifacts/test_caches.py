@@ -1,0 +1,61 @@
+"""A workflow's ``cache:`` (backend/artifacts/caches.py), LocalStorage and
+real Postgres: a saving goes up like a checkpoint version (unchanged files
+carried, not uploaded), becomes what the next job of the workflow in the
+workspace restores, and replaces the older savings with their objects, but
+not the objects the new one still points at."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.artifacts.caches import cache_begin, cache_complete, cache_latest, cache_specs
+from backend.artifacts.models import Artifact, ArtifactKind
+from backend.artifacts.services import FileIn, artifact_file_key
+from backend.artifacts.storage import get_storage
+from backend.core.errors import ApplicationError
+from backend.runs.models import Job, Run
+
+
+@pytest.fixture
+def job(run: Run, settings: Any, tmp_path: Path) -> Job:
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
+    found: Job = run.jobs.get()
+    found.spec = {**found.spec, "cache": ["./models", "~/.cache/pip"]}
+    found.attempt = 1
+    found.save(update_fields=["spec", "attempt"])
+    return found
+
+
+def _save(job: Job, files: dict[str, bytes]) -> tuple[Artifact, list[str]]:
+    manifest = [FileIn(p, len(d), hashlib.sha256(d).hexdigest()) for p, d in files.items()]
+    begun = cache_begin(job=job, attempt=1, path="./models", files=manifest)
+    for u in begun.uploads:
+        get_storage().write(f"{begun.version.storage_prefix}/{u.path}", iter([files[u.path]]))
+    return cache_complete(saving=begun.version), [u.path for u in begun.uploads]
+
+
+def test_a_saving_carries_unchanged_files_and_replaces_the_older_one(job: Job) -> None:
+    first, uploaded = _save(job, {"a.bin": b"aaa", "b.bin": b"bbb"})
+    assert sorted(uploaded) == ["a.bin", "b.bin"]
+    second, uploaded = _save(job, {"a.bin": b"aaa", "b.bin": b"BBB", "c.bin": b"c"})
+    assert sorted(uploaded) == ["b.bin", "c.bin"], "a.bin is carried"
+
+    assert cache_latest(job=job, path="./models") == second
+    assert list(Artifact.stored.filter(kind=ArtifactKind.CACHE)) == [second], "the older saving is gone"
+    storage = get_storage()
+    for f in second.files.all():
+        assert storage.size(artifact_file_key(second, f)) == f.size, f"{f.path} is still stored"
+    assert storage.size(f"{first.storage_prefix}/b.bin") is None, "the old b.bin went with the older saving"
+
+    [models, pip] = cache_specs(job=job)
+    assert (models.path, sorted(f.path for f in models.files)) == ("./models", ["a.bin", "b.bin", "c.bin"])
+    assert (pip.path, pip.files) == ("~/.cache/pip", [])
+
+
+def test_only_a_cache_path_of_the_job_can_be_saved(job: Job) -> None:
+    with pytest.raises(ApplicationError, match="is not a cache: path of this job"):
+        cache_begin(job=job, attempt=1, path="./elsewhere", files=[])
