@@ -244,7 +244,13 @@ class RunnerDir:
     def _env(self, key: str, spec: LaunchSpec, resources: Mapping[str, object] | None) -> dict[str, str]:
         dropped = (*self.settings.strip_prefixes, *RUNNER_VARS_PREFIXES)
         env = {name: value for name, value in os.environ.items() if not name.startswith(dropped)}
+        # A home of its own: what a job keeps under ~ (a cache: ~/.cache/pip,
+        # dotfiles) stays with this runner, not in the server's home, which
+        # every workspace's local runners share.
+        home = self.path / key / "home"
+        home.mkdir(parents=True, exist_ok=True)
         env.update(
+            HOME=str(home),
             TRAINYARD_SERVER_URL=ws_url(spec.server_url),
             TRAINYARD_RUNNER_TOKEN=spec.runner_token,
             TRAINYARD_RUNNER_DIR=str(self.path / key),
