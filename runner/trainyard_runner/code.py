@@ -22,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import tarfile
@@ -31,6 +32,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from .http import HttpError, download
+from .process import runner_env
 from .protocol import CodeSpec, GitCredential
 
 GIT_TIMEOUT = 600.0  # a first clone of a large repository can take minutes
@@ -38,7 +40,11 @@ LOCAL_GIT_TIMEOUT = 60.0
 MAX_FRESH_URLS = 3
 # "archive" or "patch" -> a fresh signed URL for it (blocking).
 FreshUrl = Callable[[str], str]
-_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+# No prompts; and only the transports a repo URL means (not ext:: or fd::,
+# which run commands).
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true", "GIT_ALLOW_PROTOCOL": "file:git:http:https:ssh"}
+# A commit is a full or abbreviated object name, never an option.
+_COMMIT = re.compile(r"[0-9a-fA-F]{7,64}")
 # The username sent with a token when the credential names none (GitHub's
 # convention; GitLab and most others accept any name with a token).
 DEFAULT_TOKEN_USERNAME = "x-access-token"
@@ -101,6 +107,10 @@ async def _prepare_git(
     the patch if there is one. The warm path is two quick local git calls."""
     if not code.repo_url or not code.commit:
         raise CodeError("git code needs repo_url and commit")
+    if not _COMMIT.fullmatch(code.commit):
+        raise CodeError(f"commit {code.commit!r} is not a git object name (7 to 64 hex digits)")
+    if code.repo_url.startswith("-"):
+        raise CodeError(f"repository URL {code.repo_url!r} starts with '-'")
     mirror = mirror_path(cache_dir, code.repo_url)
     with _auth(code, tmp_dir) as auth:
         if not mirror.exists():
@@ -124,7 +134,16 @@ async def _make_mirror(mirror: Path, url: str, auth: _Auth) -> None:
     partial = mirror.with_name(mirror.name + ".partial")
     await _rmtree(partial)
     await _git(
-        "clone", "--mirror", "-q", url, str(partial), what=f"clone of {url}", timeout=GIT_TIMEOUT, auth=auth, url=url
+        "clone",
+        "--mirror",
+        "-q",
+        "--",
+        url,
+        str(partial),
+        what=f"clone of {url}",
+        timeout=GIT_TIMEOUT,
+        auth=auth,
+        url=url,
     )
     os.rename(partial, mirror)  # atomic: a half-made mirror is never used
 
@@ -164,7 +183,7 @@ async def _run(argv: list[str], timeout: float, *, env: dict[str, str] | None = 
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **_GIT_ENV, **(env or {})},
+        env={**runner_env(), **_GIT_ENV, **(env or {})},  # never the runner's token
     )
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -67,7 +68,26 @@ def run_argv(
     argv += ["--env-file", str(env_file)]
     for name in pass_env:
         argv += ["-e", name]
-    return [*argv, image, "bash", "-c", script]
+    return [*argv, "--", checked_image(image), "bash", "-c", script]
+
+
+# An image reference as docker reads it: [host[:port]/]name[/name…][:tag][@digest],
+# lower-case names; never something that starts with "-" (an option).
+_IMAGE = re.compile(
+    r"(?:[a-zA-Z0-9][a-zA-Z0-9.-]*(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+:[a-f0-9]{32,})?"
+)
+
+
+def checked_image(image: str) -> str:
+    """``image`` if it is an image reference; raises ``DockerError`` saying
+    why not (``--privileged`` would otherwise reach ``docker run`` as a flag)."""
+    if not _IMAGE.fullmatch(image):
+        raise DockerError(
+            f"{image!r} is not a docker image reference such as pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
+        )
+    return image
 
 
 def write_env_file(path: Path, env: Mapping[str, str]) -> list[str]:

@@ -398,6 +398,7 @@ class Job:
         if self.docker:
             if not self.spec.image:
                 raise DockerError("the docker provider needs an image")
+            docker.checked_image(self.spec.image)
             version = await docker.check_engine()
             log.debug("job %s: docker engine %s", self.id, version)
             await docker.remove_container(self.id)

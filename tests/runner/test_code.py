@@ -164,3 +164,33 @@ def test_a_failed_download_names_no_part_of_the_signed_url(
     assert str(archive.value) == (
         f"download of the archive failed: GET {echoing_403}/… (signed URL): HTTP 403 no access to …?…"
     )
+
+
+def test_a_commit_or_url_that_would_be_an_option_is_refused_before_git_runs(tmp_path: Path) -> None:
+    for code, words in [
+        (
+            CodeSpec(kind="git", repo_url="https://example.com/r.git", commit="--upload-pack=touch /tmp/x"),
+            "not a git object name",
+        ),
+        (CodeSpec(kind="git", repo_url="--upload-pack=touch /tmp/x", commit="a" * 40), "starts with '-'"),
+    ]:
+        with pytest.raises(CodeError, match=words):
+            asyncio.run(prepare_code(code, work=tmp_path / "w", cache_dir=tmp_path / "c", tmp_dir=tmp_path / "t"))
+
+
+def test_git_runs_without_the_runner_token_and_only_with_plain_transports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainyard_runner import code
+
+    monkeypatch.setenv("TRAINYARD_RUNNER_TOKEN", "secret")
+    status, printed = asyncio.run(code._run(["sh", "-c", "env >&2"], 5))  # what git would get
+    assert status == 0
+    assert "TRAINYARD_RUNNER_TOKEN" not in printed
+    assert "GIT_ALLOW_PROTOCOL=file:git:http:https:ssh" in printed.splitlines()
+
+
+def test_an_ext_transport_url_is_refused_by_git(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    spec = CodeSpec(kind="git", repo_url=f"ext::sh -c touch% {marker}", commit="a" * 40)
+    with pytest.raises(CodeError, match="clone of ext::"):
+        asyncio.run(prepare_code(spec, work=tmp_path / "w", cache_dir=tmp_path / "c", tmp_dir=tmp_path / "t"))
+    assert not marker.exists()

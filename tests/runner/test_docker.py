@@ -25,7 +25,7 @@ def test_the_run_command_mounts_the_work_dir_and_passes_the_env_by_file(tmp_path
         "docker", "run", "--rm", "--network", "host", "--name", "trainyard-j-1",
         "-v", f"{tmp_path}/work:/workdir", "-w", "/workdir",
         "--env-file", f"{tmp_path}/tmp/docker.env",
-        "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
+        "--", "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime",
         "bash", "-c", "set -e\npip install -r requirements.txt\npython train.py\n",
     ]  # fmt: skip
 
@@ -38,7 +38,7 @@ def test_the_env_file_is_private_and_multiline_values_go_through_the_client_env(
     assert path.read_text() == "STEPS=20\nEMPTY=\nSPACES= a b \nPYTHONUNBUFFERED=1\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     argv = docker.run_argv(job="j", work=tmp_path, env_file=path, image="img", script="true", pass_env=pass_env)
-    assert argv[argv.index("--env-file") + 2 : argv.index("img")] == ["-e", "KEY"]
+    assert argv[argv.index("--env-file") + 2 : argv.index("img")] == ["-e", "KEY", "--"]
     client = docker.client_env(env, pass_env)
     assert client["KEY"] == env["KEY"] and "STEPS" not in client
 
@@ -65,3 +65,17 @@ def test_a_missing_docker_binary_is_reported_too(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(docker.DockerError) as e:
         asyncio.run(docker.check_engine())
     assert str(e.value) == docker.NO_ENGINE + "cannot run docker: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["python:3.11-slim", "ghcr.io/org/team/train:v1.2", "localhost:5000/x", "img@sha256:" + "a" * 64, "a__b/c-d"],
+)
+def test_image_references_are_accepted(image: str) -> None:
+    assert docker.checked_image(image) == image
+
+
+@pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "img --privileged", "Upper/Case", "", "img:"])
+def test_an_image_that_is_not_a_reference_never_reaches_docker_as_a_flag(tmp_path: Path, image: str) -> None:
+    with pytest.raises(docker.DockerError, match="is not a docker image reference"):
+        docker.run_argv(job="j", work=tmp_path, env_file=tmp_path / "e", image=image, script="true")
