@@ -26,6 +26,7 @@ from backend.artifacts.services import (
     artifact_file_key,
     artifact_parts_complete,
     artifact_upload_targets,
+    path_problem,
 )
 from backend.artifacts.storage import Part
 from backend.clouds.services.instances import instance_for_token
@@ -70,7 +71,7 @@ class ArtifactFileView(WorkspaceAPIView):
         found = (
             Artifact.objects.for_workspace(self.workspace).filter(pk=artifact, status=ArtifactStatus.COMPLETE).first()
         )
-        file = found.files.filter(path=path).first() if found else None
+        file = found.files.filter(path=path).first() if found and not path_problem(path) else None
         if found is None or file is None:
             raise NotFound("Artifact file not found.")
         name = path.rsplit("/", 1)[-1]
@@ -95,14 +96,28 @@ class ArtifactArchiveView(WorkspaceAPIView):
 # ------------------------------------------------------------- runner side
 
 
+def _file_path(value: str) -> str:
+    problem = path_problem(value)
+    if problem:
+        raise serializers.ValidationError(f"{value!r} {problem}")
+    return value
+
+
+def _artifact_path(value: str) -> str:
+    problem = path_problem(value, dot_start=True)
+    if problem:
+        raise serializers.ValidationError(f"{value!r} {problem}")
+    return value
+
+
 class FileIn_(serializers.Serializer):
-    path = serializers.CharField(max_length=1000)
+    path = serializers.CharField(max_length=1000, validators=[_file_path], trim_whitespace=False)
     size = serializers.IntegerField(min_value=0)
     sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
 
 
 class ArtifactBeginIn(serializers.Serializer):
-    path = serializers.CharField(max_length=500)
+    path = serializers.CharField(max_length=500, validators=[_artifact_path], trim_whitespace=False)
     # many=True hands max_length to the ListSerializer; the stubs do not know that.
     files = FileIn_(many=True, max_length=100_000)  # type: ignore[call-arg]
 
@@ -172,7 +187,7 @@ class PartIn(serializers.Serializer):
 
 
 class UploadUrlsIn(serializers.Serializer):
-    path = serializers.CharField(max_length=1000)
+    path = serializers.CharField(max_length=1000, validators=[_file_path], trim_whitespace=False)
     parts = PartIn(many=True, required=False, max_length=100)  # type: ignore[call-arg]
 
 
@@ -193,7 +208,7 @@ class DonePartIn(PartIn):
 
 
 class PartsDoneIn(serializers.Serializer):
-    path = serializers.CharField(max_length=1000)
+    path = serializers.CharField(max_length=1000, validators=[_file_path], trim_whitespace=False)
     parts = DonePartIn(many=True, max_length=10_000)  # type: ignore[call-arg]
 
 

@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
@@ -273,6 +272,30 @@ def _upload_id(storage: Storage, key: str, file: ArtifactFile) -> str:
 
 
 def _check_relative(path: str) -> None:
-    parts = PurePosixPath(path).parts
-    if not parts or path.startswith("/") or ".." in parts:
-        raise ApplicationError(f"artifact file path {path!r} must be relative and stay inside the artifact.")
+    problem = path_problem(path)
+    if problem:
+        raise ApplicationError(f"artifact file path {path!r} {problem}.")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def path_problem(path: str, *, dot_start: bool = False) -> str:
+    """Why ``path`` is not a file path inside an artifact ("" when it is):
+    relative, "/"-separated, no empty, "." or ".." part, no backslash, drive
+    letter, NUL or other control character. ``dot_start``: a leading "./"
+    is allowed (an artifact's own path, ``./output``)."""
+    if dot_start and path.startswith("./"):
+        path = path[2:]
+    if not path:
+        return "is empty"
+    if _CONTROL.search(path):
+        return "has a control character (NUL, a line break, …)"
+    if "\\" in path:
+        return "has a backslash: separate folders with /"
+    if path.startswith("/") or re.match(r"[A-Za-z]:", path):
+        return "must be relative"
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "must stay inside the artifact, without empty, '.' or '..' parts"
+    return ""

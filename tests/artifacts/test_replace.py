@@ -62,3 +62,38 @@ def test_an_upload_that_fails_leaves_the_last_complete_one(job: Job) -> None:
     assert _on_disk(first)
     again = _upload(job, {"hello.txt": b"three"})  # the next try replaces the broken one and then the first
     assert [a.pk for a in Artifact.objects.filter(job=job)] == [again.pk]
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("a\\..\\..\\x", "has a backslash"),
+        ("C:\\x", "has a backslash"),
+        ("C:x", "must be relative"),
+        ("/etc/passwd", "must be relative"),
+        ("a\x00b", "has a control character"),
+        ("a\nb", "has a control character"),
+        ("a//b", "without empty, '.' or '..' parts"),
+        ("a/../b", "without empty, '.' or '..' parts"),
+        ("a/", "without empty, '.' or '..' parts"),
+        ("", "may not be blank"),
+    ],
+)
+def test_a_bad_file_path_is_refused_with_its_reason_by_the_runner_api(job: Job, path: str, why: str) -> None:
+    """Issue 11, item 22: every path, on the begin endpoints, answered 400 with the reason (a NUL was a 500)."""
+    from rest_framework.test import APIClient
+
+    from backend.clouds.models import Instance
+    from backend.core.tokens import hash_token
+
+    instance = Instance.objects.create(
+        workspace_id=job.workspace_id, name="r", backend="local", status="busy", token_hash=hash_token("tok")
+    )
+    type(job).objects.filter(pk=job.pk).update(instance=instance, status="running", attempt=1)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer tok")
+    body = {"path": "./output", "files": [{"path": path, "size": 1, "sha256": "a" * 64}]}
+    answer = client.post(f"/api/v1/runner/jobs/{job.pk}/artifacts/?attempt=1", body, format="json")
+    assert answer.status_code == 400, answer.content
+    assert why in answer.json()["message"]
+    assert not Artifact.objects.filter(job=job).exists()
