@@ -96,18 +96,16 @@ class ArtifactArchiveView(WorkspaceAPIView):
 # ------------------------------------------------------------- runner side
 
 
-def _file_path(value: str) -> str:
+def _file_path(value: str) -> None:
     problem = path_problem(value)
     if problem:
         raise serializers.ValidationError(f"{value!r} {problem}")
-    return value
 
 
-def _artifact_path(value: str) -> str:
+def _artifact_path(value: str) -> None:
     problem = path_problem(value, dot_start=True)
     if problem:
         raise serializers.ValidationError(f"{value!r} {problem}")
-    return value
 
 
 class FileIn_(serializers.Serializer):

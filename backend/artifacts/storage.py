@@ -131,11 +131,52 @@ class LocalStorage(Storage):
                 digest.update(chunk)
         return "" if digest.hexdigest() == sha256 else "sha256 differs"
 
-    def signed_url(self, key: str, *, method: Method, seconds: int | None = None, filename: str = "") -> str:
+    def signed_url(
+        self, key: str, *, method: Method, seconds: int | None = None, filename: str = "", sha256: str = ""
+    ) -> str:
         lifetime = seconds or settings.TRAINYARD["SIGNED_URL_SECONDS"]
         expires = int(time.time() + lifetime)
-        token = signing.dumps({"k": key, "m": method, "f": filename, "x": expires}, salt=_SALT, compress=True)
+        data = {"k": key, "m": method, "f": filename, "x": expires, **({"s": sha256} if sha256 else {})}
+        token = signing.dumps(data, salt=_SALT, compress=True)
         return f"{settings.PUBLIC_URL}/storage/{token}"
+
+    def upload_target(self, key: str, *, sha256: str, seconds: int) -> Target:
+        """A PUT bound to the file's sha256, as S3's checksum binds it: other
+        bytes are refused, and once the object is there only the same bytes
+        are taken again (a finished artifact is immutable)."""
+        return Target(self.signed_url(key, method="PUT", seconds=seconds, sha256=sha256), {}, seconds)
+
+    def write_checked(self, key: str, chunks: Iterator[bytes], *, sha256: str) -> int:
+        """``write`` for a PUT bound to ``sha256``: the bytes are stored only
+        if they hash to it (``ChecksumMismatch`` otherwise, nothing written);
+        an object already there is never replaced (``ObjectExists`` unless the
+        new bytes are the same)."""
+        digest = hashlib.sha256()
+
+        def hashed() -> Iterator[bytes]:
+            for chunk in chunks:
+                digest.update(chunk)
+                yield chunk
+
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in hashed():
+                    out.write(chunk)
+                    size += len(chunk)
+            if digest.hexdigest() != sha256:
+                raise ChecksumMismatch(f"the body's SHA-256 is {digest.hexdigest()}, the link is for {sha256}")
+            try:
+                os.link(tmp, target)  # fails if the object is there: it is never replaced
+            except FileExistsError:
+                if _sha256_of(target) != sha256:
+                    raise ObjectExists("this object is already stored with other bytes") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return size
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -178,12 +219,36 @@ class LocalStorage(Storage):
         return path
 
 
-def verify_token(token: str) -> tuple[str, Method, str]:
-    """(key, method, filename) of a signed storage URL; raises signing.BadSignature."""
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ChecksumMismatch(Exception):
+    """A PUT's bytes are not the ones its link was signed for."""
+
+
+class ObjectExists(Exception):
+    """A PUT for an object that is already stored (with other bytes)."""
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    key: str
+    method: Method
+    filename: str
+    sha256: str  # a PUT bound to its body's checksum; "" for none
+
+
+def verify_token(token: str) -> SignedRequest:
+    """What a signed storage URL allows; raises signing.BadSignature."""
     data = signing.loads(token, salt=_SALT)
     if time.time() > data["x"]:
         raise signing.SignatureExpired("the link has expired")
-    return data["k"], data["m"], data.get("f", "")
+    return SignedRequest(data["k"], data["m"], data.get("f", ""), data.get("s", ""))
 
 
 def redact_signed_urls(text: str) -> str:

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from backend.artifacts.archive import archive_name, archive_token, zip_stream
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import get_storage, verify_token
+from backend.artifacts.storage import ChecksumMismatch, ObjectExists, get_storage, verify_token
 
 CHUNK = 1 << 20
 DOWNLOAD_TYPE = "application/octet-stream"
@@ -46,16 +46,24 @@ def _inert(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseB
 @_inert
 def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     try:
-        key, method, filename = verify_token(token)
+        signed = verify_token(token)
     except signing.SignatureExpired:
         return _error(403, "This link has expired: ask for a new one.")
     except signing.BadSignature:
         return _error(403, "This link is not valid.")
+    key, method, filename = signed.key, signed.method, signed.filename
     if request.method != method:
         return _error(405, f"This link allows {method} only.")
     storage = get_storage()
     if method == "PUT":
-        size = storage.write(key, _body(request))
+        if not signed.sha256:  # blobs: written by the server itself, never through a link
+            return _error(403, "This link is not valid for an upload.")
+        try:
+            size = storage.write_checked(key, _body(request), sha256=signed.sha256)
+        except ChecksumMismatch as e:
+            return _error(400, f"The uploaded bytes are not the file this link is for ({e}).")
+        except ObjectExists:
+            return _error(409, "This object is already stored: a finished upload cannot be changed.")
         return JsonResponse({"size": size}, status=201)
     try:
         handle = storage.open(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,3 +80,32 @@ def test_a_refused_link_is_inert_too(artifact: Artifact, client: Any, monkeypatc
         "nosniff",
         "sandbox",
     )
+
+
+def test_a_local_upload_link_takes_only_its_files_bytes_and_never_replaces_a_stored_object(
+    settings: Any, tmp_path: Path
+) -> None:
+    """Issue 11, item 12: the local storage's PUT link is bound to the file's
+    SHA-256 (as S3's checksum binds it); other bytes are refused, and once
+    the object is stored only the same bytes are taken again."""
+    from django.test import Client
+
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
+    storage = get_storage()
+    good = b"the trained model"
+    target = storage.upload_target("ws/x/model.bin", sha256=hashlib.sha256(good).hexdigest(), seconds=60)
+    path = target.url.removeprefix(settings.PUBLIC_URL)
+    client = Client()
+
+    wrong = client.generic("PUT", path, b"something else", content_type="application/octet-stream")
+    assert wrong.status_code == 400 and "not the file this link is for" in wrong.json()["message"]
+    assert storage.size("ws/x/model.bin") is None, "nothing written"
+    assert client.generic("PUT", path, good, content_type="application/octet-stream").status_code == 201
+    assert client.generic("PUT", path, good, content_type="application/octet-stream").status_code == 201, "a retry"
+    other = storage.upload_target("ws/x/model.bin", sha256=hashlib.sha256(b"evil").hexdigest(), seconds=60)
+    replaced = client.generic(
+        "PUT", other.url.removeprefix(settings.PUBLIC_URL), b"evil", content_type="application/octet-stream"
+    )
+    assert replaced.status_code == 409
+    with storage.open("ws/x/model.bin") as f:
+        assert f.read() == good
