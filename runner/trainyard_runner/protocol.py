@@ -26,14 +26,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
 PROTOCOL_VERSION = 2
 
 # A log line as sent on the wire: [unix time in seconds, stream, text].
 # stream is "o" (stdout) or "e" (stderr). Compact on purpose: a 200k-line job
 # sends 200k of these.
-LogLineWire = tuple[float, Literal["o", "e"], str]
+# A line's time is a unix time: finite and not before 1970 (a NaN or a
+# negative time is a bad frame, answered by closing the connection).
+LogLineWire = tuple[Annotated[float, Field(ge=0, allow_inf_nan=False)], Literal["o", "e"], str]
 
 # A line longer than MAX_LINE_BYTES of UTF-8 reaches the server as pieces: the
 # runner cuts it at a character boundary at most MAX_LINE_BYTES in, and the
@@ -130,7 +132,8 @@ class JobRejected(_Message):
     job: str
     attempt: int = Field(ge=1)
     lease: str
-    reason: str = Field(max_length=1000)
+    # Cut to what the server keeps (a runner's long reason is not a bad frame).
+    reason: Annotated[str, BeforeValidator(lambda v: v[:1000] if isinstance(v, str) else v)]
 
 
 class JobState(_Message):
@@ -360,6 +363,7 @@ server_message = TypeAdapter(ServerMessage)
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_BAD_MESSAGE = 4400
+CLOSE_FLOODING = 1008  # policy violation: log frames sent without waiting for acks
 CLOSE_VERSION_MISMATCH = 4409  # the close reason says which side to upgrade
 CLOSE_REPLACED = 4410  # a newer connection of the same runner took over
 CLOSE_FENCED = 4411  # the instance was declared lost: its runner must stop and exit

@@ -39,6 +39,9 @@ from backend.runs.services.transitions import attempt_end, job_accept, job_repor
 logger = logging.getLogger(__name__)
 
 FINAL_STATES = {"succeeded", "failed", "stopped", "interrupted"}
+# Log frames queued on one connection before it is closed (the runner keeps
+# at most logstream.WINDOW = 10 unacknowledged).
+MAX_QUEUED_LOG_FRAMES = 64
 STALE = "this attempt is not the job's current one on this runner (it was moved, stopped or fenced)"
 PROGRESS = {
     "preparing": "preparing the code",
@@ -191,10 +194,17 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def on_logs(self, message: protocol.Logs) -> None:
         if self._refused_attempts and (message.job, message.attempt) in self._refused_attempts:
             return  # already told: the runner drops the attempt when it reads that
-        # The runner's window (a few frames in flight) bounds this queue.
+        # The runner's window (WINDOW frames in flight) bounds this queue; a
+        # runner that does not wait for acks is cut off before it can fill
+        # this process's memory.
         if self._writer is None:
             self._log_queue: asyncio.Queue[protocol.Logs] = asyncio.Queue()
             self._writer = asyncio.create_task(self._write_logs())
+        if self._log_queue.qsize() >= MAX_QUEUED_LOG_FRAMES:
+            logger.warning("runner %s sent %d log frames without waiting for acks: closing", self.instance_id,
+                           MAX_QUEUED_LOG_FRAMES)  # fmt: skip
+            await self.close(code=protocol.CLOSE_FLOODING)
+            return
         self._log_queue.put_nowait(message)
 
     async def _write_logs(self) -> None:

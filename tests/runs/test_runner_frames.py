@@ -1,0 +1,85 @@
+"""Issue 11, item 9: what a runner sends cannot hurt the web process: a
+runner that floods log frames without waiting for acks is cut off (1008), a
+NaN or negative line time is a bad frame (4400), and a long rejection
+reason is cut to what the server keeps, not refused. The real consumer over
+a WebsocketCommunicator, real Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from trainyard_runner import protocol
+
+from backend.accounts.models import Workspace
+from tests.runs.test_fencing import HELLO, _connect, _runner
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _logs(seq: int, ts: Any = 1.0, job: str = "00000000-0000-0000-0000-000000000000") -> str:
+    return json.dumps({"type": "logs", "job": job, "attempt": 1,
+                       "first_seq": seq, "lines": [[ts, "o", "x" * 1000]] * 200})  # fmt: skip
+
+
+def _session(
+    token: str, frames: list[str], held: list[protocol.HeldJob] | None = None, after_welcome: Any = None
+) -> dict[str, Any]:
+    async def scenario() -> dict[str, Any]:
+        ws = _connect(token)
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": held or []}).model_dump_json())
+        await ws.receive_from(timeout=5)  # welcome
+        if after_welcome is not None:
+            after_welcome()
+        for frame in frames:
+            await ws.send_to(text_data=frame)
+        while True:
+            out = await ws.receive_output(timeout=20)
+            if out["type"] == "websocket.close":
+                return dict(out)
+
+    return async_to_sync(scenario)()
+
+
+def test_a_runner_that_does_not_wait_for_acks_is_cut_off() -> None:
+    """The log queue of one connection holds MAX_QUEUED_LOG_FRAMES frames
+    waiting for the database; the next frame closes the connection (1008)
+    instead of growing the web process's memory."""
+    from backend.runs.consumers.runner import MAX_QUEUED_LOG_FRAMES, RunnerConsumer
+
+    consumer = RunnerConsumer()
+    closed: list[int] = []
+
+    async def close(code: int | None = None, reason: str | None = None) -> None:
+        closed.append(code or 0)
+
+    consumer.close = close  # type: ignore[method-assign]
+    frame = protocol.Logs(job="j", attempt=1, first_seq=1, lines=[(1.0, "o", "x")])
+
+    async def flood() -> int:
+        consumer._writer = asyncio.get_running_loop().create_future()  # a writer stuck in the database
+        consumer._log_queue = asyncio.Queue()
+        for _ in range(MAX_QUEUED_LOG_FRAMES + 5):
+            await consumer.on_logs(frame)
+        return consumer._log_queue.qsize()
+
+    queued = asyncio.run(flood())
+    assert queued == MAX_QUEUED_LOG_FRAMES
+    assert closed and set(closed) == {protocol.CLOSE_FLOODING}
+
+
+@pytest.mark.parametrize("ts", [float("nan"), float("inf"), -5.0])
+def test_a_line_time_that_is_not_a_unix_time_is_a_bad_frame(team: Workspace, ts: float) -> None:
+    _runner(team, "clock", "clock-secret")
+    frame = _logs(1).replace("[1.0,", f"[{json.dumps(ts)},").replace("NaN", "NaN")
+    closed = _session("clock-secret", [frame])
+    assert closed["code"] == protocol.CLOSE_BAD_MESSAGE
+
+
+def test_a_long_rejection_reason_is_cut_not_refused() -> None:
+    rejected = protocol.JobRejected(job="j", attempt=1, lease="l", reason="why " * 1000)
+    assert len(rejected.reason) == 1000
