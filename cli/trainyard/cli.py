@@ -117,7 +117,7 @@ def main() -> None:
     "env_pairs",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set an environment variable in every job of the run (repeatable).",
+    help="Set an environment variable in every job of the run (repeatable); also the value of ${{ variables.KEY }}.",
 )
 @click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
 @click.option(

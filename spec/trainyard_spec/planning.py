@@ -30,54 +30,6 @@ ON_INTERRUPTION = ("restart_group", "job")
 _Loc = tuple[str | int, ...]
 
 
-def _dev_environment(wf: Workflow) -> list[tuple[_Loc, str]]:
-    if wf.provider not in DEV_ENVIRONMENT_PROVIDERS:
-        return []
-    return [(("provider",), f"the {wf.provider} provider (a dev environment); bash, python and docker workflows run")]
-
-
-def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [(("ssh",), "ssh: true (an SSH server in the job)")] if wf.ssh else []
-
-
-def _mounts(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [
-        (("artifacts", i, "mount"), f"mount: true (artifact '{a.path}' mounted while the job runs)")
-        for i, a in enumerate(wf.artifacts)
-        if a.mount
-    ]
-
-
-def _port_count(wf: Workflow) -> list[tuple[_Loc, str]]:
-    count = wf.ports.count
-    return [(("ports",), f"ports: {count} (free ports as PORT_0…); list the port numbers instead")] if count else []
-
-
-def _cache(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [(("cache",), "cache (paths kept between runs)")] if wf.cache else []
-
-
-def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [
-        (("deps", i, "workflow"), f"a dependency on another repository's workflow ('{dep.workflow}')")
-        for i, dep in enumerate(wf.deps)
-        if dep.workflow and "/" in dep.workflow
-    ]
-
-
-# Keys that parse (dstack 0.x files) but are not built at run time yet, each
-# with where it is in a workflow and what it is: refused when a run uses the
-# workflow ("not supported yet: …"). Remove an entry when its feature is built.
-NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
-    "dev environments": _dev_environment,
-    "ssh": _ssh,
-    "artifact mounts": _mounts,
-    "port counts": _port_count,
-    "cache": _cache,
-    "other repositories' workflows": _other_repo,
-}
-
-
 @dataclass(frozen=True)
 class RunPlan:
     """Every job of a run of ``workflow``, dependencies first."""
@@ -109,12 +61,16 @@ def resolve_run_plan(
     1. the run's workflows: ``workflow`` and, recursively, those it names in
        ``deps: - workflow:``, dependencies first (a cycle or a missing
        workflow is an error);
-    2. keys not supported yet are refused, for all of them at once;
-    3. each workflow's provider makes its jobs; every job of a workflow then
+    2. keys not supported yet (``NOT_BUILT_YET``) are refused, for all of
+       them at once;
+    3. each workflow's bare env names get their inherited values and its
+       commands' ``${{ run.args }}`` / ``${{ variables.NAME }}`` are
+       replaced (an unset name or undefined variable is an error);
+    4. each workflow's provider makes its jobs; every job of a workflow then
        ``needs`` every job of each workflow it depends on, gets the
        workflow's tag and run deps, and the env overrides (``-e``) on top of
        its env: they apply to every job of the run;
-    4. job names must be unique in the run; jobs are ordered dependencies first.
+    5. job names must be unique in the run; jobs are ordered dependencies first.
     """
     order = _workflow_order(file, file.get(workflow))
     unsupported = [e for wf in order for e in _unsupported(file, wf)]
@@ -347,3 +303,54 @@ def _in_order(jobs: list[JobPlan]) -> list[JobPlan] | None:
 
 def _unique(items: Iterable[str | None]) -> list[str]:
     return list(dict.fromkeys(item for item in items if item))
+
+
+# ---------------------------------------------------------------- not built yet
+
+
+def _dev_environment(wf: Workflow) -> list[tuple[_Loc, str]]:
+    if wf.provider not in DEV_ENVIRONMENT_PROVIDERS:
+        return []
+    return [(("provider",), f"the {wf.provider} provider (a dev environment); bash, python and docker workflows run")]
+
+
+def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [(("ssh",), "ssh: true (an SSH server in the job)")] if wf.ssh else []
+
+
+def _mounts(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [
+        (("artifacts", i, "mount"), f"mount: true (artifact '{a.path}' mounted while the job runs)")
+        for i, a in enumerate(wf.artifacts)
+        if a.mount
+    ]
+
+
+def _port_count(wf: Workflow) -> list[tuple[_Loc, str]]:
+    count = wf.ports.count
+    return [(("ports",), f"ports: {count} (free ports as PORT_0…); list the port numbers instead")] if count else []
+
+
+def _cache(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [(("cache",), "cache (paths kept between runs)")] if wf.cache else []
+
+
+def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [
+        (("deps", i, "workflow"), f"a dependency on another repository's workflow ('{dep.workflow}')")
+        for i, dep in enumerate(wf.deps)
+        if dep.workflow and "/" in dep.workflow
+    ]
+
+
+# Keys that parse (dstack 0.x files) but are not built at run time yet, each
+# with where it is in a workflow and what it is: refused when a run uses the
+# workflow ("not supported yet: …"). Remove an entry when its feature is built.
+NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
+    "dev environments": _dev_environment,
+    "ssh": _ssh,
+    "artifact mounts": _mounts,
+    "port counts": _port_count,
+    "cache": _cache,
+    "other repositories' workflows": _other_repo,
+}

@@ -1,11 +1,13 @@
-"""The workflow file: loading and validating a whole file, with file/line/key
-errors. ``schema`` has the keys, ``planning`` turns a workflow of a loaded
-file into the jobs of a run.
+"""The workflows files: loading and validating them, with file/line/key
+errors. ``schema`` has the keys, ``planning`` turns a workflow of the loaded
+files into the jobs of a run. docs/WORKFLOWS.md is the user's reference.
 
 Shared by the CLI (validates before anything is uploaded) and the server
 (validates again on submit), so nothing here prints or touches a terminal.
 
-A file is ``.trainyard/workflows.yaml`` (or the older ``.dstack/workflows.yaml``)::
+The files are ``.trainyard/workflows.yaml``, ``.dstack/workflows.yaml`` and
+the ``*.yaml`` of ``.trainyard/workflows/`` and ``.dstack/workflows/``
+(``find_workflows_files``), read together (``load_workflows``)::
 
     workflows:
       - name: train
@@ -17,18 +19,23 @@ A file is ``.trainyard/workflows.yaml`` (or the older ``.dstack/workflows.yaml``
 
 Beyond the schema of each workflow (``schema``), a file must have:
 
-- a top-level mapping with a ``workflows`` list and nothing else;
-- unique workflow names;
+- a top-level mapping with a ``workflows`` list and nothing else (else the
+  whole load fails);
+- workflow names unique across the files;
 - a known ``provider``; ``bash`` needs ``commands``, ``python`` needs
   ``script`` (and may have ``requirements``), ``docker`` needs ``image``;
 - ``provider`` may also name a plugin (``trainyard.providers`` entry point,
   see ``providers``); its extra keys are validated by the plugin's
   ``options`` model, with the same file/line/key errors.
 
-Keys whose behaviour is not built yet (``schema.NOT_SUPPORTED_YET``) validate
-like the rest but are refused when a run is planned
-(``planning.resolve_run_plan``), i.e. only when a run uses a workflow that
-has them.
+A workflow that breaks one of these rules is ``broken``: a run of it fails
+with its errors, the other workflows stay usable (``load_workflows_file`` is
+the strict form: any error fails the file).
+
+Keys whose behaviour is not built yet (``schema.NOT_SUPPORTED_YET``,
+``planning.NOT_BUILT_YET``) validate like the rest but are refused when a
+run is planned (``planning.resolve_run_plan``), i.e. only when a run uses a
+workflow that has them.
 """
 
 from __future__ import annotations
@@ -141,8 +148,10 @@ class WorkflowsFile:
             raise WorkflowFileError(self.broken[name])
         close = difflib.get_close_matches(name, list(self.workflows), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        message = f"no workflow named '{name}'; {hint}the file has: {', '.join(self.workflows) or 'none'}"
-        raise WorkflowFileError([WorkflowError(self.path, None, "workflows", message)])
+        has = "the file has" if len(self.paths) == 1 else "the files have"
+        message = f"no workflow named '{name}'; {hint}{has}: {', '.join(self.workflows) or 'none'}"
+        # The one asked for may be a broken one whose name could not be read.
+        raise WorkflowFileError([*self.warnings, WorkflowError(self.path, None, "workflows", message)])
 
     def error(self, workflow: Workflow, key: str | tuple[str | int, ...], message: str) -> WorkflowError:
         """An error about ``key`` of ``workflow`` (a key, or a path such as

@@ -548,3 +548,13 @@ def test_a_bad_port_count_and_a_bad_port_are_errors_at_their_lines():
         f"{PATH}:2: workflows[0] (a).ports: a count of free ports is from 1 to 100, got 0",
         f"{PATH}:8: workflows[1] (b).ports[1]: expected a port number from 1 to 65535, got the number 70000",
     ]
+
+
+def test_an_unknown_name_also_shows_the_broken_workflows_errors():
+    file = load("workflows:\n  - provider: bash\n    commands: [echo]\n")
+    with pytest.raises(WorkflowFileError) as info:
+        resolve_run_plan(file, "a", env_overrides={})
+    assert [str(e) for e in info.value.errors] == [
+        f"{PATH}:2: workflows[0].name: missing required key 'name'",
+        f"{PATH}: workflows: no workflow named 'a'; the file has: none",
+    ]
