@@ -107,9 +107,16 @@ def _env_value(value: object) -> str:
     )
 
 
+# A null in the mapping form (``KEY:`` with nothing) stays an error; only the
+# list form's bare KEY means "from the submitting shell".
+_NULL_VALUE = object()
+
+
 def _env_shorthand(value: object) -> object:
     """dstack 0.x's list form: ``KEY=VALUE`` items, and bare ``KEY`` (None
     here: the value is the submitting shell's, ``planning`` fills it in)."""
+    if isinstance(value, dict):
+        return {k: _NULL_VALUE if v is None else v for k, v in value.items()}
     if not isinstance(value, list):
         return value
     out: dict[str, object] = {}
@@ -126,7 +133,9 @@ def _env_shorthand(value: object) -> object:
 
 
 def _env_value_or_inherited(value: object) -> str | None:
-    return None if value is None else _env_value(value)
+    if value is None:
+        return None
+    return _env_value(None if value is _NULL_VALUE else value)
 
 
 def _dep_shorthand(value: object) -> object:

@@ -558,3 +558,10 @@ def test_an_unknown_name_also_shows_the_broken_workflows_errors():
         f"{PATH}:2: workflows[0].name: missing required key 'name'",
         f"{PATH}: workflows: no workflow named 'a'; the file has: none",
     ]
+
+
+def test_a_null_in_the_env_mapping_is_still_an_error_not_a_value_from_the_shell():
+    file = load("workflows:\n  - name: t\n    provider: bash\n    commands: [x]\n    env:\n      HF_TOKEN:\n")
+    assert [str(e) for e in file.warnings] == [
+        f"{PATH}:6: workflows[0] (t).env.HF_TOKEN: an env value must be a string, number or boolean, got nothing (null)"
+    ]
