@@ -273,9 +273,8 @@ def _load_one(state: _Loaded, item: Any, where: _Where) -> None:
     label = _label(item, where)
     if workflow is not None:
         _check_workflow(workflow, where, errors)
-        label = workflow.name
-        if label in state.seen:
-            errors.append(_duplicate(label, state.seen[label], where))
+    if label in state.seen:  # a broken one too: neither of the two can be meant
+        errors.append(_duplicate(label, state.seen[label], where))
     state.seen.setdefault(label, where)
     if errors:
         state.broken.setdefault(label, []).extend(errors)

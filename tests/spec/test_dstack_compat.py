@@ -565,3 +565,16 @@ def test_a_null_in_the_env_mapping_is_still_an_error_not_a_value_from_the_shell(
     assert [str(e) for e in file.warnings] == [
         f"{PATH}:6: workflows[0] (t).env.HF_TOKEN: an env value must be a string, number or boolean, got nothing (null)"
     ]
+
+
+def test_a_broken_workflow_with_the_name_of_a_valid_one_makes_the_name_unusable():
+    file = load("""\
+        workflows:
+          - {name: train, provider: bash, commands: [x]}
+          - {name: train, provider: bash, comands: [x]}
+        """)
+    assert list(file.workflows) == []
+    assert [str(e) for e in file.warnings] == [
+        f"{PATH}:3: workflows[1] (train).comands: unknown key 'comands'; did you mean 'commands'?",
+        f"{PATH}:3: workflows[1] (train).name: duplicate workflow name 'train' (first at line 2)",
+    ]
