@@ -194,3 +194,12 @@ def test_workflows_in_a_repo_without_any(tmp_path: Path, monkeypatch: pytest.Mon
     assert err == textwrap.dedent(f"""\
         {tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list
         """)
+
+
+def test_only_the_bare_env_names_of_the_runs_workflows_leave_the_machine(repo: Path, monkeypatch: pytest.MonkeyPatch):
+    rest = FakeRest(submit_routes())
+    use(monkeypatch, "http://fake", rest)
+    code, out, _ = invoke("run", "prepare", "-d")
+    body = json.loads(rest.requests[1].content)
+    assert (code, out) == (0, "brave-otter-1\n")
+    assert [k for k in ("inherited_env", "run_args", "variables") if k in body] == []
