@@ -51,9 +51,17 @@ class Run(WorkspaceOwnedModel):
     archive_blob = models.ForeignKey(
         "artifacts.Blob", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    # The first workflows file (what a page shows); workflows_files: every
+    # file the run was planned from, [{path, text}], sorted by path.
     workflows_file_path = models.CharField(max_length=300)
     workflows_file_text = models.TextField()
+    workflows_files = models.JSONField(default=list, blank=True)
     env_overrides = models.JSONField(default=dict, blank=True)
+    # What the CLI sent for the plan besides -e: values of bare env names
+    # from its shell, the arguments after --, and each workflow's variables.
+    inherited_env = models.JSONField(default=dict, blank=True)
+    run_args = models.JSONField(default=list, blank=True)
+    variables = models.JSONField(default=dict, blank=True)
     # The CLI's --backend/--region/--spot-policy/--max-price: they win over
     # every workflow's placement keys ({}: none).
     placement_overrides = models.JSONField(default=dict, blank=True)

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypedDict, cast
+from typing import Any, BinaryIO, Literal, NotRequired, TypedDict, cast
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -111,13 +111,20 @@ class Artifact(TypedDict):
     files: list[ArtifactFile]
 
 
+class WorkflowsFileText(TypedDict):
+    path: str
+    text: str
+
+
 class RunSubmission(TypedDict):
-    """The keyword arguments ``create_run`` and ``plan_run`` share."""
+    """The keyword arguments ``create_run`` and ``plan_run`` share (docs/API.md)."""
 
     workflow: str
-    workflows_file_path: str
-    workflows_file_text: str
+    workflows_files: list[WorkflowsFileText]
     env: dict[str, str]
+    inherited_env: dict[str, str]
+    run_args: list[str]
+    variables: dict[str, dict[str, str]]
     no_cache: bool
     placement: dict[str, Any]
 
@@ -138,6 +145,7 @@ class Plan(TypedDict):
     """What ``create_run`` would make (``plan_run``): jobs dependencies first."""
 
     workflow: str
+    help: NotRequired[str]  # the workflow's help ("" without; absent from older servers)
     jobs: list[PlannedJob]
 
 
@@ -280,33 +288,47 @@ class Client:
         self,
         *,
         workflow: str,
-        workflows_file_path: str,
-        workflows_file_text: str,
         code: dict[str, Any],
+        workflows_file_path: str = "",
+        workflows_file_text: str = "",
+        workflows_files: list[WorkflowsFileText] | None = None,
         env: dict[str, str] | None = None,
+        inherited_env: dict[str, str] | None = None,
+        run_args: list[str] | None = None,
+        variables: dict[str, dict[str, str]] | None = None,
         no_cache: bool = False,
         placement: dict[str, Any] | None = None,
     ) -> Run:
-        """Submit a run. ``no_cache``: run every job even if an earlier run's
-        artifacts could be reused. ``placement``: overrides of every
-        workflow's ``backends``, ``regions``, ``spot_policy``, ``max_price``."""
-        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache, placement)
+        """Submit a run of ``workflow`` from ``workflows_files`` (or the one
+        file ``workflows_file_path``/``_text``). ``inherited_env``: values of
+        the workflows' bare env names; ``run_args``: ``${{ run.args }}``;
+        ``variables``: per workflow, ``${{ variables.NAME }}``. ``no_cache``:
+        run every job even if an earlier run's artifacts could be reused.
+        ``placement``: overrides of every workflow's ``backends``,
+        ``regions``, ``spot_policy``, ``max_price``."""
+        files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
+        body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
 
     def plan_run(
         self,
         *,
         workflow: str,
-        workflows_file_path: str,
-        workflows_file_text: str,
         code: dict[str, Any],
+        workflows_file_path: str = "",
+        workflows_file_text: str = "",
+        workflows_files: list[WorkflowsFileText] | None = None,
         env: dict[str, str] | None = None,
+        inherited_env: dict[str, str] | None = None,
+        run_args: list[str] | None = None,
+        variables: dict[str, dict[str, str]] | None = None,
         no_cache: bool = False,
         placement: dict[str, Any] | None = None,
     ) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
-        body = _run_body(workflow, workflows_file_path, workflows_file_text, code, env, no_cache, placement)
+        files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
+        body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
         return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
     def list_runs(
@@ -504,18 +526,19 @@ def _error_from(response: httpx.Response) -> ApiError:
 
 def _run_body(
     workflow: str,
-    path: str,
-    text: str,
+    files: list[WorkflowsFileText],
     code: dict[str, Any],
     env: dict[str, str] | None,
     no_cache: bool,
-    placement: dict[str, Any] | None = None,
+    placement: dict[str, Any] | None,
+    inherited_env: dict[str, str] | None,
+    run_args: list[str] | None,
+    variables: dict[str, dict[str, str]] | None,
 ) -> dict[str, Any]:
-    body = {
-        "workflow": workflow,
-        "workflows_file": {"path": path, "text": text},
-        "code": code,
-        "env": env or {},
-        "no_cache": no_cache,
-    }
-    return {**body, "placement": placement} if placement else body
+    # One file goes as workflows_file, which servers from before
+    # workflows_files understand too; the new keys only when there are values.
+    body: dict[str, Any] = {"workflow": workflow}
+    body |= {"workflows_file": dict(files[0])} if len(files) == 1 else {"workflows_files": [dict(f) for f in files]}
+    body |= {"code": code, "env": env or {}, "no_cache": no_cache}
+    extra = {"inherited_env": inherited_env, "run_args": run_args, "variables": variables, "placement": placement}
+    return body | {k: v for k, v in extra.items() if v}

@@ -10,6 +10,7 @@ stdout, tables, JSON, and the run name of ``run -d``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -20,8 +21,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, cast
 
 import click
-from trainyard_spec import WorkflowFileError, find_workflows_file, load_workflows_file, resolve_run_plan
-from trainyard_spec.schema import BACKEND_KINDS
+from trainyard_spec import (
+    Source,
+    WorkflowFileError,
+    WorkflowsFile,
+    find_variables_file,
+    find_workflows_files,
+    inherited_env_names,
+    load_variables,
+    load_workflows,
+    resolve_run_plan,
+    run_workflows,
+)
+from trainyard_spec.schema import BACKEND_KINDS, resource_spec
 
 from . import __version__
 from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run, RunSubmission
@@ -41,6 +53,7 @@ from .output import (
     offer_rows,
     plan_lines,
     print_table,
+    resources,
     size,
     truncate,
 )
@@ -96,6 +109,7 @@ def main() -> None:
 
 @cli.command()
 @click.argument("workflow")
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS]")
 @click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
 @click.option(
     "-e",
@@ -103,7 +117,7 @@ def main() -> None:
     "env_pairs",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Set an environment variable in every job of the run (repeatable).",
+    help="Set an environment variable in every job of the run (repeatable); also the value of ${{ variables.KEY }}.",
 )
 @click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
 @click.option(
@@ -136,6 +150,7 @@ def main() -> None:
 )
 def run(
     workflow: str,
+    run_args: tuple[str, ...],
     detach: bool,
     env_pairs: tuple[str, ...],
     upload: bool,
@@ -146,32 +161,44 @@ def run(
     spot_policy: str | None,
     max_price: float | None,
 ) -> None:
-    """Run WORKFLOW from the repo's .trainyard/workflows.yaml and follow it.
+    """Run WORKFLOW from the repo's workflows files and follow it.
 
+    The files: .trainyard/workflows.yaml, .dstack/workflows.yaml and every
+    .yaml in .trainyard/workflows/ and .dstack/workflows/ (docs/WORKFLOWS.md).
     The workflows it depends on (deps: - workflow: X) run first, as jobs of
     the same run, unless an earlier run with the same inputs can be reused.
-    --backend, --region, --spot-policy and --max-price apply to every job of
-    the run, over what the workflows say.
+    What follows -- is ${{ run.args }} in the commands. --backend, --region,
+    --spot-policy and --max-price apply to every job of the run, over what
+    the workflows say.
     """
     env = _parse_env(env_pairs)
     placement = _placement(backends, regions, spot_policy, max_price)
     workspace = find_workspace(Path.cwd())
-    file_path = find_workflows_file(workspace.root)
-    relative = file_path.relative_to(workspace.root).as_posix()
-    text = _read_text(file_path)
-    plan = resolve_run_plan(load_workflows_file(text, path=relative), workflow, env_overrides=env)
+    sources = _workflow_sources(workspace.root)
+    file = load_workflows(sources)
+    names = [wf.name for wf in run_workflows(file, workflow)]
+    variables = _variables(workspace.root, names)
+    # Only the bare env names of this run's workflows leave this machine.
+    inherited = {n: os.environ[n] for n in inherited_env_names(file, workflow) if n in os.environ}
+    plan = resolve_run_plan(
+        file, workflow, env_overrides=env, inherited_env=inherited, run_args=list(run_args), variables=variables
+    )
+    _warn_broken(file)
     client = _client()
     submit: RunSubmission = {
         "workflow": workflow,
-        "workflows_file_path": relative,
-        "workflows_file_text": text,
+        "workflows_files": [{"path": s.path, "text": s.text} for s in sources],
         "env": env,
+        "inherited_env": inherited,
+        "run_args": list(run_args),
+        "variables": variables,
         "no_cache": no_cache,
         "placement": placement,
     }
     if dry_run:
         planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn), **submit)
-        click.echo("\n".join(plan_lines(planned)))
+        local_help = file.get(workflow).help or ""
+        click.echo("\n".join(plan_lines({**planned, "help": planned.get("help") or local_help})))
         click.echo("Nothing was submitted.", err=True)
         return
     code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn)
@@ -186,6 +213,76 @@ def run(
         return
     final = _follow(client, created["name"], seen={})
     sys.exit(run_exit_code(final))
+
+
+@cli.command()
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON list: name, file, line, provider, help, resources, placement, errors.",
+)
+def workflows(as_json: bool) -> None:
+    """List the repo's workflows: name, provider, resources and help.
+
+    A workflow with errors is listed too (as a warning with its errors):
+    `trainyard run` of it fails, the others run.
+    """
+    file = load_workflows(_workflow_sources(find_workspace(Path.cwd()).root))
+    entries = workflow_entries(file)
+    if as_json:
+        click.echo(json.dumps(entries, indent=2))
+        return
+    _warn_broken(file)
+    rows = [[e["name"], e["provider"], resources(e["resources"]), e["help"]] for e in entries if not e["errors"]]
+    if rows:
+        print_table(["NAME", "PROVIDER", "RESOURCES", "HELP"], rows, tty=sys.stdout.isatty())
+    elif not file.broken:
+        click.echo("No workflows: add some to .trainyard/workflows.yaml.", err=True)
+
+
+def workflow_entries(file: WorkflowsFile) -> list[dict[str, Any]]:
+    """What ``trainyard workflows --json`` prints: every workflow, valid ones
+    with their resources and placement as a run's plan has them (the
+    server's ``resources`` and ``placement`` of its jobs, without overrides),
+    broken ones with their errors."""
+    entries: list[dict[str, Any]] = [
+        {
+            "name": name,
+            "file": file.file_of(name),
+            "line": file.line_of(name),
+            "provider": wf.provider,
+            "help": wf.help or "",
+            "resources": dataclasses.asdict(resource_spec(wf.resources)),
+            "placement": wf.placement(),
+            "errors": [],
+        }
+        for name, wf in file.workflows.items()
+    ]
+    for name, errors in file.broken.items():
+        first = errors[0]
+        entry = {"name": name, "file": first.file, "line": first.line, "provider": "", "help": ""}
+        entries.append(entry | {"resources": {}, "placement": {}, "errors": [str(e) for e in errors]})
+    return entries
+
+
+def _workflow_sources(root: Path) -> list[Source]:
+    return [Source(p.relative_to(root).as_posix(), _read_text(p)) for p in find_workflows_files(root)]
+
+
+def _variables(root: Path, workflows: list[str]) -> dict[str, dict[str, str]]:
+    """Each of ``workflows``' values of ${{ variables.NAME }} from the variables file."""
+    path = find_variables_file(root)
+    if path is None:
+        return {}
+    variables = load_variables(_read_text(path), path=path.relative_to(root).as_posix())
+    return {name: values for name in workflows if (values := variables.of(name))}
+
+
+def _warn_broken(file: WorkflowsFile) -> None:
+    for name, errors in file.broken.items():
+        _warn(f"workflow '{name}' cannot be run:")
+        click.echo("\n".join(f"  {e}" for e in errors), err=True)
 
 
 def _placement(

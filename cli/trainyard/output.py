@@ -192,6 +192,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     cached = sum(1 for job in jobs if job.get("cache"))
     counts = f"{len(jobs)} job{'s' * (len(jobs) != 1)}" + (f", {cached} cached" if cached else "")
     out = [f"Plan for {plan.get('workflow')}: {counts}"]
+    if plan.get("help"):
+        out.append(f"  {plan['help']}")
     for number, job in enumerate(jobs, 1):
         out += ["", f"{number}. {job['name']} ({job.get('provider', '?')})"]
         waits = _waits(job)

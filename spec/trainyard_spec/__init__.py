@@ -7,16 +7,24 @@ A provider plugin needs only what is exported here::
 
 Modules, each importing only the ones before it: ``schema`` (the keys of a
 workflow, resource sizes, errors), ``providers`` (the SDK, the built-in
-providers and the plugin registry), ``workflows`` (loading a whole file) and
-``planning`` (the jobs of a run, in dependency order).
+providers and the plugin registry), ``workflows`` (loading the workflows files), ``variables`` (the variables
+file) and ``planning`` (the jobs of a run, in dependency order).
 """
 
 from __future__ import annotations
 
-from .planning import RunPlan, resolve_run_plan
+from .planning import RunPlan, inherited_env_names, resolve_run_plan, run_workflows
 from .providers import JobPlan, Provider, ProviderError, ProviderNotFound, get_provider, job_plan, plugin_names
 from .schema import ResourceSpec, Workflow, WorkflowError, WorkflowFileError
-from .workflows import WorkflowsFile, find_workflows_file, load_workflows_file
+from .variables import Variables, find_variables_file, load_variables
+from .workflows import (
+    Source,
+    WorkflowsFile,
+    find_workflows_file,
+    find_workflows_files,
+    load_workflows,
+    load_workflows_file,
+)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -26,14 +34,22 @@ __all__ = [
     "ProviderNotFound",
     "ResourceSpec",
     "RunPlan",
+    "Source",
+    "Variables",
     "Workflow",
     "WorkflowError",
     "WorkflowFileError",
     "WorkflowsFile",
+    "find_variables_file",
     "find_workflows_file",
+    "find_workflows_files",
     "get_provider",
+    "inherited_env_names",
     "job_plan",
+    "load_variables",
+    "load_workflows",
     "load_workflows_file",
     "plugin_names",
     "resolve_run_plan",
+    "run_workflows",
 ]

@@ -1,22 +1,33 @@
 """The plan of a run: every job, in dependency order (``resolve_run_plan``).
 
 Shared by the CLI (plans before anything is uploaded) and the server (plans
-again on submit), so nothing here prints or touches a terminal.
+again on submit), so nothing here prints or touches a terminal. Everything a
+plan depends on besides the files is an argument (the ``-e`` overrides, the
+values of bare ``env`` names taken from the submitting shell, the run's
+``-- args`` and the variables): the server never reads its own environment.
+
+``NOT_BUILT_YET`` is the one table of keys that parse and are carried on the
+job plan but that the runner does not build yet: a run that uses one is
+refused here, naming the key; other workflows of the same files run.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .providers import RUNNER_PROVIDERS, JobPlan, ProviderError, get_provider
-from .schema import NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileError
+from .schema import DEV_ENVIRONMENT_PROVIDERS, NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileError
 from .workflows import WorkflowsFile
 
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+_VARIABLE = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_-]*)")
 ON_INTERRUPTION = ("restart_group", "job")
+_Loc = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -30,29 +41,47 @@ class RunPlan:
         return next(job for job in self.jobs if job.name == name)
 
 
-def resolve_run_plan(file: WorkflowsFile, workflow: str, *, env_overrides: dict[str, str]) -> RunPlan:
+def resolve_run_plan(
+    file: WorkflowsFile,
+    workflow: str,
+    *,
+    env_overrides: Mapping[str, str],
+    inherited_env: Mapping[str, str] | None = None,
+    run_args: Sequence[str] = (),
+    variables: Mapping[str, Mapping[str, str]] | None = None,
+) -> RunPlan:
     """The plan of a run of ``workflow``; WorkflowFileError (file:line:key)
     for anything that keeps it from running.
+
+    ``inherited_env``: the values of bare ``env`` names (``env: [HF_TOKEN]``),
+    taken from the submitting shell by the CLI. ``run_args``: what follows
+    ``--`` on the command line, for ``${{ run.args }}``. ``variables``: per
+    workflow name, ``${{ variables.NAME }}`` values (``-e NAME=…`` wins).
 
     1. the run's workflows: ``workflow`` and, recursively, those it names in
        ``deps: - workflow:``, dependencies first (a cycle or a missing
        workflow is an error);
-    2. keys not supported yet are refused, for all of them at once;
-    3. each workflow's provider makes its jobs; every job of a workflow then
+    2. keys not supported yet (``NOT_BUILT_YET``) are refused, for all of
+       them at once;
+    3. each workflow's bare env names get their inherited values and its
+       commands' ``${{ run.args }}`` / ``${{ variables.NAME }}`` are
+       replaced (an unset name or undefined variable is an error);
+    4. each workflow's provider makes its jobs; every job of a workflow then
        ``needs`` every job of each workflow it depends on, gets the
        workflow's tag and run deps, and the env overrides (``-e``) on top of
        its env: they apply to every job of the run;
-    4. job names must be unique in the run; jobs are ordered dependencies first.
+    5. job names must be unique in the run; jobs are ordered dependencies first.
     """
     order = _workflow_order(file, file.get(workflow))
     unsupported = [e for wf in order for e in _unsupported(file, wf)]
     if unsupported:
         raise WorkflowFileError(sorted(unsupported, key=lambda e: e.line or 0))
     overrides = {str(k): str(v) for k, v in env_overrides.items()}
+    inputs = _Inputs(overrides, dict(inherited_env or {}), list(run_args), variables or {})
     jobs_of: dict[str, list[JobPlan]] = {}
     taken: dict[str, str] = {}
     for wf in order:
-        jobs = _plan_workflow(file, wf, overrides)
+        jobs = _plan_workflow(file, wf, _resolved(file, wf, inputs), overrides)
         for job in jobs:
             if job.name in taken:
                 raise WorkflowFileError(
@@ -80,7 +109,70 @@ def resolve_run_plan(file: WorkflowsFile, workflow: str, *, env_overrides: dict[
     return RunPlan(workflow=workflow, jobs=[job for wf in order for job in jobs_of[wf.name]])
 
 
+def run_workflows(file: WorkflowsFile, workflow: str) -> list[Workflow]:
+    """The workflows a run of ``workflow`` has, dependencies first."""
+    return _workflow_order(file, file.get(workflow))
+
+
+def inherited_env_names(file: WorkflowsFile, workflow: str) -> list[str]:
+    """The bare ``env`` names of a run's workflows: what the CLI takes from its shell."""
+    return _unique(name for wf in run_workflows(file, workflow) for name in wf.inherited_env)
+
+
 # ---------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    overrides: dict[str, str]
+    inherited: dict[str, str]
+    run_args: list[str]
+    variables: Mapping[str, Mapping[str, str]]
+
+
+def _resolved(file: WorkflowsFile, wf: Workflow, inputs: _Inputs) -> Workflow:
+    """``wf`` with its bare env names filled in and its commands' ``${{ … }}``
+    replaced (errors at the env item or command that cannot be)."""
+    errors: list[WorkflowError] = []
+    env: dict[str, str] = {}
+    for name, value in wf.env.items():
+        if value is None and name not in inputs.inherited and name not in inputs.overrides:
+            message = f"'{name}' takes its value from the shell that runs trainyard, where it is not set"
+            errors.append(file.error(wf, file.env_key(wf, name), message))
+        env[name] = inputs.inherited.get(name, "") if value is None else value
+    values = {**inputs.variables.get(wf.name, {}), **inputs.overrides}
+    commands = [_substitute(file, wf, i, c, inputs.run_args, values, errors) for i, c in enumerate(wf.commands or [])]
+    if errors:
+        raise WorkflowFileError(errors)
+    return wf.model_copy(update={"env": env, "commands": commands if wf.commands is not None else None})
+
+
+def _substitute(
+    file: WorkflowsFile,
+    wf: Workflow,
+    index: int,
+    command: str,
+    run_args: list[str],
+    values: Mapping[str, str],
+    errors: list[WorkflowError],
+) -> str:
+    def one(match: re.Match[str]) -> str:
+        expression = match.group(1)
+        if expression == "run.args":
+            return shlex.join(run_args)
+        variable = _VARIABLE.fullmatch(expression)
+        if variable and variable.group(1) in values:
+            return values[variable.group(1)]
+        message = (
+            f"undefined variable '{variable.group(1)}': define it in .trainyard/variables.yaml or pass -e "
+            f"{variable.group(1)}=VALUE"
+            if variable
+            else f"unknown expression '${{{{ {expression} }}}}'; known: ${{{{ run.args }}}}, ${{{{ variables.NAME }}}}"
+        )
+        errors.append(file.error(wf, ("commands", index), message))
+        return match.group(0)
+
+    return _EXPRESSION.sub(one, command)
 
 
 def _workflow_order(file: WorkflowsFile, root: Workflow) -> list[Workflow]:
@@ -108,8 +200,11 @@ def _workflow_order(file: WorkflowsFile, root: Workflow) -> list[Workflow]:
 
 def _workflow_deps(file: WorkflowsFile, wf: Workflow) -> Iterable[Workflow]:
     for index, dep in enumerate(wf.deps):
-        if dep.workflow is None:
+        if dep.workflow is None or "/" in dep.workflow:  # another repo's: NOT_BUILT_YET
             continue
+        if dep.workflow in file.broken:
+            message = f"workflow '{dep.workflow}' has errors, so this one cannot run"
+            raise WorkflowFileError([file.error(wf, ("deps", index, "workflow"), message), *file.broken[dep.workflow]])
         if dep.workflow not in file.workflows:
             try:
                 file.get(dep.workflow)
@@ -119,18 +214,23 @@ def _workflow_deps(file: WorkflowsFile, wf: Workflow) -> Iterable[Workflow]:
 
 
 def _unsupported(file: WorkflowsFile, wf: Workflow) -> list[WorkflowError]:
-    return [
+    keys = [
         file.error(wf, key, f"'{key}' is not supported yet; remove it from workflow '{wf.name}' to run it")
         for key in NOT_SUPPORTED_YET
         if getattr(wf, key) not in (None, [], {})
     ]
+    return keys + [
+        file.error(wf, loc, f"not supported yet: {what}") for where in NOT_BUILT_YET.values() for loc, what in where(wf)
+    ]
 
 
-def _plan_workflow(file: WorkflowsFile, wf: Workflow, overrides: dict[str, str]) -> list[JobPlan]:
-    """The provider's jobs of ``wf``, checked, with the overrides, in order."""
+def _plan_workflow(file: WorkflowsFile, wf: Workflow, resolved: Workflow, overrides: dict[str, str]) -> list[JobPlan]:
+    """The provider's jobs of ``resolved`` (``wf`` with its env and commands
+    resolved; errors are placed at ``wf``'s lines), checked, in order."""
     provider = get_provider(wf.provider)
+    env = {k: v for k, v in resolved.env.items() if v is not None}
     try:
-        jobs = provider.jobs(wf, env={**wf.env, **overrides}, options=file.options_of(wf.name))
+        jobs = provider.jobs(resolved, env={**env, **overrides}, options=file.options_of(wf.name))
     except ProviderError as e:
         raise WorkflowFileError([file.error(wf, "provider", str(e))]) from None
     except Exception as e:  # a plugin's bug is shown at the workflow, not as a server error
@@ -203,3 +303,54 @@ def _in_order(jobs: list[JobPlan]) -> list[JobPlan] | None:
 
 def _unique(items: Iterable[str | None]) -> list[str]:
     return list(dict.fromkeys(item for item in items if item))
+
+
+# ---------------------------------------------------------------- not built yet
+
+
+def _dev_environment(wf: Workflow) -> list[tuple[_Loc, str]]:
+    if wf.provider not in DEV_ENVIRONMENT_PROVIDERS:
+        return []
+    return [(("provider",), f"the {wf.provider} provider (a dev environment); bash, python and docker workflows run")]
+
+
+def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [(("ssh",), "ssh: true (an SSH server in the job)")] if wf.ssh else []
+
+
+def _mounts(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [
+        (("artifacts", i, "mount"), f"mount: true (artifact '{a.path}' mounted while the job runs)")
+        for i, a in enumerate(wf.artifacts)
+        if a.mount
+    ]
+
+
+def _port_count(wf: Workflow) -> list[tuple[_Loc, str]]:
+    count = wf.ports.count
+    return [(("ports",), f"ports: {count} (free ports as PORT_0…); list the port numbers instead")] if count else []
+
+
+def _cache(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [(("cache",), "cache (paths kept between runs)")] if wf.cache else []
+
+
+def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
+    return [
+        (("deps", i, "workflow"), f"a dependency on another repository's workflow ('{dep.workflow}')")
+        for i, dep in enumerate(wf.deps)
+        if dep.workflow and "/" in dep.workflow
+    ]
+
+
+# Keys that parse (dstack 0.x files) but are not built at run time yet, each
+# with where it is in a workflow and what it is: refused when a run uses the
+# workflow ("not supported yet: …"). Remove an entry when its feature is built.
+NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
+    "dev environments": _dev_environment,
+    "ssh": _ssh,
+    "artifact mounts": _mounts,
+    "port counts": _port_count,
+    "cache": _cache,
+    "other repositories' workflows": _other_repo,
+}

@@ -20,12 +20,20 @@ import functools
 import importlib.metadata
 import shlex
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from .schema import BUILTIN_PROVIDERS, PROVIDER_KEYS, ResourceSpec, Workflow, python_binary, resource_spec
+from .schema import (
+    BUILTIN_PROVIDERS,
+    DEV_ENVIRONMENT_PROVIDERS,
+    PROVIDER_KEYS,
+    ResourceSpec,
+    Workflow,
+    python_binary,
+    resource_spec,
+)
 
 ENTRY_POINT_GROUP = "trainyard.providers"
 # What a job plan's provider may be: what the runner knows how to execute.
@@ -67,6 +75,13 @@ class JobPlan:
     # checkpoints and the workers get the new master's address; "job" retries
     # this job alone. The planner sets it from ``Provider.on_interruption``.
     on_interruption: str = "restart_group"
+    # Parsed from dstack 0.x files and carried here for the runner; refused at
+    # plan time until the runner builds them (planning.NOT_BUILT_YET):
+    # ``ports: N`` (N free ports, PORT_0 … PORT_{N-1}), artifacts with
+    # ``mount: true`` and ``cache`` paths.
+    port_count: int = 0
+    mounts: list[str] = field(default_factory=list)
+    cache: list[str] = field(default_factory=list)
 
 
 class ProviderError(Exception):
@@ -127,8 +142,9 @@ def job_plan(
     """A JobPlan of ``wf`` with the workflow's artifacts, resources and ports,
     no dependencies, and ``fields`` (any other JobPlan field) on top."""
     defaults: dict[str, Any] = {
-        "artifacts": list(wf.artifacts), "resources": resource_spec(wf.resources), "ports": list(wf.ports),
-        "needs": [], "after_running": [], "tags": [], "runs": [],
+        "artifacts": wf.artifact_paths, "resources": resource_spec(wf.resources), "ports": list(wf.ports.numbers),
+        "needs": [], "after_running": [], "tags": [], "runs": [], "port_count": wf.ports.count,
+        "mounts": [a.path for a in wf.artifacts if a.mount], "cache": [c.path for c in wf.cache],
     }  # fmt: skip
     return JobPlan(
         name=name or wf.name,
@@ -220,8 +236,35 @@ def python_commands(*, script: str, requirements: str | None, version: str | Non
     ]
 
 
+class DevEnvironmentProvider(Provider, ABC):
+    """dstack 0.x's ``code``, ``lab`` and ``notebook``: accepted in a file
+    (``setup`` commands, ``python``), not built yet: planning refuses a run of
+    one before its jobs are asked for (planning.NOT_BUILT_YET)."""
+
+    workflow_keys = PROVIDER_KEYS["code"]
+
+    def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        raise ProviderError(f"not supported yet: the {self.name} provider (a dev environment)")
+
+
 _BUILTINS: dict[str, Provider] = {p.name: p for p in (BashProvider(), PythonProvider(), DockerProvider())}
 assert tuple(_BUILTINS) == BUILTIN_PROVIDERS
+
+
+class CodeProvider(DevEnvironmentProvider):
+    name = "code"
+
+
+class LabProvider(DevEnvironmentProvider):
+    name = "lab"
+
+
+class NotebookProvider(DevEnvironmentProvider):
+    name = "notebook"
+
+
+_BUILTINS |= {p.name: p for p in (CodeProvider(), LabProvider(), NotebookProvider())}
+assert tuple(_BUILTINS)[len(BUILTIN_PROVIDERS) :] == DEV_ENVIRONMENT_PROVIDERS
 
 
 # ---------------------------------------------------------------- helpers

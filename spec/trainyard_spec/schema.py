@@ -29,13 +29,16 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ._messages import describe
 from ._units import parse_duration, parse_size
 
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
+# dstack 0.x's dev-environment providers: accepted in a file, refused when a
+# run uses one (planning.NOT_BUILT_YET).
+DEV_ENVIRONMENT_PROVIDERS = ("code", "lab", "notebook")
 # checkpoint: synced by the runner on every backend and restored when a job
 # resumes (docs/decisions/0030-checkpoint-versions.md). Every key has its
 # behaviour now; the mechanism stays for the next new key.
@@ -102,6 +105,54 @@ def _env_value(value: object) -> str:
     raise PydanticCustomError(
         "env_value", "an env value must be a string, number or boolean, got {got}", {"got": describe(value)}
     )
+
+
+# A null in the mapping form (``KEY:`` with nothing) stays an error; only the
+# list form's bare KEY means "from the submitting shell".
+_NULL_VALUE = object()
+
+
+def _env_shorthand(value: object) -> object:
+    """dstack 0.x's list form: ``KEY=VALUE`` items, and bare ``KEY`` (None
+    here: the value is the submitting shell's, ``planning`` fills it in)."""
+    if isinstance(value, dict):
+        return {k: _NULL_VALUE if v is None else v for k, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    out: dict[str, object] = {}
+    for item in value:
+        if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(=.*)?", item, re.DOTALL):
+            raise PydanticCustomError(
+                "env_item", "an env list item is KEY=VALUE or a bare KEY, got {got}", {"got": describe(item)}
+            )
+        key, sep, text = item.partition("=")
+        if key in out:
+            raise PydanticCustomError("env_item", "'{key}' is in the env list twice", {"key": key})
+        out[key] = text if sep else None
+    return out
+
+
+def _env_value_or_inherited(value: object) -> str | None:
+    if value is None:
+        return None
+    return _env_value(None if value is _NULL_VALUE else value)
+
+
+def _dep_shorthand(value: object) -> object:
+    """``":name"`` is ``{tag: name}`` (dstack 0.x)."""
+    if isinstance(value, str):
+        if value.startswith(":") and len(value) > 1:
+            return {"tag": value[1:]}
+        raise PydanticCustomError(
+            "dep",
+            "a dependency is ':tag-name' or a mapping {workflow|tag|run: name}, got '{value}'",
+            {"value": value},
+        )
+    return value
+
+
+def _path_shorthand(value: object) -> object:
+    return {"path": value} if isinstance(value, str) else value
 
 
 def _relative_path(value: str) -> str:
@@ -180,6 +231,21 @@ def _region(value: str) -> str:
     return value
 
 
+def _ports_shorthand(value: object) -> object:
+    """``ports: 2`` (dstack 0.x) asks for that many free ports: kept as a count."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= 100:
+            raise PydanticCustomError(
+                "port_count", "a count of free ports is from 1 to 100, got {value}", {"value": value}
+            )
+        return {"count": value}
+    if isinstance(value, list):
+        return {"numbers": value}
+    raise PydanticCustomError(
+        "ports", "expected a list of port numbers or a count of free ports, got {got}", {"got": describe(value)}
+    )
+
+
 def _not_empty(value: list[str]) -> list[str]:
     if not value:
         raise PydanticCustomError("empty_list", "an empty list allows nothing: name at least one, or leave the key out")
@@ -224,9 +290,36 @@ class Resources(_Model):
     disk: _Size | None = None
     shm_size: _Size | None = None
     gpu: Annotated[GpuSpec | None, BeforeValidator(_gpu_shorthand)] = None
+    # dstack 0.x: interruptible is spot_policy spot (false: on-demand); local
+    # is backends [local, self-hosted] (false: no constraint).
+    interruptible: StrictBool | None = None
+    local: StrictBool | None = None
+
+
+class ArtifactSpec(_Model):
+    """An ``artifacts`` item: ``./model`` or ``{path: ./model, mount: true}``."""
+
+    path: _RelPath
+    mount: StrictBool = False
+
+
+class CacheSpec(_Model):
+    """A ``cache`` item: ``~/.cache/pip`` or ``{path: ./models}``."""
+
+    path: Annotated[_Str, Field(min_length=1)]
+
+
+class Ports(_Model):
+    """``ports``: a list of port numbers, or (dstack 0.x) a count of free ports."""
+
+    numbers: list[Annotated[int, BeforeValidator(_port)]] = Field(default_factory=list)
+    count: int = 0
 
 
 class Dep(_Model):
+    """``workflow``: a workflow of the run's files, or (dstack 0.x, not built
+    yet) ``owner/repo/name`` of another repository."""
+
     workflow: _Str | None = None
     tag: _Str | None = None
     run: _Str | None = None
@@ -265,10 +358,17 @@ class Workflow(_Model):
     requirements: _Str | None = None
     python: Annotated[_Str | None, BeforeValidator(_python_version), AfterValidator(_python_version_text)] = None
     image: _Str | None = None
-    env: dict[str, Annotated[str, BeforeValidator(_env_value)]] = Field(default_factory=dict)
-    ports: list[Annotated[int, BeforeValidator(_port)]] = Field(default_factory=list)
-    artifacts: list[_RelPath] = Field(default_factory=list)
-    deps: list[Dep] = Field(default_factory=list)
+    setup: list[_Str] | None = None
+    help: _Str | None = None
+    # None: a bare KEY of the list form, whose value the submitting shell gives.
+    env: Annotated[
+        dict[str, Annotated[str | None, BeforeValidator(_env_value_or_inherited)]], BeforeValidator(_env_shorthand)
+    ] = Field(default_factory=dict)
+    ports: Annotated[Ports, BeforeValidator(_ports_shorthand)] = Field(default_factory=Ports)
+    artifacts: list[Annotated[ArtifactSpec, BeforeValidator(_path_shorthand)]] = Field(default_factory=list)
+    cache: list[Annotated[CacheSpec, BeforeValidator(_path_shorthand)]] = Field(default_factory=list)
+    deps: list[Annotated[Dep, BeforeValidator(_dep_shorthand)]] = Field(default_factory=list)
+    ssh: StrictBool = False
     checkpoint: _RelPath | None = None
     resources: Resources = Field(default_factory=Resources)
     backends: Annotated[list[Annotated[_Str, AfterValidator(_backend_kind)]], AfterValidator(_not_empty)] | None = None
@@ -285,15 +385,29 @@ class Workflow(_Model):
         each job (keys left out: the defaults; a duration ``off`` is the
         string "off"). docs/RUNS.md, "Placement"."""
         values = {
-            "backends": self.backends,
+            "backends": self.backends or (["local", "self-hosted"] if self.resources.local else None),
             "regions": self.regions,
-            "spot_policy": self.spot_policy,
+            "spot_policy": self.spot_policy or _interruptible_policy(self.resources.interruptible),
             "max_price": self.max_price,
             "max_wait": self.max_wait,
             "idle_duration": self.idle_duration,
             "max_duration": self.max_duration,
         }
         return {k: v for k, v in values.items() if v is not None}
+
+    @property
+    def artifact_paths(self) -> list[str]:
+        """The paths uploaded when a job succeeds (mounted ones are not artifacts of the job)."""
+        return [a.path for a in self.artifacts if not a.mount]
+
+    @property
+    def inherited_env(self) -> list[str]:
+        """The bare ``KEY`` items of a list ``env``: values the submitting shell gives."""
+        return [k for k, v in self.env.items() if v is None]
+
+
+def _interruptible_policy(interruptible: bool | None) -> str | None:
+    return None if interruptible is None else ("spot" if interruptible else "on-demand")
 
 
 # The keys only some providers read; a plugin declares the ones it reads
@@ -302,6 +416,7 @@ PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "bash": frozenset({"commands", "python"}),
     "python": frozenset({"script", "requirements", "python"}),
     "docker": frozenset({"image", "commands"}),
+    **{name: frozenset({"setup", "python"}) for name in DEV_ENVIRONMENT_PROVIDERS},
 }
 PROVIDER_SPECIFIC_KEYS = frozenset().union(*PROVIDER_KEYS.values())
 

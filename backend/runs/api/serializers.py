@@ -39,12 +39,37 @@ class PlacementIn(serializers.Serializer):
 
 
 class RunCreateIn(serializers.Serializer):
+    """``workflows_files`` (every file, as the CLI sends them) or the older
+    single ``workflows_file``: exactly one of them."""
+
     workflow = serializers.CharField(max_length=200)
-    workflows_file = WorkflowsFileIn()
+    workflows_file = WorkflowsFileIn(required=False)
+    workflows_files = serializers.ListField(child=WorkflowsFileIn(), required=False, allow_empty=False, max_length=100)
     code = CodeIn()
     env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False, default=dict)
+    # Values of the bare env names (env: [HF_TOKEN]) from the submitting shell.
+    inherited_env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=dict
+    )
+    # trainyard run WORKFLOW -- ARGS: the value of ${{ run.args }}.
+    run_args = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False), required=False, default=list
+    )
+    # Per workflow name, the values of ${{ variables.NAME }} (-e NAME=… wins).
+    variables = serializers.DictField(
+        child=serializers.DictField(child=serializers.CharField(allow_blank=True, trim_whitespace=False)),
+        required=False,
+        default=dict,
+    )
     no_cache = serializers.BooleanField(required=False, default=False)
     placement = PlacementIn(required=False, default=dict)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("workflows_file" in attrs) == ("workflows_files" in attrs):
+            raise serializers.ValidationError("send workflows_files (a list of {path, text}) or workflows_file")
+        attrs["files"] = attrs.pop("workflows_files", None) or [attrs.pop("workflows_file")]
+        attrs.pop("workflows_file", None)
+        return attrs
 
 
 class PlanCodeIn(CodeIn):
@@ -87,6 +112,7 @@ class PlannedJobOut(serializers.Serializer):
 
 class RunPlanOut(serializers.Serializer):
     workflow = serializers.CharField()
+    help = serializers.CharField(allow_blank=True)  # the workflow's help: ("" without)
     jobs = PlannedJobOut(many=True)
 
 

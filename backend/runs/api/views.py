@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -30,7 +31,7 @@ from backend.runs.models import Run, Tag
 from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
 from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_identity_of, run_plan_preview
-from backend.runs.services.runs import CodeInput, run_create, run_rerun, run_stop
+from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
 MAX_LOG_PAGE = 10_000
@@ -71,8 +72,7 @@ class RunListView(WorkspaceAPIView):
             workspace=self.workspace,
             user=signed_in_user(request),
             workflow=v["workflow"],
-            workflows_file_path=v["workflows_file"]["path"],
-            workflows_file_text=v["workflows_file"]["text"],
+            inputs=_plan_inputs(v),
             code=CodeInput(
                 kind=code["kind"],
                 repo_url=code["repo_url"],
@@ -80,7 +80,6 @@ class RunListView(WorkspaceAPIView):
                 patch_blob=str(code["patch_blob"]) if code["patch_blob"] else None,
                 archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
             ),
-            env=v["env"],
             no_cache=v["no_cache"],
             placement=dict(v["placement"]),
         )
@@ -110,10 +109,8 @@ class RunPlanView(WorkspaceAPIView):
         plan = run_plan_preview(
             workspace=self.workspace,
             workflow=v["workflow"],
-            workflows_file_path=v["workflows_file"]["path"],
-            workflows_file_text=v["workflows_file"]["text"],
+            inputs=_plan_inputs(v),
             code_identity=identity,
-            env=v["env"],
             no_cache=v["no_cache"],
             placement=dict(v["placement"]),
         )
@@ -200,6 +197,16 @@ class BlobCreateView(WorkspaceAPIView):
         return Response(BlobOut(blob).data, status=201)
 
     parser_classes = [RawBodyParser]
+
+
+def _plan_inputs(v: dict[str, Any]) -> PlanInputs:
+    return plan_inputs(
+        files=v["files"],
+        env=v["env"],
+        inherited_env=v["inherited_env"],
+        run_args=v["run_args"],
+        variables=v["variables"],
+    )
 
 
 def _blob_sha(workspace: object, blob_id: object) -> str:

@@ -16,30 +16,29 @@ from backend.core.errors import ApplicationError
 from backend.runs.models import Job
 from backend.runs.services.dag import InputArtifact, cache_key, cacheable, cached_source, effective, run_artifacts
 from backend.runs.services.placement import offer_plan
-from backend.runs.services.runs import job_spec, placements_of, resolve_plan, resolve_refs
+from backend.runs.services.runs import PlanInputs, job_spec, load_files, placements_of, resolve_plan, resolve_refs
 
 
 def run_plan_preview(
     *,
     workspace: Workspace,
     workflow: str,
-    workflows_file_path: str,
-    workflows_file_text: str,
+    inputs: PlanInputs,
     code_identity: str,
-    env: dict[str, str],
     no_cache: bool,
     placement: dict[str, object] | None = None,
 ) -> dict[str, Any]:
-    plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
+    file = load_files(inputs.files)
+    plan = resolve_plan(file, workflow, inputs)
     refs = resolve_refs(workspace, plan)
-    placements = placements_of(workflows_file_path, workflows_file_text, placement or {})
+    placements = placements_of(file, placement or {})
     hits: dict[str, Job | None] = {}
     jobs = []
     for planned in plan.jobs:
-        inputs, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
+        needed, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
         hit = None
         if known and not no_cache and cacheable(spec=job_spec(planned), after_running=bool(planned.after_running)):
-            key = cache_key(spec=job_spec(planned), code=code_identity, inputs=inputs)
+            key = cache_key(spec=job_spec(planned), code=code_identity, inputs=needed)
             hit = cached_source(workspace_id=workspace.pk, key=key)
         hits[planned.name] = hit
         jobs.append(
@@ -61,7 +60,7 @@ def run_plan_preview(
                 ),
             }
         )
-    return {"workflow": plan.workflow, "jobs": jobs}
+    return {"workflow": plan.workflow, "help": file.get(workflow).help or "", "jobs": jobs}
 
 
 def code_identity_of(*, workspace: Workspace, kind: str, commit: str, patch_sha256: str, archive_sha256: str) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from django.db import connection, transaction
-from trainyard_spec import JobPlan, RunPlan, WorkflowFileError, load_workflows_file, resolve_run_plan
+from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, WorkflowsFile, load_workflows, resolve_run_plan
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob
@@ -30,26 +31,64 @@ class CodeInput:
     archive_blob: str | None = None
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a run's plan is made of besides the code: the workflows files and
+    the submitter's values (the server never reads its own environment for
+    them). ``inherited_env``: values of bare ``env`` names from the CLI's
+    shell; ``run_args``: ``trainyard run W -- ARGS``; ``variables``: per
+    workflow, the values of ``${{ variables.NAME }}``."""
+
+    files: tuple[Source, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    inherited_env: dict[str, str] = field(default_factory=dict)
+    run_args: tuple[str, ...] = ()
+    variables: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def plan_inputs(
+    *,
+    files: Sequence[Mapping[str, str]],
+    env: dict[str, str],
+    inherited_env: dict[str, str] | None = None,
+    run_args: Sequence[str] = (),
+    variables: dict[str, dict[str, str]] | None = None,
+) -> PlanInputs:
+    """PlanInputs from the API's (or a stored run's) plain values."""
+    return PlanInputs(
+        files=tuple(Source(f["path"], f["text"]) for f in files),
+        env=dict(env),
+        inherited_env=dict(inherited_env or {}),
+        run_args=tuple(run_args),
+        variables={k: dict(v) for k, v in (variables or {}).items()},
+    )
+
+
 def run_create(
     *,
     workspace: Workspace,
     user: User,
     workflow: str,
-    workflows_file_path: str,
-    workflows_file_text: str,
     code: CodeInput,
-    env: dict[str, str],
+    env: dict[str, str] | None = None,
+    workflows_file_path: str = "",
+    workflows_file_text: str = "",
+    inputs: PlanInputs | None = None,
     no_cache: bool = False,
     placement: dict[str, object] | None = None,
 ) -> Run:
-    """Validate the workflow file again (the CLI did too, but the API is
+    """Validate the workflows files again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
     run and its jobs and enqueue scheduling. Nothing is written when
-    anything is wrong. ``placement``: overrides of every workflow's
-    placement keys (the CLI's ``--backend``, ``--region``, …)."""
-    plan = resolve_plan(workflows_file_path, workflows_file_text, workflow, env)
-    retries = _retry_policies(workflows_file_path, workflows_file_text)
-    placements = placements_of(workflows_file_path, workflows_file_text, placement or {})
+    anything is wrong. ``inputs``: the files and values the plan is made
+    of (without: the one file ``workflows_file_path``/``_text`` and ``env``).
+    ``placement``: overrides of every workflow's placement keys (the CLI's
+    ``--backend``, ``--region``, …)."""
+    inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
+    file = load_files(inputs.files)
+    plan = resolve_plan(file, workflow, inputs)
+    retries = _retry_policies(file)
+    placements = placements_of(file, placement or {})
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
@@ -65,9 +104,14 @@ def run_create(
             commit=code.commit,
             patch_blob=patch,
             archive_blob=archive,
-            workflows_file_path=workflows_file_path,
-            workflows_file_text=workflows_file_text,
-            env_overrides=env,
+            # The first file, for what shows one; workflows_files has them all.
+            workflows_file_path=inputs.files[0].path,
+            workflows_file_text=inputs.files[0].text,
+            workflows_files=[{"path": f.path, "text": f.text} for f in inputs.files],
+            env_overrides=inputs.env,
+            inherited_env=inputs.inherited_env,
+            run_args=list(inputs.run_args),
+            variables=inputs.variables,
             placement_overrides=placement or {},
             no_cache=no_cache,
             status_reason="waiting for a runner",
@@ -78,13 +122,19 @@ def run_create(
 
 
 def run_rerun(*, run: Run, user: User) -> Run:
-    """A new run of the same workflow, code, workflow file and env overrides."""
+    """A new run of the same workflow, code, workflows files and submitted values."""
     return run_create(
         workspace=run.workspace,
         user=user,
         workflow=run.workflow,
-        workflows_file_path=run.workflows_file_path,
-        workflows_file_text=run.workflows_file_text,
+        inputs=plan_inputs(
+            # A run from before workflows_files (migration 0010) has its one file only.
+            files=run.workflows_files or [{"path": run.workflows_file_path, "text": run.workflows_file_text}],
+            env=dict(run.env_overrides),
+            inherited_env=dict(run.inherited_env),
+            run_args=list(run.run_args),
+            variables=dict(run.variables),
+        ),
         code=CodeInput(
             kind=run.code_kind,
             repo_url=run.repo_url,
@@ -92,7 +142,6 @@ def run_rerun(*, run: Run, user: User) -> Run:
             patch_blob=str(run.patch_blob_id) if run.patch_blob_id else None,
             archive_blob=str(run.archive_blob_id) if run.archive_blob_id else None,
         ),
-        env=dict(run.env_overrides),
         no_cache=run.no_cache,
         placement=dict(run.placement_overrides),
     )
@@ -118,13 +167,31 @@ def _send_cancels(run_id: str) -> None:
         job_send_cancel(job=job)
 
 
-def resolve_plan(path: str, text: str, workflow: str, env: dict[str, str]) -> RunPlan:
+def load_files(files: Sequence[Source]) -> WorkflowsFile:
+    """The workflows of ``files``; ApplicationError with file:line:key errors
+    if a file is unusable (a broken workflow only fails a run of it)."""
     try:
-        file = load_workflows_file(text, path=path)
-        return resolve_run_plan(file, workflow, env_overrides=env)
+        return load_workflows(files)
     except WorkflowFileError as exc:
-        errors = [dataclasses.asdict(e) for e in exc.errors]
-        raise ApplicationError(str(exc), extra={"errors": errors}) from None
+        raise _file_errors(exc) from None
+
+
+def resolve_plan(file: WorkflowsFile, workflow: str, inputs: PlanInputs) -> RunPlan:
+    try:
+        return resolve_run_plan(
+            file,
+            workflow,
+            env_overrides=inputs.env,
+            inherited_env=inputs.inherited_env,
+            run_args=inputs.run_args,
+            variables=inputs.variables,
+        )
+    except WorkflowFileError as exc:
+        raise _file_errors(exc) from None
+
+
+def _file_errors(exc: WorkflowFileError) -> ApplicationError:
+    return ApplicationError(str(exc), extra={"errors": [dataclasses.asdict(e) for e in exc.errors]})
 
 
 def resolve_refs(workspace: Workspace, plan: RunPlan) -> dict[str, list[dict[str, str]]]:
@@ -207,16 +274,14 @@ def _repo(workspace: Workspace, url: str) -> Repo:
     return repo_get_or_create(workspace=workspace, url=url)
 
 
-def _retry_policies(path: str, text: str) -> dict[str, dict[str, object]]:
+def _retry_policies(file: WorkflowsFile) -> dict[str, dict[str, object]]:
     """Each workflow's ``retry:`` as stored on its jobs ({}: the defaults)."""
-    file = load_workflows_file(text, path=path)  # already validated by resolve_plan
     return {name: wf.retry.policy() if wf.retry is not None else {} for name, wf in file.workflows.items()}
 
 
-def placements_of(path: str, text: str, overrides: dict[str, object]) -> dict[str, dict[str, object]]:
+def placements_of(file: WorkflowsFile, overrides: dict[str, object]) -> dict[str, dict[str, object]]:
     """Each workflow's placement keys (``Workflow.placement``) with the
     overrides on top, as stored on its jobs."""
-    file = load_workflows_file(text, path=path)  # already validated by resolve_plan
     return {name: {**wf.placement(), **overrides} for name, wf in file.workflows.items()}
 
 

@@ -1399,12 +1399,26 @@ export interface components {
          * @enum {string}
          */
         Role: "admin" | "member" | "viewer";
+        /**
+         * @description ``workflows_files`` (every file, as the CLI sends them) or the older
+         *     single ``workflows_file``: exactly one of them.
+         */
         RunCreateInRequest: {
             workflow: string;
-            workflows_file: components["schemas"]["WorkflowsFileInRequest"];
+            workflows_file?: components["schemas"]["WorkflowsFileInRequest"];
+            workflows_files?: components["schemas"]["WorkflowsFileInRequest"][];
             code: components["schemas"]["CodeInRequest"];
             env?: {
                 [key: string]: string;
+            };
+            inherited_env?: {
+                [key: string]: string;
+            };
+            run_args?: string[];
+            variables?: {
+                [key: string]: {
+                    [key: string]: string;
+                };
             };
             /** @default false */
             no_cache: boolean;
@@ -1444,12 +1458,26 @@ export interface components {
          * @enum {string}
          */
         RunOutStatusEnum: "pending" | "running" | "stopping" | "succeeded" | "failed" | "stopped";
+        /**
+         * @description ``workflows_files`` (every file, as the CLI sends them) or the older
+         *     single ``workflows_file``: exactly one of them.
+         */
         RunPlanInRequest: {
             workflow: string;
-            workflows_file: components["schemas"]["WorkflowsFileInRequest"];
+            workflows_file?: components["schemas"]["WorkflowsFileInRequest"];
+            workflows_files?: components["schemas"]["WorkflowsFileInRequest"][];
             code: components["schemas"]["PlanCodeInRequest"];
             env?: {
                 [key: string]: string;
+            };
+            inherited_env?: {
+                [key: string]: string;
+            };
+            run_args?: string[];
+            variables?: {
+                [key: string]: {
+                    [key: string]: string;
+                };
             };
             /** @default false */
             no_cache: boolean;
@@ -1457,6 +1485,7 @@ export interface components {
         };
         RunPlanOut: {
             workflow: string;
+            help: string;
             jobs: components["schemas"]["PlannedJobOut"][];
         };
         SecretInRequest: {

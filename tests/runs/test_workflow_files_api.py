@@ -1,0 +1,116 @@
+"""Runs of dstack 0.x-style repos through the API: several workflows files,
+bare env names whose values the CLI sends, ``-- args`` and variables; the
+server plans from what it is sent and never from its own environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backend.runs.models import Run
+from backend.runs.services.runs import run_rerun
+from tests.support.fixtures import Person
+
+BASE = "/api/v1/workspaces/acme"
+DATA = {
+    "path": ".dstack/workflows/data.yaml",
+    "text": "workflows:\n  - name: prepare\n    provider: bash\n    commands: [python prepare.py]\n"
+    "    artifacts: [./data]\n",
+}
+TRAIN = {
+    "path": ".dstack/workflows/train.yaml",
+    "text": "workflows:\n"
+    "  - name: train\n"
+    "    help: Trains the model\n"
+    "    provider: bash\n"
+    "    deps: [{workflow: prepare}]\n"
+    "    env: [HF_TOKEN, EPOCHS=3]\n"
+    "    commands: ['python train.py ${{ run.args }} --lr ${{ variables.lr }}']\n"
+    "  - name: broken\n"
+    "    provider: bash\n"
+    "    comands: [echo]\n",
+}
+CODE = {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "c" * 40}
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {
+        "workflow": "train",
+        "workflows_files": [DATA, TRAIN],
+        "code": CODE,
+        "inherited_env": {"HF_TOKEN": "hf_abc"},
+        "run_args": ["--epochs", "it's 3"],
+        "variables": {"train": {"lr": "0.1"}},
+        **fields,
+    }
+
+
+def test_a_run_is_planned_from_every_file_it_is_sent_and_keeps_them(owner: Person):
+    answer = owner.client().post(f"{BASE}/runs/", body(), format="json")
+    assert answer.status_code == 201, answer.json()
+    run = Run.objects.get(name=answer.json()["name"])
+    jobs = {job.name: job for job in run.jobs.all()}
+    assert sorted(jobs) == ["prepare", "train"]
+    assert jobs["train"].spec["env"] == {"HF_TOKEN": "hf_abc", "EPOCHS": "3"}
+    assert jobs["train"].spec["commands"] == ["python train.py --epochs 'it'\"'\"'s 3' --lr 0.1"]
+    assert [job.name for job in jobs["train"].needs.all()] == ["prepare"]
+    assert (run.workflows_files, run.inherited_env, run.run_args, run.variables) == (
+        [DATA, TRAIN],
+        {"HF_TOKEN": "hf_abc"},
+        ["--epochs", "it's 3"],
+        {"train": {"lr": "0.1"}},
+    )
+    assert (run.workflows_file_path, run.workflows_file_text) == (DATA["path"], DATA["text"])
+
+
+def test_a_rerun_plans_from_the_same_files_and_values(owner: Person):
+    answer = owner.client().post(f"{BASE}/runs/", body(), format="json")
+    again = run_rerun(run=Run.objects.get(name=answer.json()["name"]), user=owner.user)
+    assert again.jobs.get(name="train").spec["commands"] == ["python train.py --epochs 'it'\"'\"'s 3' --lr 0.1"]
+
+
+def test_the_server_never_takes_a_bare_env_name_from_its_own_environment(
+    owner: Person, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("HF_TOKEN", "the-servers-own")
+    answer = owner.client().post(f"{BASE}/runs/", body(inherited_env={}), format="json")
+    assert answer.status_code == 400
+    assert answer.json()["extra"]["errors"] == [
+        {
+            "file": ".dstack/workflows/train.yaml",
+            "line": 6,
+            "key": "workflows[0] (train).env[0]",
+            "message": "'HF_TOKEN' takes its value from the shell that runs trainyard, where it is not set",
+        }
+    ]
+    assert Run.objects.count() == 0
+
+
+def test_running_the_broken_workflow_is_refused_with_its_errors(owner: Person):
+    answer = owner.client().post(f"{BASE}/runs/", body(workflow="broken"), format="json")
+    assert answer.status_code == 400
+    assert [e["message"] for e in answer.json()["extra"]["errors"]] == [
+        "unknown key 'comands'; did you mean 'commands'?"
+    ]
+
+
+def test_the_plan_has_the_workflows_help(owner: Person):
+    answer = owner.client().post(f"{BASE}/runs/plan/", body(code={**CODE, "patch_sha256": "0" * 64}), format="json")
+    assert answer.status_code == 200, answer.json()
+    plan = answer.json()
+    assert (plan["help"], [job["name"] for job in plan["jobs"]]) == ("Trains the model", ["prepare", "train"])
+
+
+def test_the_single_file_form_still_works(owner: Person):
+    single = {"workflow": "prepare", "workflows_file": DATA, "code": CODE}
+    answer = owner.client().post(f"{BASE}/runs/", single, format="json")
+    assert answer.status_code == 201, answer.json()
+    assert Run.objects.get().workflows_files == [DATA]
+
+
+@pytest.mark.parametrize("files", [{}, {"workflows_file": DATA, "workflows_files": [DATA]}])
+def test_exactly_one_of_the_file_forms_is_required(owner: Person, files: dict[str, Any]):
+    answer = owner.client().post(f"{BASE}/runs/", {"workflow": "prepare", "code": CODE, **files}, format="json")
+    assert answer.status_code == 400
+    assert Run.objects.count() == 0
