@@ -52,6 +52,7 @@ from .output import (
     input_lines,
     offer_rows,
     plan_lines,
+    port_lines,
     print_table,
     resources,
     size,
@@ -369,6 +370,9 @@ def show(run_name: str, as_json: bool) -> None:
     notes = [f"  {j['name']}: {j['placement_note']}" for j in current.get("jobs") or [] if j.get("placement_note")]
     if notes:
         click.echo("\n".join(["", "Placement:", *notes]))
+    ports = port_lines(current)
+    if ports:
+        click.echo("\n".join(["", "Ports:", *ports]))
     inputs = input_lines(current)
     if inputs:
         click.echo("\n".join(["", "Inputs:", *inputs]))

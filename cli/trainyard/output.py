@@ -356,6 +356,18 @@ class AttemptMarks:
         return f"--- attempt {attempt['number']} ended: {attempt.get('reason') or 'unknown'}{message} ---"
 
 
+def port_lines(run: Mapping[str, Any]) -> list[str]:
+    """``  serve: port 41234 on local-1a2b3c4d`` for every port of a job that
+    is running or about to (where to reach it: that machine)."""
+    lines = []
+    for job in run.get("jobs") or []:
+        if job.get("status") not in ("assigned", "running"):
+            continue
+        where = f" on {job['instance']}" if job.get("instance") else ""
+        lines += [f"  {job['name']}: port {port}{where}" for port in job.get("ports") or []]
+    return lines
+
+
 def input_lines(run: Mapping[str, Any]) -> list[str]:
     """``  <job>  <path> from <source>`` for every input of every job."""
     return [

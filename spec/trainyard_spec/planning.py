@@ -318,23 +318,6 @@ def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
     return [(("ssh",), "ssh: true (an SSH server in the job)")] if wf.ssh else []
 
 
-def _mounts(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [
-        (("artifacts", i, "mount"), f"mount: true (artifact '{a.path}' mounted while the job runs)")
-        for i, a in enumerate(wf.artifacts)
-        if a.mount
-    ]
-
-
-def _port_count(wf: Workflow) -> list[tuple[_Loc, str]]:
-    count = wf.ports.count
-    return [(("ports",), f"ports: {count} (free ports as PORT_0…); list the port numbers instead")] if count else []
-
-
-def _cache(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [(("cache",), "cache (paths kept between runs)")] if wf.cache else []
-
-
 def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
     return [
         (("deps", i, "workflow"), f"a dependency on another repository's workflow ('{dep.workflow}')")
@@ -349,8 +332,5 @@ def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
 NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
     "dev environments": _dev_environment,
     "ssh": _ssh,
-    "artifact mounts": _mounts,
-    "port counts": _port_count,
-    "cache": _cache,
     "other repositories' workflows": _other_repo,
 }

@@ -182,10 +182,13 @@ class BashProvider(Provider):
         setup: list[str] = []
         if wf.python:
             binary = python_binary(wf.python)
+            # The interpreter itself, not what is on PATH under its name: a
+            # pyenv shim linked as "python" runs pyenv's default version.
+            real = f"$({binary} -c 'import sys; print(sys.executable)')"
             setup = [
                 _python_check(binary),
-                f'mkdir -p .trainyard-bin && ln -sf "$(command -v {binary})" '
-                f'.trainyard-bin/python && ln -sf "$(command -v {binary})" .trainyard-bin/python3',
+                f'mkdir -p .trainyard-bin && ln -sf "{real}" .trainyard-bin/python'
+                f' && ln -sf "{real}" .trainyard-bin/python3',
                 'export PATH="$PWD/.trainyard-bin:$PATH"',
             ]
         return [job_plan(wf, commands=[*setup, *(wf.commands or [])], env=env)]
@@ -272,8 +275,9 @@ assert tuple(_BUILTINS)[len(BUILTIN_PROVIDERS) :] == DEV_ENVIRONMENT_PROVIDERS
 
 def _python_check(binary: str) -> str:
     version = binary.removeprefix("python")
+    # Run, not just found: a pyenv shim is on PATH for versions it cannot run.
     return (
-        f"command -v {binary} >/dev/null || "
+        f"{binary} -c '' 2>/dev/null || "
         f'{{ echo "python {version} is not installed on this runner\'s machine" >&2; exit 127; }}'
     )
 

@@ -397,8 +397,9 @@ class Workflow(_Model):
 
     @property
     def artifact_paths(self) -> list[str]:
-        """The paths uploaded when a job succeeds (mounted ones are not artifacts of the job)."""
-        return [a.path for a in self.artifacts if not a.mount]
+        """The paths uploaded when a job succeeds (the mounted ones too: they
+        are also uploaded while it runs)."""
+        return [a.path for a in self.artifacts]
 
     @property
     def inherited_env(self) -> list[str]:

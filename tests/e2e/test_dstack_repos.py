@@ -5,9 +5,14 @@ next to a dev environment and a broken workflow that are not run."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
-from tests.e2e.conftest import User, commit_all
+from tests.e2e.conftest import User, commit_all, run_name_of
 
 DATA = """\
 workflows:
@@ -86,3 +91,142 @@ def test_without_the_shell_value_nothing_is_submitted(alice: User, repo: Path) -
         ".dstack/workflows/train.yaml:9: workflows[0] (dstack-train).env[0]: 'DSTACK_E2E_SETTING' takes its "
         "value from the shell that runs trainyard, where it is not set\n"
     )
+
+
+SERVE = """\
+workflows:
+  - name: dstack-serve
+    provider: bash
+    ports: 1
+    commands:
+      - echo "served on $PORT_0" > index.html
+      - python3 -m http.server "$PORT_0" --bind 127.0.0.1
+"""
+
+
+def _until(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def test_ports_1_gives_the_job_a_free_port_that_the_test_reaches(alice: User, repo: Path) -> None:
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(SERVE)
+    commit_all(repo, "a server on a port of its own")
+    name = run_name_of(alice.cli(repo, "run", "dstack-serve", "-d"))
+
+    job = _until("the job to run with its port", lambda: (j := alice.run(name)["jobs"][0])["ports"] and j, 60)
+    [port] = job["ports"]
+    page = _until("the page", lambda: _get(f"http://127.0.0.1:{port}/index.html"), 30)
+    assert page == f"served on {port}\n"
+    shown = alice.cli(repo, "show", name)
+    assert f"  dstack-serve: port {port} on {job['instance']}" in shown.stdout, shown.stdout
+
+    assert alice.cli(repo, "stop", name).returncode == 0
+    assert alice.wait(name, lambda r: r["status"] == "stopped", timeout=60)["status"] == "stopped"
+
+
+def _get(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return ""
+
+
+MOUNTED = """\
+workflows:
+  - name: dstack-mounted
+    provider: bash
+    artifacts:
+      - path: ./output
+        mount: true
+    commands:
+      - echo hello > output/hello.txt
+      - until [ -e "$CONTROL" ]; do sleep 0.2; done
+      - echo bye > output/bye.txt
+"""
+
+
+def test_a_mounted_artifact_can_be_browsed_while_the_job_runs(alice: User, repo: Path, tmp_path: Path) -> None:
+    """output/ exists before the commands (they write into it at once); its
+    live upload shows hello.txt while the job still runs; the final upload
+    has both files and replaces the live one."""
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(MOUNTED)
+    commit_all(repo, "a folder synced while the job runs")
+    control = tmp_path / "go-on"
+    name = run_name_of(alice.cli(repo, "run", "dstack-mounted", "-d", "-e", f"CONTROL={control}"))
+
+    def listed() -> list[str]:
+        answer = alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/runs/{name}/artifacts/")
+        return sorted(f["path"] for a in answer.json() if a["status"] == "complete" for f in a["files"])
+
+    live = _until("the live upload of output/", listed, 40)
+    assert live == ["hello.txt"]
+    assert alice.run(name)["status"] == "running", "seen while the job runs"
+
+    control.touch()
+    done = alice.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=60)
+    assert done["status"] == "succeeded", done
+    assert listed() == ["bye.txt", "hello.txt"]
+    answer = alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/runs/{name}/artifacts/").json()
+    assert len(answer) == 1, "one artifact: the final upload replaced the live one"
+
+
+CACHED = """\
+workflows:
+  - name: dstack-cached
+    provider: bash
+    cache:
+      - path: ./models
+    commands:
+      - 'if [ -f models/marker ]; then echo "cache hit: $(cat models/marker)"; else echo "cache miss"; fi'
+      - mkdir -p models && echo "from run $TRAINYARD_RUN_NAME" > models/marker
+"""
+
+
+def test_a_cache_saved_by_one_run_is_restored_in_the_next(alice: User, repo: Path) -> None:
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(CACHED)
+    commit_all(repo, "a cached folder")
+
+    first = alice.cli(repo, "run", "dstack-cached")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "cache miss\n"
+    first_name = alice.runs()[0]["name"]
+    second = alice.cli(repo, "run", "dstack-cached")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == f"cache hit: from run {first_name}\n"
+
+
+PY310 = """\
+workflows:
+  - name: dstack-py
+    provider: bash
+    python: 3.10
+    commands:
+      - python -c 'import sys; print("python %d.%d" % sys.version_info[:2])'
+"""
+
+
+def test_python_3_10_unquoted_selects_3_10_or_names_the_missing_interpreter(alice: User, repo: Path) -> None:
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(PY310)
+    commit_all(repo, "python: 3.10 as dstack files write it")
+    result = alice.cli(repo, "run", "dstack-py")
+    if _runs("python3.10"):
+        assert (result.returncode, result.stdout) == (0, "python 3.10\n"), result.stderr
+    else:
+        assert result.returncode != 0
+        assert "python 3.10 is not installed on this runner's machine" in result.stdout + result.stderr
+
+
+def _runs(binary: str) -> bool:
+    found = shutil.which(binary)
+    return found is not None and subprocess.run([found, "--version"], capture_output=True).returncode == 0

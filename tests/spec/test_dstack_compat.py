@@ -504,31 +504,25 @@ def test_port_counts_mounts_and_cache_are_carried_on_the_job_plan():
     file = load(LATE)
     serve, train = file.workflows["serve"], file.workflows["train"]
     assert (serve.ports.count, serve.ports.numbers) == (2, [])
-    assert train.artifact_paths == ["./checkpoints", "./logs"]
+    assert train.artifact_paths == ["./checkpoints", "./logs", "./data"]
     assert [c.path for c in train.cache] == ["~/.cache/pip", "./models"]
     job = resolve_run_plan(file, "plain", env_overrides={}).jobs[0]
     assert (job.ports, job.port_count, job.artifacts, job.mounts, job.cache) == ([8080], 0, ["./out"], [], [])
 
 
-def test_port_counts_mounts_and_cache_are_refused_when_run():
-    assert plan_errors(LATE, "serve") == [
-        f"{PATH}:4: workflows[0] (serve).ports: not supported yet: ports: 2 (free ports as PORT_0…); "
-        "list the port numbers instead"
-    ]
-    assert plan_errors(LATE, "train") == [
-        f"{PATH}:12: workflows[1] (train).artifacts[2].mount: not supported yet: mount: true "
-        "(artifact './data' mounted while the job runs)",
-        f"{PATH}:13: workflows[1] (train).cache: not supported yet: cache (paths kept between runs)",
-    ]
+def test_port_counts_mounts_and_cache_are_planned_on_the_jobs():
+    file = load(LATE)
+    [serve] = resolve_run_plan(file, "serve", env_overrides={}).jobs
+    [train] = resolve_run_plan(file, "train", env_overrides={}).jobs
+    assert (serve.ports, serve.port_count) == ([], 2)
+    assert (train.artifacts, train.mounts) == (["./checkpoints", "./logs", "./data"], ["./data"])
+    assert train.cache == ["~/.cache/pip", "./models"]
 
 
 def test_the_late_refusals_are_one_table():
     assert list(NOT_BUILT_YET) == [
         "dev environments",
         "ssh",
-        "artifact mounts",
-        "port counts",
-        "cache",
         "other repositories' workflows",
     ]
 

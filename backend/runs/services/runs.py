@@ -216,6 +216,9 @@ def job_spec(plan: JobPlan) -> dict[str, object]:
         # Only when set: a job without one keeps its cache key.
         **({"checkpoint": plan.checkpoint} if plan.checkpoint else {}),
         **({"on_interruption": plan.on_interruption} if plan.on_interruption != "restart_group" else {}),
+        **({"port_count": plan.port_count} if plan.port_count else {}),
+        **({"mounts": list(plan.mounts)} if plan.mounts else {}),
+        **({"cache": list(plan.cache)} if plan.cache else {}),
     }
 
 
