@@ -53,6 +53,8 @@ class Run(WorkspaceOwnedModel):
     )
     # The first workflows file (what a page shows); workflows_files: every
     # file the run was planned from, [{path, text}], sorted by path.
+    # The workflow's ``help:`` when the run was submitted (dstack 0.x), shown with the run.
+    help = models.CharField(max_length=1000, blank=True)
     workflows_file_path = models.CharField(max_length=300)
     workflows_file_text = models.TextField()
     workflows_files = models.JSONField(default=list, blank=True)

@@ -66,6 +66,7 @@ workflows:
 
   - name: resumable
     provider: bash
+    help: Survives the loss of its runner
     commands:
       - echo "attempt=$TRAINYARD_ATTEMPT"
       - if [ "$TRAINYARD_ATTEMPT" = 1 ]; then sleep $NAP & sleep $((NAP + 1)); fi
@@ -351,6 +352,7 @@ def test_the_run_page_shows_both_attempts_of_a_job_whose_runner_died(
     name = run_name_of(submitted)
     nav_to(page, "Runs")
     open_run(page, name)
+    expect(page.locator("header.run-header .run-help")).to_have_text("Survives the loss of its runner")
 
     # While its first attempt runs normally, the log has no marks and the table one row.
     log = page.get_by_role("log")

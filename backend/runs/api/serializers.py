@@ -276,6 +276,7 @@ class RunOut(serializers.ModelSerializer):
             "id",
             "name",
             "workflow",
+            "help",
             "status",
             "status_reason",
             "exit_code",

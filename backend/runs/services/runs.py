@@ -97,6 +97,7 @@ def run_create(
             workspace=workspace,
             name=run_name(number),
             workflow=workflow,
+            help=(file.get(workflow).help or "")[:1000],
             submitted_by=user,
             repo=_repo(workspace, code.repo_url) if code.kind == CodeKind.GIT else None,
             code_kind=code.kind,

@@ -1429,6 +1429,7 @@ export interface components {
             readonly id: string;
             readonly name: string;
             readonly workflow: string;
+            readonly help: string;
             readonly status: components["schemas"]["RunOutStatusEnum"];
             readonly status_reason: string;
             readonly exit_code: number | null;

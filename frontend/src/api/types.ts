@@ -130,6 +130,8 @@ export interface Run {
   id: string;
   name: string;
   workflow: string;
+  /** The workflow's `help:` when the run was submitted; "" without one. */
+  help?: string;
   status: RunStatus;
   status_reason: string;
   exit_code: number | null;

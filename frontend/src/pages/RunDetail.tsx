@@ -139,6 +139,7 @@ function RunHeader({ run, now, onChange }: { run: Run; now: number; onChange: (r
           {run.name} <StatusBadge status={run.status} />
         </h1>
         {run.status_reason ? <p className="status-reason">{run.status_reason}</p> : null}
+        {run.help ? <p className="run-help muted">{run.help}</p> : null}
         <dl className="facts">
           <Fact label="Workflow">{run.workflow}</Fact>
           <Fact label="Code">
