@@ -108,6 +108,8 @@ export interface Job {
   /** Ordered by number. */
   attempts: Attempt[];
   instance: string | null;
+  /** The ports the job listens on (``ports: N``: the ones its runner picked). */
+  ports?: number[];
   resources: Resources;
   created_at: string;
   started_at: string | null;

@@ -304,6 +304,14 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
         <Fact label="Exit code">{job.exit_code ?? "—"}</Fact>
         <Fact label="Resources">{resources.length ? resources.join(", ") : "any"}</Fact>
         <Fact label="Instance">{job.instance ?? "—"}</Fact>
+        {job.ports && job.ports.length && (job.status === "running" || job.status === "assigned") ? (
+          <Fact label="Ports">
+            <span className="mono" title={`reach them on ${job.instance ?? "its machine"}`}>
+              {job.ports.join(", ")}
+            </span>{" "}
+            <span className="muted">on {job.instance ?? "its machine"}</span>
+          </Fact>
+        ) : null}
         {job.provider ? <Fact label="Provider">{job.provider}</Fact> : null}
         <Fact label="Started">{job.started_at ? <span title={absoluteTime(job.started_at)}>{absoluteTime(job.started_at)}</span> : "—"}</Fact>
         <Fact label="Duration">{humanDuration(elapsedSeconds(job.started_at, job.finished_at, now))}</Fact>
