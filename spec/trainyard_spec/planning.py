@@ -95,7 +95,9 @@ def resolve_run_plan(
                     ]
                 )
             taken[job.name] = wf.name
-        needs = [job.name for dep in _unique(d.workflow for d in wf.deps if d.workflow) for job in jobs_of[dep]]
+        here = [d.workflow for d in wf.deps if d.workflow and "/" not in d.workflow]
+        elsewhere = _unique(d.workflow for d in wf.deps if d.workflow and "/" in d.workflow)
+        needs = [job.name for dep in _unique(here) for job in jobs_of[dep]]
         tags, runs = _unique(d.tag for d in wf.deps if d.tag), _unique(d.run for d in wf.deps if d.run)
         jobs_of[wf.name] = [
             replace(
@@ -103,6 +105,7 @@ def resolve_run_plan(
                 needs=_unique([*needs, *job.needs]),
                 tags=_unique([*job.tags, *tags]),
                 runs=_unique([*job.runs, *runs]),
+                repo_workflows=_unique([*job.repo_workflows, *elsewhere]),
             )
             for job in jobs
         ]
@@ -200,7 +203,7 @@ def _workflow_order(file: WorkflowsFile, root: Workflow) -> list[Workflow]:
 
 def _workflow_deps(file: WorkflowsFile, wf: Workflow) -> Iterable[Workflow]:
     for index, dep in enumerate(wf.deps):
-        if dep.workflow is None or "/" in dep.workflow:  # another repo's: NOT_BUILT_YET
+        if dep.workflow is None or "/" in dep.workflow:  # another repo's: its latest successful run (the server)
             continue
         if dep.workflow in file.broken:
             message = f"workflow '{dep.workflow}' has errors, so this one cannot run"
@@ -318,19 +321,10 @@ def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
     return [(("ssh",), "ssh: true (an SSH server in the job)")] if wf.ssh else []
 
 
-def _other_repo(wf: Workflow) -> list[tuple[_Loc, str]]:
-    return [
-        (("deps", i, "workflow"), f"a dependency on another repository's workflow ('{dep.workflow}')")
-        for i, dep in enumerate(wf.deps)
-        if dep.workflow and "/" in dep.workflow
-    ]
-
-
 # Keys that parse (dstack 0.x files) but are not built at run time yet, each
 # with where it is in a workflow and what it is: refused when a run uses the
 # workflow ("not supported yet: …"). Remove an entry when its feature is built.
 NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
     "dev environments": _dev_environment,
     "ssh": _ssh,
-    "other repositories' workflows": _other_repo,
 }

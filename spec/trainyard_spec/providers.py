@@ -75,10 +75,13 @@ class JobPlan:
     # checkpoints and the workers get the new master's address; "job" retries
     # this job alone. The planner sets it from ``Provider.on_interruption``.
     on_interruption: str = "restart_group"
-    # Parsed from dstack 0.x files and carried here for the runner; refused at
-    # plan time until the runner builds them (planning.NOT_BUILT_YET):
-    # ``ports: N`` (N free ports, PORT_0 … PORT_{N-1}), artifacts with
-    # ``mount: true`` and ``cache`` paths.
+    # ``deps: - workflow: owner/repo/name``: the artifacts of the latest
+    # successful run of that workflow of another repo of the workspace (the
+    # server resolves it at submission).
+    repo_workflows: list[str] = field(default_factory=list)
+    # From dstack 0.x files: ``ports: N`` (N free ports, PORT_0 … PORT_{N-1}),
+    # artifacts with ``mount: true`` (also uploaded while the job runs) and
+    # ``cache`` paths (restored before, saved after).
     port_count: int = 0
     mounts: list[str] = field(default_factory=list)
     cache: list[str] = field(default_factory=list)

@@ -114,3 +114,55 @@ def test_exactly_one_of_the_file_forms_is_required(owner: Person, files: dict[st
     answer = owner.client().post(f"{BASE}/runs/", {"workflow": "prepare", "code": CODE, **files}, format="json")
     assert answer.status_code == 400
     assert Run.objects.count() == 0
+
+
+def _datasets_run(team: Any, owner: Person, status: str) -> Run:
+    """A run of workflow ``prepare`` from the workspace's repo acme/datasets, ended ``status``."""
+    from backend.runs.services.runs import CodeInput, run_create
+
+    text = "workflows:\n  - name: prepare\n    provider: bash\n    commands: [x]\n    artifacts: [./data]\n"
+    run = run_create(
+        workspace=team,
+        user=owner.user,
+        workflow="prepare",
+        workflows_file_path=".dstack/workflows.yaml",
+        workflows_file_text=text,
+        code=CodeInput(kind="git", repo_url="git@github.com:acme/datasets.git", commit="d" * 40),
+        env={},
+    )
+    Run.objects.filter(pk=run.pk).update(status=status)
+    return run
+
+
+OTHER = {
+    "path": ".dstack/workflows.yaml",
+    "text": "workflows:\n  - name: train\n    provider: bash\n    deps: [{workflow: acme/datasets/prepare}]\n"
+    "    commands: [python train.py]\n",
+}
+
+
+def test_a_dependency_on_another_repos_workflow_takes_its_latest_successful_run(team: Any, owner: Person) -> None:
+    """dstack 0.x's ``deps: - workflow: owner/repo/name``: the repo must be
+    one the workspace ran from, and its latest successful run of the
+    workflow is the input (its artifacts), fixed at submission."""
+    client = owner.client()
+    post = {"workflow": "train", "workflows_files": [OTHER], "code": CODE}
+
+    missing = client.post(f"{BASE}/runs/", post, format="json")
+    assert missing.status_code == 400
+    assert missing.json()["message"].startswith(
+        "deps: workflow 'acme/datasets/prepare': no repository 'acme/datasets' is connected to this workspace"
+    ), missing.json()
+
+    _datasets_run(team, owner, "failed")
+    unfinished = client.post(f"{BASE}/runs/", post, format="json")
+    assert unfinished.status_code == 400
+    assert "acme/datasets has no successful run of 'prepare' in this workspace yet" in unfinished.json()["message"]
+
+    good = _datasets_run(team, owner, "succeeded")
+    created = client.post(f"{BASE}/runs/", post, format="json")
+    assert created.status_code == 201, created.json()
+    job = Run.objects.get(name=created.json()["name"]).jobs.get()
+    assert job.input_refs == [
+        {"kind": "workflow", "name": "acme/datasets/prepare", "run_id": str(good.pk), "run_name": good.name}
+    ]

@@ -175,12 +175,10 @@ OTHER_REPO = """\
     """
 
 
-def test_another_repos_workflow_dep_parses_and_is_refused_when_run():
+def test_another_repos_workflow_dep_is_carried_for_the_server_to_resolve():
     assert plan(OTHER_REPO, "lint").jobs[0].name == "lint"
-    assert plan_errors(OTHER_REPO, "train") == [
-        f"{PATH}:5: workflows[0] (train).deps[0].workflow: not supported yet: a dependency on another "
-        "repository's workflow ('acme/datasets/prepare')"
-    ]
+    [train] = plan(OTHER_REPO, "train").jobs
+    assert (train.repo_workflows, train.needs) == (["acme/datasets/prepare"], [])
 
 
 # ------------------------------------------------------------ 5. interruptible, local
@@ -520,11 +518,7 @@ def test_port_counts_mounts_and_cache_are_planned_on_the_jobs():
 
 
 def test_the_late_refusals_are_one_table():
-    assert list(NOT_BUILT_YET) == [
-        "dev environments",
-        "ssh",
-        "other repositories' workflows",
-    ]
+    assert list(NOT_BUILT_YET) == ["dev environments", "ssh"]
 
 
 def test_a_bad_port_count_and_a_bad_port_are_errors_at_their_lines():

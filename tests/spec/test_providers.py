@@ -26,7 +26,9 @@ PATH = ".trainyard/workflows.yaml"
 NO_RESOURCES = ResourceSpec(
     cpu=None, memory_bytes=None, disk_bytes=None, shm_size_bytes=None, gpu_name=None, gpu_count=0, gpu_memory_bytes=None
 )
-CHECK_311 = 'python3.11 -c \'\' 2>/dev/null || { echo "python 3.11 is not installed on this runner\'s machine" >&2; exit 127; }'
+CHECK_311 = (
+    "python3.11 -c '' 2>/dev/null || { echo \"python 3.11 is not installed on this runner's machine\" >&2; exit 127; }"
+)
 
 
 def load(text: str):

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0010_run_workflows_files_and_plan_inputs'),
+        ("runs", "0010_run_workflows_files_and_plan_inputs"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='help',
+            model_name="run",
+            name="help",
             field=models.CharField(blank=True, max_length=1000),
         ),
     ]

@@ -63,9 +63,18 @@ def job_inputs(job: Job) -> list[InputArtifact]:
         source = effective(dep)
         inputs += [InputArtifact(a, f"job {dep.name}") for a in _complete(Artifact.objects.filter(job=source))]
     for ref in job.input_refs:
-        origin = f"tag {ref['name']} (run {ref['run_name']})" if ref["kind"] == "tag" else f"run {ref['name']}"
+        origin = ref_origin(ref)
         inputs += [InputArtifact(a, origin) for a in run_artifacts(run_id=ref["run_id"])]
     return inputs
+
+
+def ref_origin(ref: dict[str, str]) -> str:
+    """Where an input of ``deps: - tag/run/workflow owner/repo/name`` comes from, in words."""
+    if ref["kind"] == "tag":
+        return f"tag {ref['name']} (run {ref['run_name']})"
+    if ref["kind"] == "workflow":
+        return f"workflow {ref['name']} (run {ref['run_name']})"
+    return f"run {ref['name']}"
 
 
 def run_artifacts(*, run_id: UUID | str) -> list[Artifact]:

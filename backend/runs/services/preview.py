@@ -14,7 +14,15 @@ from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
 from backend.runs.models import Job
-from backend.runs.services.dag import InputArtifact, cache_key, cacheable, cached_source, effective, run_artifacts
+from backend.runs.services.dag import (
+    InputArtifact,
+    cache_key,
+    cacheable,
+    cached_source,
+    effective,
+    ref_origin,
+    run_artifacts,
+)
 from backend.runs.services.placement import offer_plan
 from backend.runs.services.runs import PlanInputs, job_spec, load_files, placements_of, resolve_plan, resolve_refs
 
@@ -89,7 +97,7 @@ def _inputs(
             inputs.append(InputArtifact(artifact, f"job {name}"))
             described.append({"path": artifact.path, "from": f"job {name} (cached from {source.run.name})"})
     for ref in refs:
-        origin = f"tag {ref['name']} (run {ref['run_name']})" if ref["kind"] == "tag" else f"run {ref['name']}"
+        origin = ref_origin(ref)
         for artifact in run_artifacts(run_id=ref["run_id"]):
             inputs.append(InputArtifact(artifact, origin))
             described.append({"path": artifact.path, "from": origin})

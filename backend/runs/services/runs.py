@@ -200,8 +200,44 @@ def resolve_refs(workspace: Workspace, plan: RunPlan) -> dict[str, list[dict[str
     moved later does not change what this run uses."""
     refs: dict[str, list[dict[str, str]]] = {}
     for job in plan.jobs:
-        refs[job.name] = [_tag_ref(workspace, t) for t in job.tags] + [_run_ref(workspace, r) for r in job.runs]
+        refs[job.name] = (
+            [_tag_ref(workspace, t) for t in job.tags]
+            + [_run_ref(workspace, r) for r in job.runs]
+            + [_repo_workflow_ref(workspace, w) for w in job.repo_workflows]
+        )
     return refs
+
+
+def _repo_workflow_ref(workspace: Workspace, ref: str) -> dict[str, str]:
+    """``owner/repo/name``: the latest successful run of workflow ``name``
+    from the workspace's repo ``owner/repo`` (dstack 0.x's other-repo deps)."""
+    repo_name, _, workflow = ref.rpartition("/")
+    repos = [r for r in Repo.objects.for_workspace(workspace) if _repo_path(r.url) == repo_name.lower()]
+    if not repos:
+        known = ", ".join(sorted({_repo_path(r.url) for r in Repo.objects.for_workspace(workspace)})[:10])
+        raise ApplicationError(
+            f"deps: workflow {ref!r}: no repository {repo_name!r} is connected to this workspace"
+            + (f" (connected: {known})" if known else "")
+            + f"; run a workflow from {repo_name} once (or connect it on the Repos page)"
+        )
+    run = (
+        Run.objects.for_workspace(workspace)
+        .filter(repo__in=repos, workflow=workflow, status=RunStatus.SUCCEEDED)
+        .order_by("-finished_at", "-created_at")
+        .first()
+    )
+    if run is None:
+        raise ApplicationError(
+            f"deps: workflow {ref!r}: {repo_name} has no successful run of {workflow!r} in this workspace yet."
+        )
+    return {"kind": "workflow", "name": ref, "run_id": str(run.pk), "run_name": run.name}
+
+
+def _repo_path(url: str) -> str:
+    """``owner/repo`` of a git URL (https://host/owner/repo.git, git@host:owner/repo)."""
+    path = url.rstrip("/").removesuffix(".git").split("://", 1)[-1]
+    path = path.split(":", 1)[-1] if "://" not in url and ":" in path else path.split("/", 1)[-1]
+    return "/".join(path.split("/")[-2:]).lower()
 
 
 def job_spec(plan: JobPlan) -> dict[str, object]:
