@@ -103,7 +103,7 @@ def _file_path(value: str) -> None:
 
 
 def _artifact_path(value: str) -> None:
-    problem = path_problem(value, dot_start=True)
+    problem = path_problem(value, dot_start=True, absolute_ok=True)
     if problem:
         raise serializers.ValidationError(f"{value!r} {problem}")
 

@@ -280,13 +280,16 @@ def _check_relative(path: str) -> None:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def path_problem(path: str, *, dot_start: bool = False) -> str:
+def path_problem(path: str, *, dot_start: bool = False, absolute_ok: bool = False) -> str:
     """Why ``path`` is not a file path inside an artifact ("" when it is):
     relative, "/"-separated, no empty, "." or ".." part, no backslash, drive
     letter, NUL or other control character. ``dot_start``: a leading "./"
-    is allowed (an artifact's own path, ``./output``)."""
+    is allowed (an artifact's own path, ``./output``); ``absolute_ok``: so
+    is a leading "/" (an artifact at an absolute path of the machine)."""
     if dot_start and path.startswith("./"):
         path = path[2:]
+    if absolute_ok and path.startswith("/"):
+        path = path[1:]
     if not path:
         return "is empty"
     if _CONTROL.search(path):

@@ -20,6 +20,7 @@ from .spot import NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher
 
 log = logging.getLogger("trainyard_runner")
 OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"
+ABSOLUTE_VAR = "TRAINYARD_RUNNER_ABSOLUTE_PATHS"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         power_off_after=args.power_off_after,
         cloud=identity,
         jobs_outlive_runner=args.jobs_outlive_runner,
+        absolute_paths=args.absolute_paths,
     )
     if args.cloud == "aws":
         agent.spot = SpotWatcher(
@@ -202,6 +204,13 @@ def _parser() -> argparse.ArgumentParser:
         default=env(OUTLIVE_VAR, "1").strip().lower() not in ("0", "false", "no", "off", ""),
         help="keep the jobs' commands running when this process dies or gets SIGTERM; a runner started on the"
         " same work dir re-attaches to them (default: on; the local backend turns it off) [" + OUTLIVE_VAR + "]",
+    )
+    p.add_argument(
+        "--absolute-paths",
+        action=argparse.BooleanOptionalAction,
+        default=env(ABSOLUTE_VAR, "1").strip().lower() not in ("0", "false", "no", "off", ""),
+        help="let jobs upload artifacts from, and restore inputs to, absolute paths of this machine (a conda env"
+        " folder); default: on; the local backend, on the server's own host, turns it off [" + ABSOLUTE_VAR + "]",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p

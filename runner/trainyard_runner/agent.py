@@ -82,6 +82,7 @@ class Agent:
         power_off_after: float = 0.0,
         cloud: p.CloudIdentity | None = None,
         jobs_outlive_runner: bool = False,
+        absolute_paths: bool = False,
     ) -> None:
         self.url = runner_ws_url(server_url)
         self._address = address  # empty: worked out on every connection (default_address)
@@ -92,6 +93,7 @@ class Agent:
         self._cloud = cloud
         self._drain_timeout = drain_timeout
         self._outlive = jobs_outlive_runner
+        self._absolute_paths = absolute_paths
         self._detach = False  # SIGTERM with jobs_outlive_runner: exit, leaving started jobs running
         self._jobs: dict[str, Job] = {}
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
@@ -411,6 +413,7 @@ class Agent:
             on_drain_stuck=self._end_session.set,
             drain_timeout=self._drain_timeout,
             outlive=self._outlive,
+            absolute_paths=self._absolute_paths,
             resumed=resumed,
         )
         self._jobs[job.id] = job

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import urljoin
 
 from .http import HttpError, post_json, put_file, same_origin
+from .inputs import ABSOLUTE_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,14 @@ class FileEntry:
     sha256: str
 
 
-def upload_artifacts(paths: list[str], *, work: Path, job: str, attempt: int, api_url: str, token: str) -> None:
-    """Upload every artifact path (relative to ``work``) of ``job``'s
+def upload_artifacts(
+    paths: list[str], *, work: Path, job: str, attempt: int, api_url: str, token: str, absolute_ok: bool = False
+) -> None:
+    """Upload every artifact path (relative to ``work``, or with
+    ``absolute_ok`` an absolute path of this machine) of ``job``'s
     ``attempt`` (the server refuses a stale attempt's). Missing paths are
     checked first, so nothing is uploaded for a job that will fail."""
-    roots = [_resolve(work, p) for p in paths]
+    roots = [_resolve(work, p, absolute_ok=absolute_ok) for p in paths]
     for path, root in zip(paths, roots, strict=True):
         _upload_one(path, root, job=job, attempt=attempt, api_url=api_url.rstrip("/"), token=token)
 
@@ -97,10 +101,15 @@ def manifest(root: Path) -> list[FileEntry]:
     return sorted(entries, key=lambda e: e.path)
 
 
-def _resolve(work: Path, path: str) -> Path:
-    root = (work / path).resolve()
-    if not root.is_relative_to(work.resolve()):
-        raise ArtifactError(f"artifact path {path} is outside the working directory")
+def _resolve(work: Path, path: str, *, absolute_ok: bool = False) -> Path:
+    if path.startswith("/"):
+        if not absolute_ok:
+            raise ArtifactError(f"artifact path {path} is outside the working directory: {ABSOLUTE_REFUSED}")
+        root = Path(path).resolve()
+    else:
+        root = (work / path).resolve()
+        if not root.is_relative_to(work.resolve()):
+            raise ArtifactError(f"artifact path {path} is outside the working directory")
     if not root.exists():
         raise ArtifactError(f"artifact path {path} was not created by the job")
     return root

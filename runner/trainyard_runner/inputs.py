@@ -32,6 +32,12 @@ from typing import BinaryIO
 from .http import HttpError, open_get
 from .protocol import InputArtifact, InputFile
 
+# Why a runner of the local backend refuses an absolute path (``--no-absolute-paths``).
+ABSOLUTE_REFUSED = (
+    "this runner takes no absolute paths (the local backend runs on the server's own host); run the job on a"
+    " cloud or self-hosted machine"
+)
+
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3  # failed attempts in a row before giving up (as for artifact uploads)
@@ -66,15 +72,20 @@ class PlannedFile:
     artifact: str = ""  # InputArtifact.path
 
 
-def plan(inputs: list[InputArtifact], work: Path) -> list[PlannedFile]:
+def plan(inputs: list[InputArtifact], work: Path, *, absolute_ok: bool = False) -> list[PlannedFile]:
     """Where every file goes; refuses any path that leaves ``work`` (``..``,
-    absolute paths, symlinks in the code that point outside)."""
-    root = work.resolve()
+    symlinks in the code that point outside), and an artifact at an absolute
+    path (restored at that same path) unless ``absolute_ok``."""
     planned = []
     for artifact in inputs:
+        absolute = artifact.path.startswith("/")
+        if absolute and not absolute_ok:
+            raise InputError(f"could not fetch input {artifact.path}: {ABSOLUTE_REFUSED}")
+        base = Path(artifact.path) if absolute else work
+        root = base.resolve()
         for f in artifact.files:
             label = posixpath.join(artifact.path, f.path)
-            dest = (work / artifact.path / f.path).resolve()
+            dest = (base / f.path if absolute else work / artifact.path / f.path).resolve()
             if not f.path or dest == root or not dest.is_relative_to(root):
                 raise InputError(f"could not fetch input {label}: the path is outside the working directory")
             planned.append(PlannedFile(label, dest, f, artifact.path))
@@ -93,12 +104,14 @@ async def fetch_inputs(
     *,
     report: Callable[[str], Awaitable[None]] | None = None,
     fresh_url: FreshUrl | None = None,
+    absolute_ok: bool = False,
 ) -> None:
-    """Fetch every input file into ``work``; raises ``InputError``. ``report``
+    """Fetch every input file into ``work`` (an artifact at an absolute path:
+    there, with ``absolute_ok``); raises ``InputError``. ``report``
     gets the progress reason at the start and every ``PROGRESS_EVERY`` seconds;
     ``fresh_url`` (blocking) replaces a URL refused with 403.
     Cancelling stops the download thread at its next chunk."""
-    planned = plan(inputs, work)
+    planned = plan(inputs, work, absolute_ok=absolute_ok)
     if not planned:
         return
     reason = describe(planned)

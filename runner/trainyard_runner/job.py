@@ -97,6 +97,7 @@ class Job:
         on_drain_stuck: Callable[[], None],
         drain_timeout: float = 60.0,
         outlive: bool = False,
+        absolute_paths: bool = False,
         resumed: Resumed | None = None,
     ) -> None:
         self.spec = spec
@@ -109,6 +110,7 @@ class Job:
         self._on_drain_stuck = on_drain_stuck
         self._drain_timeout = drain_timeout
         self._outlive = outlive  # the commands keep running if this runner process dies
+        self._absolute_paths = absolute_paths  # artifacts and inputs may be at absolute paths
         self._resumed = resumed
         if resumed is None:
             _reset_dir(self.dir)
@@ -415,6 +417,7 @@ class Job:
                 work,
                 report=lambda reason: self._state("preparing", reason),
                 fresh_url=self._fresh_input_url,
+                absolute_ok=self._absolute_paths,
             )
         if self._checkpoint is not None and self._checkpoint.spec.version:
             await self._state("preparing", f"restoring checkpoint {self._checkpoint.spec.version}")
@@ -561,6 +564,7 @@ class Job:
                 upload_artifacts,
                 [a.path for a in self.spec.artifacts],
                 work=self.dir / "work",
+                absolute_ok=self._absolute_paths,
                 job=self.id,
                 attempt=self.attempt,
                 api_url=self.spec.api_url,

@@ -164,6 +164,16 @@ def _relative_path(value: str) -> str:
     return value
 
 
+def _artifact_path(value: str) -> str:
+    """A path inside the repository, or an absolute path of the machine (a
+    conda env folder, dstack 0.x): uploaded from there and restored at that
+    same path for the jobs that depend on it (cloud and self-hosted machines)."""
+    path = PurePosixPath(value)
+    if path.is_absolute() and value.strip() != "/" and ".." not in path.parts:
+        return value
+    return _relative_path(value)
+
+
 def _name(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", value):
         raise PydanticCustomError(
@@ -299,7 +309,7 @@ class Resources(_Model):
 class ArtifactSpec(_Model):
     """An ``artifacts`` item: ``./model`` or ``{path: ./model, mount: true}``."""
 
-    path: _RelPath
+    path: Annotated[_Str, AfterValidator(_artifact_path)]
     mount: StrictBool = False
 
 

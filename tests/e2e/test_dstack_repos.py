@@ -230,3 +230,20 @@ def test_python_3_10_unquoted_selects_3_10_or_names_the_missing_interpreter(alic
 def _runs(binary: str) -> bool:
     found = shutil.which(binary)
     return found is not None and subprocess.run([found, "--version"], capture_output=True).returncode == 0
+
+
+def test_an_absolute_artifact_path_is_refused_on_the_servers_own_host(alice: User, repo: Path, tmp_path: Path) -> None:
+    """The local backend runs jobs on the server's host: a job there may not
+    upload from (or restore to) an absolute path; the job fails saying so."""
+    outside = tmp_path / "conda-env"
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(
+        "workflows:\n  - name: dstack-abs\n    provider: bash\n"
+        f"    commands: ['mkdir -p {outside} && echo x > {outside}/f']\n    artifacts: ['{outside}']\n"
+    )
+    commit_all(repo, "an artifact outside the working directory")
+    result = alice.cli(repo, "run", "dstack-abs")
+    assert result.returncode != 0
+    assert "this runner takes no absolute paths (the local backend runs on the server's own host)" in (
+        result.stdout + result.stderr
+    )

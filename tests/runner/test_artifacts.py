@@ -137,3 +137,13 @@ def test_an_upload_gives_up_when_the_server_stays_away(
     with pytest.raises(ArtifactError, match=r"^artifact upload failed: POST .*/artifacts/: HTTP 503"):
         upload_artifacts(["./m.pt"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
     assert state.created == []
+
+
+def test_an_absolute_artifact_path_is_uploaded_from_there_only_where_the_runner_allows_it(tmp_path: Path) -> None:
+    from trainyard_runner.artifacts import ArtifactError, _resolve
+
+    env_dir = tmp_path / "conda-env"
+    env_dir.mkdir()
+    assert _resolve(tmp_path / "work", str(env_dir), absolute_ok=True) == env_dir.resolve()
+    with pytest.raises(ArtifactError, match=r"this runner takes no absolute paths \(the local backend"):
+        _resolve(tmp_path / "work", str(env_dir), absolute_ok=False)

@@ -99,10 +99,31 @@ def test_a_path_escaping_the_working_directory_is_refused_before_any_download(
     ]
     with pytest.raises(InputError) as e:
         _fetch(work, arts)
-    assert str(e.value).endswith(": the path is outside the working directory")
+    expected = (
+        "this runner takes no absolute paths" if path.startswith("/") else "the path is outside the working directory"
+    )
+    assert expected in str(e.value)
     assert str(e.value).startswith("could not fetch input ")
+    assert not (work / "first").exists(), "nothing is downloaded"
     assert file_server.requests == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_an_absolute_artifact_path_is_restored_at_that_path_where_the_runner_allows_it(
+    tmp_path: Path, file_server: Any
+) -> None:
+    """A conda env folder artifact (dstack 0.x): its dependants get it at the same absolute path."""
+    import asyncio
+
+    from trainyard_runner.inputs import fetch_inputs
+
+    env_dir = tmp_path / "opt" / "conda-env"
+    arts = [InputArtifact(path=str(env_dir), files=[_file(file_server, "/bin/py", "bin/python", b"#!py")])]
+    asyncio.run(fetch_inputs(arts, tmp_path / "work", absolute_ok=True))
+    assert (env_dir / "bin" / "python").read_bytes() == b"#!py"
+    escaping = [InputArtifact(path=str(env_dir), files=[_file(file_server, "/x", "../../x", b"x")])]
+    with pytest.raises(InputError, match="outside the working directory"):
+        asyncio.run(fetch_inputs(escaping, tmp_path / "work", absolute_ok=True))
 
 
 def test_5xx_and_cut_connections_are_retried_and_a_cut_download_resumes(

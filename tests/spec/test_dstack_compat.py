@@ -566,3 +566,19 @@ def test_a_broken_workflow_with_the_name_of_a_valid_one_makes_the_name_unusable(
         f"{PATH}:3: workflows[1] (train).comands: unknown key 'comands'; did you mean 'commands'?",
         f"{PATH}:3: workflows[1] (train).name: duplicate workflow name 'train' (first at line 2)",
     ]
+
+
+def test_an_artifact_may_be_an_absolute_path_of_the_machine_but_a_checkpoint_may_not():
+    file = load("""\
+        workflows:
+          - name: env
+            provider: bash
+            commands: [conda create -p /opt/envs/train]
+            artifacts: [/opt/envs/train]
+        """)
+    assert file.workflows["env"].artifact_paths == ["/opt/envs/train"]
+    for bad in ("/", "/opt/../etc"):
+        errors = plan_errors(f"workflows:\n  - {{name: a, provider: bash, commands: [x], artifacts: ['{bad}']}}\n", "a")
+        assert any("expected a path inside the repository" in e for e in errors), errors
+    errors = plan_errors("workflows:\n  - {name: a, provider: bash, commands: [x], checkpoint: /opt/ckpt}\n", "a")
+    assert any("expected a path inside the repository" in e for e in errors), errors

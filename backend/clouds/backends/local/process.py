@@ -256,6 +256,8 @@ class RunnerDir:
             TRAINYARD_RUNNER_DIR=str(self.path / key),
             TRAINYARD_RUNNER_ADDRESS="127.0.0.1",
             TRAINYARD_RUNNER_JOBS_OUTLIVE="1" if self.settings.jobs_outlive_runner else "0",
+            # The server's own host: no job writes or reads outside its runner's folders.
+            TRAINYARD_RUNNER_ABSOLUTE_PATHS="0",
         )
         if resources is not None:
             env[RESOURCES_VAR] = json.dumps(resources)
