@@ -114,7 +114,9 @@ def test_the_runner_gets_its_own_variables_and_none_of_the_servers_secrets(
         "TRAINYARD_RUNNER_DIR": str(local.root / "runners" / spec.idempotency_key),
         "TRAINYARD_RUNNER_ADDRESS": "127.0.0.1",
         "TRAINYARD_RUNNER_JOBS_OUTLIVE": "0",  # a dead local runner is a gone machine: its jobs die with it
+        "TRAINYARD_RUNNER_ABSOLUTE_PATHS": "0",  # the server's own host: no job reaches outside its runner
     }
+    assert env["HOME"] == str(local.root / "runners" / spec.idempotency_key / "home"), "a home of its own"
     assert env["TRAINYARD_SERVER_URL"].startswith("ws://127.0.0.1:")
     assert ("AWS_SECRET_ACCESS_KEY" in env, "MY_SECRET_TOKEN" in env, env.get("KEPT_FOR_JOBS")) == (False, False, "yes")
     terminate_fully(compute, handle)

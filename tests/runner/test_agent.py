@@ -588,7 +588,7 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
         "info --format {{.ServerVersion}}",
         "rm -f trainyard-d1",
         f"run --rm --network host --name trainyard-d1 -v {work}:/workdir -w /workdir"
-        f" -v {interrupt}:/run/trainyard:ro --env-file {env_file} python:3.12-slim bash -c set -e",
+        f" -v {interrupt}:/run/trainyard:ro --env-file {env_file} -- python:3.12-slim bash -c set -e",
         'echo "steps=$STEPS"',
         "",
         "600",
