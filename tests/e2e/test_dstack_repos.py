@@ -247,3 +247,43 @@ def test_an_absolute_artifact_path_is_refused_on_the_servers_own_host(alice: Use
     assert "this runner takes no absolute paths (the local backend runs on the server's own host)" in (
         result.stdout + result.stderr
     )
+
+
+TAGGED = """\
+workflows:
+  - name: dstack-make-data
+    provider: bash
+    commands:
+      - mkdir -p data && echo "rows=7" > data/rows.txt
+    artifacts:
+      - ./data
+  - name: dstack-use-tag
+    provider: bash
+    deps:
+      - ":dstack-data"
+    commands:
+      - cat data/rows.txt
+  - name: dstack-notebook
+    provider: notebook
+    setup: [pip install jupyterlab]
+"""
+
+
+def test_a_tag_written_as_a_bare_reference_is_a_dependency_and_a_dev_environment_refuses_alone(
+    alice: User, repo: Path
+) -> None:
+    (repo / ".dstack").mkdir()
+    (repo / ".dstack" / "workflows.yaml").write_text(TAGGED)
+    commit_all(repo, "a tag dependency the dstack way")
+    made = alice.cli(repo, "run", "dstack-make-data")
+    assert made.returncode == 0, made.stderr
+    source = alice.runs()[0]["name"]
+    tagged = alice.cli(repo, "tag", "add", "dstack-data", source)
+    assert tagged.returncode == 0, tagged.stderr
+
+    used = alice.cli(repo, "run", "dstack-use-tag")
+    assert (used.returncode, used.stdout) == (0, "rows=7\n"), used.stderr
+
+    refused = alice.cli(repo, "run", "dstack-notebook")
+    assert refused.returncode != 0
+    assert "provider: not supported yet: the notebook provider (a dev environment)" in refused.stderr, refused.stderr
