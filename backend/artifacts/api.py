@@ -29,6 +29,7 @@ from backend.artifacts.services import (
     path_problem,
 )
 from backend.artifacts.storage import Part
+from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_for_token
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import ACTIVE_JOB, Job
@@ -131,11 +132,8 @@ class RunnerAPIView(APIView):
         job, _ = self.runner_attempt(request, job_id, winding_down=False)
         return job
 
-    def runner_attempt(self, request: Request, job_id: str, *, winding_down: bool) -> tuple[Job, bool]:
-        """(the job, whether ``?attempt=`` is winding down): its current
-        attempt on this runner, or, with ``winding_down``, an attempt of it
-        this runner was interrupted in and still syncs the checkpoint of
-        (until the machine's deadline: ``attempt_winding_down``)."""
+    def runner_instance_attempt(self, request: Request) -> tuple[Instance, str]:
+        """The calling runner's instance and the ``?attempt=`` it names."""
         token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
         instance = instance_for_token(token=token) if token else None
         if instance is None:
@@ -143,6 +141,14 @@ class RunnerAPIView(APIView):
         attempt = request.query_params.get("attempt", "")
         if not attempt.isdigit():
             raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
+        return instance, attempt
+
+    def runner_attempt(self, request: Request, job_id: str, *, winding_down: bool) -> tuple[Job, bool]:
+        """(the job, whether ``?attempt=`` is winding down): its current
+        attempt on this runner, or, with ``winding_down``, an attempt of it
+        this runner was interrupted in and still syncs the checkpoint of
+        (until the machine's deadline: ``attempt_winding_down``)."""
+        instance, attempt = self.runner_instance_attempt(request)
         if winding_down and attempt_winding_down(job_id=job_id, instance_id=str(instance.pk), attempt=int(attempt)):
             return Job.objects.get(pk=job_id), True
         job = Job.objects.filter(pk=job_id, instance=instance, status__in=ACTIVE_JOB).first()
@@ -360,13 +366,7 @@ class RunnerCheckpointDoneView(RunnerAPIView):
 
     @extend_schema(request=None, responses={204: None})
     def post(self, request: Request, job: str) -> Response:
-        token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
-        instance = instance_for_token(token=token) if token else None
-        if instance is None:
-            raise ApplicationError("Unknown runner token.", status_code=401)
-        attempt = request.query_params.get("attempt", "")
-        if not attempt.isdigit():
-            raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
+        instance, attempt = self.runner_instance_attempt(request)
         attempt_wind_down_end(job_id=job, instance_id=str(instance.pk), attempt=int(attempt))
         return Response(status=status.HTTP_204_NO_CONTENT)
 

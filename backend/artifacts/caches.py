@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from trainyard_runner import protocol
 
-from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun
+from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun, file_rows
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus
 from backend.artifacts.services import (
@@ -123,17 +123,7 @@ def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Be
             total_size=sum(f.size for f in files),
             **location_of(storage),
         )
-        rows = []
-        for f in files:
-            old = carried.get(f.path)
-            if base is not None and old is not None:
-                rows.append(ArtifactFile(artifact=saving, path=f.path, size=f.size, sha256=f.sha256,
-                                         key=artifact_file_key(base, old), part_size=old.part_size,
-                                         part_sha256s=old.part_sha256s))  # fmt: skip
-            else:
-                rows.append(ArtifactFile(artifact=saving, path=f.path, size=f.size, sha256=f.sha256,
-                                         part_size=parts[f.path]))  # fmt: skip
-        ArtifactFile.objects.bulk_create(rows)
+        ArtifactFile.objects.bulk_create(file_rows(saving, files, base, carried, parts))
     uploads = []
     for f in files:
         if f.path in carried:

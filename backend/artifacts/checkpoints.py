@@ -126,23 +126,36 @@ def _create_version(
                     total_size=sum(f.size for f in files),
                     **location_of(storage),
                 )
-                rows = []
-                for f in files:
-                    old = carried.get(f.path)
-                    if base is not None and old is not None:
-                        rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
-                                                 key=artifact_file_key(base, old), part_size=old.part_size,
-                                                 part_sha256s=old.part_sha256s))  # fmt: skip
-                    else:
-                        rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
-                                                 part_size=parts[f.path]))  # fmt: skip
-                ArtifactFile.objects.bulk_create(rows)
+                ArtifactFile.objects.bulk_create(file_rows(version, files, base, carried, parts))
                 return version
         except IntegrityError:
             continue
     raise ApplicationError(
         "Another checkpoint sync of this job is starting at the same time: try again.", status_code=409
     )
+
+
+def file_rows(
+    version: Artifact,
+    files: list[FileIn],
+    base: Artifact | None,
+    carried: dict[str, ArtifactFile],
+    parts: dict[str, int],
+) -> list[ArtifactFile]:
+    """The file rows of a new version: a file ``carried`` from ``base`` points
+    at the object that already holds it; the others are uploaded (in
+    ``parts[path]``-byte parts, 0: whole). Checkpoints and caches."""
+    rows = []
+    for f in files:
+        old = carried.get(f.path)
+        if base is not None and old is not None:
+            rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
+                                     key=artifact_file_key(base, old), part_size=old.part_size,
+                                     part_sha256s=old.part_sha256s))  # fmt: skip
+        else:
+            rows.append(ArtifactFile(artifact=version, path=f.path, size=f.size, sha256=f.sha256,
+                                     part_size=parts[f.path]))  # fmt: skip
+    return rows
 
 
 def checkpoint_complete(*, version: Artifact) -> Artifact:
