@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 
 from backend.runs.models import ACTIVE_JOB, Attempt, Job, JobStatus
 from backend.runs.reasons import TerminationReason
@@ -36,11 +37,10 @@ Through = Job.after_running.through
 def groups_restart() -> int:
     """Stop the running jobs of every group one of whose jobs is waiting to
     resume after an interruption; returns how many were stopped."""
-    linked = Through.objects.values_list("from_job_id", "to_job_id")
-    members = {job_id for pair in linked for job_id in pair}
-    if not members:
-        return 0
-    waiting = Job.objects.filter(pk__in=members, status=JobStatus.PENDING, attempt__gt=0)
+    # Only pending jobs that are in a group: the database picks them (every
+    # reconcile pass runs this; the links of all runs ever are not loaded).
+    in_group = Q(pk__in=Through.objects.values("from_job_id")) | Q(pk__in=Through.objects.values("to_job_id"))
+    waiting = Job.objects.filter(in_group, status=JobStatus.PENDING, attempt__gt=0)
     stopped = 0
     for job in waiting:
         if job.spec.get("on_interruption", "restart_group") != "restart_group":
