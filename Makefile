@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 run: $(STAMP) frontend
 	$(PY) -m backend.embedded run
 
-test: $(STAMP) frontend frontend-test
+test: $(STAMP) frontend frontend-test test-packages
 	$(PY) -m backend.embedded test -- $(PYTEST_ARGS)
 
 # The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json"
@@ -53,6 +53,26 @@ $(NODE_STAMP): frontend/package.json frontend/package-lock.json
 	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found. The dashboard needs Node.js >= 20.19 with npm (Debian: apt-get install nodejs npm)." >&2; exit 1; }
 	cd frontend && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
+
+# The Debian packages the end-to-end tests drive: haproxy, the load balancer in
+# front of two web processes (tests/e2e/test_scale_out.py), and chromium, the
+# browser of the dashboard tests (tests/e2e/test_dashboard.py). Installed when
+# missing and running as root (CI); otherwise a message naming the package.
+DEBIAN_TEST_PACKAGES := haproxy chromium
+.PHONY: test-packages
+test-packages:
+	@missing=""; for p in $(DEBIAN_TEST_PACKAGES); do \
+	  command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages the tests need:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else \
+	    echo "error: the tests need the Debian package(s)$$missing (the end-to-end tests run haproxy and Chromium)." >&2; \
+	    echo "       install them as root: apt-get install$$missing" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # Component tests of the dashboard (Vitest); `make test` runs them before pytest.
 .PHONY: frontend-test

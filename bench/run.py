@@ -1,12 +1,15 @@
 """Trainyard benchmark: submit→first-log latency, durable log throughput vs a
 plain COPY, 50 concurrent runs, a run on a fresh / a reused EC2 instance
 (moto), and a spot notice → the job running again on a second instance plus
-the checkpoint sync's throughput against plain boto3 — measured in one run on
+the checkpoint sync's throughput against plain boto3, the raw read-back of a
+finished job's log (`--only raw-logs`) and the runs list of a workspace of a
+million runs (`--only runs-list`, bench/runs_list.py) — measured in one run on
 the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
-                                  [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3]
+                                  [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
+                                  [--list-runs 1000000] [--only latency|throughput|burst|aws|spot|raw-logs|runs-list ...]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -41,6 +44,10 @@ from bench.lib import (
     percentile,
     sigterm_as_interrupt,
 )
+from bench.rawlogs import bench_raw_logs, raw_rows
+from bench.runs_list import TARGET_MS as TARGET_LIST_MS
+from bench.runs_list import TARGET_QUERIES as TARGET_LIST_QUERIES
+from bench.runs_list import TARGET_SEED_S, bench_runs_list
 from bench.spot import TARGET_SPOT_OWN_S, TARGET_SYNC_RATIO, bench_spot
 
 WARMUPS = 3
@@ -473,6 +480,23 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         row("AWS: left running after clean-up", str(len(left)), "0", not left)
     if spot:
         spot_rows(spot, row)
+    if results.get("raw_logs"):
+        raw_rows(results["raw_logs"], row)
+    runs_list = results.get("runs_list")
+    if runs_list:
+        row(
+            f"runs list: seed {runs_list['runs']:,} runs + jobs by COPY",
+            f"{runs_list['seed_seconds']:.0f} s",
+            f"< {TARGET_SEED_S:.0f} s",
+            runs_list["seed_seconds"] < TARGET_SEED_S,
+        )
+        for name, case in runs_list["cases"].items():
+            row(
+                f"runs list p50, {name}",
+                f"{case['p50_ms']:.1f} ms, {case['queries']} queries",
+                f"≤ {TARGET_LIST_MS:.0f} ms, ≤ {TARGET_LIST_QUERIES} queries",
+                case["p50_ms"] <= TARGET_LIST_MS and case["queries"] <= TARGET_LIST_QUERIES,
+            )
     widths = [max(len(r[i]) for r in [("metric", "value", "target", "result"), *rows]) for i in range(4)]
     lines = []
     for i, r in enumerate([("metric", "value", "target", "result"), *rows]):
@@ -488,18 +512,20 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--raw-lines", type=int, default=2_000_000, help="lines of the finished job read back raw")
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
     parser.add_argument(
         "--only",
-        choices=["latency", "throughput", "burst", "aws", "spot"],
+        choices=["latency", "throughput", "burst", "aws", "spot", "raw-logs", "runs-list"],
         action="append",
         help="run only these parts",
     )
+    parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot"])
+    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot", "raw-logs", "runs-list"])
     failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
@@ -549,6 +575,12 @@ def main() -> int:
                         log(f"(5) spot: {message}")
                         results["spot"] = {"notice": {"error": message}}
                     failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
+                if "raw-logs" in parts:
+                    results["raw_logs"] = bench_raw_logs(api, stack.database_url, args.raw_lines, tmp)
+                if "runs-list" in parts:  # last: it sets Django up in this process
+                    os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
+                    os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))
+                    results["runs_list"] = bench_runs_list(api, stack.database_url, args.list_runs, args.samples)
             finally:
                 api.close()
                 if "postgres" not in results["machine"]:
@@ -594,6 +626,15 @@ def main() -> int:
         )
     elif "aws" in results:
         print(f"AWS: {results['aws']['error']}")
+    if "runs_list" in results:
+        r = results["runs_list"]
+        print(
+            f"runs list detail: {r['runs']:,} runs + jobs seeded in {r['seed_seconds']} s; trigram indexes "
+            f"{'used (pg_trgm)' if r['trigram'] else 'absent (no pg_trgm: a search reads runs newest first)'}; "
+            f"the list shows count "
+            f"{r['count_shown']:,}; per case (rows, count, estimated): "
+            + ", ".join(f"{k}: {c['rows']}, {c['count']:,}, {c['count_estimated']}" for k, c in r["cases"].items())
+        )
     spot = results.get("spot") or {}
     if "samples" in (spot.get("notice") or {}):
         n = spot["notice"]
@@ -612,6 +653,12 @@ def main() -> int:
                 f"{y['seconds']} s = staging + hashing {y['staging_s']} s + upload + complete {y['upload_and_complete_s']} s "
                 f"(runner's log: {y['runner_log_upload_s']} s)"
             )
+    if "raw_logs" in results:
+        r = results["raw_logs"]
+        print(
+            f"raw read-back detail: {r['bytes'] / 1e6:.0f} MB; HTTP {r['http_seconds']} s ({r['http_mb_per_s']} MB/s best), "
+            f"`trainyard logs` {r['cli_seconds']} s"
+        )
     print()
     print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")
     print(f"(total {results['total_seconds']} s)")

@@ -8,8 +8,14 @@ servers of a ``make run`` in another terminal).
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import secrets
+import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +23,7 @@ from tests.support.ec2boot import ec2_boot  # noqa: F401 - plays EC2's boot of m
 from tests.support.github import GithubServer
 from tests.support.moto import MotoServer, aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported
+from tests.support.web import WebServers
 
 MISSING_SERVICES_MESSAGE = (
     "run the tests with `make test` (it starts Postgres and Valkey), or set DATABASE_URL and REDIS_URL"
@@ -26,6 +33,15 @@ MISSING_SERVICES_MESSAGE = (
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         pytest.exit(MISSING_SERVICES_MESSAGE, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_rate_limit_counters() -> None:
+    """Rate-limit counters of this session only: a re-run within the same
+    minute starts from zero instead of inheriting the last run's hits."""
+    from django.conf import settings
+
+    settings.TRAINYARD["RATE_LIMIT_PREFIX"] = f"test-{secrets.token_hex(4)}:ratelimit"
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +81,11 @@ def stack(
         GITHUB_CLIENT_SECRET=stack_github.client_secret,
         GITHUB_URL=stack_github.url,
         GITHUB_API_URL=stack_github.api_url,
+        # With GitHub sign-in and the local backend on, the server refuses to
+        # start without an allowlist or with the built-in secret key: the
+        # browser tests' people (tests/e2e/test_dashboard.py).
+        TRAINYARD_GITHUB_ALLOW="dana,vic,ellen,frank,gina,hana",
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(32),
     )
     # Fast timeouts, so a dead runner is noticed in seconds, not minutes.
     running.env.update(
@@ -74,6 +95,10 @@ def stack(
         TRAINYARD_LOCAL_RUNNERS_MAX="4",
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
+        # Each line here makes the server lose one log batch it acknowledges (tests/e2e/test_log_faults.py).
+        TRAINYARD_TEST_DROP_LOG_BATCHES=str(running.data_dir / "drop-log-batches"),
+        # A task that notes a subject listed here kills its worker (tests/e2e/test_task_parking.py).
+        TRAINYARD_TEST_CRASH_SUBJECTS=str(running.data_dir / "crash-subjects"),
     )
     moto: MotoServer = request.getfixturevalue("moto_server")
     running.env.update(moto.env)
@@ -85,6 +110,17 @@ def stack(
         running.close()
 
 
+@pytest.fixture
+def web_server(transactional_db: None, tmp_path: Path) -> Iterator[WebServers]:
+    """``web_server.start(**env)``: the real ASGI server on the test database (tests/support/web.py)."""
+    servers = WebServers(tmp_path / "web")
+    REPORTED["web_server"] = servers  # type: ignore[assignment]  # a Stack for the report: it has logs_tail()
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """On failure of a test that uses a stack, attach the tail of each of its process logs."""
@@ -94,3 +130,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if fixture in getattr(item, "fixturenames", ()):
                 report.sections.append((f"{fixture} process logs", stack.logs_tail()))
     return report
+
+
+EXIT_GRACE_SECONDS = 60.0
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A test that leaves a non-daemon thread blocked (an event loop stuck in
+    its shutdown) holds the interpreter's exit forever: CI once waited 50
+    minutes after the summary line. Give the exit a minute, then print every
+    thread's stack and leave with the session's own status."""
+    status = int(getattr(config, "_trainyard_exitstatus", 1))
+
+    def leave_if_stuck() -> None:
+        time.sleep(EXIT_GRACE_SECONDS)
+        sys.stderr.write(
+            f"\npytest finished but a thread left by a test kept the process alive for {EXIT_GRACE_SECONDS:.0f} s;"
+            " its stack:\n"
+        )
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(status)
+
+    threading.Thread(target=leave_if_stuck, name="exit-watchdog", daemon=True).start()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._trainyard_exitstatus = exitstatus  # type: ignore[attr-defined]

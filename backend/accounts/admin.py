@@ -10,7 +10,7 @@ admin.site.register(User, UserAdmin)
 
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "personal_owner", "created_at")
+    list_display = ("slug", "name", "personal_owner", "log_cap_bytes", "storage_quota_bytes", "created_at")
 
 
 @admin.register(Membership)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +23,9 @@ from backend.accounts.models import Role, User
 from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
 from backend.accounts.services.tokens import api_token_issue, api_token_revoke
 from backend.core.errors import ApplicationError, NotFound
+
+DURATION = r"^[1-9][0-9]{0,6}[smhdw]$"
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 class WorkspaceRefOut(serializers.Serializer):
@@ -49,6 +53,21 @@ class LoginIn(serializers.Serializer):
 
 class TokenIn(serializers.Serializer):
     name = serializers.CharField(max_length=100)
+    expires_in = serializers.RegexField(
+        DURATION,
+        required=False,
+        allow_blank=True,
+        help_text="The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never.",
+        error_messages={"invalid": "Say how long the token lives as a number and a unit: 30d, 12h, 90m or 2w."},
+    )
+
+    def validate_expires_in(self, value: str) -> timedelta | None:
+        if not value:
+            return None
+        lifetime = timedelta(seconds=int(value[:-1]) * DURATION_UNITS[value[-1]])
+        if not timedelta(minutes=1) <= lifetime <= timedelta(days=3650):
+            raise serializers.ValidationError("A token lives between 1 minute and 3650 days.")
+        return lifetime
 
 
 class TokenOut(serializers.Serializer):
@@ -57,6 +76,7 @@ class TokenOut(serializers.Serializer):
     prefix = serializers.CharField()
     created_at = serializers.DateTimeField()
     last_used_at = serializers.DateTimeField(allow_null=True)
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="null: never expires.")
 
 
 class TokenCreatedOut(TokenOut):
@@ -86,6 +106,13 @@ class LoginView(APIView):
 
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
+    throttle_scopes = {"POST": "login"}
+
+    @staticmethod
+    def throttle_user(request: Request) -> str:
+        """Per user: the username tried, whoever tries it (a password guesser spreads over addresses)."""
+        username = request.data.get("username") if isinstance(request.data, dict) else None
+        return f"login:{username.strip().lower()}" if isinstance(username, str) and username.strip() else ""
 
     @extend_schema(request=LoginIn, responses=MeOut)
     def post(self, request: Request) -> Response:
@@ -113,6 +140,8 @@ class LogoutView(APIView):
 class TokenListView(APIView):
     """The caller's own API tokens."""
 
+    throttle_scopes = {"POST": "token"}
+
     @extend_schema(responses=TokenOut(many=True))
     def get(self, request: Request) -> Response:
         return Response(TokenOut(api_tokens_of(user=signed_in_user(request)), many=True).data)
@@ -121,7 +150,8 @@ class TokenListView(APIView):
     def post(self, request: Request) -> Response:
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
-        issued = api_token_issue(user=signed_in_user(request), name=data.validated_data["name"])
+        fields = data.validated_data
+        issued = api_token_issue(user=signed_in_user(request), name=fields["name"], expires_in=fields.get("expires_in"))
         return Response({**TokenOut(issued.row).data, "token": issued.token}, status=201)
 
 
@@ -134,16 +164,27 @@ class TokenDetailView(APIView):
 
 
 class HealthView(APIView):
+    """The server is up and reaches its database; with the limits a client
+    checks before an upload (the CLI's size guard reads ``max_blob_bytes``)."""
+
     authentication_classes = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses=inline_serializer("Health", {"status": serializers.CharField()}))
+    @extend_schema(
+        responses=inline_serializer(
+            "Health",
+            {
+                "status": serializers.CharField(),
+                "max_blob_bytes": serializers.IntegerField(help_text="The largest code blob accepted (bytes)."),
+            },
+        )
+    )
     def get(self, request: Request) -> Response:
         from django.db import connection
 
         with connection.cursor() as cur:
             cur.execute("SELECT 1")
-        return Response({"status": "ok"})
+        return Response({"status": "ok", "max_blob_bytes": settings.TRAINYARD["MAX_BLOB_BYTES"]})
 
 
 def _me(user: User) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class InvitationOut(serializers.Serializer):
     email = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.choices)
     created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
 
 
 class WorkspaceListView(APIView):
@@ -126,6 +127,10 @@ class MemberDetailView(WorkspaceAPIView):
 
 
 class InvitationListView(WorkspaceAPIView):
+    """Pending invitations name people who are not members yet: admins only."""
+
+    read_role = Role.ADMIN
+
     @extend_schema(responses=InvitationOut(many=True))
     def get(self, request: Request, workspace: str) -> Response:
         return Response(InvitationOut(invitations_pending(workspace=self.workspace), many=True).data)

@@ -12,7 +12,8 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from backend.accounts.models import User
-from backend.accounts.selectors import user_for_token
+from backend.accounts.selectors import api_token_expired_at, user_for_token
+from backend.core.tokens import API_TOKEN_PREFIX, token_kind
 
 
 def signed_in_user(request: Request) -> User:
@@ -41,13 +42,28 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Use the header 'Authorization: Bearer <token>'.")
         user = user_for_token(token=token)
         if user is None:
-            raise exceptions.AuthenticationFailed(
-                "This API token is unknown or revoked: make a new one (python manage.py issue_token USERNAME)."
-            )
+            raise exceptions.AuthenticationFailed(_refusal(token))
         return user, None
 
     def authenticate_header(self, request: Any) -> str:
         return "Bearer"
+
+
+def _refusal(token: str) -> str:
+    """Why an API token is refused, in words that say what to do."""
+    kind = token_kind(token)
+    if kind in ("runner", "registration"):
+        return (
+            f"This is a {kind} token ({token[:6]}…), not a personal API token ({API_TOKEN_PREFIX}…): make one"
+            " on the dashboard's API tokens page or with `trainyard token create`."
+        )
+    expired = api_token_expired_at(token=token)
+    if expired is not None:
+        return (
+            f"This API token expired at {expired:%Y-%m-%d %H:%M} UTC: make a new one"
+            " (`trainyard token create`, or the dashboard's API tokens page)."
+        )
+    return "This API token is unknown or revoked: make a new one (python manage.py issue_token USERNAME)."
 
 
 class LocalLoginBackend(ModelBackend):

@@ -9,13 +9,15 @@ state, with the PKCE verifier in it) and the verifier is sent with the code.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from social_core.backends.github import GithubOAuth2
 from social_core.backends.oauth import BaseOAuth2PKCE
-from social_core.exceptions import AuthConfigurationError
+from social_core.exceptions import AuthConfigurationError, SocialAuthBaseException
 
 from backend.accounts.models import User
+from backend.accounts.services.users import allowlist_orgs
 
 
 def github_enabled() -> bool:
@@ -34,6 +36,14 @@ class GithubOAuth2PKCE(GithubOAuth2, BaseOAuth2PKCE):
         if not github_enabled():
             raise AuthConfigurationError(self, code="missing_setting", parameter="GITHUB_CLIENT_ID", stage="begin")
         return super().start()
+
+    def get_scope(self) -> list[str]:
+        """``read:org`` too when the allowlist names organizations: without it
+        GitHub hides private memberships."""
+        scope = list(super().get_scope())
+        if allowlist_orgs(settings.TRAINYARD_GITHUB_ALLOW) and "read:org" not in scope:
+            scope.append("read:org")
+        return scope
 
     def get_key_and_secret(self) -> tuple[str, str]:
         return settings.GITHUB_CLIENT_ID, settings.GITHUB_CLIENT_SECRET
@@ -60,7 +70,27 @@ class GithubOAuth2PKCE(GithubOAuth2, BaseOAuth2PKCE):
         data["verified_emails"] = [email for email, _ in verified]
         primary = [email for email, is_primary in verified if is_primary]
         data["email"] = (primary or data["verified_emails"] or [""])[0]
+        data["allowed_orgs"] = self._allowlist_memberships(access_token, str(data.get("login") or ""))
         return data
+
+    def _allowlist_memberships(self, access_token: str, login: str) -> list[str]:
+        """The allowlist's organizations the user is an active member of
+        (none asked for when the login itself is listed)."""
+        allow = settings.TRAINYARD_GITHUB_ALLOW
+        if login.lower() in allow:
+            return []
+        return [org for org in allowlist_orgs(allow) if self._active_member(access_token, org)]
+
+    def _active_member(self, access_token: str, org: str) -> bool:
+        url = f"{self.api_url()}user/memberships/orgs/{quote(org)}"
+        try:
+            membership = self.get_json(url, headers={"Authorization": f"token {access_token}"})
+        except SocialAuthBaseException as exc:
+            # 404: not a member; 403: the org restricts this app. Anything else: GitHub is failing.
+            if getattr(exc, "status_code", None) in (403, 404):
+                return False
+            raise
+        return isinstance(membership, dict) and membership.get("state") == "active"
 
     def get_user(self, user_id: Any) -> User | None:
         """The session's user while GitHub sign-in is enabled and the account active."""

@@ -18,10 +18,17 @@ from social_core.exceptions import (
 )
 from social_django.middleware import SocialAuthExceptionMiddleware
 
+from backend.accounts.pipeline import NotOnAllowlist
+
 logger = logging.getLogger(__name__)
 
 # Most specific first: the first matching class gives the message.
 MESSAGES: list[tuple[type[SocialAuthBaseException], str]] = [
+    (
+        NotOnAllowlist,
+        "This GitHub account may not sign in to this server: ask its administrator to add it"
+        " (or an organization you belong to) to TRAINYARD_GITHUB_ALLOW.",
+    ),
     (AuthCanceled, "GitHub sign-in was cancelled."),
     (AuthSessionError, "The sign-in expired or was started in another browser: please sign in again."),
     (AuthInputError, "GitHub's answer was incomplete: please sign in again."),

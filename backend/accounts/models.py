@@ -4,10 +4,13 @@ tokens; and the tenancy primitives every tenant-owned model of every app uses
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import models
+from django.utils import timezone
 
 from backend.core.models import BaseModel
 
@@ -33,6 +36,13 @@ class Workspace(BaseModel):
     )
     # Source of run numbers (brave-otter-<n>); bumped with an atomic UPDATE.
     run_counter = models.PositiveBigIntegerField(default=0)
+    # Most bytes of output a job of this workspace stores; None: the server's
+    # default (TRAINYARD_LOG_CAP_BYTES). Set by a server admin (Django admin).
+    log_cap_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # Bytes this workspace may keep in storage (artifacts, checkpoints, caches,
+    # code blobs); None: the installation's TRAINYARD_STORAGE_QUOTA_BYTES.
+    # Set by an installation admin (Django admin), not by the workspace.
+    storage_quota_bytes = models.PositiveBigIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.slug
@@ -74,6 +84,11 @@ class Membership(WorkspaceOwnedModel):
         constraints = [models.UniqueConstraint(fields=["workspace", "user"], name="uniq_membership")]
 
 
+def invitation_expiry() -> datetime:
+    """When an invitation made now expires (``TRAINYARD_INVITATION_DAYS``)."""
+    return timezone.now() + timedelta(days=settings.TRAINYARD["INVITATION_DAYS"])
+
+
 class Invitation(WorkspaceOwnedModel):
     """A role offered to a GitHub login or an email, taken up at that person's next sign-in.
 
@@ -87,6 +102,8 @@ class Invitation(WorkspaceOwnedModel):
     invited_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     accepted_at = models.DateTimeField(null=True, blank=True)
     accepted_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Not taken up by then: ignored at sign-in and not listed (inviting again renews it).
+    expires_at = models.DateTimeField(default=invitation_expiry)
 
     class Meta:
         constraints = [
@@ -118,3 +135,5 @@ class ApiToken(BaseModel):
     prefix = models.CharField(max_length=16)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # None: never expires (chosen at creation, `expires_in`).
+    expires_at = models.DateTimeField(null=True, blank=True)

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from social_core.exceptions import AuthResponseError
+from django.conf import settings
+from social_core.exceptions import AuthPolicyError, AuthResponseError
 
-from backend.accounts.services.users import GithubProfile, github_sign_in
+from backend.accounts.services.users import GithubProfile, github_allowed_by, github_sign_in
+
+
+class NotOnAllowlist(AuthPolicyError):
+    """The GitHub account is neither listed in TRAINYARD_GITHUB_ALLOW nor a member of an org listed there."""
+
+
+def github_allowed(backend: Any, response: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+    """Refuses a GitHub account that ``TRAINYARD_GITHUB_ALLOW`` does not name
+    (by login, or by an organization GitHub says it is an active member of)."""
+    login = response.get("login")
+    orgs = response.get("allowed_orgs") or []
+    if not github_allowed_by(settings.TRAINYARD_GITHUB_ALLOW, login=str(login or ""), orgs=orgs):
+        raise NotOnAllowlist(backend, "not on TRAINYARD_GITHUB_ALLOW", code="not_allowed", stage="pipeline")
 
 
 def github_user(backend: Any, uid: str, response: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

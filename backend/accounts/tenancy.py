@@ -2,7 +2,8 @@
 
 It resolves ``<workspace>`` from the URL against the caller's memberships
 (404 when not a member: another tenant's workspace does not exist for you)
-and enforces the role a write needs (viewers read only).
+and enforces the role a write needs (viewers read only), and for the few
+reads that are not for everyone the role a read needs (``read_role``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class WorkspaceAPIView(APIView):
     """Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``."""
 
     write_role: Role = Role.MEMBER
+    read_role: Role = Role.VIEWER
     workspace: Workspace
     membership: Membership
 
@@ -32,9 +34,15 @@ class WorkspaceAPIView(APIView):
         membership = membership_get(user=signed_in_user(request), workspace_slug=kwargs.get("workspace", ""))
         if membership is None:
             raise NotFound(f"Workspace {kwargs.get('workspace')!r} not found.")
-        if request.method in WRITE_METHODS and ROLE_RANK[Role(membership.role)] < ROLE_RANK[self.write_role]:
+        rank = ROLE_RANK[Role(membership.role)]
+        if request.method in WRITE_METHODS and rank < ROLE_RANK[self.write_role]:
             raise ApplicationError(
                 f"Your role in {membership.workspace.slug} is {membership.role}: it cannot make changes.",
+                status_code=403,
+            )
+        if request.method not in WRITE_METHODS and rank < ROLE_RANK[self.read_role]:
+            raise ApplicationError(
+                f"Your role in {membership.workspace.slug} is {membership.role}: only {self.read_role}s see this.",
                 status_code=403,
             )
         self.membership = membership

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.urls import include, path
-from social_django import views as social_views
 
 from backend.accounts import api, api_workspaces, views
 
@@ -12,7 +11,7 @@ ws = "api/v1/workspaces/<slug:workspace>"
 # Only sign-in: social-auth's disconnect and launch views are not exposed.
 social_patterns = (
     [
-        path("login/<str:backend>/", social_views.auth, name="begin"),
+        path("login/<str:backend>/", views.github_begin, name="begin"),
         path("complete/<str:backend>/", views.github_complete, name="complete"),
     ],
     "social",

@@ -8,6 +8,18 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from social_django import views as social_views
 
+from backend.core.throttling import client_ip, refusal_response, throttle_hit
+
+
+def github_begin(request: HttpRequest, backend: str) -> HttpResponse:
+    """Social-auth's start of a sign-in (POST-only, with CSRF), counted per
+    address under the ``login`` rate limit (nobody is known yet: no per-user count)."""
+    if request.method == "POST":
+        refusal = throttle_hit(scope="login", user="", ip=client_ip(request))
+        if refusal is not None:
+            return refusal_response(refusal)
+    return social_views.auth(request, backend)
+
 
 @never_cache
 @require_GET

@@ -24,12 +24,14 @@ from trainyard_runner import protocol
 from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun, file_rows
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus
+from backend.artifacts.quota import quota_check
 from backend.artifacts.services import (
     UPLOAD_URL_SECONDS,
     FileIn,
     Upload,
     artifact_complete,
     artifact_file_key,
+    artifacts_discard,
     part_size,
 )
 from backend.core.errors import ApplicationError, NotFound
@@ -108,8 +110,11 @@ def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Be
     parts = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
     root = storage.key_root(job.workspace_id)
     with transaction.atomic():
-        # An unfinished saving of the same path by this job (a retry) gives way.
-        Artifact.stored.filter(job=job, kind=ArtifactKind.CACHE, path=path, status=ArtifactStatus.UPLOADING).delete()
+        # An unfinished saving of the same path by this job (a retry) gives way, with its files.
+        artifacts_discard(
+            Artifact.stored.filter(job=job, kind=ArtifactKind.CACHE, path=path, status=ArtifactStatus.UPLOADING)
+        )
+        quota_check(workspace_id=job.workspace_id, requested=sum(f.size for f in files if f.path not in carried))
         saving: Artifact = Artifact.stored.create(
             workspace_id=job.workspace_id,
             run_id=job.run_id,
@@ -132,7 +137,7 @@ def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Be
             uploads.append(Upload(f.path, "", {}, parts[f.path], math.ceil(f.size / parts[f.path])))
         else:
             target = storage.upload_target(
-                f"{saving.storage_prefix}/{f.path}", sha256=f.sha256, seconds=UPLOAD_URL_SECONDS
+                f"{saving.storage_prefix}/{f.path}", sha256=f.sha256, size=f.size, seconds=UPLOAD_URL_SECONDS
             )
             uploads.append(Upload(f.path, target.url, target.headers))
     return Begun(saving, uploads, len(files) - len(uploads))

@@ -27,6 +27,7 @@ from trainyard_runner import protocol
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, CheckpointLatest
+from backend.artifacts.quota import quota_check
 from backend.artifacts.services import (
     UPLOAD_URL_SECONDS,
     FileIn,
@@ -89,7 +90,7 @@ def checkpoint_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) 
             uploads.append(Upload(f.path, "", {}, parts[f.path], math.ceil(f.size / parts[f.path])))
         else:
             key = f"{version.storage_prefix}/{f.path}"
-            target = storage.upload_target(key, sha256=f.sha256, seconds=UPLOAD_URL_SECONDS)
+            target = storage.upload_target(key, sha256=f.sha256, size=f.size, seconds=UPLOAD_URL_SECONDS)
             uploads.append(Upload(f.path, target.url, target.headers))
     return Begun(version, uploads, len(files) - len(uploads))
 
@@ -113,6 +114,9 @@ def _create_version(
         prefix = f"{root}/runs/{job.run_id}/jobs/{job.pk}/checkpoints/{attempt}/{number}"
         try:
             with transaction.atomic():
+                # Only the files not carried from the base version take room.
+                new_bytes = sum(f.size for f in files if f.path not in carried)
+                quota_check(workspace_id=job.workspace_id, requested=new_bytes)
                 version: Artifact = Artifact.stored.create(
                     workspace_id=job.workspace_id,
                     run_id=job.run_id,

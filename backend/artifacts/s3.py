@@ -40,17 +40,18 @@ class S3Storage(Storage):
             return self._s3.presign_get(key, seconds=lifetime, filename=filename).url
         raise ValueError("S3 uploads are bound to their checksum: use upload_target or part_targets")
 
-    def upload_target(self, key: str, *, sha256: str, seconds: int) -> Target:
-        signed = self._s3.presign_put(key, seconds=self._seconds(seconds), sha256=sha256)
+    def upload_target(self, key: str, *, sha256: str, size: int, seconds: int) -> Target:
+        signed = self._s3.presign_put(key, seconds=self._seconds(seconds), sha256=sha256, size=size)
         return Target(signed.url, signed.headers, signed.seconds)
 
     def multipart_create(self, key: str) -> str:
         return self._s3.create_multipart(key)
 
-    def part_targets(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> list[Target]:
+    def part_targets(self, key: str, *, upload_id: str, parts: list[tuple[int, str, int]]) -> list[Target]:
         seconds = self._seconds(None)
         signed = [
-            self._s3.presign_part(key, upload_id=upload_id, number=n, sha256=sha, seconds=seconds) for n, sha in parts
+            self._s3.presign_part(key, upload_id=upload_id, number=n, sha256=sha, size=size, seconds=seconds)
+            for n, sha, size in parts
         ]
         return [Target(s.url, s.headers, s.seconds) for s in signed]
 

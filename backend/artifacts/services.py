@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob
+from backend.artifacts.quota import Usage, over_quota, quota_check, storage_usage
 from backend.artifacts.storage import Part, Storage, Target
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
@@ -64,38 +65,56 @@ class Upload:
     parts: int = 0
 
 
-def blob_create(*, workspace: Workspace, user: User, chunks: Iterator[bytes]) -> Blob:
-    """Stream an upload into storage, hashing as it goes; enforce the size cap."""
+def blob_create(*, workspace: Workspace, user: User, chunks: Iterator[bytes], declared: int | None = None) -> Blob:
+    """Stream an upload into storage, hashing as it goes; enforce the size
+    cap and the workspace's storage quota (``declared``: the request's
+    Content-Length, checked before a byte is read)."""
     blob_id = uuid.uuid4()
     storage = storage_for_new(workspace_id=workspace.pk)
     key = f"{storage.key_root(workspace.pk)}/blobs/{blob_id}"
     digest = hashlib.sha256()
     limit = settings.TRAINYARD["MAX_BLOB_BYTES"]
+    usage = storage_usage(workspace_id=workspace.pk)
+    room = usage.quota - usage.used if usage.quota else None
+    if declared is not None:
+        _blob_fits(declared, limit, usage, room)
     seen = 0
 
     def hashed() -> Iterator[bytes]:
         nonlocal seen
         for chunk in chunks:
             seen += len(chunk)
-            if seen > limit:
-                raise ApplicationError(
-                    f"The upload is larger than TRAINYARD_MAX_BLOB_BYTES ({limit} bytes): "
-                    "add large files to .gitignore or push them to a remote.",
-                    status_code=413,
-                )
+            _blob_fits(seen, limit, usage, room)
             digest.update(chunk)
             yield chunk
 
     size = storage.write(key, hashed())
-    return Blob.objects.create(
-        id=blob_id,
-        workspace=workspace,
-        size=size,
-        sha256=digest.hexdigest(),
-        storage_key=key,
-        created_by=user,
-        **location_of(storage),
-    )
+    try:
+        with transaction.atomic():
+            quota_check(workspace_id=workspace.pk, requested=size)  # another upload may have taken the room
+            return Blob.objects.create(
+                id=blob_id,
+                workspace=workspace,
+                size=size,
+                sha256=digest.hexdigest(),
+                storage_key=key,
+                created_by=user,
+                **location_of(storage),
+            )
+    except ApplicationError:
+        storage.delete([key])
+        raise
+
+
+def _blob_fits(size: int, limit: int, usage: Usage, room: int | None) -> None:
+    if size > limit:
+        raise ApplicationError(
+            f"The upload is larger than TRAINYARD_MAX_BLOB_BYTES ({limit} bytes): "
+            "list large files in .trainyardignore (or .gitignore), or commit and push them.",
+            status_code=413,
+        )
+    if room is not None and size > room:
+        raise over_quota(usage, size)
 
 
 def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifact, list[Upload]]:
@@ -108,11 +127,12 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
     threshold = settings.TRAINYARD["MULTIPART_THRESHOLD"]
     part_sizes = {f.path: part_size(f.size) if storage.multipart and f.size > threshold else 0 for f in files}
     with transaction.atomic():
-        # A retried upload (runner reconnected) replaces the unfinished one;
-        # its unfinished multipart uploads are left to the bucket's lifecycle
-        # rule (docs/STORAGE.md). A complete one stays until this one is
-        # complete (``artifact_complete``): a failed upload loses nothing.
-        Artifact.objects.filter(job=job, path=path, status=ArtifactStatus.UPLOADING).delete()
+        # A retried upload (runner reconnected) replaces the unfinished one,
+        # whose files and multipart uploads go once this is committed. A
+        # complete one stays until this one is complete (``artifact_complete``):
+        # a failed upload loses nothing.
+        artifacts_discard(Artifact.objects.filter(job=job, path=path, status=ArtifactStatus.UPLOADING))
+        quota_check(workspace_id=job.workspace_id, requested=sum(f.size for f in files))
         artifact = Artifact.objects.create(
             workspace_id=job.workspace_id,
             run_id=job.run_id,
@@ -132,9 +152,42 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
             uploads.append(Upload(f.path, "", {}, part_sizes[f.path], math.ceil(f.size / part_sizes[f.path])))
         else:
             # Local storage: every URL outlives the whole upload. S3: 15 minutes, then the runner asks again.
-            target = storage.upload_target(f"{prefix}/{f.path}", sha256=f.sha256, seconds=UPLOAD_URL_SECONDS)
+            target = storage.upload_target(
+                f"{prefix}/{f.path}", sha256=f.sha256, size=f.size, seconds=UPLOAD_URL_SECONDS
+            )
             uploads.append(Upload(f.path, target.url, target.headers))
     return artifact, uploads
+
+
+def artifacts_discard(artifacts: models.QuerySet[Artifact]) -> int:
+    """Delete the rows of ``artifacts`` (unfinished uploads: a retried begin,
+    the garbage collector) and, once that is committed, their own objects and
+    unfinished multipart uploads. Never an object another row points at (a
+    checkpoint or cache file carried into a kept version). Returns rows deleted."""
+    doomed = list(artifacts.prefetch_related("files"))
+    if not doomed:
+        return 0
+    ids = [a.pk for a in doomed]
+    own = {a.pk: [(f, f"{a.storage_prefix}/{f.path}") for f in a.files.all() if not f.key] for a in doomed}
+    keys = [k for pairs in own.values() for _, k in pairs]
+    shared = set(ArtifactFile.objects.filter(key__in=keys).exclude(artifact_id__in=ids).values_list("key", flat=True))
+    plans = [(a, [(f, k) for f, k in own[a.pk] if k not in shared]) for a in doomed]
+    Artifact.stored.filter(base_id__in=ids).update(base=None)
+    Artifact.stored.filter(pk__in=ids).delete()
+
+    def delete_objects() -> None:
+        for artifact, files in plans:
+            try:
+                storage = storage_of(artifact)
+                for f, key in files:
+                    if f.upload_id and not f.part_sha256s:
+                        storage.multipart_abort(key, upload_id=f.upload_id)
+                storage.delete([key for _, key in files])
+            except Exception:  # the rows are gone; the garbage collector finds what is left
+                logger.exception("artifact %s: deleting the objects of an abandoned upload failed", artifact.pk)
+
+    transaction.on_commit(delete_objects)
+    return len(doomed)
 
 
 def artifact_upload_targets(*, artifact: Artifact, path: str, parts: list[tuple[int, str]]) -> list[Target]:
@@ -147,12 +200,14 @@ def artifact_upload_targets(*, artifact: Artifact, path: str, parts: list[tuple[
     if not file.part_size:
         if parts:
             raise ApplicationError(f"{path} is uploaded whole, not in parts.")
-        return [storage.upload_target(key, sha256=file.sha256, seconds=UPLOAD_URL_SECONDS)]
+        return [storage.upload_target(key, sha256=file.sha256, size=file.size, seconds=UPLOAD_URL_SECONDS)]
     _check_parts(file, [n for n, _ in parts], complete=False)
     for _, sha in parts:
         if not _SHA256.match(sha):
             raise ApplicationError(f"part sha256 {sha!r} of {path} is not 64 lowercase hex digits.")
-    return storage.part_targets(key, upload_id=_upload_id(storage, key, file), parts=parts)
+    # Each part's URL is bound to its size: part_size, the last one the rest.
+    sized = [(n, sha, min(file.part_size, file.size - (n - 1) * file.part_size)) for n, sha in parts]
+    return storage.part_targets(key, upload_id=_upload_id(storage, key, file), parts=sized)
 
 
 def artifact_parts_complete(*, artifact: Artifact, path: str, parts: list[Part]) -> None:

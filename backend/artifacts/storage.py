@@ -71,17 +71,17 @@ class Storage(ABC):
         """A URL that allows exactly ``method`` on ``key`` until it expires;
         a GET always downloads (attachment, application/octet-stream)."""
 
-    def upload_target(self, key: str, *, sha256: str, seconds: int) -> Target:
-        """Where one whole file is PUT; the storage may bind the URL to the
-        file's checksum."""
+    def upload_target(self, key: str, *, sha256: str, size: int, seconds: int) -> Target:
+        """Where one whole file is PUT: a URL bound to the file's checksum and
+        its declared ``size`` (a larger body is refused)."""
         return Target(self.signed_url(key, method="PUT", seconds=seconds), {}, seconds)
 
     def multipart_create(self, key: str) -> str:
         """Start a multipart upload of ``key``; returns its upload id."""
         raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
 
-    def part_targets(self, key: str, *, upload_id: str, parts: list[tuple[int, str]]) -> list[Target]:
-        """One PUT target per (part number, part sha256 hex)."""
+    def part_targets(self, key: str, *, upload_id: str, parts: list[tuple[int, str, int]]) -> list[Target]:
+        """One PUT target per (part number, part sha256 hex, part size in bytes)."""
         raise NotImplementedError(f"{type(self).__name__} does not upload in parts")
 
     def multipart_complete(self, key: str, *, upload_id: str, parts: list[Part]) -> None:
@@ -132,29 +132,48 @@ class LocalStorage(Storage):
         return "" if digest.hexdigest() == sha256 else "sha256 differs"
 
     def signed_url(
-        self, key: str, *, method: Method, seconds: int | None = None, filename: str = "", sha256: str = ""
+        self,
+        key: str,
+        *,
+        method: Method,
+        seconds: int | None = None,
+        filename: str = "",
+        sha256: str = "",
+        size: int | None = None,
     ) -> str:
         lifetime = seconds or settings.TRAINYARD["SIGNED_URL_SECONDS"]
         expires = int(time.time() + lifetime)
-        data = {"k": key, "m": method, "f": filename, "x": expires, **({"s": sha256} if sha256 else {})}
+        data: dict[str, object] = {"k": key, "m": method, "f": filename, "x": expires}
+        if sha256:
+            data["s"] = sha256
+        if size is not None:
+            data["n"] = size
         token = signing.dumps(data, salt=_SALT, compress=True)
         return f"{settings.PUBLIC_URL}/storage/{token}"
 
-    def upload_target(self, key: str, *, sha256: str, seconds: int) -> Target:
-        """A PUT bound to the file's sha256, as S3's checksum binds it: other
-        bytes are refused, and once the object is there only the same bytes
-        are taken again (a finished artifact is immutable)."""
-        return Target(self.signed_url(key, method="PUT", seconds=seconds, sha256=sha256), {}, seconds)
+    def upload_target(self, key: str, *, sha256: str, size: int, seconds: int) -> Target:
+        """A PUT bound to the file's sha256 and size, as S3's checksum and
+        signed Content-Length bind it: other bytes, or more of them, are
+        refused, and once the object is there only the same bytes are taken
+        again (a finished artifact is immutable)."""
+        url = self.signed_url(key, method="PUT", seconds=seconds, sha256=sha256, size=size)
+        return Target(url, {}, seconds)
 
-    def write_checked(self, key: str, chunks: Iterator[bytes], *, sha256: str) -> int:
-        """``write`` for a PUT bound to ``sha256``: the bytes are stored only
-        if they hash to it (``ChecksumMismatch`` otherwise, nothing written);
-        an object already there is never replaced (``ObjectExists`` unless the
-        new bytes are the same)."""
+    def write_checked(self, key: str, chunks: Iterator[bytes], *, sha256: str, size: int | None = None) -> int:
+        """``write`` for a PUT bound to ``sha256`` (and ``size``): the bytes are
+        stored only if they hash to it (``ChecksumMismatch`` otherwise, nothing
+        written); reading stops at the first byte beyond ``size``
+        (``TooLarge``, nothing written); an object already there is never
+        replaced (``ObjectExists`` unless the new bytes are the same)."""
         digest = hashlib.sha256()
+        limit = size  # ``size`` below counts what was written
 
         def hashed() -> Iterator[bytes]:
+            seen = 0
             for chunk in chunks:
+                seen += len(chunk)
+                if limit is not None and seen > limit:
+                    raise TooLarge(f"the body is larger than the {limit:,} bytes this link was signed for")
                 digest.update(chunk)
                 yield chunk
 
@@ -235,12 +254,17 @@ class ObjectExists(Exception):
     """A PUT for an object that is already stored (with other bytes)."""
 
 
+class TooLarge(Exception):
+    """A PUT's body is larger than the size its link was signed for."""
+
+
 @dataclass(frozen=True)
 class SignedRequest:
     key: str
     method: Method
     filename: str
     sha256: str  # a PUT bound to its body's checksum; "" for none
+    size: int | None = None  # a PUT bound to its body's size (bytes); None for none
 
 
 def verify_token(token: str) -> SignedRequest:
@@ -248,7 +272,10 @@ def verify_token(token: str) -> SignedRequest:
     data = signing.loads(token, salt=_SALT)
     if time.time() > data["x"]:
         raise signing.SignatureExpired("the link has expired")
-    return SignedRequest(data["k"], data["m"], data.get("f", ""), data.get("s", ""))
+    size = data.get("n")
+    return SignedRequest(
+        data["k"], data["m"], data.get("f", ""), data.get("s", ""), int(size) if size is not None else None
+    )
 
 
 def redact_signed_urls(text: str) -> str:

@@ -21,7 +21,14 @@ from django.views.decorators.csrf import csrf_exempt
 
 from backend.artifacts.archive import archive_name, archive_token, zip_stream
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import ChecksumMismatch, ObjectExists, get_storage, verify_token
+from backend.artifacts.storage import (
+    ChecksumMismatch,
+    ObjectExists,
+    SignedRequest,
+    TooLarge,
+    get_storage,
+    verify_token,
+)
 
 CHUNK = 1 << 20
 DOWNLOAD_TYPE = "application/octet-stream"
@@ -58,8 +65,13 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     if method == "PUT":
         if not signed.sha256:  # blobs: written by the server itself, never through a link
             return _error(403, "This link is not valid for an upload.")
+        declared = put_size_refusal(signed, request.META.get("CONTENT_LENGTH") or "")
+        if declared:
+            return _error(413, declared, {"limit_bytes": signed.size})
         try:
-            size = storage.write_checked(key, _body(request), sha256=signed.sha256)
+            size = storage.write_checked(key, _body(request), sha256=signed.sha256, size=signed.size)
+        except TooLarge as e:
+            return _error(413, f"The upload is too large: {e}.", {"limit_bytes": signed.size})
         except ChecksumMismatch as e:
             return _error(400, f"The uploaded bytes are not the file this link is for ({e}).")
         except ObjectExists:
@@ -96,5 +108,13 @@ def _body(request: HttpRequest) -> Iterator[bytes]:
         yield chunk
 
 
-def _error(status: int, message: str) -> JsonResponse:
-    return JsonResponse({"message": message, "extra": {}}, status=status)
+def put_size_refusal(signed: SignedRequest, content_length: str) -> str:
+    """Why a PUT declaring ``content_length`` is refused before its body is
+    read ("" if it is not): more bytes than its link was signed for."""
+    if signed.size is None or not content_length.isdigit() or int(content_length) <= signed.size:
+        return ""
+    return f"The upload declares {int(content_length):,} bytes; this link takes {signed.size:,} at most."
+
+
+def _error(status: int, message: str, extra: dict[str, object] | None = None) -> JsonResponse:
+    return JsonResponse({"message": message, "extra": extra or {}}, status=status)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -22,16 +23,18 @@ logger = logging.getLogger(__name__)
 PULSE_SECONDS = 3.0
 
 
-async def serve_lifespan(receive: Any, send: Any) -> None:
-    """ASGI lifespan: start the pulse at startup, stop it at shutdown."""
-    task: asyncio.Task[None] | None = None
+async def serve_lifespan(
+    receive: Any, send: Any, *, also: Sequence[Callable[[], Coroutine[Any, Any, None]]] = ()
+) -> None:
+    """ASGI lifespan: start the pulse (and the loops in ``also``) at startup, stop them at shutdown."""
+    tasks: list[asyncio.Task[None]] = []
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            task = asyncio.create_task(pulse_forever())
+            tasks = [asyncio.create_task(loop()) for loop in (pulse_forever, *also)]
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -3,7 +3,9 @@
 Both take the instance id only, re-read the row, and are safe to run twice
 (``acks_late``: a worker SIGKILLed mid-task gets the task redelivered, and the
 backend's idempotency key makes the second launch find the first machine).
-Retries are bounded and only for transient errors.
+Retries are bounded and only for transient errors. A launch whose worker
+died under it too often is parked (backend/core/deliveries.py) and its row
+ends as a failed launch.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from __future__ import annotations
 from celery import shared_task
 
 from backend.clouds.services.facts import accounts_refresh_facts
-from backend.clouds.services.provisioning import LaunchOutcome, instance_launch_run, instance_terminate_run
+from backend.clouds.services.provisioning import (
+    LaunchOutcome,
+    instance_launch_parked,
+    instance_launch_run,
+    instance_terminate_run,
+)
+from backend.core.deliveries import on_park
 
 LAUNCH_RETRIES = 3
 TERMINATE_RETRIES = 60  # a machine that takes long to go down is checked again and again
@@ -38,3 +46,6 @@ def facts_refresh(account_id: str | None = None) -> int:
     """Account facts older than TRAINYARD_FACTS_REFRESH_SECONDS (or one
     account's, right after it was connected); from Celery beat."""
     return accounts_refresh_facts(account_id=account_id)
+
+
+on_park("backend.clouds.tasks.instance_launch")(instance_launch_parked)

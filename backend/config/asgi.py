@@ -15,14 +15,20 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from backend.clouds.pulse import serve_lifespan  # noqa: E402
+from backend.config.body_limit import BodyLimit  # noqa: E402
 from backend.config.routing import websocket_urlpatterns  # noqa: E402
+from backend.core.origins import WebsocketOriginGuard  # noqa: E402
+from backend.ops.connections import CountConnections, publish_forever  # noqa: E402
 
 router = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # An oversized body is refused before Django reads it (body_limit.py).
+        "http": BodyLimit(django_asgi_app),
         # Authentication happens in each consumer (token header or session),
-        # so consumers can close with 4401/4403 instead of a bare 403.
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        # so consumers can close with 4401/4403 instead of a bare 403. A socket
+        # the session cookie would authenticate must come from an allowed Origin.
+        # Open sockets are counted for /metrics (backend/ops/connections.py).
+        "websocket": CountConnections(WebsocketOriginGuard(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )
 
@@ -30,8 +36,9 @@ router = ProtocolTypeRouter(
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The router, plus the lifespan: while this process serves, it writes its
     pulse (``backend.clouds.pulse``), so the reconciler can tell "a runner went
-    silent" from "this server could not hear anyone"."""
+    silent" from "this server could not hear anyone", and publishes its count
+    of open websockets (``backend.ops.connections``)."""
     if scope["type"] == "lifespan":
-        await serve_lifespan(receive, send)
+        await serve_lifespan(receive, send, also=[publish_forever])
         return
     await router(scope, receive, send)

@@ -6,6 +6,7 @@ Safe defaults serve the embedded mode (`make run`); production sets
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
@@ -19,6 +20,7 @@ from backend.core.env import (
     env_int,
     env_json,
     env_list,
+    env_rate,
     env_str,
     env_url,
     read_env_file,
@@ -40,11 +42,12 @@ if not DATABASE_URL or not REDIS_URL:
         f"(no {DATA_DIR / 'embedded.env'}). Start them with `make run`, or set both variables."
     )
 
+DEVELOPMENT_SECRET_KEY = "trainyard-embedded-development-key-not-for-production"
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     if PRODUCTION:
         raise ConfigError("DJANGO_SECRET_KEY must be set in production (or DJANGO_SECRET_KEY_FILE).")
-    SECRET_KEY = "trainyard-embedded-development-key-not-for-production"
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
 DEBUG = env_bool("DJANGO_DEBUG", not PRODUCTION)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", [] if PRODUCTION else ["*"])
 if PRODUCTION and not ALLOWED_HOSTS:
@@ -53,6 +56,33 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 # The address runners and signed URLs use to reach this server.
 PUBLIC_URL = env_str("TRAINYARD_PUBLIC_URL", f"http://127.0.0.1:{env_int('TRAINYARD_PORT', 8000)}").rstrip("/")
+
+# --- HTTPS and browser hardening (docs/decisions/0041-https-and-csp.md) -----
+# On in production: the site is served over HTTPS, directly or by a proxy that
+# terminates TLS; cookies are secure-only, plain HTTP is redirected, HSTS is sent.
+HTTPS = env_bool("TRAINYARD_HTTPS", PRODUCTION)
+if HTTPS and not PUBLIC_URL.startswith("https://"):
+    raise ConfigError(
+        f"TRAINYARD_PUBLIC_URL is {PUBLIC_URL}, but the site is served over HTTPS (TRAINYARD_HTTPS, on in "
+        "production): set TRAINYARD_PUBLIC_URL=https://<host>, or TRAINYARD_HTTPS=false to serve plain HTTP."
+    )
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+# Load balancers probe the health endpoint over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/health/$"]  # /healthz, /readyz, /metrics: backend/ops/middleware.py
+SECURE_HSTS_SECONDS = env_int("TRAINYARD_HSTS_SECONDS", 31_536_000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = env_bool("TRAINYARD_HSTS_PRELOAD", False)
+if not SECURE_HSTS_PRELOAD:
+    # Preloading is the operator's commitment for a whole domain, never a default.
+    SILENCED_SYSTEM_CHECKS = ["security.W021"]
+# The header a TLS-terminating proxy sets (and overwrites) to say the request
+# came over HTTPS; empty: no proxy, trust only the connection itself.
+_proxy_ssl_header = env_str("TRAINYARD_PROXY_SSL_HEADER", "X-Forwarded-Proto" if HTTPS else "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -77,7 +107,13 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz, /readyz and /metrics, answered before host checks, HTTPS
+    # redirects, sessions and auth: what a probe or a scraper needs.
+    "backend.ops.middleware.OperationsEndpoints",
     "django.middleware.security.SecurityMiddleware",
+    "backend.core.csp.ContentSecurityPolicyMiddleware",
+    # 400 for a NUL or control character in the path or query (backend/core/input.py).
+    "backend.core.input.RefuseControlCharacters",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -126,6 +162,9 @@ DATABASES = {
     )
 }
 
+# A group membership not renewed for this long is dropped by the channel layer;
+# followers renew theirs (backend/runs/consumers/watch.py).
+CHANNEL_GROUP_EXPIRY_SECONDS = env_int("TRAINYARD_CHANNEL_GROUP_EXPIRY_SECONDS", 86400)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -139,6 +178,7 @@ CHANNEL_LAYERS = {
             # batch; room for bursts without dropping.
             "capacity": 1000,
             "expiry": 60,
+            "group_expiry": CHANNEL_GROUP_EXPIRY_SECONDS,
         },
     }
 }
@@ -189,10 +229,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # DRF's defaults, with a JSON parser that refuses NUL characters (backend/core/input.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "backend.core.input.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "EXCEPTION_HANDLER": "backend.core.api_errors.api_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "backend.core.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Only views that name a scope per method (``throttle_scopes``) are counted (backend/core/throttling.py).
+    "DEFAULT_THROTTLE_CLASSES": ["backend.core.throttling.ScopedRedisThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trainyard API",
@@ -214,14 +262,33 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# "plain" (the default) or "json": one JSON object per line, for a log
+# collector (docs/DEPLOY.md, "Logs"). In JSON, the web server's own loggers go
+# through the same handler, so its access and error lines are JSON too.
+LOG_FORMAT = env_str("TRAINYARD_LOG_FORMAT", "plain").strip().lower() or "plain"
+if LOG_FORMAT not in ("plain", "json"):
+    raise ConfigError(f"TRAINYARD_LOG_FORMAT={LOG_FORMAT!r} is not a log format: use plain or json.")
+_SERVER_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "daphne")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(levelname)s %(name)s: %(message)s"}},
+    "formatters": {
+        "plain": {"format": "%(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "backend.core.logjson.JsonFormatter"},
+    },
     "filters": {"drop_beat_ticks": {"()": "backend.core.logfilters.DropBeatTicks"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("TRAINYARD_LOG_LEVEL", "INFO")},
     "loggers": {
+        **(
+            {
+                **{name: {"handlers": ["console"], "propagate": False} for name in _SERVER_LOGGERS},
+                # Django's own default handler (plain text, in DEBUG) is dropped: its records reach the root.
+                "django": {"handlers": [], "propagate": True},
+            }
+            if LOG_FORMAT == "json"
+            else {}
+        ),
         "django.db.backends": {"level": "WARNING"},
         # The reconciler runs every few seconds: one line per task and per
         # beat tick would bury everything else in `make run`'s output.
@@ -230,6 +297,13 @@ LOGGING = {
         "celery.beat": {"level": "INFO", "filters": ["drop_beat_ticks"]},
     },
 }
+
+# --- Operations (docs/DEPLOY.md) -------------------------------------------
+# /metrics answers only with this bearer token; unset, it answers 404.
+METRICS_TOKEN = env_str("TRAINYARD_METRICS_TOKEN", "")
+# Shared metric values in Redis live under this prefix (the channel layer's:
+# installs sharing a Redis stay apart).
+METRICS_PREFIX = env_str("TRAINYARD_CHANNEL_PREFIX", "trainyard") + ":metrics"
 
 # --- Sign-in ----------------------------------------------------------------
 # A GitHub OAuth app (or GitHub Enterprise: set both URLs). The app's callback
@@ -243,11 +317,21 @@ GITHUB_API_URL = env_url("GITHUB_API_URL", "https://api.github.com")
 # The local password login (user `admin`, see ensure_admin): the embedded
 # default's way in when no GitHub app is configured.
 TRAINYARD_LOCAL_LOGIN = env_bool("TRAINYARD_LOCAL_LOGIN", not GITHUB_CLIENT_ID)
+# Who may sign in with GitHub: logins and `org:<name>` (active members of that
+# organization; asks GitHub for read:org). Empty: every GitHub user. Checked
+# at each sign-in (backend/accounts/pipeline.py); required at start while the
+# local backend is on (see the end of this file).
+TRAINYARD_GITHUB_ALLOW = [entry.lower() for entry in env_list("TRAINYARD_GITHUB_ALLOW", [])]
+_GITHUB_NAME = re.compile(r"^(org:)?[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){0,38}$")
+if bad := [entry for entry in TRAINYARD_GITHUB_ALLOW if not _GITHUB_NAME.match(entry)]:
+    raise ConfigError(f"TRAINYARD_GITHUB_ALLOW: {bad[0]!r} is not a GitHub login or org:<organization>.")
 
 SOCIAL_AUTH_PIPELINE = (
     "social_core.pipeline.social_auth.social_details",
     "social_core.pipeline.social_auth.social_uid",
     "social_core.pipeline.social_auth.auth_allowed",
+    # TRAINYARD_GITHUB_ALLOW: refused before any account is made or updated.
+    "backend.accounts.pipeline.github_allowed",
     # Finds or creates the user by GitHub's numeric id: never by email.
     "backend.accounts.pipeline.github_user",
     "social_core.pipeline.social_auth.social_user",
@@ -273,6 +357,10 @@ class TrainyardSettings(TypedDict):
     S3_URL_SECONDS: int
     MULTIPART_THRESHOLD: int
     MULTIPART_PART_SIZE: int
+    STORAGE_QUOTA_BYTES: int
+    GC_GRACE_SECONDS: float
+    GC_EVERY_SECONDS: float
+    UNAUTHENTICATED_BODY_BYTES: int
     CHECKPOINT_SYNC_SECONDS: float
     MOUNT_SYNC_SECONDS: float
     CHECKPOINT_KEEP: int
@@ -291,14 +379,52 @@ class TrainyardSettings(TypedDict):
     LOCAL_SHAPES: list[dict[str, Any]]
     BACKEND_KINDS: dict[str, str]
     TEST_DROP_ACCEPTANCES: str
+    TEST_DROP_LOG_BATCHES: str
+    LOG_PAGE_BYTES: int
+    RUNS_EXACT_COUNT_UP_TO: int
+    LOG_CAP_BYTES: int
+    LOG_RETENTION_DAYS: int
+    TEST_CRASH_SUBJECTS: str
+    DB_CONFLICT_RETRIES: int
+    TASK_MAX_DELIVERIES: int
+    SCHEDULE_MAX_PASSES: int
     LEAK_SWEEP_SECONDS: float
     LEAK_MIN_AGE_SECONDS: float
     FACTS_REFRESH_SECONDS: float
+    WARM_BACKENDS: bool
     SECRET_KEYS: list[str]
     RUNNER_WHEELHOUSE: Path
     RUNNER_MAX_LIFETIME_SECONDS: float
     RUNNER_POWER_OFF_AFTER_SECONDS: float
+    INPUT_PAGE_FILES: int
     AWS_PRINCIPAL_ARN: str
+    RATE_LIMITS: dict[str, dict[str, tuple[int, int] | None]]
+    INVITATION_DAYS: float
+    RATE_LIMIT_PREFIX: str
+    WS_RECHECK_SECONDS: float
+
+
+# Rate limits (backend/core/ratelimit.py): per scope, hits per user and per
+# client address in a fixed window, counted in Redis. Defaults are generous
+# (the test suite and `make run` never reach them); `off` switches one off.
+_RATE_DEFAULTS = {
+    "login": ("20/min", "60/min"),  # password login (user: the username tried) and the GitHub sign-in start
+    "token": ("20/min", "60/min"),  # API token creation
+    "run": ("120/min", "600/min"),  # run submission and re-run
+    "blob": ("120/min", "600/min"),  # code archive / patch upload
+    "plan": ("120/min", "600/min"),  # the dry-run plan
+    "ws": ("240/min", "1200/min"),  # browser and CLI websocket connects
+    # Runner websocket connects: "user" is per runner (its token), "ip" counts
+    # only connects whose token was refused, so a fleet behind one NAT is never limited.
+    "runner": ("60/min", "120/min"),
+}
+_RATE_LIMITS = {
+    scope: {
+        "user": env_rate(f"TRAINYARD_RATE_{scope.upper()}_USER", user),
+        "ip": env_rate(f"TRAINYARD_RATE_{scope.upper()}_IP", ip),
+    }
+    for scope, (user, ip) in _RATE_DEFAULTS.items()
+}
 
 
 TRAINYARD: TrainyardSettings = {
@@ -315,6 +441,18 @@ TRAINYARD: TrainyardSettings = {
     "S3_URL_SECONDS": env_int("TRAINYARD_S3_URL_SECONDS", 900),
     "MULTIPART_THRESHOLD": env_int("TRAINYARD_MULTIPART_THRESHOLD", 64 * 1024 * 1024),
     "MULTIPART_PART_SIZE": env_int("TRAINYARD_MULTIPART_PART_SIZE", 64 * 1024 * 1024),
+    # Bytes a workspace may keep in storage (artifacts, checkpoint versions,
+    # caches, code blobs; 0: no quota); a workspace's storage_quota_bytes
+    # overrides it. An upload that would go over is refused with 413.
+    "STORAGE_QUOTA_BYTES": env_int("TRAINYARD_STORAGE_QUOTA_BYTES", 1 << 40),
+    # Storage garbage collection (backend/artifacts/gc.py), this often: an
+    # unreferenced blob, an abandoned upload or a stale temporary file goes
+    # only once it is older than the grace period.
+    "GC_GRACE_SECONDS": env_float("TRAINYARD_GC_GRACE_SECONDS", 7 * 86400.0),
+    "GC_EVERY_SECONDS": env_float("TRAINYARD_GC_EVERY_SECONDS", 3600.0),
+    # A request without a valid credential whose body is larger than this is
+    # refused (413) before its body is read (backend/config/body_limit.py).
+    "UNAUTHENTICATED_BODY_BYTES": env_int("TRAINYARD_UNAUTHENTICATED_BODY_BYTES", 64 * 1024),
     # Checkpoints (docs/RUNNER.md, "Checkpoints"): the runner syncs a job's
     # ``checkpoint:`` path this often when it changed; the server keeps this
     # many complete versions of a job and prunes older ones.
@@ -322,6 +460,8 @@ TRAINYARD: TrainyardSettings = {
     "MOUNT_SYNC_SECONDS": env_float("TRAINYARD_MOUNT_SYNC_SECONDS", 10.0),
     "CHECKPOINT_KEEP": env_int("TRAINYARD_CHECKPOINT_KEEP", 3),
     # Runners
+    # Files per page of an input's manifest (GET …/runner/jobs/<job>/inputs/).
+    "INPUT_PAGE_FILES": env_int("TRAINYARD_INPUT_PAGE_FILES", 1000),
     "HEARTBEAT_SECONDS": env_float("TRAINYARD_HEARTBEAT_SECONDS", 2.0),
     "HEARTBEAT_TIMEOUT_SECONDS": env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 15.0),
     "LEASE_SECONDS": env_float("TRAINYARD_LEASE_SECONDS", 15.0),
@@ -346,11 +486,34 @@ TRAINYARD: TrainyardSettings = {
     "BACKEND_KINDS": env_json("TRAINYARD_BACKEND_KINDS", {}),
     # Test hook: a file whose lines each drop one job acceptance (never set in production).
     "TEST_DROP_ACCEPTANCES": env_str("TRAINYARD_TEST_DROP_ACCEPTANCES", ""),
+    # Test hook: a file whose lines each make the server lose one stored log batch.
+    "TEST_DROP_LOG_BATCHES": env_str("TRAINYARD_TEST_DROP_LOG_BATCHES", ""),
+    # Logs (docs/RUNS.md, "Logs"): one page of a job's log (REST, a follower's
+    # catch-up) holds at most this many bytes of text (and at least one line);
+    # a job stores at most LOG_CAP_BYTES of output unless its workspace sets
+    # its own cap; finished runs' logs are deleted after LOG_RETENTION_DAYS (0: kept).
+    "LOG_PAGE_BYTES": env_int("TRAINYARD_LOG_PAGE_BYTES", 4 << 20),
+    # The runs list counts its matches exactly up to this many; above, it
+    # gives the planner's estimate and says so (count_estimated: docs/API.md).
+    "RUNS_EXACT_COUNT_UP_TO": env_int("TRAINYARD_RUNS_EXACT_COUNT_UP_TO", 1000),
+    "LOG_CAP_BYTES": env_int("TRAINYARD_LOG_CAP_BYTES", 1 << 30),
+    "LOG_RETENTION_DAYS": env_int("TRAINYARD_LOG_RETENTION_DAYS", 90),
+    # Test hook: a file of task subjects ("job:<id>"); a task that notes one kills its worker (never in production).
+    "TEST_CRASH_SUBJECTS": env_str("TRAINYARD_TEST_CRASH_SUBJECTS", ""),
+    # A transaction that lost a deadlock or serialization race is tried again this many times (backend/core/db.py).
+    "DB_CONFLICT_RETRIES": env_int("TRAINYARD_DB_CONFLICT_RETRIES", 5),
+    # A task whose worker died this many times under it is parked, not run again (backend/core/deliveries.py).
+    "TASK_MAX_DELIVERIES": env_int("TRAINYARD_TASK_MAX_DELIVERIES", 3),
+    # One schedule task runs at most this many passes in a row while new requests keep coming.
+    "SCHEDULE_MAX_PASSES": env_int("TRAINYARD_SCHEDULE_MAX_PASSES", 20),
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # A machine with our tags and no live row is left alone until it is this old (CLOUDS.md: 10 min).
     "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),
     # Account facts (zones, offerings, spot prices, quotas) are asked for again after this long.
     "FACTS_REFRESH_SECONDS": env_float("TRAINYARD_FACTS_REFRESH_SECONDS", 600.0),
+    # The Celery worker loads every backend's SDK data (botocore's models:
+    # ~0.3 s, ~25 MB) before it forks its pool, so no pool process pays it on its first launch.
+    "WARM_BACKENDS": env_bool("TRAINYARD_WARM_BACKENDS", True),
     # Fernet keys for secrets at rest; the first encrypts (see backend/vault/crypto.py).
     "SECRET_KEYS": env_list("TRAINYARD_SECRET_KEYS", []),
     # Machines that boot from an image install the runner from this server
@@ -363,7 +526,30 @@ TRAINYARD: TrainyardSettings = {
     # The server's own AWS identity (role or user ARN): the principal a
     # workspace's role trusts (GET .../backends/aws/setup; README "Connecting AWS").
     "AWS_PRINCIPAL_ARN": env_str("TRAINYARD_AWS_PRINCIPAL_ARN", ""),
+    "RATE_LIMITS": _RATE_LIMITS,
+    # An invitation to a workspace not taken up within this many days is void (inviting again renews it).
+    "INVITATION_DAYS": env_float("TRAINYARD_INVITATION_DAYS", 7.0),
+    # The counters' key prefix in Redis (the channel layer's, so installs sharing a Redis stay apart).
+    "RATE_LIMIT_PREFIX": env_str("TRAINYARD_CHANNEL_PREFIX", "trainyard") + ":ratelimit",
+    # A browser or CLI websocket re-checks its credentials and membership this
+    # often, and is closed once they are gone (signed out, token revoked, removed, deactivated).
+    "WS_RECHECK_SECONDS": env_float("TRAINYARD_WS_RECHECK_SECONDS", 30.0),
 }
+# GitHub sign-in opens the server to people it does not know: with the local
+# backend on, anyone signing in would run commands on this host, and with the
+# built-in key anyone could forge a session (or a runner's token).
+if GITHUB_CLIENT_ID and SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+    raise ConfigError(
+        "GitHub sign-in is configured (GITHUB_CLIENT_ID) with the built-in development DJANGO_SECRET_KEY,"
+        " which anyone can read: set DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) to a long random value."
+    )
+if GITHUB_CLIENT_ID and TRAINYARD["LOCAL_BACKEND_ENABLED"] and not TRAINYARD_GITHUB_ALLOW:
+    raise ConfigError(
+        "GitHub sign-in is configured (GITHUB_CLIENT_ID) and the local backend is on, so any GitHub user"
+        " could sign in and run commands on this host as the server's user. Set TRAINYARD_GITHUB_ALLOW to who"
+        " may sign in (GitHub logins and org:<organization>, comma-separated, e.g. alice,org:acme), or turn"
+        " the local backend off (TRAINYARD_LOCAL_BACKEND=false)."
+    )
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(
         "TRAINYARD_SECRET_KEYS must be set in production: generate one with "
@@ -377,4 +563,9 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Checks every minute; an account's facts are refreshed when older than FACTS_REFRESH_SECONDS.
     "facts-refresh": {"task": "backend.clouds.tasks.facts_refresh", "schedule": timedelta(seconds=60)},
+    "logs-prune": {"task": "backend.runs.tasks.logs_prune", "schedule": timedelta(hours=1)},
+    "storage-gc": {
+        "task": "backend.artifacts.tasks.storage_gc",
+        "schedule": timedelta(seconds=TRAINYARD["GC_EVERY_SECONDS"]),
+    },
 }

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from backend.core.errors import ApplicationError
+from backend.core.throttling import RateLimited
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,9 @@ logger = logging.getLogger(__name__)
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ApplicationError):
         return Response({"message": exc.message, "extra": exc.extra}, status=exc.status_code)
+    if isinstance(exc, RateLimited):
+        headers = {"Retry-After": str(exc.refusal.retry_after)}
+        return Response({"message": exc.refusal.message, "extra": exc.refusal.extra}, status=429, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         message = f"The request body is larger than the {limit:,} bytes this endpoint takes."

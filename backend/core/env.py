@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,22 @@ def env_url(name: str, default: str) -> str:
     if not raw.startswith(("http://", "https://")) or raw[-3:] == "://":
         raise ConfigError(f"{name}={raw!r} is not an http(s) URL")
     return raw.rstrip("/")
+
+
+_RATE = re.compile(r"^(\d+)\s*/\s*(\d*)\s*(s|sec|second|m|min|minute|h|hour|d|day)s?$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def env_rate(name: str, default: str) -> tuple[int, int] | None:
+    """A rate limit ``N/period`` as (N, seconds): ``10/min``, ``100/hour``,
+    ``5/30s``; ``off`` (or ``0``) is no limit (None)."""
+    raw = (os.environ.get(name) or default).strip().lower()
+    if raw in {"off", "0", "none"}:
+        return None
+    match = _RATE.match(raw)
+    if match is None or int(match[1]) < 1 or match[2] == "0":
+        raise ConfigError(f"{name}={raw!r} is not a rate: use N/period (10/min, 100/hour, 5/30s) or off")
+    return int(match[1]), int(match[2] or 1) * _UNIT_SECONDS[match[3][0]]
 
 
 def read_env_file(path: Path) -> dict[str, str]:

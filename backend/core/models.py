@@ -20,3 +20,25 @@ class BaseModel(models.Model):
 
     class Meta:
         abstract = True
+
+
+class ParkedTask(BaseModel):
+    """A Celery task whose worker died under it ``TRAINYARD_TASK_MAX_DELIVERIES``
+    times: it is not run again (``backend.core.deliveries``). For operators
+    (Django admin); not tenant data, so no workspace."""
+
+    task_name = models.CharField(max_length=200)
+    task_id = models.CharField(max_length=100, db_index=True)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    deaths = models.PositiveIntegerField()
+    # What the task was working on when its worker died (``note_subject``), e.g. "job:<id>".
+    subject = models.CharField(max_length=200, blank=True)
+    # What was marked failed for it (its app's park handler), or why nothing was.
+    outcome = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} [{self.task_id}]"

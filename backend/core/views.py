@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from backend.core.csp import with_inline_styles
+
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html", {"user": request.user})
+    return with_inline_styles(render(request, "home.html", {"user": request.user}))

@@ -5,7 +5,8 @@
        embedded ones under ``$TRAINYARD_DATA_DIR``.
     2. Stop web/worker/beat and kill local runners left behind by a crashed
        supervisor.
-    3. ``manage.py migrate``, ``ensure_admin``, ``issue_token admin``.
+    3. ``manage.py migrate``, ``ensure_admin``, ``issue_token admin --keep``
+       (the admin's token kept in ``$TRAINYARD_DATA_DIR/admin-token``, 0600).
     4. Start web, worker and beat; wait for ``/api/v1/health/``; print a banner.
     5. On Ctrl-C / SIGTERM, or when a child dies, stop the children (SIGTERM,
        SIGKILL after 10 s), the local runners, then Valkey and Postgres.
@@ -37,6 +38,7 @@ from backend.embedded.services import (
 )
 
 CHILD_STOP_TIMEOUT_SECONDS = 10.0
+ADMIN_TOKEN_FILE = "admin-token"
 HEALTH_TIMEOUT_SECONDS = 90.0
 HEALTH_PATH = "/api/v1/health/"
 TEST_VALKEY_PORT_DEFAULT = 6391
@@ -140,7 +142,13 @@ def _supervise(
         console.line("setup", f"killed local runners left by a previous run: {killed}")
     _step(console, stop_requested, env, "migrate", "--noinput")
     admin = _step(console, stop_requested, env, "ensure_admin")
-    token = _step(console, stop_requested, env, "issue_token", "admin", echo=False).strip().splitlines()[-1]
+    # The same token on every start while it works (revoke it, and the next start makes another).
+    keep = str(data_dir / ADMIN_TOKEN_FILE)
+    token = (
+        _step(console, stop_requested, env, "issue_token", "admin", "--name", "make-run", "--keep", keep, echo=False)
+        .strip()
+        .splitlines()[-1]
+    )
     for name, argv in _server_commands(data_dir, env).items():
         child = Child(name, argv, env=env, cwd=REPO_ROOT, console=console)
         child.start()

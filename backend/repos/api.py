@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from backend.accounts.auth import signed_in_user
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
+from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.vault.models import CredentialKind, RepoCredential
 from backend.vault.services import repo_credential_delete, repo_credential_set
@@ -29,14 +30,23 @@ class CredentialOut(serializers.Serializer[Any]):
 class RepoOut(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     name = serializers.CharField()
-    url = serializers.CharField()
+    url = serializers.SerializerMethodField()
     runs = serializers.IntegerField(source="run_count")
     last_run_at = serializers.DateTimeField(allow_null=True)
     credential = serializers.SerializerMethodField()
 
+    def get_url(self, repo: Repo) -> str:
+        # A repo recorded before credentials were stripped at submission shows none either.
+        return url_without_credentials(repo.url)
+
     @extend_schema_field(CredentialOut(allow_null=True))
     def get_credential(self, repo: Repo) -> dict[str, Any] | None:
-        row = RepoCredential.objects.filter(repo_id=repo.pk).only("kind", "updated_at").first()
+        # The list passes every repo's credential in its context (one query, not one per repo).
+        credentials = self.context.get("credentials")
+        if credentials is not None:
+            row = credentials.get(repo.pk)
+        else:
+            row = RepoCredential.objects.filter(repo_id=repo.pk).only("kind", "updated_at").first()
         return _credential_out(row) if row else None
 
 
@@ -56,7 +66,9 @@ class RepoListView(WorkspaceAPIView):
             .annotate(run_count=Count("runs"), last_run_at=Max("runs__created_at"))
             .order_by("-last_run_at", "name")
         )
-        return Response(RepoOut(repos, many=True).data)
+        rows = RepoCredential.objects.for_workspace(self.workspace).only("repo_id", "kind", "updated_at")
+        credentials = {row.repo_id: row for row in rows}
+        return Response(RepoOut(repos, many=True, context={"credentials": credentials}).data)
 
 
 class RepoCredentialView(WorkspaceAPIView):

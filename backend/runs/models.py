@@ -68,15 +68,27 @@ class Run(WorkspaceOwnedModel):
     # every workflow's placement keys ({}: none).
     placement_overrides = models.JSONField(default=dict, blank=True)
     no_cache = models.BooleanField(default=False)
+    # The uncommitted files the patch touches, {path: sha256 of its part of
+    # the patch}, as the CLI sent them; None when not sent (an API client):
+    # only to name the files that differ in a cache decision, never hashed.
+    patch_files = models.JSONField(null=True, blank=True, default=None)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_run_name")]
+        # The runs list's keyset order is (-created_at, -id) within a workspace:
+        # one index per filter ends in that order, so a page (any page) is a
+        # range read of at most page-size entries. Search (icontains, which
+        # Django spells UPPER(col) LIKE UPPER(%q%)) uses trigram indexes on
+        # the same expressions (docs/decisions/0049-runs-list-keyset.md).
         indexes = [
-            models.Index(fields=["workspace", "-created_at"], name="run_ws_created"),
-            models.Index(fields=["workspace", "status"], name="run_ws_status"),
+            models.Index(fields=["workspace", "-created_at", "-id"], name="run_ws_created_id"),
+            models.Index(fields=["workspace", "status", "-created_at", "-id"], name="run_ws_status_created"),
+            models.Index(fields=["workspace", "workflow", "-created_at", "-id"], name="run_ws_workflow_created"),
         ]
+        # The trigram indexes (run_name_trgm, run_workflow_trgm) are made by
+        # migration 0014 only where pg_trgm is available: not in model state.
 
     def __str__(self) -> str:
         return self.name
@@ -117,6 +129,16 @@ class Job(WorkspaceOwnedModel):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Highest log seq stored: the de-duplication watermark (see runs.services.logs).
     last_seq = models.PositiveBigIntegerField(default=0)
+    # Bytes of output stored (as the runner shipped it), against the
+    # workspace's log cap; past the cap nothing more is stored, and
+    # ``log_truncated_at`` is the seq of the one marker line saying so.
+    log_bytes = models.PositiveBigIntegerField(default=0)
+    log_truncated_at = models.PositiveBigIntegerField(null=True, blank=True)
+    # What is wrong with the stored log, for people: the cap was reached,
+    # the end-of-log check failed, retention removed it ("" when whole).
+    log_note = models.CharField(max_length=1000, blank=True)
+    # When retention deleted its lines (TRAINYARD_LOG_RETENTION_DAYS).
+    log_pruned_at = models.DateTimeField(null=True, blank=True)
     # The DAG: jobs of the same run that must succeed first (their artifacts
     # are this job's inputs), and jobs that must be running (a master).
     needs = models.ManyToManyField("self", symmetrical=False, related_name="needed_by", blank=True)
@@ -128,6 +150,11 @@ class Job(WorkspaceOwnedModel):
     cache_key = models.CharField(max_length=64, blank=True, db_index=True)
     # A job reused from cache points at the job that really ran (never a chain).
     cached_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reused_by")
+    # Why it was reused or runs, decided when it became ready
+    # (runs.services.cachewhy): {"reused": bool, "text": "runs: code changed
+    # (train.py)", "reasons": [{"kind", "text"}]}; None before the decision
+    # (nullable: a web process of the previous release still inserts jobs).
+    cache_decision = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
@@ -165,6 +192,10 @@ class Attempt(WorkspaceOwnedModel):
     # (docs/decisions/0010-log-seqs-across-attempts.md).
     first_seq = models.PositiveBigIntegerField(default=1)
     last_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    # What the server received of this attempt's lines, to check against the
+    # runner's final state: how many, and their digest (protocol.log_digest).
+    log_lines = models.PositiveBigIntegerField(default=0)
+    log_digest = models.CharField(max_length=64, blank=True)
     # Offers launched for this job before this attempt got its machine:
     # [{"offer": id, "instance": name, "outcome": reason, "message": …}].
     offers_tried = models.JSONField(default=list, blank=True)

@@ -1,23 +1,38 @@
 """Celery tasks: thin wrappers that call one service each.
 
 Tasks take ids only (or nothing), are idempotent and safe to run twice.
+Each is a ``GuardedTask`` (backend/core/deliveries.py): parked after its
+worker died under it too often; ``on_park`` says what then fails.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
+from backend.core.deliveries import on_park
+from backend.runs.services.coalesce import schedule_parked, schedule_passes, schedule_request
+from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
-from backend.runs.services.scheduling import jobs_schedule
 
 
 @shared_task(acks_late=True, time_limit=60, soft_time_limit=50)
-def schedule() -> dict[str, int]:
-    result = jobs_schedule()
-    return {"assigned": len(result.assigned), "provisioned": len(result.provisioned), "waiting": len(result.waiting)}
+def schedule(flagged: bool = False) -> int:
+    """Coalesced passes (``runs.services.coalesce``); returns how many ran.
+    ``flagged``: enqueued by ``schedule_request``, which set the dirty flag;
+    enqueued any other way (by name, from ``clouds``) it is a request itself."""
+    return schedule_passes(requested=not flagged)
 
 
 @shared_task(acks_late=True, time_limit=60, soft_time_limit=50, expires=10)
 def reconcile() -> None:
     if reconcile_service():
-        jobs_schedule()
+        schedule_request()
+
+
+@shared_task(acks_late=True, time_limit=600, soft_time_limit=540, expires=3600)
+def logs_prune() -> int:
+    """Retention (TRAINYARD_LOG_RETENTION_DAYS), hourly from the beat; bounded per call."""
+    return logs_prune_service()
+
+
+on_park("backend.runs.tasks.schedule")(schedule_parked)

@@ -21,6 +21,10 @@ class SecretOut(serializers.Serializer):
     name = serializers.CharField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+    readable = serializers.BooleanField(
+        default=True, help_text="false: no key of the server opens the value; jobs of the workspace fail until fixed"
+    )
+    problem = serializers.CharField(default="", help_text="when not readable: what is wrong and what to do")
 
 
 class SecretListView(WorkspaceAPIView):

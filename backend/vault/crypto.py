@@ -13,8 +13,13 @@ import base64
 import hashlib
 from functools import lru_cache
 
-from cryptography.fernet import Fernet, MultiFernet
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+
+
+class Unreadable(Exception):
+    """A ciphertext none of the keys opens: the key that encrypted it was
+    removed (a rotation cut short) or the stored bytes were altered."""
 
 
 def encrypt(value: str) -> bytes:
@@ -22,11 +27,19 @@ def encrypt(value: str) -> bytes:
 
 
 def decrypt(token: bytes | memoryview) -> str:
-    return _fernet().decrypt(bytes(token)).decode()
+    """The plaintext; raises ``Unreadable`` when no key opens ``token``."""
+    try:
+        return _fernet().decrypt(bytes(token)).decode()
+    except (InvalidToken, UnicodeDecodeError) as e:
+        raise Unreadable from e
 
 
 def rotate(token: bytes | memoryview) -> bytes:
-    return _fernet().rotate(bytes(token))
+    """``token`` encrypted with the first key; raises ``Unreadable`` like ``decrypt``."""
+    try:
+        return _fernet().rotate(bytes(token))
+    except InvalidToken as e:
+        raise Unreadable from e
 
 
 @lru_cache(maxsize=1)

@@ -1,23 +1,36 @@
 """Writes and reads of workspace secrets and of repositories' clone
 credentials. Plaintext never leaves this module except as a job's
-environment, as the credential in a job's assignment, and as the masks logs
-and reasons are masked with (``masking.py``)."""
+environment and clone credential (fetched by its runner over REST, never
+sent through the channel layer), and as the masks logs and reasons are
+masked with (``masking.py``).
+
+A secret no key opens (``crypto.Unreadable``: its key was removed before a
+rotation re-encrypted it, or the row was altered) is skipped, never raised
+through: masking goes on with the readable ones, the secrets list marks it
+``readable: false`` with what to do, and a job of its workspace fails before
+its commands start with a reason naming it (``job_secrets``;
+docs/decisions/0035-unreadable-secrets.md)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 from django.db.models import Count, Max
 
 from backend.accounts.models import User, Workspace
 from backend.core.errors import ApplicationError
+from backend.core.urlcreds import url_without_credentials
 from backend.repos.services import repo_get_or_create
-from backend.vault.crypto import decrypt, encrypt
+from backend.vault.crypto import Unreadable, decrypt, encrypt
 from backend.vault.masking import MIN_LENGTH, Masks, masks_of
 from backend.vault.models import CredentialKind, RepoCredential, Secret
+
+logger = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_VALUE_BYTES = 64 * 1024
@@ -52,13 +65,64 @@ def secret_delete(*, workspace: Workspace, name: str) -> bool:
     return bool(deleted)
 
 
-def secret_list(*, workspace: Workspace) -> list[Secret]:
-    return list(Secret.objects.for_workspace(workspace).order_by("name").defer("ciphertext"))
+def secret_unreadable_advice(name: str) -> str:
+    """What an admin does about a secret no key opens."""
+    return (
+        f"secret {name} cannot be decrypted with the server's keys (TRAINYARD_SECRET_KEYS): the key that encrypted"
+        f" it was removed before `manage.py rotate_secret_keys` re-encrypted it, or the stored value was altered."
+        f" Set it again (`trainyard secrets set {name}`) or delete it (`trainyard secrets rm {name}`)"
+    )
 
 
-def secret_env(*, workspace_id: UUID) -> dict[str, str]:
-    """Every secret of the workspace, decrypted: a job's environment."""
-    return {s.name: decrypt(s.ciphertext) for s in Secret.objects.filter(workspace_id=workspace_id)}
+@dataclass(frozen=True)
+class SecretListed:
+    name: str
+    created_at: datetime
+    updated_at: datetime
+    readable: bool
+    problem: str  # "" when readable; else what is wrong and what to do
+
+
+def secret_list(*, workspace: Workspace) -> list[SecretListed]:
+    """Names and dates, and whether each value can still be decrypted."""
+    listed = []
+    for row in Secret.objects.for_workspace(workspace).order_by("name"):
+        readable = _plain(row) is not None
+        problem = "" if readable else secret_unreadable_advice(row.name)
+        listed.append(SecretListed(row.name, row.created_at, row.updated_at, readable, problem))
+    return listed
+
+
+@dataclass(frozen=True)
+class SecretEnv:
+    env: dict[str, str]  # the readable secrets by name
+    unreadable: list[str]  # names of those no key opens
+
+
+def secret_env(*, workspace_id: UUID) -> SecretEnv:
+    """Every secret of the workspace, decrypted: a job's environment; the
+    ones no key opens are named apart (and logged), never raised."""
+    env, unreadable = {}, []
+    for row in Secret.objects.filter(workspace_id=workspace_id).order_by("name"):
+        value = _plain(row)
+        if value is None:
+            unreadable.append(row.name)
+        else:
+            env[row.name] = value
+    if unreadable:
+        logger.warning("workspace %s: secrets %s cannot be decrypted", workspace_id, ", ".join(unreadable))
+    return SecretEnv(env, unreadable)
+
+
+def secret_exists(*, workspace_id: UUID) -> bool:
+    return Secret.objects.filter(workspace_id=workspace_id).exists()
+
+
+def _plain(row: Secret | RepoCredential) -> str | None:
+    try:
+        return decrypt(row.ciphertext)
+    except Unreadable:
+        return None
 
 
 @dataclass
@@ -87,7 +151,7 @@ def masks_for(*, workspace_id: UUID) -> Masks:
     creds = RepoCredential.objects.filter(workspace_id=workspace_id).aggregate(latest=Max("updated_at"), n=Count("id"))
     version = (stats["latest"], stats["n"], creds["latest"], creds["n"])
     if cached is None or cached.version != version:
-        values = [*secret_env(workspace_id=workspace_id).values(), *_credential_values(workspace_id)]
+        values = [*secret_env(workspace_id=workspace_id).env.values(), *_credential_values(workspace_id)]
         cached = _Cached(version, masks_of(values), now)
         _mask_cache[key] = cached
     cached.checked = now
@@ -116,8 +180,9 @@ def repo_credential_set(
     *, workspace: Workspace, user: User, url: str, kind: str, secret: str, username: str = ""
 ) -> RepoCredential:
     """Create or replace the clone credential of the workspace's repo ``url``
-    (recording the repo if no run came from it yet)."""
-    url = url.strip()
+    (recording the repo if no run came from it yet). A credential in the URL
+    itself is dropped: the repo's URL is shown to the whole workspace."""
+    url = url_without_credentials(url.strip())
     if not url or len(url) > 500:
         raise ApplicationError("Say which repository: its clone URL, at most 500 characters.", extra={"field": "url"})
     secret, username = _checked_credential(url, kind, secret, username.strip())
@@ -137,19 +202,34 @@ def repo_credential_set(
 
 
 def repo_credential_delete(*, workspace: Workspace, url: str) -> bool:
-    deleted, _ = RepoCredential.objects.for_workspace(workspace).filter(repo__url=url.strip()).delete()
+    url = url_without_credentials(url.strip())
+    deleted, _ = RepoCredential.objects.for_workspace(workspace).filter(repo__url=url).delete()
     _mask_cache.pop(str(workspace.pk), None)
     return bool(deleted)
 
 
 def repo_credential_for(*, workspace_id: UUID, repo_id: UUID | None) -> GitCredential | None:
-    """The decrypted credential of a repo of the workspace, for a job's assignment."""
+    """The decrypted credential of a repo of the workspace, for the runner of
+    one of its jobs; raises ``ApplicationError`` (409) when no key opens it."""
     if repo_id is None:
         return None
-    row = RepoCredential.objects.filter(workspace_id=workspace_id, repo_id=repo_id).first()
+    row = RepoCredential.objects.filter(workspace_id=workspace_id, repo_id=repo_id).select_related("repo").first()
     if row is None:
         return None
-    return GitCredential(kind=row.kind, username=row.username, secret=decrypt(row.ciphertext))
+    secret = _plain(row)
+    if secret is None:
+        logger.warning("workspace %s: the credential of repo %s cannot be decrypted", workspace_id, repo_id)
+        raise ApplicationError(
+            f"the clone credential of {row.repo.url} cannot be decrypted with the server's keys"
+            " (TRAINYARD_SECRET_KEYS): set it again (`trainyard repo credential set --url …`) or delete it",
+            status_code=409,
+            extra={"unreadable_credential": row.repo.url},
+        )
+    return GitCredential(kind=row.kind, username=row.username, secret=secret)
+
+
+def repo_credential_exists(*, workspace_id: UUID, repo_id: UUID | None) -> bool:
+    return repo_id is not None and RepoCredential.objects.filter(workspace_id=workspace_id, repo_id=repo_id).exists()
 
 
 def _credential_values(workspace_id: UUID) -> list[str]:
@@ -158,7 +238,10 @@ def _credential_values(workspace_id: UUID) -> list[str]:
     the base64 and URL-encoded forms)."""
     values = []
     for row in RepoCredential.objects.filter(workspace_id=workspace_id):
-        secret = decrypt(row.ciphertext)
+        secret = _plain(row)
+        if secret is None:
+            logger.warning("workspace %s: the credential of repo %s cannot be decrypted", workspace_id, row.repo_id)
+            continue
         values.append(secret)
         if row.kind == CredentialKind.HTTPS_TOKEN:
             values.append(f"{row.username or DEFAULT_TOKEN_USERNAME}:{secret}")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, NotRequired, TypedDict, cast
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import httpx
 
@@ -40,6 +40,17 @@ class CachedFrom(TypedDict):
     job: str
 
 
+class CacheDecision(TypedDict, total=False):
+    """Why a job is reused from the cache or runs: ``text`` is "reused from
+    <run> (cached)" or "runs: <reason>; …"; ``reasons``: [{kind, text}]."""
+
+    reused: bool
+    text: str
+    run: str
+    compared_with: str
+    reasons: list[dict[str, str]]
+
+
 class Job(TypedDict, total=False):
     id: str
     name: str
@@ -56,8 +67,11 @@ class Job(TypedDict, total=False):
     needs: list[str]
     after_running: list[str]
     cached_from: CachedFrom | None
+    cache_decision: CacheDecision | None
     inputs: list[JobInput]
     placement_note: str
+    log_bytes: int
+    log_note: str
 
 
 class Run(TypedDict):
@@ -77,8 +91,9 @@ class Run(TypedDict):
 
 
 class RunPage(TypedDict):
-    count: int
-    next: str | None
+    count: int  # an estimate when count_estimated (many runs)
+    count_estimated: NotRequired[bool]
+    next: str | None  # a link with the next page's cursor
     previous: str | None
     results: list[Run]
 
@@ -164,6 +179,20 @@ class Secret(TypedDict):
     name: str
     created_at: str
     updated_at: str
+    readable: NotRequired[bool]  # False: no key of the server opens the value
+    problem: NotRequired[str]  # when not readable: what to do
+
+
+class ApiToken(TypedDict, total=False):
+    """One of the caller's API tokens; ``token`` only in the answer that made it."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: str
+    last_used_at: str | None
+    expires_at: str | None
+    token: str
 
 
 class RepoCredential(TypedDict):
@@ -218,6 +247,13 @@ class Me(TypedDict):
     username: str
     default_workspace: str
     workspaces: list[dict[str, str]]
+
+
+class ServerInfo(TypedDict, total=False):
+    """``GET /api/v1/health/``: ``max_blob_bytes`` is missing from servers older than it."""
+
+    status: str
+    max_blob_bytes: int
 
 
 class ApiError(Exception):
@@ -276,6 +312,10 @@ class Client:
     def me(self) -> Me:
         return cast(Me, self._request("GET", "/api/v1/me/"))
 
+    def server_info(self) -> ServerInfo:
+        """The server's status and limits (no token needed)."""
+        return cast(ServerInfo, self._request("GET", "/api/v1/health/"))
+
     def upload_blob(self, data: bytes | Path) -> Blob:
         """Upload code (a tar.gz or a patch); a Path is streamed from disk."""
         if isinstance(data, Path):
@@ -332,11 +372,17 @@ class Client:
         return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
     def list_runs(
-        self, *, status: str | None = None, workflow: str | None = None, page: int = 1, page_size: int = 20
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        cursor: str | None = None,
+        page_size: int = 20,
     ) -> RunPage:
+        """One page of runs, newest first; ``cursor``: the previous page's ``next`` cursor."""
         params = {
             k: v
-            for k, v in {"status": status, "workflow": workflow, "page": page, "page_size": page_size}.items()
+            for k, v in {"status": status, "workflow": workflow, "cursor": cursor, "page_size": page_size}.items()
             if v is not None
         }
         return cast(RunPage, self._request("GET", self._ws("runs/"), params=params))
@@ -344,14 +390,14 @@ class Client:
     def iter_runs(
         self, *, status: str | None = None, workflow: str | None = None, page_size: int = 100
     ) -> Iterator[Run]:
-        """Every run, newest first, page by page."""
-        page = 1
+        """Every run, newest first, page by page (each page from the previous one's cursor)."""
+        cursor = None
         while True:
-            result = self.list_runs(status=status, workflow=workflow, page=page, page_size=page_size)
+            result = self.list_runs(status=status, workflow=workflow, cursor=cursor, page_size=page_size)
             yield from result["results"]
-            if not result.get("next") or not result["results"]:
+            cursor = _cursor_of(result.get("next"))
+            if cursor is None or not result["results"]:
                 return
-            page += 1
 
     def get_run(self, name: str) -> Run:
         return cast(Run, self._request("GET", self._ws(f"runs/{quote(name, safe='')}/")))
@@ -372,6 +418,20 @@ class Client:
                 after_seq = page["lines"][-1]["seq"]
             if not page["has_more"] or not page["lines"]:
                 return
+
+    def job_raw_log(self, job: str, out: BinaryIO, *, prefix: str = "") -> None:
+        """Stream a job's whole log as plain text (``…/logs/raw``) into
+        ``out``, each line starting with ``prefix``."""
+        url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw")
+        marker, start = prefix.encode(), True
+        with self._guard(), self._http.stream("GET", url, timeout=TRANSFER_TIMEOUT) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error_from(response)
+            for chunk in response.iter_bytes(1 << 20):
+                if marker and chunk:
+                    chunk, start = _prefixed(chunk, marker, start)
+                out.write(chunk)
 
     def list_artifacts(self, run: str) -> list[Artifact]:
         return cast(list[Artifact], self._request("GET", self._ws(f"runs/{quote(run, safe='')}/artifacts/")))
@@ -413,6 +473,17 @@ class Client:
 
     def remove_secret(self, name: str) -> None:
         self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
+
+    def create_token(self, name: str, *, expires_in: str = "") -> ApiToken:
+        """A new API token of the caller (``expires_in``: 30d, 12h, …; empty: never). Shown once."""
+        body = {"name": name, "expires_in": expires_in}
+        return cast(ApiToken, self._request("POST", "/api/v1/tokens/", json=body))
+
+    def list_tokens(self) -> list[ApiToken]:
+        return cast(list[ApiToken], self._request("GET", "/api/v1/tokens/"))
+
+    def revoke_token(self, token_id: str) -> None:
+        self._request("DELETE", f"/api/v1/tokens/{quote(token_id, safe='')}/")
 
     def set_repo_credential(self, url: str, *, kind: str, secret: str, username: str = "") -> RepoCredential:
         """Set (or replace) the credential runners clone ``url`` with."""
@@ -542,3 +613,21 @@ def _run_body(
     body |= {"code": code, "env": env or {}, "no_cache": no_cache}
     extra = {"inherited_env": inherited_env, "run_args": run_args, "variables": variables, "placement": placement}
     return body | {k: v for k, v in extra.items() if v}
+
+
+def _cursor_of(link: str | None) -> str | None:
+    """The ``cursor`` of a ``next`` link (None: no next page)."""
+    if not link:
+        return None
+    found = parse_qs(urlsplit(link).query).get("cursor")
+    return found[0] if found else None
+
+
+def _prefixed(chunk: bytes, prefix: bytes, start: bool) -> tuple[bytes, bool]:
+    """``chunk`` with ``prefix`` at the start of each line in it (``start``:
+    the chunk begins a line), and whether the next chunk begins one: a bytes
+    replace, not a loop over lines."""
+    body = chunk.replace(b"\n", b"\n" + prefix)
+    if chunk.endswith(b"\n"):
+        body = body[: -len(prefix)]
+    return (prefix + body if start else body), chunk.endswith(b"\n")

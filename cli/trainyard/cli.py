@@ -16,7 +16,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn, cast
 
@@ -36,10 +36,11 @@ from trainyard_spec import (
 from trainyard_spec.schema import BACKEND_KINDS, resource_spec
 
 from . import __version__
-from .api import FINISHED, ApiError, Artifact, Client, Conflict, Run, RunSubmission
-from .code import CodeError, code_digests, find_workspace, prepare_code, remote_url
+from .api import FINISHED, ApiError, Artifact, Client, Conflict, Job, Run, RunSubmission, Secret
+from .code import CodeError, code_digests, find_workspace, keep_out_of_git, prepare_code, remote_url
 from .config import DEFAULT_URL, ConfigError, load_config, save_config
 from .follow import Follower, job_prefixes
+from .guard import DEFAULT_WARN_BYTES, WARN_ENV, CodeTooLarge, SizeGuard, parse_size
 from .output import (
     PLAN_HEADERS,
     AttemptMarks,
@@ -47,6 +48,7 @@ from .output import (
     StatusDisplay,
     age,
     attempt_rows,
+    cache_lines,
     dag_rows,
     duration,
     input_lines,
@@ -55,6 +57,9 @@ from .output import (
     port_lines,
     print_table,
     resources,
+    reused_artifact_lines,
+    reused_header,
+    reused_words,
     size,
     truncate,
 )
@@ -84,6 +89,8 @@ class _Group(click.Group):
             raise CliError("", [str(err) for err in e.errors]) from None
         except ApiError as e:
             raise CliError(e.message, [_format_server_error(err) for err in e.errors]) from None
+        except CodeTooLarge as e:
+            raise CliError(str(e), e.details) from None
         except (ConfigError, CodeError) as e:
             raise CliError(str(e)) from None
 
@@ -149,6 +156,13 @@ def main() -> None:
 @click.option(
     "--max-price", type=click.FloatRange(min=0, min_open=True), default=None, help="USD per hour; overrides max_price."
 )
+@click.option(
+    "--code-warn-size",
+    metavar="SIZE",
+    default=None,
+    help=f"Ask before uploading more code than this beyond the commit (default {WARN_ENV} or 20MiB).",
+)
+@click.option("-y", "--yes", is_flag=True, help="Upload the code without asking, however large (it still warns).")
 def run(
     workflow: str,
     run_args: tuple[str, ...],
@@ -161,6 +175,8 @@ def run(
     regions: tuple[str, ...],
     spot_policy: str | None,
     max_price: float | None,
+    code_warn_size: str | None,
+    yes: bool,
 ) -> None:
     """Run WORKFLOW from the repo's workflows files and follow it.
 
@@ -170,8 +186,12 @@ def run(
     the same run, unless an earlier run with the same inputs can be reused.
     What follows -- is ${{ run.args }} in the commands. --backend, --region,
     --spot-policy and --max-price apply to every job of the run, over what
-    the workflows say.
+    the workflows say. The code beyond the commit (or the archive) is
+    checked before it is uploaded: over --code-warn-size the run lists the
+    largest files and asks (not with --yes or without a terminal); over the
+    server's limit it is refused. .trainyardignore leaves files out.
     """
+    warn_bytes = _warn_size(code_warn_size)
     env = _parse_env(env_pairs)
     placement = _placement(backends, regions, spot_policy, max_price)
     workspace = find_workspace(Path.cwd())
@@ -196,13 +216,19 @@ def run(
         "no_cache": no_cache,
         "placement": placement,
     }
+    guard = SizeGuard(
+        warn_bytes=warn_bytes,
+        hard_bytes=client.server_info().get("max_blob_bytes"),
+        ask=None if (yes or dry_run or not sys.stdin.isatty()) else _confirm,
+        warn=_warn_lines,
+    )
     if dry_run:
-        planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn), **submit)
+        planned = client.plan_run(code=code_digests(workspace, force_upload=upload, warn=_warn, check=guard), **submit)
         local_help = file.get(workflow).help or ""
         click.echo("\n".join(plan_lines({**planned, "help": planned.get("help") or local_help})))
         click.echo("Nothing was submitted.", err=True)
         return
-    code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn)
+    code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn, check=guard)
     created = client.create_run(code=code, **submit)
     jobs = f" ({len(plan.jobs)} jobs: {', '.join(job.name for job in plan.jobs)})" if len(plan.jobs) > 1 else ""
     click.echo(f"Run {created['name']} submitted{jobs}", err=True)
@@ -212,7 +238,8 @@ def run(
     if detach:
         click.echo(created["name"])
         return
-    final = _follow(client, created["name"], seen={})
+    final = _follow(client, created["name"], seen={}, on_reused=_note_reused)
+    _reused_summary(client, final)
     sys.exit(run_exit_code(final))
 
 
@@ -284,6 +311,25 @@ def _warn_broken(file: WorkflowsFile) -> None:
     for name, errors in file.broken.items():
         _warn(f"workflow '{name}' cannot be run:")
         click.echo("\n".join(f"  {e}" for e in errors), err=True)
+
+
+def _warn_size(option: str | None) -> int:
+    """The soft limit: --code-warn-size, else $TRAINYARD_CODE_WARN_SIZE, else 20 MiB."""
+    if option is not None:
+        try:
+            return parse_size(option)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--code-warn-size") from None
+    if not os.environ.get(WARN_ENV):
+        return DEFAULT_WARN_BYTES
+    try:
+        return parse_size(os.environ[WARN_ENV])
+    except ValueError as e:
+        raise CliError(f"{WARN_ENV}: {e}; fix or unset it") from None
+
+
+def _confirm(question: str) -> bool:
+    return click.confirm(question, default=False, err=True)
 
 
 def _placement(
@@ -370,6 +416,12 @@ def show(run_name: str, as_json: bool) -> None:
     notes = [f"  {j['name']}: {j['placement_note']}" for j in current.get("jobs") or [] if j.get("placement_note")]
     if notes:
         click.echo("\n".join(["", "Placement:", *notes]))
+    cache = cache_lines(current)
+    if cache:
+        click.echo("\n".join(["", "Cache:", *cache]))
+    log_notes = [f"  {j['name']}: {j['log_note']}" for j in current.get("jobs") or [] if j.get("log_note")]
+    if log_notes:
+        click.echo("\n".join(["", "Logs:", *log_notes]))
     ports = port_lines(current)
     if ports:
         click.echo("\n".join(["", "Ports:", *ports]))
@@ -392,20 +444,65 @@ def stop(run_name: str) -> None:
 @cli.command()
 @click.argument("run_name", metavar="RUN")
 @click.option("-f", "--follow", "follow_", is_flag=True, help="Keep printing new lines until the run ends.")
-def logs(run_name: str, follow_: bool) -> None:
-    """Print the log lines of every job of RUN."""
+@click.option(
+    "--no-source",
+    is_flag=True,
+    help="For a job reused from the cache, print only the line naming its source run, not that run's log.",
+)
+def logs(run_name: str, follow_: bool, no_source: bool) -> None:
+    """Print the log lines of every job of RUN.
+
+    A finished job's log is streamed whole to stdout, both of its outputs in
+    the order printed; a live job's lines go to stdout and stderr as printed.
+    A job reused from the cache ran in an earlier run: its log is that run's
+    job's, under a line naming the run."""
     client = _client()
     current = client.get_run(run_name)
     writer, seen, prefixes = LogWriter(), {}, job_prefixes(current)
     for job in current["jobs"]:
+        if job.get("cached_from"):
+            _print_reused(client, writer, job, prefix=prefixes.get(job["id"], ""), source=not no_source)
+            continue
         prefix = prefixes.get(job["id"], "")
-        marks = AttemptMarks(job)
-        for page in client.iter_job_logs(job["id"], limit=10000):
-            writer.write(marks.around((line["seq"], line["stream"], prefix + line["text"]) for line in page))
-            seen[job["id"]] = page[-1]["seq"]
-        writer.write(marks.rest())
+        if job.get("status") in FINISHED:
+            _print_raw(client, job["id"], prefix=prefix)
+            seen[job["id"]] = job.get("last_seq") or 0
+        else:
+            marks = AttemptMarks(job)
+            for page in client.iter_job_logs(job["id"], limit=10000):
+                writer.write(marks.around((line["seq"], line["stream"], prefix + line["text"]) for line in page))
+                seen[job["id"]] = page[-1]["seq"]
+            writer.write(marks.rest())
+        if job.get("log_note"):  # on stderr: stdout stays the job's output
+            click.echo(f"trainyard: {prefix}{job['log_note']}", err=True)
     if follow_ and current["status"] not in FINISHED:
-        _follow(client, current["name"], seen=seen)
+        shown = {j["id"] for j in current["jobs"] if j.get("cached_from")}
+
+        def reused(job: Job) -> None:
+            prefix = job_prefixes(client.get_run(run_name)).get(job["id"], "")
+            _print_reused(client, writer, job, prefix=prefix, source=not no_source)
+
+        _follow(client, current["name"], seen=seen, on_reused=reused, announced=shown)
+
+
+def _print_reused(client: Client, writer: LogWriter, job: Job, *, prefix: str, source: bool) -> None:
+    """A cached job's header, then (``source``) its source job's whole log."""
+    writer.write([("o", prefix + reused_header(job))])
+    if not source:
+        return
+    cache = job["cached_from"]
+    assert cache is not None
+    _print_raw(client, cache["job"], prefix=prefix)
+
+
+def _print_raw(client: Client, job_id: str, *, prefix: str) -> None:
+    """A finished job's whole log, as the server's raw read-back streams it
+    (both streams in the order printed, attempt marks included), to stdout."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out = sys.stdout.buffer
+    client.job_raw_log(job_id, out, prefix=prefix)
+    out.flush()
 
 
 # ---------------------------------------------------------------- artifacts
@@ -454,22 +551,40 @@ def artifacts_list(run_name: str, as_json: bool) -> None:
 )
 def artifacts_download(run_name: str, out_dir: Path) -> None:
     """Download every file of RUN's artifacts to OUTPUT/<artifact>/<file>,
-    checking each file's size and sha256."""
+    checking each file's size and sha256.
+
+    Inside a git working tree, the files are added to the repo's
+    .git/info/exclude, so they do not change the code your next runs ship
+    (and their cache keys)."""
     client = _client()
     found = client.list_artifacts(run_name)
     incomplete = [a for a in found if a["status"] != "complete"]
     for artifact in incomplete:
         _warn(f"artifact {artifact['path']} is still {artifact['status']}; skipped")
-    count, total = 0, 0
-    for artifact in found:
-        if artifact["status"] == "complete":
-            for dest, written in _download_artifact(client, artifact, out_dir.resolve()):
-                click.echo(f"{_display_path(dest)}  {size(written)}")
-                count, total = count + 1, total + written
+    count, total, written = 0, 0, []
+    try:
+        for artifact in found:
+            if artifact["status"] == "complete":
+                for dest, nbytes in _download_artifact(client, artifact, out_dir.resolve()):
+                    click.echo(f"{_display_path(dest)}  {size(nbytes)}")
+                    count, total = count + 1, total + nbytes
+                    written.append(dest)
+    finally:
+        _keep_out_of_code(out_dir, written)
     click.echo(f"Downloaded {count} file{'s' * (count != 1)} ({size(total)}) to {out_dir}", err=True)
     if incomplete:
         raise CliError(
             f"{len(incomplete)} artifact(s) of run {run_name} are not complete yet; try again when the run has finished"
+        )
+
+
+def _keep_out_of_code(out_dir: Path, written: list[Path]) -> None:
+    kept = keep_out_of_git(out_dir, written) if written else None
+    if kept and kept[1]:
+        exclude, lines = kept
+        click.echo(
+            f"Added {', '.join(lines)} to {_display_path(exclude)}: downloads do not change your runs' code",
+            err=True,
         )
 
 
@@ -553,10 +668,17 @@ def secrets_ls(as_json: bool) -> None:
         click.echo("No secrets yet: add one with `trainyard secrets set NAME`.", err=True)
         return
     print_table(
-        ["SECRET", "CREATED", "UPDATED"],
-        [[s["name"], age(s.get("created_at")), age(s.get("updated_at"))] for s in found],
+        ["SECRET", "CREATED", "UPDATED", "VALUE"],
+        [[s["name"], age(s.get("created_at")), age(s.get("updated_at")), _secret_state(s)] for s in found],
         tty=sys.stdout.isatty(),
     )
+    for s in found:
+        if s.get("problem"):
+            click.echo(f"warning: {s['problem']}", err=True)
+
+
+def _secret_state(secret: Secret) -> str:
+    return "ok" if secret.get("readable", True) else "UNREADABLE"
 
 
 @secrets.command("rm")
@@ -566,6 +688,49 @@ def secrets_rm(name: str) -> None:
     _check_secret_name(name)
     _client().remove_secret(name)
     click.echo(f"Removed secret {name}", err=True)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+@cli.group(cls=_Group)
+def token() -> None:
+    """Your personal API tokens (for the CLI, the SDK and scripts)."""
+
+
+@token.command("create")
+@click.option("--name", default="cli", show_default=True, help="A label to tell the token apart.")
+@click.option("--expires-in", default="", help="It stops working after this long: 30d, 12h, 90m, 2w (default: never).")
+def token_create(name: str, expires_in: str) -> None:
+    """Make a new API token and print it (shown this once: store it now)."""
+    made = _client().create_token(name, expires_in=expires_in)
+    click.echo(made["token"])
+    until = f"expires {made['expires_at']}" if made.get("expires_at") else "never expires"
+    click.echo(f"Token {made['prefix']}… ({made['name']}) {until}; it is not shown again.", err=True)
+
+
+@token.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's token objects (never the tokens).")
+def token_ls(as_json: bool) -> None:
+    """List your API tokens that are not revoked."""
+    found = _client().list_tokens()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    rows = [
+        [t["id"], t["name"], f"{t['prefix']}…", age(t.get("created_at")), age(t.get("last_used_at")),
+         t.get("expires_at") or "never"]
+        for t in found
+    ]  # fmt: skip
+    print_table(["ID", "NAME", "TOKEN", "CREATED", "USED", "EXPIRES"], rows, tty=sys.stdout.isatty())
+
+
+@token.command("rm")
+@click.argument("token_id")
+def token_rm(token_id: str) -> None:
+    """Revoke the token TOKEN_ID (its ID from `trainyard token ls`)."""
+    _client().revoke_token(token_id)
+    click.echo(f"Revoked token {token_id}", err=True)
 
 
 # ---------------------------------------------------------------- repo
@@ -865,11 +1030,25 @@ def _client() -> Client:
     return Client(config.url, config.require_token(), config.workspace)
 
 
-def _follow(client: Client, run_name: str, *, seen: dict[str, int]) -> Run:
+def _follow(
+    client: Client,
+    run_name: str,
+    *,
+    seen: dict[str, int],
+    on_reused: Callable[[Job], None] = lambda job: None,
+    announced: set[str] | None = None,
+) -> Run:
     """Follow a run to its end; Ctrl-C detaches with exit code 130."""
     display = StatusDisplay(live=sys.stdout.isatty() and sys.stderr.isatty())
     follower = Follower(
-        client, run_name, writer=LogWriter(), on_run=display.update, before_logs=display.pause, seen=seen
+        client,
+        run_name,
+        writer=LogWriter(),
+        on_run=display.update,
+        before_logs=display.pause,
+        seen=seen,
+        on_reused=on_reused,
+        announced=announced,
     )
     try:
         return follower.follow()
@@ -878,6 +1057,26 @@ def _follow(client: Client, run_name: str, *, seen: dict[str, int]) -> Run:
         _detach(run_name)
     finally:
         display.pause()
+
+
+def _note_reused(job: Job) -> None:
+    """``trainyard run``: a job reused from the cache, as it is decided."""
+    cache = job["cached_from"]
+    assert cache is not None
+    click.echo(f"{job['name']}: {reused_words(cache['run'])}", err=True)
+
+
+def _reused_summary(client: Client, run: Run) -> None:
+    """After a run of which jobs were reused: their artifacts, which stay in
+    the runs that made them, and how to get them."""
+    sources = list(dict.fromkeys(c["run"] for j in run["jobs"] if (c := j.get("cached_from"))))
+    if not sources:
+        return
+    every = all(j.get("cached_from") for j in run["jobs"])
+    lines = reused_artifact_lines(run, {source: client.list_artifacts(source) for source in sources})
+    head = "Every job was reused from the cache:" if every else "Reused from the cache:"
+    downloads = [f"Artifacts: trainyard artifacts download {source} -o DIR" for source in sources]
+    click.echo("\n".join([head, *lines, *downloads, f"Their logs: trainyard logs {run['name']}"]), err=True)
 
 
 def _detach(run_name: str) -> NoReturn:
@@ -1059,3 +1258,7 @@ def _current_job(job: dict[str, Any] | None) -> str:
 
 def _warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
+
+
+def _warn_lines(message: str, details: list[str]) -> None:
+    click.echo("\n".join([f"warning: {message}:", *details]), err=True)

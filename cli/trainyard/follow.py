@@ -10,15 +10,20 @@ Drops are survived: the follower reconnects with ``after_seq`` set to the
 lowest seq it has printed across the jobs it knows (the server applies one
 ``after_seq`` to every job) and drops lines it has already printed, per job.
 If the run is finished but lines are still missing after a quiet moment,
-they are fetched over REST, so a follower always ends.
+they are fetched over REST, so a follower always ends. After
+``STATUS_CHECK_SECONDS`` without a frame the run's status is read over REST
+too: a lost final status event does not leave the follower waiting forever.
 
 A run of several jobs has each line prefixed with ``[<job name>] ``; a
-single job's lines are printed as they are.
+single job's lines are printed as they are. A job reused from the cache has
+no lines of its own: ``on_reused`` is called once for it when a run update
+first shows it reused (``trainyard logs -f`` prints its source's log there).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,13 +31,15 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from .api import FINISHED, ApiError, Client, Run
+from .api import FINISHED, ApiError, Client, Job, Run
 from .output import LogWriter
 
 RECV_TIMEOUT = 1.0
 CATCH_UP_AFTER = 3.0  # seconds of quiet on a finished run before REST catch-up
 MAX_BACKOFF = 10.0
 GIVE_UP_AFTER = 120.0  # seconds without any successful connection
+# Seconds without a frame after which the run's status is read over REST.
+STATUS_CHECK_SECONDS = float(os.environ.get("TRAINYARD_STATUS_CHECK_SECONDS") or 30.0)
 _CLOSE_MESSAGES = {
     4401: "the server refused the websocket: no valid credentials (check TRAINYARD_TOKEN, or run `trainyard login`)",
     4403: "you have no access to this run's workspace",
@@ -44,7 +51,8 @@ class Follower:
     """Prints a run's log lines and reports its status until it is done.
 
     ``seen`` maps job id → the highest seq already printed (e.g. by a REST
-    read before following); ``on_run`` gets every run update.
+    read before following); ``on_run`` gets every run update; ``on_reused``
+    every job reused from the cache, once (``announced``: ids already shown).
     """
 
     def __init__(
@@ -56,6 +64,8 @@ class Follower:
         on_run: Callable[[Run], None],
         before_logs: Callable[[], None] = lambda: None,
         seen: dict[str, int] | None = None,
+        on_reused: Callable[[Job], None] = lambda job: None,
+        announced: set[str] | None = None,
     ) -> None:
         self.client = client
         self.run_name = run
@@ -64,6 +74,8 @@ class Follower:
         self.before_logs = before_logs
         self.seen: dict[str, int] = dict(seen or {})
         self.run: Run | None = None
+        self.on_reused = on_reused
+        self.announced: set[str] = set(announced or ())
 
     def follow(self) -> Run:
         """Block until the run is done; returns its final state."""
@@ -115,7 +127,7 @@ class Follower:
 
     def _pump(self, ws: ClientConnection) -> bool:
         """Handle frames until done (True) or the connection drops (raises)."""
-        quiet_since = time.monotonic()
+        quiet_since = checked_at = time.monotonic()
         while True:
             try:
                 frame = ws.recv(timeout=RECV_TIMEOUT)
@@ -125,6 +137,9 @@ class Follower:
                 if self.run and self.run["status"] in FINISHED and time.monotonic() - quiet_since > CATCH_UP_AFTER:
                     self._catch_up()
                     return True
+                if time.monotonic() - max(quiet_since, checked_at) > STATUS_CHECK_SECONDS:
+                    checked_at = time.monotonic()
+                    self._check_status()
                 continue
             quiet_since = time.monotonic()
             self._handle(frame)
@@ -141,6 +156,7 @@ class Follower:
         if message.get("type") == "run" and isinstance(message.get("run"), dict):
             self.run = message["run"]
             self.on_run(message["run"])
+            self._announce(message["run"])
         elif message.get("type") == "logs":
             self._print(str(message.get("job")), message.get("lines") or [])
 
@@ -153,6 +169,25 @@ class Follower:
         prefix = job_prefixes(self.run).get(job, "") if self.run else ""
         self.writer.write((line[2], prefix + line[3]) for line in fresh)
         self.seen[job] = fresh[-1][0]
+
+    def _check_status(self) -> None:
+        """The run as REST sees it, in case its last status event was lost;
+        a finished run is then caught up on the next quiet second."""
+        try:
+            run = self.client.get_run(self.run_name)
+        except ApiError:
+            return  # the websocket is still up: try again later
+        if self.run is None or run["status"] != self.run["status"]:
+            self.on_run(run)
+        self.run = run
+        self._announce(run)
+
+    def _announce(self, run: Run) -> None:
+        for job in run.get("jobs") or []:
+            if job.get("cached_from") and job["id"] not in self.announced:
+                self.announced.add(job["id"])
+                self.before_logs()
+                self.on_reused(job)
 
     def _catch_up(self) -> None:
         """Fetch over REST the lines the websocket has not delivered."""

@@ -204,11 +204,50 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         if job.get("offer"):
             out.append(f"   offer: {offer_words(job['offer'])}")
         cache = job.get("cache")
-        if cache:
-            out.append(f"   cached: reuses {cache['run']}/{cache['job']}")
-        else:
+        decision = (job.get("cache_decision") or {}).get("text")
+        if decision or cache:  # a server older than cache decisions sends only the hit
+            out.append(f"   cache: {decision or reused_words(cache['run'])}")
+        if not cache:
             out += ["   commands:", *[f"     {command}" for command in job.get("commands") or []]]
     return out
+
+
+def reused_words(run: str) -> str:
+    """The server's own words for a cache hit (``Job.cache_decision``)."""
+    return f"reused from {run} (cached)"
+
+
+def reused_header(job: Mapping[str, Any]) -> str:
+    """The line ``trainyard logs`` prints before a cached job's source log."""
+    return f"--- {job['name']}: {reused_words(job['cached_from']['run'])} ---"
+
+
+def cache_lines(run: Mapping[str, Any]) -> list[str]:
+    """``  <job>: runs: code changed (train.py)`` for every decided job (``show``)."""
+    return [
+        f"  {job['name']}: {(job.get('cache_decision') or {}).get('text')}"
+        for job in run.get("jobs") or []
+        if (job.get("cache_decision") or {}).get("text")
+    ]
+
+
+def reused_artifact_lines(run: Mapping[str, Any], artifacts: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """``  train: reused from brave-otter-3 (cached): ./model (2 files, 3.0 KiB)``
+    for each cached job; ``artifacts``: each source run's (they stay there)."""
+    lines = []
+    for job in run.get("jobs") or []:
+        cache = job.get("cached_from")
+        if not cache:
+            continue
+        found = [a for a in artifacts.get(cache["run"]) or [] if a.get("job") == cache["job"]]
+        stored = ", ".join(f"{a['path']} ({_files(a)})" for a in found) or "no artifacts"
+        lines.append(f"  {job['name']}: {reused_words(cache['run'])}: {stored}")
+    return lines
+
+
+def _files(artifact: Mapping[str, Any]) -> str:
+    files = artifact.get("files") or []
+    return f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}"
 
 
 PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "SPOT", "PRICE", "OFFERS"]

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import machine, register
+from . import kept, machine, register, retry
 from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
 from .spot import NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher
@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         cloud=identity,
         jobs_outlive_runner=args.jobs_outlive_runner,
         absolute_paths=args.absolute_paths,
+        keep_failed_seconds=args.keep_failed_seconds,
     )
+    retry.configure(seconds=args.retry_seconds)
     if args.cloud == "aws":
         agent.spot = SpotWatcher(
             machine.Imds(),
@@ -211,6 +213,18 @@ def _parser() -> argparse.ArgumentParser:
         default=env(ABSOLUTE_VAR, "1").strip().lower() not in ("0", "false", "no", "off", ""),
         help="let jobs upload artifacts from, and restore inputs to, absolute paths of this machine (a conda env"
         " folder); default: on; the local backend, on the server's own host, turns it off [" + ABSOLUTE_VAR + "]",
+    )
+    p.add_argument(
+        "--retry-seconds",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_RETRY_SECONDS", str(retry.RETRY_SECONDS))),
+        help="how long an upload or download keeps retrying network and server errors (backoff with jitter)",
+    )
+    p.add_argument(
+        "--keep-failed-seconds",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_KEEP_FAILED_SECONDS", str(kept.KEEP_SECONDS))),
+        help="how long the files of a job whose artifacts could not be uploaded are kept (under <work dir>/kept/)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p

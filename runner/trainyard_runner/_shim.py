@@ -13,8 +13,19 @@ only, so it starts in ~10 ms), with ``OUTLIVE`` "1" or "0":
    writes on whether or not a runner reads (no pipe, no SIGPIPE).
 3. When the child exits it writes ``JOB_DIR/exit.json`` {code, signal,
    ended_at} atomically (code: the exit code, 128 + signal number when the
-   child was killed by a signal), then SIGKILLs its whole process group, itself
-   included: background processes end with the job.
+   child was killed by a signal), then SIGKILLs every process left of the job
+   (``_contain_end``), then its whole process group, itself included:
+   background processes end with the job.
+
+Containment (nothing of a job outlives it, even what left the process group
+with ``setsid`` or a double fork): the shim is a child subreaper
+(PR_SET_CHILD_SUBREAPER), so every orphaned descendant is re-parented to it
+and killed at the end; where cgroup v2 is mounted and writable it also puts
+the job in a cgroup of its own (``trainyard-<mark>`` under its current one,
+recorded in ``shim.json``) and kills the cgroup's every process at the end.
+Every process of the job inherits ``TRAINYARD_JOB_MARK`` in its environment:
+the runner's sweep (process.sweep) finds what is left by it when the shim
+itself was SIGKILLed.
 
 A SIGTERM to the group is a cancel: the job handles it, the shim ignores it
 and keeps waiting. With OUTLIVE "0" the shim also sets PR_SET_PDEATHSIG, so
@@ -23,6 +34,7 @@ exit file: the job died with the runner. With OUTLIVE "1" a dead runner
 changes nothing here; the next runner started on the work dir re-attaches.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -31,6 +43,10 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+MARK_VAR = "TRAINYARD_JOB_MARK"
+CGROUP_ROOT = "/sys/fs/cgroup"
+SWEEP_ROUNDS = 20  # a job forking while it is killed: kill again, this many times at most
 
 
 def main() -> int:
@@ -49,7 +65,10 @@ def main() -> int:
         if os.getppid() != runner:  # the runner died before prctl took effect
             os.killpg(0, signal.SIGKILL)
     me = os.getpid()
-    _write(job_dir, "shim.json", {"pid": me, "start": start_ticks(me), "boot": boot_id()})
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    cgroup = _enter_cgroup(os.environ.get(MARK_VAR, ""))
+    record = {"pid": me, "start": start_ticks(me), "boot": boot_id(), "mark": os.environ.get(MARK_VAR, "")}
+    _write(job_dir, "shim.json", {**record, "cgroup": cgroup})
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     out = os.open(os.path.join(job_dir, "stdout.log"), flags, 0o600)
     err = os.open(os.path.join(job_dir, "stderr.log"), flags, 0o600)
@@ -70,8 +89,89 @@ def main() -> int:
     sig = -code if code < 0 else None
     code = 128 + sig if sig is not None else code
     _write(job_dir, "exit.json", {"code": code, "signal": sig, "ended_at": time.time()})
+    _contain_end(cgroup)
     os.killpg(0, signal.SIGKILL)
     return code
+
+
+def _enter_cgroup(mark: str) -> str:
+    """Move this process (and so every later child) into a new cgroup v2
+    ``trainyard-<mark>`` below its own; its path, or "" where there is no
+    writable cgroup v2 (v1, a read-only mount: the subreaper alone contains)."""
+    if not mark or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+        return ""
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next(line[3:].strip() for line in f if line.startswith("0::"))
+        path = os.path.join(CGROUP_ROOT, own.lstrip("/"), f"trainyard-{mark}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except (OSError, StopIteration):
+        return ""
+    return path
+
+
+def _contain_end(cgroup: str) -> None:
+    """SIGKILL every process of the job but this one: the cgroup's, and every
+    descendant (orphans were re-parented here: we are their subreaper); reap
+    them, until none is left."""
+    me = os.getpid()
+    for _ in range(SWEEP_ROUNDS):
+        doomed = (_cgroup_pids(cgroup) | _descendants(me)) - {me}
+        for pid in doomed:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        _reap()
+        if not doomed:
+            break
+    if cgroup:
+        with contextlib.suppress(OSError):
+            os.rmdir(cgroup)
+
+
+def _cgroup_pids(cgroup: str) -> set[int]:
+    if not cgroup:
+        return set()
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs")) as f:
+            return {int(line) for line in f if line.strip()}
+    except OSError:
+        return set()
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _reap() -> None:
+    for _ in range(100):  # 1 s at most: what is still exiting is killed again next round
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.01)  # killed ones are still exiting
+            if not _descendants(os.getpid()):
+                return
 
 
 def start_ticks(pid: int) -> int:

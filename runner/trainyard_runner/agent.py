@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from . import __version__
+from . import __version__, kept
 from . import protocol as p
 from .job import Job, Lifecycle, Resumed
 from .machine import save_token
@@ -83,6 +83,7 @@ class Agent:
         cloud: p.CloudIdentity | None = None,
         jobs_outlive_runner: bool = False,
         absolute_paths: bool = False,
+        keep_failed_seconds: float = kept.KEEP_SECONDS,
     ) -> None:
         self.url = runner_ws_url(server_url)
         self._address = address  # empty: worked out on every connection (default_address)
@@ -94,6 +95,7 @@ class Agent:
         self._drain_timeout = drain_timeout
         self._outlive = jobs_outlive_runner
         self._absolute_paths = absolute_paths
+        self._keep_failed_seconds = keep_failed_seconds
         self._detach = False  # SIGTERM with jobs_outlive_runner: exit, leaving started jobs running
         self._jobs: dict[str, Job] = {}
         self._job_tasks: dict[str, asyncio.Task[None]] = {}
@@ -132,6 +134,7 @@ class Agent:
         if self._lock is None:
             log.error("another runner process uses %s; exiting", self._work_dir)
             return 2
+        kept.sweep(self._work_dir)
         for resumed in find_resumable(self._work_dir):
             self._new_job(resumed.spec, resumed)
             log.info(
@@ -414,6 +417,7 @@ class Agent:
             drain_timeout=self._drain_timeout,
             outlive=self._outlive,
             absolute_paths=self._absolute_paths,
+            keep_failed_seconds=self._keep_failed_seconds,
             resumed=resumed,
         )
         self._jobs[job.id] = job
@@ -475,6 +479,7 @@ class Agent:
         log.info("job %s %s (exit code %s) %s", job.id, final.state, final.exit_code, final.reason)
         self._states.pop(job.id, None)
         self._finals[job.id] = final
+        kept.sweep(self._work_dir)
         await self._deliver_finals()
         self._maybe_exit()
 

@@ -28,15 +28,15 @@ from urllib.parse import urljoin
 
 from .http import HttpError, post_json, put_file, same_origin
 from .inputs import ABSOLUTE_REFUSED
+from .retry import Backoff
 
 log = logging.getLogger(__name__)
 
-# Recoverable failures (network errors, 5xx, 429) are retried for this long
-# after the first one, so that a server restart or a database failover while
-# a job uploads its artifacts costs the job nothing; the pause between tries
-# doubles from 1 s up to RETRY_PAUSE_MAX.
-RETRY_FOR = 600.0
-RETRY_PAUSE_MAX = 10.0
+# Recoverable failures (network errors, 5xx, 429) are retried for
+# retry.RETRY_SECONDS after the first one (--retry-seconds, 10 minutes by
+# default), so that a server restart or a database failover while a job
+# uploads its artifacts costs the job nothing; each file and each part is
+# retried on its own, so what is done is not sent again.
 # Fresh URLs asked for one file or part in a row (each refused with 403)
 # before the upload fails: a 403 on a fresh URL is not an expiry.
 MAX_FRESH_URLS = 3
@@ -261,22 +261,22 @@ def _signed(call: Callable[[_Target], T], target: _Target, fresh: Callable[[], _
 
 def _retry(call: Callable[[], T], *, expired_ok: bool = False) -> T:
     """Run ``call``; retry network errors and 5xx with backoff for
-    ``RETRY_FOR`` seconds after the first failure, give up on 4xx at once
-    (a 403 raises ``_Expired`` if ``expired_ok``)."""
-    deadline, pause = None, 1.0
+    ``retry.RETRY_SECONDS`` after the first failure, give up on 4xx at once
+    (a 403 raises ``_Expired`` if ``expired_ok``). A refusal's message is the
+    server's own (a storage quota's 413 says how much is used)."""
+    backoff = Backoff()
     while True:
         try:
             return call()
         except (HttpError, OSError, http.client.HTTPException) as e:
             if expired_ok and isinstance(e, HttpError) and e.status == 403:
                 raise _Expired(str(e)) from None
-            deadline = deadline or time.monotonic() + RETRY_FOR
             recoverable = not isinstance(e, HttpError) or e.recoverable
-            if not recoverable or time.monotonic() + pause > deadline:
+            pause = backoff.pause() if recoverable else None
+            if pause is None:
                 raise ArtifactError(f"artifact upload failed: {e}") from e
-            log.warning("artifact upload: %s (retrying in %.0fs)", e, pause)
+            log.warning("artifact upload: %s (retrying in %.1fs)", e, pause)
             time.sleep(pause)
-            pause = min(pause * 2, RETRY_PAUSE_MAX)
 
 
 def _sha256_of(path: Path, offset: int, length: int) -> str:

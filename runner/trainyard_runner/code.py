@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shlex
@@ -34,6 +35,9 @@ from urllib.parse import urlsplit
 from .http import HttpError, download
 from .process import runner_env
 from .protocol import CodeSpec, GitCredential
+from .retry import Backoff
+
+log = logging.getLogger(__name__)
 
 GIT_TIMEOUT = 600.0  # a first clone of a large repository can take minutes
 LOCAL_GIT_TIMEOUT = 60.0
@@ -290,15 +294,24 @@ async def _prepare_archive(code: CodeSpec, *, work: Path, tmp_dir: Path, fresh_u
 
 
 async def _download(url: str, dest: Path, *, what: str, fresh_url: FreshUrl | None = None) -> None:
-    for asked in range(MAX_FRESH_URLS + 1):
+    """GET the code; a network error or a 5xx is retried with backoff for
+    retry.RETRY_SECONDS, a 403 (an expired link) gets a fresh link."""
+    asked, backoff = 0, Backoff()
+    while True:
         try:
             await asyncio.to_thread(download, url, dest)
             return
         except HttpError as e:
+            pause = backoff.pause() if e.recoverable else None
+            if pause is not None:
+                log.warning("download of the %s: %s (retrying in %.1fs)", what, e, pause)
+                await asyncio.sleep(pause)
+                continue
             if e.status != 403 or fresh_url is None or asked == MAX_FRESH_URLS:
                 raise CodeError(f"download of the {what} failed: {e}") from e
         except OSError as e:
             raise CodeError(f"download of the {what} failed: {e}") from e
+        asked += 1
         try:
             url = await asyncio.to_thread(fresh_url, what)
         except (HttpError, OSError) as e:

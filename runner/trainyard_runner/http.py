@@ -6,7 +6,7 @@ tells a network problem or a 5xx (worth retrying) from a refusal (4xx).
 ``download``, ``open_get`` and ``put_file`` take signed URLs, whose path or
 query is a credential (the server's ``/storage/<token>``, a presigned S3
 query): their errors name only the URL's origin, so a job's reason never
-hands out the link. ``post_json`` errors name the API path.
+hands out the link. ``post_json`` and ``get_json`` errors name the API path.
 """
 
 from __future__ import annotations
@@ -24,9 +24,20 @@ TIMEOUT = 30.0
 
 
 class HttpError(Exception):
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, detail: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.detail = detail  # the answer's body (its first 2,000 bytes), "" without one
+
+    @property
+    def server_message(self) -> str:
+        """The ``message`` of the server's ``{"message": …, "extra": …}``
+        answer, else the whole error."""
+        try:
+            message = json.loads(self.detail).get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return message if isinstance(message, str) and message else str(self)
 
     @property
     def recoverable(self) -> bool:
@@ -61,6 +72,13 @@ def post_json(url: str, body: dict[str, Any], *, token: str, timeout: float = TI
     with _open(req, timeout) as resp:
         raw = resp.read()
     return json.loads(raw) if raw else None
+
+
+def get_json(url: str, *, token: str, timeout: float = TIMEOUT) -> Any:
+    """GET with the bearer token; returns the decoded JSON answer."""
+    req = urllib.request.Request(url, headers={"Accept": "application/json", "Authorization": f"Bearer {token}"})
+    with _open(req, timeout) as resp:
+        return json.loads(resp.read())
 
 
 def put_file(
@@ -107,12 +125,25 @@ def _open(req: urllib.request.Request, timeout: float, *, signed: bool = False) 
     try:
         return urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as e:
-        detail = e.read(500).decode("utf-8", errors="replace").strip()
+        detail = e.read(2000).decode("utf-8", errors="replace").strip()
         detail = _scrubbed(detail, req.full_url) if signed else detail
-        raise HttpError(f"{req.get_method()} {shown}: HTTP {e.code} {detail}", status=e.code) from None
+        said = _message(detail)[:500]
+        raise HttpError(f"{req.get_method()} {shown}: HTTP {e.code} {said}", status=e.code, detail=detail) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         why = _scrubbed(str(e), req.full_url) if signed else str(e)
         raise HttpError(f"{req.get_method()} {shown}: {why}") from None
+
+
+def _message(body: str) -> str:
+    """The ``message`` of an answer in the API's error format
+    (``{"message": ..., "extra": ...}``: a storage quota's 413 says how much is
+    used and what to do), else the body as it is."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    message = data.get("message") if isinstance(data, dict) else None
+    return message if isinstance(message, str) and message else body
 
 
 def _shown(url: str, *, signed: bool) -> str:

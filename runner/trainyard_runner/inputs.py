@@ -22,6 +22,7 @@ import logging
 import os
 import posixpath
 import re
+import shutil
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .http import HttpError, open_get
-from .protocol import InputArtifact, InputFile
+from .protocol import InputArtifact, InputFile, InputPage
+from .retry import Backoff
 
 # Why a runner of the local backend refuses an absolute path (``--no-absolute-paths``).
 ABSOLUTE_REFUSED = (
@@ -40,7 +42,6 @@ ABSOLUTE_REFUSED = (
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 3  # failed attempts in a row before giving up (as for artifact uploads)
 MAX_FRESH_URLS = 3  # fresh URLs asked for one file, each refused with 403, before giving up
 TIMEOUT = 30.0  # per socket operation
 CHUNK = 1 << 20
@@ -62,6 +63,46 @@ class _Stopped(Exception):
 
 # (InputArtifact.path, InputFile.path) -> a fresh signed URL for that file.
 FreshUrl = Callable[[str, str], str]
+
+
+# (InputArtifact.path, the previous page's next or "") -> that page of its files.
+FetchPage = Callable[[str, str], InputPage]
+MANIFEST_ATTEMPTS = 3  # per page, for network errors and 5xx
+
+
+def fetch_manifests(inputs: list[InputArtifact], page: FetchPage) -> list[InputArtifact]:
+    """The inputs with their ``files`` filled in, read page by page (protocol
+    3: the assignment names only each input's ``file_count``). Blocking;
+    raises ``InputError`` naming the input."""
+    filled = []
+    for artifact in inputs:
+        files: list[InputFile] = []
+        after = ""
+        while artifact.file_count:
+            got = _page(page, artifact.path, after)
+            files += got.files
+            if not got.next:
+                break
+            if got.next == after or len(files) > artifact.file_count:  # a server that never ends its pages
+                raise InputError(f"could not list input {artifact.path}: the server's pages do not end")
+            after = got.next
+        if len(files) != artifact.file_count:
+            listed = f"{len(files)} of {artifact.file_count} files listed"
+            raise InputError(f"could not list input {artifact.path}: {listed}")
+        filled.append(artifact.model_copy(update={"files": files}))
+    return filled
+
+
+def _page(page: FetchPage, path: str, after: str) -> InputPage:
+    for attempt in range(1, MANIFEST_ATTEMPTS + 1):
+        try:
+            return page(path, after)
+        except HttpError as e:
+            if not e.recoverable or attempt == MANIFEST_ATTEMPTS:
+                raise InputError(f"could not list input {path}: {e.server_message}") from e
+            log.warning("listing input %s: %s (retrying)", path, e)
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -170,14 +211,37 @@ class _Progress:
 
 
 def fetch_all(planned: list[PlannedFile], progress: _Progress, fresh_url: FreshUrl | None = None) -> None:
+    """Download every file; one whose content (sha256) was already fetched
+    is copied from there instead (inputs with many identical files)."""
+    fetched: dict[str, Path] = {}
     for p in planned:
         fresh = None if fresh_url is None else (lambda p=p: fresh_url(p.artifact, p.file.path))
         try:
-            fetch_file(p.file, p.dest, progress=progress, stop=progress.stop, fresh=fresh)
+            if not _copied(fetched.get(p.file.sha256.lower()), p, progress):
+                fetch_file(p.file, p.dest, progress=progress, stop=progress.stop, fresh=fresh)
         except _Stopped:
             return
         except InputError as e:
             raise InputError(f"could not fetch input {p.label}: {e}") from e
+        fetched.setdefault(p.file.sha256.lower(), p.dest)
+
+
+def _copied(source: Path | None, p: PlannedFile, progress: _Progress) -> bool:
+    """Copy ``source`` (a verified file with the same sha256) to ``p.dest``;
+    False when there is none or it cannot be copied: the file is then downloaded."""
+    if source is None or progress.stop.is_set():
+        return False
+    try:
+        if source.stat().st_size != p.file.size:
+            return False
+        p.dest.parent.mkdir(parents=True, exist_ok=True)
+        part = p.dest.with_name(p.dest.name + ".partial")
+        shutil.copyfile(source, part)
+        os.replace(part, p.dest)
+    except OSError:
+        return False
+    progress.bytes += p.file.size
+    return True
 
 
 def fetch_file(
@@ -199,19 +263,22 @@ def fetch_file(
     state = _Download(out, progress, f.url, fresh)
     try:
         with out:
-            failures, best = 0, 0
+            # Retried for retry.RETRY_SECONDS after the first failure; a try
+            # that got at least 1 MiB further is progress: the budget starts again.
+            backoff, best = Backoff(), 0
             while True:
                 try:
                     _get(f, state, stop)
                     break
                 except _Retry as e:
-                    # An attempt that got at least 1 MiB further is progress, not a failure.
-                    failures = 1 if state.have >= best + CHUNK else failures + 1
+                    if state.have >= best + CHUNK:
+                        backoff.reset()
                     best = max(best, state.have)
-                    if failures >= ATTEMPTS:
+                    pause = backoff.pause()
+                    if pause is None:
                         raise InputError(str(e)) from e
-                    log.warning("input download: %s (retrying)", e)
-                    if stop.wait(0.5 * 2**failures):
+                    log.warning("input download: %s (retrying in %.1fs)", e, pause)
+                    if stop.wait(pause):
                         raise _Stopped from None
         if state.digest.hexdigest() != f.sha256.lower():
             raise InputError("sha256 mismatch")

@@ -32,19 +32,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlencode
 
-from . import docker
+from . import docker, kept
 from .artifacts import ArtifactError, upload_artifacts
 from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
-from .http import post_json
-from .inputs import InputError, fetch_inputs
+from .http import HttpError, get_json, post_json
+from .inputs import InputError, fetch_inputs, fetch_manifests
 from .logstream import LogStream
 from .ports import ports_of
 from .process import Execution, ShimLost, ShimRecord, job_env, script
-from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, JobState
+from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, InputPage, JobSecrets, JobState
 from .spot import Notice
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,12 @@ REPORT_DRAIN = 2.0
 # (a docker job sees the folder read-only at docker.INTERRUPT_MOUNT).
 INTERRUPT_DIR, INTERRUPT_FILE = "interrupt", "interrupt.env"
 INTERRUPT_FILE_VAR = "TRAINYARD_INTERRUPT_FILE"
+SECRETS_ATTEMPTS = 3  # GETs of the job's secrets, for network errors and 5xx
+
+
+class SecretsError(Exception):
+    """The job's secrets could not be fetched; the message says why (the
+    server's reason, e.g. a secret no key opens)."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,13 @@ class Job:
         drain_timeout: float = 60.0,
         outlive: bool = False,
         absolute_paths: bool = False,
+        keep_failed_seconds: float = kept.KEEP_SECONDS,
         resumed: Resumed | None = None,
     ) -> None:
         self.spec = spec
         self.id = spec.job
+        self._work_root = work_dir
+        self._keep_failed_seconds = keep_failed_seconds  # a failed upload's files stay this long (kept.py)
         self.dir = work_dir / "jobs" / spec.job
         self._cache_dir = work_dir / "git-cache"
         self._pip_cache_dir = work_dir / "pip-cache"
@@ -134,6 +144,7 @@ class Job:
         self._notice: Notice | None = None  # a spot interruption notice arrived
         self._wind_down_task: asyncio.Task[None] | None = None
         self._interrupted_before_start = False
+        self._secrets = JobSecrets()  # fetched while preparing (AssignJob.secrets); in memory only
         self._checkpoint = (
             CheckpointSync(
                 spec.checkpoint,
@@ -203,7 +214,7 @@ class Job:
         except CheckpointError as e:
             # Not the job's fault: another attempt may well restore it (retried as an interruption).
             return await self._finish("interrupted", None, str(e))
-        except (CodeError, InputError, DockerError, ShimLost) as e:
+        except (CodeError, InputError, DockerError, ShimLost, SecretsError) as e:
             if self._notice is not None:  # the machine going away broke the setup: not the job's fault
                 return await self._interrupted_final(None)
             return await self._finish("failed", None, str(e))
@@ -404,16 +415,20 @@ class Job:
             version = await docker.check_engine()
             log.debug("job %s: docker engine %s", self.id, version)
             await docker.remove_container(self.id)
+        if self.spec.secrets:
+            self._secrets = await asyncio.to_thread(self._fetch_secrets)
         tmp = self.dir / "tmp"
         tmp.mkdir()
         work = self.dir / "work"
-        await prepare_code(
-            self.spec.code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp, fresh_url=self._fresh_code_url
-        )
+        code = self.spec.code
+        if self._secrets.credential is not None:
+            code = code.model_copy(update={"credential": self._secrets.credential})
+        await prepare_code(code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp, fresh_url=self._fresh_code_url)
         log.debug("job %s: code ready in %.0f ms", self.id, (time.monotonic() - started) * 1000)
         if self.spec.inputs:
+            inputs = await asyncio.to_thread(fetch_manifests, self.spec.inputs, self._input_page)
             await fetch_inputs(
-                self.spec.inputs,
+                inputs,
                 work,
                 report=lambda reason: self._state("preparing", reason),
                 fresh_url=self._fresh_input_url,
@@ -425,6 +440,27 @@ class Job:
         if any(c.files for c in self.spec.caches):
             await self._state("preparing", "restoring the cache")
             await restore_caches(self.spec.caches, work, fresh_url=self._fresh_cache_url, job=self.id)
+
+    def _job_url(self, what: str, query: dict[str, str] | None = None) -> str:
+        params = urlencode({"attempt": self.attempt, **(query or {})})
+        return f"{self.spec.api_url.rstrip('/')}/runner/jobs/{self.id}/{what}/?{params}"
+
+    def _fetch_secrets(self) -> JobSecrets:
+        """GET the job's secrets (blocking); network errors and 5xx are
+        retried, a refusal fails the job with the server's reason."""
+        for attempt in range(1, SECRETS_ATTEMPTS + 1):
+            try:
+                return JobSecrets.model_validate(get_json(self._job_url("secrets"), token=self._token))
+            except HttpError as e:
+                if not e.recoverable or attempt == SECRETS_ATTEMPTS:
+                    raise SecretsError(f"could not fetch the job's secrets: {e.server_message}") from e
+                log.warning("job %s: fetching its secrets: %s (retrying)", self.id, e)
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _input_page(self, path: str, after: str) -> InputPage:
+        query = {"path": path, **({"after": after} if after else {})}
+        return InputPage.model_validate(get_json(self._job_url("inputs", query), token=self._token))
 
     def _fresh_code_url(self, what: str) -> str:
         return self._fresh_url({"code": what})
@@ -509,8 +545,9 @@ class Job:
         _make_artifact_folders(work, self.spec.artifacts)
         interrupt_dir = self.dir / INTERRUPT_DIR
         interrupt_dir.mkdir(exist_ok=True)
+        job_vars = {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3
         if not self.docker:
-            env = job_env(self.spec.env, pip_cache_dir=self._pip_cache_dir)
+            env = job_env(job_vars, pip_cache_dir=self._pip_cache_dir)
             env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
                 self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
@@ -518,7 +555,7 @@ class Job:
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
         env = {
-            **self.spec.env,
+            **job_vars,
             "PYTHONUNBUFFERED": "1",
             INTERRUPT_FILE_VAR: f"{docker.INTERRUPT_MOUNT}/{INTERRUPT_FILE}",
         }
@@ -571,7 +608,15 @@ class Job:
                 token=self._token,
             )
         except ArtifactError as e:
-            return self.final("failed", None, str(e))
+            where = kept.keep(
+                self._work_root,
+                self.dir,
+                job=self.id,
+                attempt=self.attempt,
+                seconds=self._keep_failed_seconds,
+                why=str(e),
+            )
+            return self.final("failed", None, f"{e}; {where}" if where else str(e))
         return self.final("succeeded", code)
 
     async def _finish(self, state: str, code: int | None, reason: str) -> JobState:
@@ -581,7 +626,16 @@ class Job:
         return self.final(state, code, reason)
 
     def final(self, state: str, code: int | None, reason: str = "") -> JobState:
-        return JobState(job=self.id, attempt=self.attempt, state=state, exit_code=code, reason=reason)  # type: ignore[arg-type]
+        lines, digest = self.stream.shipped
+        return JobState(
+            job=self.id,
+            attempt=self.attempt,
+            state=state,  # type: ignore[arg-type]
+            exit_code=code,
+            reason=reason,
+            log_lines=lines,
+            log_digest=digest,
+        )
 
     async def _drain(self) -> None:
         # The final state promises every line is stored, so wait for the acks

@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .protocol import log_digest_add, log_digest_hex
+
 LogLine = tuple[float, str, str]  # the wire shape: [unix time, "o"|"e", text]
 
 MAX_BATCH_LINES = 5000
@@ -53,8 +55,12 @@ class LogStream:
         # Where each output file ("o", "e") was read to, by the last spooled chunk.
         self.offsets: dict[str, int] = {}
         last_seq = first_seq - 1
+        # The end-of-log check's running digest of every line put (protocol.log_digest_add).
+        self._digest = 0
         if resume:
             last_seq, self.offsets = spool_tail(spool_path, first_seq - 1)
+            for seq, (_, stream, text) in read_spool(spool_path, first_seq):
+                self._digest = log_digest_add(self._digest, seq, [(stream, text)])
         self._spool = spool_path.open("a", encoding="utf-8")
         self._max_lines = max_lines
         self._max_bytes = max_bytes
@@ -99,6 +105,7 @@ class LogStream:
         if self._sent == self._next_seq - 1:
             self._oldest_unsent_at = time.monotonic()
         self._lines.extend([(ts, stream, t) for t in texts])
+        self._digest = log_digest_add(self._digest, first, [(stream, t) for t in texts])
         self._bytes += size
         self._next_seq += len(texts)
         self._on_ready()
@@ -116,6 +123,11 @@ class LogStream:
     @property
     def acked(self) -> int:
         return self._acked
+
+    @property
+    def shipped(self) -> tuple[int, str]:
+        """This attempt's line count and digest, for its final state."""
+        return self.last_seq - self._first_seq + 1, log_digest_hex(self._digest)
 
     # ------------------------------------------------------------ sender side
 

@@ -2,7 +2,13 @@
 and session, which appends the job's stdout and stderr to files in the job's directory; the runner
 follows those files from byte offsets, splits them into lines for the job's ``LogStream``, and learns the
 exit code from the shim's exit file. A runner started later on the same work dir re-attaches to a shim
-that is still alive (``Execution.attach``)."""
+that is still alive (``Execution.attach``).
+
+Nothing of a job outlives it (docs/RUNNER.md, "Containment"): the shim is the subreaper of the job's
+processes (and puts them in a cgroup v2 of their own where one is writable); every process of the job
+carries ``TRAINYARD_JOB_MARK=<mark>`` in its environment, and once the job has ended or was killed the
+runner ``sweep``s ``/proc`` for it: a process that left the group (``setsid``, a double fork) is found
+even when the shim itself was SIGKILLed."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
@@ -29,6 +36,8 @@ SHIM = Path(__file__).with_name("_shim.py")
 OUTPUT_FILES = {"o": "stdout.log", "e": "stderr.log"}
 SHIM_FILE, EXIT_FILE, SHIM_LOG = "shim.json", "exit.json", "shim.log"
 TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
+MARK_VAR = "TRAINYARD_JOB_MARK"  # the same name in _shim.py
+SWEEP_ROUNDS = 20  # a job forking while it is swept: sweep again, this many times at most
 
 
 class ShimLost(Exception):
@@ -43,12 +52,20 @@ class ShimRecord:
     pid: int
     start: int
     boot: str
+    mark: str = ""  # TRAINYARD_JOB_MARK of the job's processes ("" for a shim of an older runner)
+    cgroup: str = ""  # the job's cgroup v2, "" for none
 
     @classmethod
     def load(cls, job_dir: Path) -> ShimRecord | None:
         try:
             raw = json.loads((job_dir / SHIM_FILE).read_text())
-            return cls(pid=int(raw["pid"]), start=int(raw["start"]), boot=str(raw["boot"]))
+            return cls(
+                pid=int(raw["pid"]),
+                start=int(raw["start"]),
+                boot=str(raw["boot"]),
+                mark=str(raw.get("mark") or ""),
+                cgroup=str(raw.get("cgroup") or ""),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -73,6 +90,27 @@ def read_exit(job_dir: Path) -> int | None:
 def killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def sweep(mark: str, cgroup: str = "") -> int:
+    """SIGKILL every process carrying ``TRAINYARD_JOB_MARK=mark`` (and every
+    process of ``cgroup``) until none is left; returns how many were killed."""
+    if not mark:
+        return 0
+    needle = f"{MARK_VAR}={mark}\0".encode()
+    killed = 0
+    for _ in range(SWEEP_ROUNDS):
+        doomed = _marked(needle) | _cgroup_pids(cgroup)
+        doomed.discard(os.getpid())
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed += len(doomed)
+        if not doomed:
+            break
+    if killed:
+        log.info("killed %d process(es) left behind by the job (mark %s)", killed, mark)
+    return killed
 
 
 def runner_env() -> dict[str, str]:
@@ -116,6 +154,8 @@ class Execution:
         self.pid = pid  # the shim's: also the process group id
         self._proc = proc  # ours: reaped by asyncio; None when attached to another runner's shim
         self._record = record
+        self.mark = record.mark if record is not None else ""
+        self.cgroup = record.cgroup if record is not None else ""
         self._stream = stream
         self.terminated = False
         self._killed = False  # we SIGKILLed the group: a missing exit file means 128 + 9
@@ -147,6 +187,7 @@ class Execution:
             (job_dir / name).unlink(missing_ok=True)
         for name in OUTPUT_FILES.values():
             (job_dir / name).touch(mode=0o600)
+        mark = f"{job_dir.name}.{secrets.token_hex(6)}"
         with open(job_dir / SHIM_LOG, "ab") as shim_log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -157,13 +198,15 @@ class Execution:
                 "1" if outlive else "0",
                 *(argv or ["bash", "-c", script(commands)]),
                 cwd=cwd,
-                env=dict(env),
+                env={**env, MARK_VAR: mark},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=shim_log,
                 start_new_session=True,
             )
-        return cls(job_dir, stream, proc.pid, proc=proc)
+        execution = cls(job_dir, stream, proc.pid, proc=proc)
+        execution.mark = mark
+        return execution
 
     @classmethod
     def attach(cls, job_dir: Path, record: ShimRecord, stream: LogStream, offsets: Mapping[str, int]) -> Execution:
@@ -209,9 +252,15 @@ class Execution:
         return bool(done)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group now."""
+        """SIGKILL the whole process group now, and whatever left it."""
         self._killed = True
         killpg(self.pid, signal.SIGKILL)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        # The cgroup is known only once the shim wrote shim.json.
+        record = self._record or ShimRecord.load(self.job_dir)
+        sweep(self.mark, record.cgroup if record is not None else self.cgroup)
 
     def _shim_alive(self) -> bool:
         if self._proc is not None:
@@ -230,6 +279,9 @@ class Execution:
         finally:
             if reaper is not None and not reaper.done():
                 reaper.cancel()
+        # Ended (not cancelled: a runner leaving a job that outlives it must not
+        # sweep): the shim killed the job's processes; this finds any it could not.
+        self._sweep()
         if code is not None:
             return code
         code = read_exit(self.job_dir)  # written just before it ended
@@ -243,6 +295,29 @@ class Execution:
         if self._killed:
             return 128 + signal.SIGKILL
         raise ShimLost("the job's supervisor process ended without recording an exit code (was it killed?)")
+
+
+def _marked(needle: bytes) -> set[int]:
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read():
+                    found.add(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def _cgroup_pids(cgroup: str) -> set[int]:
+    if not cgroup:
+        return set()
+    try:
+        return {int(line) for line in Path(cgroup, "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
 
 
 async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, ended: asyncio.Event) -> None:

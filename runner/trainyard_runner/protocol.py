@@ -20,15 +20,25 @@ anything else it answers ``Refused``, and the runner stops that attempt.
 A runner starts a job's commands only after ``JobConfirmed`` (or the job
 listed in ``Welcome.confirmed`` after a reconnect), so a lost acceptance can
 never run a job twice.
+
+No secret crosses the websocket (v3): the server's side of it goes through
+the channel layer (Redis, written to disk). ``AssignJob.secrets`` only says
+the job has secrets or a clone credential; the runner fetches them
+(``JobSecrets``) over REST with its token, as it fetches the file lists of
+the job's inputs page by page (``InputPage``), so an assignment stays small
+whatever the inputs hold. Both endpoints answer only the runner holding the
+job's current attempt (docs/RUNNER.md, "Secrets and input manifests").
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # A log line as sent on the wire: [unix time in seconds, stream, text].
 # stream is "o" (stdout) or "e" (stderr). Compact on purpose: a 200k-line job
@@ -55,6 +65,27 @@ def may_be_cut(text: str) -> bool:
     if len(text) < CUT_MIN_CHARS:
         return False
     return len(text.encode("utf-8", "surrogatepass")) >= CUT_MIN_BYTES
+
+
+# The end-of-log check (docs/RUNNER.md, "Log digest"): a final JobState names
+# how many lines the attempt shipped and their digest, the sum modulo 2**256
+# of sha256(f"{seq}\n{stream}\n" + text) over its lines, text as UTF-8 with
+# surrogates passed through. A sum, not one hash of everything, so that both
+# sides can add up any split of the lines into batches in any thread.
+DIGEST_MODULUS = 1 << 256
+
+
+def log_digest_add(total: int, first_seq: int, lines: Iterable[tuple[str, str]]) -> int:
+    """``total`` plus the digest terms of ``(stream, text)`` lines numbered from ``first_seq``."""
+    sha256 = hashlib.sha256
+    for i, (stream, text) in enumerate(lines):
+        head = f"{first_seq + i}\n{stream}\n".encode()
+        total += int.from_bytes(sha256(head + text.encode("utf-8", "surrogatepass")).digest(), "big")
+    return total % DIGEST_MODULUS
+
+
+def log_digest_hex(total: int) -> str:
+    return f"{total % DIGEST_MODULUS:064x}"
 
 
 class _Message(BaseModel):
@@ -153,6 +184,12 @@ class JobState(_Message):
     Also: the job's checkpoint could not be restored before its commands
     started (``reason`` says why); retried like an interruption, not counted
     as the job's error.
+
+    A final state also names ``log_lines``, how many lines the attempt shipped
+    (seqs ``seq_base + 1`` … ``seq_base + log_lines``), and ``log_digest``
+    over them (``log_digest_add``): the server compares both with what it
+    received and flags the job when they differ. Older runners send neither;
+    their logs are not checked.
     """
 
     type: Literal["job_state"] = "job_state"
@@ -162,6 +199,8 @@ class JobState(_Message):
     exit_code: int | None = None
     reason: str = ""
     interrupt_at: float | None = None
+    log_lines: int | None = Field(default=None, ge=0)
+    log_digest: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
 
 
 class Logs(_Message):
@@ -201,7 +240,8 @@ class GitCredential(_Message):
     """How git authenticates to a private repository: ``https-token`` (HTTP
     Basic, ``username`` and the token as ``secret``) or ``ssh-key`` (a private
     key as ``secret``). Used for the clone and fetches of this job only: never
-    logged, never written to disk but as a 0600 key file while git runs."""
+    logged, never written to disk but as a 0600 key file while git runs.
+    Comes in ``JobSecrets`` (REST), never in an ``AssignJob``."""
 
     kind: Literal["https-token", "ssh-key"]
     username: str = ""
@@ -217,7 +257,9 @@ class CodeSpec(_Message):
     commit: str = ""
     patch_url: str = ""  # signed GET url; empty when there is no patch
     archive_url: str = ""  # signed GET url; kind == "archive"
-    credential: GitCredential | None = None  # the repository's, when one is set (kind == "git")
+    # The repository's, when one is set (kind == "git"): never sent by the
+    # server (v3); the runner fills it in from ``JobSecrets.credential``.
+    credential: GitCredential | None = None
 
 
 class InputFile(_Message):
@@ -229,10 +271,33 @@ class InputFile(_Message):
 
 class InputArtifact(_Message):
     """An artifact of another job, placed at ``path`` (relative to the
-    working directory, e.g. "./base_model") before the commands run."""
+    working directory, e.g. "./base_model") before the commands run.
+    The server sends ``file_count`` and no ``files`` (v3); the runner reads
+    them from ``GET …/runner/jobs/<job>/inputs/?path=<path>`` page by page
+    (``InputPage``) and fills ``files`` in."""
+
+    path: str
+    file_count: int = Field(default=0, ge=0)
+    files: list[InputFile] = Field(default_factory=list)
+
+
+class InputPage(_Message):
+    """One page of an input's files (REST, not a websocket frame): ``next``
+    is the ``after`` of the next page, "" after the last one."""
 
     path: str
     files: list[InputFile]
+    next: str = ""
+
+
+class JobSecrets(_Message):
+    """The job's secrets (REST ``GET …/runner/jobs/<job>/secrets/``, not a
+    websocket frame): the workspace's secrets as environment variables (the
+    assignment's ``env`` wins over them) and the repository's clone
+    credential. Kept in memory only, never in ``job.json``."""
+
+    env: dict[str, str] = Field(default_factory=dict, repr=False)
+    credential: GitCredential | None = None
 
 
 class CheckpointSpec(_Message):
@@ -274,7 +339,7 @@ class AssignJob(_Message):
     run_name: str
     workflow: str
     commands: list[str]
-    env: dict[str, str]
+    env: dict[str, str]  # no secret: see ``secrets``
     code: CodeSpec
     artifacts: list[ArtifactSpec]
     # Base URL of the REST API for artifact uploads (runner token auth).
@@ -291,6 +356,9 @@ class AssignJob(_Message):
     port_count: int = Field(default=0, ge=0, le=64)
     mount_seconds: float = Field(default=10.0, gt=0)
     caches: list[CacheSpec] = Field(default_factory=list)
+    # The job has secrets or a clone credential: the runner GETs ``JobSecrets``
+    # before preparing (a refusal, e.g. a secret no key opens, fails the job).
+    secrets: bool = False
 
 
 class JobConfirmed(_Message):
@@ -367,5 +435,6 @@ CLOSE_FLOODING = 1008  # policy violation: log frames sent without waiting for a
 CLOSE_VERSION_MISMATCH = 4409  # the close reason says which side to upgrade
 CLOSE_REPLACED = 4410  # a newer connection of the same runner took over
 CLOSE_FENCED = 4411  # the instance was declared lost: its runner must stop and exit
+CLOSE_RATE_LIMITED = 4429  # too many connects: retry after the wait the close reason names (not fatal)
 
 Resources.model_rebuild()

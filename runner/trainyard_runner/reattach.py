@@ -24,7 +24,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from .job import SPEC_FILE, Resumed
-from .process import EXIT_FILE, ShimRecord, killpg
+from .process import EXIT_FILE, ShimRecord, killpg, sweep
 from .protocol import AssignJob
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ def find_resumable(work_dir: Path) -> list[Resumed]:
         if shim is not None and shim.alive():  # alive but unusable (no valid job.json): nothing may run unwatched
             log.warning("job %s: its shim runs but the job cannot be rebuilt; killing it", job_dir.name)
             killpg(shim.pid, signal.SIGKILL)
+        if shim is not None:  # whatever of it left the group (setsid, a double fork) goes too
+            sweep(shim.mark, shim.cgroup)
         log.info("job %s: not resumable after the runner restart; removing %s", job_dir.name, job_dir)
         shutil.rmtree(job_dir, ignore_errors=True)
     return found

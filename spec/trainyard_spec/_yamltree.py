@@ -63,17 +63,29 @@ class Tree:
 def parse(text: str) -> Tree:
     """Parse one YAML document. Raises ``yaml.MarkedYAMLError`` on bad syntax;
     structural problems (duplicate keys, non-string keys) go to ``errors``."""
-    loader = yaml.SafeLoader(text)
     try:
-        root = loader.get_single_node()
-    finally:
-        loader.dispose()
+        loader = yaml.SafeLoader(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.reader.ReaderError as e:
+        raise _marked(e, text) from None
     tree = Tree(data=None)
     if root is None:
         return tree
     tree.lines[()] = root.start_mark.line + 1
     tree.data = _Walker(loader, tree).build(root, (), 0)
     return tree
+
+
+def _marked(e: yaml.reader.ReaderError, text: str) -> yaml.MarkedYAMLError:
+    """A character YAML refuses (a control character, say) as a syntax error
+    with its line: the reader's own error has only an offset."""
+    line = text.count("\n", 0, e.position)
+    column = e.position - (text.rfind("\n", 0, e.position) + 1)
+    problem = f"character #x{e.character:04x} is not allowed ({e.reason})"
+    return yaml.MarkedYAMLError(problem=problem, problem_mark=yaml.Mark(e.name, e.position, line, column, None, 0))
 
 
 class _TooBig(Exception):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from backend.accounts.models import ApiToken, Invitation, Membership, Role, User, Workspace
@@ -193,7 +196,7 @@ def test_a_created_token_is_shown_once_and_works_as_bearer(outsider: Person) -> 
 
     assert response.status_code == 201
     body = response.json()
-    assert set(body) == {"id", "name", "prefix", "created_at", "last_used_at", "token"}
+    assert set(body) == {"id", "name", "prefix", "created_at", "last_used_at", "expires_at", "token"}
     assert body["token"].startswith(body["prefix"]) and body["prefix"].startswith("trainyard_")
     me = APIClient().get("/api/v1/me/", HTTP_AUTHORIZATION=f"Bearer {body['token']}")
     assert me.json()["username"] == "oscar"
@@ -205,7 +208,7 @@ def test_tokens_are_listed_by_prefix_only(outsider: Person) -> None:
     rows = outsider.client().get("/api/v1/tokens/").json()
 
     assert [r["name"] for r in rows] == ["laptop", "cli"]
-    assert all(set(r) == {"id", "name", "prefix", "created_at", "last_used_at"} for r in rows)
+    assert all(set(r) == {"id", "name", "prefix", "created_at", "last_used_at", "expires_at"} for r in rows)
     assert created["token"] not in str(rows)
 
 
@@ -220,3 +223,51 @@ def test_a_revoked_token_is_refused_and_no_longer_listed(outsider: Person) -> No
     assert [r["name"] for r in outsider.client().get("/api/v1/tokens/").json()] == ["cli"]
     assert ApiToken.objects.get(pk=created["id"]).revoked_at is not None
     assert outsider.client().delete(f"/api/v1/tokens/{created['id']}/").status_code == 404
+
+
+# ------------------------------------------------------------------ invitation lifetime and visibility
+
+
+def test_an_invitation_expires_after_the_configured_days_and_is_then_neither_listed_nor_taken_up(
+    team: Workspace, owner: Person, settings: object
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "INVITATION_DAYS": 3}  # type: ignore[attr-defined]
+    made = owner.client().post(f"{WS}/members/", {"github_login": "late", "role": "member"}, format="json").json()
+    expires_at = Invitation.objects.get().expires_at
+    Invitation.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    listed = owner.client().get(f"{WS}/invitations/").json()
+    late = _github_user("late", 404)
+
+    assert abs(expires_at - (timezone.now() + timedelta(days=3))) < timedelta(minutes=1)
+    assert made["invitation"]["expires_at"].startswith(expires_at.strftime("%Y-%m-%dT%H:%M"))
+    assert listed == []
+    assert not Membership.objects.filter(workspace=team, user=late).exists()
+    assert Invitation.objects.get().accepted_at is None
+
+
+def test_inviting_again_renews_an_expired_invitation(team: Workspace, owner: Person) -> None:
+    owner.client().post(f"{WS}/members/", {"github_login": "late", "role": "viewer"}, format="json")
+    Invitation.objects.update(expires_at=timezone.now() - timedelta(days=1))
+
+    again = owner.client().post(f"{WS}/members/", {"github_login": "late", "role": "member"}, format="json")
+    late = _github_user("late", 405)
+
+    assert again.status_code == 202
+    assert Invitation.objects.count() == 1
+    assert Membership.objects.get(workspace=team, user=late).role == Role.MEMBER
+
+
+@pytest.mark.parametrize("who", ["member", "viewer"])
+def test_only_admins_see_pending_invitations(
+    team: Workspace, owner: Person, member: Person, viewer: Person, who: str
+) -> None:
+    owner.client().post(f"{WS}/members/", {"email": "secret.hire@example.com", "role": "admin"}, format="json")
+    person = {"member": member, "viewer": viewer}[who]
+
+    refused = person.client().get(f"{WS}/invitations/")
+
+    assert refused.status_code == 403
+    assert refused.json() == {"message": f"Your role in acme is {who}: only admins see this.", "extra": {}}
+    assert b"secret.hire" not in refused.content
+    assert owner.client().get(f"{WS}/invitations/").json()[0]["email"] == "secret.hire@example.com"

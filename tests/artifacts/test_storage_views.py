@@ -93,7 +93,9 @@ def test_a_local_upload_link_takes_only_its_files_bytes_and_never_replaces_a_sto
     settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
     storage = get_storage()
     good = b"the trained model"
-    target = storage.upload_target("ws/x/model.bin", sha256=hashlib.sha256(good).hexdigest(), seconds=60)
+    target = storage.upload_target(
+        "ws/x/model.bin", sha256=hashlib.sha256(good).hexdigest(), size=len(good), seconds=60
+    )
     path = target.url.removeprefix(settings.PUBLIC_URL)
     client = Client()
 
@@ -102,7 +104,7 @@ def test_a_local_upload_link_takes_only_its_files_bytes_and_never_replaces_a_sto
     assert storage.size("ws/x/model.bin") is None, "nothing written"
     assert client.generic("PUT", path, good, content_type="application/octet-stream").status_code == 201
     assert client.generic("PUT", path, good, content_type="application/octet-stream").status_code == 201, "a retry"
-    other = storage.upload_target("ws/x/model.bin", sha256=hashlib.sha256(b"evil").hexdigest(), seconds=60)
+    other = storage.upload_target("ws/x/model.bin", sha256=hashlib.sha256(b"evil").hexdigest(), size=4, seconds=60)
     replaced = client.generic(
         "PUT", other.url.removeprefix(settings.PUBLIC_URL), b"evil", content_type="application/octet-stream"
     )

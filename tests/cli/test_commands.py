@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from trainyard.api import _prefixed
 from trainyard.cli import cli
 from trainyard.code import Workspace, file_sha256, make_archive
 from trainyard.config import load_config
@@ -19,8 +20,14 @@ from tests.cli.fakes import TOKEN, FakeRunSocket, make_job, make_run, rest_clien
 WS = "/api/v1/workspaces/ws1"
 
 
+HEALTH = ("GET", "/api/v1/health/")
+
+
 class FakeRest:
-    """Records requests; answers from a {(method, path): response} table."""
+    """Records requests; answers from a {(method, path): response} table.
+    The server's limits (``GET /api/v1/health/``, asked before a run's code is
+    uploaded) are answered with the default unless the table has them, and
+    not recorded."""
 
     def __init__(self, routes: dict[tuple[str, str], httpx.Response]) -> None:
         self.routes = routes
@@ -28,6 +35,8 @@ class FakeRest:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         request.read()
+        if (request.method, request.url.path) == HEALTH and HEALTH not in self.routes:
+            return httpx.Response(200, json={"status": "ok", "max_blob_bytes": 512 * 2**20})
         self.requests.append(request)
         if request.url.host == "storage.fake":  # the signed URL never gets the token
             assert "Authorization" not in request.headers
@@ -60,7 +69,11 @@ def test_run_detached_uploads_the_archive_and_prints_the_name_last(tiny_train: P
     assert (code, out, err) == (0, "brave-otter-1\n", "Run brave-otter-1 submitted\n")
     body = json.loads(rest.requests[1].content)
     assert body["workflow"] == "hello" and body["env"] == {"GREETING": "hi"}
-    assert body["code"] == {"kind": "archive", "archive_blob": "blob-1"}
+    assert {k: v for k, v in body["code"].items() if k != "patch_files"} == {
+        "kind": "archive",
+        "archive_blob": "blob-1",
+    }
+    assert "train.py" in body["code"]["patch_files"]  # each file's digest, for the cache decision's file names
     assert body["workflows_file"] == {
         "path": ".trainyard/workflows.yaml",
         "text": (tiny_train / ".trainyard/workflows.yaml").read_text(),
@@ -192,7 +205,7 @@ def test_ps_plain_table_with_reason_and_json(monkeypatch: pytest.MonkeyPatch):
     assert json.loads(out) == runs
 
 
-def test_logs_pages_through_every_line(monkeypatch: pytest.MonkeyPatch):
+def test_logs_of_a_live_job_pages_through_every_line(monkeypatch: pytest.MonkeyPatch):
     pages = iter([
         {"job": "job-1", "lines": [{"seq": 1, "ts": 1.0, "stream": "o", "text": "a"}, {"seq": 2, "ts": 1.0, "stream": "e", "text": "b"}], "has_more": True},
         {"job": "job-1", "lines": [{"seq": 3, "ts": 1.0, "stream": "o", "text": "c"}], "has_more": False},
@@ -204,11 +217,34 @@ def test_logs_pages_through_every_line(monkeypatch: pytest.MonkeyPatch):
             seen.append(request.url.params["after_seq"])
             assert request.url.params["limit"] == "10000"
             return httpx.Response(200, json=next(pages))
-        return httpx.Response(200, json=make_run("succeeded", last_seq=3))
+        return httpx.Response(200, json=make_run("running", last_seq=3))
 
     monkeypatch.setattr("trainyard.cli._client", lambda: rest_client("http://fake", rest))
     code, out, err = invoke("logs", "brave-otter-1")
     assert (code, out, err, seen) == (0, "a\nc\n", "b\n", ["0", "2"])
+
+
+def test_logs_of_a_finished_job_is_its_raw_log(monkeypatch: pytest.MonkeyPatch):
+    def rest(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/logs/raw"):
+            return httpx.Response(200, content=b"a\nb\xef\xbf\xbd\rc\n", headers={"content-type": "text/plain"})
+        assert not request.url.path.endswith("/logs/")
+        return httpx.Response(200, json=make_run("succeeded", last_seq=2))
+
+    monkeypatch.setattr("trainyard.cli._client", lambda: rest_client("http://fake", rest))
+    code, out, err = invoke("logs", "brave-otter-1")
+    assert (code, out, err) == (0, "a\nb\ufffd\rc\n", "")
+
+
+def test_raw_lines_get_the_job_prefix_however_the_body_is_cut():
+    body = b"one\ntwo\nthree\n"
+    for cut in range(1, len(body)):
+        start = True
+        out = b""
+        for chunk in (body[:cut], body[cut:]):
+            piece, start = _prefixed(chunk, b"[train] ", start)
+            out += piece
+        assert out == b"[train] one\n[train] two\n[train] three\n", cut
 
 
 def artifact_routes(
@@ -349,7 +385,7 @@ def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(
 
         1. download-base-model (bash)
            resources: any
-           cached: reuses brave-otter-3/8c1f
+           cache: reused from brave-otter-3 (cached)
 
         2. finetune-model (bash)
            needs: download-base-model
@@ -361,7 +397,11 @@ def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(
     [request] = rest.requests  # no blob upload, no run
     make_archive(Workspace(pipeline, False), tmp_path / "expected.tar.gz")
     body = json.loads(request.content)
-    assert body["code"] == {"kind": "archive", "archive_sha256": file_sha256(tmp_path / "expected.tar.gz")}
+    assert {k: v for k, v in body["code"].items() if k != "patch_files"} == {
+        "kind": "archive",
+        "archive_sha256": file_sha256(tmp_path / "expected.tar.gz"),
+    }
+    assert "train.py" in body["code"]["patch_files"]
     assert (body["workflow"], body["env"], body["no_cache"]) == ("finetune-model", {"STEPS": "50"}, False)
 
 

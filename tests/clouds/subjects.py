@@ -81,6 +81,14 @@ def signals_of(pid: int, field: str) -> set[signal.Signals]:
     return {sig for sig in signal.Signals if mask & (1 << (sig - 1))}
 
 
+def _exec_done(pid: int) -> bool:
+    """The slow-to-stop runner's ``exec -a trainyard-runner sleep`` has happened."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"trainyard-runner\0")
+    except OSError:
+        return False
+
+
 def terminate_fully(compute: Compute, handle: Handle, *, on_not_yet: Callable[[], None] | None = None) -> int:
     """Call terminate until it returns; the number of NotYetTerminated seen."""
     deadline = time.monotonic() + TERMINATE_DEADLINE
@@ -193,8 +201,10 @@ class LocalSubject(Subject):
         return {"runner_command": ["bash", "-c", "trap '' TERM; exec -a trainyard-runner sleep 600"], "kill_after": 1}
 
     def settle(self, handle: Handle) -> None:
-        # A SIGTERM before the trap is installed would end it the ordinary way.
-        wait_for(lambda: signal.SIGTERM in signals_of(int(handle.backend_id), "SigIgn"), what="SIGTERM ignored")
+        # A SIGTERM before the trap is installed would end it the ordinary way,
+        # and while bash execs sleep its cmdline is briefly empty (it reads as gone).
+        pid = int(handle.backend_id)
+        wait_for(lambda: signal.SIGTERM in signals_of(pid, "SigIgn") and _exec_done(pid), what="SIGTERM ignored")
 
     def machines_for(self, key: str) -> int:
         return len(runner_pids(self.root / "runners", key))

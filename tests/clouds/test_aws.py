@@ -23,7 +23,7 @@ from backend.clouds.backends.aws.compute import AwsCompute
 from backend.clouds.backends.aws.errors import compute_error
 from backend.clouds.backends.aws.facts import AccountFacts
 from backend.clouds.backends.aws.machines import cloud_state
-from backend.clouds.backends.aws.session import session_for
+from backend.clouds.backends.aws.session import forget_sessions, session_for
 from backend.clouds.backends.base import (
     AccountConfig,
     CloudState,
@@ -130,12 +130,21 @@ def offer(compute: AwsCompute, instance_type: str = "m6i.large", *, spot: bool =
 
 def calls(compute: AwsCompute, operation: str) -> list[dict[str, Any]]:
     """The parameters of every ``operation`` call made from now on (a botocore hook)."""
-    seen: list[dict[str, Any]] = []
+    return calls_of(compute, [operation])[operation]
 
-    def hook(params: dict[str, Any], **_: Any) -> None:
-        seen.append(dict(params))
 
-    session_for(compute.auth).events.register(f"provide-client-params.ec2.{operation}", hook)
+def calls_of(compute: AwsCompute, operations: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """``calls`` of each EC2 operation. On a new session: a client copies
+    its session's hooks when it is made, and the clients made so far are
+    kept with the old one."""
+    seen: dict[str, list[dict[str, Any]]] = {operation: [] for operation in operations}
+    forget_sessions()
+    for operation, found in seen.items():
+
+        def hook(params: dict[str, Any], found: list[dict[str, Any]] = found, **_: Any) -> None:
+            found.append(dict(params))
+
+        session_for(compute.auth).events.register(f"provide-client-params.ec2.{operation}", hook)
     return seen
 
 

@@ -328,3 +328,55 @@ def test_a_key_that_is_not_a_safe_file_name_is_refused(local: LocalSubject) -> N
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
     return dict(var.split("=", 1) for var in raw.split("\0") if "=" in var)
+
+
+def test_stopping_a_machine_kills_what_its_jobs_setsid_out_of_their_process_groups(tmp_path: Path) -> None:
+    """Issue 11, item 26: killing a local machine's shims also kills the
+    processes its jobs moved out of their groups (found by TRAINYARD_JOB_MARK)."""
+    import os
+    import subprocess
+    import sys
+
+    from trainyard_runner.process import MARK_VAR, SHIM
+
+    from backend.clouds.backends.local.process import kill_shims
+
+    job_dir = tmp_path / "jobs" / "j"
+    job_dir.mkdir(parents=True)
+
+    def sleepers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+                live = (
+                    cmdline == b"sleep\x001234.8\x00" and (entry / "stat").read_text().split(")")[-1].split()[0] != "Z"
+                )
+                if live:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    script = "setsid sleep 1234.8 & sleep 1000"
+    shim = subprocess.Popen(  # as Execution.start starts it, without a runner that would sweep afterwards
+        [sys.executable, "-I", "-S", str(SHIM), str(job_dir), "1", "bash", "-c", script],
+        env={**os.environ, MARK_VAR: "j.test-mark"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not (sleepers() and (job_dir / "shim.json").exists()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        escaped = sleepers()
+
+        kill_shims(tmp_path)
+
+        deadline = time.monotonic() + 3
+        while sleepers() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(escaped) == 1
+        assert sleepers() == []
+    finally:
+        shim.kill()
+        shim.wait()

@@ -15,7 +15,7 @@ from django.utils import timezone
 from backend.accounts.models import Workspace
 from backend.clouds.models import CloudAccount, ControlPlane, Instance, InstanceReason, InstanceStatus, WebPulse
 from backend.clouds.services.accounts import compute_of
-from backend.clouds.services.instances import Facts, instance_connected
+from backend.clouds.services.instances import Facts, instance_connected, instance_heartbeat
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus
 from backend.runs.services.reconcile import reconcile
@@ -227,3 +227,25 @@ def test_a_machine_whose_runner_never_connects_is_terminated_after_the_timeout(
         InstanceReason.PROVISION_TIMEOUT,
     )
     assert instance.status_reason == f"runner {instance.name} did not connect within {timeout:.0f}s"
+
+
+def test_an_unreachable_runner_heard_again_on_the_connection_it_kept_is_not_fenced(
+    fake: CloudAccount, hearing: None, team: Workspace, owner: Person
+) -> None:
+    """A link that froze for longer than the heartbeat timeout but shorter
+    than the runner's own: no new hello, just heartbeats again
+    (tests/e2e/test_log_faults.py found it: the machine was fenced 120 s later)."""
+    job, instance = _running(team, owner)
+    Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(6))
+    reconcile()
+    assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.UNREACHABLE
+
+    instance_heartbeat(instance_id=str(instance.pk), busy=True)
+
+    instance.refresh_from_db()
+    assert (instance.status, instance.unreachable_since) == (InstanceStatus.BUSY, None)
+    Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=timezone.now())
+    _pulse()
+    reconcile()
+    assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.BUSY
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING

@@ -8,8 +8,13 @@ viewer of a team workspace sees no Stop button, and the API refuses their
 stop too. When a job's runner dies and the job runs again, the run page
 shows both attempts: marks in the one log and a row each in its table.
 
-Screenshots (full page, 1280x800) go to ``test-artifacts/screenshots/``.
-The browser is Debian's ``chromium`` (never ``playwright install``).
+The run page of a 5,000-line log is painted to the bottom (sidebar and
+background) at 1280x800 and 1920x1080. After each navigation every test runs
+axe-core's WCAG 2 A and AA rules on the page (``audit``): a violation fails it.
+
+Screenshots (full page, 1280x800 unless named otherwise) go to
+``test-artifacts/screenshots/``. The browser is Debian's ``chromium`` (never
+``playwright install``).
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
 
-from tests.e2e.conftest import User, make_repo, run_name_of
+from tests.e2e.conftest import FINISHED, User, make_repo, run_name_of
 from tests.e2e.test_lifecycle import _kill_the_runner_of, _sleeps
+from tests.support.accessibility import audit, serve_axe
 from tests.support.aws_account import BUCKET, prepare
 from tests.support.github import GithubServer, GithubUser
 from tests.support.moto import MotoServer
+from tests.support.screenshots import assert_background_reaches_the_bottom
 from tests.support.stack import REPO_ROOT, Stack
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -63,6 +70,11 @@ workflows:
     provider: bash
     commands:
       - sleep 60
+
+  - name: chatty
+    provider: bash
+    commands:
+      - "seq -f 'line %.0f of 5000' 1 5000"
 
   - name: resumable
     provider: bash
@@ -117,6 +129,7 @@ def new_context(browser: Browser, stack: Stack) -> BrowserContext:
             route.abort()
 
     context.route("**/*", outside)
+    serve_axe(context)  # registered last, so it answers before ``outside``
     return context
 
 
@@ -140,13 +153,17 @@ def screenshot(page: Page, name: str) -> Path:
 
 
 def sign_in(page: Page, github: GithubServer, who: GithubUser) -> None:
-    """Open the site, click "Sign in with GitHub"; the stand-in approves as ``who``."""
+    """Open the site, click "Sign in with GitHub"; the stand-in approves as ``who``.
+    Both pages, the sign-in page and the first after it, pass the audit."""
     github.next_user = who
     page.goto("/")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    audit(page)
     page.get_by_role("button", name="Sign in with GitHub").click()
     expect(page.get_by_role("button", name="Sign out")).to_be_visible()
     expect(page.locator(".user-name")).to_have_text(who.login)
+    expect(page.locator(".loading")).to_have_count(0)
+    audit(page)
 
 
 def nav_to(page: Page, item: str) -> None:
@@ -162,6 +179,7 @@ def make_token(page: Page, name: str) -> str:
     page.get_by_role("button", name="Create token").click()
     shown = page.get_by_test_id("new-token")
     expect(shown).to_have_text(re.compile(r"^trainyard_\S+$"))
+    audit(page)
     return shown.inner_text().strip()
 
 
@@ -171,6 +189,7 @@ def open_run(page: Page, run_name: str) -> None:
     expect(link).to_be_visible()
     link.click()
     expect(page.get_by_role("heading", level=1)).to_contain_text(run_name)
+    audit(page)
 
 
 def run_status(page: Page) -> str:
@@ -234,7 +253,18 @@ def test_a_person_follows_a_run_tags_it_and_downloads_its_artifact(
     assert time.monotonic() - seen_first_at > 2, "the lines arrived all at once, not live"
     expect(log).to_contain_text("base model written to base_model/weights.json")
     expect(page.locator("header.run-header h1 .badge")).to_have_attribute("data-status", "succeeded", timeout=60_000)
+    audit(page)
     screenshot(page, "run-detail-logs")
+
+    # The log's Download is the raw log, named after the run and job.
+    job = dana.run(name)["jobs"][0]
+    with page.expect_download() as download_info:
+        page.locator(".job-logs").get_by_role("link", name="Download", exact=True).click()
+    saved = download_info.value
+    raw = dana.api("GET", f"/api/v1/workspaces/{dana.workspace}/jobs/{job['id']}/logs/raw").content
+    assert saved.suggested_filename == f"{name}-{job['name']}.log"
+    assert Path(saved.path()).read_bytes() == raw
+    assert b"tick 6\n" in raw and b"base model written to base_model/weights.json\n" in raw
 
     # 4. Tag it from the page; the API shows the tag.
     page.get_by_role("button", name="Tag", exact=True).click()
@@ -253,6 +283,7 @@ def test_a_person_follows_a_run_tags_it_and_downloads_its_artifact(
     preview = page.get_by_role("region", name="Preview")
     # Re-indented, every literal exactly as the file has it (0.0 stays 0.0).
     expect(preview.locator("pre")).to_have_text('{\n  "w": 0.0,\n  "b": 0.0\n}')
+    audit(page)
     screenshot(page, "artifacts")
     with page.expect_download() as download_info:
         preview.get_by_role("link", name="Download").click()
@@ -270,6 +301,7 @@ def test_a_person_follows_a_run_tags_it_and_downloads_its_artifact(
     expect(page.get_by_role("button", name="Sign in with GitHub")).to_be_visible()
     page.reload()
     expect(page.get_by_role("button", name="Sign in with GitHub")).to_be_visible()
+    audit(page)
     me = page.request.get("/api/v1/me/")
     assert me.status in {401, 403}, me.text()
 
@@ -284,6 +316,7 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
     sign_in(page, stack_github, DANA)
     dana = User("dana", make_token(page, "team-ci"), stack)
     page.get_by_role("combobox", name="Workspace").select_option(label="+ New team workspace…")
+    audit(page)
     page.get_by_label("Name", exact=True).fill("Vision team")
     page.get_by_role("button", name="Create workspace").click()
     expect(page.get_by_role("heading", name="Members")).to_be_visible()
@@ -295,6 +328,7 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
     invite.get_by_role("button", name="Invite").click()
     expect(page.get_by_role("heading", name="Pending invitations")).to_be_visible()
     expect(page.get_by_role("cell", name="@vic")).to_be_visible()
+    audit(page)
 
     # A long run in the team workspace, submitted with dana's token.
     submitted = dana.cli(tiny_repo(tmp_path), "run", "long", "-d", env={"TRAINYARD_WORKSPACE": team})
@@ -316,6 +350,7 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
         expect(vic_page.get_by_role("button", name="Re-run")).to_have_count(0)
         expect(vic_page.get_by_role("button", name="Stop")).to_have_count(0)
         expect(vic_page.get_by_role("button", name="Tag", exact=True)).to_have_count(0)
+        audit(vic_page)
 
         # The API refuses vic's stop, sent the way the page would send it. (The
         # session and CSRF header do work: the same request makes vic a token.)
@@ -333,6 +368,7 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop_a_run(
         # Dana (a member who may write) does see Stop on the same run.
         page.goto(f"/w/{team}/runs/{name}")
         expect(page.get_by_role("button", name="Stop")).to_be_visible()
+        audit(page)
     finally:
         stopped = dana.api("POST", f"{run_path}stop/")
         assert stopped.status_code == 202, stopped.text
@@ -387,6 +423,7 @@ def test_the_run_page_shows_both_attempts_of_a_job_whose_runner_died(
     expect(rows.nth(1)).to_contain_text(f"machine {first} is gone")
     expect(rows.nth(2)).to_contain_text(second)
     expect(rows.nth(2)).to_contain_text("done")
+    audit(page)
     screenshot(page, "run-detail-attempts")
 
 
@@ -414,6 +451,7 @@ def test_the_backends_page_connects_an_aws_account_and_lists_it(
     nav_to(page, "Backends")
     expect(page.get_by_role("heading", name="Backends")).to_be_visible()
     expect(page.get_by_text(re.compile(r"^trainyard-[0-9a-f]{32}$"))).to_be_visible()  # the external id, shown first
+    audit(page)
     page.get_by_label("Access keys").check()
     page.get_by_label("Bucket").fill(BUCKET)
     page.get_by_label("Access key id").fill("AKIABROWSERTEST")
@@ -425,6 +463,7 @@ def test_the_backends_page_connects_an_aws_account_and_lists_it(
     expect(row).to_contain_text("active")
     expect(row).to_contain_text("us-east-1")
     expect(row).to_contain_text(BUCKET)
+    audit(page)
     screenshot(page, "backends")
     row.get_by_role("button", name="Validate").click()
     expect(page.get_by_text("Backend aws passed every check.")).to_be_visible()
@@ -432,3 +471,189 @@ def test_the_backends_page_connects_an_aws_account_and_lists_it(
     row.get_by_role("button", name="Remove").click()
     page.get_by_role("button", name="Remove backend aws").click()
     expect(page.get_by_role("row").filter(has_text="AWS account 123456789012")).to_have_count(0)
+
+
+def test_the_dashboard_runs_under_its_content_security_policy(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext]
+) -> None:
+    """Every page the server renders for a browser sends the policy, and none
+    of them breaks it: sign-in through GitHub (form-action), the app's files,
+    its live websocket (connect-src), avatars, the API docs and the admin."""
+    context = new_context(browser, stack)
+    contexts.append(context)
+    context.add_init_script(
+        "window.__cspViolations = [];"
+        "document.addEventListener('securitypolicyviolation',"
+        " (e) => window.__cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));"
+    )
+    page = context.new_page()
+    console = []
+    page.on("console", lambda message: console.append(message.text))
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: frames.append(str(payload))))
+
+    sign_in(page, stack_github, DANA)
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    expect(page.locator("img[src^='https://avatars.example.test/']").first).to_be_visible()
+    deadline = time.monotonic() + 15
+    while not any('"ready"' in frame for frame in frames) and time.monotonic() < deadline:
+        page.wait_for_timeout(200)  # the runs page's live socket says it is ready
+    violations = page.evaluate("window.__cspViolations")
+    index = page.request.get("/")
+    docs = context.new_page()
+    docs.goto("/api/v1/docs/")
+    expect(docs.locator(".swagger-ui .info .title")).to_contain_text("Trainyard API")
+    # No audit here: the API docs are Swagger UI's page, whose own colours and
+    # nested controls axe flags (docs/decisions/0045-accessibility-audit.md).
+    admin = context.new_page()
+    admin.goto("/admin/login/")
+    expect(admin.get_by_role("button", name="Log in")).to_be_visible()
+    audit(admin)
+
+    assert "script-src 'self';" in index.headers["content-security-policy"]
+    assert any('"ready"' in frame for frame in frames), frames
+    assert violations == [] and docs.evaluate("window.__cspViolations") == []
+    assert admin.evaluate("window.__cspViolations") == []
+    assert [text for text in console if "Content Security Policy" in text] == []
+
+
+def signed_in_with_a_run(
+    stack: Stack,
+    stack_github: GithubServer,
+    browser: Browser,
+    contexts: list[BrowserContext],
+    tmp_path: Path,
+    person: GithubUser,
+    workflow: str,
+) -> tuple[Page, User, str]:
+    """A page signed in as ``person``, who ran ``workflow`` of tiny-train to success: (page, user, run name)."""
+    context = new_context(browser, stack)
+    contexts.append(context)
+    page = context.new_page()
+    sign_in(page, stack_github, person)
+    user = User(person.login, make_token(page, workflow), stack)
+    submitted = user.cli(tiny_repo(tmp_path), "run", workflow, "-d")
+    assert submitted.returncode == 0, submitted.stderr
+    name = run_name_of(submitted)
+    assert user.wait(name, lambda run: run["status"] in FINISHED, timeout=120)["status"] == "succeeded"
+    return page, user, name
+
+
+FRANK = GithubUser(id=5004, login="frank", name="Frank Poole")
+WINDOWS = [{"width": 1280, "height": 800}, {"width": 1920, "height": 1080}]
+
+
+def test_the_run_page_of_a_long_log_fills_the_window_to_the_bottom(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    """A page taller than the window (a 5,000-line log) keeps the sidebar's
+    background and border down to its last row of pixels, at both sizes."""
+    page, frank, name = signed_in_with_a_run(stack, stack_github, browser, contexts, tmp_path, FRANK, "chatty")
+
+    for window in WINDOWS:
+        page.set_viewport_size(window)
+        page.goto(f"/w/{frank.workspace}/runs/{name}")
+        expect(page.get_by_role("log")).to_contain_text("line 5000 of 5000")
+        png = screenshot(page, f"run-long-log-{window['width']}x{window['height']}").read_bytes()
+        assert_background_reaches_the_bottom(page, png)
+        audit(page)
+
+
+GINA = GithubUser(id=5005, login="gina", name="Gina Torres")
+# The sidebar's links and the heading each page shows.
+PAGES = [
+    ("Runs", "Runs"),
+    ("Tags", "Tags"),
+    ("Repos", "Repos"),
+    ("Runners & instances", "Runners & instances"),
+    ("Self-hosted runners", "Self-hosted runners"),
+    ("Backends", "Backends"),
+    ("Offers", "Offers"),
+    ("Secrets", "Secrets"),
+    ("Members", "Members"),
+    ("API tokens", "API tokens"),
+]
+
+
+def test_every_page_of_the_dashboard_passes_the_accessibility_audit(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    """axe-core's WCAG 2 A and AA rules find nothing on any page, each with
+    content in it: a succeeded and tagged run, its log and artifact, a token."""
+    page, gina, name = signed_in_with_a_run(stack, stack_github, browser, contexts, tmp_path, GINA, "ticks")
+    tagged = gina.api("POST", f"/api/v1/workspaces/{gina.workspace}/tags/", json={"name": "gina-best", "run": name})
+    assert tagged.status_code == 201, tagged.text
+
+    for item, heading in PAGES:
+        nav_to(page, item)
+        expect(page.get_by_role("heading", name=heading, level=1)).to_be_visible()
+        expect(page.locator(".loading")).to_have_count(0)
+        audit(page)
+    nav_to(page, "Runs")
+    open_run(page, name)
+    expect(page.get_by_role("log")).to_contain_text("base model written to base_model/weights.json")
+    audit(page)
+    page.get_by_role("tab", name="Artifacts").click()
+    page.get_by_role("button", name="weights.json").click()
+    expect(page.get_by_role("region", name="Preview").locator("pre")).to_contain_text('"w": 0.0')
+    audit(page)
+    page.get_by_role("combobox", name="Workspace").select_option(label="+ New team workspace…")
+    expect(page.get_by_role("heading", name="New team workspace")).to_be_visible()
+    audit(page)
+
+
+HANA = GithubUser(id=5006, login="hana", name="Hana Ito")
+
+
+def test_the_runs_page_pages_by_cursor_through_more_runs_than_one_page(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext]
+) -> None:
+    """30 runs (put straight into the database: the list reads them as any
+    run): the first page shows the newest 25, Next the 5 oldest, Previous
+    the newest again."""
+    context = new_context(browser, stack)
+    contexts.append(context)
+    page = context.new_page()
+    sign_in(page, stack_github, HANA)
+    _seed_finished_runs(stack, "hana", 30)
+
+    page.reload()
+    pages = page.get_by_role("navigation", name="Pages of runs")
+    expect(pages).to_contain_text("1–25 of 30")
+    expect(page.get_by_role("link", name="seeded-30", exact=True)).to_be_visible()
+    expect(pages.get_by_role("button", name="Previous")).to_be_disabled()
+    audit(page)
+
+    pages.get_by_role("button", name="Next").click()
+    expect(pages).to_contain_text("26–30 of 30")
+    expect(pages).to_contain_text("Page 2")
+    expect(page.get_by_role("link", name="seeded-1", exact=True)).to_be_visible()
+    expect(page.get_by_role("link", name="seeded-30", exact=True)).to_have_count(0)
+    expect(pages.get_by_role("button", name="Next")).to_be_disabled()
+    assert "cursor=" in page.url
+
+    pages.get_by_role("button", name="Previous").click()
+    expect(pages).to_contain_text("1–25 of 30")
+    expect(page.get_by_role("link", name="seeded-30", exact=True)).to_be_visible()
+
+
+def _seed_finished_runs(stack: Stack, login: str, count: int) -> None:
+    """``count`` succeeded runs seeded-1 … seeded-N (newest last) in ``login``'s personal workspace."""
+    import psycopg
+
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute(
+            """
+            INSERT INTO runs_run (id, created_at, updated_at, workspace_id, name, workflow, status, status_reason,
+                submitted_by_id, code_kind, repo_url, commit, help, workflows_file_path, workflows_file_text,
+                workflows_files, env_overrides, inherited_env, run_args, variables, placement_overrides, no_cache,
+                started_at, finished_at)
+            SELECT gen_random_uuid(), now() - (%(n)s - i) * interval '1 minute', now(), w.id, 'seeded-' || i,
+                'hello', 'succeeded', '', u.id, 'git', 'https://example.com/a/b.git', repeat('a', 40), '',
+                '.trainyard/workflows.yaml', '', '[]', '{}', '{}', '[]', '{}', '{}', false, now(), now()
+            FROM generate_series(1, %(n)s) AS i, accounts_user u
+            JOIN accounts_workspace w ON w.personal_owner_id = u.id
+            WHERE u.username = %(login)s
+            """,
+            {"n": count, "login": login},
+        )

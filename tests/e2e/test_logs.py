@@ -41,6 +41,7 @@ def test_200k_lines_are_stored_once_in_order_and_logs_returns_all(alice: User, r
     assert [seq for seq, _ in stored] == list(range(1, LINES + 1))
     assert [text for _, text in stored] == _expected(LINES)
     assert printed.stdout.splitlines() == _expected(LINES)
+    assert run["jobs"][0]["log_note"] == ""  # the runner's final count and digest matched the server's
 
 
 PACED = """workflows:
@@ -87,6 +88,7 @@ def test_lines_survive_the_server_cutting_the_runner_off_repeatedly(alice: User,
     assert count >= LINES
     assert [seq for seq, _ in stored] == list(range(1, count + 2))
     assert [text for _, text in stored] == [*_expected(count), f"end {count}"]
+    assert run["jobs"][0]["log_note"] == ""  # the end-of-log check agreed across the cuts
 
 
 def test_a_follower_sees_lines_while_the_job_is_still_running(alice: User, repo: Path) -> None:
@@ -110,3 +112,55 @@ def test_a_follower_sees_lines_while_the_job_is_still_running(alice: User, repo:
     assert [text for _, text in seen] == [f"tick {i}" for i in range(1, 6)]
     # Live, not at the end: the first tick arrives well before the last one.
     assert seen[-1][0] - seen[0][0] > 1.2
+
+
+ODD = """workflows:
+  - name: odd
+    provider: bash
+    commands:
+      - python odd.py
+"""
+# Bytes a log viewer finds hard: a carriage return inside a line, bytes that
+# are not UTF-8, non-ASCII text, a line longer than the protocol's 64 KiB,
+# and stderr between stdout lines (the pauses keep the two streams' order).
+ODD_PY = r"""import sys, time
+out = sys.stdout.buffer
+out.write(b"progress 10%\rprogress 100%\n")
+out.write(b"bad \xff\xfe bytes\n")
+out.write("\u00e9 \u65e5\u672c \U0001f680\n".encode())
+out.write(b"x" * 100000 + b"\n")
+out.flush()
+time.sleep(1)
+sys.stderr.write("to stderr\n")
+sys.stderr.flush()
+time.sleep(1)
+print("after", flush=True)
+"""
+# What the runner keeps of it (docs/RUNNER.md, "Logs"): invalid UTF-8 as
+# U+FFFD, a long line as 64 KiB pieces, each on its own line.
+ODD_STORED = (
+    "progress 10%\rprogress 100%\n"
+    "bad \ufffd\ufffd bytes\n"
+    "\u00e9 \u65e5\u672c \U0001f680\n" + "x" * 65536 + "\n" + "x" * 34464 + "\n"
+    "to stderr\n"
+    "after\n"
+).encode()
+
+
+def test_a_finished_jobs_raw_log_and_trainyard_logs_are_what_it_printed(alice: User, repo: Path) -> None:
+    (repo / ".trainyard" / "workflows.yaml").write_text(ODD)
+    (repo / "odd.py").write_text(ODD_PY)
+    name = run_name_of(alice.cli(repo, "run", "odd", "-d"))
+    run = alice.wait(name, lambda r: r["status"] in {"succeeded", "failed"}, timeout=120)
+    job = run["jobs"][0]["id"]
+    env = {**os.environ, "TRAINYARD_URL": alice.stack.url, "TRAINYARD_TOKEN": alice.token, "HOME": str(repo.parent)}
+
+    raw = alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/jobs/{job}/logs/raw")
+    printed = subprocess.run([str(TRAINYARD), "logs", name], cwd=repo, env=env, capture_output=True, timeout=60)
+    paged = "".join(text + "\n" for _, text in _stored(alice, job)).encode()
+
+    assert run["status"] == "succeeded"
+    assert (raw.status_code, raw.headers["content-type"]) == (200, "text/plain; charset=utf-8")
+    assert raw.content == ODD_STORED
+    assert (printed.returncode, printed.stdout, printed.stderr) == (0, ODD_STORED, b"")
+    assert paged == ODD_STORED

@@ -45,14 +45,16 @@ def test_a_dead_worker_stops_everything_with_exit_code_1(tmp_path: Path, free_po
 def test_after_a_sigkilled_supervisor_the_next_run_starts_and_stops_cleanly(tmp_path: Path, free_port: int) -> None:
     data_dir, web_port = tmp_path / "data", _other_free_port(free_port)
     first, out = _run(data_dir, free_port, web_port, tmp_path / "first.out")
-    _wait_for_banner(first, out)
+    first_token = _token(_wait_for_banner(first, out))
 
     first.kill()
     first.wait()
     second, out = _run(data_dir, free_port, web_port, tmp_path / "second.out")
-    _wait_for_banner(second, out)
+    second_token = _token(_wait_for_banner(second, out))
 
     assert httpx.get(f"http://127.0.0.1:{web_port}/api/v1/health/").status_code == 200
+    # The same admin token on every start (kept in the data dir), not a new one each time.
+    assert second_token == first_token and first_token.startswith("trainyard_")
     second.send_signal(signal.SIGINT)
     assert second.wait(timeout=60) == 0
     assert _leftovers(data_dir, web_port) == []
@@ -88,6 +90,10 @@ def test_a_restart_keeps_runs_logs_and_artifacts(tmp_path: Path, free_port: int)
     finally:
         second.send_signal(signal.SIGINT)
         second.wait(timeout=60)
+
+
+def _token(banner: str) -> str:
+    return re.search(r"export TRAINYARD_TOKEN=(\S+)", banner).group(1)  # type: ignore[union-attr]
 
 
 def _tiny_train(path: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import subprocess
 import threading
@@ -55,6 +56,14 @@ class FileServer:
         """Serve ``data`` at ``path``; returns (url, size, sha256)."""
         self.files[path] = data
         return f"{self.base}{path}?sig=s3cr3t", len(data), hashlib.sha256(data).hexdigest()
+
+    def serve_input(self, job: dict[str, Any], path: str, files: list[dict[str, Any]]) -> None:
+        """Make ``job`` (an AssignJob dict) have one input at ``path`` whose
+        file list this server answers as the runner REST endpoint does (one page)."""
+        job["api_url"] = f"{self.base}/api/v1"
+        job["inputs"] = [{"path": path, "file_count": len(files)}]
+        page = {"path": path, "files": files, "next": ""}
+        self.files[f"/api/v1/runner/jobs/{job['job']}/inputs/"] = json.dumps(page).encode()
 
 
 @pytest.fixture

@@ -289,7 +289,7 @@ def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> No
     server, code = asyncio.run(go())
     assert code == 0
     assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
-    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 2
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 3
 
 
 def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:
@@ -440,9 +440,7 @@ def test_inputs_are_in_place_before_the_commands_run_and_pip_shares_a_cache(
 ) -> None:
     url, size, sha = file_server.add("/weights.json", b'{"w": [1, 2]}\n')
     job = assign("j", ["cat base_model/weights.json", 'echo "$PIP_CACHE_DIR"'], repo)
-    job["inputs"] = [
-        {"path": "./base_model", "files": [{"path": "weights.json", "size": size, "sha256": sha, "url": url}]}
-    ]
+    file_server.serve_input(job, "./base_model", [{"path": "weights.json", "size": size, "sha256": sha, "url": url}])
     own_cache = assign("k", ['echo "$PIP_CACHE_DIR"'], repo)
     own_cache["env"] = {"PIP_CACHE_DIR": "/tmp/mine"}
 
@@ -459,14 +457,39 @@ def test_inputs_are_in_place_before_the_commands_run_and_pip_shares_a_cache(
     assert [t for _, _, t in server.stored["k"]] == ["/tmp/mine"]
 
 
+def test_secrets_are_fetched_over_rest_and_the_assignments_env_wins_over_them(
+    tmp_path: Path, repo: tuple[Path, str], file_server: Any
+) -> None:
+    job = assign("j", ['echo "$API_KEY $LINES"'], repo)
+    job["secrets"] = True
+    job["api_url"] = f"{file_server.base}/api/v1"
+    secrets = {"env": {"API_KEY": "from-rest-1234", "LINES": "from-secret"}, "credential": None}
+    file_server.files["/api/v1/runner/jobs/j/secrets/"] = json.dumps(secrets).encode()
+    refused = assign("k", ["echo never"], repo)
+    refused["secrets"] = True
+    refused["api_url"] = f"{file_server.base}/api/v1"
+    file_server.faults["/api/v1/runner/jobs/k/secrets/"] = [409]
+
+    server = _run_jobs(tmp_path, job, refused)
+
+    assert [t for _, _, t in server.stored["j"]] == ["from-rest-1234 100000"]
+    assert (
+        not (tmp_path / "rd" / "jobs" / "j" / "job.json").exists()
+        or "from-rest" not in (tmp_path / "rd" / "jobs" / "j" / "job.json").read_text()
+    )
+    final = _job_states(server, "k")[-1]
+    assert final[:2] == ("failed", None) and final[2].startswith("could not fetch the job's secrets: GET http://")
+    assert "k" not in server.stored
+
+
 def test_an_input_with_a_wrong_digest_fails_the_job_before_the_commands(
     tmp_path: Path, repo: tuple[Path, str], file_server: Any
 ) -> None:
     url, size, _ = file_server.add("/weights.json", b"{}")
     job = assign("j", ["echo never"], repo)
-    job["inputs"] = [
-        {"path": "./base_model", "files": [{"path": "weights.json", "size": size, "sha256": "0" * 64, "url": url}]}
-    ]
+    file_server.serve_input(
+        job, "./base_model", [{"path": "weights.json", "size": size, "sha256": "0" * 64, "url": url}]
+    )
     server = _run_jobs(tmp_path, job)
     assert _job_states(server, "j")[-1] == (
         "failed",
@@ -502,7 +525,7 @@ def test_a_cancel_while_fetching_inputs_stops_the_job(tmp_path: Path, repo: tupl
     url, size, sha = file_server.add("/big", b"x" * 200_000)  # 10 s at the "slow" rate
     file_server.faults["/big"] = ["slow"]
     job = assign("j", ["echo never"], repo)
-    job["inputs"] = [{"path": "in", "files": [{"path": "big", "size": size, "sha256": sha, "url": url}]}]
+    file_server.serve_input(job, "in", [{"path": "big", "size": size, "sha256": sha, "url": url}])
 
     async def go() -> FakeServer:
         server = FakeServer()
@@ -600,7 +623,7 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
 def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upgrade(tmp_path: Path) -> None:
     async def go() -> tuple[int, str]:
         server = FakeServer()
-        server.welcome_extra = {"protocol": 3}
+        server.welcome_extra = {"protocol": 4}
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
@@ -612,4 +635,4 @@ def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upg
 
     code, stderr = asyncio.run(go())
     assert code == 2
-    assert "server speaks protocol 3, runner 2: upgrade trainyard-runner" in stderr
+    assert "server speaks protocol 4, runner 3: upgrade trainyard-runner" in stderr

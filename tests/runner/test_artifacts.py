@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainyard_runner import artifacts
+from trainyard_runner import artifacts, retry
 from trainyard_runner.artifacts import ArtifactError, manifest, upload_artifacts
 
 
@@ -121,7 +121,9 @@ def test_an_upload_rides_out_a_server_outage(
 
     upload_artifacts(["./m.pt"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
 
-    assert pauses == [1, 2, 4, 8, 10, 10]
+    # Capped exponential backoff with jitter: each pause at most 1, 2, 4, … s (and at least 0.5 s).
+    assert len(pauses) == 6
+    assert all(0.5 <= pause <= 2**i for i, pause in enumerate(pauses))
     assert state.puts == {"/put/1/m.pt": b"abc"}
     assert state.completed == ["/api/v1/runner/jobs/j1/artifacts/a1/complete/?attempt=1"]
 
@@ -130,7 +132,7 @@ def test_an_upload_gives_up_when_the_server_stays_away(
     tmp_path: Path, api: tuple[FakeApi, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, url = api
-    monkeypatch.setattr(artifacts, "RETRY_FOR", 0.5)
+    monkeypatch.setattr(retry, "RETRY_SECONDS", 0.5)
     (tmp_path / "m.pt").write_bytes(b"abc")
     state.unavailable = 1000
 
@@ -147,3 +149,34 @@ def test_an_absolute_artifact_path_is_uploaded_from_there_only_where_the_runner_
     assert _resolve(tmp_path / "work", str(env_dir), absolute_ok=True) == env_dir.resolve()
     with pytest.raises(ArtifactError, match=r"this runner takes no absolute paths \(the local backend"):
         _resolve(tmp_path / "work", str(env_dir), absolute_ok=False)
+
+
+def test_a_refusal_shows_the_servers_message_not_its_json(tmp_path: Path) -> None:
+    """A storage quota's 413 reaches the job's reason as the sentence the server wrote."""
+    message = "This workspace's storage quota is full: 9.0 GiB of 10.0 GiB used, 2.0 GiB more asked for."
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            raw = json.dumps({"message": message, "extra": {"used_bytes": 9}}).encode()
+            self.send_response(413)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "m.pt").write_bytes(b"abc")
+    try:
+        with pytest.raises(ArtifactError) as e:
+            url = f"http://127.0.0.1:{server.server_address[1]}/api/v1"
+            upload_artifacts(["./m.pt"], work=tmp_path, job="j1", attempt=1, api_url=url, token="tok")
+    finally:
+        server.shutdown()
+    assert (
+        str(e.value)
+        == f"artifact upload failed: POST http://127.0.0.1:{server.server_address[1]}/api/v1/runner/jobs/j1/artifacts/: HTTP 413 {message}"
+    )

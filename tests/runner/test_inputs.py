@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainyard_runner import inputs
-from trainyard_runner.inputs import InputError, describe, fetch_inputs, plan
-from trainyard_runner.protocol import InputArtifact, InputFile
+from trainyard_runner import inputs, retry
+from trainyard_runner.inputs import InputError, describe, fetch_inputs, fetch_manifests, plan
+from trainyard_runner.protocol import InputArtifact, InputFile, InputPage
 
 
 @pytest.fixture(autouse=True)
@@ -154,8 +154,9 @@ def test_a_4xx_fails_at_once(tmp_path: Path, file_server: Any) -> None:
     assert len(file_server.requests) == 1
 
 
-def test_network_errors_give_up_after_three_attempts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_network_errors_give_up_once_the_retry_budget_is_spent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inputs.threading.Event, "wait", lambda self, timeout=None: self.is_set())
+    monkeypatch.setattr(retry, "RETRY_SECONDS", 0.3)
     f = InputFile(path="x", size=1, sha256=hashlib.sha256(b"1").hexdigest(), url="http://127.0.0.1:9/x?sig=s3cr3t")
     with pytest.raises(InputError, match=r"^could not fetch input in/x: GET http://127.0.0.1:9/… \(signed URL\): "):
         _fetch(tmp_path, [InputArtifact(path="in", files=[f])])
@@ -171,3 +172,35 @@ def test_the_progress_reason_counts_files_and_megabytes(tmp_path: Path) -> None:
 
     assert describe(plan(art(300_000), tmp_path)) == "fetching inputs (1 file, 0.3 MB)"
     assert describe(plan(art(1_000_000_000, 2_400_000_000), tmp_path)) == "fetching inputs (2 files, 3400 MB)"
+
+
+def test_a_manifest_is_read_page_by_page_and_identical_files_are_downloaded_once(
+    tmp_path: Path, file_server: Any
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    one = _file(file_server, "/same", "unused", b"same bytes")
+    files = [one.model_copy(update={"path": f"d/{i:03}.txt"}) for i in range(25)]
+    asked: list[tuple[str, str]] = []
+
+    def page(path: str, after: str) -> InputPage:
+        asked.append((path, after))
+        start = 0 if not after else next(i for i, f in enumerate(files) if f.path == after) + 1
+        chunk = files[start : start + 10]
+        return InputPage(path=path, files=chunk, next=chunk[-1].path if start + 10 < len(files) else "")
+
+    [filled] = fetch_manifests([InputArtifact(path="./in", file_count=25)], page)
+    _fetch(work, [filled])
+
+    assert asked == [("./in", ""), ("./in", "d/009.txt"), ("./in", "d/019.txt")]
+    assert sorted(p.name for p in (work / "in" / "d").iterdir()) == [f"{i:03}.txt" for i in range(25)]
+    assert {(work / "in" / "d" / f"{i:03}.txt").read_bytes() for i in range(25)} == {b"same bytes"}
+    assert [r for r in file_server.requests if r[0] == "/same"] == [("/same", None)]
+
+
+def test_a_manifest_shorter_than_announced_fails_naming_the_input() -> None:
+    def page(path: str, after: str) -> InputPage:
+        return InputPage(path=path, files=[], next="")
+
+    with pytest.raises(InputError, match=r"^could not list input \./in: 0 of 3 files listed$"):
+        fetch_manifests([InputArtifact(path="./in", file_count=3)], page)

@@ -4,6 +4,7 @@ import asyncio
 from pathlib import Path
 
 from trainyard_runner.logstream import MAX_BATCH_LINES, WINDOW, LogStream, read_spool
+from trainyard_runner.protocol import log_digest_add, log_digest_hex
 
 
 def _texts(stream: LogStream, batch: tuple[int, list] | None) -> tuple[int, list[str]]:
@@ -133,5 +134,22 @@ def test_an_attempt_after_the_first_numbers_from_its_seq_base_and_never_resends_
         s.rewind(10)  # a server that lost lines: this attempt can resend only its own
         s.close()
         assert _texts(s, s.take_batch()) == (41, ["a", "b", "c"])
+
+    asyncio.run(go())
+
+
+def test_the_final_count_and_digest_cover_this_attempts_lines_also_after_a_resume(tmp_path: Path) -> None:
+    """The digest the server recomputes from what it received (protocol.log_digest_add)."""
+
+    async def go() -> None:
+        s = LogStream("j", tmp_path / "spool", first_seq=11)  # an attempt after 10 stored lines
+        await s.put("o", ["a", "b"])
+        await s.put("e", ["ü"])
+        expected = log_digest_hex(log_digest_add(0, 11, [("o", "a"), ("o", "b"), ("e", "ü")]))
+        assert s.shipped == (3, expected)
+        s.close()
+        again = LogStream("j", tmp_path / "spool", first_seq=11, resume=True)  # a new runner re-attaches
+        assert again.shipped == (3, expected)
+        assert log_digest_add(0, 11, [("o", "b"), ("o", "a")]) != log_digest_add(0, 11, [("o", "a"), ("o", "b")])
 
     asyncio.run(go())

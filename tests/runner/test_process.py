@@ -148,3 +148,95 @@ def test_background_processes_left_behind_end_with_the_job(tmp_path: Path) -> No
     code, left = asyncio.run(go())
     assert (code, left) == (0, [])
     assert os.path.exists(tmp_path / "spool")
+
+
+# A process that leaves the job's process group and session (setsid), and a
+# daemon that double-forks away from its parent: neither may outlive the job.
+ESCAPES = [
+    "setsid sleep 1234.5 &",
+    "( setsid sh -c 'sleep 1234.6 &' & )",
+    "sleep 0.3",
+]
+
+
+def _sleepers() -> list[int]:
+    """Every live ``sleep 1234.5`` / ``sleep 1234.6`` / ``sleep 1234.7`` (started by these tests only)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        if cmd in (b"sleep\x001234.5\x00", b"sleep\x001234.6\x00", b"sleep\x001234.7\x00") and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + 3
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+def test_processes_that_setsid_or_double_fork_out_of_the_group_end_with_the_job(tmp_path: Path) -> None:
+    before = set(_sleepers())
+
+    async def go() -> tuple[int, list[int]]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(ESCAPES, job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream)
+        deadline = time.monotonic() + 5
+        while len(set(_sleepers()) - before) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        escaped = sorted(set(_sleepers()) - before)
+        code = await asyncio.wait_for(ex.wait(), 10)
+        return code, escaped
+
+    code, escaped = asyncio.run(go())
+    assert code == 0
+    assert len(escaped) == 2  # both left the group: killpg alone would miss them
+    assert _gone(escaped) == []
+
+
+def test_a_stopped_job_leaves_no_setsid_or_daemon_process_behind(tmp_path: Path) -> None:
+    before = set(_sleepers())
+
+    async def go() -> list[int]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(
+            [*ESCAPES[:2], "sleep 1234.7"], job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream
+        )
+        deadline = time.monotonic() + 5
+        while len(set(_sleepers()) - before) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        escaped = sorted(set(_sleepers()) - before)
+        await ex.terminate(grace=0.5)
+        await asyncio.wait_for(ex.wait(), 10)
+        return escaped
+
+    escaped = asyncio.run(go())
+    assert len(escaped) == 3
+    assert _gone(escaped) == []
+
+
+def test_a_job_killed_with_its_shim_leaves_nothing_behind(tmp_path: Path) -> None:
+    # SIGKILL of the whole group kills the shim before it can clean up: the
+    # runner's sweep by TRAINYARD_JOB_MARK finds what left the group.
+    before = set(_sleepers())
+
+    async def go() -> list[int]:
+        stream = LogStream("j", tmp_path / "spool")
+        ex = await Execution.start(
+            [*ESCAPES[:2], "sleep 1234.7"], job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream
+        )
+        deadline = time.monotonic() + 5
+        while len(set(_sleepers()) - before) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        escaped = sorted(set(_sleepers()) - before)
+        ex.kill()
+        await asyncio.wait_for(ex.wait(), 10)
+        return escaped
+
+    escaped = asyncio.run(go())
+    assert len(escaped) == 3
+    assert _gone(escaped) == []

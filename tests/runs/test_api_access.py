@@ -43,6 +43,7 @@ def _endpoints(run: Run, artifact: Artifact) -> dict[str, tuple[str, str, Any]]:
         "list": ("get", f"{base}/runs/", None),
         "detail": ("get", f"{base}/runs/{run.name}/", None),
         "logs": ("get", f"{base}/jobs/{job.pk}/logs/", None),
+        "raw-logs": ("get", f"{base}/jobs/{job.pk}/logs/raw", None),
         "artifacts": ("get", f"{base}/runs/{run.name}/artifacts/", None),
         "file": ("get", f"{base}/artifacts/{artifact.pk}/files/w.bin", None),
         "create": ("post", f"{base}/runs/", body),
@@ -60,6 +61,7 @@ READ_OK = {
     "list": 200,
     "detail": 200,
     "logs": 200,
+    "raw-logs": 200,
     "artifacts": 200,
     "file": 302,
     "tags": 200,
@@ -111,6 +113,7 @@ def test_outsider_cannot_reach_a_run_through_their_own_workspace(run: Run, outsi
     assert client.get(f"/api/v1/workspaces/{slug}/runs/{run.name}/").status_code == 404
     assert client.get(f"/api/v1/workspaces/{slug}/runs/{run.pk}/").status_code == 404
     assert client.get(f"/api/v1/workspaces/{slug}/jobs/{run.jobs.get().pk}/logs/").status_code == 404
+    assert client.get(f"/api/v1/workspaces/{slug}/jobs/{run.jobs.get().pk}/logs/raw").status_code == 404
     assert client.post(f"/api/v1/workspaces/{slug}/runs/{run.name}/stop/").status_code == 404
     run.refresh_from_db()
     assert run.status == RunStatus.PENDING

@@ -19,7 +19,6 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.runs.models import Job, LogLine, Run
 from backend.runs.services.logs import logs_prepare, logs_store
-from backend.runs.services.redaction import WITHHELD
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import job_set_reason
 from backend.vault.models import Secret
@@ -269,13 +268,15 @@ def test_a_reason_quoting_a_failed_download_holds_no_signed_token(running: Runni
     assert _reasons(running) == (expected, expected)
 
 
-def test_a_secret_that_cannot_be_decrypted_withholds_the_reason_and_the_job_still_ends(
+def test_a_secret_that_cannot_be_decrypted_leaves_the_others_masked_and_the_job_still_ends(
     team: Workspace, owner: Person, running: Running
 ) -> None:
-    _secrets(team, owner, TOKEN=TOKEN)
-    Secret.objects.filter(workspace=team).update(ciphertext=b"not a fernet token")
+    _secrets(team, owner, TOKEN=TOKEN, BROKEN="broken-secret-value-1")
+    Secret.objects.filter(workspace=team, name="BROKEN").update(ciphertext=b"not a fernet token")
 
     ended = report(running.job, running.instance.pk, "failed", None, f"fatal: {TOKEN}")
+    followed = running.store(1, [("o", f"token {TOKEN}")])
 
     assert ended is True
-    assert _reasons(running) == (WITHHELD, WITHHELD)
+    assert _reasons(running) == ("fatal: *****", "fatal: *****")
+    assert followed == running.stored() == ["token *****"]

@@ -8,15 +8,16 @@ from typing import Any
 import pytest
 
 from backend.accounts.models import Workspace
-from backend.artifacts.models import Artifact
+from backend.artifacts.models import Artifact, ArtifactFile
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete
 from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
+from backend.core.tokens import hash_token
 from backend.runs.models import Job, JobStatus, Run, RunStatus
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.tags import tag_set
-from tests.support.attempts import accept, assign_frame, report
+from tests.support.attempts import accept, assign_frame, report, runner_get
 from tests.support.fixtures import Person, submit
 
 
@@ -30,7 +31,7 @@ def _runner(team: Workspace) -> Instance:
         workspace=team,
         backend="local",
         name="local-t",
-        token_hash="t" * 64,
+        token_hash=hash_token("runner-token"),
         status=InstanceStatus.IDLE,
         cpus=2,
         memory_bytes=2**30,
@@ -75,9 +76,48 @@ def test_the_dependent_waits_then_gets_the_artifacts_as_inputs(team: Workspace, 
     frame = assign_frame(train)
 
     assert train.status == JobStatus.ASSIGNED
-    [inp] = frame.inputs
-    assert (inp.path, [(f.path, f.size) for f in inp.files]) == ("./out", [("w.bin", 7)])
+    page = runner_get(train, "runner-token", "inputs", path="./out").json()
+
+    assert [(i.path, i.file_count, i.files) for i in frame.inputs] == [("./out", 1, [])]
+    assert [(f["path"], f["size"]) for f in page["files"]] == [("w.bin", 7)] and page["next"] == ""
     assert frame.env["TRAINYARD_JOB_NAME"] == "train"
+
+
+def test_an_inputs_files_are_read_page_by_page_and_the_assignment_names_only_their_count(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "INPUT_PAGE_FILES": 1000}
+    instance = _runner(team)
+    run = submit(team, owner.user, workflow="train")
+    hello, train = run.jobs.order_by("created_at")
+    jobs_schedule()
+    _run_job(hello, instance, {"w.bin": b"weights"})
+    artifact = Artifact.objects.get(job=hello)
+    sha = hashlib.sha256(b"weights").hexdigest()
+    ArtifactFile.objects.bulk_create(
+        ArtifactFile(
+            artifact=artifact, path=f"many/{i:05}.bin", size=7, sha256=sha, key=f"{artifact.storage_prefix}/w.bin"
+        )
+        for i in range(2500)
+    )
+    jobs_schedule()
+
+    frame = assign_frame(train)
+    pages, after = [], ""
+    while True:
+        page = runner_get(train, "runner-token", "inputs", path="./out", **({"after": after} if after else {})).json()
+        pages.append(page)
+        after = page["next"]
+        if not after:
+            break
+    missing = runner_get(train, "runner-token", "inputs", path="./elsewhere")
+
+    paths = [f["path"] for page in pages for f in page["files"]]
+    assert [(i.path, i.file_count) for i in frame.inputs] == [("./out", 2501)]
+    assert len(frame.model_dump_json()) < 4096
+    assert [len(page["files"]) for page in pages] == [1000, 1000, 501]
+    assert paths == sorted(paths) and len(set(paths)) == 2501 and "w.bin" in paths
+    assert (missing.status_code, missing.json()["message"]) == (404, "'./elsewhere' is not an input of this job.")
 
 
 def test_a_failed_dependency_fails_the_dependent_with_a_reason(team: Workspace, owner: Person) -> None:
@@ -110,7 +150,8 @@ def test_an_identical_job_is_reused_from_cache_and_no_cache_forces_a_run(team: W
     assert hello.status == JobStatus.SUCCEEDED and hello.cached_from_id == first.jobs.get().pk
     assert hello.status_reason == f"reused from {first.name} (cached)"
     assert train.status == JobStatus.ASSIGNED  # its inputs come from the cached job
-    assert [i.files[0].sha256 for i in assign_frame(train).inputs] == [hashlib.sha256(b"weights").hexdigest()]
+    page = runner_get(train, "runner-token", "inputs", path="./out").json()
+    assert [f["sha256"] for f in page["files"]] == [hashlib.sha256(b"weights").hexdigest()]
 
     forced = submit(team, owner.user, workflow="hello")
     Run.objects.filter(pk=forced.pk).update(no_cache=True)

@@ -1,6 +1,6 @@
 """A private repo's clone credential: set through the API, encrypted at rest,
-never returned, handed to the runner in the assignment, masked in logs and
-reasons, invisible to another workspace."""
+never returned, fetched by the job's runner over REST (never in the
+assignment), masked in logs and reasons, invisible to another workspace."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
+from backend.core.tokens import hash_token
 from backend.repos.models import Repo
 from backend.runs.models import Run
 from backend.runs.services.logs import logs_store
 from backend.runs.services.redaction import job_reason_clean
 from backend.runs.services.scheduling import jobs_schedule
 from backend.vault.models import RepoCredential
-from tests.support.attempts import accept, assign_frame
+from tests.support.attempts import accept, assign_frame, runner_get
 from tests.support.fixtures import Person
 
 URL = "https://example.com/acme/models.git"  # the fixtures' run comes from this remote
@@ -41,12 +42,12 @@ def test_a_token_is_stored_encrypted_and_never_returned(team: Workspace, owner: 
     assert TOKEN.encode() not in bytes(RepoCredential.objects.get().ciphertext)
 
 
-def test_the_runner_gets_the_credential_in_the_assignment_and_logs_and_reasons_mask_it(
+def test_the_runner_fetches_the_credential_not_in_the_assignment_and_logs_and_reasons_mask_it(
     team: Workspace, owner: Person, run: Run
 ) -> None:
     _set(owner, username="ci-bot")
     instance = Instance.objects.create(
-        workspace=team, backend="local", name="l", token_hash="s" * 64, status=InstanceStatus.IDLE,
+        workspace=team, backend="local", name="l", token_hash=hash_token("rt"), status=InstanceStatus.IDLE,
         cpus=2, memory_bytes=2**30, channel_name="c",
     )  # fmt: skip
     jobs_schedule()
@@ -60,13 +61,11 @@ def test_the_runner_gets_the_credential_in_the_assignment_and_logs_and_reasons_m
         lines=[(1.0, "o", f"token={TOKEN}"), (2.0, "e", f"Authorization: Basic {basic}")],
     )  # fmt: skip
 
-    assert frame.code.credential is not None
-    assert (frame.code.credential.kind, frame.code.credential.username, frame.code.credential.secret) == (
-        "https-token",
-        "ci-bot",
-        TOKEN,
-    )
-    assert TOKEN not in repr(frame)
+    fetched = runner_get(job, "rt", "secrets")
+
+    assert frame.secrets is True and frame.code.credential is None
+    assert TOKEN not in frame.model_dump_json()
+    assert fetched.json() == {"env": {}, "credential": {"kind": "https-token", "username": "ci-bot", "secret": TOKEN}}
     assert [line[2] for line in stored.new_lines] == ["token=*****", "Authorization: Basic *****"]
     assert TOKEN not in job_reason_clean(job_id=job.pk, reason=f"clone failed: {TOKEN} / {basic}")
 

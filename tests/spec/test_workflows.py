@@ -48,6 +48,12 @@ def test_yaml_error_without_context():
     ]
 
 
+def test_a_character_yaml_refuses_is_an_error_with_its_line():
+    assert errors_of("workflows:\n  - name: a\n    commands: [echo \x19]\n") == [
+        f"{PATH}:3: yaml: invalid YAML: character #x0019 is not allowed (special characters are not allowed)"
+    ]
+
+
 def test_top_level_must_be_a_mapping():
     assert errors_of("- name: hello\n") == [
         f"{PATH}:1: (top level): expected a mapping with a 'workflows' list, got a list"

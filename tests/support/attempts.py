@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rest_framework.response import Response
+from rest_framework.test import APIClient
 from trainyard_runner import protocol
 
 from backend.runs.models import Attempt, Job
@@ -35,3 +37,14 @@ def report(job: Job, instance_id: object, state: str, exit_code: int | None = No
 
 def assign_frame(job: Job) -> protocol.AssignJob:
     return _assign_frame(Job.objects.select_related("run").get(pk=job.pk), current_attempt(job))
+
+
+def runner_get(job: Job, token: str, what: str = "secrets", *, attempt: int | None = None, **query: str) -> Response:
+    """GET ``/api/v1/runner/jobs/<job>/<what>/`` as the runner with ``token``
+    (``?attempt=``: the job's current one unless given)."""
+    job.refresh_from_db()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    number = job.attempt if attempt is None else attempt
+    answer: Response = client.get(f"/api/v1/runner/jobs/{job.pk}/{what}/", {"attempt": number, **query})
+    return answer

@@ -15,8 +15,9 @@ state and an S256 code_challenge, then redirects back with a code, or with
 (checks the client secret, the one-time code, the redirect_uri and the PKCE
 code_verifier against the challenge; JSON when ``Accept: application/json``,
 else form-encoded, errors as GitHub gives them: HTTP 200 with ``error``),
-``GET <api prefix>/user`` and ``GET <api prefix>/user/emails`` with
-``Authorization: token|Bearer <access token>``.
+``GET <api prefix>/user``, ``GET <api prefix>/user/emails`` and
+``GET <api prefix>/user/memberships/orgs/<org>`` (200 for each of the user's
+``orgs``, else 404) with ``Authorization: token|Bearer <access token>``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class GithubUser:
     email: str | None = None  # the profile's public email
     emails: list[dict[str, Any]] = field(default_factory=list)  # what /user/emails lists
     avatar_url: str = ""
+    orgs: list[str] = field(default_factory=list)  # organizations they are an active member of
 
     def profile(self) -> dict[str, Any]:
         avatar = self.avatar_url or f"https://avatars.example.test/u/{self.id}"
@@ -158,6 +160,11 @@ class GithubServer:
             return _json(200, user.profile())
         if path == f"{self.api_prefix}/user/emails":
             return _json(200, user.emails)
+        org = path.removeprefix(f"{self.api_prefix}/user/memberships/orgs/")
+        if org != path:  # GitHub: 404 for an organization the user is not a member of
+            if org.lower() not in {o.lower() for o in user.orgs}:
+                return _json(404, {"message": "Not Found"})
+            return _json(200, {"state": "active", "role": "member", "organization": {"login": org}})
         return _json(404, {"message": "Not Found"})
 
     def _authorize_problem(self, q: dict[str, str]) -> str:

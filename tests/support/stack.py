@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -57,6 +58,8 @@ class StackError(RuntimeError):
 class Stack:
     """Web, worker and beat on a private database, Redis db and data dir."""
 
+    processes: tuple[str, ...] = PROCESS_NAMES  # started in this order by start_all()
+
     def __init__(self, *, database_url: str, redis_url: str, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.logs_dir = data_dir / "logs"
@@ -78,8 +81,7 @@ class Stack:
         self._database_created = True
         self._redis_flush()
         self.manage("migrate", "--noinput")
-        for name in PROCESS_NAMES:
-            self.start(name)
+        self._start_processes()
 
     def close(self) -> None:
         """Stop every process and local runner, drop the database, flush the Redis db."""
@@ -95,23 +97,13 @@ class Stack:
 
     def start(self, name: str) -> None:
         """Start one process (web, worker or beat) and wait until it is ready."""
-        if name in self._processes and self._processes[name].poll() is None:
-            raise StackError(f"{name} is already running")
-        log_path = self.logs_dir / f"{name}.log"
-        offset = log_path.stat().st_size if log_path.exists() else 0
-        with open(log_path, "ab") as log:
-            log.write(f"----- starting {name} at {time.strftime('%H:%M:%S')} -----\n".encode())
-            log.flush()
-            self._processes[name] = subprocess.Popen(
-                self._command(name),
-                cwd=REPO_ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self._wait_ready(name, log_path, offset)
+        self.start_together([name])
+
+    def start_together(self, names: Iterable[str]) -> None:
+        """Start several processes at once, then wait until each is ready."""
+        started = [(name, *self._launch(name)) for name in names]
+        for name, log_path, offset in started:
+            self._wait_ready(name, log_path, offset)
 
     def stop(self, name: str, *, sig: signal.Signals = signal.SIGTERM) -> int | None:
         """Stop one process's group; SIGKILL after 10 s. ``sig=SIGKILL`` simulates a crash."""
@@ -215,6 +207,30 @@ class Stack:
             return [python, "-m", "celery", "-A", "backend.config", "beat", "-l", "info", "-s", str(schedule)]
         raise ValueError(f"unknown stack process {name!r}; one of {PROCESS_NAMES}")
 
+    def _start_processes(self) -> None:
+        for name in self.processes:
+            self.start(name)
+
+    def _launch(self, name: str) -> tuple[Path, int]:
+        """Start ``name``; return its log and where this start's output begins in it."""
+        if name in self._processes and self._processes[name].poll() is None:
+            raise StackError(f"{name} is already running")
+        log_path = self.logs_dir / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
+            log.write(f"----- starting {name} at {time.strftime('%H:%M:%S')} -----\n".encode())
+            log.flush()
+            self._processes[name] = subprocess.Popen(
+                self._command(name),
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return log_path, offset
+
     def _wait_ready(self, name: str, log_path: Path, offset: int) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
@@ -257,11 +273,20 @@ def _url_with_path(url: str, path: str) -> str:
     return urlunsplit(parts._replace(path=f"/{path}"))
 
 
-def _database_execute(admin_url: str, statement: str) -> None:
+def _database_execute(admin_url: str, statement: str, *, tries: int = 5) -> None:
+    """Tried again when the connection is lost: a test that restarted the
+    server (tests/e2e/test_outages.py) may leave it briefly unavailable."""
     import psycopg
 
-    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(statement)  # type: ignore[arg-type]  # names are ours, never user input
+    for attempt in range(1, tries + 1):
+        try:
+            with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+                conn.execute(statement)  # type: ignore[arg-type]  # names are ours, never user input
+            return
+        except psycopg.OperationalError:
+            if attempt == tries:
+                raise
+            time.sleep(1.0)
 
 
 def _free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -66,6 +67,20 @@ def github_sign_in(*, profile: GithubProfile) -> SignIn:
     User.objects.filter(github_login=user.github_login).exclude(pk=user.pk).update(github_login="")
     invitations_accept(user=user, github_login=user.github_login, verified_emails=profile.verified_emails)
     return SignIn(user=user, created=created)
+
+
+def github_allowed_by(allow: Sequence[str], *, login: str, orgs: Sequence[str]) -> bool:
+    """Whether an allowlist (GitHub logins and ``org:<name>``, lower-case) lets
+    ``login``, an active member of ``orgs``, sign in; an empty list lets everyone."""
+    if not allow:
+        return True
+    names = {login.lower(), *(f"org:{org.lower()}" for org in orgs)}
+    return bool(names & set(allow))
+
+
+def allowlist_orgs(allow: Sequence[str]) -> list[str]:
+    """The organizations an allowlist names (``org:acme`` → ``acme``)."""
+    return [entry.removeprefix("org:") for entry in allow if entry.startswith("org:")]
 
 
 def _username_for(profile: GithubProfile, user_pk: int | None) -> str:

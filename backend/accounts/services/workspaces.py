@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
-from backend.accounts.models import ROLE_RANK, Invitation, Membership, Role, User, Workspace
+from backend.accounts.models import ROLE_RANK, Invitation, Membership, Role, User, Workspace, invitation_expiry
 from backend.core.errors import ApplicationError, NotFound
 
 
@@ -93,6 +93,7 @@ def member_remove(*, workspace: Workspace, username: str) -> None:
 
 
 def invitation_revoke(*, workspace: Workspace, invitation_id: uuid.UUID) -> None:
+    """Deletes a pending invitation (an expired one too)."""
     deleted, _ = Invitation.objects.for_workspace(workspace).filter(pk=invitation_id, accepted_at__isnull=True).delete()
     if not deleted:
         raise NotFound("Invitation not found (it may have been accepted or revoked).")
@@ -101,14 +102,14 @@ def invitation_revoke(*, workspace: Workspace, invitation_id: uuid.UUID) -> None
 def invitations_accept(*, user: User, github_login: str, verified_emails: Sequence[str]) -> list[Membership]:
     """Turns the pending invitations for this login or these (verified) emails into memberships.
 
-    Where one workspace invited the person twice, the higher role wins; an
+    Expired invitations are ignored. Where one workspace invited the person twice, the higher role wins; an
     existing membership keeps its role. Each invitation is claimed with a
     compare-and-set, so it is accepted once.
     """
     match = Q(email__in=[e.lower() for e in verified_emails if e])
     if github_login:
         match |= Q(github_login=github_login.lower())
-    pending = list(Invitation.objects.filter(match, accepted_at__isnull=True))
+    pending = list(Invitation.objects.filter(match, accepted_at__isnull=True, expires_at__gt=timezone.now()))
     pending.sort(key=lambda inv: ROLE_RANK[Role(inv.role)], reverse=True)
     joined = []
     for invitation in pending:
@@ -164,7 +165,8 @@ def _invite(workspace: Workspace, invited_by: User, role: Role, github_login: st
         github_login=github_login,
         email=email,
         accepted_at=None,
-        defaults={"role": role, "invited_by": invited_by},
+        # Inviting again (an expired invitation too) renews it.
+        defaults={"role": role, "invited_by": invited_by, "expires_at": invitation_expiry()},
     )
     return invitation
 

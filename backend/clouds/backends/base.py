@@ -199,6 +199,13 @@ class Compute(ABC):
         whose big machines boot slower says so here)."""
         return self.timings.provision_timeout
 
+    @classmethod
+    def warm(cls) -> None:
+        """Load what this kind's first call in a new process would (a cloud
+        SDK's data), with no network call: the Celery worker calls it before
+        it forks its pool (``TRAINYARD_WARM_BACKENDS``). Default: nothing."""
+        return None
+
     def refresh_facts(self) -> Mapping[str, object] | None:
         """Ask the account what ``offers`` needs to know about it (zones, type
         offerings, spot prices, quotas): network calls, from a periodic task,

@@ -13,7 +13,7 @@ from uuid import UUID
 from django.conf import settings
 
 from backend.clouds.backends.base import AccountConfig, Compute
-from backend.clouds.backends.registry import compute_for
+from backend.clouds.backends.registry import KINDS, compute_class, compute_for
 from backend.clouds.models import AccountStatus, BackendKind, CloudAccount
 from backend.vault.crypto import decrypt
 
@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 LOCAL_ACCOUNT_NAME = "local"
 
-_computes: dict[tuple[str, str], Compute] = {}
+# Account id → (the account's updated_at, its backend): an edit or a facts refresh replaces it.
+_computes: dict[str, tuple[str, Compute]] = {}
 
 
 def accounts_usable(*, workspace_id: UUID | str) -> list[CloudAccount]:
@@ -45,13 +46,30 @@ def accounts_broken(*, workspace_id: UUID | str, kinds: Iterable[str] = ()) -> l
 
 
 def compute_of(account: CloudAccount) -> Compute:
-    """The backend for ``account``, built once per process and configuration."""
-    key = (str(account.pk), account.updated_at.isoformat() if account.updated_at else "")
-    compute = _computes.get(key)
-    if compute is None:
-        compute = compute_for(account_config(account), settings.TRAINYARD["BACKEND_KINDS"])
-        _computes[key] = compute
+    """The backend for ``account``, built once per process and configuration
+    (a facts refresh is a new configuration: the account's ``updated_at``)."""
+    version = account.updated_at.isoformat() if account.updated_at else ""
+    kept = _computes.get(str(account.pk))
+    if kept is not None and kept[0] == version:
+        return kept[1]
+    compute = compute_for(account_config(account), settings.TRAINYARD["BACKEND_KINDS"])
+    _computes[str(account.pk)] = (version, compute)
     return compute
+
+
+def backends_warm() -> None:
+    """Every backend kind's ``Compute.warm`` (built-in and
+    ``TRAINYARD_BACKEND_KINDS``), when ``TRAINYARD_WARM_BACKENDS`` is on:
+    the Celery worker's parent, before it forks its pool. A kind that fails
+    to warm is logged and skipped: its first call pays instead."""
+    if not settings.TRAINYARD["WARM_BACKENDS"]:
+        return
+    extra = settings.TRAINYARD["BACKEND_KINDS"]
+    for kind in sorted({*KINDS, *extra}):
+        try:
+            compute_class(kind, extra).warm()
+        except Exception:
+            logger.exception("warming the %s backend failed", kind)
 
 
 def account_config(account: CloudAccount) -> AccountConfig:

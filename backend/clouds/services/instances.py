@@ -23,6 +23,7 @@ backend call (docs/decisions/0026-self-hosted-runners.md).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import logging
@@ -52,7 +53,8 @@ from backend.clouds.models import (
     InstanceStatus,
 )
 from backend.core.channels import send_to_channel
-from backend.core.tokens import hash_token
+from backend.core.counters import provisioning_observe
+from backend.core.tokens import API_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +142,20 @@ def instance_register(*, account: CloudAccount, name: str, token_hash: str, mess
 def runner_token(idempotency_key: str) -> str:
     """The runner's token, derived from the row's key with the server's secret:
     a redelivered launch task passes the same token the first one did."""
+    return RUNNER_TOKEN_PREFIX + _runner_token_hmac(idempotency_key)
+
+
+def instance_runner_token(instance: Instance) -> str:
+    """The token the launch of ``instance`` passes: ``runner_token``, or the
+    bare HMAC for a row requested before runner tokens had their prefix
+    (its stored hashes are of that), so an upgrade mid-launch changes nothing."""
+    bare = _runner_token_hmac(instance.idempotency_key)
+    if hash_token(bare) in (instance.token_hash, instance.bootstrap_token_hash):
+        return bare
+    return RUNNER_TOKEN_PREFIX + bare
+
+
+def _runner_token_hmac(idempotency_key: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"runner:{idempotency_key}".encode(), hashlib.sha256).hexdigest()
 
 
@@ -209,6 +225,8 @@ def instance_refusal(*, token: str) -> str:
     """Why a runner token is refused, in words its runner can show; "" when
     there is nothing more to say than "unknown token"."""
     instance = Instance.objects.filter(token_hash=hash_token(token)).first()
+    if instance is None and token.startswith(API_TOKEN_PREFIX):
+        return f"this is a personal API token ({API_TOKEN_PREFIX}…): a runner connects with its runner token"
     return "" if instance is None else instance_refusal_for(instance)
 
 
@@ -238,7 +256,7 @@ def instance_bootstrap_exchange(*, instance_id: str, token: str) -> str | None:
     If the Welcome carrying the new token is lost, the machine cannot
     connect again; the provision timeout (or the unreachable grace) then
     replaces it (docs/decisions/0023-single-use-bootstrap-token.md)."""
-    new = secrets.token_urlsafe(32)
+    new = RUNNER_TOKEN_PREFIX + secrets.token_urlsafe(32)
     spent = Instance.objects.filter(
         pk=instance_id, bootstrap_token_hash=hash_token(token), bootstrap_used_at=None
     ).update(token_hash=hash_token(new), bootstrap_used_at=timezone.now())
@@ -284,6 +302,9 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             idle_since=None if busy else (instance.idle_since or now),
             **({"termination_reason": "", "terminated_at": None} if _revivable(instance) else {}),
         )
+        if instance.connected_at is None and instance.backend != BackendKind.SELF_HOSTED:
+            waited = (now - instance.created_at).total_seconds()
+            transaction.on_commit(functools.partial(provisioning_observe, waited))
         if instance.status != new:
             words = " again after it was lost" if instance.status == InstanceStatus.LOST else ""
             message = f"runner {facts.runner_version} connected{words}"
@@ -295,8 +316,27 @@ def instance_disconnected(*, instance_id: str, channel_name: str) -> None:
     Instance.objects.filter(pk=instance_id, channel_name=channel_name).update(channel_name="")
 
 
-def instance_heartbeat(*, instance_id: str) -> None:
-    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=timezone.now())
+def instance_heartbeat(*, instance_id: str, busy: bool | None = None) -> None:
+    """A heartbeat from the instance's current connection. An ``unreachable``
+    instance heard again on the connection it kept through its silence (a
+    link that froze and came back within the runner's own timeouts, so it
+    never said hello again) is reachable again: ``busy`` or idle as its
+    runner says. One UPDATE in the usual case."""
+    now = timezone.now()
+    if Instance.objects.filter(pk=instance_id).exclude(status=InstanceStatus.UNREACHABLE).update(last_heartbeat_at=now):
+        return
+    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=now)
+    if busy is None:
+        return
+    _transition(
+        instance_id,
+        [InstanceStatus.UNREACHABLE],
+        InstanceStatus.BUSY if busy else InstanceStatus.IDLE,
+        InstanceReason.CONNECTED,
+        "runner heard again on the connection it kept",
+        unreachable_since=None,
+        **({} if busy else {"idle_since": now}),
+    )
 
 
 def instance_set_busy(*, instance_id: str, message: str) -> bool:

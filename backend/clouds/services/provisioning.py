@@ -26,11 +26,13 @@ from backend.clouds.services.instances import (
     handle_of,
     instance_launch_failed,
     instance_launched,
+    instance_request_termination,
+    instance_runner_token,
     instance_terminated,
     offer_of,
     remember_handle,
-    runner_token,
 )
+from backend.core.deliveries import Parked, internal_error
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,20 @@ def instance_launch_run(*, instance_id: str, last_try: bool = False) -> LaunchOu
     if not instance_launched(instance_id=instance_id, handle=handle):
         _launched_too_late(instance, handle)
     return LaunchOutcome("launched")
+
+
+def instance_launch_parked(parked: Parked) -> str:
+    """The launch task killed its worker too often: the row ends as a failed
+    launch (its job tries its next offer) and the backend is asked to
+    terminate whatever the launch may have started (idempotent, by the
+    row's key: docs/BACKENDS.md)."""
+    instance_id = str(parked.kwargs.get("instance_id") or (parked.args[0] if parked.args else ""))
+    message = internal_error(parked)
+    if not instance_id or not instance_request_termination(
+        instance_id=instance_id, reason=InstanceReason.LAUNCH_FAILED, message=message
+    ):
+        return f"instance {instance_id or '?'} had already ended; nothing failed"
+    return f"instance {instance_id} terminated: {message}"
 
 
 def instance_terminate_run(*, instance_id: str) -> float | None:
@@ -148,7 +164,7 @@ def _spec(instance: Instance, *, boots_from_image: bool = False) -> LaunchSpec:
     """For a machine that boots from an image, the user data carries the
     token, and that token is the instance's single-use bootstrap token
     (``instance_request`` stored its hash as such)."""
-    token = runner_token(instance.idempotency_key)
+    token = instance_runner_token(instance)
     script = ""
     if boots_from_image:
         script = user_data(

@@ -24,13 +24,13 @@ from backend.accounts.models import User, Workspace
 from backend.clouds.models import BackendKind, CloudAccount, Instance, InstanceReason, RunnerRegistrationToken
 from backend.clouds.services.instances import instance_register, instance_revoke
 from backend.core.errors import ApplicationError
-from backend.core.tokens import hash_token
+from backend.core.tokens import REGISTRATION_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
 
 SELF_HOSTED_ACCOUNT_NAME = "self-hosted"
 # A registration token not used within this long is refused.
 REGISTRATION_TOKEN_TTL = timedelta(days=7)
-REGISTRATION_PREFIX = "tyreg_"
-RUNNER_PREFIX = "tyrun_"
+REGISTRATION_PREFIX = REGISTRATION_TOKEN_PREFIX
+RUNNER_PREFIX = RUNNER_TOKEN_PREFIX
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 

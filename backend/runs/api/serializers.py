@@ -8,7 +8,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from trainyard_spec.schema import BACKEND_KINDS
 
+from backend.core.urlcreds import url_without_credentials
 from backend.runs.models import Attempt, Job, Run
+from backend.runs.selectors import JobExtras, job_attempts, job_extras, with_shown
+from backend.runs.services.cachewhy import ReasonKind
 
 
 class WorkflowsFileIn(serializers.Serializer):
@@ -16,12 +19,27 @@ class WorkflowsFileIn(serializers.Serializer):
     text = serializers.CharField(max_length=1_000_000, allow_blank=True, trim_whitespace=False)
 
 
+MAX_PATCH_FILES = 10000
+
+
 class CodeIn(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["git", "archive"])
-    repo_url = serializers.CharField(max_length=500, required=False, default="")
-    commit = serializers.CharField(max_length=64, required=False, default="")
+    # Blank is the default (an archive has neither), so blank is valid input too.
+    repo_url = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    commit = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
     patch_blob = serializers.UUIDField(required=False, allow_null=True, default=None)
     archive_blob = serializers.UUIDField(required=False, allow_null=True, default=None)
+    # The files the patch touches, {path: sha256 of its part of the patch}, or
+    # an archive's files, {path: sha256 of its mode and bytes}: only to name
+    # the changed files in a cache decision (absent: unnamed).
+    patch_files = serializers.DictField(
+        child=serializers.RegexField(r"^[0-9a-f]{64}$"), required=False, allow_null=True, default=None
+    )
+
+    def validate_patch_files(self, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (len(value) > MAX_PATCH_FILES or any(len(p) > 1000 for p in value)):
+            raise serializers.ValidationError(f"at most {MAX_PATCH_FILES} paths of at most 1000 characters")
+        return value
 
 
 class PlacementIn(serializers.Serializer):
@@ -75,8 +93,9 @@ class RunCreateIn(serializers.Serializer):
 class PlanCodeIn(CodeIn):
     """A dry run sends digests instead of uploading the code."""
 
-    patch_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, default="")
-    archive_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False, default="")
+    # Absent: the uploaded blob's own digest is used.
+    patch_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False)
+    archive_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", required=False)
 
 
 class RunPlanIn(RunCreateIn):
@@ -94,6 +113,23 @@ class CacheHitOut(serializers.Serializer):
     job = serializers.UUIDField()
 
 
+class CacheReasonOut(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=[k.value for k in ReasonKind])
+    text = serializers.CharField()
+
+
+class CacheDecisionOut(serializers.Serializer):
+    """Why a job is reused from the cache or runs (docs/RUNS.md, "The cache")."""
+
+    reused = serializers.BooleanField()
+    text = serializers.CharField(help_text='"reused from <run> (cached)" or "runs: <reason>; <reason>"')
+    run = serializers.CharField(required=False, help_text="reused: the run whose job did the work")
+    compared_with = serializers.CharField(
+        required=False, allow_blank=True, help_text='runs: the earlier run it was compared with ("": none)'
+    )
+    reasons = CacheReasonOut(many=True)
+
+
 class PlannedJobOut(serializers.Serializer):
     name = serializers.CharField()
     workflow = serializers.CharField()
@@ -103,6 +139,7 @@ class PlannedJobOut(serializers.Serializer):
     resources = serializers.DictField()
     inputs = serializers.ListField(child=serializers.DictField())
     cache = CacheHitOut(allow_null=True)
+    cache_decision = CacheDecisionOut()
     commands = serializers.ListField(child=serializers.CharField())
     placement = serializers.DictField()  # the job's placement keys, overrides included
     # The cheapest offer it would start from: {offers, backend, instance_type,
@@ -126,18 +163,22 @@ class TagOut(serializers.Serializer):
     name = serializers.CharField()
     run = serializers.CharField(source="run.name")
     run_id = serializers.UUIDField()
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 
 
 class AttemptOut(serializers.ModelSerializer):
-    instance = serializers.CharField(source="instance.name", default=None)
-    backend = serializers.CharField(source="instance.backend", default=None, help_text="the machine's backend")
-    instance_type = serializers.CharField(source="instance.instance_type", default=None)
-    region = serializers.CharField(source="instance.region", default=None)
-    zone = serializers.CharField(source="instance.zone", default=None)
-    spot = serializers.BooleanField(source="instance.spot", default=None, help_text="spot (true) or on-demand")
+    instance = serializers.CharField(source="instance.name", default=None, allow_null=True)
+    backend = serializers.CharField(
+        source="instance.backend", default=None, allow_null=True, help_text="the machine's backend"
+    )
+    instance_type = serializers.CharField(source="instance.instance_type", default=None, allow_null=True)
+    region = serializers.CharField(source="instance.region", default=None, allow_null=True)
+    zone = serializers.CharField(source="instance.zone", default=None, allow_null=True)
+    spot = serializers.BooleanField(
+        source="instance.spot", default=None, allow_null=True, help_text="spot (true) or on-demand"
+    )
     reason = serializers.CharField(source="termination_reason")
     message = serializers.CharField(source="termination_message")
 
@@ -180,12 +221,13 @@ class CheckpointOut(serializers.Serializer):
 
 
 class JobOut(serializers.ModelSerializer):
-    instance = serializers.CharField(source="instance.name", default=None)
+    instance = serializers.CharField(source="instance.name", default=None, allow_null=True)
     attempts = serializers.SerializerMethodField()
     resources = serializers.SerializerMethodField()
     needs = serializers.SerializerMethodField()
     after_running = serializers.SerializerMethodField()
     cached_from = serializers.SerializerMethodField()
+    cache_decision = serializers.SerializerMethodField()
     inputs = serializers.SerializerMethodField()
     checkpoint = serializers.SerializerMethodField()
     provider = serializers.CharField(source="spec.provider", default="bash")
@@ -208,6 +250,7 @@ class JobOut(serializers.ModelSerializer):
             "needs",
             "after_running",
             "cached_from",
+            "cache_decision",
             "inputs",
             "checkpoint",
             "placement",
@@ -217,6 +260,8 @@ class JobOut(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "last_seq",
+            "log_bytes",
+            "log_note",
         ]
         read_only_fields = fields
 
@@ -225,46 +270,57 @@ class JobOut(serializers.ModelSerializer):
 
     @extend_schema_field(AttemptOut(many=True))
     def get_attempts(self, job: Job) -> list[dict[str, Any]]:
-        attempts = sorted(job.attempts.all(), key=lambda a: a.number)
-        return AttemptOut(attempts, many=True).data  # type: ignore[return-value]
+        # One AttemptOut for every job: building a serializer's fields costs more than using them.
+        if not hasattr(self, "_attempt_out"):
+            self._attempt_out = AttemptOut()
+        return [self._attempt_out.to_representation(a) for a in job_attempts(job)]
 
     def get_needs(self, job: Job) -> list[str]:
-        return sorted(j.name for j in job.needs.all())
+        names = getattr(job, "need_names", None)  # selectors.with_shown: an array column
+        return sorted(names if names is not None else (j.name for j in job.needs.all()))
 
     def get_after_running(self, job: Job) -> list[str]:
-        return sorted(j.name for j in job.after_running.all())
+        names = getattr(job, "after_names", None)  # selectors.with_shown: an array column
+        return sorted(names if names is not None else (j.name for j in job.after_running.all()))
 
     def get_cached_from(self, job: Job) -> dict[str, str] | None:
         source = job.cached_from
         return {"run": source.run.name, "job": str(source.pk)} if source is not None else None
 
+    @extend_schema_field(CacheDecisionOut(allow_null=True))
+    def get_cache_decision(self, job: Job) -> dict[str, Any] | None:
+        """None until the job was ready and the scheduler decided."""
+        return job.cache_decision or None
+
     @extend_schema_field(CheckpointOut(allow_null=True))
     def get_checkpoint(self, job: Job) -> dict[str, Any] | None:
-        from backend.artifacts.checkpoints import checkpoint_latest
-
         path = job.spec.get("checkpoint") or ""
         if not path:
             return None
-        latest = checkpoint_latest(job=job)
+        pointer = self._extras(job).checkpoints.get(job.pk)
         shown = None
-        if latest is not None:
+        if pointer is not None:
+            latest = pointer.version
             shown = {
                 "number": latest.number,
                 "attempt": latest.attempt,
                 "size": latest.total_size,
-                "files": latest.files.count(),
+                "files": pointer.version_files,  # type: ignore[attr-defined]
                 "completed_at": latest.completed_at,
             }
         return {"path": path, "latest": CheckpointOut({"path": path, "latest": shown}).data["latest"]}
 
     def get_inputs(self, job: Job) -> list[dict[str, str]]:
-        from backend.runs.services.dag import job_inputs
+        return [{"path": path, "from": origin} for path, origin in self._extras(job).inputs.get(job.pk, [])]
 
-        return [{"path": i.artifact.path, "from": i.origin} for i in job_inputs(job)]
+    def _extras(self, job: Job) -> JobExtras:
+        """The batch a list passed in its context (``job_extras``), else this job's own."""
+        extras = self.context.get("job_extras")
+        return cast(JobExtras, extras) if extras is not None else job_extras(jobs=[job])
 
 
 class RunOut(serializers.ModelSerializer):
-    submitted_by = serializers.CharField(source="submitted_by.username", default=None)
+    submitted_by = serializers.CharField(source="submitted_by.username", default=None, allow_null=True)
     duration_seconds = serializers.SerializerMethodField()
     code = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
@@ -300,23 +356,41 @@ class RunOut(serializers.ModelSerializer):
         return round((run.finished_at - run.started_at).total_seconds(), 3)
 
     def get_tags(self, run: Run) -> list[str]:
-        return sorted(t.name for t in run.tags.all())
+        names = getattr(run, "tag_names", None)  # selectors.with_shown: an array column
+        return sorted(names if names is not None else (t.name for t in run.tags.all()))
 
     def get_code(self, run: Run) -> dict[str, Any]:
         return {
             "kind": run.code_kind,
-            "repo_url": run.repo_url,
+            # A run stored before credentials were stripped at submission shows none either.
+            "repo_url": url_without_credentials(run.repo_url),
             "commit": run.commit,
             "has_patch": run.patch_blob_id is not None,
         }
 
     @extend_schema_field(JobOut(many=True))
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:
-        jobs = run.jobs.select_related("instance", "cached_from__run").prefetch_related(
-            "needs", "after_running", "attempts__instance"
-        )
-        # many=True makes a ListSerializer, whose data is a list (the stubs say a dict).
-        return cast(list[dict[str, Any]], JobOut(sorted(jobs, key=lambda j: j.created_at), many=True).data)
+        """The jobs ``with_shown`` prefetched (a list passes ``job_extras`` for
+        all its runs' jobs); a run fetched otherwise gets its own, in the same
+        constant number of queries."""
+        if "jobs" not in getattr(run, "_prefetched_objects_cache", {}):
+            run = with_shown(Run.objects.filter(pk=run.pk)).get()
+        jobs = sorted(run.jobs.all(), key=lambda j: (j.created_at, str(j.pk)))
+        if "job_extras" not in self.context:
+            shown = JobOut(jobs, many=True, context={"job_extras": job_extras(jobs=jobs)})
+            return cast(list[dict[str, Any]], shown.data)
+        # One JobOut for every run of a page: building a serializer's fields costs more than using them.
+        if not hasattr(self, "_job_out"):
+            self._job_out = JobOut(context=self.context)
+        return [self._job_out.to_representation(j) for j in jobs]
+
+
+class RunPageOut(serializers.Serializer):
+    count = serializers.IntegerField(help_text="matching runs: exact, or an estimate when count_estimated")
+    count_estimated = serializers.BooleanField(help_text="count is the planner's estimate (above a threshold)")
+    next = serializers.URLField(allow_null=True, help_text="the next page (a cursor link); null on the last")
+    previous = serializers.URLField(allow_null=True, help_text="always null: pages are followed forward")
+    results = RunOut(many=True)
 
 
 class LogLineOut(serializers.Serializer):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -16,37 +19,47 @@ from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
 from backend.core.errors import ApplicationError, NotFound
-from backend.core.pagination import PageNumberPagination, RawBodyParser
+from backend.core.pagination import RawBodyParser
 from backend.runs.api.serializers import (
     BlobOut,
     LogPageOut,
     RunCreateIn,
     RunOut,
+    RunPageOut,
     RunPlanIn,
     RunPlanOut,
     TagIn,
     TagOut,
 )
 from backend.runs.models import Run, Tag
-from backend.runs.selectors import job_get, job_log_lines, run_get, run_list
+from backend.runs.selectors import job_extras, job_get, job_log_page, run_get, run_list, run_page, with_shown
 from backend.runs.services.placement import run_offer_plan
-from backend.runs.services.preview import code_identity_of, run_plan_preview
+from backend.runs.services.preview import code_facts_of, run_plan_preview
+from backend.runs.services.rawlog import RawLogRange, raw_log_chunks
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
 MAX_LOG_PAGE = 10_000
+PAGE_SIZE = 50  # runs per page of the list (page_size: at most MAX_PAGE_SIZE)
+MAX_PAGE_SIZE = 500
 
 
 class RunListView(WorkspaceAPIView):
-    pagination_class = PageNumberPagination
+    # Keyset pages, newest first: ``next`` carries an opaque ``cursor``
+    # (docs/API.md, "Pagination"); ``count`` is exact up to
+    # ``RUNS_EXACT_COUNT_UP_TO``, else estimated and ``count_estimated`` says so.
+    throttle_scopes = {"POST": "run"}
 
     @extend_schema(
-        responses=RunOut(many=True),
+        operation_id="workspaces_runs_list",
+        responses=RunPageOut,
         parameters=[
             OpenApiParameter("status", str),
             OpenApiParameter("workflow", str),
             OpenApiParameter("q", str, description="search in name, workflow and submitter"),
             OpenApiParameter("tag", str),
+            OpenApiParameter("cursor", str, description="the `next` link's cursor of the previous page"),
+            OpenApiParameter("page_size", int, description="runs per page (default 50, at most 500)"),
         ],
     )
     def get(self, request: Request, workspace: str) -> Response:
@@ -58,9 +71,18 @@ class RunListView(WorkspaceAPIView):
             q=params.get("q", "").strip()[:100],
             tag=params.get("tag", ""),
         )
-        paginator = self.pagination_class()
-        page = paginator.paginate_queryset(runs, request, view=self)
-        return paginator.get_paginated_response(RunOut(page, many=True).data)
+        size = min(_int_param(request, "page_size", PAGE_SIZE, minimum=1), MAX_PAGE_SIZE)
+        page = run_page(runs=runs, cursor=params.get("cursor", ""), size=size)
+        extras = job_extras(jobs=[j for r in page.runs for j in r.jobs.all()])
+        return Response(
+            {
+                "count": page.count,
+                "count_estimated": page.count_estimated,
+                "next": _with_cursor(request, page.next) if page.next else None,
+                "previous": None,
+                "results": RunOut(page.runs, many=True, context={"job_extras": extras}).data,
+            }
+        )
 
     @extend_schema(request=RunCreateIn, responses={201: RunOut})
     def post(self, request: Request, workspace: str) -> Response:
@@ -79,6 +101,7 @@ class RunListView(WorkspaceAPIView):
                 commit=code["commit"],
                 patch_blob=str(code["patch_blob"]) if code["patch_blob"] else None,
                 archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
+                patch_files=code["patch_files"],
             ),
             no_cache=v["no_cache"],
             placement=dict(v["placement"]),
@@ -92,6 +115,7 @@ class RunPlanView(WorkspaceAPIView):
     """A dry run: the plan (jobs, deps, inputs, cache hits); nothing is written."""
 
     write_role = Role.VIEWER
+    throttle_scopes = {"POST": "plan"}
 
     @extend_schema(request=RunPlanIn, responses=RunPlanOut)
     def post(self, request: Request, workspace: str) -> Response:
@@ -99,18 +123,19 @@ class RunPlanView(WorkspaceAPIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         code = v["code"]
-        identity = code_identity_of(
-            workspace=self.workspace,
+        facts = code_facts_of(
             kind=code["kind"],
             commit=code["commit"],
-            patch_sha256=code["patch_sha256"] or _blob_sha(self.workspace, code["patch_blob"]),
-            archive_sha256=code["archive_sha256"] or _blob_sha(self.workspace, code["archive_blob"]),
+            patch_sha256=code.get("patch_sha256") or _blob_sha(self.workspace, code["patch_blob"]),
+            archive_sha256=code.get("archive_sha256") or _blob_sha(self.workspace, code["archive_blob"]),
+            patch_files=code["patch_files"],
         )
         plan = run_plan_preview(
             workspace=self.workspace,
             workflow=v["workflow"],
             inputs=_plan_inputs(v),
-            code_identity=identity,
+            code=facts,
+            repo_url=code["repo_url"],
             no_cache=v["no_cache"],
             placement=dict(v["placement"]),
         )
@@ -160,6 +185,8 @@ class RunDetailView(WorkspaceAPIView):
 
 
 class RunRerunView(WorkspaceAPIView):
+    throttle_scopes = {"POST": "run"}
+
     @extend_schema(request=None, responses={201: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
@@ -185,15 +212,54 @@ class JobLogsView(WorkspaceAPIView):
             raise NotFound("Job not found.")
         after = _int_param(request, "after_seq", 0, minimum=0)
         limit = min(_int_param(request, "limit", 1000, minimum=1), MAX_LOG_PAGE)
-        rows = job_log_lines(job=found, after_seq=after, limit=limit + 1)
-        lines = [{"seq": s, "ts": ts, "stream": st, "text": t} for s, ts, st, t in rows[:limit]]
-        return Response({"job": str(found.pk), "lines": lines, "has_more": len(rows) > limit})
+        page = job_log_page(job=found, after_seq=after, limit=limit, max_bytes=settings.TRAINYARD["LOG_PAGE_BYTES"])
+        lines = [{"seq": s, "ts": ts, "stream": st, "text": t} for s, ts, st, t in page.lines]
+        return Response({"job": str(found.pk), "lines": lines, "has_more": page.has_more})
+
+
+class JobRawLogView(WorkspaceAPIView):
+    """The job's log as plain text, streamed (docs/LOGS.md, "Raw read-back")."""
+
+    @extend_schema(
+        responses={(200, "text/plain"): bytes},
+        parameters=[
+            OpenApiParameter("from_seq", int, description="first seq to include (default 1)"),
+            OpenApiParameter("to_seq", int, description="last seq to include (default: the end)"),
+            OpenApiParameter("tail", int, description="only the last N lines of the range"),
+            OpenApiParameter("timestamps", int, description="1: each line starts with its UTC time and a space"),
+            OpenApiParameter("download", int, description="1: sent as an attachment with a file name"),
+        ],
+    )
+    def get(self, request: Request, workspace: str, job: str) -> StreamingHttpResponse:
+        found = job_get(workspace=self.workspace, job_id=job)
+        if found is None:
+            raise NotFound("Job not found.")
+        wanted = RawLogRange(
+            from_seq=_int_param(request, "from_seq", 1, minimum=1),
+            to_seq=_optional_int(request, "to_seq", minimum=0),
+            tail=_optional_int(request, "tail", minimum=0),
+            timestamps=_flag(request, "timestamps"),
+        )
+        response = StreamingHttpResponse(_streamed(raw_log_chunks(job=found, wanted=wanted)))
+        response["Content-Type"] = "text/plain; charset=utf-8"
+        response["Cache-Control"] = "no-store"
+        if _flag(request, "download"):
+            response["Content-Disposition"] = f'attachment; filename="{found.run.name}-{found.name}.log"'
+        return response
 
 
 class BlobCreateView(WorkspaceAPIView):
+    throttle_scopes = {"POST": "blob"}
+
     @extend_schema(request={"application/octet-stream": bytes}, responses={201: BlobOut})
     def post(self, request: Request, workspace: str) -> Response:
-        blob = blob_create(workspace=self.workspace, user=signed_in_user(request), chunks=_chunks(request))
+        length = request.META.get("CONTENT_LENGTH") or ""
+        blob = blob_create(
+            workspace=self.workspace,
+            user=signed_in_user(request),
+            chunks=_chunks(request),
+            declared=int(length) if length.isdigit() else None,
+        )
         return Response(BlobOut(blob).data, status=201)
 
     parser_classes = [RawBodyParser]
@@ -231,7 +297,15 @@ def _run_or_404(workspace: object, ref: str) -> Run:
 
 
 def _fresh(run: Run) -> Run:
-    return Run.objects.select_related("submitted_by").prefetch_related("jobs").get(pk=run.pk)
+    return with_shown(Run.objects.select_related("submitted_by").filter(pk=run.pk)).get()
+
+
+def _with_cursor(request: Request, cursor: str) -> str:
+    """This request's URL (filters, page size) with ``cursor`` set."""
+    params = request.query_params.copy()
+    params["cursor"] = cursor
+    params.pop("page", None)
+    return request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
 
 
 def _int_param(request: Request, name: str, default: int, *, minimum: int) -> int:
@@ -245,3 +319,30 @@ def _int_param(request: Request, name: str, default: int, *, minimum: int) -> in
     if value < minimum:
         raise ApplicationError(f"{name} must be at least {minimum}.")
     return value
+
+
+def _optional_int(request: Request, name: str, *, minimum: int) -> int | None:
+    if request.query_params.get(name) in (None, ""):
+        return None
+    return _int_param(request, name, 0, minimum=minimum)
+
+
+def _flag(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "")
+    if raw not in ("", "0", "1"):
+        raise ApplicationError(f"{name} must be 0 or 1, not {raw!r}.")
+    return raw == "1"
+
+
+async def _streamed(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """``chunks`` (which query the database) stepped in Django's sync thread:
+    an async iterator, so the ASGI server streams it instead of Django
+    collecting a sync iterator whole first."""
+    step = sync_to_async(_next_or_none)
+    while (chunk := await step(chunks)) is not None:
+        if chunk:
+            yield chunk
+
+
+def _next_or_none(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)

@@ -29,9 +29,12 @@ from backend.clouds.services.instances import (
     instance_heartbeat,
     instance_refusal,
 )
+from backend.core.testhooks import file_hook_fires
+from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
 from backend.runs.events import run_group
 from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
+from backend.runs.services.loglimits import logs_check
 from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.runners import runner_connect
 from backend.runs.services.transitions import attempt_end, job_accept, job_report_final, job_set_reason
@@ -67,17 +70,30 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
 
     async def connect(self) -> None:
+        """Rate limits: per runner (its instance), and per address only for
+        connects whose token was refused, so many runners behind one NAT are
+        never limited by each other (docs/decisions/0038-rate-limits.md)."""
         self._refused_attempts = set()
+        ip = scope_ip(self.scope)
+        # Read before the accept, so the token is looked up right after it, as before.
+        refusal = await connect_over(scope="runner", kind="ip", identity=ip)
         await self.accept()
+        if refusal is not None:
+            await self.close(code=protocol.CLOSE_RATE_LIMITED, reason=close_reason(refusal))
+            return
         token = token_from_header(_header(self.scope, b"authorization"))
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
         if instance is None and token:
             instance = await database_sync_to_async(instance_for_bootstrap_token)(token=token)
             self._bootstrap_token = token if instance is not None else ""
         if instance is None:
+            await connect_hit(scope="runner", kind="ip", identity=ip)
             # A revoked runner is told so, and stops (4401 is fatal to it).
             reason = await database_sync_to_async(instance_refusal)(token=token) if token else ""
             await self.close(code=protocol.CLOSE_UNAUTHORIZED, reason=reason[:120])
+            return
+        if refusal := await connect_hit(scope="runner", kind="user", identity=f"instance:{instance.pk}"):
+            await self.close(code=protocol.CLOSE_RATE_LIMITED, reason=close_reason(refusal))
             return
         self.pending_instance_id = str(instance.pk)
 
@@ -145,7 +161,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await _enqueue_schedule()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id)
+        await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         if _drop_acceptance_for_tests():
@@ -186,6 +202,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)
+        elif message.log_lines is not None:  # older runners do not say: their logs are not checked
+            await database_sync_to_async(logs_check)(
+                job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
+            )
         await _enqueue_schedule()
 
     async def _refuse(self, job: str, attempt: int, reason: str) -> None:
@@ -308,22 +328,8 @@ def _rejected(instance_id: str, message: protocol.JobRejected) -> None:
 
 def _drop_acceptance_for_tests() -> bool:
     """Test hook (TRAINYARD_TEST_DROP_ACCEPTANCES=<file>): each line of the
-    file drops one acceptance, as a lost frame would. Off unless set."""
-    path = settings.TRAINYARD["TEST_DROP_ACCEPTANCES"]
-    if not path:
-        return False
-    from pathlib import Path
-
-    file = Path(path)
-    try:
-        lines = file.read_text().splitlines()
-    except OSError:
-        return False
-    if not lines:
-        return False
-    file.write_text("\n".join(lines[1:]))
-    logger.warning("test hook: dropping a job acceptance")
-    return True
+    file drops one acceptance, as a lost frame would."""
+    return file_hook_fires("TEST_DROP_ACCEPTANCES", "dropping a job acceptance")
 
 
 def _hello_protocol(raw: str | bytes) -> int | None:
@@ -350,10 +356,10 @@ async def _enqueue_schedule() -> None:
     retries), and on the database thread it would stall every connection of
     this process, pulse included. The reconciler schedules pending work on
     its next pass anyway."""
-    from backend.runs.tasks import schedule
+    from backend.runs.services.coalesce import schedule_request
 
     try:
-        await sync_to_async(schedule.delay, thread_sensitive=False)()
+        await sync_to_async(schedule_request, thread_sensitive=False)()
     except Exception:
         logger.warning("could not enqueue a scheduling pass; the reconciler's next pass schedules", exc_info=True)
 

@@ -57,14 +57,17 @@ class InputArtifact:
     origin: str  # "job download-base-model", "tag best-model (run brave-otter-3)"
 
 
-def job_inputs(job: Job) -> list[InputArtifact]:
+def job_inputs(job: Job, *, files: bool = True) -> list[InputArtifact]:
+    """The artifacts the job gets as inputs; ``files``: with their files
+    prefetched (an input can hold 100k: only the cache key reads them all)."""
     inputs: list[InputArtifact] = []
     for dep in job.needs.all().select_related("cached_from"):
         source = effective(dep)
-        inputs += [InputArtifact(a, f"job {dep.name}") for a in _complete(Artifact.objects.filter(job=source))]
+        found = _complete(Artifact.objects.filter(job=source), files=files)
+        inputs += [InputArtifact(a, f"job {dep.name}") for a in found]
     for ref in job.input_refs:
         origin = ref_origin(ref)
-        inputs += [InputArtifact(a, origin) for a in run_artifacts(run_id=ref["run_id"])]
+        inputs += [InputArtifact(a, origin) for a in run_artifacts(run_id=ref["run_id"], files=files)]
     return inputs
 
 
@@ -77,11 +80,11 @@ def ref_origin(ref: dict[str, str]) -> str:
     return f"run {ref['name']}"
 
 
-def run_artifacts(*, run_id: UUID | str) -> list[Artifact]:
+def run_artifacts(*, run_id: UUID | str, files: bool = True) -> list[Artifact]:
     """The artifacts of a run's jobs, a cached job's through its source."""
     jobs = Job.objects.filter(run_id=run_id).select_related("cached_from")
     sources = [effective(j).pk for j in jobs]
-    return _complete(Artifact.objects.filter(job_id__in=sources))
+    return _complete(Artifact.objects.filter(job_id__in=sources), files=files)
 
 
 def code_identity(run: Run) -> str:
@@ -103,10 +106,6 @@ def cacheable(*, spec: dict[str, object], after_running: bool) -> bool:
     return bool(spec.get("artifacts")) and not spec.get("ports") and not after_running
 
 
-def job_cache_key(job: Job) -> str:
-    return cache_key(spec=job.spec, code=code_identity(job.run), inputs=job_inputs(job))
-
-
 def cached_source(*, workspace_id: UUID | str, key: str, exclude: UUID | str | None = None) -> Job | None:
     """The newest job that succeeded with ``key`` and still has all its artifacts."""
     candidates = Job.objects.filter(workspace_id=workspace_id, cache_key=key, status=JobStatus.SUCCEEDED)
@@ -121,7 +120,6 @@ def cached_source(*, workspace_id: UUID | str, key: str, exclude: UUID | str | N
     return None
 
 
-def _complete(artifacts: object) -> list[Artifact]:
-    return list(
-        artifacts.filter(status=ArtifactStatus.COMPLETE).prefetch_related("files").order_by("path")  # type: ignore[attr-defined]
-    )
+def _complete(artifacts: object, *, files: bool = True) -> list[Artifact]:
+    complete = artifacts.filter(status=ArtifactStatus.COMPLETE).order_by("path")  # type: ignore[attr-defined]
+    return list(complete.prefetch_related("files") if files else complete)

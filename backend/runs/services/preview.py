@@ -1,8 +1,9 @@
-"""``--dry-run``: the plan a submission would make, with cache hits, written nowhere.
+"""``--dry-run``: the plan a submission would make, with cache decisions, written nowhere.
 
 A job's cache key needs its inputs' digests, so a job is known to be a cache
 hit only when every job it needs is a hit too (then their artifacts are
-known); otherwise the preview says its inputs come from a job still to run.
+known); otherwise the preview says its inputs come from a job still to run,
+and its decision names them (``cachewhy``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,17 @@ from typing import Any
 from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
+from backend.core.urlcreds import url_without_credentials
 from backend.runs.models import Job
+from backend.runs.services.cachewhy import (
+    NO_CACHE,
+    CodeFacts,
+    Subject,
+    decision_missed,
+    decision_reused,
+    decision_runs,
+    not_cacheable_reason,
+)
 from backend.runs.services.dag import (
     InputArtifact,
     cache_key,
@@ -32,7 +43,8 @@ def run_plan_preview(
     workspace: Workspace,
     workflow: str,
     inputs: PlanInputs,
-    code_identity: str,
+    code: CodeFacts,
+    repo_url: str,
     no_cache: bool,
     placement: dict[str, object] | None = None,
 ) -> dict[str, Any]:
@@ -40,14 +52,14 @@ def run_plan_preview(
     plan = resolve_plan(file, workflow, inputs)
     refs = resolve_refs(workspace, plan)
     placements = placements_of(file, placement or {})
+    repo_url = url_without_credentials(repo_url.strip())  # as run_create stores it
     hits: dict[str, Job | None] = {}
+    artifacts_of = {j.name: list(j.artifacts) for j in plan.jobs}
     jobs = []
     for planned in plan.jobs:
         needed, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
-        hit = None
-        if known and not no_cache and cacheable(spec=job_spec(planned), after_running=bool(planned.after_running)):
-            key = cache_key(spec=job_spec(planned), code=code_identity, inputs=needed)
-            hit = cached_source(workspace_id=workspace.pk, key=key)
+        pending = [(p, n) for n in planned.needs if hits.get(n) is None for p in artifacts_of[n]]
+        hit, decision = _decide(workspace, planned, code, repo_url, no_cache, (needed, known), pending)
         hits[planned.name] = hit
         jobs.append(
             {
@@ -59,6 +71,7 @@ def run_plan_preview(
                 "resources": job_spec(planned)["resources"],
                 "inputs": described,
                 "cache": {"run": hit.run.name, "job": str(hit.pk)} if hit else None,
+                "cache_decision": decision,
                 "commands": list(planned.commands),
                 "placement": placements[planned.workflow],
                 "offer": offer_plan(
@@ -71,13 +84,49 @@ def run_plan_preview(
     return {"workflow": plan.workflow, "help": file.get(workflow).help or "", "jobs": jobs}
 
 
-def code_identity_of(*, workspace: Workspace, kind: str, commit: str, patch_sha256: str, archive_sha256: str) -> str:
-    """The same identity dag.code_identity gives a stored run, from digests."""
+def code_facts_of(
+    *, kind: str, commit: str, patch_sha256: str, archive_sha256: str, patch_files: dict[str, str] | None
+) -> CodeFacts:
+    """The code facts dag.code_identity and cachewhy.code_facts give a stored run, from digests."""
     if kind == "archive":
         if not archive_sha256:
             raise ApplicationError("A dry run of an archive needs code.archive_sha256 (or archive_blob).")
-        return f"archive:{archive_sha256}"
-    return f"git:{commit}+{patch_sha256}"
+        return CodeFacts(identity=f"archive:{archive_sha256}", kind=kind, commit="", patch_files=patch_files)
+    files = {} if not patch_sha256 else patch_files
+    return CodeFacts(identity=f"git:{commit}+{patch_sha256}", kind=kind, commit=commit, patch_files=files)
+
+
+def _decide(
+    workspace: Workspace,
+    planned: Any,
+    code: CodeFacts,
+    repo_url: str,
+    no_cache: bool,
+    inputs: tuple[list[InputArtifact], bool],
+    pending: list[tuple[str, str]],
+) -> tuple[Job | None, dict[str, Any]]:
+    """The cache hit of a planned job (or None) and the decision, as the scheduler would make it."""
+    spec = job_spec(planned)
+    if not cacheable(spec=spec, after_running=bool(planned.after_running)):
+        return None, decision_runs([not_cacheable_reason(spec=spec, after_running=bool(planned.after_running))])
+    if no_cache:
+        return None, decision_runs([NO_CACHE])
+    needed, known = inputs
+    if known:
+        hit = cached_source(workspace_id=workspace.pk, key=cache_key(spec=spec, code=code.identity, inputs=needed))
+        if hit is not None:
+            return hit, decision_reused(hit)
+    subject = Subject(
+        workspace_id=workspace.pk,
+        workflow=planned.workflow,
+        name=planned.name,
+        repo_url=repo_url,
+        spec=spec,
+        code=code,
+        inputs=needed if known else None,
+        pending=pending,
+    )
+    return None, decision_missed(subject)
 
 
 def _inputs(

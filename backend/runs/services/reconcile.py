@@ -2,8 +2,9 @@
 
 Runs every ``TRAINYARD_RECONCILE_SECONDS`` from Celery beat. First the
 clouds' pass (machines: silent, unreachable, gone, stuck, idle), then the
-work's: attempts whose lease ran out, attempts on machines that ended, and
-stops the runner never confirmed. Each step is a compare-and-set, so two
+work's: attempts whose lease ran out, attempts on machines that ended,
+stops the runner never confirmed, and runs left unfinished although all
+their jobs have finished. Each step is a compare-and-set, so two
 reconcilers (or a reconciler racing a runner's report) never double-act.
 """
 
@@ -14,17 +15,28 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
-from backend.runs.models import ACTIVE_JOB, FINISHED_JOB, LIVE_ATTEMPT, Attempt, AttemptStatus, Job, JobStatus
+from backend.runs.models import (
+    ACTIVE_JOB,
+    FINISHED_JOB,
+    FINISHED_RUN,
+    LIVE_ATTEMPT,
+    Attempt,
+    AttemptStatus,
+    Job,
+    JobStatus,
+    Run,
+)
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.groups import groups_restart
 from backend.runs.services.placement import Placement
 from backend.runs.services.scheduling import job_send_cancel
-from backend.runs.services.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server
+from backend.runs.services.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server, run_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +51,7 @@ def reconcile() -> bool:
     _retire_unwanted_launches()
     attempts_wind_down_expire()
     restarted = groups_restart()
+    runs_repair_finished()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()
     return bool(changed or released or ended or stopped or restarted or pending)
 
@@ -125,3 +138,19 @@ def _retire_unwanted_launches() -> None:
             reason=InstanceReason.TERMINATE_REQUESTED,
             message=f"not needed any more: job {job.name} {job.status} while this machine was starting",
         )
+
+
+def runs_repair_finished(*, limit: int = 100) -> int:
+    """Runs still pending, running or stopping whose jobs have all finished
+    (a run whose status was derived before its last job's end committed)
+    get their status derived again. Returns how many changed."""
+    has_jobs = Exists(Job.objects.filter(run=OuterRef("pk")))
+    unfinished = Exists(Job.objects.filter(run=OuterRef("pk")).exclude(status__in=FINISHED_JOB))
+    stuck = Run.objects.exclude(status__in=FINISHED_RUN).filter(has_jobs).exclude(unfinished)
+    repaired = 0
+    for run in stuck.order_by("created_at")[:limit]:
+        now = run_refresh(run_id=str(run.pk))
+        if now.status in FINISHED_RUN:
+            logger.warning("run %s was %s with all its jobs finished: now %s", run.pk, run.status, now.status)
+            repaired += 1
+    return repaired

@@ -12,12 +12,14 @@ from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, Workflow
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob
+from backend.core.db import retry_on_conflict
 from backend.core.errors import ApplicationError
+from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
 from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
-from backend.runs.services.transitions import job_request_stop, run_refresh, run_request_stop
+from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
 
@@ -29,6 +31,8 @@ class CodeInput:
     commit: str = ""
     patch_blob: str | None = None
     archive_blob: str | None = None
+    # {path: digest of its part of the patch}: names changed files in cache decisions.
+    patch_files: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ def run_create(
     ``placement``: overrides of every workflow's placement keys (the CLI's
     ``--backend``, ``--region``, …)."""
     inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
+    # Stored on the run and the repo and shown to the whole workspace: never a credential.
+    code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
     file = load_files(inputs.files)
     plan = resolve_plan(file, workflow, inputs)
     retries = _retry_policies(file)
@@ -105,6 +111,7 @@ def run_create(
             commit=code.commit,
             patch_blob=patch,
             archive_blob=archive,
+            patch_files=code.patch_files if patch is not None or archive is not None else None,
             # The first file, for what shows one; workflows_files has them all.
             workflows_file_path=inputs.files[0].path,
             workflows_file_text=inputs.files[0].text,
@@ -142,19 +149,25 @@ def run_rerun(*, run: Run, user: User) -> Run:
             commit=run.commit,
             patch_blob=str(run.patch_blob_id) if run.patch_blob_id else None,
             archive_blob=str(run.archive_blob_id) if run.archive_blob_id else None,
+            patch_files=run.patch_files,
         ),
         no_cache=run.no_cache,
         placement=dict(run.placement_overrides),
     )
 
 
+@retry_on_conflict
 def run_stop(*, run: Run, user: User) -> Run:
-    """Stop every job of the run; running ones are killed by their runner."""
+    """Stop every job of the run; running ones are killed by their runner.
+    The run's row is locked first, then its jobs in id order (docs/RUNS.md,
+    "Locks"); a lost lock race is tried again, never answered with a 500."""
     if run.status in FINISHED_RUN:
         return run
     with transaction.atomic():
+        run_lock(run_id=run.pk)
         run_request_stop(run=run)
-        for job in run.jobs.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]):
+        live = run.jobs.exclude(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED]).order_by("pk")
+        for job in live:
             job_request_stop(job=job, reason=f"stopped by {user.username}")
         run = run_refresh(run_id=str(run.pk))
         transaction.on_commit(lambda: _send_cancels(str(run.pk)))
@@ -360,6 +373,6 @@ def _jobs_create(
 
 
 def _enqueue_schedule() -> None:
-    from backend.runs.tasks import schedule
+    from backend.runs.services.coalesce import schedule_request
 
-    schedule.delay()
+    schedule_request()

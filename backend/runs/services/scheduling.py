@@ -1,8 +1,12 @@
 """Matching pending jobs to instances, and asking ``clouds`` for more.
 
 Called from Celery tasks (``runs.tasks.schedule``), never from a request.
-Safe to run concurrently in several workers: pending jobs and idle instances
-are claimed with ``SELECT … FOR UPDATE SKIP LOCKED``. It names no backend
+Safe to run concurrently in several workers: one pass at a time holds the
+scheduler's lock (a try-lock: a pass that cannot take it returns at once,
+``ScheduleResult.busy``, and ``runs.services.coalesce`` runs another pass
+after the holder's), and pending jobs, their runs and idle instances are
+claimed with ``SELECT … FOR UPDATE SKIP LOCKED``: a pass never waits on a
+row another transaction holds (docs/RUNS.md, "Locks"). It names no backend
 kind: offers come ranked from ``clouds.services.offers``, machines are
 requested through ``clouds.services.instances`` (the launch itself is a
 Celery task, after commit), and no cloud call happens here.
@@ -11,6 +15,7 @@ Celery task, after commit), and no cloud call happens here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,11 +37,21 @@ from backend.clouds.services.accounts import accounts_broken
 from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, offers_rank, pool_room
+from backend.core.db import retry_on_conflict
+from backend.core.deliveries import note_subject
 from backend.core.errors import NotFound
 from backend.runs.events import send_to_channel
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.dag import cacheable, job_cache_key, job_inputs, readiness
+from backend.runs.services.cachewhy import (
+    NO_CACHE,
+    Subject,
+    code_facts,
+    decision_missed,
+    decision_runs,
+    not_cacheable_reason,
+)
+from backend.runs.services.dag import InputArtifact, cache_key, cacheable, code_identity, job_inputs, readiness
 from backend.runs.services.dag import cached_source as find_cached_source
 from backend.runs.services.placement import (
     Choice,
@@ -55,7 +70,7 @@ from backend.runs.services.transitions import (
     job_reuse,
     run_refresh,
 )
-from backend.vault.services import repo_credential_for, secret_env
+from backend.vault.services import repo_credential_exists, secret_exists
 
 logger = logging.getLogger(__name__)
 
@@ -77,31 +92,46 @@ class ScheduleResult:
     assigned: list[str]
     provisioned: list[str]
     waiting: list[str]
+    busy: bool = False  # another pass held the scheduler's lock: nothing was done
 
 
-def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
+@retry_on_conflict
+def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = None) -> ScheduleResult:
     """1. Claim pending jobs, oldest first. 2. Fail those whose dependencies
     failed; skip those whose dependencies are not done. 3. Reuse a cached
     result where one exists. 4. Give the rest an idle instance of their
     workspace that fits (the one started for it first). 5. For the others,
     ask ``clouds`` for a machine from the cheapest offer not tried yet, or say
     why they wait. 6. After commit: send the assignments (the launches are
-    enqueued by ``instance_request`` on commit)."""
+    enqueued by ``instance_request`` on commit).
+
+    Returns at once with ``busy`` when another pass holds the lock;
+    ``on_lock`` is called once this pass holds it, before it reads a job."""
     assigned: list[Attempt] = []
     provisioned: list[str] = []
     waiting: list[str] = []
     with transaction.atomic():
         # One pass at a time across all workers: pool-size checks and new
-        # Instance rows must not race (two passes once started 7 of 4).
+        # Instance rows must not race (two passes once started 7 of 4). A
+        # try-lock: a pass never queues behind another (the caller runs one
+        # more after it instead).
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEDULER_LOCK])
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULER_LOCK])
+            if not cursor.fetchone()[0]:
+                return ScheduleResult([], [], [], busy=True)
+        if on_lock is not None:
+            on_lock()
+        # Each job with its run, skipping both when another transaction holds
+        # either (a stop of the run locks the run, then its jobs): run before
+        # job, and no wait, so the pass never deadlocks with a stop.
         jobs = list(
-            Job.objects.select_for_update(skip_locked=True, of=("self",))
+            Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
             .filter(status=JobStatus.PENDING)
             .select_related("run", "run__patch_blob", "run__archive_blob")
             .order_by("created_at")[:limit]
         )
         for job in jobs:
+            note_subject(f"job:{job.pk}")  # a worker that dies here is charged to this job (core.deliveries)
             if not _ready(job) or _reused(job):
                 continue
             held = _wind_down_hold(job)
@@ -116,7 +146,7 @@ def jobs_schedule(*, limit: int = 100) -> ScheduleResult:
             waiting.append(str(job.pk))
             _set_waiting_reason(job, reason)
     for attempt in assigned:
-        attempt_send_assignment(attempt=attempt)
+        _send_isolated(attempt)
     return ScheduleResult([str(a.job_id) for a in assigned], provisioned, waiting)
 
 
@@ -126,6 +156,17 @@ def attempt_send_assignment(*, attempt: Attempt) -> None:
         return  # the lease runs out and the reconciler re-queues the job
     frame = _assign_frame(Job.objects.select_related("run").get(pk=attempt.job_id), attempt)
     send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
+
+
+def _send_isolated(attempt: Attempt) -> None:
+    """One assignment that cannot be built or sent (a storage error, a bad
+    row) must not keep the others of the pass, other tenants' among them,
+    from going out: it is logged, and its lease runs out and the reconciler
+    re-queues the job."""
+    try:
+        attempt_send_assignment(attempt=attempt)
+    except Exception:
+        logger.exception("attempt %s of job %s: the assignment could not be sent", attempt.number, attempt.job_id)
 
 
 def job_send_cancel(*, job: Job) -> None:
@@ -154,15 +195,44 @@ def _ready(job: Job) -> bool:
 
 
 def _reused(job: Job) -> bool:
-    """Record the job's cache key; reuse an earlier identical job's result."""
-    if job.attempt > 0 or not cacheable(spec=job.spec, after_running=job.after_running.exists()):
+    """Record the job's cache key; reuse an earlier identical job's result.
+    Either way record why (``cachewhy``), once: a retried job keeps its decision."""
+    if job.attempt > 0:
         return False
-    key = job_cache_key(job)
+    after_running = job.after_running.exists()
+    if not cacheable(spec=job.spec, after_running=after_running):
+        _decided(job, decision_runs([not_cacheable_reason(spec=job.spec, after_running=after_running)]))
+        return False
+    inputs = job_inputs(job)
+    key = cache_key(spec=job.spec, code=code_identity(job.run), inputs=inputs)
     Job.objects.filter(pk=job.pk).update(cache_key=key)
     if job.run.no_cache:
+        _decided(job, decision_runs([NO_CACHE]))
         return False
     source = find_cached_source(workspace_id=job.workspace_id, key=key, exclude=job.pk)
-    return source is not None and job_reuse(job_id=str(job.pk), source=source)
+    if source is not None:
+        return job_reuse(job_id=str(job.pk), source=source)
+    if not job.cache_decision:  # a job pending for capacity is passed over again and again: compare once
+        _decided(job, decision_missed(_subject(job, inputs)))
+    return False
+
+
+def _decided(job: Job, decision: dict[str, object]) -> None:
+    if not job.cache_decision:
+        Job.objects.filter(pk=job.pk).update(cache_decision=decision)
+
+
+def _subject(job: Job, inputs: list[InputArtifact]) -> Subject:
+    return Subject(
+        workspace_id=job.workspace_id,
+        workflow=job.workflow,
+        name=job.name,
+        repo_url=job.run.repo_url,
+        spec=job.spec,
+        code=code_facts(job.run),
+        inputs=inputs,
+        before=job.run.created_at,
+    )
 
 
 def _claim_instance(job: Job) -> Instance | None:
@@ -408,8 +478,9 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
     spec = job.spec
     ran_before = Attempt.objects.filter(job_id=job.pk, number__lt=attempt.number).exclude(started_at=None).exists()
     resumed = {"TRAINYARD_RESUMED": "1"} if ran_before else {}
+    # No secret in the frame: it crosses the channel layer (Redis, on disk).
+    # The runner fetches them (``delivery.job_secrets``); the job's own env wins over them.
     env = {
-        **secret_env(workspace_id=job.workspace_id),
         **spec["env"],
         **_master_env(job),
         "TRAINYARD_RUN_NAME": run.name,
@@ -438,6 +509,8 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         port_count=int(spec.get("port_count", 0)),
         mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
         caches=cache_specs(job=job),
+        secrets=secret_exists(workspace_id=job.workspace_id)
+        or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
     )
 
 
@@ -460,15 +533,12 @@ def _master_env(job: Job) -> dict[str, str]:
 
 
 def _inputs(job: Job) -> list[protocol.InputArtifact]:
+    """The inputs' paths and sizes in files: their manifests are fetched
+    page by page (``delivery.job_input_page``), so a 50k-file input does not
+    make a frame the runner refuses."""
     return [
-        protocol.InputArtifact(
-            path=i.artifact.path,
-            files=[
-                protocol.InputFile(path=f.path, size=f.size, sha256=f.sha256, url=_input_url(i.artifact, f))
-                for f in i.artifact.files.all()
-            ],
-        )
-        for i in job_inputs(job)
+        protocol.InputArtifact(path=i.artifact.path, file_count=i.artifact.files.count())
+        for i in job_inputs(job, files=False)
     ]
 
 
@@ -477,15 +547,7 @@ def _code_spec(run: Run) -> protocol.CodeSpec:
         assert run.archive_blob is not None
         return protocol.CodeSpec(kind="archive", archive_url=_blob_url(run.archive_blob))
     patch_url = _blob_url(run.patch_blob) if run.patch_blob else ""
-    found = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
-    credential = (
-        protocol.GitCredential(kind=found.kind, username=found.username, secret=found.secret)  # type: ignore[arg-type]
-        if found is not None
-        else None
-    )
-    return protocol.CodeSpec(
-        kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url, credential=credential
-    )
+    return protocol.CodeSpec(kind="git", repo_url=run.repo_url, commit=run.commit, patch_url=patch_url)
 
 
 def job_download_url(
@@ -505,15 +567,16 @@ def job_download_url(
         if blob is None:
             raise NotFound(f"This job has no {code!r} to download.")
         return _blob_url(blob)
-    for i in job_inputs(job):
+    for i in job_inputs(job, files=False):
         if i.artifact.path == input_path:
             file = i.artifact.files.filter(path=file_path).first()
             if file is not None:
-                return _input_url(i.artifact, file)
+                return input_url(i.artifact, file)
     raise NotFound(f"Input {input_path}/{file_path} is not an input of this job.")
 
 
-def _input_url(artifact: Artifact, file: ArtifactFile) -> str:
+def input_url(artifact: Artifact, file: ArtifactFile) -> str:
+    """A signed GET URL of an input file, for the job's runner."""
     return storage_of(artifact).signed_url(
         artifact_file_key(artifact, file), method="GET", seconds=DOWNLOAD_URL_SECONDS
     )

@@ -9,6 +9,12 @@ A job is the logical unit; each try of it on an instance is an ``Attempt``.
 asks ``retry`` whether the job is tried again (back to pending) or ends with
 the status the reason maps to. After a job changes, ``run_refresh`` derives
 the run's status from its jobs and publishes it. docs/RUNS.md draws the graph.
+
+Locks are taken in one order everywhere (docs/RUNS.md, "Locks"): the run,
+then its jobs by id, then their attempts, then instances. A transaction
+that changes a job locks its run first (``_lock_run_of``), and
+``run_refresh`` reads the jobs only while it holds the run's lock, so two
+jobs of one run finishing at once cannot both derive "still running".
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from backend.runs.models import (
     RunStatus,
 )
 from backend.runs.reasons import TerminationReason
+from backend.runs.services.cachewhy import decision_reused
 from backend.runs.services.placement import Placement, waiting_since
 from backend.runs.services.redaction import job_reason_clean
 from backend.runs.services.retry import Decision, RetryPolicy, retry_decide
@@ -95,12 +102,13 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
     they are the job's ``ports`` (shown, and its workers' master port)."""
     now = timezone.now()
     with transaction.atomic():
+        _lock_run_of(job_id)
+        job = Job.objects.select_for_update(no_key=True).filter(pk=job_id).only("started_at").first()
         changed = Attempt.objects.filter(
             job_id=job_id, number=attempt, instance_id=instance_id, lease=lease, status=AttemptStatus.ASSIGNED
         ).update(status=AttemptStatus.RUNNING, started_at=now, lease_expires_at=None)
         if not changed:
             return False
-        job = Job.objects.filter(pk=job_id).only("started_at").first()
         _cas_job(
             job_id,
             [JobStatus.ASSIGNED],
@@ -109,7 +117,7 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
             started_at=(job.started_at if job and job.started_at else now),
             **({"ports": list(ports)} if ports else {}),
         )
-    _after_job_change(job_id)
+        _after_job_change(job_id)
     return True
 
 
@@ -123,6 +131,12 @@ def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) 
 
 def job_request_stop(*, job: Job, reason: str) -> bool:
     """assigned/running → stopping (the runner is told), pending → stopped."""
+    with transaction.atomic():
+        _lock_run_of(job.pk)
+        return _job_request_stop(job, reason)
+
+
+def _job_request_stop(job: Job, reason: str) -> bool:
     now = timezone.now()
     if _cas_job(job.pk, [JobStatus.PENDING], status=JobStatus.STOPPED, status_reason=reason, finished_at=now):
         _after_job_change(job.pk)
@@ -144,13 +158,15 @@ def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> 
     """The server stops a job for a reason of its own (``max_duration``):
     like a user's stop, but the attempt ends with ``reason`` and the job with
     the status it maps to. A pending job (no attempt live) fails at once."""
-    Job.objects.filter(pk=job.pk, status__in=[*ACTIVE_JOB, JobStatus.PENDING]).update(stop_reason=reason)
-    if job.status == JobStatus.PENDING:
-        return job_fail_pending(job_id=str(job.pk), reason=message)
-    if job.status == JobStatus.STOPPING:
-        return False
-    job.stop_reason = reason
-    return job_request_stop(job=job, reason=message)
+    with transaction.atomic():
+        _lock_run_of(job.pk)
+        Job.objects.filter(pk=job.pk, status__in=[*ACTIVE_JOB, JobStatus.PENDING]).update(stop_reason=reason)
+        if job.status == JobStatus.PENDING:
+            return job_fail_pending(job_id=str(job.pk), reason=message)
+        if job.status == JobStatus.STOPPING:
+            return False
+        job.stop_reason = reason
+        return _job_request_stop(job, message)
 
 
 def job_report_final(
@@ -232,9 +248,9 @@ def attempts_wind_down_expire() -> int:
 
 
 def _enqueue_schedule() -> None:
-    from backend.runs.tasks import schedule
+    from backend.runs.services.coalesce import schedule_request
 
-    schedule.delay()
+    schedule_request()
 
 
 def attempt_end(
@@ -257,11 +273,15 @@ def attempt_end(
        it (an acceptance lost on the way) drops it instead of waiting.
     """
     now = timezone.now()
+    job_id = Attempt.objects.filter(pk=attempt_id).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return False
     with transaction.atomic():
-        attempt = Attempt.objects.select_for_update().filter(pk=attempt_id, status__in=LIVE_ATTEMPT).first()
+        _lock_run_of(job_id)  # the run, then the job, then the attempt: the order every transaction takes
+        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
+        attempt = Attempt.objects.select_for_update(no_key=True).filter(pk=attempt_id, status__in=LIVE_ATTEMPT).first()
         if attempt is None:
             return False
-        job = Job.objects.select_for_update().get(pk=attempt.job_id)
         if reason == TerminationReason.STOPPED_BY_USER and job.stop_reason:
             reason = TerminationReason(job.stop_reason)  # the server stopped it (max_duration), not a user
         Attempt.objects.filter(pk=attempt.pk).update(
@@ -337,6 +357,7 @@ def job_reuse(*, job_id: str, source: Job) -> bool:
         exit_code=0,
         cached_from=source,
         status_reason=f"reused from {source.run.name} (cached)",
+        cache_decision=decision_reused(source),
         started_at=now,
         finished_at=now,
     )
@@ -355,8 +376,17 @@ def run_refresh(*, run_id: str) -> Run:
     2. All jobs finished → failed if one failed (its exit code), stopped if one
        was stopped, else succeeded.
     3. Otherwise pending, with the first pending job's reason.
+
+    The run's row is locked before its jobs are read: a transaction that
+    changed another job of the run has committed by then (it held the lock),
+    so the last of two jobs finishing at once sees both finished.
     """
-    run = Run.objects.get(pk=run_id)
+    with transaction.atomic():
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
+        return _run_refresh_locked(run)
+
+
+def _run_refresh_locked(run: Run) -> Run:
     jobs = list(run.jobs.order_by("created_at"))
     status, reason, exit_code = _derive(run, jobs)
     updates: dict[str, Any] = {"status": status, "status_reason": reason, "exit_code": exit_code}
@@ -374,6 +404,15 @@ def run_refresh(*, run_id: str) -> Run:
         run.refresh_from_db()
         transaction.on_commit(lambda: publish_run(str(run.pk)))
     return run
+
+
+def run_lock(*, run_id: UUID | str) -> Run | None:
+    """Lock the run's row (inside a transaction): first, before any of its
+    jobs, attempts or instances (docs/RUNS.md, "Locks"). ``FOR NO KEY
+    UPDATE``, like every lock of ours on a run, job or attempt: it does not
+    block the key-share locks that inserting a row pointing at it takes (an
+    artifact, an attempt), so those cannot join a lock cycle."""
+    return Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
 
 
 def run_request_stop(*, run: Run) -> bool:
@@ -537,6 +576,14 @@ def _cas_job(job_id: UUID | str, old: list[JobStatus], *, extra: Q | None = None
     if changed:
         logger.info("job %s → %s %s", job_id, updates.get("status"), updates.get("status_reason", ""))
     return changed
+
+
+def _lock_run_of(job_id: UUID | str) -> None:
+    """Lock the run of ``job_id`` before the job itself (the caller holds a
+    transaction): the order every transaction that changes a job takes."""
+    run_id = Job.objects.filter(pk=job_id).values_list("run_id", flat=True).first()
+    if run_id is not None:
+        run_lock(run_id=run_id)
 
 
 def _after_job_change(job_id: UUID | str) -> None:

@@ -61,6 +61,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
+        /**
+         * @description The server is up and reaches its database; with the limits a client
+         *     checks before an upload (the CLI's size guard reads ``max_blob_bytes``).
+         */
         get: operations["health_retrieve"];
         put?: never;
         post?: never;
@@ -212,6 +216,43 @@ export interface paths {
          *     deadline. Idempotent; nothing to do for an attempt that was not held.
          */
         post: operations["runner_jobs_checkpoints_done_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/inputs/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description One page of the files of one of the job's inputs (runner protocol 3). */
+        get: operations["runner_jobs_inputs_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/secrets/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The job's secrets and clone credential (runner protocol 3). Never
+         *     cached: the answer is the only place the plaintext leaves the server.
+         */
+        get: operations["runner_jobs_secrets_retrieve"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -449,7 +490,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        /** @description Pending invitations name people who are not members yet: admins only. */
         get: operations["workspaces_invitations_list"];
         put?: never;
         post?: never;
@@ -868,14 +909,14 @@ export interface components {
         AttemptOut: {
             readonly number: number;
             readonly status: components["schemas"]["AttemptOutStatusEnum"];
-            instance?: string;
+            instance?: string | null;
             /** @description the machine's backend */
-            backend?: string;
-            instance_type?: string;
-            region?: string;
-            zone?: string;
+            backend?: string | null;
+            instance_type?: string | null;
+            region?: string | null;
+            zone?: string | null;
             /** @description spot (true) or on-demand */
-            spot?: boolean;
+            spot?: boolean | null;
             reason: string;
             message: string;
             readonly exit_code: number | null;
@@ -978,11 +1019,38 @@ export interface components {
             size: number;
             sha256: string;
         };
+        /** @description Why a job is reused from the cache or runs (docs/RUNS.md, "The cache"). */
+        CacheDecisionOut: {
+            reused: boolean;
+            /** @description "reused from <run> (cached)" or "runs: <reason>; <reason>" */
+            text: string;
+            /** @description reused: the run whose job did the work */
+            run?: string;
+            /** @description runs: the earlier run it was compared with ("": none) */
+            compared_with?: string;
+            reasons: components["schemas"]["CacheReasonOut"][];
+        };
         CacheHitOut: {
             run: string;
             /** Format: uuid */
             job: string;
         };
+        CacheReasonOut: {
+            kind: components["schemas"]["CacheReasonOutKindEnum"];
+            text: string;
+        };
+        /**
+         * @description * `no_cache` - no_cache
+         *     * `not_cacheable` - not_cacheable
+         *     * `no_earlier_run` - no_earlier_run
+         *     * `code_changed` - code_changed
+         *     * `spec_changed` - spec_changed
+         *     * `env_changed` - env_changed
+         *     * `input_changed` - input_changed
+         *     * `input_pending` - input_pending
+         * @enum {string}
+         */
+        CacheReasonOutKindEnum: "no_cache" | "not_cacheable" | "no_earlier_run" | "code_changed" | "spec_changed" | "env_changed" | "input_changed" | "input_pending";
         CheckpointBeginOut: {
             /** Format: uuid */
             id: string;
@@ -1022,6 +1090,9 @@ export interface components {
             patch_blob?: string | null;
             /** Format: uuid */
             archive_blob?: string | null;
+            patch_files?: {
+                [key: string]: string;
+            } | null;
         };
         /**
          * @description * `aws` - aws
@@ -1081,6 +1152,21 @@ export interface components {
         };
         Health: {
             status: string;
+            /** @description The largest code blob accepted (bytes). */
+            max_blob_bytes: number;
+        };
+        InputFileOut: {
+            path: string;
+            size: number;
+            sha256: string;
+            /** @description signed GET URL */
+            url: string;
+        };
+        InputPageOut: {
+            path: string;
+            files: components["schemas"]["InputFileOut"][];
+            /** @description the "after" of the next page; "" after the last */
+            next: string;
         };
         InstanceOut: {
             /** Format: uuid */
@@ -1133,6 +1219,8 @@ export interface components {
             role: components["schemas"]["Role"];
             /** Format: date-time */
             created_at: string;
+            /** Format: date-time */
+            expires_at: string;
         };
         JobOut: {
             /** Format: uuid */
@@ -1146,7 +1234,7 @@ export interface components {
             readonly exit_code: number | null;
             readonly attempt: number;
             readonly attempts: components["schemas"]["AttemptOut"][];
-            instance?: string;
+            instance?: string | null;
             readonly ports: unknown;
             readonly resources: {
                 [key: string]: unknown;
@@ -1156,6 +1244,7 @@ export interface components {
             readonly cached_from: {
                 [key: string]: string;
             } | null;
+            readonly cache_decision: components["schemas"]["CacheDecisionOut"] | null;
             readonly inputs: {
                 [key: string]: string;
             }[];
@@ -1171,6 +1260,8 @@ export interface components {
             /** Format: date-time */
             readonly finished_at: string | null;
             readonly last_seq: number;
+            readonly log_bytes: number;
+            readonly log_note: string;
         };
         /**
          * @description * `pending` - Pending
@@ -1183,6 +1274,14 @@ export interface components {
          * @enum {string}
          */
         JobOutStatusEnum: "pending" | "assigned" | "running" | "stopping" | "succeeded" | "failed" | "stopped";
+        JobSecretsOut: {
+            /** @description the workspace's secrets by name */
+            env: {
+                [key: string]: string;
+            };
+            /** @description the repository's clone credential, if one is set */
+            credential: components["schemas"]["RunnerCredentialOut"] | null;
+        };
         /**
          * @description * `git` - git
          *     * `archive` - archive
@@ -1261,21 +1360,6 @@ export interface components {
             shortfall: string;
             accounts: number;
         };
-        PaginatedRunOutList: {
-            /** @example 123 */
-            count: number;
-            /**
-             * Format: uri
-             * @example http://api.example.org/accounts/?page=4
-             */
-            next?: string | null;
-            /**
-             * Format: uri
-             * @example http://api.example.org/accounts/?page=2
-             */
-            previous?: string | null;
-            results: components["schemas"]["RunOut"][];
-        };
         PartInRequest: {
             number: number;
             sha256: string;
@@ -1309,10 +1393,11 @@ export interface components {
             patch_blob?: string | null;
             /** Format: uuid */
             archive_blob?: string | null;
-            /** @default  */
-            patch_sha256: string;
-            /** @default  */
-            archive_sha256: string;
+            patch_files?: {
+                [key: string]: string;
+            } | null;
+            patch_sha256?: string;
+            archive_sha256?: string;
         };
         PlannedJobOut: {
             name: string;
@@ -1327,6 +1412,7 @@ export interface components {
                 [key: string]: unknown;
             }[];
             cache: components["schemas"]["CacheHitOut"] | null;
+            cache_decision: components["schemas"]["CacheDecisionOut"];
             commands: string[];
             placement: {
                 [key: string]: unknown;
@@ -1386,7 +1472,7 @@ export interface components {
             /** Format: uuid */
             id: string;
             name: string;
-            url: string;
+            readonly url: string;
             runs: number;
             /** Format: date-time */
             last_run_at: string | null;
@@ -1433,7 +1519,7 @@ export interface components {
             readonly status: components["schemas"]["RunOutStatusEnum"];
             readonly status_reason: string;
             readonly exit_code: number | null;
-            submitted_by?: string;
+            submitted_by?: string | null;
             /** Format: date-time */
             readonly created_at: string;
             /** Format: date-time */
@@ -1459,6 +1545,23 @@ export interface components {
          * @enum {string}
          */
         RunOutStatusEnum: "pending" | "running" | "stopping" | "succeeded" | "failed" | "stopped";
+        RunPageOut: {
+            /** @description matching runs: exact, or an estimate when count_estimated */
+            count: number;
+            /** @description count is the planner's estimate (above a threshold) */
+            count_estimated: boolean;
+            /**
+             * Format: uri
+             * @description the next page (a cursor link); null on the last
+             */
+            next: string | null;
+            /**
+             * Format: uri
+             * @description always null: pages are followed forward
+             */
+            previous: string | null;
+            results: components["schemas"]["RunOut"][];
+        };
         /**
          * @description ``workflows_files`` (every file, as the CLI sends them) or the older
          *     single ``workflows_file``: exactly one of them.
@@ -1489,6 +1592,17 @@ export interface components {
             help: string;
             jobs: components["schemas"]["PlannedJobOut"][];
         };
+        RunnerCredentialOut: {
+            kind: components["schemas"]["RunnerCredentialOutKindEnum"];
+            username: string;
+            secret: string;
+        };
+        /**
+         * @description * `https-token` - https-token
+         *     * `ssh-key` - ssh-key
+         * @enum {string}
+         */
+        RunnerCredentialOutKindEnum: "https-token" | "ssh-key";
         SecretInRequest: {
             value: string;
         };
@@ -1498,6 +1612,16 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             updated_at: string;
+            /**
+             * @description false: no key of the server opens the value; jobs of the workspace fail until fixed
+             * @default true
+             */
+            readable: boolean;
+            /**
+             * @description when not readable: what is wrong and what to do
+             * @default
+             */
+            problem: string;
         };
         SelfHostedRunnerOut: {
             /** Format: uuid */
@@ -1545,7 +1669,7 @@ export interface components {
             run: string;
             /** Format: uuid */
             run_id: string;
-            created_by?: string;
+            created_by?: string | null;
             /** Format: date-time */
             created_at: string;
             /** Format: date-time */
@@ -1570,11 +1694,18 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             last_used_at: string | null;
+            /**
+             * Format: date-time
+             * @description null: never expires.
+             */
+            expires_at: string | null;
             /** @description The token itself: shown this once. */
             token: string;
         };
         TokenInRequest: {
             name: string;
+            /** @description The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never. */
+            expires_in?: string;
         };
         TokenOut: {
             /** Format: uuid */
@@ -1585,6 +1716,11 @@ export interface components {
             created_at: string;
             /** Format: date-time */
             last_used_at: string | null;
+            /**
+             * Format: date-time
+             * @description null: never expires.
+             */
+            expires_at: string | null;
         };
         UploadOut: {
             path: string;
@@ -1909,6 +2045,58 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    runner_jobs_inputs_retrieve: {
+        parameters: {
+            query: {
+                /** @description the previous page's next; absent for the first page */
+                after?: string;
+                /** @description the attempt the runner holds */
+                attempt: number;
+                /** @description the input's path, as in the assignment */
+                path: string;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InputPageOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_secrets_retrieve: {
+        parameters: {
+            query: {
+                /** @description the attempt the runner holds */
+                attempt: number;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobSecretsOut"];
+                };
             };
         };
     };
@@ -2689,9 +2877,9 @@ export interface operations {
     workspaces_runs_list: {
         parameters: {
             query?: {
-                /** @description A page number within the paginated result set. */
-                page?: number;
-                /** @description Number of results to return per page. */
+                /** @description the `next` link's cursor of the previous page */
+                cursor?: string;
+                /** @description runs per page (default 50, at most 500) */
                 page_size?: number;
                 /** @description search in name, workflow and submitter */
                 q?: string;
@@ -2712,7 +2900,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["PaginatedRunOutList"];
+                    "application/json": components["schemas"]["RunPageOut"];
                 };
             };
         };

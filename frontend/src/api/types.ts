@@ -118,7 +118,18 @@ export interface Job {
   needs?: string[];
   after_running?: string[];
   cached_from?: RunRef | null;
+  /** Why it was reused from the cache or runs; null until the scheduler decided. */
+  cache_decision?: CacheDecision | null;
   inputs?: JobInput[];
+}
+
+export interface CacheDecision {
+  reused: boolean;
+  /** "reused from <run> (cached)" or "runs: <reason>; <reason>". */
+  text: string;
+  run?: string;
+  compared_with?: string;
+  reasons: { kind: string; text: string }[];
 }
 
 export interface RunCode {
@@ -150,6 +161,7 @@ export interface Run {
 
 export interface Page<T> {
   count: number;
+  count_estimated?: boolean; // count is an estimate (the runs list, above a threshold)
   next?: string | null;
   previous?: string | null;
   results: T[];

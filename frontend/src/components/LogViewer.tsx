@@ -32,8 +32,8 @@ export interface LogViewerProps {
   label: string;
   /** Shown when there are no lines yet. */
   placeholder?: string;
-  onDownload?: () => void;
-  downloading?: boolean;
+  /** The whole log as a file (the raw endpoint with download=1): a plain link, so the browser streams it to disk. */
+  downloadUrl?: string;
   rowHeight?: number;
 }
 
@@ -64,8 +64,7 @@ export function LogViewer({
   attempts = [],
   label,
   placeholder = "No output yet.",
-  onDownload,
-  downloading = false,
+  downloadUrl,
   rowHeight = 18,
 }: LogViewerProps) {
   const scroller = useRef<HTMLDivElement>(null);
@@ -246,10 +245,10 @@ export function LogViewer({
         >
           Follow
         </button>
-        {onDownload ? (
-          <button type="button" className="btn btn-small" onClick={onDownload} disabled={downloading}>
-            {downloading ? "Downloading…" : "Download"}
-          </button>
+        {downloadUrl ? (
+          <a className="btn btn-small" href={downloadUrl} download>
+            Download
+          </a>
         ) : null}
       </div>
       <div

@@ -63,41 +63,43 @@ export function Layout() {
         Skip to content
       </a>
       <aside className="sidebar">
-        <div className="brand">
-          <span className="brand-mark" aria-hidden="true" />
-          Trainyard
-        </div>
-        <label className="ws-switcher">
-          <span className="label">Workspace</span>
-          <select value={current ? ws : ""} onChange={(event) => switchTo(event.target.value)}>
-            {current ? null : <option value="">—</option>}
-            {workspaces.map((w) => (
-              <option key={w.slug} value={w.slug}>
-                {w.name}
-                {w.personal ? " (personal)" : ""}
-              </option>
-            ))}
-            <option value="__new__">+ New team workspace…</option>
-          </select>
-        </label>
-        <nav aria-label="Workspace">
-          <ul>
-            {NAV.map((item) => (
-              <li key={item.to}>
-                <NavLink to={`/w/${ws}/${item.to}`}>{item.label}</NavLink>
-              </li>
-            ))}
-          </ul>
-        </nav>
-        <div className="sidebar-footer">
-          <div className="user">
-            {me?.avatar_url ? <img src={me.avatar_url} alt="" className="avatar" /> : <span className="avatar avatar-blank" aria-hidden="true" />}
-            <span className="user-name">{me?.username}</span>
-            {current ? <span className="role">{current.role}</span> : null}
+        <div className="sidebar-inner">
+          <div className="brand">
+            <span className="brand-mark" aria-hidden="true" />
+            Trainyard
           </div>
-          <button type="button" className="btn btn-small btn-ghost" onClick={() => void signOut()}>
-            Sign out
-          </button>
+          <label className="ws-switcher">
+            <span className="label">Workspace</span>
+            <select value={current ? ws : ""} onChange={(event) => switchTo(event.target.value)}>
+              {current ? null : <option value="">—</option>}
+              {workspaces.map((w) => (
+                <option key={w.slug} value={w.slug}>
+                  {w.name}
+                  {w.personal ? " (personal)" : ""}
+                </option>
+              ))}
+              <option value="__new__">+ New team workspace…</option>
+            </select>
+          </label>
+          <nav aria-label="Workspace">
+            <ul>
+              {NAV.map((item) => (
+                <li key={item.to}>
+                  <NavLink to={`/w/${ws}/${item.to}`}>{item.label}</NavLink>
+                </li>
+              ))}
+            </ul>
+          </nav>
+          <div className="sidebar-footer">
+            <div className="user">
+              {me?.avatar_url ? <img src={me.avatar_url} alt="" className="avatar" /> : <span className="avatar avatar-blank" aria-hidden="true" />}
+              <span className="user-name">{me?.username}</span>
+              {current ? <span className="role">{current.role}</span> : null}
+            </div>
+            <button type="button" className="btn btn-small btn-ghost" onClick={() => void signOut()}>
+              Sign out
+            </button>
+          </div>
         </div>
       </aside>
       <main id="main" className="content" tabIndex={-1}>

@@ -1,12 +1,12 @@
-import { useCallback, useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
+import { useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
 import { Link, useNavigate, useParams, useSearchParams } from "react-router-dom";
 import { ApiError, errorMessage, get, post, wsPath } from "../api/client";
 import { useLiveFrames } from "../api/live";
-import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type LogPage, type Run, type Tag } from "../api/types";
+import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type LogPage, type Run, type RunRef, type Tag } from "../api/types";
 import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
 import { JobGraph } from "../components/JobGraph";
 import { AttemptsTable } from "../components/AttemptsTable";
-import { LogViewer } from "../components/LogViewer";
+import { LogViewer, type AttemptMark, type ViewerLine } from "../components/LogViewer";
 import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
 import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration } from "../lib/format";
 import { attemptMarks } from "../lib/attempts";
@@ -69,7 +69,7 @@ export function RunPage() {
       </div>
       <div role="tabpanel" id={`panel-${tab}`} aria-labelledby={`tab-${tab}`} className="tabpanel">
         {tab === "logs" && selectedJob ? (
-          <JobLogs key={selectedJob.id} run={run} job={selectedJob} store={store} version={version} now={now} />
+          <JobLogs key={selectedJob.id} job={selectedJob} store={store} version={version} now={now} />
         ) : null}
         {tab === "logs" && !selectedJob ? <p className="muted">This run has no jobs.</p> : null}
         {tab === "artifacts" ? <RunArtifacts run={run} /> : null}
@@ -245,43 +245,48 @@ function TagForm({ run, onDone }: { run: Run; onDone: (tags?: string[]) => void 
   );
 }
 
-function JobLogs({ run, job, store, version, now }: { run: Run; job: Job; store: RunLogStore; version: number; now: number }) {
+function JobLogs({ job, store, version, now }: { job: Job; store: RunLogStore; version: number; now: number }) {
   const { slug } = useWorkspace();
-  const [downloading, setDownloading] = useState(false);
-  const [error, setError] = useState<string | null>(null);
   const lines = store.lines(job.id);
   // `version` stands for the lines, which grow in place.
   // eslint-disable-next-line react-hooks/exhaustive-deps
   const attempts = useMemo(() => attemptMarks(job, lines), [job, lines, version]);
 
-  const download = useCallback(async () => {
-    setDownloading(true);
-    setError(null);
-    try {
-      const text = await fetchWholeLog(slug, job.id);
-      saveFile(`${run.name}-${job.name}.log`, text);
-    } catch (caught) {
-      setError(errorMessage(caught));
-    } finally {
-      setDownloading(false);
-    }
-  }, [slug, job.id, job.name, run.name]);
-
   const waiting = job.status === "pending" || job.status === "assigned";
   return (
     <div className="job-logs">
       <JobFacts job={job} now={now} />
-      <ErrorBanner error={error} />
-      <LogViewer
-        lines={lines}
-        version={version}
-        attempts={attempts}
-        label={`Logs of ${job.name}`}
-        placeholder={job.cached_from ? "This job was reused from an earlier run: it produced no new output." : waiting ? "Waiting for the job to start…" : "No output."}
-        onDownload={download}
-        downloading={downloading}
-      />
+      {job.cached_from ? (
+        <SourceLog job={job} source={job.cached_from} />
+      ) : (
+        <LogViewer
+          lines={lines}
+          version={version}
+          attempts={attempts}
+          label={`Logs of ${job.name}`}
+          placeholder={waiting ? "Waiting for the job to start…" : "No output."}
+          downloadUrl={rawLogUrl(slug, job.id, { download: 1 })}
+        />
+      )}
     </div>
+  );
+}
+
+/** A job reused from the cache: its source job's log, under the header `trainyard logs` prints. */
+function SourceLog({ job, source }: { job: Job; source: RunRef }) {
+  const { slug } = useWorkspace();
+  const log = useResource(`source-log:${source.job}`, () => fetchLogLines(slug, source.job));
+  const header: AttemptMark = { attempt: 0, lineIndex: 0, label: `--- ${job.name}: reused from ${source.run} (cached) ---` };
+  return (
+    <>
+      <ErrorBanner error={log.error} />
+      <LogViewer
+        lines={log.data ?? []}
+        attempts={[header]}
+        label={`Logs of ${job.name} (from ${source.run})`}
+        placeholder={log.loading ? "Loading the log of the run it was reused from…" : "No output."}
+      />
+    </>
   );
 }
 
@@ -319,8 +324,10 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
         {job.cached_from ? (
           <Fact label="Cache">
             reused from{" "}
-            <Link to={`/w/${slug}/runs/${job.cached_from.run}`}>{job.cached_from.run}</Link>
+            <Link to={`/w/${slug}/runs/${job.cached_from.run}`}>{job.cached_from.run}</Link> (cached)
           </Fact>
+        ) : job.cache_decision ? (
+          <Fact label="Cache">{job.cache_decision.text}</Fact>
         ) : null}
         {job.inputs && job.inputs.length ? (
           <Fact label="Inputs">
@@ -371,25 +378,20 @@ function defaultJob(jobs: Job[]): Job | undefined {
 }
 
 /** Every line of a job, paged through the REST API (the viewer may hold only part). */
-export async function fetchWholeLog(workspace: string, job: string): Promise<string> {
-  const chunks: string[] = [];
+async function fetchLogLines(workspace: string, job: string): Promise<ViewerLine[]> {
+  const lines: ViewerLine[] = [];
   let after = 0;
   for (;;) {
     const page = await get<LogPage>(wsPath(workspace, `jobs/${job}/logs/`), { after_seq: after, limit: 10000 });
-    for (const line of page.lines) chunks.push(line.text);
+    for (const line of page.lines) lines.push({ seq: line.seq, ts: Number(line.ts), stream: line.stream, text: line.text });
     if (!page.has_more || !page.lines.length) break;
     after = page.lines[page.lines.length - 1].seq;
   }
-  return chunks.length ? `${chunks.join("\n")}\n` : "";
+  return lines;
 }
 
-function saveFile(name: string, text: string): void {
-  const url = URL.createObjectURL(new Blob([text], { type: "text/plain" }));
-  const link = document.createElement("a");
-  link.href = url;
-  link.download = name;
-  document.body.appendChild(link);
-  link.click();
-  link.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+/** A job's log as plain text (GET …/logs/raw; docs/LOGS.md). */
+export function rawLogUrl(workspace: string, job: string, params: Record<string, number> = {}): string {
+  const query = new URLSearchParams(Object.entries(params).map(([k, v]) => [k, String(v)])).toString();
+  return wsPath(workspace, `jobs/${job}/logs/raw`) + (query ? `?${query}` : "");
 }

@@ -19,12 +19,16 @@ export function RunsPage() {
   const workflow = params.get("workflow") ?? "";
   const q = params.get("q") ?? "";
   const tag = params.get("tag") ?? "";
-  const page = Number(params.get("page") ?? "1") || 1;
+  // Pages are keyset pages: the URL holds the opaque cursor of this page
+  // ("" for the newest), and `trail` the cursors of the pages before it, for
+  // Previous (after a reload it is empty: Previous goes to the newest page).
+  const cursor = params.get("cursor") ?? "";
+  const [trail, setTrail] = useState<string[]>([]);
   const filtered = Boolean(status || workflow || q || tag);
 
-  const key = `${slug}|${status}|${workflow}|${q}|${tag}|${page}`;
+  const key = `${slug}|${status}|${workflow}|${q}|${tag}|${cursor}`;
   const runs = useResource<Page<Run>>(key, () =>
-    get<Page<Run>>(wsPath(slug, "runs/"), { status, workflow, q, tag, page, page_size: PAGE_SIZE }),
+    get<Page<Run>>(wsPath(slug, "runs/"), { status, workflow, q, tag, cursor, page_size: PAGE_SIZE }),
   );
 
   // Live: a changed run replaces its row; a new run matching the filters on
@@ -40,7 +44,7 @@ export function RunsPage() {
         results[index] = run;
         return { ...previous, results };
       }
-      if (page !== 1 || q || !matches(run, status, workflow, tag)) return previous;
+      if (cursor || q || !matches(run, status, workflow, tag)) return previous;
       return {
         ...previous,
         count: previous.count + 1,
@@ -55,8 +59,19 @@ export function RunsPage() {
       if (value) next.set(name, value);
       else next.delete(name);
     }
-    if (!("page" in changes)) next.delete("page");
+    if (!("cursor" in changes)) {
+      next.delete("cursor");
+      setTrail([]);
+    }
     setParams(next);
+  };
+  const older = (link: string) => {
+    setTrail([...trail, cursor]);
+    update({ cursor: cursorOf(link) });
+  };
+  const newer = () => {
+    setTrail(trail.slice(0, -1));
+    update({ cursor: trail[trail.length - 1] ?? "" });
   };
 
   const data = runs.data;
@@ -77,7 +92,14 @@ export function RunsPage() {
       {data && data.count > 0 ? (
         <>
           <RunsTable runs={data.results} workspace={slug} />
-          <Pagination page={page} count={data.count} onPage={(p) => update({ page: p === 1 ? "" : String(p) })} />
+          <Pagination
+            page={cursor && trail.length === 0 ? null : trail.length + 1}
+            shown={data.results.length}
+            count={data.count}
+            estimated={Boolean(data.count_estimated)}
+            onNewer={cursor ? newer : null}
+            onOlder={data.next ? () => older(data.next ?? "") : null}
+          />
         </>
       ) : null}
     </>
@@ -203,22 +225,38 @@ function Filters({
   );
 }
 
-function Pagination({ page, count, onPage }: { page: number; count: number; onPage: (page: number) => void }) {
-  const pages = Math.max(1, Math.ceil(count / PAGE_SIZE));
-  const first = (page - 1) * PAGE_SIZE + 1;
-  const last = Math.min(count, page * PAGE_SIZE);
+/** The cursor of a `next` link ("" when it has none). */
+export function cursorOf(link: string): string {
+  return new URL(link, window.location.origin).searchParams.get("cursor") ?? "";
+}
+
+function Pagination({
+  page,
+  shown,
+  count,
+  estimated,
+  onNewer,
+  onOlder,
+}: {
+  page: number | null; // null: reached by a cursor in the URL, its number unknown
+  shown: number;
+  count: number;
+  estimated: boolean;
+  onNewer: (() => void) | null;
+  onOlder: (() => void) | null;
+}) {
+  const total = `${estimated ? "about " : ""}${count.toLocaleString("en-US")}`;
+  const first = page === null ? null : (page - 1) * PAGE_SIZE + 1;
   return (
     <nav className="pagination" aria-label="Pages of runs">
       <span className="muted">
-        {first}–{last} of {count}
+        {first === null ? `${shown} runs` : `${first}–${first + shown - 1}`} of {total}
       </span>
-      <button type="button" className="btn btn-small" disabled={page <= 1} onClick={() => onPage(page - 1)}>
+      <button type="button" className="btn btn-small" disabled={!onNewer} onClick={() => onNewer?.()}>
         Previous
       </button>
-      <span>
-        Page {page} of {pages}
-      </span>
-      <button type="button" className="btn btn-small" disabled={page >= pages} onClick={() => onPage(page + 1)}>
+      {page === null ? null : <span>Page {page}</span>}
+      <button type="button" className="btn btn-small" disabled={!onOlder} onClick={() => onOlder?.()}>
         Next
       </button>
     </nav>

@@ -8,13 +8,14 @@ import { useApiList } from "../lib/hooks";
 export function TokensPage() {
   const tokens = useApiList<ApiToken>("tokens", () => get<ApiToken[]>("/api/v1/tokens/"));
   const [name, setName] = useState("");
+  const [expiresIn, setExpiresIn] = useState("");
   const [created, setCreated] = useState<{ name: string; token: string } | null>(null);
 
   const create = async (event: FormEvent) => {
     event.preventDefault();
     tokens.setActionError(null);
     await tokens.act(async () => {
-      const token = await post<CreatedToken>("/api/v1/tokens/", { name: name.trim() });
+      const token = await post<CreatedToken>("/api/v1/tokens/", { name: name.trim(), expires_in: expiresIn });
       setCreated({ name: token.name, token: token.token });
       setName("");
     });
@@ -32,6 +33,15 @@ export function TokensPage() {
         <label>
           Token name
           <input value={name} onChange={(e) => setName(e.target.value)} placeholder="laptop" required autoComplete="off" />
+        </label>
+        <label>
+          Expires
+          <select value={expiresIn} onChange={(e) => setExpiresIn(e.target.value)}>
+            <option value="">never</option>
+            <option value="7d">in 7 days</option>
+            <option value="30d">in 30 days</option>
+            <option value="90d">in 90 days</option>
+          </select>
         </label>
         <button type="submit" className="btn btn-primary">
           Create token
@@ -54,7 +64,7 @@ export function TokensPage() {
         rows={tokens.data}
         error={tokens.error}
         empty={<EmptyState title="No tokens yet" />}
-        columns={["Name", "Token", "Created", "Last used", ACTIONS_COLUMN]}
+        columns={["Name", "Token", "Created", "Last used", "Expires", ACTIONS_COLUMN]}
         renderRow={(token) => (
           <tr key={token.id}>
             <td>{token.name}</td>
@@ -63,6 +73,7 @@ export function TokensPage() {
               <Time iso={token.created_at} />
             </td>
             <td>{token.last_used_at ? <Time iso={token.last_used_at} /> : <span className="muted">never</span>}</td>
+            <td>{token.expires_at ? <Time iso={token.expires_at} /> : <span className="muted">never</span>}</td>
             <td className="actions">
               <ConfirmButton label="Revoke" confirmLabel={`Revoke ${token.name}`} onConfirm={() => revoke(token.id)} />
             </td>

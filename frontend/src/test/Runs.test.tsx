@@ -1,4 +1,4 @@
-import { act, render, screen, within } from "@testing-library/react";
+import { act, fireEvent, render, screen, within } from "@testing-library/react";
 import { MemoryRouter } from "react-router-dom";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { SocketFactoryContext, type SocketLike } from "../api/live";
@@ -108,5 +108,42 @@ describe("RunsPage", () => {
     expect(screen.getByText("export TRAINYARD_TOKEN=<make one on the API tokens page>")).toBeInTheDocument();
     expect(screen.getByText("trainyard run hello")).toBeInTheDocument();
     expect(screen.getByRole("link", { name: "API tokens" })).toHaveAttribute("href", "/w/acme/tokens");
+  });
+
+  it("pages by the cursor of the next link and says when the count is an estimate", async () => {
+    const newest = makeRun({ id: "id-a", name: "newest-run-9" });
+    const older = makeRun({ id: "id-b", name: "older-run-1" });
+    const fetchMock = vi.fn(async (url: string) => {
+      const cursor = new URL(url, window.location.origin).searchParams.get("cursor");
+      const body = cursor
+        ? { count: 1_000_000, count_estimated: true, next: null, previous: null, results: [older] }
+        : { count: 1_000_000, count_estimated: true, next: "http://x/api/v1/workspaces/acme/runs/?cursor=c2&page_size=25", previous: null, results: [newest] };
+      return new Response(JSON.stringify(body));
+    });
+    vi.stubGlobal("fetch", fetchMock);
+    const workspace = workspaceState({ slug: "acme", name: "Acme", role: "member" }, [], async () => {});
+    render(
+      <SocketFactoryContext.Provider value={(url) => new FakeSocket(url)}>
+        <WorkspaceContext.Provider value={workspace}>
+          <MemoryRouter initialEntries={["/w/acme/runs"]}>
+            <RunsPage />
+          </MemoryRouter>
+        </WorkspaceContext.Provider>
+      </SocketFactoryContext.Provider>,
+    );
+    await screen.findByRole("link", { name: "newest-run-9" });
+    expect(screen.getByText("1–1 of about 1,000,000")).toBeInTheDocument();
+    expect(screen.getByRole("button", { name: "Previous" })).toBeDisabled();
+
+    fireEvent.click(screen.getByRole("button", { name: "Next" }));
+    await screen.findByRole("link", { name: "older-run-1" });
+    expect(String(fetchMock.mock.calls[1][0])).toContain("cursor=c2");
+    expect(screen.getByText("Page 2")).toBeInTheDocument();
+    expect(screen.getByText("26–26 of about 1,000,000")).toBeInTheDocument();
+    expect(screen.getByRole("button", { name: "Next" })).toBeDisabled();
+
+    fireEvent.click(screen.getByRole("button", { name: "Previous" }));
+    await screen.findByRole("link", { name: "newest-run-9" });
+    expect(String(fetchMock.mock.calls[2][0])).not.toContain("cursor=");
   });
 });

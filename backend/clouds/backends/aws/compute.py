@@ -19,6 +19,7 @@ Config keys: ``options.py``. Errors: ``errors.compute_error``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -42,7 +43,7 @@ from backend.clouds.backends.aws.machines import (
 )
 from backend.clouds.backends.aws.machines import machine_tags as _machine_tags
 from backend.clouds.backends.aws.options import AwsOptions
-from backend.clouds.backends.aws.session import auth_of, client
+from backend.clouds.backends.aws.session import auth_of, client, warm
 from backend.clouds.backends.base import (
     AccountConfig,
     CloudState,
@@ -87,22 +88,36 @@ class AwsCompute(Compute):
             )
         self.rows = by_key(self.catalog)
         self.facts = AccountFacts.from_json(account.config.get("facts"))
-        self.launcher = Launcher(self.auth, self.options, account.installation)
+        self.launcher = Launcher(self.auth, self.options, account.installation, self.facts)
+
+    @classmethod
+    def warm(cls) -> None:
+        """botocore's models of EC2, S3, STS and Service Quotas, read into the
+        loader every session shares (``session.warm``)."""
+        warm()
 
     def provision_timeout_for(self, offer: Offer) -> float:
         """Launch → the runner's hello for ``offer``: 10 min, 25 for 8-GPU types."""
         return PROVISION_TIMEOUT_8_GPUS if len(offer.gpus) >= 8 else PROVISION_TIMEOUT
 
     def refresh_facts(self) -> dict[str, object]:
-        """Ask the account for its zones, offerings, spot prices and quotas
-        (several AWS calls per region), as ``AccountFacts.to_json()``; the
-        services store it as ``config["facts"]`` and ``offers`` of a backend
-        built on it use them."""
+        """Ask the account for its zones, offerings, spot prices and quotas,
+        and for the ids a launch needs (several AWS calls per region), as
+        ``AccountFacts.to_json()``; the services store it as
+        ``config["facts"]``, and ``offers`` and ``launch`` of a backend built
+        on it use them."""
         return self.fetch_facts().to_json()
 
     def fetch_facts(self) -> AccountFacts:
         """``refresh_facts`` as an ``AccountFacts``."""
-        return fetch_facts(self.auth, self.options.regions, self.catalog)
+        facts = fetch_facts(self.auth, self.options.regions, self.catalog)
+        regions: dict[str, RegionFacts] = {}
+        errors = list(facts.errors)
+        for name, region in facts.regions.items():
+            launch, failed = self.launcher.discover(name, region.zones)
+            regions[name] = dataclasses.replace(region, launch=launch)
+            errors.extend(failed)
+        return dataclasses.replace(facts, regions=regions, errors=tuple(errors))
 
     def offers(self, req: Requirements) -> Iterable[Offer]:
         """Catalog rows of the configured regions; per zone where the facts

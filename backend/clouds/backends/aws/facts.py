@@ -18,7 +18,17 @@ The format (``version`` 1)::
          "zones": {"use1-az1": "us-east-1b", …},         # zone ID → zone name
          "offerings": {"g5.xlarge": ["use1-az1", …], …}, # type → zone IDs
          "spot_prices": {"g5.xlarge": {"use1-az1": 0.41}},  # sane prices only
-         "quotas": {"L-DB2E81BA": 64.0}}}}               # vCPUs; absent = unknown
+         "quotas": {"L-DB2E81BA": 64.0},                 # vCPUs; absent = unknown
+         "launch": {"basis": "9c1d…",                    # the config the ids were found for
+                    "images": {"cpu": {"image_id": "ami-…", "root_device": "/dev/sda1", "min_gib": 8}},
+                    "networks": {"use1-az1": {"vpc_id": "vpc-…", "subnet_id": "subnet-…"}},  # zone ID →
+                    "security_groups": {"vpc-…": "sg-…"}}}}}
+
+``launch`` holds what ``launch.Launcher.discover`` found for RunInstances
+(the image, the subnet per zone, the installation's security group when it
+exists), so that a launch from a new process asks EC2 for none of them. It
+is used only while its ``basis`` matches the account's config, and an id
+EC2 no longer knows is dropped at launch and looked up again.
 
 A region missing from ``regions`` (it failed, or facts were never fetched)
 gets one offer per catalog row with zone "" (EC2 picks the zone at launch).
@@ -26,6 +36,7 @@ gets one offer per catalog row with zone "" (EC2 picks the zone at launch).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -51,11 +62,53 @@ FILTER_VALUES = 100  # instance types per filter value list
 
 
 @dataclass(frozen=True)
+class Image:
+    image_id: str
+    root_device: str
+    min_gib: int  # the root snapshot's size: the volume may not be smaller
+
+
+@dataclass(frozen=True)
+class Network:
+    vpc_id: str
+    subnet_id: str  # "" in a default VPC with no zone: EC2 picks
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """The ids RunInstances needs in one region, found for the config ``basis``."""
+
+    basis: str
+    images: Mapping[str, Image] = field(default_factory=dict)  # "cpu" / "gpu" → image
+    networks: Mapping[str, Network] = field(default_factory=dict)  # zone ID → network
+    security_groups: Mapping[str, str] = field(default_factory=dict)  # VPC id → group id
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "basis": self.basis,
+            "images": {k: dataclasses.asdict(image) for k, image in self.images.items()},
+            "networks": {zone: dataclasses.asdict(network) for zone, network in self.networks.items()},
+            "security_groups": dict(self.security_groups),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> LaunchFacts:
+        images = {
+            str(k): Image(str(v["image_id"]), str(v["root_device"]), int(v["min_gib"]))
+            for k, v in raw["images"].items()
+        }
+        networks = {str(k): Network(str(v["vpc_id"]), str(v["subnet_id"])) for k, v in raw["networks"].items()}
+        groups = {str(k): str(v) for k, v in raw["security_groups"].items()}
+        return cls(basis=str(raw["basis"]), images=images, networks=networks, security_groups=groups)
+
+
+@dataclass(frozen=True)
 class RegionFacts:
     zones: Mapping[str, str] = field(default_factory=dict)  # zone ID → zone name
     offerings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # type → zone IDs
     spot_prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # type → zone ID → $/h
     quotas: Mapping[str, float] = field(default_factory=dict)  # quota code → vCPUs
+    launch: LaunchFacts | None = None
 
     def zone_name(self, zone_id: str) -> str:
         return self.zones.get(zone_id, "")
@@ -78,6 +131,7 @@ class AccountFacts:
                     "offerings": {t: list(zones) for t, zones in region.offerings.items()},
                     "spot_prices": {t: dict(prices) for t, prices in region.spot_prices.items()},
                     "quotas": dict(region.quotas),
+                    **({"launch": region.launch.to_json()} if region.launch else {}),
                 }
                 for name, region in self.regions.items()
             },
@@ -217,6 +271,7 @@ def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
 
 def _region_from_json(raw: Mapping[str, Any]) -> RegionFacts:
     return RegionFacts(
+        launch=_launch_from_json(raw.get("launch")),
         zones={str(k): str(v) for k, v in dict(raw.get("zones", {})).items()},
         offerings={str(k): tuple(str(z) for z in v) for k, v in dict(raw.get("offerings", {})).items()},
         spot_prices={
@@ -224,3 +279,14 @@ def _region_from_json(raw: Mapping[str, Any]) -> RegionFacts:
         },
         quotas={str(k): float(v) for k, v in dict(raw.get("quotas", {})).items()},
     )
+
+
+def _launch_from_json(raw: object) -> LaunchFacts | None:
+    """None when absent or malformed: the launcher then looks the ids up itself."""
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return LaunchFacts.from_json(raw)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        logger.warning("ignoring malformed aws launch facts")
+        return None

@@ -1,28 +1,37 @@
 """One RunInstances, with everything it needs found first (``../shared/CLOUDS.md``, "Launching on EC2").
 
-``Launcher`` keeps per-process caches of the ids a launch needs (the AMI
-and its root device, the default VPC, subnets, the security group), each
-keyed by region. A cached id the cloud no longer knows is dropped and looked
-up again once (``AwsCompute.launch``).
+The ids a launch needs (the AMI and its root device, the VPC and the
+subnet of the offer's zone, the security group) are found by ``discover``
+when the account's facts are refreshed and stored with them
+(``facts.LaunchFacts``), so that a launch from a new process asks EC2 for
+none of them. ``Launcher`` takes them from the facts while they were found
+for the account's current config (``basis``), else looks them up, and keeps
+what it used per process, keyed by region. An id the cloud no longer knows
+is dropped, the region's facts are no longer trusted by this launcher, and
+the id is looked up again once (``AwsCompute.launch``); the group is created
+then if it is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from backend.clouds.backends.aws.errors import compute_error, error_code
-from backend.clouds.backends.aws.facts import AccountFacts
+from backend.clouds.backends.aws.facts import AccountFacts, Image, LaunchFacts, Network
 from backend.clouds.backends.aws.machines import INSTALLATION_TAG
 from backend.clouds.backends.aws.options import AwsOptions
 from backend.clouds.backends.aws.session import AwsAuth, client
 from backend.clouds.backends.base import Offer
-from backend.clouds.backends.errors import InvalidConfig, NoCapacity, Scope, Transient
+from backend.clouds.backends.errors import ComputeError, InvalidConfig, NoCapacity, Scope, Transient
 
 T = TypeVar("T")
 
@@ -46,25 +55,27 @@ DLAMI_NAMES = (
 
 
 @dataclass(frozen=True)
-class Image:
-    image_id: str
-    root_device: str
-    min_gib: int  # the root snapshot's size: the volume may not be smaller
+class _Subnets:
+    """Where a launch in one region may go: the VPC, whether it is the
+    region's default one, the config key that chose it, its subnets."""
 
-
-@dataclass(frozen=True)
-class Network:
     vpc_id: str
-    subnet_id: str  # "" in a default VPC with no zone: EC2 picks
+    default_vpc: bool
+    key: str
+    subnets: list[dict[str, Any]]
 
 
 class Launcher:
-    def __init__(self, auth: AwsAuth, options: AwsOptions, installation: str) -> None:
+    def __init__(
+        self, auth: AwsAuth, options: AwsOptions, installation: str, facts: AccountFacts | None = None
+    ) -> None:
         self.auth = auth
         self.options = options
         self.installation = installation
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, ...], Any] = {}
+        self._facts = facts
+        self._distrusted: set[str] = set()  # regions whose stored ids proved stale
 
     def params(
         self,
@@ -130,21 +141,68 @@ class Launcher:
         raise AssertionError("unreachable")
 
     def forget(self, region: str) -> None:
-        """Drop every cached id of ``region`` (one was stale)."""
+        """Drop every cached id of ``region`` (one was stale), and stop
+        trusting the region's stored facts: the ids are looked up again."""
         with self._lock:
+            self._distrusted.add(region)
             for key in [key for key in self._cache if key[1] == region]:
                 del self._cache[key]
 
-    # The ids a launch needs, each looked up once per process and region.
+    def discover(self, region: str, zone_ids: Iterable[str]) -> tuple[LaunchFacts, list[str]]:
+        """The ids a launch in ``region`` needs, looked up now (no cache),
+        for the account's facts: both images, the network of each of
+        ``zone_ids``, the installation's security group of
+        each VPC when it exists (never created here). Best effort: what
+        cannot be found is left out (a launch looks it up itself) and named
+        in the returned errors."""
+        errors: list[str] = []
+        images = {}
+        for gpu in (False, True):
+            image = _noting(errors, f"{region} {_image_kind(gpu)} image", partial(self._image, region, gpu=gpu))
+            if image is not None:
+                images[_image_kind(gpu)] = image
+        networks = _noting(errors, f"{region} subnets", partial(self._networks, region, zone_ids)) or {}
+        groups = {}
+        ec2 = client(self.auth, "ec2", region)
+        for vpc_id in sorted({n.vpc_id for n in networks.values()}):
+            group = _noting(errors, f"{region} security group", partial(self._find_group, ec2, region, vpc_id))
+            if group:
+                groups[vpc_id] = group
+        return LaunchFacts(basis=self.basis(region), images=images, networks=networks, security_groups=groups), errors
+
+    def basis(self, region: str) -> str:
+        """What the ids of ``region`` depend on (the installation and the
+        config keys that choose them), hashed: stored ids found for another
+        basis are not used."""
+        options = self.options
+        chosen = [
+            self.installation,
+            options.amis.get(region, ""),
+            options.gpu_amis.get(region, ""),
+            list(options.subnets.get(region, ())),
+            options.vpc_ids.get(region, ""),
+        ]
+        return hashlib.sha256(json.dumps(chosen).encode()).hexdigest()[:16]
+
+    # The ids a launch needs: from the facts, else looked up; each kept per process and region.
 
     def image(self, region: str, *, gpu: bool) -> Image:
-        return self._cached(("image", region, str(gpu)), lambda: self._image(region, gpu=gpu))
+        kind = _image_kind(gpu)
+        return self._cached(
+            ("image", region, kind), lambda: self._stored(region).images.get(kind) or self._image(region, gpu=gpu)
+        )
 
     def network(self, region: str, zone_id: str) -> Network:
-        return self._cached(("network", region, zone_id), lambda: self._network(region, zone_id))
+        return self._cached(
+            ("network", region, zone_id),
+            lambda: self._stored(region).networks.get(zone_id) or self._network(region, zone_id),
+        )
 
     def security_group(self, region: str, vpc_id: str) -> str:
-        return self._cached(("sg", region, vpc_id), lambda: self._security_group(region, vpc_id))
+        return self._cached(
+            ("sg", region, vpc_id),
+            lambda: self._stored(region).security_groups.get(vpc_id) or self._security_group(region, vpc_id),
+        )
 
     def zone_name(self, region: str, zone_id: str, facts: AccountFacts | None) -> str:
         known = facts.regions.get(region) if facts else None
@@ -154,6 +212,16 @@ class Launcher:
         if zone_id not in zones:
             raise NoCapacity(f"zone {zone_id} is not available to the account in {region}", scope=Scope.ZONE)
         return str(zones[zone_id])
+
+    def _stored(self, region: str) -> LaunchFacts:
+        """The facts' ids of ``region`` while they can be trusted; else none."""
+        known = self._facts.regions.get(region) if self._facts else None
+        launch = known.launch if known else None
+        with self._lock:
+            distrusted = region in self._distrusted
+        if launch is None or distrusted or launch.basis != self.basis(region):
+            return LaunchFacts(basis="")
+        return launch
 
     def _cached(self, key: tuple[str, ...], find: Callable[[], T]) -> T:
         with self._lock:
@@ -203,22 +271,46 @@ class Launcher:
         return Image(image_id=str(newest["ImageId"]), root_device=root, min_gib=max(sizes, default=8))
 
     def _network(self, region: str, zone_id: str) -> Network:
+        found = self._subnets(region, zone_id)
+        if found.default_vpc and not zone_id:
+            return Network(vpc_id=found.vpc_id, subnet_id="")  # EC2 picks a default subnet
+        return self._pick(region, zone_id, found.subnets, default_vpc=found.default_vpc, key=found.key)
+
+    def _networks(self, region: str, zone_ids: Iterable[str]) -> dict[str, Network]:
+        """``_network`` of each of ``zone_ids`` with one DescribeSubnets; a
+        zone without a subnet is left out. (No zone needs none: with facts
+        for the region, every offer has a zone.)"""
+        found = self._subnets(region, None)
+        networks: dict[str, Network] = {}
+        for zone_id in zone_ids:
+            try:
+                networks[zone_id] = self._pick(
+                    region, zone_id, found.subnets, default_vpc=found.default_vpc, key=found.key
+                )
+            except NoCapacity:
+                continue
+        return networks
+
+    def _subnets(self, region: str, zone_id: str | None) -> _Subnets:
+        """The configured subnets, else those of the configured VPC or the
+        default one: of ``zone_id`` when given, of every zone when None;
+        none are asked for in the default VPC without a zone ("")."""
         ec2 = client(self.auth, "ec2", region)
         configured = self.options.subnets.get(region, ())
         if configured:
             subnets = self._ec2("DescribeSubnets", region, lambda: ec2.describe_subnets(SubnetIds=list(configured)))
-            return self._pick(region, zone_id, subnets["Subnets"], default_vpc=False, key="subnets")
+            return _Subnets(vpc_id="", default_vpc=False, key="subnets", subnets=subnets["Subnets"])
         vpc_id = self.options.vpc_ids.get(region, "")
         default = not vpc_id
         if default:
             vpc_id = self._default_vpc(region)
-            if not zone_id:
-                return Network(vpc_id=vpc_id, subnet_id="")  # EC2 picks a default subnet
+            if zone_id == "":
+                return _Subnets(vpc_id=vpc_id, default_vpc=True, key="vpc_ids", subnets=[])
         filters = [{"Name": "vpc-id", "Values": [vpc_id]}]
         if zone_id:
             filters.append({"Name": "availability-zone-id", "Values": [zone_id]})
         subnets = self._ec2("DescribeSubnets", region, lambda: ec2.describe_subnets(Filters=filters))
-        return self._pick(region, zone_id, subnets["Subnets"], default_vpc=default, key="vpc_ids")
+        return _Subnets(vpc_id=vpc_id, default_vpc=default, key="vpc_ids", subnets=subnets["Subnets"])
 
     def _pick(
         self, region: str, zone_id: str, subnets: list[dict[str, Any]], *, default_vpc: bool, key: str
@@ -307,3 +399,16 @@ class Launcher:
             return call()
         except (ClientError, BotoCoreError) as exc:
             raise compute_error(exc, action=action, region=region) from exc
+
+
+def _image_kind(gpu: bool) -> str:
+    return "gpu" if gpu else "cpu"
+
+
+def _noting(errors: list[str], what: str, find: Callable[[], T]) -> T | None:
+    """``find()``, or None with the error noted (discovery is best effort)."""
+    try:
+        return find()
+    except ComputeError as error:
+        errors.append(f"{what}: {error}")
+        return None

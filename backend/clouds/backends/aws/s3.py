@@ -11,7 +11,9 @@ Uploads carry S3's own SHA-256 checksum: a single PUT is presigned with the
 file's ``x-amz-checksum-sha256`` (a signed header: the client must send it,
 and S3 refuses a body that does not match it), a multipart upload is created
 with ``ChecksumAlgorithm=SHA256`` and each part presigned with its own
-checksum. ``head`` reads the checksum S3 stored (``ChecksumMode=ENABLED``).
+checksum. Every PUT and part is presigned with its ``ContentLength`` too
+(``content-length`` is then a signed header: S3 refuses a body of another
+size, so a URL cannot store more than was declared). ``head`` reads the checksum S3 stored (``ChecksumMode=ENABLED``).
 """
 
 from __future__ import annotations
@@ -90,15 +92,15 @@ class S3Bucket:
         }
         return self._presign("get_object", key, seconds, params, {})
 
-    def presign_put(self, key: str, *, seconds: int, sha256: str) -> Signed:
+    def presign_put(self, key: str, *, seconds: int, sha256: str, size: int) -> Signed:
         checksum = b64_of_hex(sha256)
-        params = {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": checksum}
+        params = {"ChecksumAlgorithm": "SHA256", "ChecksumSHA256": checksum, "ContentLength": size}
         headers = {"x-amz-checksum-sha256": checksum, "x-amz-sdk-checksum-algorithm": "SHA256"}
         return self._presign("put_object", key, seconds, params, headers)
 
-    def presign_part(self, key: str, *, upload_id: str, number: int, sha256: str, seconds: int) -> Signed:
+    def presign_part(self, key: str, *, upload_id: str, number: int, sha256: str, size: int, seconds: int) -> Signed:
         checksum = b64_of_hex(sha256)
-        params = {"UploadId": upload_id, "PartNumber": number, "ChecksumSHA256": checksum}
+        params = {"UploadId": upload_id, "PartNumber": number, "ChecksumSHA256": checksum, "ContentLength": size}
         return self._presign("upload_part", key, seconds, params, {"x-amz-checksum-sha256": checksum})
 
     def create_multipart(self, key: str) -> str:

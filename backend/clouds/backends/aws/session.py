@@ -14,11 +14,20 @@ how the tests point everything at moto's server. Timeouts: connect 5 s, read
 30 s. The launch client does not retry at all (botocore would retry a
 capacity error inside one call); the caller retries throttling with the
 same ClientToken. Other clients use botocore's standard retries.
+
+Every session of the process reads botocore's data (service models,
+endpoint rules, paginators) through one shared loader, and the worker
+loads the services Trainyard calls into it before it forks its pool
+(``warm``, from ``backend/config/celery.py``): without it, a new session's
+first EC2 client parses EC2's model again (0.4 s of JSON).
+Clients are kept per session, service, region and kind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +35,9 @@ from typing import Any
 import boto3
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
+from botocore.exceptions import DataNotFoundError
+from botocore.loaders import Loader, create_loader
+from botocore.session import Session as BotocoreSession
 from botocore.session import get_session
 
 from backend.clouds.backends.base import AccountConfig
@@ -34,10 +46,19 @@ from backend.clouds.backends.errors import InvalidConfig
 ROLE_SESSION_SECONDS = 3600
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 30
+# What ``warm`` loads: every service this package calls.
+WARM_SERVICES = ("ec2", "s3", "sts", "service-quotas")
+WARM_REGION = "us-east-1"
 
 _lock = threading.Lock()
 _base: boto3.session.Session | None = None
 _sessions: dict[tuple[str, ...], boto3.session.Session] = {}
+# Per session (they go with it) and service, region, launch.
+_clients: weakref.WeakKeyDictionary[boto3.session.Session, dict[tuple[str, str, bool], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_loader: Loader | None = None
+_loader_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,7 @@ def base_session() -> boto3.session.Session:
     global _base
     with _lock:
         if _base is None:
-            _base = boto3.session.Session()
+            _base = boto3.session.Session(botocore_session=_botocore_session())
         return _base
 
 
@@ -105,23 +126,50 @@ def session_for(auth: AwsAuth) -> boto3.session.Session:
         session = _role_session(auth)
     else:
         session = boto3.session.Session(
-            aws_access_key_id=auth.access_key_id, aws_secret_access_key=auth.secret_access_key
+            aws_access_key_id=auth.access_key_id,
+            aws_secret_access_key=auth.secret_access_key,
+            botocore_session=_botocore_session(),
         )
     with _lock:
         return _sessions.setdefault(auth.cache_key, session)
 
 
 def client(auth: AwsAuth, service: str, region: str, *, launch: bool = False) -> Any:
-    """A boto3 client of ``service`` in ``region``. ``launch=True``: no
-    retries inside botocore (RunInstances; see the module docstring)."""
+    """A boto3 client of ``service`` in ``region``, built once per session
+    (clients are thread-safe). ``launch=True``: no retries inside botocore
+    (RunInstances; see the module docstring)."""
+    session = session_for(auth)
+    key = (service, region, launch)
+    with _lock:
+        found = _clients.setdefault(session, {}).get(key)
+    if found is not None:
+        return found
     # total_max_attempts counts the first request; botocore's max_attempts counts only retries.
     retries: dict[str, Any] = {"mode": "standard", "total_max_attempts": 1 if launch else 3}
     config = Config(connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT, retries=retries)
-    return session_for(auth).client(service, region_name=region, config=config)
+    made = session.client(service, region_name=region, config=config)
+    with _lock:
+        return _clients[session].setdefault(key, made)
+
+
+def warm(services: tuple[str, ...] = WARM_SERVICES) -> None:
+    """Read botocore's data for ``services`` into the shared loader: their
+    models, endpoint rules and paginators, and botocore's own endpoints and
+    defaults. No network call (the throwaway session has static keys).
+    Called once in the Celery worker's parent process, so that every pool
+    process forked from it starts with them."""
+    session = boto3.session.Session(
+        aws_access_key_id="warm", aws_secret_access_key="warm", botocore_session=_botocore_session()
+    )
+    for service in services:
+        session.client(service, region_name=WARM_REGION)
+        with contextlib.suppress(DataNotFoundError):
+            _shared_loader().load_service_model(service, "paginators-1")
 
 
 def forget_sessions() -> None:
-    """Drop cached sessions (tests; an account whose credentials changed)."""
+    """Drop cached sessions, and with them their clients (tests; an account
+    whose credentials changed). The shared loader stays: it holds only botocore's data."""
     global _base
     with _lock:
         _sessions.clear()
@@ -154,6 +202,37 @@ def _role_session(auth: AwsAuth) -> boto3.session.Session:
     credentials = RefreshableCredentials.create_from_metadata(
         metadata=refresh(), refresh_using=refresh, method="sts-assume-role"
     )
-    botocore_session = get_session()
+    botocore_session = _botocore_session()
     botocore_session._credentials = credentials  # the documented way to hand a session refreshable credentials
     return boto3.session.Session(botocore_session=botocore_session)
+
+
+def _botocore_session() -> BotocoreSession:
+    session = get_session()
+    session.register_component("data_loader", _shared_loader())
+    return session
+
+
+def _shared_loader() -> Loader:
+    """One botocore loader for every session of the process: it caches what
+    it reads. Its search paths are botocore's (``AWS_DATA_PATH``, then its
+    defaults); boto3 appends its own data path to a session's loader each
+    time a ``boto3.session.Session`` is made, which ``_PathsOnce`` keeps
+    from growing the shared list."""
+    global _loader
+    with _loader_lock:  # not _lock: base_session holds it while it makes its session
+        if _loader is None:
+            paths = create_loader(get_session().get_config_variable("data_path")).search_paths
+            _loader = Loader(extra_search_paths=_PathsOnce(paths), include_default_search_paths=False)
+        return _loader
+
+
+class _PathsOnce(list[str]):
+    """A search path list that ignores a path it already has."""
+
+    _guard = threading.Lock()
+
+    def append(self, path: str) -> None:
+        with self._guard:
+            if path not in self:
+                super().append(path)

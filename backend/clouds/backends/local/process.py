@@ -24,7 +24,9 @@ the ``local`` backend (a dead runner is a gone machine, and ``make run``'s
 Ctrl-C must leave nothing), on for the ``fake`` backend, whose machines
 survive their runner like a cloud VM. Either way, stopping or killing a
 runner's machine also SIGKILLs the process group of every shim whose command
-line names a job directory under the runner's work directory (``kill_shims``).
+line names a job directory under the runner's work directory, and every
+process that carries the ``TRAINYARD_JOB_MARK`` of one of its jobs
+(``kill_shims``; docs/RUNNER.md, "Containment").
 """
 
 from __future__ import annotations
@@ -302,7 +304,33 @@ def kill_shims(work_dir: Path) -> list[int]:
             if os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
                 killed.append(pid)
+    _kill_marked(work_dir)
     return killed
+
+
+def _kill_marked(work_dir: Path) -> None:
+    """SIGKILL what left a job's process group (``setsid``, a double fork):
+    every process whose environment carries the ``TRAINYARD_JOB_MARK`` its
+    shim recorded in ``shim.json`` (docs/RUNNER.md, "Containment"). The
+    shim that would have killed them was just SIGKILLed with its group."""
+    needles = []
+    for record in (work_dir / "jobs").glob("*/shim.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            mark = json.loads(record.read_text()).get("mark")
+            if isinstance(mark, str) and mark:
+                needles.append(f"TRAINYARD_JOB_MARK={mark}\0".encode())
+    if not needles:
+        return
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(needle in environ for needle in needles):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def ws_url(server_url: str) -> str:

@@ -1,0 +1,162 @@
+"""ASGI: refuse an oversized request body before it is read.
+
+Django's ASGI handler reads a request's whole body (into a temporary file
+past 2.5 MB) before any view runs, so a view's own checks come after the
+bytes are on our disk. This middleware, in front of Django, decides first:
+
+1. A PUT to a signed storage link (``/storage/<token>``): the token is
+   checked here (403 for a bad or expired one) and the body may not be
+   larger than the size the link was signed for (413 on a larger
+   Content-Length; a chunked body is cut off at that size).
+2. Any other request with a body larger than TRAINYARD_UNAUTHENTICATED_BODY_BYTES
+   (or of unknown length) must carry a valid credential: an API token, a
+   runner token or a signed-in session. Without one it is refused with 413
+   before the body is read (a chunked body is cut off at the limit). With
+   one, Django's and the view's own limits apply (TRAINYARD_MAX_BLOB_BYTES,
+   DATA_UPLOAD_MAX_MEMORY_SIZE).
+
+Errors use the API's one format: ``{"message": ..., "extra": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.sessions.backends.base import SessionBase
+from django.core import signing
+from django.utils.module_loading import import_string
+
+from backend.accounts.auth import token_from_header
+from backend.accounts.selectors import user_for_token
+from backend.artifacts.storage import verify_token
+from backend.artifacts.views import put_size_refusal
+from backend.clouds.services.instances import instance_for_token
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
+STORAGE_PREFIX = "/storage/"
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        length = headers.get("content-length", "")
+        if not length.isdigit() and "transfer-encoding" not in headers:  # no body
+            await self.app(scope, receive, send)
+            return
+        declared = int(length) if length.isdigit() else None
+        if scope["path"].startswith(STORAGE_PREFIX) and scope["method"] == "PUT":
+            refusal, cap = _storage_put(scope["path"][len(STORAGE_PREFIX) :], length)
+        else:
+            refusal, cap = await _other(headers, declared)
+        if refusal is not None:
+            await _answer(send, *refusal)
+            return
+        await self.app(scope, receive if cap is None else _capped(receive, send, cap), send)
+
+
+Refusal = tuple[int, str, dict[str, object]]
+
+
+def _storage_put(token: str, length: str) -> tuple[Refusal | None, int | None]:
+    try:
+        signed = verify_token(token)
+    except signing.SignatureExpired:
+        return (403, "This link has expired: ask for a new one.", {}), None
+    except signing.BadSignature:
+        return (403, "This link is not valid.", {}), None
+    if signed.method != "PUT":
+        return (405, f"This link allows {signed.method} only.", {}), None
+    if not signed.sha256:  # blobs: written by the server itself, never through a link
+        return (403, "This link is not valid for an upload.", {}), None
+    too_large = put_size_refusal(signed, length)
+    if too_large:
+        return (413, too_large, {"limit_bytes": signed.size}), None
+    return None, signed.size
+
+
+async def _other(headers: dict[str, str], declared: int | None) -> tuple[Refusal | None, int | None]:
+    limit = settings.TRAINYARD["UNAUTHENTICATED_BODY_BYTES"]
+    if declared is not None and declared <= limit:
+        return None, None
+    if await sync_to_async(_has_valid_credential)(headers):
+        return None, None
+    if declared is not None:
+        return _unauthenticated(limit), None
+    return None, limit
+
+
+def _unauthenticated(limit: int) -> Refusal:
+    return (
+        413,
+        f"A request without a valid API token, runner token or session may send at most {limit:,} bytes: "
+        "sign in or pass your token (Authorization: Bearer …).",
+        {"limit_bytes": limit},
+    )
+
+
+def _has_valid_credential(headers: dict[str, str]) -> bool:
+    token = token_from_header(headers.get("authorization", ""))
+    if token is not None:
+        return user_for_token(token=token) is not None or instance_for_token(token=token) is not None
+    session_key = _cookies(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME, "")
+    if not session_key:
+        return False
+    store: SessionBase = import_string(settings.SESSION_ENGINE + ".SessionStore")(session_key)
+    return bool(store.load().get("_auth_user_id"))
+
+
+def _capped(receive: Receive, send: Send, cap: int) -> Receive:
+    """``receive`` that answers 413 itself and tells Django the client went
+    away (it then sends nothing) once the body passes ``cap`` bytes."""
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > cap:
+                await _answer(send, 413, f"The request body is larger than the {cap:,} bytes allowed here.", {})
+                return {"type": "http.disconnect"}
+        return message
+
+    return wrapped
+
+
+async def _answer(send: Send, status: int, message: str, extra: dict[str, object]) -> None:
+    body = json.dumps({"message": message, "extra": extra}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),  # the body we did not read is not read on this connection either
+        (b"x-content-type-options", b"nosniff"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _cookies(header: str) -> dict[str, str]:
+    out = {}
+    for part in header.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name:
+            out[name] = value
+    return out

@@ -1,0 +1,2 @@
+"""What an operator runs against: health and readiness probes, Prometheus
+metrics, the count of open websockets (docs/DEPLOY.md)."""

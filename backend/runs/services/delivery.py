@@ -1,0 +1,63 @@
+"""What a job's runner fetches over REST instead of receiving it in the
+``AssignJob`` frame: the job's secrets and its inputs' file lists.
+
+The frame goes through the channel layer (Redis, appendonly on disk) and
+must stay under the runner's frame limit, so it carries neither plaintext
+secrets nor manifests. The views call these only for the runner that holds
+the job's current attempt (``RunnerAPIView.runner_job``).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from trainyard_runner import protocol
+
+from backend.core.errors import ApplicationError, NotFound
+from backend.runs.models import Job
+from backend.runs.services.dag import job_inputs
+from backend.runs.services.scheduling import input_url
+from backend.vault.services import repo_credential_for, secret_env, secret_unreadable_advice
+
+
+def job_secrets(*, job: Job) -> protocol.JobSecrets:
+    """The workspace's secrets and the repository's clone credential.
+
+    A secret no key opens fails the job rather than running it without a
+    value it may need (docs/decisions/0035-unreadable-secrets.md): 409,
+    whose message the runner reports as the job's reason."""
+    found = secret_env(workspace_id=job.workspace_id)
+    if found.unreadable:
+        first, *more = found.unreadable
+        also = f" (also unreadable: {', '.join(more)})" if more else ""
+        raise ApplicationError(
+            f"{secret_unreadable_advice(first)}{also}", status_code=409, extra={"unreadable": found.unreadable}
+        )
+    run = job.run
+    credential = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
+    return protocol.JobSecrets(
+        env=found.env,
+        credential=(
+            protocol.GitCredential(kind=credential.kind, username=credential.username, secret=credential.secret)  # type: ignore[arg-type]
+            if credential is not None
+            else None
+        ),
+    )
+
+
+def job_input_page(*, job: Job, path: str, after: str = "", limit: int | None = None) -> protocol.InputPage:
+    """The files of the job's input at ``path`` (``InputArtifact.path``)
+    whose path sorts after ``after``, at most ``limit``
+    (``TRAINYARD_INPUT_PAGE_FILES``), each with a signed URL."""
+    size = limit or settings.TRAINYARD["INPUT_PAGE_FILES"]
+    artifact = next((i.artifact for i in job_inputs(job, files=False) if i.artifact.path == path), None)
+    if artifact is None:
+        raise NotFound(f"{path!r} is not an input of this job.", extra={"path": path})
+    if size < 1:
+        raise ApplicationError("A page holds at least one file.")
+    rows = list(artifact.files.filter(path__gt=after).order_by("path")[: size + 1])
+    page = rows[:size]
+    return protocol.InputPage(
+        path=path,
+        files=[protocol.InputFile(path=f.path, size=f.size, sha256=f.sha256, url=input_url(artifact, f)) for f in page],
+        next=page[-1].path if len(rows) > size else "",
+    )

@@ -1,0 +1,234 @@
+"""Who may call what: the expected status of every route, method and caller.
+
+``tests/core/test_access_matrix.py`` walks the URL configuration (and the
+websocket routing) and fails for a route or method missing here, so a new
+endpoint cannot ship without saying who may call it. Each entry is a
+``Call``: the expected status per caller (built with the profiles below),
+and what to send. URL parameters are filled from the test's world (a run,
+its job and artifact… of workspace ``acme``; ``PARAMS``), or from
+``Call.params`` (names of the world's objects, see ``World.value``).
+
+The callers: nobody (``anonymous``), a signed-in user of another workspace
+(``outsider``), acme's ``viewer``, ``member`` and ``admin``, the token of a
+runner registered to acme (``runner``, which runs acme's job) and of a
+runner of the outsider's workspace (``other_runner``). A denial (4xx) must
+leave every table as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CALLERS = ("anonymous", "outsider", "viewer", "member", "admin", "runner", "other_runner")
+USERS = ("outsider", "viewer", "member", "admin")
+RUNNERS = ("runner", "other_runner")
+
+Expect = dict[str, int]
+
+
+@dataclass(frozen=True)
+class Call:
+    expect: Expect
+    body: Any = None
+    query: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+    # Callers whose success must change nothing either (a no-op answered as a success).
+    unchanged: tuple[str, ...] = ()
+
+
+def everyone(status: int) -> Expect:
+    """Public: the same answer for every caller."""
+    return dict.fromkeys(CALLERS, status)
+
+
+def public_api(ok: int) -> Expect:
+    """Public, but a bearer token must be a user's: a runner's is refused (401), as any unknown token."""
+    return {**everyone(ok), **dict.fromkeys(RUNNERS, 401)}
+
+
+def signed_in(ok: int, *, outsider: int | None = None) -> Expect:
+    """Any signed-in user (their own things); no runner token is a user."""
+    return {
+        "anonymous": 401,
+        **dict.fromkeys(USERS, ok),
+        **({"outsider": outsider} if outsider is not None else {}),
+        **dict.fromkeys(RUNNERS, 401),
+    }
+
+
+def read(ok: int = 200) -> Expect:
+    """A workspace read: every member; another workspace's user is told it does not exist."""
+    return {**signed_in(ok), "outsider": 404}
+
+
+def write(ok: int) -> Expect:
+    """A workspace change: members and admins; viewers read only."""
+    return {**read(ok), "viewer": 403}
+
+
+def admin(ok: int) -> Expect:
+    """A workspace setting: admins only."""
+    return {**write(ok), "member": 403}
+
+
+def only(who: str, ok: int, *, others: int) -> Expect:
+    """One caller's own thing (a token): the others are told it does not exist."""
+    return {**signed_in(others), who: ok}
+
+
+def runner(ok: int) -> Expect:
+    """A runner's call about its current job: no user token works; another runner is told it does not exist."""
+    return {"anonymous": 401, **dict.fromkeys(USERS, 401), "runner": ok, "other_runner": 404}
+
+
+WS = "api/v1/workspaces/<slug:workspace>"
+RUNNER_JOB = "api/v1/runner/jobs/<uuid:job>"
+ATTEMPT = "attempt=1"
+FILE = {"path": "w.bin", "size": 3, "sha256": "a" * 64}
+
+ROUTES: dict[str, dict[str, Call]] = {
+    # ---------------------------------------------------------- public and sign-in
+    "admin/": {"GET": Call(everyone(302))},  # Django's admin: staff sessions only, the rest go to its login
+    "api/v1/health/": {"GET": Call(everyone(200))},
+    "api/v1/schema/": {"GET": Call(public_api(200))},
+    "api/v1/docs/": {"GET": Call(public_api(200))},
+    "api/v1/auth/config/": {"GET": Call(everyone(200))},
+    "api/v1/auth/login/": {"POST": Call(everyone(400), body={"username": "olivia", "password": "wrong"})},
+    "api/v1/auth/logout/": {"POST": Call(public_api(204))},
+    # The sign-in form posts; without a GitHub app configured it ends at /?auth_error=…
+    "auth/login/<str:backend>/": {"POST": Call(everyone(302), params={"backend": "github"})},
+    "auth/complete/<str:backend>/": {"GET": Call(everyone(302), params={"backend": "github"})},
+    "runner/wheels/": {"GET": Call(everyone(200))},
+    "runner/wheels/<str:name>": {"GET": Call(everyone(404), params={"name": "nothing.whl"})},
+    # The dashboard: every client-side route is the app's page.
+    "^(?!(?:api/|ws/|admin/|storage|auth/|static/|app\\-assets/)).*$": {"GET": Call(everyone(200))},
+    # Signed links: the token is the permission, whoever holds it.
+    "storage/<str:token>": {"GET": Call(everyone(200), params={"token": "storage_token"})},
+    "storage-archive/<str:token>": {"GET": Call(everyone(200), params={"token": "archive_token"})},
+    # ---------------------------------------------------------- the caller
+    "api/v1/me/": {"GET": Call(signed_in(200))},
+    "api/v1/tokens/": {"GET": Call(signed_in(200)), "POST": Call(signed_in(201), body={"name": "laptop"})},
+    "api/v1/tokens/<uuid:token_id>/": {
+        "DELETE": Call(only("member", 204, others=404), params={"token_id": "member_token_id"})
+    },
+    "api/v1/workspaces/": {"GET": Call(signed_in(200)), "POST": Call(signed_in(201), body={"name": "New Team"})},
+    # ---------------------------------------------------------- members
+    f"{WS}/members/": {
+        "GET": Call(read()),
+        "POST": Call(admin(202), body={"github_login": "newcomer", "role": "viewer"}),
+    },
+    f"{WS}/members/<str:username>/": {
+        "PATCH": Call(admin(200), body={"role": "viewer"}, params={"username": "member_username"}),
+        "DELETE": Call(admin(204), params={"username": "member_username"}),
+    },
+    # Pending invitations (who was invited, by whom): admins only.
+    f"{WS}/invitations/": {"GET": Call(admin(200))},
+    f"{WS}/invitations/<uuid:invitation>/": {"DELETE": Call(admin(204))},
+    # ---------------------------------------------------------- runs
+    f"{WS}/runs/": {"GET": Call(read()), "POST": Call(write(201), body="run_body")},
+    # A dry run changes nothing: a viewer may plan too.
+    f"{WS}/runs/plan/": {"POST": Call(read(200), body="run_body")},
+    f"{WS}/runs/<str:run>/": {"GET": Call(read())},
+    f"{WS}/runs/<str:run>/stop/": {"POST": Call(write(202))},
+    f"{WS}/runs/<str:run>/rerun/": {"POST": Call(write(201))},
+    f"{WS}/runs/<str:run>/artifacts/": {"GET": Call(read())},
+    f"{WS}/jobs/<uuid:job>/logs/": {"GET": Call(read())},
+    f"{WS}/jobs/<uuid:job>/logs/raw": {"GET": Call(read())},
+    f"{WS}/blobs/": {"POST": Call(write(201), body=b"patch bytes")},
+    f"{WS}/tags/": {"GET": Call(read()), "POST": Call(write(201), body="tag_body")},
+    f"{WS}/tags/<str:name>/": {
+        "GET": Call(read(), params={"name": "tag_name"}),
+        "DELETE": Call(write(204), params={"name": "tag_name"}),
+    },
+    f"{WS}/artifacts/<uuid:artifact>/files/<path:path>": {"GET": Call(read(302), params={"path": "file_path"})},
+    f"{WS}/artifacts/<uuid:artifact>/archive/": {"GET": Call(read(302))},
+    # ---------------------------------------------------------- secrets and repos
+    f"{WS}/secrets/": {"GET": Call(read())},
+    f"{WS}/secrets/<str:name>/": {
+        "PUT": Call(write(200), body={"value": "new-value"}, params={"name": "secret_name"}),
+        "DELETE": Call(write(204), params={"name": "secret_name"}),
+    },
+    f"{WS}/repos/": {"GET": Call(read())},
+    f"{WS}/repos/credential/": {
+        "PUT": Call(
+            write(200), body={"url": "https://example.com/acme/models.git", "kind": "https-token", "secret": "ghp_x"}
+        ),
+        "DELETE": Call(write(204), query="url=https://example.com/acme/private.git"),
+    },
+    # ---------------------------------------------------------- compute
+    f"{WS}/instances/": {"GET": Call(read())},
+    f"{WS}/offers/": {"GET": Call(read())},
+    f"{WS}/backends/": {
+        "GET": Call(read()),
+        # Reaches the checks of the body (no bucket), which makes no call to AWS.
+        "POST": Call(admin(400), body={"kind": "aws", "access_key_id": "AKIAX", "secret_access_key": "x"}),
+    },
+    # What to paste into AWS (the external id is not a secret: AWS's own guidance); made on first read.
+    f"{WS}/backends/aws/setup/": {"GET": Call(read(200))},
+    f"{WS}/backends/<str:name>/": {
+        "GET": Call(read(), params={"name": "backend_name"}),
+        # The self-hosted backend still has the registered runner: refused, with its name.
+        "DELETE": Call(admin(409), params={"name": "backend_name"}),
+    },
+    f"{WS}/backends/<str:name>/validate/": {"POST": Call(admin(400), params={"name": "backend_name"})},
+    f"{WS}/runners/": {"GET": Call(read())},
+    # Listed with their prefix and state only (the token is shown once, to the admin who made it).
+    f"{WS}/runners/registration-tokens/": {"GET": Call(read(200)), "POST": Call(admin(201), body={"note": "box"})},
+    f"{WS}/runners/registration-tokens/<uuid:token>/": {
+        "DELETE": Call(admin(204), params={"token": "registration_token_id"})
+    },
+    f"{WS}/runners/<uuid:runner>/revoke/": {"POST": Call(admin(204))},
+    # ---------------------------------------------------------- runners
+    # A registration token is the permission (it is spent by the first caller).
+    "api/v1/runner/register/": {"POST": Call(everyone(201), body="register_body")},
+    f"{RUNNER_JOB}/artifacts/": {"POST": Call(runner(201), body={"path": "./out", "files": [FILE]}, query=ATTEMPT)},
+    f"{RUNNER_JOB}/checkpoints/": {"POST": Call(runner(400), body={"path": "./ckpt", "files": [FILE]}, query=ATTEMPT)},
+    # Idempotent and scoped to the caller's own attempts: for another runner a no-op, the same 204.
+    f"{RUNNER_JOB}/checkpoints/done/": {
+        "POST": Call({**runner(204), "other_runner": 204}, query=ATTEMPT, unchanged=("other_runner",))
+    },
+    # The job's secrets and its inputs' file lists: never in the assignment frame (it crosses Redis).
+    f"{RUNNER_JOB}/secrets/": {"GET": Call(runner(200), query=ATTEMPT)},
+    # The world's job has no input: its own runner is told ./in does not exist (401 for users as everywhere;
+    # it is scoped to the current attempt by RunnerAPIView.runner_job, as secrets/ above: tests/runs/test_secrets.py).
+    f"{RUNNER_JOB}/inputs/": {"GET": Call(runner(404), query=f"{ATTEMPT}&path=./in")},
+    f"{RUNNER_JOB}/caches/": {"POST": Call(runner(400), body={"path": "./cache", "files": [FILE]}, query=ATTEMPT)},
+    f"{RUNNER_JOB}/artifacts/<uuid:artifact>/complete/": {
+        "POST": Call(runner(400), query=ATTEMPT, params={"artifact": "uploading_artifact"})
+    },
+    f"{RUNNER_JOB}/artifacts/<uuid:artifact>/urls/": {
+        "POST": Call(runner(200), body={"path": "w.bin"}, query=ATTEMPT, params={"artifact": "uploading_artifact"})
+    },
+    f"{RUNNER_JOB}/artifacts/<uuid:artifact>/parts/": {
+        "POST": Call(
+            runner(400),
+            body={"path": "w.bin", "parts": [{"number": 1, "sha256": "a" * 64, "etag": "e"}]},
+            query=ATTEMPT,
+            params={"artifact": "uploading_artifact"},
+        )
+    },
+    # The job's run has no archive (its code is a git commit): the runner is told so.
+    f"{RUNNER_JOB}/urls/": {"POST": Call(runner(404), body={"code": "archive"}, query=ATTEMPT)},
+}
+
+# Websockets: "open" (accepted) or the close code. The runner's socket takes
+# only a runner token; the browser's only a user of the workspace.
+WS_OPEN = 1000
+WEBSOCKETS: dict[str, Expect] = {
+    "ws/runner/": {"anonymous": 4401, **dict.fromkeys(USERS, 4401), "runner": WS_OPEN, "other_runner": WS_OPEN},
+    "ws/v1/workspaces/<slug:workspace>/runs/": {
+        **read(WS_OPEN),
+        "anonymous": 4401,
+        "outsider": 4404,
+        "runner": 4401,
+        "other_runner": 4401,
+    },
+    "ws/v1/workspaces/<slug:workspace>/runs/<str:run>/": {
+        **read(WS_OPEN),
+        "anonymous": 4401,
+        "outsider": 4404,
+        "runner": 4401,
+        "other_runner": 4401,
+    },
+}

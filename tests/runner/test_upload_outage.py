@@ -1,0 +1,116 @@
+"""A real runner process uploads a job's artifact through a server outage
+(tests/support/flaky_storage.py answers 503 for a while): it keeps trying
+with backoff and the upload succeeds; when the outage outlasts the retry
+budget, the job fails and its files are kept where its reason says."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.asyncio.server import serve
+
+from tests.runner.test_agent import FakeServer, assign, start_runner, stop
+from tests.support.flaky_storage import FlakyStorage
+
+MODEL = b"trained weights " * 1000
+
+
+@pytest.fixture
+def flaky() -> Iterator[FlakyStorage]:
+    server = FlakyStorage().start()
+    yield server
+    server.stop()
+
+
+def _job(repo: tuple[Path, str], api_url: str) -> dict[str, Any]:
+    job = assign("j", ["mkdir -p model", f"printf '{MODEL.decode()}' > model/w.bin"], repo)
+    return {**job, "artifacts": [{"path": "./model"}], "api_url": api_url}
+
+
+def _finals(server: FakeServer, job: str) -> list[dict[str, Any]]:
+    return [
+        m
+        for m in server.received
+        if m["type"] == "job_state" and m["job"] == job and m["state"] in ("succeeded", "failed")
+    ]
+
+
+def _run(work: Path, job: dict[str, Any], *flags: str, timeout: float = 60) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            try:
+                await server.to_send.put(job)
+                await server.wait_for(lambda: bool(_finals(server, job["job"])), timeout)
+            finally:
+                await stop(runner)
+        return _finals(server, job["job"])[0]
+
+    return asyncio.run(go())
+
+
+def test_an_upload_during_an_outage_of_some_seconds_succeeds(
+    tmp_path: Path, repo: tuple[Path, str], flaky: FlakyStorage
+) -> None:
+    flaky.fail_for(4)  # the old runner gave up after ~3 s of 5xx
+
+    final = _run(tmp_path / "rd", _job(repo, flaky.api_url))
+
+    assert (final["state"], final["reason"]) == ("succeeded", "")
+    assert flaky.refused >= 3
+    assert flaky.stored == {"a1/w.bin": MODEL}
+    assert flaky.completed == ["a1"]
+    assert not (tmp_path / "rd" / "kept").exists()
+
+
+def test_an_upload_that_never_succeeds_fails_the_job_and_keeps_its_files_where_the_reason_says(
+    tmp_path: Path, repo: tuple[Path, str], flaky: FlakyStorage
+) -> None:
+    flaky.fail_for(3600)
+    started = time.monotonic()
+
+    final = _run(tmp_path / "rd", _job(repo, flaky.api_url), "--retry-seconds", "3")
+
+    assert final["state"] == "failed"
+    assert time.monotonic() - started > 3
+    match = re.search(
+        r"; the job's files are kept on (\S+) in (\S+) until \d{4}-\d\d-\d\d \d\d:\d\d UTC$", final["reason"]
+    )
+    assert match, final["reason"]
+    assert final["reason"].startswith("artifact upload failed: POST http://127.0.0.1:")
+    assert "HTTP 503" in final["reason"]
+    host, kept = match.groups()
+    assert host == socket.gethostname()
+    assert Path(kept) == (tmp_path / "rd" / "kept" / "j.1" / "work").resolve()
+    assert (Path(kept) / "model" / "w.bin").read_bytes() == MODEL  # the trained model survived the job
+    assert not (tmp_path / "rd" / "jobs" / "j" / "work").exists()  # moved, not copied
+
+
+def test_kept_files_are_removed_once_their_time_is_up(
+    tmp_path: Path, repo: tuple[Path, str], flaky: FlakyStorage
+) -> None:
+    flaky.fail_for(3600)
+    # Long enough that the first runner's own sweep after the job (on a busy
+    # machine, seconds after the files were kept) cannot already remove them.
+    flags = ("--retry-seconds", "1", "--keep-failed-seconds", "8")
+    final = _run(tmp_path / "rd", _job(repo, flaky.api_url), *flags)
+    first_ended = time.monotonic()
+    kept = tmp_path / "rd" / "kept" / "j.1"
+    assert final["state"] == "failed"
+    assert (kept / "work" / "model" / "w.bin").exists()
+    time.sleep(max(0.0, first_ended + 8.2 - time.monotonic()))  # kept before the first run ended: now past its time
+
+    # The next job on this runner (a new runner process sweeps at its start, too).
+    flaky.fail_until = 0
+    again = _run(tmp_path / "rd", {**_job(repo, flaky.api_url), "job": "j2"}, *flags)
+
+    assert again["state"] == "succeeded", again["reason"]
+    assert not kept.exists()

@@ -1,0 +1,171 @@
+"""The raw read-back (``GET …/jobs/<job>/logs/raw``) over the real ASGI
+server: the log as plain text, its ranges, tail and timestamps, attempt
+marks, lines that are not plain ASCII, and another workspace's job a 404."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from backend.accounts.models import Workspace
+from backend.runs.models import Attempt, AttemptStatus, Job, LogLine, Run
+from tests.support.fixtures import Person, submit
+from tests.support.web import WebServer, WebServers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T0 = datetime(2026, 12, 2, 11, 30, 0, 123456, tzinfo=UTC)
+
+
+def _store(job: Job, texts: list[str], *, stream: str = "o") -> None:
+    first = (LogLine.objects.filter(job=job).order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
+    LogLine.objects.bulk_create(
+        LogLine(job=job, seq=first + i, ts=T0 + timedelta(seconds=i), stream=stream, text=text)
+        for i, text in enumerate(texts)
+    )
+    Job.objects.filter(pk=job.pk).update(last_seq=first + len(texts) - 1)
+
+
+def _raw(server: WebServer, person: Person, job: Job, workspace: str = "acme", **params: str) -> httpx.Response:
+    url = f"{server.url}/api/v1/workspaces/{workspace}/jobs/{job.pk}/logs/raw"
+    return httpx.get(url, params=params, headers={"Authorization": f"Bearer {person.token}"}, timeout=30)
+
+
+@pytest.fixture
+def job(run: Run) -> Job:
+    found = run.jobs.get()
+    _store(found, [f"line {i}" for i in range(1, 11)])
+    return found
+
+
+def test_the_whole_log_comes_back_as_plain_text_in_seq_order(web_server: WebServers, job: Job, member: Person) -> None:
+    _store(job, ["warning: to stderr"], stream="e")
+
+    response = _raw(web_server.start(), member, job)
+
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; charset=utf-8"
+    assert "content-disposition" not in response.headers
+    assert response.text == "".join(f"line {i}\n" for i in range(1, 11)) + "warning: to stderr\n"
+
+
+def test_ranges_by_seq_and_tail_pick_the_lines_asked_for(web_server: WebServers, job: Job, member: Person) -> None:
+    server = web_server.start()
+
+    def lines(**params: str) -> list[str]:
+        return _raw(server, member, job, **params).text.splitlines()
+
+    assert lines(from_seq="4", to_seq="6") == ["line 4", "line 5", "line 6"]
+    assert lines(from_seq="9") == ["line 9", "line 10"]
+    assert lines(to_seq="2") == ["line 1", "line 2"]
+    assert lines(tail="3") == ["line 8", "line 9", "line 10"]
+    assert lines(tail="3", to_seq="5") == ["line 3", "line 4", "line 5"]
+    assert lines(tail="50", from_seq="7") == ["line 7", "line 8", "line 9", "line 10"]
+    assert lines(tail="0") == []
+    assert lines(from_seq="11") == []
+
+
+def test_timestamps_prefix_each_line_with_its_utc_time(web_server: WebServers, job: Job, member: Person) -> None:
+    response = _raw(web_server.start(), member, job, timestamps="1", to_seq="2")
+
+    assert response.text == "2026-12-02T11:30:00.123456Z line 1\n2026-12-02T11:30:01.123456Z line 2\n"
+
+
+def test_download_names_the_file_after_the_run_and_job(web_server: WebServers, job: Job, member: Person) -> None:
+    response = _raw(web_server.start(), member, job, download="1")
+
+    assert response.headers["content-disposition"] == f'attachment; filename="{job.run.name}-{job.name}.log"'
+
+
+def test_bad_parameters_are_refused_with_a_message(web_server: WebServers, job: Job, member: Person) -> None:
+    server = web_server.start()
+
+    for params, message in [
+        ({"tail": "many"}, "tail must be a whole number, not 'many'."),
+        ({"tail": "-1"}, "tail must be at least 0."),
+        ({"from_seq": "0"}, "from_seq must be at least 1."),
+        ({"timestamps": "yes"}, "timestamps must be 0 or 1, not 'yes'."),
+    ]:
+        response = _raw(server, member, job, **params)
+        assert (response.status_code, response.json()["message"]) == (400, message)
+
+
+def test_text_comes_back_byte_for_byte_as_stored(web_server: WebServers, run: Run, member: Person) -> None:
+    job = run.jobs.get()
+    # What the runner sends for a job's bytes: invalid UTF-8 already replaced
+    # by U+FFFD, "\r" kept, a line past 64 KiB cut into pieces (docs/RUNNER.md).
+    texts = [
+        "progress 10%\rprogress 50%\rprogress 100%",
+        "bad \ufffd byte",
+        "é ü 日本 🚀",
+        "tab\there \\n not a newline",
+        "x" * 65536,
+        "y" * 70,
+    ]
+    _store(job, texts)
+
+    response = _raw(web_server.start(), member, job)
+
+    assert response.content == "".join(t + "\n" for t in texts).encode()
+
+
+def test_a_log_of_many_batches_comes_back_whole(web_server: WebServers, run: Run, member: Person) -> None:
+    job = run.jobs.get()
+    _store(job, [f"{i:07d} " + "z" * 100 for i in range(1, 120_001)])  # three batches of 50,000
+
+    response = _raw(web_server.start(), member, job)
+
+    assert response.content.splitlines() == [f"{i:07d} ".encode() + b"z" * 100 for i in range(1, 120_001)]
+
+
+def test_lines_after_a_gap_in_the_seqs_come_back(web_server: WebServers, job: Job, member: Person) -> None:
+    LogLine.objects.create(job=job, seq=5_000_000, ts=T0, stream="o", text="far after the gap")
+
+    response = _raw(web_server.start(), member, job, from_seq="10")
+
+    assert response.text == "line 10\nfar after the gap\n"
+
+
+def test_attempt_boundaries_are_marked_as_trainyard_logs_marks_them(
+    web_server: WebServers, job: Job, member: Person
+) -> None:
+    common = {"workspace": job.workspace, "job": job, "status": AttemptStatus.ENDED}
+    Attempt.objects.create(**common, number=1, first_seq=1, last_seq=4, termination_reason="interrupted")
+    Attempt.objects.create(
+        **common, number=2, first_seq=5, restored_checkpoint=3, termination_reason="error", termination_message="exit 1"
+    )
+    server = web_server.start()
+
+    whole = _raw(server, member, job).text.splitlines()
+    tail = _raw(server, member, job, tail="2").text.splitlines()
+
+    first = f"--- attempt 1 of {job.name} on - ---"
+    second = f"--- attempt 2 of {job.name} on - · resumed from checkpoint 3 ---"
+    assert whole == [
+        first,
+        *[f"line {i}" for i in range(1, 5)],
+        "--- attempt 1 ended: interrupted ---",
+        second,
+        *[f"line {i}" for i in range(5, 11)],
+        "--- attempt 2 ended: error (exit 1) ---",
+    ]
+    assert tail == [second, "line 9", "line 10", "--- attempt 2 ended: error (exit 1) ---"]
+
+
+def test_a_job_of_another_workspace_is_not_found(
+    web_server: WebServers, job: Job, member: Person, outsider: Person
+) -> None:
+    theirs = submit(Workspace.objects.get(slug=outsider.user.personal_workspace.slug), outsider.user).jobs.get()
+    _store(theirs, ["their secret line"])
+    server = web_server.start()
+
+    through_ours = _raw(server, member, theirs)
+    through_theirs = _raw(server, outsider, job, workspace=outsider.user.personal_workspace.slug)
+    anonymous = httpx.get(f"{server.url}/api/v1/workspaces/acme/jobs/{job.pk}/logs/raw", timeout=30)
+
+    assert (through_ours.status_code, through_ours.json()["message"]) == (404, "Job not found.")
+    assert (through_theirs.status_code, through_theirs.json()["message"]) == (404, "Job not found.")
+    assert "line 1" not in through_theirs.text and "their secret" not in through_ours.text
+    assert anonymous.status_code == 401
