@@ -184,18 +184,25 @@ class CheckpointSync:
         found = [(root, root.name)] if root.is_file() else _walk(root)
         entries = []
         for full, rel in found:
-            st = full.stat()
-            copy = self._staging / rel
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            cached = self._hashes.get(rel)
-            if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
-                try:
-                    os.link(full, copy)
-                except OSError:
-                    shutil.copyfile(full, copy)
-                entries.append(FileEntry(rel, cached[0], cached[2]))
+            # A file renamed or removed since the walk (the job's own atomic
+            # write: state.tmp replaced onto state.json) is not part of this
+            # version; the next sync sees the directory as it is then.
+            try:
+                st = full.stat()
+                copy = self._staging / rel
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                cached = self._hashes.get(rel)
+                if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+                    try:
+                        os.link(full, copy)
+                    except OSError:  # another file system: copied (a vanished file raises again)
+                        shutil.copyfile(full, copy)
+                    entries.append(FileEntry(rel, cached[0], cached[2]))
+                    continue
+                shutil.copyfile(full, copy)
+            except FileNotFoundError:
+                log.debug("job %s: %s went away during the checkpoint sync", self._job, rel)
                 continue
-            shutil.copyfile(full, copy)
             entry = _entry(copy, rel)
             self._hashes[rel] = (entry.size, st.st_mtime_ns, entry.sha256) if entry.size == st.st_size else (-1, 0, "")
             entries.append(entry)

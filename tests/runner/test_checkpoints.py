@@ -136,3 +136,39 @@ def test_without_a_checkpoint_there_is_nothing_to_sync(tmp_path: Path, api: tupl
 
     assert asyncio.run(job.sync_checkpoint("interruption notice")) is False
     assert state.begun == []
+
+
+def test_a_file_replaced_while_the_sync_reads_the_directory_is_left_out_not_a_failed_sync(
+    tmp_path: Path, api: tuple[CheckpointApi, str]
+) -> None:
+    """tiny-train's atomic write, state.tmp written then replaced onto
+    state.json, in a tight loop beside the syncs: a sync that listed
+    state.tmp just before the rename still succeeds, and every version
+    holds state.json."""
+    state, url = api
+    job = _job(tmp_path, url, CheckpointSpec(path="./ckpt"))
+    ckpt = job.dir / "work" / "ckpt"
+    (ckpt / "state.json").write_text("0")
+    stop = threading.Event()
+
+    def train() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            tmp = ckpt / "state.tmp"
+            tmp.write_text(str(step) * 200)
+            tmp.replace(ckpt / "state.json")
+
+    writer = threading.Thread(target=train)
+    writer.start()
+
+    async def go() -> list[bool]:
+        return [await job.sync_checkpoint("periodic") for _ in range(150)]
+
+    try:
+        results = asyncio.run(go())
+    finally:
+        stop.set()
+        writer.join()
+    assert all(results), f"{results.count(False)} of {len(results)} syncs failed"
+    assert state.begun and all("state.json" in paths for paths in state.begun)
