@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import Api, log
+from tests.support.logfill import empty_job_log, fill_job_log
 
 RAW_REPEATS = 3
 RAW_TIMEOUT = 300.0
@@ -28,12 +29,12 @@ def bench_raw_logs(api: Api, database_url: str, lines: int, home: Path) -> dict[
     log(f"(6) raw read-back: a finished job of {lines:,} lines (COPY), over HTTP and `trainyard logs`")
     run = api.wait_finished(api.submit("hello")["id"])
     job = run["jobs"][0]["id"]
-    expected = _fill(database_url, job, lines)
+    expected = fill_job_log(database_url, job, lines)
     try:
         http = [_http_once(api, job, lines, expected) for _ in range(RAW_REPEATS)]
         cli = [_cli_once(api, run["name"], home) for _ in range(RAW_REPEATS)]
     finally:
-        _empty(database_url, job)
+        empty_job_log(database_url, job)
     best_http, best_cli = min(http), min(cli)
     return {
         "run": run["name"],
@@ -57,35 +58,6 @@ def raw_rows(raw: dict[str, Any], row: Any) -> None:
             f"≥ {TARGET_RAW_LINES_PER_S:,.0f} lines/s",
             raw[key] >= TARGET_RAW_LINES_PER_S,
         )
-
-
-def _fill(database_url: str, job: str, lines: int) -> int:
-    """Replace the job's lines by ``lines`` lines shaped like noisy's; the
-    number of bytes the raw body should have."""
-    import psycopg
-
-    text = "line {:09d} the quick brown fox jumps over the lazy dog"
-    with psycopg.connect(database_url) as conn, conn.cursor() as cur:
-        cur.execute("DELETE FROM runs_logline WHERE job_id = %s", [job])
-        with cur.copy("COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
-            step = 100_000
-            for start in range(0, lines, step):
-                rows = "".join(
-                    f"{job}\t{i + 1}\t2026-12-02 12:00:00+00\to\t{text.format(i)}\n"
-                    for i in range(start, min(start + step, lines))
-                )
-                copy.write(rows.encode())
-        cur.execute("UPDATE runs_job SET last_seq = %s WHERE id = %s", [lines, job])
-        cur.execute("ANALYZE runs_logline")
-    return sum(len(text.format(i)) + 1 for i in range(lines))
-
-
-def _empty(database_url: str, job: str) -> None:
-    import psycopg
-
-    with psycopg.connect(database_url) as conn:
-        conn.execute("DELETE FROM runs_logline WHERE job_id = %s", [job])
-        conn.execute("UPDATE runs_job SET last_seq = 0 WHERE id = %s", [job])
 
 
 def _http_once(api: Api, job: str, lines: int, expected: int) -> float:
