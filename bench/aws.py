@@ -24,6 +24,7 @@ import psutil
 from bench.lib import Api, frames, log, parse_iso
 from tests.support.aws_account import prepare
 from tests.support.ec2boot import Ec2Boot
+from tests.support.logfill import line_time
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
@@ -191,7 +192,7 @@ def _rows(database_url: str, job_id: str) -> dict[str, Any]:
             " FROM runs_job j LEFT JOIN clouds_instance i ON i.id = j.instance_id WHERE j.id = %s",
             (job_id,),
         ).fetchone()
-        first = conn.execute("SELECT ts FROM runs_logline WHERE job_id = %s AND seq = 1", (job_id,)).fetchone()
+        first = line_time(conn, job_id)
         events = []
         if job and job[1]:
             events = conn.execute(
@@ -212,7 +213,7 @@ def _rows(database_url: str, job_id: str) -> dict[str, Any]:
         "instance_created": ts(job[4]),
         "launched_at": ts(job[5]),
         "connected_at": ts(job[6]),
-        "first_line_stored_ts": ts(first[0]) if first else None,
+        "first_line_stored_ts": first,
         "events": [(reason, status, ts(at)) for reason, status, at in events],
     }
 

@@ -34,6 +34,7 @@ from bench.aws import (
     warm_wheels,
 )
 from bench.lib import Api, log
+from tests.support.logfill import line_time
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
@@ -164,10 +165,7 @@ def _line_ts(database_url: str, job_id: str, text: str) -> float | None:
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        row = conn.execute(
-            "SELECT ts FROM runs_logline WHERE job_id = %s AND text = %s ORDER BY seq LIMIT 1", (job_id, text)
-        ).fetchone()
-    return _ts(row[0]) if row else None
+        return line_time(conn, job_id, text=text)
 
 
 # ------------------------------------------------------------- spot notice

@@ -224,19 +224,35 @@ class Tag(WorkspaceOwnedModel):
         constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_tag_name")]
 
 
-class LogLine(models.Model):
-    """One line of a job's output. (job, seq) is the key: exactly-once storage.
+class LogChunk(models.Model):
+    """A run of consecutive lines of one job's output, stored as one row:
+    seqs ``first_seq`` .. ``last_seq``, every one of them present. Storing
+    a batch costs one row, not one per line, and reading a range back is
+    a few rows whose text is already the plain log
+    (docs/decisions/0054-log-chunks.md; ``services/logchunks.py`` reads
+    and writes them).
 
-    No surrogate id and no workspace column: at 50k+ lines/s every byte per
-    row counts; tenancy is checked on the job (see docs/decisions).
+    No surrogate id and no workspace column: tenancy is checked on the job.
+    No database-level foreign key either: the writer locks the job row in
+    the same transaction, and deleting a job cascades through the ORM.
     """
 
-    pk = models.CompositePrimaryKey("job_id", "seq")
-    # No database-level foreign key: its per-row check halved COPY's speed.
-    # The writer locks the job row in the same transaction, and deleting a
-    # job cascades through the ORM (docs/decisions/0003-logline-storage.md).
+    pk = models.CompositePrimaryKey("job_id", "first_seq")
     job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False, related_name="+")
-    seq = models.BigIntegerField()
-    ts = models.DateTimeField()
-    stream = models.CharField(max_length=1)
-    text = models.TextField()
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField()
+    # One character per line: "o" (stdout) or "e" (stderr).
+    streams = models.TextField()
+    # Each line's time in Unix seconds: 8 bytes per line, float64 in
+    # network byte order (as Postgres's float8send writes one).
+    stamps = models.BinaryField()
+    # The lines in UTF-8, each ended by "\n" (a line never holds one).
+    text = models.BinaryField()
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "last_seq"], name="logchunk_job_last_seq")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(last_seq__gte=models.F("first_seq")), name="logchunk_seqs_in_order"
+            )
+        ]

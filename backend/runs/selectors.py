@@ -10,7 +10,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db import connection
 from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet
 from django.db.models.functions import Coalesce, JSONObject
 
@@ -20,6 +19,7 @@ from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
 from backend.runs.models import LIVE_ATTEMPT, Attempt, Job, Run, Tag
 from backend.runs.services.dag import ref_origin
+from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
 
 def run_list(
@@ -220,42 +220,34 @@ class LogPage:
     has_more: bool  # more lines follow (ask again after lines[-1]'s seq)
 
 
-# The window sums the texts' sizes without reading them (octet_length of a
-# TOASTed value is its header's size), and the text of the first line past
-# the page is never read: a page costs its own bytes, not its line limit's.
-# The lines that fit are a prefix (the sums only grow); the first line always fits.
-_PAGE_SQL = """
-SELECT seq, ts, stream, CASE WHEN fits THEN text END, fits FROM (
-    SELECT seq, ts, stream, text, (upto <= %(max_bytes)s OR upto = size) AS fits
-    FROM (
-        SELECT seq, ts, stream, text, octet_length(text) AS size,
-               sum(octet_length(text)) OVER (ORDER BY seq) AS upto
-        FROM runs_logline
-        WHERE job_id = %(job)s AND seq > %(after)s AND seq <= %(until)s
-        ORDER BY seq
-        LIMIT %(limit)s
-    ) numbered
-) page
-ORDER BY seq
-"""
-
-
 def job_log_page(*, job: Job, after_seq: int, limit: int, max_bytes: int, until: int | None = None) -> LogPage:
     """The job's lines after ``after_seq`` (up to ``until``): at most
     ``limit`` lines and ``max_bytes`` bytes of text, and always at least one
-    line when any is left. The caller checked tenancy on ``job``."""
-    params: dict[str, int | str] = {
-        "job": str(job.pk),
-        "after": after_seq,
-        "until": until if until is not None else 2**62,
-        "limit": limit + 1,
-        "max_bytes": max_bytes,
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(_PAGE_SQL, params)
-        rows = cursor.fetchall()
-    lines = [(seq, ts.timestamp(), stream, text) for seq, ts, stream, text, fits in rows if fits][:limit]
-    return LogPage(lines, len(rows) > len(lines))
+    line when any is left. The caller checked tenancy on ``job``. Reads the
+    few chunks the page needs, READ_ROWS at a time."""
+    end = until if until is not None else LAST_SEQ
+    lines: list[tuple[int, float, str, str]] = []
+    size, has_more = 0, False
+    for chunk in chunks_forward(str(job.pk), after=after_seq, until=end, rows=4):
+        for seq, ts, stream, text in clipped(chunk, after=after_seq, until=end).lines():
+            size += len(text)
+            if len(lines) >= limit or (lines and size > max_bytes):
+                has_more = True
+                break
+            lines.append((seq, ts, stream, text))
+        if has_more:
+            break
+    return LogPage(lines, has_more)
+
+
+def job_log_lines(*, job_id: str, after_seq: int = 0, until: int = LAST_SEQ) -> list[tuple[int, float, str, str]]:
+    """Every stored line of the job in the range, (seq, unix ts, stream,
+    text) in seq order: for small logs (tests, admin checks), not pages."""
+    return [
+        line
+        for chunk in chunks_forward(job_id, after=after_seq, until=until)
+        for line in clipped(chunk, after=after_seq, until=until).lines()
+    ]
 
 
 def attempt_current(*, job_id: str, number: int, instance_id: str) -> Attempt | None:

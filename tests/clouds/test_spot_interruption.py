@@ -30,7 +30,7 @@ from backend.clouds.services.provisioning import instance_terminate_run
 from backend.clouds.services.reconcile import _terminations_unconfirmed
 from backend.config.asgi import application
 from backend.core.tokens import hash_token
-from backend.runs.models import Attempt, JobStatus, LogLine
+from backend.runs.models import Attempt, JobStatus, LogChunk
 from backend.runs.services.scheduling import _claim_instance, jobs_schedule
 from backend.runs.services.transitions import attempts_wind_down_expire, job_report_final
 from tests.clouds.test_placement import _hello, _running, _schedule, offer, workflow
@@ -85,7 +85,7 @@ def test_an_interrupted_report_moves_the_job_out_of_the_zone_and_fences_the_old_
     answers = async_to_sync(scenario)()
 
     assert [(a["type"], a["attempt"]) for a in answers] == [("refused", 1), ("refused", 1)]
-    assert not LogLine.objects.filter(job=job).exists(), "nothing the old attempt sends after its report is stored"
+    assert not LogChunk.objects.filter(job=job).exists(), "nothing the old attempt sends after its report is stored"
     ended = Attempt.objects.get(job=job, number=1)
     assert (ended.status, ended.termination_reason) == ("ended", "interrupted")
     assert ended.termination_message == NOTICE

@@ -18,7 +18,8 @@ from backend.accounts.services import hash_token
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.events import run_group
-from backend.runs.models import LogLine, Run
+from backend.runs.models import Run
+from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, current_attempt
@@ -100,7 +101,7 @@ def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, 
     welcome, ack, ack_again = async_to_sync(logs)()
     assert welcome["acked"] == {str(job.pk): 0}
     assert ack == ack_again == {"type": "log_ack", "job": str(job.pk), "seq": 2}
-    assert list(LogLine.objects.filter(job_id=job.pk).values_list("seq", "stream", "text")) == [
+    assert [(seq, stream, text) for seq, _, stream, text in job_log_lines(job_id=str(job.pk))] == [
         (1, "o", "a"),
         (2, "e", "b"),
     ]

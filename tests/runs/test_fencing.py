@@ -18,7 +18,7 @@ from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_mark_lost
 from backend.config.asgi import application
 from backend.core.tokens import hash_token
-from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, LogLine, Run
+from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, LogChunk, Run
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import attempt_end
@@ -94,7 +94,7 @@ def test_a_runner_back_with_a_moved_attempt_is_told_to_stop_and_its_frames_are_r
         assert "not the job's current one" in refused["reason"]
     job.refresh_from_db()
     assert (job.status, job.attempt, job.last_seq) == (JobStatus.RUNNING, 2, 0)
-    assert not LogLine.objects.filter(job_id=job.pk).exists()
+    assert not LogChunk.objects.filter(job_id=job.pk).exists()
 
 
 def test_a_second_hello_never_revives_a_lost_instance(team: Workspace) -> None:

@@ -16,7 +16,9 @@ from trainyard_runner.protocol import log_digest_add, log_digest_hex
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
-from backend.runs.models import Job, JobStatus, LogLine, Run, RunStatus
+from backend.runs.models import Job, JobStatus, Run, RunStatus
+from backend.runs.selectors import job_log_lines
+from backend.runs.services.logchunks import chunks_of, chunks_write
 from backend.runs.services.loglimits import logs_check, logs_prune
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
@@ -89,7 +91,7 @@ def test_past_the_cap_one_marker_is_stored_later_lines_are_dropped_and_the_job_s
     assert _store(job, instance, 121, 500) == 620  # nothing of it is stored
     assert report(job, instance.pk, "succeeded", 0)
 
-    stored = list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("seq", "text"))
+    stored = [(seq, text) for seq, _, _, text in job_log_lines(job_id=str(job.pk))]
     assert [seq for seq, _ in stored] == list(range(1, 102))
     assert stored[-2][1] == _text(100, 100)
     assert stored[-1] == (101, MARKER)
@@ -139,12 +141,12 @@ def test_retention_deletes_only_the_logs_of_finished_runs_jobs_that_ended_long_a
         Run.objects.filter(pk=run_.pk).update(status=status)
         job = run_.jobs.get()
         Job.objects.filter(pk=job.pk).update(finished_at=ended, last_seq=2)
-        LogLine.objects.bulk_create([LogLine(job=job, seq=s, ts=now, stream="o", text="x") for s in (1, 2)])
+        chunks_write(str(job.pk), chunks_of(1, [(now.timestamp(), "o", "x")] * 2))
 
     assert logs_prune(now=now) == 1
     assert logs_prune(now=now) == 0  # done once
 
-    left = {str(j): n for j, n in ((r.jobs.get().pk, LogLine.objects.filter(job_id=r.jobs.get().pk).count())
+    left = {str(j): n for j, n in ((r.jobs.get().pk, len(job_log_lines(job_id=str(r.jobs.get().pk))))
                                    for r in (old, recent, unfinished))}  # fmt: skip
     assert list(left.values()) == [0, 2, 2]
     pruned = old.jobs.get()

@@ -17,7 +17,8 @@ from trainyard_runner.protocol import MAX_LINE_BYTES, LogLineWire
 from backend.accounts.models import Workspace
 from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
-from backend.runs.models import Job, LogLine, Run
+from backend.runs.models import Job, Run
+from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_prepare, logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import job_set_reason
@@ -52,7 +53,7 @@ class Running:
         return followed
 
     def stored(self) -> list[str]:
-        return list(LogLine.objects.filter(job_id=self.job.pk).order_by("seq").values_list("text", flat=True))
+        return [text for _, _, _, text in job_log_lines(job_id=str(self.job.pk))]
 
 
 @pytest.fixture

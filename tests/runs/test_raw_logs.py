@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from backend.accounts.models import Workspace
-from backend.runs.models import Attempt, AttemptStatus, Job, LogLine, Run
+from backend.runs.models import Attempt, AttemptStatus, Job, Run
+from backend.runs.services.logchunks import chunks_of, chunks_write
 from tests.support.fixtures import Person, submit
 from tests.support.web import WebServer, WebServers
 
@@ -20,11 +21,9 @@ T0 = datetime(2026, 12, 2, 11, 30, 0, 123456, tzinfo=UTC)
 
 
 def _store(job: Job, texts: list[str], *, stream: str = "o") -> None:
-    first = (LogLine.objects.filter(job=job).order_by("-seq").values_list("seq", flat=True).first() or 0) + 1
-    LogLine.objects.bulk_create(
-        LogLine(job=job, seq=first + i, ts=T0 + timedelta(seconds=i), stream=stream, text=text)
-        for i, text in enumerate(texts)
-    )
+    first = Job.objects.get(pk=job.pk).last_seq + 1
+    lines = [((T0 + timedelta(seconds=i)).timestamp(), stream, text) for i, text in enumerate(texts)]
+    chunks_write(str(job.pk), chunks_of(first, lines))
     Job.objects.filter(pk=job.pk).update(last_seq=first + len(texts) - 1)
 
 
@@ -121,7 +120,7 @@ def test_a_log_of_many_batches_comes_back_whole(web_server: WebServers, run: Run
 
 
 def test_lines_after_a_gap_in_the_seqs_come_back(web_server: WebServers, job: Job, member: Person) -> None:
-    LogLine.objects.create(job=job, seq=5_000_000, ts=T0, stream="o", text="far after the gap")
+    chunks_write(str(job.pk), chunks_of(5_000_000, [(T0.timestamp(), "o", "far after the gap")]))
 
     response = _raw(web_server.start(), member, job, from_seq="10")
 

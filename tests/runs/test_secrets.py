@@ -10,7 +10,8 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.core.tokens import hash_token
-from backend.runs.models import LogLine, Run
+from backend.runs.models import Run
+from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from backend.vault.models import Secret
@@ -99,7 +100,7 @@ def test_secrets_reach_the_job_over_rest_not_in_the_assignment_and_are_masked(
     assert fetched.status_code == 200 and fetched["Cache-Control"] == "no-store"
     assert fetched.json() == {"env": {"WANDB_API_KEY": VALUE}, "credential": None}
     assert [line[2] for line in stored.new_lines] == ["key=*****", "**********"]
-    assert list(LogLine.objects.filter(job_id=job.pk).order_by("seq").values_list("text", flat=True)) == [
+    assert [text for _, _, _, text in job_log_lines(job_id=str(job.pk))] == [
         "key=*****",
         "**********",
     ]

@@ -7,29 +7,36 @@ lines are stored: when the storage changes, this changes with it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 NOISY_TEXT = "line {:09d} the quick brown fox jumps over the lazy dog"
+T0 = 1_796_212_800.0  # 2026-12-02 12:00:00 UTC: line i is stamped T0 + i ms
 
 
 def fill_job_log(database_url: str, job: str, lines: int, text: str = NOISY_TEXT) -> int:
     """Replace job ``job``'s lines by ``lines`` lines of stdout, line i
-    (from 0) being ``text.format(i)``, seqs 1..lines, and move its
-    watermark there. Returns the bytes of the log as plain text (each line
-    ended by a newline): what a raw read-back of it should send."""
+    (from 0) being ``text.format(i)``, seqs 1..lines, stored as chunks of
+    CHUNK_LINES lines as the server stores them, and move its watermark
+    there. Returns the bytes of the log as plain text (each line ended by a
+    newline): what a raw read-back of it should send."""
     import psycopg
 
+    from backend.runs.services.logchunks import CHUNK_LINES, stamps_encode
+
+    size = 0
     with psycopg.connect(database_url) as conn, conn.cursor() as cur:
-        cur.execute("DELETE FROM runs_logline WHERE job_id = %s", [job])
-        with cur.copy("COPY runs_logline (job_id, seq, ts, stream, text) FROM STDIN") as copy:
-            step = 100_000
-            for start in range(0, lines, step):
-                rows = "".join(
-                    f"{job}\t{i + 1}\t2026-12-02 12:00:00+00\to\t{text.format(i)}\n"
-                    for i in range(start, min(start + step, lines))
-                )
-                copy.write(rows.encode())
+        cur.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job])
+        columns = "job_id, first_seq, last_seq, streams, stamps, text"
+        with cur.copy(f"COPY runs_logchunk ({columns}) FROM STDIN") as copy:
+            for start in range(0, lines, CHUNK_LINES):
+                end = min(start + CHUNK_LINES, lines)
+                data = "".join(text.format(i) + "\n" for i in range(start, end)).encode()
+                stamps = stamps_encode([T0 + i / 1000 for i in range(start, end)])
+                copy.write_row((job, start + 1, end, "o" * (end - start), stamps, data))
+                size += len(data)
         cur.execute("UPDATE runs_job SET last_seq = %s WHERE id = %s", [lines, job])
-        cur.execute("ANALYZE runs_logline")
-    return sum(len(text.format(i).encode()) + 1 for i in range(lines))
+        cur.execute("ANALYZE runs_logchunk")
+    return size
 
 
 def empty_job_log(database_url: str, job: str) -> None:
@@ -37,5 +44,22 @@ def empty_job_log(database_url: str, job: str) -> None:
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        conn.execute("DELETE FROM runs_logline WHERE job_id = %s", [job])
+        conn.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job])
         conn.execute("UPDATE runs_job SET last_seq = 0 WHERE id = %s", [job])
+
+
+def line_time(conn: Any, job: str, *, text: str | None = None) -> float | None:
+    """The time (Unix seconds) of the job's first line, or of its first
+    line that is exactly ``text``; None if there is none. ``conn``: a
+    psycopg connection."""
+    from backend.runs.services.logchunks import Chunk
+
+    rows = conn.execute(
+        "SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk WHERE job_id = %s ORDER BY first_seq",
+        (job,),
+    )
+    for first, last, streams, stamps, data in rows:
+        for _, ts, _, line in Chunk(first, last, streams, bytes(stamps), bytes(data)).lines():
+            if text is None or line == text:
+                return ts
+    return None

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 from trainyard_runner.protocol import LogLineWire, log_digest_hex
 
 from backend.core.testhooks import file_hook_fires
 from backend.runs.models import FINISHED_RUN, Attempt, Job
+from backend.runs.services.logchunks import chunks_delete
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +153,7 @@ def _prune_one(job_id: str, days: int, now: datetime) -> None:
         job = Job.objects.select_for_update().only("log_note").filter(pk=job_id).first()
         if job is None:
             return
-        with connection.cursor() as cursor:
-            # Raw: the ORM's delete() would load every row first.
-            cursor.execute("DELETE FROM runs_logline WHERE job_id = %s", [job_id])
+        chunks_delete(job_id)
         note = f"log deleted {days} days after the job ended (retention)"
         joined = f"{job.log_note}; {note}" if job.log_note else note
         Job.objects.filter(pk=job_id).update(log_pruned_at=now, log_note=joined[:1000])

@@ -2,32 +2,26 @@
 
 The view asks ``raw_log_chunks`` for the bytes of a range of the log and
 streams them as they come. Where the lines are stored is the ``LogReader``'s
-business: today every line is a ``LogLine`` row (``DatabaseLogReader``);
-chunked or archived storage adds a reader and a branch in ``log_reader_for``,
-and nothing above it changes.
+business: today they are chunk rows in the database (``ChunkLogReader``);
+archived storage adds a reader and a branch in ``log_reader_for``, and
+nothing above it changes.
 
-Postgres joins each batch of lines into one string (``string_agg``), so the
-server does no Python work per line: a batch costs one query and one encode.
+A chunk's text is the plain log already, so the server does no work per
+line unless timestamps are asked for: a batch of chunks costs one query,
+and only the first and last chunk of a range are cut.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Protocol
 
-from django.db import connection, transaction
-
 from backend.runs.models import Attempt, Job
-
-# A batch covers at most BATCH_SEQS seqs, fewer when its lines are long: the
-# next batch's width is scaled so that it holds about BATCH_BYTES of text.
-# The first batch is narrow, so one of 64 KiB lines stays a few MiB.
-BATCH_SEQS = 50_000
-BATCH_BYTES = 4 << 20
-FIRST_BATCH_SEQS = 256
-LAST_SEQ = 2**62
+from backend.runs.services.logchunks import LAST_SEQ, READ_ROWS, Chunk, chunks_forward, clipped, tail_start
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class LogReader(Protocol):
 
 def log_reader_for(job: Job) -> LogReader:
     """The reader of ``job``'s log where it is stored now."""
-    return DatabaseLogReader(job_id=str(job.pk))
+    return ChunkLogReader(job_id=str(job.pk))
 
 
 def raw_log_chunks(*, job: Job, wanted: RawLogRange, reader: LogReader | None = None) -> Iterator[bytes]:
@@ -97,64 +91,49 @@ def raw_log_chunks(*, job: Job, wanted: RawLogRange, reader: LogReader | None = 
         yield marks.rest()
 
 
-class DatabaseLogReader:
-    """Lines stored as ``runs_logline`` rows, read by keyset over the
-    primary key (job_id, seq)."""
+class ChunkLogReader:
+    """Lines stored as ``runs_logchunk`` rows (``logchunks.py``)."""
 
     def __init__(self, *, job_id: str) -> None:
         self.job_id = job_id
 
     def batches(self, *, after: int, until: int, timestamps: bool) -> Iterator[RawBatch]:
-        """Batches by seq range, not by LIMIT: one aggregate over an index
-        range, with no window to sum sizes (a LIMIT and a running sum of
-        sizes measured 2.5x slower). An empty range (a gap: lines past the
-        cap are not stored) skips to the next stored seq."""
-        sql = _BATCH_SQL.format(line=_STAMPED if timestamps else "text")
-        width = FIRST_BATCH_SEQS
-        while after < until:
-            end = min(until, after + width)
-            with transaction.atomic(), connection.cursor() as cursor:
-                # An index scan hands the aggregate its rows in seq order, so
-                # Postgres 16+ skips the sort; a bitmap scan needs one.
-                cursor.execute("SET LOCAL enable_bitmapscan = off")
-                cursor.execute(sql, {"job": self.job_id, "after": after, "end": end})
-                first, last, text, size = cursor.fetchone()
-                if first is None:
-                    cursor.execute(_NEXT_SQL, {"job": self.job_id, "after": end, "until": until})
-                    (following,) = cursor.fetchone()
-            if first is None:
-                if following is None:
-                    return
-                after = following - 1
-                continue
-            yield RawBatch(first, last, text.encode("utf-8", "surrogatepass"))
-            after = end
-            width = max(1, min(BATCH_SEQS, width * BATCH_BYTES // max(size, 1)))
+        """A batch per query's worth of chunks (READ_ROWS), their texts
+        joined; a gap between chunks (lines past the cap are not stored)
+        costs nothing."""
+        pending: list[Chunk] = []
+        for chunk in chunks_forward(self.job_id, after=after, until=until):
+            pending.append(clipped(chunk, after=after, until=until))
+            if len(pending) == READ_ROWS:
+                yield _batch(pending, timestamps)
+                pending = []
+        if pending:
+            yield _batch(pending, timestamps)
 
     def tail_start(self, *, count: int, until: int) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(_TAIL_SQL, {"job": self.job_id, "until": until, "skip": count - 1})
-            row = cursor.fetchone()
-            if row is not None:
-                return int(row[0])
-            cursor.execute(_FIRST_SQL, {"job": self.job_id, "until": until})
-            row = cursor.fetchone()
-        return int(row[0]) if row is not None else 0
+        return tail_start(self.job_id, count=count, until=until)
 
 
-# string_agg's ORDER BY is what orders the text, whatever the plan.
-_BATCH_SQL = """
-SELECT min(seq), max(seq), string_agg({line}, E'\\n' ORDER BY seq) || E'\\n', sum(octet_length(text))
-FROM runs_logline
-WHERE job_id = %(job)s AND seq > %(after)s AND seq <= %(end)s
-"""
-_NEXT_SQL = "SELECT min(seq) FROM runs_logline WHERE job_id = %(job)s AND seq > %(after)s AND seq <= %(until)s"
-_STAMPED = """to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || ' ' || text"""
-# A backward scan of the primary key: cheap however long the log.
-_TAIL_SQL = """
-SELECT seq FROM runs_logline WHERE job_id = %(job)s AND seq <= %(until)s ORDER BY seq DESC OFFSET %(skip)s LIMIT 1
-"""
-_FIRST_SQL = "SELECT min(seq) FROM runs_logline WHERE job_id = %(job)s AND seq <= %(until)s HAVING count(*) > 0"
+def _batch(chunks: list[Chunk], timestamps: bool) -> RawBatch:
+    if not timestamps:
+        return RawBatch(chunks[0].first_seq, chunks[-1].last_seq, b"".join(c.text for c in chunks))
+    out = []
+    for chunk in chunks:
+        for stamp, line in zip(chunk.times(), chunk.text.split(b"\n"), strict=False):
+            out.append(_line_stamp(stamp) + line + b"\n")
+    return RawBatch(chunks[0].first_seq, chunks[-1].last_seq, b"".join(out))
+
+
+def _line_stamp(ts: float) -> bytes:
+    """``2026-12-02T12:00:00.123456Z `` (UTC, microseconds): the line's time, then a space."""
+    second, micro = divmod(round(ts * 1_000_000), 1_000_000)
+    return f"{_second(second)}.{micro:06d}Z ".encode()
+
+
+@lru_cache(maxsize=256)
+def _second(second: int) -> str:
+    """Lines come in bursts within the same second: format each second once."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
 def _segments(after: int, until: int, boundaries: list[int]) -> Iterator[tuple[int, int]]:

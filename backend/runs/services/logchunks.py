@@ -1,0 +1,210 @@
+"""A job's log as chunks: the rows of ``runs_logchunk`` (``LogChunk``).
+
+A chunk is a run of consecutive lines of one job, stored as one row: its
+seqs (``first_seq`` .. ``last_seq``, none missing), one stream letter per
+line, one float64 time per line (network byte order, 8 bytes each), and
+the lines' text in UTF-8, each line ended by ``\\n``. The text column is
+the plain log already: the raw read-back sends it as it is, and no code
+runs per line to store a batch or to read a range back
+(docs/decisions/0054-log-chunks.md).
+
+A stored batch becomes chunks of at most CHUNK_LINES lines (fewer when
+they are long: CHUNK_BYTES), so a page read near any seq decodes a bounded
+amount. Chunks never overlap (the writer trims a batch to the job's
+watermark under the job's row lock); there may be gaps between them (lines
+past the log cap are not stored).
+
+Only this module and tests/support/logfill.py know the layout.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from django.db import connection
+from trainyard_runner.protocol import LogLineWire
+
+CHUNK_LINES = 1000
+LAST_SEQ = 2**62  # "to the end" of a range
+CHUNK_BYTES = 1 << 20
+# Chunks read per query when walking a range.
+READ_ROWS = 64
+NEWLINE_STANDIN = "\u2424"  # ␤: a "\n" inside a line (a runner never sends one) is stored as this
+_SWAP = sys.byteorder == "little"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    first_seq: int
+    last_seq: int
+    streams: str
+    stamps: bytes
+    text: bytes
+
+    def __len__(self) -> int:
+        return self.last_seq - self.first_seq + 1
+
+    def texts(self) -> list[str]:
+        return self.text.decode("utf-8", "surrogatepass").split("\n")[:-1]
+
+    def times(self) -> array[float]:
+        return stamps_decode(self.stamps)
+
+    def lines(self) -> list[tuple[int, float, str, str]]:
+        """(seq, unix time, stream, text) of every line."""
+        first = self.first_seq
+        return [
+            (first + i, ts, stream, text)
+            for i, (ts, stream, text) in enumerate(zip(self.times(), self.streams, self.texts(), strict=True))
+        ]
+
+    def offset(self, seq: int) -> int:
+        """The byte offset in ``text`` where line ``seq`` starts (``len(text)``
+        past the last line)."""
+        at = 0
+        for _ in range(max(0, min(seq, self.last_seq + 1) - self.first_seq)):
+            at = self.text.index(b"\n", at) + 1
+        return at
+
+
+def stamps_encode(times: Sequence[float]) -> bytes:
+    packed = array("d", times)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def stamps_decode(raw: bytes) -> array[float]:
+    packed = array("d")
+    packed.frombytes(raw)
+    if _SWAP:
+        packed.byteswap()
+    return packed
+
+
+def chunks_of(first_seq: int, lines: list[LogLineWire], joined: str | None = None) -> list[Chunk]:
+    """The chunks that store ``lines`` (seqs from ``first_seq``). ``joined``:
+    their texts joined by "\\n", when the caller has it already."""
+    texts = [text for _, _, text in lines]
+    if joined is None or joined.count("\n") != len(lines) - 1:
+        texts = [t.replace("\n", NEWLINE_STANDIN) if "\n" in t else t for t in texts]
+        joined = None
+    out: list[Chunk] = []
+    for start in range(0, len(lines), CHUNK_LINES):
+        end = min(start + CHUNK_LINES, len(lines))
+        whole = joined if joined is not None and start == 0 and end == len(lines) else "\n".join(texts[start:end])
+        out += _bounded(first_seq + start, lines[start:end], whole)
+    return out
+
+
+def _bounded(first_seq: int, lines: list[LogLineWire], joined: str) -> list[Chunk]:
+    """One chunk of ``lines``, or two halves (recursively) when its text is
+    over CHUNK_BYTES and it has more than one line."""
+    text = (joined + "\n").encode("utf-8", "surrogatepass")
+    if len(text) > CHUNK_BYTES and len(lines) > 1:
+        half = len(lines) // 2
+        return _bounded(first_seq, lines[:half], "\n".join(t for _, _, t in lines[:half])) + _bounded(
+            first_seq + half, lines[half:], "\n".join(t for _, _, t in lines[half:])
+        )
+    return [
+        Chunk(
+            first_seq,
+            first_seq + len(lines) - 1,
+            "".join(stream for _, stream, _ in lines),
+            stamps_encode([ts for ts, _, _ in lines]),
+            text,
+        )
+    ]
+
+
+def chunks_write(job_id: str, chunks: list[Chunk]) -> None:
+    """Store ``chunks`` of job ``job_id`` with one COPY. The caller holds the
+    job's row lock and has trimmed them to above its watermark."""
+    if not chunks:
+        return
+    raw = connection.cursor().cursor  # the psycopg cursor under Django's wrapper
+    columns = "job_id, first_seq, last_seq, streams, stamps, text"
+    with raw.copy(f"COPY runs_logchunk ({columns}) FROM STDIN") as copy:
+        for c in chunks:
+            copy.write_row((job_id, c.first_seq, c.last_seq, c.streams, c.stamps, c.text))
+
+
+def chunks_delete(job_id: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job_id])
+
+
+_FORWARD_SQL = """
+SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk
+WHERE job_id = %(job)s AND last_seq > %(after)s AND first_seq <= %(until)s
+ORDER BY last_seq LIMIT %(rows)s
+"""
+_BACKWARD_SQL = """
+SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk
+WHERE job_id = %(job)s AND first_seq <= %(until)s AND last_seq > %(after)s
+ORDER BY first_seq DESC LIMIT %(rows)s
+"""
+_COUNTS_BACKWARD_SQL = """
+SELECT first_seq, last_seq FROM runs_logchunk
+WHERE job_id = %(job)s AND first_seq <= %(until)s
+ORDER BY first_seq DESC LIMIT %(rows)s
+"""
+
+
+def chunks_forward(job_id: str, *, after: int, until: int, rows: int = READ_ROWS) -> Iterator[Chunk]:
+    """The chunks holding any line with ``after < seq <= until``, in seq
+    order, read ``rows`` at a time (the first and last may hold lines
+    outside the range: ``clipped`` cuts them)."""
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(_FORWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
+            found = [Chunk(f, la, s, bytes(st), bytes(t)) for f, la, s, st, t in cursor.fetchall()]
+        yield from found
+        if len(found) < rows:
+            return
+        after = found[-1].last_seq
+
+
+def chunks_backward(job_id: str, *, after: int, until: int, rows: int = 8) -> Iterator[Chunk]:
+    """As ``chunks_forward``, newest first."""
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(_BACKWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
+            found = [Chunk(f, la, s, bytes(st), bytes(t)) for f, la, s, st, t in cursor.fetchall()]
+        yield from found
+        if len(found) < rows:
+            return
+        until = found[-1].first_seq - 1
+
+
+def tail_start(job_id: str, *, count: int, until: int) -> int:
+    """The seq of the ``count``-th stored line from the end of those up to
+    ``until`` (the first stored line if there are fewer); 0 if none. Reads
+    only the seqs of the chunks it walks back over."""
+    left, first, rows = count, 0, 64
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(_COUNTS_BACKWARD_SQL, {"job": job_id, "until": until, "rows": rows})
+            found = cursor.fetchall()
+        for first_seq, last_seq in found:
+            last = min(last_seq, until)
+            if last - first_seq + 1 >= left:
+                return int(last - left + 1)
+            left -= last - first_seq + 1
+            first = int(first_seq)
+        if len(found) < rows:
+            return first
+        until = found[-1][0] - 1
+
+
+def clipped(chunk: Chunk, *, after: int, until: int) -> Chunk:
+    """``chunk`` without its lines outside ``after < seq <= until``."""
+    first, last = max(chunk.first_seq, after + 1), min(chunk.last_seq, until)
+    if first == chunk.first_seq and last == chunk.last_seq:
+        return chunk
+    start, end = chunk.offset(first), chunk.offset(last + 1)
+    i, j = first - chunk.first_seq, last - chunk.first_seq + 1
+    return Chunk(first, last, chunk.streams[i:j], chunk.stamps[8 * i : 8 * j], chunk.text[start:end])
