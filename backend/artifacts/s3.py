@@ -88,6 +88,9 @@ class S3Storage(Storage):
     def open(self, key: str) -> BinaryIO:
         return self._s3.open(key)
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self._s3.read_range(key, start, end)
+
     def size(self, key: str) -> int | None:
         head = self._s3.head(key)
         return None if head is None else head.size

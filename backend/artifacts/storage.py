@@ -108,6 +108,10 @@ class Storage(ABC):
         """Raises FileNotFoundError when the key does not exist."""
 
     @abstractmethod
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` .. ``end`` - 1 of the object; FileNotFoundError when there is none."""
+
+    @abstractmethod
     def size(self, key: str) -> int | None:
         """None when the key does not exist."""
 
@@ -219,6 +223,11 @@ class LocalStorage(Storage):
 
     def open(self, key: str) -> BinaryIO:
         return self._path(key).open("rb")
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with self._path(key).open("rb") as f:
+            f.seek(start)
+            return f.read(end - start)
 
     def size(self, key: str) -> int | None:
         try:

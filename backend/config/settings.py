@@ -384,6 +384,7 @@ class TrainyardSettings(TypedDict):
     RUNS_EXACT_COUNT_UP_TO: int
     LOG_CAP_BYTES: int
     LOG_RETENTION_DAYS: int
+    LOG_ARCHIVE_AFTER_SECONDS: float
     TEST_CRASH_SUBJECTS: str
     DB_CONFLICT_RETRIES: int
     TASK_MAX_DELIVERIES: int
@@ -498,6 +499,9 @@ TRAINYARD: TrainyardSettings = {
     "RUNS_EXACT_COUNT_UP_TO": env_int("TRAINYARD_RUNS_EXACT_COUNT_UP_TO", 1000),
     "LOG_CAP_BYTES": env_int("TRAINYARD_LOG_CAP_BYTES", 1 << 30),
     "LOG_RETENTION_DAYS": env_int("TRAINYARD_LOG_RETENTION_DAYS", 90),
+    # A finished job's log is compacted into one object in its workspace's
+    # storage this long after it ended (docs/LOGS.md, "Archive"); 0: never.
+    "LOG_ARCHIVE_AFTER_SECONDS": env_float("TRAINYARD_LOG_ARCHIVE_AFTER_SECONDS", 120.0),
     # Test hook: a file of task subjects ("job:<id>"); a task that notes one kills its worker (never in production).
     "TEST_CRASH_SUBJECTS": env_str("TRAINYARD_TEST_CRASH_SUBJECTS", ""),
     # A transaction that lost a deadlock or serialization race is tried again this many times (backend/core/db.py).
@@ -564,6 +568,7 @@ CELERY_BEAT_SCHEDULE = {
     # Checks every minute; an account's facts are refreshed when older than FACTS_REFRESH_SECONDS.
     "facts-refresh": {"task": "backend.clouds.tasks.facts_refresh", "schedule": timedelta(seconds=60)},
     "logs-prune": {"task": "backend.runs.tasks.logs_prune", "schedule": timedelta(hours=1)},
+    "logs-archive": {"task": "backend.runs.tasks.logs_archive", "schedule": timedelta(seconds=30)},
     "storage-gc": {
         "task": "backend.artifacts.tasks.storage_gc",
         "schedule": timedelta(seconds=TRAINYARD["GC_EVERY_SECONDS"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from backend.accounts.models import WorkspaceOwnedModel
+from backend.artifacts.models import StoredModel
 
 
 class RunStatus(models.TextChoices):
@@ -246,8 +247,12 @@ class LogChunk(models.Model):
     # Each line's time in Unix seconds: 8 bytes per line, float64 in
     # network byte order (as Postgres's float8send writes one).
     stamps = models.BinaryField()
-    # The lines in UTF-8, each ended by "\n" (a line never holds one).
+    # The lines in UTF-8, each ended by "\n" (a line never holds one);
+    # empty once archived: then they are ``size`` bytes at ``archive_offset``
+    # in the job's LogArchive object.
     text = models.BinaryField()
+    size = models.IntegerField()
+    archive_offset = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["job", "last_seq"], name="logchunk_job_last_seq")]
@@ -256,3 +261,15 @@ class LogChunk(models.Model):
                 condition=models.Q(last_seq__gte=models.F("first_seq")), name="logchunk_seqs_in_order"
             )
         ]
+
+
+class LogArchive(StoredModel):
+    """A finished job's log compacted into one object in the workspace's
+    storage: its chunks' texts one after another (the plain log), each
+    chunk's ``archive_offset`` saying where its lines are. The chunk rows
+    keep the index: seqs, streams and times (services/logarchive.py)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="log_archive")
+    key = models.CharField(max_length=500)
+    size = models.BigIntegerField()
+    last_seq = models.BigIntegerField()  # the lines it holds end here (later ones stay in chunk rows)

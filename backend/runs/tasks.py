@@ -11,6 +11,7 @@ from celery import shared_task
 
 from backend.core.deliveries import on_park
 from backend.runs.services.coalesce import schedule_parked, schedule_passes, schedule_request
+from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
 
@@ -33,6 +34,12 @@ def reconcile() -> None:
 def logs_prune() -> int:
     """Retention (TRAINYARD_LOG_RETENTION_DAYS), hourly from the beat; bounded per call."""
     return logs_prune_service()
+
+
+@shared_task(acks_late=True, time_limit=300, soft_time_limit=270, expires=60)
+def logs_archive() -> int:
+    """Finished jobs' logs into their workspace's storage, every 30 s from the beat; bounded per call."""
+    return logs_archive_service()
 
 
 on_park("backend.runs.tasks.schedule")(schedule_parked)

@@ -422,9 +422,10 @@ class Client:
     def job_raw_log(self, job: str, out: BinaryIO, *, prefix: str = "") -> None:
         """Stream a job's whole log as plain text (``…/logs/raw``) into
         ``out``, each line starting with ``prefix``."""
-        url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw")
+        # download=1: an archived log comes from its object in storage (a redirect).
+        url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw") + "?download=1"
         marker, start = prefix.encode(), True
-        with self._guard(), self._http.stream("GET", url, timeout=TRANSFER_TIMEOUT) as response:
+        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
             if response.status_code >= 400:
                 response.read()
                 raise _error_from(response)

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
+
 from tests.e2e.conftest import TRAINYARD, User, run_name_of
 
 LINES = 200_000
@@ -164,3 +166,19 @@ def test_a_finished_jobs_raw_log_and_trainyard_logs_are_what_it_printed(alice: U
     assert raw.content == ODD_STORED
     assert (printed.returncode, printed.stdout, printed.stderr) == (0, ODD_STORED, b"")
     assert paged == ODD_STORED
+
+    # Archived (as the beat does TRAINYARD_LOG_ARCHIVE_AFTER_SECONDS after the
+    # job ended): the same bytes from the object in storage, by every way.
+    archived = alice.stack.manage(
+        "shell",
+        "-c",
+        f"from backend.runs.services.logarchive import log_archive_job; print(log_archive_job(job_id={job!r}).size)",
+    )
+    assert int(archived.strip().splitlines()[-1]) == len(ODD_STORED)
+    download = alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/jobs/{job}/logs/raw?download=1")
+    again = subprocess.run([str(TRAINYARD), "logs", name], cwd=repo, env=env, capture_output=True, timeout=60)
+    assert download.status_code == 302
+    assert httpx.get(download.headers["location"], timeout=30).content == ODD_STORED
+    assert alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/jobs/{job}/logs/raw").content == ODD_STORED
+    assert (again.returncode, again.stdout, again.stderr) == (0, ODD_STORED, b"")
+    assert "".join(text + "\n" for _, text in _stored(alice, job)).encode() == ODD_STORED

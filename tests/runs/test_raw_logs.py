@@ -5,12 +5,15 @@ marks, lines that are not plain ASCII, and another workspace's job a 404."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from backend.accounts.models import Workspace
 from backend.runs.models import Attempt, AttemptStatus, Job, Run
+from backend.runs.services.logarchive import log_archive_job
 from backend.runs.services.logchunks import chunks_of, chunks_write
 from tests.support.fixtures import Person, submit
 from tests.support.web import WebServer, WebServers
@@ -76,6 +79,30 @@ def test_download_names_the_file_after_the_run_and_job(web_server: WebServers, j
     response = _raw(web_server.start(), member, job, download="1")
 
     assert response.headers["content-disposition"] == f'attachment; filename="{job.run.name}-{job.name}.log"'
+
+
+def test_an_archived_log_downloads_from_storage_and_ranges_still_stream(
+    web_server: WebServers, job: Job, member: Person, settings: Any, tmp_path: Path
+) -> None:
+    """The whole log of a job that ran once, once archived: a download is a
+    redirect to its object's short-lived URL, whose bytes are the log; a
+    range (or a read without download=1) is streamed by the server, from
+    the archive, as before."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
+    server = web_server.start(TRAINYARD_STORAGE_DIR=str(tmp_path))
+    whole = _raw(server, member, job).content
+    Job.objects.filter(pk=job.pk).update(status="succeeded", finished_at=T0)
+    assert log_archive_job(job_id=str(job.pk)) is not None
+
+    redirect = _raw(server, member, job, download="1")
+    assert redirect.status_code == 302
+    assert redirect.headers["location"].startswith(f"{server.url}/storage/")
+    fetched = httpx.get(redirect.headers["location"], timeout=30)
+    assert fetched.content == whole
+    assert fetched.headers["content-disposition"].endswith(f'"{job.run.name}-{job.name}.log"')
+
+    assert _raw(server, member, job).content == whole
+    assert _raw(server, member, job, download="1", tail="2").content == b"line 9\nline 10\n"
 
 
 def test_bad_parameters_are_refused_with_a_message(web_server: WebServers, job: Job, member: Person) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import StreamingHttpResponse
+from django.http import HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -35,7 +35,7 @@ from backend.runs.models import Run, Tag
 from backend.runs.selectors import job_extras, job_get, job_log_page, run_get, run_list, run_page, with_shown
 from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
-from backend.runs.services.rawlog import RawLogRange, raw_log_chunks
+from backend.runs.services.rawlog import RawLogRange, raw_log_archive_url, raw_log_chunks
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
@@ -221,16 +221,21 @@ class JobRawLogView(WorkspaceAPIView):
     """The job's log as plain text, streamed (docs/LOGS.md, "Raw read-back")."""
 
     @extend_schema(
-        responses={(200, "text/plain"): bytes},
+        responses={(200, "text/plain"): bytes, 302: None},
         parameters=[
             OpenApiParameter("from_seq", int, description="first seq to include (default 1)"),
             OpenApiParameter("to_seq", int, description="last seq to include (default: the end)"),
             OpenApiParameter("tail", int, description="only the last N lines of the range"),
             OpenApiParameter("timestamps", int, description="1: each line starts with its UTC time and a space"),
-            OpenApiParameter("download", int, description="1: sent as an attachment with a file name"),
+            OpenApiParameter(
+                "download",
+                int,
+                description="1: sent as an attachment with a file name; the whole archived log of a job that ran "
+                "once answers 302 to its object in storage (a short-lived URL)",
+            ),
         ],
     )
-    def get(self, request: Request, workspace: str, job: str) -> StreamingHttpResponse:
+    def get(self, request: Request, workspace: str, job: str) -> HttpResponseBase:
         found = job_get(workspace=self.workspace, job_id=job)
         if found is None:
             raise NotFound("Job not found.")
@@ -240,11 +245,17 @@ class JobRawLogView(WorkspaceAPIView):
             tail=_optional_int(request, "tail", minimum=0),
             timestamps=_flag(request, "timestamps"),
         )
+        filename = f"{found.run.name}-{found.name}.log"
+        if _flag(request, "download"):
+            # An archived log is its object in storage: the client fetches it there.
+            url = raw_log_archive_url(job=found, wanted=wanted, filename=filename)
+            if url is not None:
+                return HttpResponseRedirect(url)
         response = StreamingHttpResponse(_streamed(raw_log_chunks(job=found, wanted=wanted)))
         response["Content-Type"] = "text/plain; charset=utf-8"
         response["Cache-Control"] = "no-store"
         if _flag(request, "download"):
-            response["Content-Disposition"] = f'attachment; filename="{found.run.name}-{found.name}.log"'
+            response["Content-Disposition"] = f'attachment; filename="{filename}"'
         return response
 
 

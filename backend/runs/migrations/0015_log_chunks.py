@@ -5,21 +5,25 @@ The lines already stored are copied into chunks of at most 1,000 lines, each
 chunk an unbroken run of seqs (a log cut by its cap has a gap), and back
 again on reverse."""
 
+import uuid
+
 import django.db.models.deletion
 from django.db import migrations, models
 
 # "island": lines with no gap between them share seq - row_number().
 TO_CHUNKS = """
-INSERT INTO runs_logchunk (job_id, first_seq, last_seq, streams, stamps, text)
-SELECT job_id, min(seq), max(seq),
-       string_agg(stream, '' ORDER BY seq),
-       string_agg(float8send(extract(epoch FROM ts)::float8), ''::bytea ORDER BY seq),
-       string_agg(convert_to(replace(text, E'\\n', U&'\\2424') || E'\\n', 'UTF8'), ''::bytea ORDER BY seq)
-FROM (
-    SELECT job_id, seq, ts, stream, text, seq - row_number() OVER (PARTITION BY job_id ORDER BY seq) AS island
-    FROM runs_logline
-) numbered
-GROUP BY job_id, island, (seq - 1) / 1000
+INSERT INTO runs_logchunk (job_id, first_seq, last_seq, streams, stamps, text, size)
+SELECT job_id, first_seq, last_seq, streams, stamps, text, octet_length(text) FROM (
+    SELECT job_id, min(seq) AS first_seq, max(seq) AS last_seq,
+           string_agg(stream, '' ORDER BY seq) AS streams,
+           string_agg(float8send(extract(epoch FROM ts)::float8), ''::bytea ORDER BY seq) AS stamps,
+           string_agg(convert_to(replace(text, E'\\n', U&'\\2424') || E'\\n', 'UTF8'), ''::bytea ORDER BY seq) AS text
+    FROM (
+        SELECT job_id, seq, ts, stream, text, seq - row_number() OVER (PARTITION BY job_id ORDER BY seq) AS island
+        FROM runs_logline
+    ) numbered
+    GROUP BY job_id, island, (seq - 1) / 1000
+) chunks
 """
 
 TO_LINES = """
@@ -47,10 +51,49 @@ $$
 
 class Migration(migrations.Migration):
     dependencies = [
+        ("accounts", "0005_workspace_log_cap"),
+        ("clouds", "0008_instance_cloud_view"),
         ("runs", "0014_runs_list_keyset_indexes"),
     ]
 
     operations = [
+        migrations.CreateModel(
+            name="LogArchive",
+            fields=[
+                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("storage_bucket", models.CharField(blank=True, max_length=63)),
+                ("key", models.CharField(max_length=500)),
+                ("size", models.BigIntegerField()),
+                ("last_seq", models.BigIntegerField()),
+                (
+                    "job",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="log_archive", to="runs.job"
+                    ),
+                ),
+                (
+                    "storage_account",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="clouds.cloudaccount",
+                    ),
+                ),
+                (
+                    "workspace",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="accounts.workspace"
+                    ),
+                ),
+            ],
+            options={
+                "abstract": False,
+            },
+        ),
         migrations.CreateModel(
             name="LogChunk",
             fields=[
@@ -65,6 +108,8 @@ class Migration(migrations.Migration):
                 ("streams", models.TextField()),
                 ("stamps", models.BinaryField()),
                 ("text", models.BinaryField()),
+                ("size", models.IntegerField()),
+                ("archive_offset", models.BigIntegerField(blank=True, null=True)),
                 (
                     "job",
                     models.ForeignKey(

@@ -14,18 +14,30 @@ amount. Chunks never overlap (the writer trims a batch to the job's
 watermark under the job's row lock); there may be gaps between them (lines
 past the log cap are not stored).
 
-Only this module and tests/support/logfill.py know the layout.
+Once a job has ended, its chunks' texts are compacted into one object in
+the workspace's storage (``logarchive.py``): a chunk row then keeps its
+seqs, streams and times, and ``archive_offset`` says where its ``size``
+bytes of text are. Readers here fill an archived chunk's text in with one
+ranged read per run of adjacent chunks, so nothing above this module knows
+whether a log is archived.
+
+Only this module, ``logarchive.py`` and tests/support/logfill.py know the
+layout.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from django.db import connection
 from trainyard_runner.protocol import LogLineWire
+
+from backend.artifacts.locations import storage_of
+from backend.runs.models import LogArchive
 
 CHUNK_LINES = 1000
 LAST_SEQ = 2**62  # "to the end" of a range
@@ -42,7 +54,8 @@ class Chunk:
     last_seq: int
     streams: str
     stamps: bytes
-    text: bytes
+    text: bytes  # b"" while archived and not read in
+    archive_offset: int | None = None
 
     def __len__(self) -> int:
         return self.last_seq - self.first_seq + 1
@@ -126,10 +139,10 @@ def chunks_write(job_id: str, chunks: list[Chunk]) -> None:
     if not chunks:
         return
     raw = connection.cursor().cursor  # the psycopg cursor under Django's wrapper
-    columns = "job_id, first_seq, last_seq, streams, stamps, text"
+    columns = "job_id, first_seq, last_seq, streams, stamps, text, size"
     with raw.copy(f"COPY runs_logchunk ({columns}) FROM STDIN") as copy:
         for c in chunks:
-            copy.write_row((job_id, c.first_seq, c.last_seq, c.streams, c.stamps, c.text))
+            copy.write_row((job_id, c.first_seq, c.last_seq, c.streams, c.stamps, c.text, len(c.text)))
 
 
 def chunks_delete(job_id: str) -> None:
@@ -137,13 +150,14 @@ def chunks_delete(job_id: str) -> None:
         cursor.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job_id])
 
 
-_FORWARD_SQL = """
-SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk
+_COLUMNS = "first_seq, last_seq, streams, stamps, text, size, archive_offset"
+_FORWARD_SQL = f"""
+SELECT {_COLUMNS} FROM runs_logchunk
 WHERE job_id = %(job)s AND last_seq > %(after)s AND first_seq <= %(until)s
 ORDER BY last_seq LIMIT %(rows)s
 """
-_BACKWARD_SQL = """
-SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk
+_BACKWARD_SQL = f"""
+SELECT {_COLUMNS} FROM runs_logchunk
 WHERE job_id = %(job)s AND first_seq <= %(until)s AND last_seq > %(after)s
 ORDER BY first_seq DESC LIMIT %(rows)s
 """
@@ -161,7 +175,7 @@ def chunks_forward(job_id: str, *, after: int, until: int, rows: int = READ_ROWS
     while True:
         with connection.cursor() as cursor:
             cursor.execute(_FORWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
-            found = [Chunk(f, la, s, bytes(st), bytes(t)) for f, la, s, st, t in cursor.fetchall()]
+            found = _read_in(job_id, cursor.fetchall())
         yield from found
         if len(found) < rows:
             return
@@ -173,11 +187,50 @@ def chunks_backward(job_id: str, *, after: int, until: int, rows: int = 8) -> It
     while True:
         with connection.cursor() as cursor:
             cursor.execute(_BACKWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
-            found = [Chunk(f, la, s, bytes(st), bytes(t)) for f, la, s, st, t in cursor.fetchall()]
+            found = _read_in(job_id, cursor.fetchall())
         yield from found
         if len(found) < rows:
             return
         until = found[-1].first_seq - 1
+
+
+def _read_in(job_id: str, rows: list[tuple[Any, ...]]) -> list[Chunk]:
+    """Chunks of fetched rows, archived texts read in from the job's
+    archive: one ranged read per run of chunks adjacent in the object."""
+    chunks = [Chunk(f, la, s, bytes(st), bytes(t), off) for f, la, s, st, t, _, off in rows]
+    archived = [(i, int(off), int(size)) for i, (*_, size, off) in enumerate(rows) if off is not None]
+    if not archived:
+        return chunks
+    read = archive_reader(job_id)
+    for run in _adjacent(archived):
+        start, end = min(off for _, off, _ in run), max(off + size for _, off, size in run)
+        data = read(start, end)
+        for i, off, size in run:
+            chunks[i] = replace(chunks[i], text=data[off - start : off - start + size])
+    return chunks
+
+
+def archive_reader(job_id: str) -> Callable[[int, int], bytes]:
+    """Reads byte ranges of the job's archived log, where it is stored."""
+    archive = LogArchive.objects.filter(job_id=job_id).first()
+    if archive is None:  # an archive row is made in the transaction that empties the chunks
+        raise RuntimeError(f"job {job_id}: chunks say archived but there is no archive")
+    storage = storage_of(archive)
+    key = archive.key
+    return lambda start, end: storage.read_range(key, start, end)
+
+
+def _adjacent(archived: list[tuple[int, int, int]]) -> Iterator[list[tuple[int, int, int]]]:
+    """(row index, offset, size) grouped into runs whose bytes touch (in
+    either order: a backward read lists them newest first)."""
+    run: list[tuple[int, int, int]] = []
+    for item in archived:
+        if run and not (item[1] == run[-1][1] + run[-1][2] or item[1] + item[2] == run[-1][1]):
+            yield run
+            run = []
+        run.append(item)
+    if run:
+        yield run
 
 
 def tail_start(job_id: str, *, count: int, until: int) -> int:

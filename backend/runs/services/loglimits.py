@@ -27,6 +27,7 @@ from trainyard_runner.protocol import LogLineWire, log_digest_hex
 
 from backend.core.testhooks import file_hook_fires
 from backend.runs.models import FINISHED_RUN, Attempt, Job
+from backend.runs.services.logarchive import log_archive_delete
 from backend.runs.services.logchunks import chunks_delete
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def _prune_one(job_id: str, days: int, now: datetime) -> None:
         job = Job.objects.select_for_update().only("log_note").filter(pk=job_id).first()
         if job is None:
             return
+        log_archive_delete(job_id=job_id)
         chunks_delete(job_id)
         note = f"log deleted {days} days after the job ended (retention)"
         joined = f"{job.log_note}; {note}" if job.log_note else note

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Protocol
 
-from backend.runs.models import Attempt, Job
+from backend.artifacts.locations import storage_of
+from backend.runs.models import Attempt, Job, LogArchive, LogChunk
 from backend.runs.services.logchunks import LAST_SEQ, READ_ROWS, Chunk, chunks_forward, clipped, tail_start
 
 
@@ -61,6 +62,24 @@ class LogReader(Protocol):
 def log_reader_for(job: Job) -> LogReader:
     """The reader of ``job``'s log where it is stored now."""
     return ChunkLogReader(job_id=str(job.pk))
+
+
+ARCHIVE_URL_SECONDS = 300
+
+
+def raw_log_archive_url(*, job: Job, wanted: RawLogRange, filename: str) -> str | None:
+    """A short-lived URL of the job's archived log object, when it is what
+    ``wanted`` asks for byte for byte: the whole log, without timestamps, of
+    a job that ran once (no attempt marks), archived with every stored line
+    (no line stored after). None otherwise: then the server streams it."""
+    if wanted != RawLogRange():
+        return None
+    archive = LogArchive.objects.filter(job=job).first()
+    if archive is None or archive.last_seq != job.last_seq or Attempt.objects.filter(job=job).count() > 1:
+        return None
+    if LogChunk.objects.filter(job=job, archive_offset__isnull=True).exists():
+        return None
+    return storage_of(archive).signed_url(archive.key, method="GET", seconds=ARCHIVE_URL_SECONDS, filename=filename)
 
 
 def raw_log_chunks(*, job: Job, wanted: RawLogRange, reader: LogReader | None = None) -> Iterator[bytes]:

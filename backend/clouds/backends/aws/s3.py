@@ -159,6 +159,18 @@ class S3Bucket:
             raise
         return cast(BinaryIO, answer["Body"])
 
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` .. ``end`` - 1 of the object (one ranged GET)."""
+        if end <= start:
+            return b""
+        try:
+            answer = self._s3().get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        except ClientError as e:
+            if _code(e) in ("404", "NoSuchKey"):
+                raise FileNotFoundError(key) from None
+            raise
+        return bytes(answer["Body"].read())
+
     def upload(self, key: str, source: Readable) -> None:
         """Stream ``source`` into the object (boto3 goes multipart by itself
         for large ones); the object appears only when it is whole."""
