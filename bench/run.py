@@ -559,7 +559,7 @@ def main() -> int:
                         results["spot"] = {"notice": {"error": message}}
                     failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
                 if "raw-logs" in parts:
-                    results["raw_logs"] = bench_raw_logs(api, stack.database_url, args.raw_lines, tmp)
+                    results["raw_logs"] = bench_raw_logs(api, stack, args.raw_lines, tmp)
                 if "runs-list" in parts:  # last: it sets Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))
@@ -640,7 +640,8 @@ def main() -> int:
         r = results["raw_logs"]
         print(
             f"raw read-back detail: {r['bytes'] / 1e6:.0f} MB; HTTP {r['http_seconds']} s ({r['http_mb_per_s']} MB/s best), "
-            f"`trainyard logs` {r['cli_seconds']} s"
+            f"`trainyard logs` {r['cli_seconds']} s; archived in {r['archive_seconds']} s, then HTTP "
+            f"{r['archived_http_seconds']} s, `trainyard logs` {r['archived_cli_seconds']} s"
         )
     print()
     print(f"MISSED: {', '.join(missed)}" if missed else "all targets met")

@@ -32,6 +32,7 @@ from backend.artifacts.storage import (
 
 CHUNK = 1 << 20
 DOWNLOAD_TYPE = "application/octet-stream"
+DOWNLOAD_BLOCK = 1 << 20  # bytes per read of a file sent from the local storage
 
 
 def _inert(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
@@ -82,7 +83,9 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     except FileNotFoundError:
         return _error(404, "Not found.")
     name = filename or key.rsplit("/", 1)[-1]
-    return FileResponse(handle, as_attachment=True, filename=name, content_type=DOWNLOAD_TYPE)
+    response = FileResponse(handle, as_attachment=True, filename=name, content_type=DOWNLOAD_TYPE)
+    response.block_size = DOWNLOAD_BLOCK  # Django's 4 KiB costs a send per block: a 118 MB log ran at half the speed
+    return response
 
 
 @_inert

@@ -137,3 +137,19 @@ def test_the_migration_turns_stored_lines_into_chunks_and_back(run: Run) -> None
 def test_a_chunk_of_another_uuid_is_not_read(job: Job) -> None:
     _store(job, 1, _lines(1, 3))
     assert job_log_lines(job_id=str(uuid.uuid4())) == []
+
+
+def test_the_bench_and_test_filler_writes_what_the_server_reads(job: Job, settings: Any) -> None:
+    """tests/support/logfill.py knows the layout without Django: its chunks
+    read back through the server's own readers."""
+    from django.db import connection as conn
+
+    from tests.support.logfill import NOISY_TEXT, fill_job_log
+
+    url = "postgresql://{USER}@{HOST}:{PORT}/{NAME}".format(**conn.settings_dict)
+    size = fill_job_log(url, str(job.pk), 2500)
+
+    lines = job_log_lines(job_id=str(job.pk))
+    assert [(seq, text) for seq, _, _, text in lines] == [(i + 1, NOISY_TEXT.format(i)) for i in range(2500)]
+    assert lines[1][1] - lines[0][1] == pytest.approx(0.001, abs=1e-6)
+    assert size == sum(len(NOISY_TEXT.format(i)) + 1 for i in range(2500))

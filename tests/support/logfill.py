@@ -7,6 +7,8 @@ lines are stored: when the storage changes, this changes with it."""
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Any
 
 NOISY_TEXT = "line {:09d} the quick brown fox jumps over the lazy dog"
@@ -21,18 +23,17 @@ def fill_job_log(database_url: str, job: str, lines: int, text: str = NOISY_TEXT
     newline): what a raw read-back of it should send."""
     import psycopg
 
-    from backend.runs.services.logchunks import CHUNK_LINES, stamps_encode
-
     size = 0
     with psycopg.connect(database_url) as conn, conn.cursor() as cur:
         cur.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job])
-        columns = "job_id, first_seq, last_seq, streams, stamps, text"
+        cur.execute("DELETE FROM runs_logarchive WHERE job_id = %s", [job])
+        columns = "job_id, first_seq, last_seq, streams, stamps, text, size"
         with cur.copy(f"COPY runs_logchunk ({columns}) FROM STDIN") as copy:
             for start in range(0, lines, CHUNK_LINES):
                 end = min(start + CHUNK_LINES, lines)
                 data = "".join(text.format(i) + "\n" for i in range(start, end)).encode()
-                stamps = stamps_encode([T0 + i / 1000 for i in range(start, end)])
-                copy.write_row((job, start + 1, end, "o" * (end - start), stamps, data))
+                stamps = _stamps_encode([T0 + i / 1000 for i in range(start, end)])
+                copy.write_row((job, start + 1, end, "o" * (end - start), stamps, data, len(data)))
                 size += len(data)
         cur.execute("UPDATE runs_job SET last_seq = %s WHERE id = %s", [lines, job])
         cur.execute("ANALYZE runs_logchunk")
@@ -45,6 +46,7 @@ def empty_job_log(database_url: str, job: str) -> None:
 
     with psycopg.connect(database_url) as conn:
         conn.execute("DELETE FROM runs_logchunk WHERE job_id = %s", [job])
+        conn.execute("DELETE FROM runs_logarchive WHERE job_id = %s", [job])
         conn.execute("UPDATE runs_job SET last_seq = 0 WHERE id = %s", [job])
 
 
@@ -52,14 +54,33 @@ def line_time(conn: Any, job: str, *, text: str | None = None) -> float | None:
     """The time (Unix seconds) of the job's first line, or of its first
     line that is exactly ``text``; None if there is none. ``conn``: a
     psycopg connection."""
-    from backend.runs.services.logchunks import Chunk
-
     rows = conn.execute(
-        "SELECT first_seq, last_seq, streams, stamps, text FROM runs_logchunk WHERE job_id = %s ORDER BY first_seq",
+        "SELECT stamps, text FROM runs_logchunk WHERE job_id = %s AND archive_offset IS NULL ORDER BY first_seq",
         (job,),
     )
-    for first, last, streams, stamps, data in rows:
-        for _, ts, _, line in Chunk(first, last, streams, bytes(stamps), bytes(data)).lines():
+    for stamps, data in rows:
+        lines = bytes(data).decode("utf-8", "surrogatepass").split("\n")
+        for ts, line in zip(_stamps_decode(bytes(stamps)), lines, strict=False):
             if text is None or line == text:
                 return ts
     return None
+
+
+# The layout of backend/runs/services/logchunks.py, without Django (benches
+# run outside it): CHUNK_LINES lines a chunk, times as float64 big-endian.
+CHUNK_LINES = 1000
+
+
+def _stamps_encode(times: list[float]) -> bytes:
+    packed = array("d", times)
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _stamps_decode(raw: bytes) -> array[float]:
+    packed = array("d")
+    packed.frombytes(raw)
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed
