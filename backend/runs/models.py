@@ -158,7 +158,11 @@ class Job(WorkspaceOwnedModel):
     cache_decision = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
-        indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="job_status_created"),
+            # The log archive's and retention's passes walk jobs by when they ended.
+            models.Index(fields=["finished_at"], name="job_finished_at", condition=models.Q(finished_at__isnull=False)),
+        ]
 
 
 class AttemptStatus(models.TextChoices):

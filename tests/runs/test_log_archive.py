@@ -81,6 +81,14 @@ def test_a_running_job_or_one_that_just_ended_is_not_archived(run: Run) -> None:
     assert not LogArchive.objects.exists()
 
 
+def test_a_job_that_ended_before_the_window_stays_in_its_rows(run: Run) -> None:
+    """A pass walks the jobs that ended in the last week (an index range);
+    an older log (archiving was off then) is left where it is, readable."""
+    job = _finished(run, 10, ago=8 * 86400)
+    assert logs_archive() == 0
+    assert len(job_log_lines(job_id=str(job.pk))) == 10
+
+
 def test_lines_stored_after_the_archive_are_read_after_it(run: Run) -> None:
     job = _finished(run, 1200)
     assert log_archive_job(job_id=str(job.pk)) is not None

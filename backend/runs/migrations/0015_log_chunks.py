@@ -126,6 +126,12 @@ class Migration(migrations.Migration):
             name="LogLine",
         ),
         migrations.AddIndex(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("finished_at__isnull", False)), fields=["finished_at"], name="job_finished_at"
+            ),
+        ),
+        migrations.AddIndex(
             model_name="logchunk",
             index=models.Index(fields=["job", "last_seq"], name="logchunk_job_last_seq"),
         ),

@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 ARCHIVE_JOBS_PER_PASS = 50
 ARCHIVE_BUDGET_SECONDS = 240.0  # per call; the task's time limit is 300 s
 READ_CHUNKS = 64
+# Each pass looks at jobs that ended within this window (an index range, not
+# every finished job ever): a log not archived by then (archiving was off,
+# or storage failed for a week) stays in its chunk rows, readable as ever.
+ARCHIVE_WINDOW = timedelta(days=7)
 
 
 class ArchiveFailed(Exception):
@@ -57,12 +61,13 @@ def logs_archive(*, now: datetime | None = None, budget_seconds: float = ARCHIVE
     if after <= 0:
         return 0
     cutoff = (now or timezone.now()) - timedelta(seconds=after)
+    oldest = cutoff - ARCHIVE_WINDOW
     deadline, archived = time.monotonic() + budget_seconds, 0
     failed: set[uuid.UUID] = set()
     while time.monotonic() < deadline:
         waiting = LogChunk.objects.filter(job_id=OuterRef("pk"), archive_offset__isnull=True)
         ids = list(
-            Job.objects.filter(status__in=FINISHED_JOB, finished_at__lt=cutoff, log_pruned_at__isnull=True)
+            Job.objects.filter(status__in=FINISHED_JOB, finished_at__range=(oldest, cutoff), log_pruned_at__isnull=True)
             .filter(log_archive__isnull=True)
             .filter(Exists(waiting))
             .exclude(pk__in=failed)
