@@ -172,26 +172,28 @@ def chunks_forward(job_id: str, *, after: int, until: int, rows: int = READ_ROWS
     """The chunks holding any line with ``after < seq <= until``, in seq
     order, read ``rows`` at a time (the first and last may hold lines
     outside the range: ``clipped`` cuts them)."""
-    while True:
-        with connection.cursor() as cursor:
-            cursor.execute(_FORWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
-            found = _read_in(job_id, cursor.fetchall())
-        yield from found
-        if len(found) < rows:
-            return
-        after = found[-1].last_seq
+    return _walk(job_id, after=after, until=until, rows=rows, forward=True)
 
 
 def chunks_backward(job_id: str, *, after: int, until: int, rows: int = 8) -> Iterator[Chunk]:
     """As ``chunks_forward``, newest first."""
+    return _walk(job_id, after=after, until=until, rows=rows, forward=False)
+
+
+def _walk(job_id: str, *, after: int, until: int, rows: int, forward: bool) -> Iterator[Chunk]:
+    """Keyset pages of ``rows`` chunks; each page narrows the range past the last one read."""
     while True:
         with connection.cursor() as cursor:
-            cursor.execute(_BACKWARD_SQL, {"job": job_id, "after": after, "until": until, "rows": rows})
+            sql = _FORWARD_SQL if forward else _BACKWARD_SQL
+            cursor.execute(sql, {"job": job_id, "after": after, "until": until, "rows": rows})
             found = _read_in(job_id, cursor.fetchall())
         yield from found
         if len(found) < rows:
             return
-        until = found[-1].first_seq - 1
+        if forward:
+            after = found[-1].last_seq
+        else:
+            until = found[-1].first_seq - 1
 
 
 def _read_in(job_id: str, rows: list[tuple[Any, ...]]) -> list[Chunk]:
