@@ -406,7 +406,7 @@ class LogPageOut(serializers.Serializer):
     has_more = serializers.BooleanField(
         help_text="lines are left in the direction read (before the first for before_seq and tail)"
     )
-    last_seq = serializers.IntegerField(help_text="the job's last stored seq: the log's length in seqs")
+    last_seq = serializers.IntegerField(help_text="the job's watermark: its highest seq received")
 
 
 class LogSearchOut(serializers.Serializer):
