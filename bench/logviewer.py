@@ -1,0 +1,104 @@
+"""Bench part ``log-viewer``: the run page of a finished job of LINES lines in Chromium.
+
+A ``hello`` run finishes; its job's log is then replaced by LINES lines
+(``fill_job_log``, as the raw-logs part does). Debian's Chromium, driven by
+Playwright, opens the run page (signed with the bench's API token on every
+request), and the bench times from the navigation to the log's last line
+being visible, best of VIEWER_REPEATS (the first visit loads the dashboard's
+assets, so it is a warm-up and not counted). Then the JS heap, after a
+garbage collection (CDP ``HeapProfiler.collectGarbage`` and
+``Runtime.getHeapUsage``), the lines the page holds (the viewer's
+``data-held``), and the time to scroll to the top until line 1 shows. The
+lines are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.lib import Api, log
+from tests.support.logfill import empty_job_log, fill_job_log
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+VIEWER_REPEATS = 3
+VIEWER_TIMEOUT_MS = 120_000
+TARGET_VISIBLE_S = 1.0
+TARGET_HEAP_MB = 50.0
+
+
+def bench_log_viewer(api: Api, database_url: str, lines: int) -> dict[str, Any]:
+    log(f"(8) log viewer: the run page of a finished job of {lines:,} lines (COPY), in Chromium")
+    if not CHROMIUM.exists():
+        return {"error": f"{CHROMIUM} is missing (apt-get install chromium)"}
+    run = api.wait_finished(api.submit("hello")["id"])
+    job = run["jobs"][0]["id"]
+    fill_job_log(database_url, job, lines)
+    try:
+        result = _measure(api, f"/w/{api.workspace}/runs/{run['name']}", lines)
+    finally:
+        empty_job_log(database_url, job)
+    log(f"(8) log viewer: {result}")
+    return {"run": run["name"], "lines": lines, **result}
+
+
+def viewer_rows(viewer: dict[str, Any], row: Any) -> None:
+    if "error" in viewer:
+        row("run page of a long finished job: last line visible", viewer["error"], "", False)
+        return
+    n = viewer["lines"]
+    row(
+        f"run page of a finished {n:,}-line job in Chromium: last line visible",
+        f"{viewer['visible_seconds_best']:.2f} s",
+        f"≤ {TARGET_VISIBLE_S:.0f} s",
+        viewer["visible_seconds_best"] <= TARGET_VISIBLE_S,
+    )
+    row(
+        "same page: JS heap after GC",
+        f"{viewer['heap_mb']:.1f} MB ({viewer['held_lines']:,} lines held)",
+        f"≤ {TARGET_HEAP_MB:.0f} MB",
+        viewer["heap_mb"] <= TARGET_HEAP_MB,
+    )
+    row("same page: scroll to the top until line 1 shows", f"{viewer['top_seconds']:.2f} s", "", None)
+
+
+def _measure(api: Api, path: str, lines: int) -> dict[str, Any]:
+    from playwright.sync_api import sync_playwright
+
+    last_line = f'[role="log"] [data-seq="{lines}"]'
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(
+                viewport={"width": 1280, "height": 800},
+                base_url=api.url,
+                extra_http_headers={"Authorization": f"Bearer {api.token}"},
+            )
+            page = context.new_page()
+            seconds = []
+            for _ in range(VIEWER_REPEATS + 1):
+                started = time.perf_counter()
+                page.goto(path)
+                page.locator(last_line).wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
+                seconds.append(time.perf_counter() - started)
+            cdp = context.new_cdp_session(page)
+            cdp.send("HeapProfiler.collectGarbage")
+            heap = cdp.send("Runtime.getHeapUsage")
+            held = int(page.locator('[role="log"]').get_attribute("data-held") or "0")
+            started = time.perf_counter()
+            page.locator('[role="log"]').evaluate("el => { el.scrollTop = 0; }")
+            page.locator('[role="log"] [data-seq="1"]').wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
+            top = time.perf_counter() - started
+        finally:
+            browser.close()
+    counted = seconds[1:]
+    return {
+        "visible_seconds": [round(s, 3) for s in counted],
+        "visible_seconds_best": round(min(counted), 3),
+        "cold_seconds": round(seconds[0], 3),
+        "heap_mb": round(heap["usedSize"] / 1e6, 1),
+        "held_lines": held,
+        "top_seconds": round(top, 3),
+    }
