@@ -83,6 +83,7 @@ def _measure(api: Api, path: str, lines: int) -> dict[str, Any]:
                 page.goto(path)
                 page.locator(last_line).wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
                 seconds.append(time.perf_counter() - started)
+            requests = page.evaluate(_REQUESTS_JS)
             cdp = context.new_cdp_session(page)
             cdp.send("HeapProfiler.collectGarbage")
             heap = cdp.send("Runtime.getHeapUsage")
@@ -101,4 +102,11 @@ def _measure(api: Api, path: str, lines: int) -> dict[str, Any]:
         "heap_mb": round(heap["usedSize"] / 1e6, 1),
         "held_lines": held,
         "top_seconds": round(top, 3),
+        "requests_ms": requests,
     }
+
+
+# The last visit's requests: [path, start, end] in ms after the navigation started.
+_REQUESTS_JS = """() => performance.getEntriesByType("resource").map(
+  (e) => [new URL(e.name).pathname.replace(/[0-9a-f-]{36}/g, "<id>") + new URL(e.name).search.slice(0, 24),
+          Math.round(e.startTime), Math.round(e.responseEnd)])"""
