@@ -112,6 +112,15 @@ def test_search_reads_across_batches_of_a_long_log(run: Run, member: Person) -> 
     assert _logs(member, job, search="line 000000002", direction="prev").json()["seq"] == 3
 
 
+def test_seqs_past_any_line_read_as_the_end_of_the_log(job: Job, member: Person) -> None:
+    huge = str(10**30)
+
+    assert _seqs(_logs(member, job, before_seq=huge, limit=2)) == [99, 100]
+    assert _seqs(_logs(member, job, after_seq=huge)) == []
+    assert _logs(member, job, search="step 1 loss", direction="prev", from_seq=huge).json()["seq"] == 2
+    assert _logs(member, job, search="step 1 loss", from_seq=huge).json()["seq"] is None
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

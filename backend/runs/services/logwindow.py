@@ -49,7 +49,7 @@ def log_lines_before(*, job: Job, before_seq: int | None, limit: int, max_bytes:
        end; then fewer lines are asked for, until they reach it: the lines
        next to ``before_seq`` are the ones the viewer needs.
     """
-    until = before_seq - 1 if before_seq is not None else LAST_SEQ
+    until = min(before_seq - 1, LAST_SEQ) if before_seq is not None else LAST_SEQ
     if until < 1:
         return LogWindow([], False)
     reader = log_reader_for(job)
@@ -66,7 +66,7 @@ def log_lines_before(*, job: Job, before_seq: int | None, limit: int, max_bytes:
 
 def log_lines_after(*, job: Job, after_seq: int, limit: int, max_bytes: int) -> LogWindow:
     """The first ``limit`` lines with seq > ``after_seq`` (the pages, as before)."""
-    page = job_log_page(job=job, after_seq=after_seq, limit=limit, max_bytes=max_bytes)
+    page = job_log_page(job=job, after_seq=min(after_seq, LAST_SEQ), limit=limit, max_bytes=max_bytes)
     return LogWindow(page.lines, page.has_more)
 
 
@@ -79,6 +79,7 @@ def log_search(*, job: Job, text: str, from_seq: int, direction: Direction, max_
     needle = _plain(text).lower()
     if not needle:
         return None
+    from_seq = min(from_seq, LAST_SEQ)  # a seq past any stored one, in the database's range
     if direction == "next":
         return _search_forward(job, needle, from_seq, max_bytes)
     return _search_backward(job, needle, from_seq, max_bytes)
