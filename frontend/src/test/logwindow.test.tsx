@@ -179,6 +179,25 @@ describe("LogViewer over a window", () => {
     await waitFor(() => expect(screen.getByText("No matches")).toBeInTheDocument());
   });
 
+  it("follows a live job to its newest line and trims the head past the bound", async () => {
+    const store = new LogWindowStore(fakeSource(100));
+    store.need("j", 0, 0);
+    await settle();
+    const { rerender } = render(<Viewer store={store} />);
+    const log = screen.getByRole("log");
+    expect(within(log).getByText("line 100")).toBeInTheDocument();
+
+    for (let from = 101; from <= 25_100; from += 5_000) {
+      act(() => store.append("j", Array.from({ length: 5_000 }, (_, i) => [from + i, 0, "o" as Stream, `live ${from + i}`])));
+      rerender(<Viewer store={store} />);
+    }
+
+    expect(log).toHaveAttribute("data-follow", "on");
+    expect(within(log).getByText("live 25100")).toBeInTheDocument();
+    expect(log).toHaveAttribute("data-held", String(WINDOW_LINES));
+    expect(log).toHaveAttribute("data-total", "25100");
+  });
+
   it("shows placeholder rows for lines it does not hold and asks for them", () => {
     const onNeed = vi.fn();
     render(<LogViewer lines={[]} label="Logs" windowed={{ total: 1000, onNeed, search: async () => null }} />);
