@@ -157,3 +157,29 @@ def test_viewers_read_windows_and_outsiders_do_not(job: Job, viewer: Person, out
     assert _logs(viewer, job, tail=1).status_code == 200
     assert _logs(outsider, job, tail=1).status_code == 404
     assert _logs(outsider, job, search="loss").status_code == 404
+
+
+def test_a_match_in_a_batch_with_a_gap_gets_the_seq_of_its_line(job: Job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines past a log cap are not stored: a batch may cover seqs 1..7 with
+    three lines. The hit's seq comes from the pages, not from counting."""
+    from backend.runs.selectors import LogPage
+    from backend.runs.services import logwindow
+    from backend.runs.services.rawlog import RawBatch
+
+    class GappedReader:
+        def batches(self, *, after: int, until: int, timestamps: bool) -> Any:
+            yield RawBatch(1, 7, b"alpha\nbeta\nthe \x1b[1mNeedle\x1b[0m\n")
+
+    pages: list[tuple[int, int]] = []
+
+    def page(*, job: Job, after_seq: int, limit: int, max_bytes: int, until: int | None = None) -> LogPage:
+        pages.append((after_seq, limit))
+        lines = [(seq, 0.0, "o", "") for seq in (1, 2, 7) if seq > after_seq][:limit]
+        return LogPage(lines, False)
+
+    monkeypatch.setattr(logwindow, "log_reader_for", lambda job: GappedReader())
+    monkeypatch.setattr(logwindow, "job_log_page", page)
+
+    found = logwindow.log_search(job=job, text="the needle", from_seq=1, direction="next", max_bytes=1 << 20)
+
+    assert (found, pages) == (7, [(0, 3)])
