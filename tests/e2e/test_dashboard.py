@@ -9,7 +9,9 @@ stop too. When a job's runner dies and the job runs again, the run page
 shows both attempts: marks in the one log and a row each in its table.
 
 The run page of a 5,000-line log is painted to the bottom (sidebar and
-background) at 1280x800 and 1920x1080. After each navigation every test runs
+background) at 1280x800 and 1920x1080. The run page of a finished
+200,000-line job opens at its last line and holds a bounded window of it;
+scrolling to the top shows line 1 and a search finds a line far away. After each navigation every test runs
 axe-core's WCAG 2 A and AA rules on the page (``audit``): a violation fails it.
 
 Screenshots (full page, 1280x800 unless named otherwise) go to
