@@ -9,7 +9,9 @@ import type { Stream } from "../api/types";
 
 /** The most lines held per job (the viewer shows a few dozen of them). */
 export const WINDOW_LINES = 20_000;
-/** Lines per request: the tail it opens with and each step as the user scrolls. */
+/** Lines it opens with (the tail): a few screens, so the first answer is small and quick. */
+export const OPEN_LINES = 1_000;
+/** Lines per request as the user scrolls or jumps. */
 export const CHUNK_LINES = 5_000;
 /** After a failed request, wait this long before asking again. */
 const RETRY_MS = 3_000;
@@ -123,7 +125,7 @@ export class LogWindowStore {
     const w = this.get(job);
     if (w.pending || Date.now() < w.retryAt) return;
     if (!w.loaded) {
-      void this.load(job, w, { tail: CHUNK_LINES }, (page) => this.opened(w, page));
+      void this.load(job, w, { tail: OPEN_LINES }, (page) => this.opened(w, page));
       return;
     }
     const wantedLast = Math.min(last, w.total);

@@ -2,7 +2,7 @@ import { act, fireEvent, render, screen, waitFor, within } from "@testing-librar
 import userEvent from "@testing-library/user-event";
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { LogViewer } from "../components/LogViewer";
-import { CHUNK_LINES, LogWindowStore, WINDOW_LINES, lineWithSeq, type LogSource, type WindowPage } from "../lib/logwindow";
+import { CHUNK_LINES, LogWindowStore, OPEN_LINES, WINDOW_LINES, lineWithSeq, type LogSource, type WindowPage } from "../lib/logwindow";
 import type { Stream } from "../api/types";
 
 const ROW = 18;
@@ -59,8 +59,8 @@ describe("LogWindowStore", () => {
     await settle();
 
     const w = store.window("j");
-    expect(source.calls).toEqual([{ tail: CHUNK_LINES }]);
-    expect([w.fromSeq, w.toSeq, w.total, w.lines.length]).toEqual([2_000_000 - CHUNK_LINES + 1, 2_000_000, 2_000_000, CHUNK_LINES]);
+    expect(source.calls).toEqual([{ tail: OPEN_LINES }]);
+    expect([w.fromSeq, w.toSeq, w.total, w.lines.length]).toEqual([2_000_000 - OPEN_LINES + 1, 2_000_000, 2_000_000, OPEN_LINES]);
   });
 
   it("reads before and after what it holds, jumps far, and never holds more than its bound", async () => {
@@ -75,10 +75,10 @@ describe("LogWindowStore", () => {
       await settle();
     }
     let w = store.window("j");
-    expect(source.calls.slice(1, 3)).toEqual([{ before_seq: 195_001, limit: CHUNK_LINES }, { before_seq: 190_001, limit: CHUNK_LINES }]);
+    expect(source.calls.slice(1, 3)).toEqual([{ before_seq: 199_001, limit: CHUNK_LINES }, { before_seq: 194_001, limit: CHUNK_LINES }]);
     expect(w.lines.length).toBe(WINDOW_LINES);
-    expect([w.fromSeq, w.toSeq]).toEqual([165_001, 185_000]);
-    expect(w.lines[0].seq).toBe(165_001);
+    expect([w.fromSeq, w.toSeq]).toEqual([169_001, 189_000]);
+    expect(w.lines[0].seq).toBe(169_001);
 
     store.need("j", 1, 60);
     await settle();
@@ -97,12 +97,12 @@ describe("LogWindowStore", () => {
     const store = new LogWindowStore(fakeSource(WINDOW_LINES));
     store.need("j", 0, 0);
     await settle();
-    // The opening tail holds CHUNK_LINES; fill up to the bound, then past it.
+    // The opening tail holds OPEN_LINES; fill up to the bound, then past it.
     const frame = (from: number, count: number): [number, number, Stream, string][] =>
       Array.from({ length: count }, (_, i) => [from + i, 0, "o", `live ${from + i}`]);
     store.append("j", frame(WINDOW_LINES - 2, 10)); // overlaps the tail: the repeated lines are dropped
     let w = store.window("j");
-    expect([w.toSeq, w.total, w.lines.length]).toEqual([WINDOW_LINES + 7, WINDOW_LINES + 7, CHUNK_LINES + 7]);
+    expect([w.toSeq, w.total, w.lines.length]).toEqual([WINDOW_LINES + 7, WINDOW_LINES + 7, OPEN_LINES + 7]);
     store.append("j", frame(WINDOW_LINES + 8, WINDOW_LINES));
     w = store.window("j");
     expect(w.lines.length).toBe(WINDOW_LINES);
@@ -141,7 +141,7 @@ describe("LogViewer over a window", () => {
 
     expect(within(log).getByText("line 2000000")).toBeInTheDocument();
     expect(log).toHaveAttribute("data-total", "2000000");
-    expect(Number(log.getAttribute("data-held"))).toBe(CHUNK_LINES);
+    expect(Number(log.getAttribute("data-held"))).toBe(OPEN_LINES);
     // The canvas stays under browsers' height limits; the scrollbar is scaled.
     const canvas = log.querySelector(".log-canvas") as HTMLElement;
     expect(parseInt(canvas.style.height, 10)).toBeLessThan(2_000_000 * ROW);
