@@ -2,14 +2,16 @@
 plain COPY, 50 concurrent runs, a run on a fresh / a reused EC2 instance
 (moto), and a spot notice → the job running again on a second instance plus
 the checkpoint sync's throughput against plain boto3, the raw read-back of a
-finished job's log (`--only raw-logs`) and the runs list of a workspace of a
+finished job's log (`--only raw-logs`), the run page of such a job in Chromium
+(`--only log-viewer`, bench/logviewer.py) and the runs list of a workspace of a
 million runs (`--only runs-list`, bench/runs_list.py) — measured in one run on
 the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
                                   [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
-                                  [--list-runs 1000000] [--only latency|throughput|burst|aws|spot|raw-logs|runs-list ...]
+                                  [--viewer-lines 2000000] [--list-runs 1000000]
+                                  [--only latency|throughput|burst|aws|spot|raw-logs|log-viewer|runs-list ...]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -44,6 +46,7 @@ from bench.lib import (
     percentile,
     sigterm_as_interrupt,
 )
+from bench.logviewer import bench_log_viewer, viewer_rows
 from bench.rawlogs import bench_raw_logs, raw_rows
 from bench.runs_list import TARGET_MS as TARGET_LIST_MS
 from bench.runs_list import TARGET_QUERIES as TARGET_LIST_QUERIES
@@ -465,6 +468,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         spot_rows(spot, row)
     if results.get("raw_logs"):
         raw_rows(results["raw_logs"], row)
+    if results.get("log_viewer"):
+        viewer_rows(results["log_viewer"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -496,19 +501,22 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--raw-lines", type=int, default=2_000_000, help="lines of the finished job read back raw")
+    parser.add_argument(
+        "--viewer-lines", type=int, default=2_000_000, help="lines of the job the log-viewer part opens"
+    )
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
     parser.add_argument(
         "--only",
-        choices=["latency", "throughput", "burst", "aws", "spot", "raw-logs", "runs-list"],
+        choices=["latency", "throughput", "burst", "aws", "spot", "raw-logs", "log-viewer", "runs-list"],
         action="append",
         help="run only these parts",
     )
     parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot", "raw-logs", "runs-list"])
+    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot", "raw-logs", "log-viewer", "runs-list"])
     failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
@@ -560,6 +568,8 @@ def main() -> int:
                     failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
                 if "raw-logs" in parts:
                     results["raw_logs"] = bench_raw_logs(api, stack, args.raw_lines, tmp)
+                if "log-viewer" in parts:
+                    results["log_viewer"] = bench_log_viewer(api, stack.database_url, args.viewer_lines)
                 if "runs-list" in parts:  # last: it sets Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))

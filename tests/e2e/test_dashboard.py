@@ -9,7 +9,9 @@ stop too. When a job's runner dies and the job runs again, the run page
 shows both attempts: marks in the one log and a row each in its table.
 
 The run page of a 5,000-line log is painted to the bottom (sidebar and
-background) at 1280x800 and 1920x1080. After each navigation every test runs
+background) at 1280x800 and 1920x1080. The run page of a finished
+200,000-line job opens at its last line and holds a bounded window of it;
+scrolling to the top shows line 1 and a search finds a line far away. After each navigation every test runs
 axe-core's WCAG 2 A and AA rules on the page (``audit``): a violation fails it.
 
 Screenshots (full page, 1280x800 unless named otherwise) go to
@@ -34,6 +36,7 @@ from tests.e2e.test_lifecycle import _kill_the_runner_of, _sleeps
 from tests.support.accessibility import audit, serve_axe
 from tests.support.aws_account import BUCKET, prepare
 from tests.support.github import GithubServer, GithubUser
+from tests.support.logfill import NOISY_TEXT, fill_job_log
 from tests.support.moto import MotoServer
 from tests.support.screenshots import assert_background_reaches_the_bottom
 from tests.support.stack import REPO_ROOT, Stack
@@ -557,6 +560,40 @@ def test_the_run_page_of_a_long_log_fills_the_window_to_the_bottom(
         png = screenshot(page, f"run-long-log-{window['width']}x{window['height']}").read_bytes()
         assert_background_reaches_the_bottom(page, png)
         audit(page)
+
+
+IRIS = GithubUser(id=5007, login="iris", name="Iris West")
+LONG_LOG_LINES = 200_000
+# frontend/src/lib/logwindow.ts WINDOW_LINES: the most lines the run page holds per job.
+WINDOW_LINES = 20_000
+
+
+def test_the_run_page_of_a_long_finished_log_opens_at_its_tail_and_holds_a_window(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    """A finished job of 200,000 lines (issue 12): the page shows its last
+    line, holds at most a window of lines, shows line 1 when scrolled to the
+    top, and a search jumps to a line far from what it holds."""
+    page, iris, name = signed_in_with_a_run(stack, stack_github, browser, contexts, tmp_path, IRIS, "chatty")
+    job = iris.run(name)["jobs"][0]["id"]
+    fill_job_log(stack.database_url, job, LONG_LOG_LINES)
+
+    page.goto(f"/w/{iris.workspace}/runs/{name}")
+    log = page.get_by_role("log")
+    expect(log.locator(f'[data-seq="{LONG_LOG_LINES}"]')).to_contain_text(NOISY_TEXT.format(LONG_LOG_LINES - 1))
+    expect(log).to_have_attribute("data-total", str(LONG_LOG_LINES))
+    audit(page)
+
+    log.evaluate("el => { el.scrollTop = 0; }")
+    expect(log.locator('[data-seq="1"]')).to_contain_text(NOISY_TEXT.format(0))
+    assert 0 < int(log.get_attribute("data-held") or "0") <= WINDOW_LINES
+
+    page.get_by_role("searchbox", name="Search logs").fill("LINE 000123456")
+    expect(page.locator(".log-count")).to_have_text("line 123,457")
+    expect(log.locator('[data-seq="123457"] mark.current')).to_have_text("line 000123456")
+    assert 0 < int(log.get_attribute("data-held") or "0") <= WINDOW_LINES
+    held = page.evaluate("() => document.querySelectorAll('.log-row[data-seq]').length")
+    assert held < 200, f"{held} rows in the DOM"
 
 
 GINA = GithubUser(id=5005, login="gina", name="Gina Torres")

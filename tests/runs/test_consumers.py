@@ -163,6 +163,31 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
     assert six == {"type": "logs", "job": str(job.pk), "lines": [[6, 6.0, "o", "six"]]}
 
 
+def test_job_after_starts_a_jobs_backlog_where_the_dashboard_holds_it(
+    team: Workspace, run: Run, member: Person
+) -> None:
+    """The run page reads older lines through the pages: the socket sends
+    only the lines after job_after's seq for that job (after_seq for others),
+    and ignores a malformed value."""
+    instance = _runner(team)
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE, channel_name="x")
+    jobs_schedule()
+    job = run.jobs.get()
+    accept(job, instance.pk)
+    lines = [(float(i), "o", f"line {i}") for i in range(1, 6)]
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=1, lines=lines)
+
+    async def backlog(query: str) -> list[int]:
+        ws = _connect(f"/ws/v1/workspaces/acme/runs/{run.name}/?{query}", member.token)
+        await ws.connect()
+        frames = [json.loads(await ws.receive_from(timeout=5)) for _ in range(2)]
+        await ws.disconnect()
+        return [line[0] for line in frames[1]["lines"]]
+
+    assert async_to_sync(backlog)(f"after_seq=0&job_after={job.pk}:3") == [4, 5]
+    assert async_to_sync(backlog)(f"after_seq=1&job_after={job.pk}:x&job_after=nonsense") == [2, 3, 4, 5]
+
+
 async def _publish(run: Run, job: Any, lines: list[list[Any]]) -> None:
     """What the runner consumer publishes after storing a batch."""
     frame = json.dumps({"type": "logs", "job": str(job.pk), "lines": lines})

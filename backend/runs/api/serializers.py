@@ -403,7 +403,16 @@ class LogLineOut(serializers.Serializer):
 class LogPageOut(serializers.Serializer):
     job = serializers.UUIDField()
     lines = LogLineOut(many=True)
-    has_more = serializers.BooleanField()
+    has_more = serializers.BooleanField(
+        help_text="lines are left in the direction read (before the first for before_seq and tail)"
+    )
+    last_seq = serializers.IntegerField(help_text="the job's watermark: its highest seq received")
+
+
+class LogSearchOut(serializers.Serializer):
+    job = serializers.UUIDField()
+    seq = serializers.IntegerField(allow_null=True, help_text="the nearest matching line, or null")
+    last_seq = serializers.IntegerField()
 
 
 class BlobOut(serializers.Serializer):

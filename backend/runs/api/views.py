@@ -8,7 +8,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,6 +23,7 @@ from backend.core.pagination import RawBodyParser
 from backend.runs.api.serializers import (
     BlobOut,
     LogPageOut,
+    LogSearchOut,
     RunCreateIn,
     RunOut,
     RunPageOut,
@@ -31,8 +32,9 @@ from backend.runs.api.serializers import (
     TagIn,
     TagOut,
 )
-from backend.runs.models import Run, Tag
-from backend.runs.selectors import job_extras, job_get, job_log_page, run_get, run_list, run_page, with_shown
+from backend.runs.models import Job, Run, Tag
+from backend.runs.selectors import job_extras, job_get, run_get, run_list, run_page, with_shown
+from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
 from backend.runs.services.rawlog import RawLogRange, raw_log_archive_url, raw_log_chunks
@@ -201,20 +203,45 @@ class RunStopView(WorkspaceAPIView):
 
 
 class JobLogsView(WorkspaceAPIView):
+    """A page of the job's lines, a window of them, or where a search matches (docs/LOGS.md)."""
+
     serializer_class = LogPageOut
 
     @extend_schema(
-        responses=LogPageOut, parameters=[OpenApiParameter("after_seq", int), OpenApiParameter("limit", int)]
+        responses={200: PolymorphicProxySerializer("LogPageOrSearch", [LogPageOut, LogSearchOut], None)},
+        parameters=[
+            OpenApiParameter("after_seq", int, description="the lines after this seq (default 0)"),
+            OpenApiParameter("before_seq", int, description="the last `limit` lines before this seq"),
+            OpenApiParameter("tail", int, description="the last N lines of the log"),
+            OpenApiParameter("limit", int, description=f"at most this many lines (default 1000, max {MAX_LOG_PAGE})"),
+            OpenApiParameter("search", str, description="the seq of the nearest line containing this text instead"),
+            OpenApiParameter("from_seq", int, description="search from this seq (included)"),
+            OpenApiParameter("direction", str, enum=["next", "prev"], description="search forward or backward"),
+        ],
     )
     def get(self, request: Request, workspace: str, job: str) -> Response:
         found = job_get(workspace=self.workspace, job_id=job)
         if found is None:
             raise NotFound("Job not found.")
-        after = _int_param(request, "after_seq", 0, minimum=0)
-        limit = min(_int_param(request, "limit", 1000, minimum=1), MAX_LOG_PAGE)
-        page = job_log_page(job=found, after_seq=after, limit=limit, max_bytes=settings.TRAINYARD["LOG_PAGE_BYTES"])
-        lines = [{"seq": s, "ts": ts, "stream": st, "text": t} for s, ts, st, t in page.lines]
-        return Response({"job": str(found.pk), "lines": lines, "has_more": page.has_more})
+        max_bytes = settings.TRAINYARD["LOG_PAGE_BYTES"]
+        if request.query_params.get("search") is not None:
+            return Response(self._search(request, found, max_bytes))
+        window = _log_window(request, found, max_bytes)
+        lines = [{"seq": s, "ts": ts, "stream": st, "text": t} for s, ts, st, t in window.lines]
+        return Response({"job": str(found.pk), "lines": lines, "has_more": window.has_more, "last_seq": found.last_seq})
+
+    @staticmethod
+    def _search(request: Request, job: Job, max_bytes: int) -> dict[str, Any]:
+        text = request.query_params.get("search", "")
+        if not text.strip():
+            raise ApplicationError("search must not be empty.")
+        direction = request.query_params.get("direction", "next")
+        if direction not in ("next", "prev"):
+            raise ApplicationError(f"direction must be next or prev, not {direction!r}.")
+        default = 1 if direction == "next" else max(job.last_seq, 1)
+        start = _int_param(request, "from_seq", default, minimum=1)
+        seq = log_search(job=job, text=text, from_seq=start, direction=direction, max_bytes=max_bytes)  # type: ignore[arg-type]
+        return {"job": str(job.pk), "seq": seq, "last_seq": job.last_seq}
 
 
 class JobRawLogView(WorkspaceAPIView):
@@ -317,6 +344,24 @@ def _with_cursor(request: Request, cursor: str) -> str:
     params["cursor"] = cursor
     params.pop("page", None)
     return request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
+
+
+def _log_window(request: Request, job: Job, max_bytes: int) -> LogWindow:
+    """after_seq, before_seq or tail (one of them) with limit."""
+    given = [name for name in ("after_seq", "before_seq", "tail") if request.query_params.get(name) not in (None, "")]
+    if len(given) > 1:
+        raise ApplicationError(f"Give one of after_seq, before_seq and tail, not {' and '.join(given)}.")
+    if "tail" in given:
+        tail = min(_int_param(request, "tail", 0, minimum=0), MAX_LOG_PAGE)
+        if tail == 0:
+            return LogWindow([], False)
+        return log_lines_before(job=job, before_seq=None, limit=tail, max_bytes=max_bytes)
+    limit = min(_int_param(request, "limit", 1000, minimum=1), MAX_LOG_PAGE)
+    if "before_seq" in given:
+        before = _int_param(request, "before_seq", 0, minimum=1)
+        return log_lines_before(job=job, before_seq=before, limit=limit, max_bytes=max_bytes)
+    after = _int_param(request, "after_seq", 0, minimum=0)
+    return log_lines_after(job=job, after_seq=after, limit=limit, max_bytes=max_bytes)
 
 
 def _int_param(request: Request, name: str, default: int, *, minimum: int) -> int:

@@ -131,7 +131,7 @@ class RunFollowConsumer(_MemberConsumer):
         self.sent: dict[str, int] = {}
         await self.follow(run_group(self.run_id))
         await self.send_json({"type": "run", "run": found})
-        await self._send_backlog(found, _after_seq(self.scope))
+        await self._send_backlog(found, _after_seq(self.scope), _job_after(self.scope))
 
     async def disconnect(self, code: int) -> None:
         await super().disconnect(code)
@@ -204,9 +204,9 @@ class RunFollowConsumer(_MemberConsumer):
             if job["last_seq"] > self.sent.get(job["id"], 0):
                 await self._send_stored(job["id"])
 
-    async def _send_backlog(self, run: dict[str, Any], after_seq: int) -> None:
+    async def _send_backlog(self, run: dict[str, Any], after_seq: int, job_after: dict[str, int]) -> None:
         for job in run["jobs"]:
-            self.sent.setdefault(job["id"], after_seq)
+            self.sent.setdefault(job["id"], job_after.get(job["id"], after_seq))
             await self._send_stored(job["id"])
 
     async def _send_stored(self, job: str, until: int | None = None) -> None:
@@ -270,6 +270,19 @@ def _lines(job_id: str, after_seq: int, until: int | None = None) -> tuple[list[
     max_bytes = settings.TRAINYARD["LOG_PAGE_BYTES"]
     page = job_log_page(job=job, after_seq=after_seq, limit=BACKLOG_PAGE, max_bytes=max_bytes, until=until)
     return [list(row) for row in page.lines], page.has_more
+
+
+def _job_after(scope: dict[str, Any]) -> dict[str, int]:
+    """``job_after=<job id>:<seq>`` (repeated): where each job's backlog
+    starts instead of ``after_seq``. The dashboard reads a long log's older
+    lines through the pages, so it asks the socket only for each job's new
+    ones. A malformed value is ignored, as a bad ``after_seq`` is."""
+    found: dict[str, int] = {}
+    for value in parse_qs(scope.get("query_string", b"").decode()).get("job_after", []):
+        job, _, seq = value.rpartition(":")
+        if job and seq.isdigit():
+            found[job] = int(seq)
+    return found
 
 
 def _after_seq(scope: dict[str, Any]) -> int:

@@ -524,8 +524,25 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        /** @description A page of the job's lines, a window of them, or where a search matches (docs/LOGS.md). */
         get: operations["workspaces_jobs_logs_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/jobs/{job}/logs/raw": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The job's log as plain text, streamed (docs/LOGS.md, "Raw read-back"). */
+        get: operations["workspaces_jobs_logs_raw_retrieve"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1304,11 +1321,22 @@ export interface components {
             stream: components["schemas"]["StreamEnum"];
             text: string;
         };
+        LogPageOrSearch: components["schemas"]["LogPageOut"] | components["schemas"]["LogSearchOut"];
         LogPageOut: {
             /** Format: uuid */
             job: string;
             lines: components["schemas"]["LogLineOut"][];
+            /** @description lines are left in the direction read (before the first for before_seq and tail) */
             has_more: boolean;
+            /** @description the job's watermark: its highest seq received */
+            last_seq: number;
+        };
+        LogSearchOut: {
+            /** Format: uuid */
+            job: string;
+            /** @description the nearest matching line, or null */
+            seq: number | null;
+            last_seq: number;
         };
         LoginInRequest: {
             username: string;
@@ -2534,8 +2562,20 @@ export interface operations {
     workspaces_jobs_logs_retrieve: {
         parameters: {
             query?: {
+                /** @description the lines after this seq (default 0) */
                 after_seq?: number;
+                /** @description the last `limit` lines before this seq */
+                before_seq?: number;
+                /** @description search forward or backward */
+                direction?: "next" | "prev";
+                /** @description search from this seq (included) */
+                from_seq?: number;
+                /** @description at most this many lines (default 1000, max 10000) */
                 limit?: number;
+                /** @description the seq of the nearest line containing this text instead */
+                search?: string;
+                /** @description the last N lines of the log */
+                tail?: number;
             };
             header?: never;
             path: {
@@ -2551,8 +2591,48 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["LogPageOut"];
+                    "application/json": components["schemas"]["LogPageOrSearch"];
                 };
+            };
+        };
+    };
+    workspaces_jobs_logs_raw_retrieve: {
+        parameters: {
+            query?: {
+                /** @description 1: sent as an attachment with a file name; the whole archived log of a job that ran once answers 302 to its object in storage (a short-lived URL) */
+                download?: number;
+                /** @description first seq to include (default 1) */
+                from_seq?: number;
+                /** @description only the last N lines of the range */
+                tail?: number;
+                /** @description 1: each line starts with its UTC time and a space */
+                timestamps?: number;
+                /** @description last seq to include (default: the end) */
+                to_seq?: number;
+            };
+            header?: never;
+            path: {
+                job: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            /** @description No response body */
+            302: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };

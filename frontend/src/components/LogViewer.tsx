@@ -1,7 +1,12 @@
 // A windowed log viewer: only the rows in view (plus a margin) are in the DOM,
 // every row has the same height, so 200,000 lines scroll smoothly and lines
 // arriving while you read never move what you are looking at.
+//
+// Given `windowed`, it shows a log it holds only part of: `lines` are the
+// held ones, each at row seq - 1 of `windowed.total`; a row not held asks for
+// it (`onNeed`) and shows a placeholder meanwhile, and search asks the server.
 import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState, type KeyboardEvent } from "react";
+import { lineWithSeq } from "../lib/logwindow";
 import { parseAnsi, renderAnsi, stripAnsi } from "./ansi";
 
 export interface ViewerLine {
@@ -24,6 +29,16 @@ export interface AttemptMark {
   kind?: "start" | "end";
 }
 
+/** A log held in part: see LogViewerProps.windowed. */
+export interface WindowedLog {
+  /** The log's length in seqs: line seq s is at line row s - 1. */
+  total: number;
+  /** The rows of seqs first..last are in view (or next to it) and not all held. */
+  onNeed: (first: number, last: number) => void;
+  /** The seq of the nearest line containing `text`, at or after / at or before `fromSeq`. */
+  search: (text: string, fromSeq: number, direction: "next" | "prev") => Promise<number | null>;
+}
+
 export interface LogViewerProps {
   /** All lines so far; the array may grow in place (pass `version` then). */
   lines: readonly ViewerLine[];
@@ -35,12 +50,19 @@ export interface LogViewerProps {
   /** The whole log as a file (the raw endpoint with download=1): a plain link, so the browser streams it to disk. */
   downloadUrl?: string;
   rowHeight?: number;
+  /** A long log held in part: `lines` are a window of it, placed by seq. */
+  windowed?: WindowedLog;
 }
 
 type Row = { kind: "attempt"; mark: AttemptMark } | { kind: "line"; index: number };
 
 const OVERSCAN = 30;
 const FALLBACK_VIEWPORT = 480;
+// Browsers cap an element's height (Chromium near 33.5M px, Firefox near 17.9M):
+// past this the scrollbar stands for the log at a scale, rows keep their height.
+const MAX_CANVAS = 8_000_000;
+// A server search waits this long after the last keystroke.
+const SEARCH_DELAY_MS = 250;
 
 /** Marks in row order; at one line: by attempt, an attempt's start before its end. */
 function compareMarks(a: AttemptMark, b: AttemptMark): number {
@@ -66,6 +88,7 @@ export function LogViewer({
   placeholder = "No output yet.",
   downloadUrl,
   rowHeight = 18,
+  windowed,
 }: LogViewerProps) {
   const scroller = useRef<HTMLDivElement>(null);
   const programmaticTop = useRef<number | null>(null);
@@ -74,13 +97,19 @@ export function LogViewer({
   const [viewport, setViewport] = useState(FALLBACK_VIEWPORT);
   const [query, setQuery] = useState("");
   const [current, setCurrent] = useState(0);
+  // Windowed search: the seq of the current match (null: none), and whether a search is running.
+  const [found, setFound] = useState<{ needle: string; seq: number | null } | null>(null);
+  const [searching, setSearching] = useState(false);
+  const searchRun = useRef(0);
 
   const sortedAttempts = useMemo(
     () => [...attempts].sort(compareMarks),
     [attempts],
   );
-  const rowCount = lines.length + sortedAttempts.length;
+  const lineCount = windowed ? windowed.total : lines.length;
+  const rowCount = lineCount + sortedAttempts.length;
   const totalHeight = rowCount * rowHeight;
+  const lineAt = (index: number): ViewerLine | undefined => (windowed ? lineWithSeq(lines, index + 1) : lines[index]);
 
   const rowOfLine = useCallback(
     (index: number) => index + sortedAttempts.filter((m) => m.lineIndex <= index).length,
@@ -103,7 +132,7 @@ export function LogViewer({
   // Search: indices of the lines that contain the query (case-insensitive).
   const needle = query.trim();
   const matches = useMemo(() => {
-    if (!needle) return [] as number[];
+    if (!needle || windowed) return [] as number[];
     const lowered = needle.toLowerCase();
     const found: number[] = [];
     for (let i = 0; i < lines.length; i += 1) {
@@ -112,8 +141,9 @@ export function LogViewer({
     return found;
     // `version` stands for the contents of `lines`, which may grow in place.
     // eslint-disable-next-line react-hooks/exhaustive-deps
-  }, [needle, version, lines]);
-  const currentLine = matches.length ? matches[Math.min(current, matches.length - 1)] : -1;
+  }, [needle, version, lines, windowed === undefined]);
+  const windowedLine = found && found.needle === needle && found.seq !== null ? found.seq - 1 : -1;
+  const currentLine = windowed ? windowedLine : matches.length ? matches[Math.min(current, matches.length - 1)] : -1;
 
   // Measure the viewport (ResizeObserver where the browser has one).
   useLayoutEffect(() => {
@@ -127,16 +157,21 @@ export function LogViewer({
     return () => observer.disconnect();
   }, []);
 
+  // Scroll positions are the canvas's; `top` and `maxTop` are the log's (the same below MAX_CANVAS).
+  const canvasHeight = Math.min(totalHeight, MAX_CANVAS);
   const maxTop = Math.max(0, totalHeight - viewport);
-  const top = follow ? maxTop : Math.min(scrollTop, maxTop);
+  const maxScroll = Math.max(0, canvasHeight - viewport);
+  const scale = maxScroll > 0 && maxTop > maxScroll ? maxTop / maxScroll : 1;
+  const scrolled = follow ? maxScroll : Math.min(scrollTop, maxScroll);
+  const top = follow ? maxTop : Math.min(scrolled * scale, maxTop);
 
   // Follow mode: keep the newest line in view as lines arrive.
   useLayoutEffect(() => {
     const el = scroller.current;
     if (!el || !follow) return;
-    el.scrollTop = maxTop;
+    el.scrollTop = maxScroll;
     programmaticTop.current = el.scrollTop;
-  }, [follow, maxTop, version]);
+  }, [follow, maxScroll, version]);
 
   const onScroll = () => {
     const el = scroller.current;
@@ -147,7 +182,7 @@ export function LogViewer({
     }
     programmaticTop.current = null;
     setScrollTop(position);
-    const atBottom = position >= maxTop - rowHeight;
+    const atBottom = position * scale >= maxTop - rowHeight;
     setFollow(atBottom);
   };
 
@@ -163,7 +198,7 @@ export function LogViewer({
   const scrollToRow = (row: number, align: "top" | "third" = "third") => {
     const el = scroller.current;
     const offset = align === "top" ? 0 : viewport / 3;
-    const target = Math.max(0, Math.min(maxTop, row * rowHeight - offset));
+    const target = Math.max(0, Math.min(maxTop, row * rowHeight - offset)) / scale;
     setFollow(false);
     setScrollTop(target);
     if (el) {
@@ -172,7 +207,33 @@ export function LogViewer({
     }
   };
 
+  // Windowed search: ask the server from `fromSeq`; with nothing that way, wrap around once.
+  const searchFrom = async (fromSeq: number, direction: "next" | "prev") => {
+    if (!windowed || !needle) return;
+    const run = ++searchRun.current;
+    setSearching(true);
+    try {
+      let seq = await windowed.search(needle, Math.max(1, fromSeq), direction);
+      if (seq === null && run === searchRun.current) {
+        seq = await windowed.search(needle, direction === "next" ? 1 : Math.max(1, windowed.total), direction);
+      }
+      if (run !== searchRun.current) return;
+      setFound({ needle, seq });
+      if (seq !== null) scrollToRow(rowOfLine(seq - 1));
+    } catch {
+      if (run === searchRun.current) setFound({ needle, seq: null });
+    } finally {
+      if (run === searchRun.current) setSearching(false);
+    }
+  };
+
   const goToMatch = (index: number) => {
+    if (windowed) {
+      const forward = index > current;
+      const at = windowedLine >= 0 ? windowedLine + 1 : forward ? 0 : windowed.total + 1;
+      void searchFrom(forward ? at + 1 : at - 1, forward ? "next" : "prev");
+      return;
+    }
     if (!matches.length) return;
     const wrapped = (index + matches.length) % matches.length;
     setCurrent(wrapped);
@@ -195,7 +256,15 @@ export function LogViewer({
 
   // Jump to the first match when the query changes.
   useEffect(() => {
+    if (windowed) {
+      searchRun.current += 1;
+      setFound(null);
+      if (!needle) return undefined;
+      const timer = setTimeout(() => void searchFrom(1, "next"), SEARCH_DELAY_MS);
+      return () => clearTimeout(timer);
+    }
     if (matches.length && needle) scrollToRow(rowOfLine(matches[0]));
+    return undefined;
     // Only on a new query, not on every appended line.
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [needle]);
@@ -204,6 +273,19 @@ export function LogViewer({
   const last = Math.min(rowCount, Math.ceil((top + viewport) / rowHeight) + OVERSCAN);
   const rows: Row[] = [];
   for (let row = first; row < last; row += 1) rows.push(rowAt(row));
+
+  // Windowed: the seqs of the line rows drawn, for the owner to read those it does not hold.
+  let needFirst = 0;
+  let needLast = -1;
+  for (const row of rows) {
+    if (row.kind !== "line" || lineAt(row.index)) continue;
+    if (!needFirst) needFirst = row.index + 1;
+    needLast = row.index + 1;
+  }
+  const onNeed = windowed?.onNeed;
+  useEffect(() => {
+    if (onNeed && needFirst && needLast >= needFirst) onNeed(needFirst, needLast);
+  }, [onNeed, needFirst, needLast, version]);
 
   return (
     <div className="logviewer" style={{ ["--row-h" as string]: `${rowHeight}px` }}>
@@ -219,12 +301,12 @@ export function LogViewer({
           />
         </label>
         <span className="log-count" aria-live="polite">
-          {needle ? (matches.length ? `${Math.min(current, matches.length - 1) + 1} / ${matches.length}` : "No matches") : ""}
+          {windowed ? windowedCount(needle, searching, found) : needle ? (matches.length ? `${Math.min(current, matches.length - 1) + 1} / ${matches.length}` : "No matches") : ""}
         </span>
-        <button type="button" className="btn btn-small" onClick={() => goToMatch(current - 1)} disabled={!matches.length} aria-label="Previous match">
+        <button type="button" className="btn btn-small" onClick={() => goToMatch(current - 1)} disabled={windowed ? !needle : !matches.length} aria-label="Previous match">
           ↑
         </button>
-        <button type="button" className="btn btn-small" onClick={() => goToMatch(current + 1)} disabled={!matches.length} aria-label="Next match">
+        <button type="button" className="btn btn-small" onClick={() => goToMatch(current + 1)} disabled={windowed ? !needle : !matches.length} aria-label="Next match">
           ↓
         </button>
         <span className="toolbar-spacer" />
@@ -262,9 +344,11 @@ export function LogViewer({
         onWheel={onWheel}
         onKeyDown={onScrollerKey}
         data-follow={follow ? "on" : "off"}
+        data-held={lines.length}
+        data-total={lineCount}
       >
-        <div className="log-canvas" style={{ height: Math.max(totalHeight, rowHeight) }}>
-          <div className="log-rows" style={{ transform: `translateY(${first * rowHeight}px)` }}>
+        <div className="log-canvas" style={{ height: Math.max(canvasHeight, rowHeight) }}>
+          <div className="log-rows" style={{ transform: `translateY(${first * rowHeight - top + scrolled}px)` }}>
             {rows.map((row) =>
               row.kind === "attempt" ? (
                 <div
@@ -277,22 +361,35 @@ export function LogViewer({
                   <span className="log-text">{row.mark.label}</span>
                 </div>
               ) : (
-                <LogRow
-                  key={lines[row.index].seq}
-                  line={lines[row.index]}
-                  needle={needle}
-                  current={row.index === currentLine}
-                />
+                <LineRow key={`line-${row.index}`} line={lineAt(row.index)} seq={row.index + 1} needle={needle} current={row.index === currentLine} />
               ),
             )}
           </div>
-          {lines.length === 0 ? (
+          {lineCount === 0 ? (
             <div className="log-placeholder" style={{ top: sortedAttempts.length * rowHeight + 6 }}>
               {placeholder}
             </div>
           ) : null}
         </div>
       </div>
+    </div>
+  );
+}
+
+/** "line 1,234", "Searching…", "No matches" or nothing: the windowed search's state. */
+function windowedCount(needle: string, searching: boolean, found: { needle: string; seq: number | null } | null): string {
+  if (!needle) return "";
+  if (searching || !found || found.needle !== needle) return "Searching…";
+  return found.seq === null ? "No matches" : `line ${found.seq.toLocaleString("en-US")}`;
+}
+
+/** A held line, or the placeholder of one being read (a gap in a window reads as empty). */
+function LineRow({ line, seq, needle, current }: { line: ViewerLine | undefined; seq: number; needle: string; current: boolean }) {
+  if (line) return <LogRow line={line} needle={needle} current={current} />;
+  return (
+    <div className="log-row log-pending" data-pending={seq}>
+      <span className="log-gutter">{seq}</span>
+      <span className="log-text" />
     </div>
   );
 }

@@ -67,9 +67,10 @@ export function showsAttemptMarks(attempts: readonly Attempt[]): boolean {
  *    (an attempt with no lines gets its mark where its lines would have been);
  * 2. an end mark after its last line (seq ≤ last_seq) for an ended attempt
  *    that is not the last one or did not end `done`.
- * `lines` are the job's lines in seq order (possibly only some of them).
+ * `lines` are the job's lines in seq order (possibly only some of them), or
+ * the length in seqs of a log the viewer places by seq (line seq s at index s - 1).
  */
-export function attemptMarks(job: Pick<Job, "attempts">, lines: readonly ViewerLine[]): AttemptMark[] {
+export function attemptMarks(job: Pick<Job, "attempts">, lines: readonly ViewerLine[] | number): AttemptMark[] {
   const attempts = [...job.attempts].sort((a, b) => a.number - b.number);
   if (!showsAttemptMarks(attempts)) return [];
   const marks: AttemptMark[] = [];
@@ -111,7 +112,8 @@ export function endLabel(attempt: Attempt): string {
 }
 
 /** Index of the first line with seq ≥ `seq` (lines.length if none): lines are in seq order. */
-function firstIndexAtLeast(lines: readonly ViewerLine[], seq: number): number {
+function firstIndexAtLeast(lines: readonly ViewerLine[] | number, seq: number): number {
+  if (typeof lines === "number") return Math.max(0, Math.min(seq - 1, lines));
   let low = 0;
   let high = lines.length;
   while (low < high) {

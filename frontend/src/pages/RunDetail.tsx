@@ -1,17 +1,17 @@
-import { useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
+import { useCallback, useEffect, useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
 import { Link, useNavigate, useParams, useSearchParams } from "react-router-dom";
 import { ApiError, errorMessage, get, post, wsPath } from "../api/client";
 import { useLiveFrames } from "../api/live";
-import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type LogPage, type Run, type RunRef, type Tag } from "../api/types";
+import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type Run, type RunRef, type Tag } from "../api/types";
 import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
 import { JobGraph } from "../components/JobGraph";
 import { AttemptsTable } from "../components/AttemptsTable";
-import { LogViewer, type AttemptMark, type ViewerLine } from "../components/LogViewer";
+import { LogViewer, type AttemptMark, type WindowedLog } from "../components/LogViewer";
 import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
 import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration } from "../lib/format";
 import { attemptMarks } from "../lib/attempts";
 import { useNow, useResource } from "../lib/hooks";
-import { RunLogStore } from "../lib/logstore";
+import { LogWindowStore, type LogSource, type WindowPage } from "../lib/logwindow";
 import { useWorkspace } from "../workspace";
 import { Tags } from "./Runs";
 
@@ -26,14 +26,16 @@ export function RunPage() {
 
   const runResource = useResource<Run>(`${slug}/${runName}`, () => get<Run>(wsPath(slug, `runs/${encodeURIComponent(runName)}/`)));
   const run = runResource.data;
-  const store = useMemo(() => new RunLogStore(), [runName]);
+  // Each job's log is a bounded window, read through the pages (docs/LOGS.md, "Windows and search").
+  const store = useMemo(() => new LogWindowStore(apiLogSource(slug)), [slug, runName]);
   const version = useSyncExternalStore(store.subscribe, store.getVersion);
+  useEffect(() => run?.jobs.forEach((job) => store.observe(job.id, job.last_seq)), [run, store]);
 
-  // Follow the run until it is finished and every job's lines are here.
+  // Follow the run until it is finished and every job's lines are known.
   const complete =
     run !== undefined &&
     !ACTIVE_RUN_STATUSES.includes(run.status) &&
-    run.jobs.every((job) => store.lastSeq(job.id) >= job.last_seq);
+    run.jobs.every((job) => store.window(job.id).total >= job.last_seq);
   const livePath = run && !complete ? `/ws/v1/workspaces/${slug}/runs/${run.id}/` : null;
   useLiveFrames(
     livePath,
@@ -41,7 +43,7 @@ export function RunPage() {
       if (frame.type === "run") runResource.setData(frame.run);
       else store.append(frame.job, frame.lines);
     },
-    () => `?after_seq=${resumeSeq(store, run?.jobs ?? [])}`,
+    () => resumeQuery(store, run?.jobs ?? []),
   );
 
   const selectedName = params.get("job") ?? (run ? defaultJob(run.jobs)?.name : undefined) ?? null;
@@ -245,49 +247,68 @@ function TagForm({ run, onDone }: { run: Run; onDone: (tags?: string[]) => void 
   );
 }
 
-function JobLogs({ job, store, version, now }: { job: Job; store: RunLogStore; version: number; now: number }) {
+function JobLogs({ job, store, version, now }: { job: Job; store: LogWindowStore; version: number; now: number }) {
   const { slug } = useWorkspace();
-  const lines = store.lines(job.id);
-  // `version` stands for the lines, which grow in place.
-  // eslint-disable-next-line react-hooks/exhaustive-deps
-  const attempts = useMemo(() => attemptMarks(job, lines), [job, lines, version]);
+  const log = useWindowedLog(store, job.id, version);
+  const total = log.windowed.total;
+  const attempts = useMemo(() => attemptMarks(job, total), [job, total]);
 
   const waiting = job.status === "pending" || job.status === "assigned";
   return (
     <div className="job-logs">
       <JobFacts job={job} now={now} />
       {job.cached_from ? (
-        <SourceLog job={job} source={job.cached_from} />
+        <SourceLog job={job} source={job.cached_from} store={store} version={version} />
       ) : (
-        <LogViewer
-          lines={lines}
-          version={version}
-          attempts={attempts}
-          label={`Logs of ${job.name}`}
-          placeholder={waiting ? "Waiting for the job to start…" : "No output."}
-          downloadUrl={rawLogUrl(slug, job.id, { download: 1 })}
-        />
+        <>
+          <ErrorBanner error={log.error} />
+          <LogViewer
+            lines={log.lines}
+            version={version}
+            attempts={attempts}
+            windowed={log.windowed}
+            label={`Logs of ${job.name}`}
+            placeholder={waiting ? "Waiting for the job to start…" : log.loaded ? "No output." : "Loading the log…"}
+            downloadUrl={rawLogUrl(slug, job.id, { download: 1 })}
+          />
+        </>
       )}
     </div>
   );
 }
 
 /** A job reused from the cache: its source job's log, under the header `trainyard logs` prints. */
-function SourceLog({ job, source }: { job: Job; source: RunRef }) {
-  const { slug } = useWorkspace();
-  const log = useResource(`source-log:${source.job}`, () => fetchLogLines(slug, source.job));
+function SourceLog({ job, source, store, version }: { job: Job; source: RunRef; store: LogWindowStore; version: number }) {
+  const log = useWindowedLog(store, source.job, version);
   const header: AttemptMark = { attempt: 0, lineIndex: 0, label: `--- ${job.name}: reused from ${source.run} (cached) ---` };
   return (
     <>
       <ErrorBanner error={log.error} />
       <LogViewer
-        lines={log.data ?? []}
+        lines={log.lines}
+        version={version}
         attempts={[header]}
+        windowed={log.windowed}
         label={`Logs of ${job.name} (from ${source.run})`}
-        placeholder={log.loading ? "Loading the log of the run it was reused from…" : "No output."}
+        placeholder={log.loaded ? "No output." : "Loading the log of the run it was reused from…"}
       />
     </>
   );
+}
+
+/** A job's window in `store`, read from its tail as soon as it is shown. */
+function useWindowedLog(store: LogWindowStore, job: string, version: number) {
+  useEffect(() => store.need(job, 0, 0), [store, job]);
+  const w = store.window(job);
+  const onNeed = useCallback((first: number, last: number) => store.need(job, first, last), [store, job]);
+  const search = useCallback(
+    (text: string, fromSeq: number, direction: "next" | "prev") => store.search(job, text, fromSeq, direction),
+    [store, job],
+  );
+  // `version` stands for the window, which changes in place.
+  // eslint-disable-next-line react-hooks/exhaustive-deps
+  const windowed: WindowedLog = useMemo(() => ({ total: w.total, onNeed, search }), [w.total, onNeed, search, version]);
+  return { lines: w.lines, windowed, loaded: w.loaded, error: w.error };
 }
 
 function JobFacts({ job, now }: { job: Job; now: number }) {
@@ -363,9 +384,11 @@ function Fact({ label, children }: { label: string; children: ReactNode }) {
   );
 }
 
-/** The socket resends lines after one seq for all jobs: resume from the job that has the fewest. */
-function resumeSeq(store: RunLogStore, jobs: Job[]): number {
-  return jobs.length ? Math.min(...jobs.map((job) => store.lastSeq(job.id))) : 0;
+/** Each job's lines from where its window needs them: older ones are read through the pages. */
+function resumeQuery(store: LogWindowStore, jobs: Job[]): string {
+  const params = new URLSearchParams({ after_seq: "0" });
+  for (const job of jobs) params.append("job_after", `${job.id}:${store.resumeSeq(job.id)}`);
+  return `?${params.toString()}`;
 }
 
 function defaultJob(jobs: Job[]): Job | undefined {
@@ -377,17 +400,15 @@ function defaultJob(jobs: Job[]): Job | undefined {
   );
 }
 
-/** Every line of a job, paged through the REST API (the viewer may hold only part). */
-async function fetchLogLines(workspace: string, job: string): Promise<ViewerLine[]> {
-  const lines: ViewerLine[] = [];
-  let after = 0;
-  for (;;) {
-    const page = await get<LogPage>(wsPath(workspace, `jobs/${job}/logs/`), { after_seq: after, limit: 10000 });
-    for (const line of page.lines) lines.push({ seq: line.seq, ts: Number(line.ts), stream: line.stream, text: line.text });
-    if (!page.has_more || !page.lines.length) break;
-    after = page.lines[page.lines.length - 1].seq;
-  }
-  return lines;
+/** A job's lines and searches through the REST API (GET …/logs/; docs/API.md, "Logs"). */
+export function apiLogSource(workspace: string): LogSource {
+  return {
+    page: (job, query) => get<WindowPage>(wsPath(workspace, `jobs/${job}/logs/`), query),
+    search: async (job, text, fromSeq, direction) => {
+      const found = await get<{ seq: number | null }>(wsPath(workspace, `jobs/${job}/logs/`), { search: text, from_seq: fromSeq, direction });
+      return found.seq;
+    },
+  };
 }
 
 /** A job's log as plain text (GET …/logs/raw; docs/LOGS.md). */
