@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
+from bench.ingest import bench_parallel_ingest, ingest_rows
 from bench.lib import (
     FINISHED,
     Api,
@@ -468,6 +469,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         spot_rows(spot, row)
     if results.get("raw_logs"):
         raw_rows(results["raw_logs"], row)
+    if "ingest_parallel" in results:
+        ingest_rows(results["ingest_parallel"], row)
     if results.get("log_viewer"):
         viewer_rows(results["log_viewer"], row)
     runs_list = results.get("runs_list")
@@ -501,6 +504,8 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--raw-lines", type=int, default=2_000_000, help="lines of the finished job read back raw")
+    parser.add_argument("--parallel-jobs", type=int, default=10, help="noisy jobs at once (ingest-parallel)")
+    parser.add_argument("--parallel-lines", type=int, default=100_000, help="lines of each of those jobs")
     parser.add_argument(
         "--viewer-lines", type=int, default=2_000_000, help="lines of the job the log-viewer part opens"
     )
@@ -509,14 +514,27 @@ def main() -> int:
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
     parser.add_argument(
         "--only",
-        choices=["latency", "throughput", "burst", "aws", "spot", "raw-logs", "log-viewer", "runs-list"],
+        choices=[
+            "latency",
+            "throughput",
+            "burst",
+            "aws",
+            "spot",
+            "ingest-parallel",
+            "raw-logs",
+            "log-viewer",
+            "runs-list",
+        ],
         action="append",
         help="run only these parts",
     )
     parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(args.only or ["latency", "throughput", "burst", "aws", "spot", "raw-logs", "log-viewer", "runs-list"])
+    parts = set(
+        args.only
+        or ["latency", "throughput", "burst", "aws", "spot", "ingest-parallel", "raw-logs", "log-viewer", "runs-list"]
+    )
     failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
@@ -566,6 +584,10 @@ def main() -> int:
                         log(f"(5) spot: {message}")
                         results["spot"] = {"notice": {"error": message}}
                     failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
+                if "ingest-parallel" in parts:
+                    results["ingest_parallel"] = bench_parallel_ingest(
+                        api, stack, args.parallel_jobs, args.parallel_lines
+                    )
                 if "raw-logs" in parts:
                     results["raw_logs"] = bench_raw_logs(api, stack, args.raw_lines, tmp)
                 if "log-viewer" in parts:

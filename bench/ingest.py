@@ -1,0 +1,95 @@
+"""Part ``ingest-parallel`` of ``make bench`` (bench/README.md): ten
+``noisy`` jobs printing at once, the server storing them all.
+
+The local pool is raised to the number of jobs for this part (web and
+worker restarted with TRAINYARD_LOCAL_RUNNERS_MAX, then put back), so every
+job has its own runner. The clock runs from the earliest first line printed
+(its stored time) to the moment the jobs' stored watermarks add up to every
+line, polled every 0.2 s; then each job's stored chunks are counted, so a
+line lost or stored twice shows. Target (issue 12): ≥ 300,000 lines/s
+aggregate, none lost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench.lib import Api, log
+from tests.support.logfill import line_time
+from tests.support.stack import Stack
+
+TARGET_PARALLEL_LINES_PER_S = 300_000.0
+TIMEOUT = 600.0
+FINISHED = {"succeeded", "failed", "stopped"}
+
+
+def bench_parallel_ingest(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:
+    log(f"(7) {jobs} noisy jobs of {lines:,} lines at once, each on its own runner")
+    saved = stack.env.get("TRAINYARD_LOCAL_RUNNERS_MAX")
+    stack.env["TRAINYARD_LOCAL_RUNNERS_MAX"] = str(jobs)
+    for name in ("web", "worker"):
+        stack.restart(name)
+    try:
+        return _measure(api, stack, jobs, lines)
+    finally:
+        if saved is None:
+            stack.env.pop("TRAINYARD_LOCAL_RUNNERS_MAX", None)
+        else:
+            stack.env["TRAINYARD_LOCAL_RUNNERS_MAX"] = saved
+        for name in ("web", "worker"):
+            stack.restart(name)
+
+
+def _measure(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:
+    import psycopg
+
+    with api.new_client() as client:
+        runs = [api.submit("noisy", {"LINES": str(lines)}, client=client) for _ in range(jobs)]
+    total, stored_at = jobs * lines, None
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        found = [api.run(r["id"]) for r in runs]
+        stored = sum(j["last_seq"] for r in found for j in r["jobs"])
+        if stored >= total and stored_at is None:
+            stored_at = time.time()
+        if all(r["status"] in FINISHED for r in found):
+            break
+        time.sleep(0.2)
+    job_ids = [r["jobs"][0]["id"] for r in found]
+    with psycopg.connect(stack.database_url) as conn:
+        first = [line_time(conn, job) for job in job_ids]
+        counts = [
+            int(
+                conn.execute(
+                    "SELECT coalesce(sum(last_seq - first_seq + 1), 0) FROM runs_logchunk WHERE job_id = %s", [job]
+                ).fetchone()[0]
+            )
+            for job in job_ids
+        ]
+    lost = sum(max(lines - n, 0) for n in counts)
+    twice = sum(max(n - lines, 0) for n in counts)
+    started = min(t for t in first if t is not None) if any(first) else None
+    seconds = (stored_at - started) if stored_at is not None and started is not None else None
+    return {
+        "jobs": jobs,
+        "lines_each": lines,
+        "statuses": sorted({r["status"] for r in found}),
+        "stored_lines": sum(counts),
+        "lost": lost,
+        "stored_twice": twice,
+        "seconds": round(seconds, 3) if seconds is not None else None,
+        "lines_per_s": round(total / seconds) if seconds else None,
+    }
+
+
+def ingest_rows(result: dict[str, Any], row: Any) -> None:
+    rate = result["lines_per_s"]
+    ok = rate is not None and rate >= TARGET_PARALLEL_LINES_PER_S and result["lost"] == 0
+    value = f"{rate:,} lines/s" if rate is not None else "did not finish"
+    row(
+        f"ingest, {result['jobs']} noisy jobs at once (aggregate; lost {result['lost']}, twice {result['stored_twice']})",
+        value,
+        f"≥ {TARGET_PARALLEL_LINES_PER_S:,.0f} lines/s, none lost",
+        ok,
+    )
