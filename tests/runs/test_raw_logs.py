@@ -105,6 +105,44 @@ def test_an_archived_log_downloads_from_storage_and_ranges_still_stream(
     assert _raw(server, member, job, download="1", tail="2").content == b"line 9\nline 10\n"
 
 
+def _ranged(server: WebServer, person: Person, job: Job, value: str) -> httpx.Response:
+    url = f"{server.url}/api/v1/workspaces/acme/jobs/{job.pk}/logs/raw"
+    return httpx.get(url, headers={"Authorization": f"Bearer {person.token}", "Range": value}, timeout=30)
+
+
+def test_a_byte_range_of_the_whole_log_comes_back_as_a_part(
+    web_server: WebServers, run: Run, member: Person, settings: Any, tmp_path: Path
+) -> None:
+    """``Range: bytes=`` (a resumed download, ``curl -r``) over chunk
+    boundaries, from chunk rows and once archived: 206 with the exact bytes
+    and Content-Range; a suffix; past the end a 416 naming the size."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
+    server = web_server.start(TRAINYARD_STORAGE_DIR=str(tmp_path))
+    job = run.jobs.get()
+    _store(job, [f"{i:05d} ünï " + "z" * (i % 50) for i in range(1, 2_501)])  # three chunks
+    whole = _raw(server, member, job).content
+    assert len(whole) > 90_000
+
+    def check() -> None:
+        for start, end in ((0, 9), (1000, 60_000), (len(whole) - 5, len(whole) - 1)):
+            part = _ranged(server, member, job, f"bytes={start}-{end}")
+            assert part.status_code == 206
+            assert part.content == whole[start : end + 1]
+            assert part.headers["content-range"] == f"bytes {start}-{end}/{len(whole)}"
+        assert _ranged(server, member, job, "bytes=-7").content == whole[-7:]
+        assert _ranged(server, member, job, "bytes=50000-").content == whole[50_000:]
+        past = _ranged(server, member, job, f"bytes={len(whole)}-")
+        assert (past.status_code, past.headers["content-range"]) == (416, f"bytes */{len(whole)}")
+        assert str(len(whole)) in past.json()["message"]
+        assert _ranged(server, member, job, "bytes=5-2").content == whole  # not a range: the whole log
+        assert _ranged(server, member, job, f"bytes=0-{10**9}").content == whole  # an end past it is the end
+
+    check()
+    Job.objects.filter(pk=job.pk).update(status="succeeded", finished_at=T0)
+    assert log_archive_job(job_id=str(job.pk)) is not None
+    check()
+
+
 def test_bad_parameters_are_refused_with_a_message(web_server: WebServers, job: Job, member: Person) -> None:
     server = web_server.start()
 
@@ -178,6 +216,9 @@ def test_attempt_boundaries_are_marked_as_trainyard_logs_marks_them(
         "--- attempt 2 ended: error (exit 1) ---",
     ]
     assert tail == [second, "line 9", "line 10", "--- attempt 2 ended: error (exit 1) ---"]
+    # Its body has marks between the lines: a byte range is not honoured, the whole log comes (HTTP allows it).
+    ranged = _ranged(server, member, job, "bytes=0-9")
+    assert (ranged.status_code, ranged.text.splitlines()) == (200, whole)
 
 
 def test_a_job_of_another_workspace_is_not_found(

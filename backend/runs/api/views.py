@@ -37,7 +37,15 @@ from backend.runs.selectors import job_extras, job_get, run_get, run_list, run_p
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
-from backend.runs.services.rawlog import RawLogRange, raw_log_archive_url, raw_log_chunks
+from backend.runs.services.rawlog import (
+    ByteRange,
+    RangeNotSatisfiable,
+    RawLogRange,
+    raw_log_archive_url,
+    raw_log_byte_range,
+    raw_log_bytes,
+    raw_log_chunks,
+)
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
@@ -248,7 +256,7 @@ class JobRawLogView(WorkspaceAPIView):
     """The job's log as plain text, streamed (docs/LOGS.md, "Raw read-back")."""
 
     @extend_schema(
-        responses={(200, "text/plain"): bytes, 302: None},
+        responses={(200, "text/plain"): bytes, (206, "text/plain"): bytes, 302: None, 416: None},
         parameters=[
             OpenApiParameter("from_seq", int, description="first seq to include (default 1)"),
             OpenApiParameter("to_seq", int, description="last seq to include (default: the end)"),
@@ -278,7 +286,21 @@ class JobRawLogView(WorkspaceAPIView):
             url = raw_log_archive_url(job=found, wanted=wanted, filename=filename)
             if url is not None:
                 return HttpResponseRedirect(url)
-        response = StreamingHttpResponse(_streamed(raw_log_chunks(job=found, wanted=wanted)))
+        try:
+            part = _byte_range(request, found) if wanted == RawLogRange() else None
+        except RangeNotSatisfiable as e:
+            message = f"The range starts past the end of the log ({e.total} bytes)."
+            return Response(
+                {"message": message, "extra": {"size": e.total}},
+                status=416,
+                headers={"Content-Range": f"bytes */{e.total}"},
+            )
+        if part is not None:
+            response = StreamingHttpResponse(_streamed(raw_log_bytes(job=found, wanted=part)), status=206)
+            response["Content-Range"] = f"bytes {part.start}-{part.end - 1}/{part.total}"
+            response["Content-Length"] = str(part.end - part.start)
+        else:
+            response = StreamingHttpResponse(_streamed(raw_log_chunks(job=found, wanted=wanted)))
         response["Content-Type"] = "text/plain; charset=utf-8"
         response["Cache-Control"] = "no-store"
         if _flag(request, "download"):
@@ -344,6 +366,13 @@ def _with_cursor(request: Request, cursor: str) -> str:
     params["cursor"] = cursor
     params.pop("page", None)
     return request.build_absolute_uri(f"{request.path}?{params.urlencode()}")
+
+
+def _byte_range(request: Request, job: Job) -> ByteRange | None:
+    """The ``Range: bytes=`` the request asks of the whole log, if any
+    applies (docs/LOGS.md, "Raw read-back")."""
+    header = request.headers.get("Range", "")
+    return raw_log_byte_range(job=job, header=header) if header else None
 
 
 def _log_window(request: Request, job: Job, max_bytes: int) -> LogWindow:

@@ -13,12 +13,16 @@ and only the first and last chunk of a range are cut.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Protocol
+
+from django.db import connection
+from django.db.models import Sum
 
 from backend.artifacts.locations import storage_of
 from backend.runs.models import Attempt, Job, LogArchive, LogChunk
@@ -80,6 +84,75 @@ def raw_log_archive_url(*, job: Job, wanted: RawLogRange, filename: str) -> str 
     if LogChunk.objects.filter(job=job, archive_offset__isnull=True).exists():
         return None
     return storage_of(archive).signed_url(archive.key, method="GET", seconds=ARCHIVE_URL_SECONDS, filename=filename)
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes ``start`` .. ``end`` - 1 of a log whose body is ``total`` bytes."""
+
+    start: int
+    end: int
+    total: int
+
+
+class RangeNotSatisfiable(Exception):
+    def __init__(self, total: int) -> None:
+        super().__init__(total)
+        self.total = total
+
+
+def raw_log_byte_range(*, job: Job, header: str) -> ByteRange | None:
+    """The part of the whole log (no timestamps) an HTTP ``Range: bytes=``
+    header asks for; None when the header is not one range of bytes or the
+    job ran more than once (its body has attempt marks between the lines):
+    then the whole log is the answer, as HTTP allows. Raises
+    RangeNotSatisfiable when the range starts past the end."""
+    found = _RANGE.fullmatch(header)
+    if found is None or found.group(1) == found.group(2) == "":
+        return None
+    first, last = found.groups()
+    if first and last and int(last) < int(first):
+        return None
+    if Attempt.objects.filter(job=job).count() > 1:
+        return None
+    total = int(LogChunk.objects.filter(job=job).aggregate(total=Sum("size"))["total"] or 0)
+    if first:
+        start, end = int(first), (int(last) + 1 if last else total)
+    else:  # a suffix: the last N bytes
+        start, end = max(total - int(last), 0), total
+    if start >= total:
+        raise RangeNotSatisfiable(total)
+    return ByteRange(start, min(end, total), total)
+
+
+def raw_log_bytes(*, job: Job, wanted: ByteRange) -> Iterator[bytes]:
+    """The bytes of ``wanted``: the chunks it overlaps, found by their sizes'
+    running sum, the first and last cut to it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_OFFSETS_SQL, {"job": str(job.pk), "start": wanted.start, "end": wanted.end})
+        rows = cursor.fetchall()
+    if not rows:
+        return
+    at = int(rows[0][1])  # where the first overlapping chunk starts in the body
+    first_seq, last_seq = int(rows[0][0]), int(rows[-1][0])
+    for chunk in chunks_forward(str(job.pk), after=first_seq - 1, until=last_seq):
+        piece = chunk.text[max(wanted.start - at, 0) : max(wanted.end - at, 0)]
+        at += len(chunk.text)
+        if piece:
+            yield piece
+        if at >= wanted.end:
+            return
+
+
+_RANGE = re.compile(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", re.IGNORECASE)
+# Each chunk's offset in the body: the running sum of the sizes before it.
+_OFFSETS_SQL = """
+SELECT first_seq, at FROM (
+    SELECT first_seq, sum(size) OVER (ORDER BY first_seq) - size AS at, size FROM runs_logchunk WHERE job_id = %(job)s
+) offsets
+WHERE at < %(end)s AND at + size > %(start)s
+ORDER BY first_seq
+"""
 
 
 def raw_log_chunks(*, job: Job, wanted: RawLogRange, reader: LogReader | None = None) -> Iterator[bytes]:

@@ -2627,8 +2627,23 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            206: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
             /** @description No response body */
             302: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description No response body */
+            416: {
                 headers: {
                     [name: string]: unknown;
                 };
