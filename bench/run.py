@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
+from bench.followers import bench_followers, follower_rows
 from bench.ingest import bench_parallel_ingest, ingest_rows
 from bench.lib import (
     FINISHED,
@@ -471,6 +472,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         raw_rows(results["raw_logs"], row)
     if "ingest_parallel" in results:
         ingest_rows(results["ingest_parallel"], row)
+    if "followers" in results:
+        follower_rows(results["followers"], row)
     if results.get("log_viewer"):
         viewer_rows(results["log_viewer"], row)
     runs_list = results.get("runs_list")
@@ -504,6 +507,7 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--raw-lines", type=int, default=2_000_000, help="lines of the finished job read back raw")
+    parser.add_argument("--followers", type=int, default=500, help="followers of one job (followers part)")
     parser.add_argument("--parallel-jobs", type=int, default=10, help="noisy jobs at once (ingest-parallel)")
     parser.add_argument("--parallel-lines", type=int, default=100_000, help="lines of each of those jobs")
     parser.add_argument(
@@ -521,6 +525,7 @@ def main() -> int:
             "aws",
             "spot",
             "ingest-parallel",
+            "followers",
             "raw-logs",
             "log-viewer",
             "runs-list",
@@ -533,7 +538,19 @@ def main() -> int:
     args = parser.parse_args()
     parts = set(
         args.only
-        or ["latency", "throughput", "burst", "aws", "spot", "ingest-parallel", "raw-logs", "log-viewer", "runs-list"]
+        or [
+            "latency",
+            "throughput",
+            "burst",
+            "aws",
+            "spot",
+            "ingest-parallel",
+            "followers",
+            "followers",
+            "raw-logs",
+            "log-viewer",
+            "runs-list",
+        ]
     )
     failed = False
 
@@ -584,6 +601,8 @@ def main() -> int:
                         log(f"(5) spot: {message}")
                         results["spot"] = {"notice": {"error": message}}
                     failed = failed or any("error" in (results["spot"].get(k) or {}) for k in ("notice", "sync"))
+                if "followers" in parts:
+                    results["followers"] = bench_followers(api, stack, args.followers)
                 if "ingest-parallel" in parts:
                     results["ingest_parallel"] = bench_parallel_ingest(
                         api, stack, args.parallel_jobs, args.parallel_lines

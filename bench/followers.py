@@ -1,0 +1,190 @@
+"""Part ``followers`` of ``make bench`` (bench/README.md): many people
+watching one job's log live, spread over two web processes.
+
+A second web process is started beside the bench stack's (same database,
+same channel layer, its own port); the runner streams to the first. The
+followers are websockets opened by FOLLOWER_PROCESSES separate Python
+processes (so the followers' own work does not share a process with the
+measurement or the servers), half of them on each web process. One job
+prints RATE lines per second for SECONDS seconds; each follower records,
+for every ``logs`` frame, the time it arrived minus the time its last line
+was read by the runner (the line's ``ts``: same machine, same clock). The
+p50 and p99 of those latencies over all followers and frames is the result.
+Target (issue 12): 500 followers, p99 ≤ 250 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.lib import Api, free_port, log, percentile
+from tests.support.stack import Stack
+
+TARGET_P99_MS = 250.0
+FOLLOWER_PROCESSES = 4
+SECONDS = 20
+RATE = 50  # lines per second: a training job's progress, not a flood
+CONNECT_TIMEOUT = 120.0
+
+PRINTER = f"""
+workflows:
+  - name: ticker
+    provider: bash
+    commands:
+      - for i in $(seq 1 {SECONDS * RATE}); do echo "tick $i"; sleep {1 / RATE}; done
+"""
+
+
+# So many connects from one user and one address are what the websocket
+# rate limits refuse; here they stand for many people's browsers.
+UNLIMITED = {"TRAINYARD_RATE_WS_USER": "off", "TRAINYARD_RATE_WS_IP": "off"}
+
+
+def bench_followers(api: Api, stack: Stack, followers: int) -> dict[str, Any]:
+    log(f"(8) {followers} followers of one job over two web processes ({FOLLOWER_PROCESSES} follower processes)")
+    saved = {k: stack.env.get(k) for k in UNLIMITED}
+    stack.env.update(UNLIMITED)
+    stack.restart("web")
+    try:
+        return _with_second_web(api, stack, followers)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                stack.env.pop(key, None)
+            else:
+                stack.env[key] = value
+        stack.restart("web")
+
+
+def _with_second_web(api: Api, stack: Stack, followers: int) -> dict[str, Any]:
+    port = free_port()
+    second = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "backend.config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, **stack.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait_up(f"http://127.0.0.1:{port}/healthz")
+        return _measure(api, [api.ws_url, f"ws://127.0.0.1:{port}"], followers)
+    finally:
+        second.terminate()
+        try:
+            second.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            second.kill()
+
+
+def _measure(api: Api, ws_urls: list[str], followers: int) -> dict[str, Any]:
+    run = api.submit("ticker", workflows_text=PRINTER)
+    path = f"/ws/v1/workspaces/{api.workspace}/runs/{run['id']}/"
+    per_process = [
+        followers // FOLLOWER_PROCESSES + (i < followers % FOLLOWER_PROCESSES) for i in range(FOLLOWER_PROCESSES)
+    ]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(FOLLOWER_PROCESSES) as pool:
+        jobs = [
+            pool.apply_async(_follow, (ws_urls, path, api.token, count, offset, SECONDS * RATE))
+            for offset, count in zip(_offsets(per_process), per_process, strict=True)
+        ]
+        results = [j.get(timeout=SECONDS * 10 + CONNECT_TIMEOUT) for j in jobs]
+    api.wait_finished(run["id"], timeout=SECONDS * 10)
+    latencies = [ms for r in results for ms in r["latencies_ms"]]
+    complete = sum(r["complete"] for r in results)
+    return {
+        "followers": followers,
+        "connected": sum(r["connected"] for r in results),
+        "saw_every_line": complete,
+        "frames": len(latencies),
+        "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+        "p99_ms": round(percentile(latencies, 99), 1) if latencies else None,
+        "max_ms": round(max(latencies), 1) if latencies else None,
+        "errors": [e for r in results for e in r["errors"]][:5],
+    }
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, at = [], 0
+    for count in counts:
+        out.append(at)
+        at += count
+    return out
+
+
+def _follow(ws_urls: list[str], path: str, token: str, count: int, offset: int, lines: int) -> dict[str, Any]:
+    """In its own process: ``count`` followers (the i-th on web process
+    i % 2), until each has seen line ``lines`` or the time is up."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    async def one(i: int, out: dict[str, Any]) -> None:
+        url = ws_urls[(offset + i) % len(ws_urls)] + path
+        try:
+            async with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
+                out["connected"] += 1
+                deadline = time.monotonic() + SECONDS * 5 + CONNECT_TIMEOUT
+                seen = 0
+                while seen < lines and time.monotonic() < deadline:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=deadline - time.monotonic())
+                    arrived = time.time()
+                    frame = json.loads(raw)
+                    if frame.get("type") != "logs" or not frame["lines"]:
+                        continue
+                    last = frame["lines"][-1]
+                    seen = max(seen, last[0])
+                    out["latencies_ms"].append((arrived - last[1]) * 1000)
+                if seen >= lines:
+                    out["complete"] += 1
+        except Exception as error:  # reported, not raised: one follower's failure is a result
+            out["errors"].append(f"{type(error).__name__}: {error}")
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {"connected": 0, "complete": 0, "latencies_ms": [], "errors": []}
+        await asyncio.gather(*(one(i, out) for i in range(count)))
+        return out
+
+    return asyncio.run(main())
+
+
+def _wait_up(url: str) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the second web process did not answer {url} within 60 s")
+
+
+def follower_rows(result: dict[str, Any], row: Any) -> None:
+    p99 = result["p99_ms"]
+    ok = p99 is not None and p99 <= TARGET_P99_MS and result["saw_every_line"] == result["followers"]
+    row(
+        f"{result['followers']} followers over two web processes: frame latency p99 "
+        f"(p50 {result['p50_ms']} ms; {result['saw_every_line']} saw every line)",
+        f"{p99} ms" if p99 is not None else "no frames",
+        f"≤ {TARGET_P99_MS:.0f} ms",
+        ok,
+    )
