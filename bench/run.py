@@ -1,7 +1,9 @@
 """Trainyard benchmark: submit→first-log latency, durable log throughput vs a
 plain COPY, 50 concurrent runs, a run on a fresh / a reused EC2 instance
 (moto), and a spot notice → the job running again on a second instance plus
-the checkpoint sync's throughput against plain boto3, the raw read-back of a
+the checkpoint sync's throughput against plain boto3, ten noisy jobs at once
+(`--only ingest-parallel`, bench/ingest.py), 500 followers of one job over two
+web processes (`--only followers`, bench/followers.py), the raw read-back of a
 finished job's log (`--only raw-logs`), the run page of such a job in Chromium
 (`--only log-viewer`, bench/logviewer.py) and the runs list of a workspace of a
 million runs (`--only runs-list`, bench/runs_list.py) — measured in one run on
@@ -10,8 +12,10 @@ runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
                                   [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
-                                  [--viewer-lines 2000000] [--list-runs 1000000]
-                                  [--only latency|throughput|burst|aws|spot|raw-logs|log-viewer|runs-list ...]
+                                  [--viewer-lines 2000000] [--list-runs 1000000] [--followers 500]
+                                  [--parallel-jobs 10] [--parallel-lines 100000]
+                                  [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
+                                          log-viewer|runs-list ...]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -500,6 +504,20 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
     return "\n".join(lines), missed
 
 
+PARTS = [
+    "latency",
+    "throughput",
+    "burst",
+    "aws",
+    "spot",
+    "ingest-parallel",
+    "followers",
+    "raw-logs",
+    "log-viewer",
+    "runs-list",
+]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -516,42 +534,11 @@ def main() -> int:
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
-    parser.add_argument(
-        "--only",
-        choices=[
-            "latency",
-            "throughput",
-            "burst",
-            "aws",
-            "spot",
-            "ingest-parallel",
-            "followers",
-            "raw-logs",
-            "log-viewer",
-            "runs-list",
-        ],
-        action="append",
-        help="run only these parts",
-    )
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
-    parts = set(
-        args.only
-        or [
-            "latency",
-            "throughput",
-            "burst",
-            "aws",
-            "spot",
-            "ingest-parallel",
-            "followers",
-            "followers",
-            "raw-logs",
-            "log-viewer",
-            "runs-list",
-        ]
-    )
+    parts = set(args.only or PARTS)
     failed = False
 
     results: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
