@@ -49,18 +49,8 @@ UNLIMITED = {"TRAINYARD_RATE_WS_USER": "off", "TRAINYARD_RATE_WS_IP": "off"}
 
 def bench_followers(api: Api, stack: Stack, followers: int) -> dict[str, Any]:
     log(f"(8) {followers} followers of one job over two web processes ({FOLLOWER_PROCESSES} follower processes)")
-    saved = {k: stack.env.get(k) for k in UNLIMITED}
-    stack.env.update(UNLIMITED)
-    stack.restart("web")
-    try:
+    with stack.env_changed(UNLIMITED, restart=["web"]):
         return _with_second_web(api, stack, followers)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                stack.env.pop(key, None)
-            else:
-                stack.env[key] = value
-        stack.restart("web")
 
 
 def _with_second_web(api: Api, stack: Stack, followers: int) -> dict[str, Any]:

@@ -26,19 +26,8 @@ FINISHED = {"succeeded", "failed", "stopped"}
 
 def bench_parallel_ingest(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:
     log(f"(7) {jobs} noisy jobs of {lines:,} lines at once, each on its own runner")
-    saved = stack.env.get("TRAINYARD_LOCAL_RUNNERS_MAX")
-    stack.env["TRAINYARD_LOCAL_RUNNERS_MAX"] = str(jobs)
-    for name in ("web", "worker"):
-        stack.restart(name)
-    try:
+    with stack.env_changed({"TRAINYARD_LOCAL_RUNNERS_MAX": str(jobs)}, restart=["web", "worker"]):
         return _measure(api, stack, jobs, lines)
-    finally:
-        if saved is None:
-            stack.env.pop("TRAINYARD_LOCAL_RUNNERS_MAX", None)
-        else:
-            stack.env["TRAINYARD_LOCAL_RUNNERS_MAX"] = saved
-        for name in ("web", "worker"):
-            stack.restart(name)
 
 
 def _measure(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ to the failure report of every test that uses ``fixture`` (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -31,7 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -118,6 +119,26 @@ class Stack:
     def restart(self, name: str) -> None:
         self.stop(name)
         self.start(name)
+
+    @contextlib.contextmanager
+    def env_changed(self, extra: dict[str, str], *, restart: Iterable[str]) -> Iterator[None]:
+        """``extra`` in the processes' environment while the block runs:
+        ``restart`` are restarted with it, and again with the old values after."""
+        names = list(restart)
+        saved = {key: self.env.get(key) for key in extra}
+        self.env.update(extra)
+        for name in names:
+            self.restart(name)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    self.env.pop(key, None)
+                else:
+                    self.env[key] = value
+            for name in names:
+                self.restart(name)
 
     def pause(self, name: str) -> None:
         """Freeze one process's group (SIGSTOP), as a stalled host or VM would."""
