@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from backend.accounts.models import Workspace
 from backend.runs.models import Job, Run
 from tests.support.fixtures import Person, submit
-from tests.support.logfill import fill_job_log
+from tests.support.logfill import django_conninfo, fill_job_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,9 +22,7 @@ STEP = "\x1b[1mstep\x1b[0m {:d} loss"
 
 def _fill(job: Job, lines: int, text: str = STEP) -> None:
     """The lines through the sanctioned filler, into the test database."""
-    s = connection.settings_dict
-    url = f"postgresql://{s['USER']}:{s['PASSWORD'] or ''}@{s['HOST']}:{s['PORT'] or 5432}/{s['NAME']}"
-    fill_job_log(url, str(job.pk), lines, text)
+    fill_job_log(django_conninfo(), str(job.pk), lines, text)
 
 
 def _logs(person: Person, job: Job, workspace: str = "acme", **params: Any) -> Any:
