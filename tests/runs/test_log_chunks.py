@@ -142,9 +142,10 @@ def test_a_chunk_of_another_uuid_is_not_read(job: Job) -> None:
 def test_the_bench_and_test_filler_writes_what_the_server_reads(job: Job, settings: Any) -> None:
     """tests/support/logfill.py knows the layout without Django: its chunks
     read back through the server's own readers."""
-    from tests.support.logfill import NOISY_TEXT, django_conninfo, fill_job_log
+    from tests.support.logfill import NOISY_TEXT, fill_job_log
+    from tests.support.testdb import django_test_db_url
 
-    size = fill_job_log(django_conninfo(), str(job.pk), 2500)
+    size = fill_job_log(django_test_db_url(), str(job.pk), 2500)
 
     lines = job_log_lines(job_id=str(job.pk))
     assert [(seq, text) for seq, _, _, text in lines] == [(i + 1, NOISY_TEXT.format(i)) for i in range(2500)]

@@ -11,7 +11,8 @@ import pytest
 from backend.accounts.models import Workspace
 from backend.runs.models import Job, Run
 from tests.support.fixtures import Person, submit
-from tests.support.logfill import django_conninfo, fill_job_log
+from tests.support.logfill import fill_job_log
+from tests.support.testdb import django_test_db_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,7 +23,7 @@ STEP = "\x1b[1mstep\x1b[0m {:d} loss"
 
 def _fill(job: Job, lines: int, text: str = STEP) -> None:
     """The lines through the sanctioned filler, into the test database."""
-    fill_job_log(django_conninfo(), str(job.pk), lines, text)
+    fill_job_log(django_test_db_url(), str(job.pk), lines, text)
 
 
 def _logs(person: Person, job: Job, workspace: str = "acme", **params: Any) -> Any:

@@ -15,16 +15,6 @@ NOISY_TEXT = "line {:09d} the quick brown fox jumps over the lazy dog"
 T0 = 1_796_212_800.0  # 2026-12-02 12:00:00 UTC: line i is stamped T0 + i ms
 
 
-def django_conninfo() -> str:
-    """The database Django's connection is open on, as a libpq conninfo
-    (for ``fill_job_log`` in tests), however it reached it: a TCP address,
-    or a socket directory given in its options (the embedded Postgres)."""
-    from django.db import connection
-
-    connection.ensure_connection()
-    return str(connection.connection.info.dsn)
-
-
 def fill_job_log(database_url: str, job: str, lines: int, text: str = NOISY_TEXT) -> int:
     """Replace job ``job``'s lines by ``lines`` lines of stdout, line i
     (from 0) being ``text.format(i)``, seqs 1..lines, stored as chunks of
