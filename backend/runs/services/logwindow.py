@@ -88,9 +88,10 @@ def log_search(*, job: Job, text: str, from_seq: int, direction: Direction, max_
 
 def _search_forward(job: Job, needle: str, from_seq: int, max_bytes: int) -> int | None:
     for batch in log_reader_for(job).batches(after=max(0, from_seq - 1), until=LAST_SEQ, timestamps=False):
-        at = _plain(batch.data.decode("utf-8", "replace")).lower().find(needle)
+        text = _plain(batch.data.decode("utf-8", "replace")).lower()
+        at = text.find(needle)
         if at >= 0:
-            return _seq_at(job, batch, at, needle, max_bytes)
+            return _seq_at(job, batch, text.count("\n", 0, at), max_bytes)
     return None
 
 
@@ -105,20 +106,19 @@ def _search_backward(job: Job, needle: str, from_seq: int, max_bytes: int) -> in
             return None
         found: int | None = None
         for batch in reader.batches(after=start - 1, until=until, timestamps=False):
-            at = _plain(batch.data.decode("utf-8", "replace")).lower().rfind(needle)
+            text = _plain(batch.data.decode("utf-8", "replace")).lower()
+            at = text.rfind(needle)
             if at >= 0:
-                found = _seq_at(job, batch, at, needle, max_bytes)
+                found = _seq_at(job, batch, text.count("\n", 0, at), max_bytes)
         if found is not None:
             return found
         until = start - 1
     return None
 
 
-def _seq_at(job: Job, batch: RawBatch, at: int, needle: str, max_bytes: int) -> int:
-    """The seq of the line holding offset ``at`` of the batch's (plain,
-    lowered) text. A batch without gaps has one line per seq; one with a gap
+def _seq_at(job: Job, batch: RawBatch, index: int, max_bytes: int) -> int:
+    """The seq of the batch's ``index``-th line (from 0). A batch without gaps has one line per seq; one with a gap
     (lines past a log cap are not stored) is asked line by line of the pages."""
-    index = _plain(batch.data.decode("utf-8", "replace")).lower().count("\n", 0, at)
     if batch.last_seq - batch.first_seq == batch.data.count(b"\n") - 1:
         return batch.first_seq + index
     after = batch.first_seq - 1
