@@ -40,6 +40,7 @@ from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
+from .environments import Environment, EnvironmentBuildError, prepare_environment
 from .http import HttpError, get_json, post_json
 from .inputs import InputError, fetch_inputs, fetch_manifests
 from .logstream import LogStream
@@ -51,6 +52,7 @@ from .spot import Notice
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE = 5.0
+ENVIRONMENTS_VAR = "TRAINYARD_ENVIRONMENTS_DIR"
 SPEC_FILE = "job.json"
 # A spot interruption notice with time T: the job writes its checkpoint until
 # T - CHECKPOINT_MARGIN (then it is synced) and is killed at T - KILL_MARGIN.
@@ -115,6 +117,10 @@ class Job:
         self.dir = work_dir / "jobs" / spec.job
         self._cache_dir = work_dir / "git-cache"
         self._pip_cache_dir = work_dir / "pip-cache"
+        # Shared by the jobs of every runner given the same folder (the local
+        # backend: one per workspace on the server's host).
+        self._environments_dir = Path(os.environ.get(ENVIRONMENTS_VAR) or work_dir / "environments")
+        self.environment: Environment | None = None
         self._token = token
         self._report = report
         self._on_drain_stuck = on_drain_stuck
@@ -214,7 +220,7 @@ class Job:
         except CheckpointError as e:
             # Not the job's fault: another attempt may well restore it (retried as an interruption).
             return await self._finish("interrupted", None, str(e))
-        except (CodeError, InputError, DockerError, ShimLost, SecretsError) as e:
+        except (CodeError, InputError, DockerError, ShimLost, SecretsError, EnvironmentBuildError) as e:
             if self._notice is not None:  # the machine going away broke the setup: not the job's fault
                 return await self._interrupted_final(None)
             return await self._finish("failed", None, str(e))
@@ -440,6 +446,15 @@ class Job:
         if any(c.files for c in self.spec.caches):
             await self._state("preparing", "restoring the cache")
             await restore_caches(self.spec.caches, work, fresh_url=self._fresh_cache_url, job=self.id)
+        if self.spec.environment is not None:
+            await self._state("preparing", "preparing the environment")
+            self.environment = await prepare_environment(
+                self.spec.environment,
+                root=self._environments_dir,
+                checkout=work,
+                env=self._job_env(),
+                say=lambda stream, lines: self.stream.put(stream, lines),
+            )
 
     def _job_url(self, what: str, query: dict[str, str] | None = None) -> str:
         params = urlencode({"attempt": self.attempt, **(query or {})})
@@ -545,9 +560,11 @@ class Job:
         _make_artifact_folders(work, self.spec.artifacts)
         interrupt_dir = self.dir / INTERRUPT_DIR
         interrupt_dir.mkdir(exist_ok=True)
-        job_vars = {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3
+        job_vars = self._job_vars()
         if not self.docker:
-            env = job_env(job_vars, pip_cache_dir=self._pip_cache_dir)
+            env = self._job_env()
+            if self.environment is not None:
+                env = self.environment.activate(env)
             env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
                 self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
@@ -578,6 +595,12 @@ class Job:
             argv=argv,
             outlive=self._outlive,
         )
+
+    def _job_vars(self) -> dict[str, str]:
+        return {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3
+
+    def _job_env(self) -> dict[str, str]:
+        return job_env(self._job_vars(), pip_cache_dir=self._pip_cache_dir)
 
     def _stop_execution(self) -> None:
         if self._stopper is None:

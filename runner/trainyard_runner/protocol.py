@@ -325,6 +325,19 @@ class CacheSpec(_Message):
     files: list[InputFile] = Field(default_factory=list)
 
 
+class EnvironmentSpec(_Message):
+    """A job's ``environment:`` (docs/ENVIRONMENTS.md): a Python virtual
+    environment the runner builds once per key and reuses. ``python``: the
+    version (``"3.11"``), "" for the machine's ``python3``; ``requirements``:
+    a file of the checkout; ``pip``: requirement lines; ``setup``: bash
+    commands run in the new environment, in the checkout, once per build."""
+
+    python: str = ""
+    requirements: str = ""
+    pip: list[str] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list)
+
+
 class AssignJob(_Message):
     """An attempt of a job for the runner. It must answer ``JobAccepted`` with
     the same lease within ``lease_seconds`` or the server takes the job back.
@@ -356,6 +369,8 @@ class AssignJob(_Message):
     port_count: int = Field(default=0, ge=0, le=64)
     mount_seconds: float = Field(default=10.0, gt=0)
     caches: list[CacheSpec] = Field(default_factory=list)
+    # Built (or reused) before the commands start; they run with it activated.
+    environment: EnvironmentSpec | None = None
     # The job has secrets or a clone credential: the runner GETs ``JobSecrets``
     # before preparing (a refusal, e.g. a secret no key opens, fails the job).
     secrets: bool = False

@@ -29,6 +29,7 @@ from .schema import (
     BUILTIN_PROVIDERS,
     DEV_ENVIRONMENT_PROVIDERS,
     PROVIDER_KEYS,
+    EnvironmentSpec,
     ResourceSpec,
     Workflow,
     python_binary,
@@ -85,6 +86,9 @@ class JobPlan:
     port_count: int = 0
     mounts: list[str] = field(default_factory=list)
     cache: list[str] = field(default_factory=list)
+    # ``environment:`` (or the python provider's ``requirements``), as the
+    # runner gets it (``EnvironmentSpec.runner_spec``); None: the machine's own.
+    environment: dict[str, object] | None = None
 
 
 class ProviderError(Exception):
@@ -182,6 +186,10 @@ class BashProvider(Provider):
     workflow_keys = PROVIDER_KEYS["bash"]
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        environment = environment_of(wf)
+        if environment is not None:
+            # The environment's interpreter is first on PATH as python and python3.
+            return [job_plan(wf, commands=list(wf.commands or []), env=env, environment=environment)]
         setup: list[str] = []
         if wf.python:
             binary = python_binary(wf.python)
@@ -198,18 +206,22 @@ class BashProvider(Provider):
 
 
 class PythonProvider(Provider):
-    """``python <script>``; with ``requirements``, in a fresh virtual
-    environment (the runner sets PIP_CACHE_DIR, so wheels are reused between
-    jobs on the same machine); with ``python: "3.11"``, that interpreter."""
+    """``python <script>``; with ``requirements`` (or ``environment:``), in
+    the environment the runner builds once for them and reuses
+    (docs/ENVIRONMENTS.md); with ``python: "3.11"``, that interpreter."""
 
     name = "python"
     workflow_keys = PROVIDER_KEYS["python"]
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
+        environment = environment_of(wf, requirements=wf.requirements)
+        if environment is not None:
+            commands = [f"python {shlex.quote(wf.script or '')}"]
+            return [job_plan(wf, commands=commands, env=env, provider="python", environment=environment)]
         return [
             job_plan(
                 wf,
-                commands=python_commands(script=wf.script or "", requirements=wf.requirements, version=wf.python),
+                commands=python_commands(script=wf.script or "", requirements=None, version=wf.python),
                 env=env,
                 provider="python",
             )
@@ -225,6 +237,23 @@ class DockerProvider(Provider):
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
         return [job_plan(wf, commands=list(wf.commands or []), env=env, provider="docker", image=wf.image or "")]
+
+
+def environment_of(wf: Workflow, *, requirements: str | None = None) -> dict[str, object] | None:
+    """The job's ``environment`` (``AssignJob.environment``): the workflow's
+    ``environment:``, with its ``python`` (and the python provider's
+    ``requirements``) as shorthand; None when it has none."""
+    spec = wf.environment
+    if spec is None and requirements is None:
+        return None
+    if spec is not None and wf.python and spec.python and spec.python != wf.python:
+        raise ProviderError(f"python: {wf.python!r} and environment: python: {spec.python!r} differ; keep one of them")
+    if spec is not None and requirements and spec.requirements and spec.requirements != requirements:
+        raise ProviderError(
+            f"requirements: {requirements!r} and environment: requirements: {spec.requirements!r} differ;"
+            " keep one of them"
+        )
+    return (spec or EnvironmentSpec()).runner_spec(python=wf.python, requirements=requirements)
 
 
 def python_commands(*, script: str, requirements: str | None, version: str | None) -> list[str]:

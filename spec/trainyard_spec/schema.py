@@ -27,7 +27,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
@@ -360,6 +360,42 @@ class Retry(_Model):
         return {k: v for k, v in values.items() if v is not None}
 
 
+def _not_built(what: str) -> Any:
+    def refuse(value: object) -> object:
+        if value is not None:
+            raise PydanticCustomError("not_built", what)
+        return value
+
+    return BeforeValidator(refuse)
+
+
+class EnvironmentSpec(_Model):
+    """``environment:`` (docs/ENVIRONMENTS.md): a Python environment the
+    runner builds once per key and reuses."""
+
+    python: Annotated[_Str | None, BeforeValidator(_python_version), AfterValidator(_python_version_text)] = None
+    requirements: _RelPath | None = None
+    pip: list[_Str] = Field(default_factory=list)
+    setup: list[_Str] = Field(default_factory=list)
+    conda: Annotated[object, _not_built("conda environments are not built yet; use requirements or pip")] = None
+    apt: Annotated[
+        object, _not_built("apt packages are not installed by environments yet; install them in the commands")
+    ] = None
+    image: Annotated[
+        object, _not_built("an image is not built from an environment yet; use provider: docker with image")
+    ] = None
+
+    def runner_spec(self, *, python: str | None = None, requirements: str | None = None) -> dict[str, object]:
+        """What the runner gets (``AssignJob.environment``); empty parts left out."""
+        values = {
+            "python": self.python or python,
+            "requirements": self.requirements or requirements,
+            "pip": list(self.pip),
+            "setup": list(self.setup),
+        }
+        return {k: v for k, v in values.items() if v}
+
+
 class Workflow(_Model):
     name: Annotated[_Str, AfterValidator(_name)]
     provider: _Str
@@ -369,6 +405,7 @@ class Workflow(_Model):
     python: Annotated[_Str | None, BeforeValidator(_python_version), AfterValidator(_python_version_text)] = None
     image: _Str | None = None
     setup: list[_Str] | None = None
+    environment: EnvironmentSpec | None = None
     help: _Str | None = None
     # None: a bare KEY of the list form, whose value the submitting shell gives.
     env: Annotated[
@@ -424,8 +461,8 @@ def _interruptible_policy(interruptible: bool | None) -> str | None:
 # The keys only some providers read; a plugin declares the ones it reads
 # (``Provider.workflow_keys``), the rest are refused in its workflows.
 PROVIDER_KEYS: dict[str, frozenset[str]] = {
-    "bash": frozenset({"commands", "python"}),
-    "python": frozenset({"script", "requirements", "python"}),
+    "bash": frozenset({"commands", "python", "environment"}),
+    "python": frozenset({"script", "requirements", "python", "environment"}),
     "docker": frozenset({"image", "commands"}),
     **{name: frozenset({"setup", "python"}) for name in DEV_ENVIRONMENT_PROVIDERS},
 }

@@ -68,11 +68,11 @@ def test_the_cluster_plugin_runs_a_master_and_two_workers_that_connect(alice: Us
     ]
 
 
-def test_the_python_provider_installs_requirements_into_a_venv(alice: User, repo: Path) -> None:
+def test_the_python_provider_installs_requirements_into_its_environment(alice: User, repo: Path) -> None:
     wheel = _build_wheel(repo / "wheels")
     (repo / "requirements.txt").write_text(f"./wheels/{wheel.name}\n")
     (repo / "use_pkg.py").write_text(
-        "import sys, tinyhello\nprint(tinyhello.greet(), sys.prefix.endswith('.trainyard-venv'))\n"
+        "import os, sys, tinyhello\nprint(tinyhello.greet(), sys.prefix == os.environ['VIRTUAL_ENV'])\n"
     )
     (repo / ".trainyard" / "workflows.yaml").write_text(
         "workflows:\n  - name: py\n    provider: python\n    script: use_pkg.py\n    requirements: requirements.txt\n"

@@ -232,22 +232,77 @@ def test_python_provider_with_a_version_checks_it_is_installed():
     assert python_job('python: "3.11"').commands == [CHECK_311, "python3.11 'train model.py'"]
 
 
-def test_python_provider_with_requirements_installs_them_in_a_virtual_environment():
-    assert python_job("requirements: requirements.txt").commands == [
-        "python -m venv .trainyard-venv",
-        ". .trainyard-venv/bin/activate",
-        "pip install --disable-pip-version-check -r requirements.txt",
-        "python 'train model.py'",
-    ]
+def test_python_provider_with_requirements_runs_the_script_in_their_environment():
+    job = python_job("requirements: requirements.txt")
+    assert job.commands == ["python 'train model.py'"]
+    assert job.environment == {"requirements": "requirements.txt"}
 
 
-def test_python_provider_with_requirements_and_a_version_makes_the_venv_with_that_python():
-    assert python_job('requirements: req.txt, python: "3.11.4"').commands == [
-        CHECK_311,
-        "python3.11 -m venv .trainyard-venv",
-        ". .trainyard-venv/bin/activate",
-        "pip install --disable-pip-version-check -r req.txt",
-        "python 'train model.py'",
+def test_python_provider_with_requirements_and_a_version_asks_for_that_python():
+    job = python_job('requirements: req.txt, python: "3.11.4"')
+    assert job.commands == ["python 'train model.py'"]
+    assert job.environment == {"python": "3.11.4", "requirements": "req.txt"}
+
+
+ENVIRONMENT = """\
+    workflows:
+      - name: a
+        provider: bash
+        commands: [python train.py]
+        environment:
+          python: "3.11"
+          requirements: requirements.txt
+          pip: [tqdm==4.67.1]
+          setup: [python -m compileall -q .]
+    """
+
+
+def test_an_environment_goes_to_the_job_as_the_runner_builds_it():
+    job = plan(ENVIRONMENT, "a").jobs[0]
+    assert job.commands == ["python train.py"]  # no interpreter check: the runner's build says it
+    assert job.environment == {
+        "python": "3.11",
+        "requirements": "requirements.txt",
+        "pip": ["tqdm==4.67.1"],
+        "setup": ["python -m compileall -q ."],
+    }
+
+
+def test_the_workflows_python_is_the_environments_when_it_names_none():
+    text = ENVIRONMENT.replace('          python: "3.11"\n', "").replace(
+        "provider: bash", 'provider: bash\n        python: "3.12"'
+    )
+    assert plan(text, "a").jobs[0].environment["python"] == "3.12"
+
+
+def test_two_different_pythons_for_one_environment_are_an_error_at_the_provider():
+    text = ENVIRONMENT.replace("provider: bash", 'provider: bash\n        python: "3.12"')
+    with pytest.raises(WorkflowFileError) as e:
+        plan(text, "a")
+    assert "python: '3.12' and environment: python: '3.11' differ; keep one of them" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("conda: environment.yml", "conda environments are not built yet; use requirements or pip"),
+        ("apt: [libsndfile1]", "apt packages are not installed by environments yet; install them in the commands"),
+        ("image: python:3.11", "an image is not built from an environment yet; use provider: docker with image"),
+        ("requirements: /etc/requirements.txt", "requirements"),
+        ("pipp: [x]", "unknown key 'pipp'; did you mean 'pip'?"),
+    ],
+)
+def test_environment_keys_not_built_yet_or_wrong_are_refused_at_their_line(line: str, message: str):
+    text = ENVIRONMENT.replace("          pip: [tqdm==4.67.1]", f"          {line}")
+    errors = load_errors(text)
+    assert len(errors) == 1 and errors[0].startswith(f"{PATH}:8: workflows[0] (a).environment."), errors
+    assert message in errors[0]
+
+
+def test_the_docker_provider_does_not_read_an_environment():
+    text = "workflows:\n  - {name: a, provider: docker, image: x, commands: [y], environment: {pip: [z]}}\n"
+    assert load_errors(text) == [
+        f"{PATH}:2: workflows[0] (a).environment: 'environment' is for the bash and python provider, not docker"
     ]
 
 

@@ -269,6 +269,7 @@ def job_spec(plan: JobPlan) -> dict[str, object]:
         **({"port_count": plan.port_count} if plan.port_count else {}),
         **({"mounts": list(plan.mounts)} if plan.mounts else {}),
         **({"cache": list(plan.cache)} if plan.cache else {}),
+        **({"environment": dict(plan.environment)} if plan.environment else {}),
     }
 
 

@@ -509,6 +509,7 @@ def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         port_count=int(spec.get("port_count", 0)),
         mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
         caches=cache_specs(job=job),
+        environment=protocol.EnvironmentSpec.model_validate(spec["environment"]) if spec.get("environment") else None,
         secrets=secret_exists(workspace_id=job.workspace_id)
         or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
     )

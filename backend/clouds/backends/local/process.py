@@ -57,6 +57,7 @@ SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "C
 RUNNER_VARS_PREFIXES = ("TRAINYARD_RUNNER_", "TRAINYARD_SERVER_URL")
 RESOURCES_VAR = "TRAINYARD_RUNNER_RESOURCES"  # trainyard_runner.resources reads it
 OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"  # trainyard_runner.__main__ reads it
+ENVIRONMENTS_VAR = "TRAINYARD_ENVIRONMENTS_DIR"  # trainyard_runner.job reads it
 SHIM_MARKER = b"_shim.py"  # the job supervisor's script, in its command line
 # The console script, or ``python -m trainyard_runner``.
 RUNNER_MARKERS = (b"trainyard_runner", b"trainyard-runner")
@@ -261,6 +262,12 @@ class RunnerDir:
             # The server's own host: no job writes or reads outside its runner's folders.
             TRAINYARD_RUNNER_ABSOLUTE_PATHS="0",
         )
+        workspace = spec.tags.get("trainyard:workspace", "")
+        if workspace:
+            # Job environments (runner/environments.py) are built once for
+            # the workspace's runners on this host: another workspace's jobs
+            # could change what is in them, so they never share one.
+            env[ENVIRONMENTS_VAR] = str(self.path / "environments" / workspace)
         if resources is not None:
             env[RESOURCES_VAR] = json.dumps(resources)
         return env

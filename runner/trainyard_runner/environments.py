@@ -1,0 +1,365 @@
+"""Job environments, built once per key and reused (docs/ENVIRONMENTS.md).
+
+A job's ``environment:`` names a Python version, a requirements file of its
+checkout, requirement lines and setup commands. Its **key** is a digest of
+that spec (normalised), the contents of the files it names (the requirements
+file and the files it includes with ``-r``/``-c``), and the platform: OS,
+machine, the interpreter's version and ABI, the NVIDIA driver where there is
+one. Two jobs with the same key get the same environment.
+
+``prepare`` returns the environment of a key, building it the first time:
+
+1. ``<root>/<key>/`` holds ``trainyard-env.json`` (written last): ready,
+   reused as it is.
+2. Otherwise the job takes ``<root>/<key>.lock`` (``flock``, so jobs of any
+   runner process of this machine build a key once: the others wait, then
+   find it ready), and builds in ``<root>/<key>.building/``:
+   ``uv venv --relocatable``; ``uv pip compile --generate-hashes`` of the
+   requirements (the **lock**: exact versions and hashes); ``uv pip sync``
+   of that lock; the setup commands with the environment activated; then
+   ``uv pip freeze`` (what is installed, setup's packages included).
+3. The folder is renamed to ``<root>/<key>/``: a build that died halfway
+   leaves only a ``.building`` folder, removed by the next build.
+
+The build's output goes to the job's log; so does one line saying what
+happened (built in N s / reused). uv's wheel cache is shared by the
+runner's jobs (``UV_CACHE_DIR``, unless the job sets it); uv never downloads
+an interpreter (``UV_PYTHON_DOWNLOADS=never``): a version the machine does
+not have fails the job, saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .protocol import EnvironmentSpec
+
+READY_FILE = "trainyard-env.json"
+KEY_LENGTH = 24  # hex digits of the sha256
+# ``-r other.txt`` / ``--constraint c.txt`` inside a requirements file.
+_INCLUDE = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)")
+
+Say = Callable[[str, list[str]], Awaitable[None]]  # (stream "o"|"e", lines) into the job's log
+
+
+class EnvironmentBuildError(Exception):
+    """The environment could not be built; the message says why (the job fails with it)."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    key: str
+    path: Path
+    built: bool  # this job built it (False: reused)
+    build_seconds: float  # how long its build took (this job's or the one before)
+    lock: str  # the resolved requirements, with versions and hashes
+    packages: str  # ``uv pip freeze`` after the setup commands
+
+    def activate(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with this environment first on PATH, as ``activate`` would."""
+        out = dict(env)
+        out["VIRTUAL_ENV"] = str(self.path)
+        out["PATH"] = f"{self.path / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+        out.pop("PYTHONHOME", None)
+        return out
+
+
+def uv_binary() -> str:
+    """The uv the runner was installed with (its own dependency), else one on PATH."""
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    found = shutil.which("uv")
+    if found is None:
+        raise EnvironmentBuildError("uv is not installed beside the runner (pip install trainyard-runner brings it)")
+    return found
+
+
+def interpreter(spec: EnvironmentSpec, env: Mapping[str, str]) -> str:
+    """The Python the environment is made from: ``python3.11`` for ``python:
+    "3.11"``, else ``python3``, looked up on the job's PATH."""
+    name = "python" + ".".join(spec.python.split(".")[:2]) if spec.python else "python3"
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found is None:
+        want = f"python {spec.python}" if spec.python else "python3"
+        raise EnvironmentBuildError(
+            f"environment: {want} is not installed on this runner's machine ({name} is not on PATH);"
+            " install it there or pick a version the machine has"
+        )
+    return found
+
+
+async def platform_of(python: str) -> dict[str, str]:
+    """What an environment built here depends on besides its spec and files."""
+    probe = (
+        "import sys, sysconfig; print(sys.version.split()[0], sys.implementation.cache_tag, sysconfig.get_platform())"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        python, "-c", probe, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise EnvironmentBuildError(f"environment: {python} does not run: {err.decode(errors='replace').strip()[:300]}")
+    version, tag, plat = out.decode().split()
+    facts = {"os": sys.platform, "machine": platform.machine(), "python": version, "abi": tag, "platform": plat}
+    driver = Path("/proc/driver/nvidia/version")
+    if driver.exists():
+        with contextlib.suppress(OSError):
+            facts["nvidia"] = driver.read_text(errors="replace").splitlines()[0].strip()
+    return facts
+
+
+def files_of(spec: EnvironmentSpec, checkout: Path) -> dict[str, str]:
+    """sha256 of each file the spec names (relative to the checkout), the
+    files a requirements file includes with ``-r``/``-c`` too."""
+    digests: dict[str, str] = {}
+    pending = [spec.requirements] if spec.requirements else []
+    root = checkout.resolve()
+    while pending:
+        name = pending.pop()
+        path = (checkout / name).resolve()
+        rel = os.path.relpath(path, root)
+        if rel in digests:
+            continue
+        if rel.startswith(".." + os.sep) or rel == "..":
+            raise EnvironmentBuildError(f"environment: requirements: {name} is outside the repository")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise EnvironmentBuildError(
+                f"environment: requirements: {name} is not in the repository at this commit"
+            ) from None
+        except OSError as e:
+            raise EnvironmentBuildError(f"environment: requirements: cannot read {name}: {e.strerror}") from None
+        digests[rel] = hashlib.sha256(data).hexdigest()
+        for line in data.decode(errors="replace").splitlines():
+            match = _INCLUDE.match(line)
+            if match:
+                pending.append(os.path.relpath(path.parent / match.group(1), root))
+    return digests
+
+
+def key_of(spec: EnvironmentSpec, files: Mapping[str, str], facts: Mapping[str, str]) -> str:
+    material = {"spec": spec.model_dump(mode="json"), "files": dict(files), "platform": dict(facts)}
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:KEY_LENGTH]
+
+
+async def prepare_environment(
+    spec: EnvironmentSpec,
+    *,
+    root: Path,
+    checkout: Path,
+    env: Mapping[str, str],
+    say: Say,
+) -> Environment:
+    """The environment of ``spec`` for a job whose code is in ``checkout``,
+    built under ``root`` if it is not there yet (module docstring)."""
+    python = interpreter(spec, env)
+    key = key_of(spec, files_of(spec, checkout), await platform_of(python))
+    root.mkdir(parents=True, exist_ok=True)
+    ready = _ready(root / key)
+    if ready is None:
+        lock_fd = os.open(root / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _try_lock(lock_fd):
+                await say("o", [f"[trainyard] environment {key}: another job is building it; waiting"])
+                await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
+            ready = _ready(root / key)
+            if ready is None:
+                return await _build(spec, key=key, python=python, root=root, checkout=checkout, env=env, say=say)
+        finally:
+            os.close(lock_fd)
+    _touch(root / key)
+    recorded = ready.get("build_seconds", 0.0)
+    seconds = float(recorded) if isinstance(recorded, (int, float)) else 0.0
+    await say("o", [f"[trainyard] environment {key}: reused (built in {seconds:.1f} s)"])
+    return Environment(
+        key=key,
+        path=root / key,
+        built=False,
+        build_seconds=seconds,
+        lock=str(ready.get("lock", "")),
+        packages=str(ready.get("packages", "")),
+    )
+
+
+async def _build(
+    spec: EnvironmentSpec,
+    *,
+    key: str,
+    python: str,
+    root: Path,
+    checkout: Path,
+    env: Mapping[str, str],
+    say: Say,
+) -> Environment:
+    started = time.monotonic()
+    building = root / f"{key}.building"
+    shutil.rmtree(building, ignore_errors=True)  # a build that died halfway
+    uv = uv_binary()
+    base = dict(env)
+    base.setdefault("UV_CACHE_DIR", str(root.parent / "uv-cache"))
+    base["UV_PYTHON_DOWNLOADS"] = "never"
+    base["UV_NO_PROGRESS"] = "1"
+    base.pop("VIRTUAL_ENV", None)
+    await say("o", [f"[trainyard] environment {key}: building (python {spec.python or 'python3'})"])
+    try:
+        await _step(
+            say,
+            base,
+            checkout,
+            "creating the virtual environment",
+            [uv, "venv", "--relocatable", "--python", python, str(building)],
+        )
+        venv_python = str(building / "bin" / "python")
+        lock = ""
+        inputs = _requirements_in(spec, checkout)
+        if inputs:
+            tmp = root / f"{key}.building.in"
+            tmp.write_text(inputs, encoding="utf-8")
+            try:
+                lock_path = building / "trainyard-lock.txt"
+                await _step(
+                    say,
+                    base,
+                    checkout,
+                    "resolving the requirements",
+                    [
+                        uv,
+                        "pip",
+                        "compile",
+                        "--quiet",
+                        "--generate-hashes",
+                        "--no-header",
+                        "--python",
+                        venv_python,
+                        "-o",
+                        str(lock_path),
+                        str(tmp),
+                    ],
+                )
+            finally:
+                tmp.unlink(missing_ok=True)
+            lock = lock_path.read_text(encoding="utf-8")
+            await _step(
+                say,
+                base,
+                checkout,
+                "installing the locked requirements",
+                [uv, "pip", "sync", "--python", venv_python, str(lock_path)],
+            )
+        activated = Environment(key, building, True, 0.0, lock, "").activate(base)
+        activated["UV"] = uv
+        activated["PATH"] = f"{activated['PATH']}{os.pathsep}{Path(uv).parent}"
+        if spec.setup:
+            await _step(
+                say,
+                activated,
+                checkout,
+                "running the setup commands",
+                ["bash", "-c", "set -e\n" + "\n".join(spec.setup) + "\n"],
+            )
+        packages = await _output(base, checkout, [uv, "pip", "freeze", "--python", venv_python])
+        seconds = round(time.monotonic() - started, 3)
+        record = {
+            "key": key,
+            "spec": spec.model_dump(mode="json"),
+            "lock": lock,
+            "packages": packages,
+            "build_seconds": seconds,
+            "built_at": time.time(),
+        }
+        (building / READY_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        shutil.rmtree(root / key, ignore_errors=True)  # an unreadable record: built again
+        os.rename(building, root / key)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    _touch(root / key)
+    count = sum(1 for line in packages.splitlines() if line.strip() and not line.startswith("#"))
+    await say("o", [f"[trainyard] environment {key}: built in {seconds:.1f} s ({count} packages)"])
+    return Environment(key=key, path=root / key, built=True, build_seconds=seconds, lock=lock, packages=packages)
+
+
+def _requirements_in(spec: EnvironmentSpec, checkout: Path) -> str:
+    lines = [f"-r {shlex.quote(str((checkout / spec.requirements).resolve()))}"] if spec.requirements else []
+    lines += list(spec.pip)
+    return "".join(line + "\n" for line in lines)
+
+
+async def _step(say: Say, env: Mapping[str, str], cwd: Path, what: str, argv: list[str]) -> None:
+    """Run one build step, its output (both streams) into the job's log."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    while line := await proc.stdout.readline():
+        text = line.decode(errors="replace").rstrip("\n")
+        if text.startswith("Activate with:"):
+            continue  # names the temporary folder; the job runs with it activated anyway
+        tail = [*tail[-19:], text]
+        await say("o", [text])
+    code = await proc.wait()
+    if code != 0:
+        last = next((t.strip() for t in reversed(tail) if t.strip()), "")
+        raise EnvironmentBuildError(
+            f"environment: {what} failed (exit code {code})" + (f": {last[:300]}" if last else "")
+        )
+
+
+async def _output(env: Mapping[str, str], cwd: Path, argv: list[str]) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=dict(env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise EnvironmentBuildError(
+            f"environment: listing the installed packages failed: {err.decode(errors='replace')[:300]}"
+        )
+    return out.decode(errors="replace")
+
+
+def _ready(path: Path) -> dict[str, object] | None:
+    try:
+        record = json.loads((path / READY_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):
+        return None  # unreadable: built again (the build replaces it)
+    return record if isinstance(record, dict) else None
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _touch(path: Path) -> None:
+    """Mark the environment used now (eviction goes by last use)."""
+    with contextlib.suppress(OSError):
+        os.utime(path / READY_FILE)

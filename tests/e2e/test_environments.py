@@ -1,0 +1,139 @@
+"""Job environments end to end (docs/ENVIRONMENTS.md): a workflow's
+``environment:`` is built once by the local runners, from a real package
+index on localhost, and reused; a changed requirements file is a new key and
+a new build; two jobs that need the same new key at once build it once."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import User, commit_all, run_name_of
+from tests.support.pkgindex import PackageIndex, package_index
+
+WORKFLOWS = """workflows:
+  - name: envjob
+    provider: bash
+    environment:
+      python: "3.11"
+      requirements: requirements.txt
+    env:
+      UV_INDEX_URL: {index}
+    commands:
+      - python -c "import sys, tinypkg; print('tinypkg', tinypkg.VERSION, sys.prefix)"
+"""
+LINE = re.compile(r"^(\S+) (.*)$")
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[PackageIndex]:
+    with package_index(tmp_path / "index") as index:
+        index.add("tinypkg", "1.0")
+        yield index
+
+
+def test_an_environment_is_built_once_and_the_second_run_installs_nothing(
+    alice: User, repo: Path, index: PackageIndex
+) -> None:
+    _workflow(repo, index, requirements="tinypkg\n")
+
+    first = _run(alice, repo)
+    said = [line for line in first.lines if line.startswith("[trainyard] environment")]
+    assert len(said) == 2 and said[0].endswith(": building (python 3.11)"), first.lines
+    built = said[1:]
+    assert ": built in " in built[0], first.lines
+    assert " + tinypkg==1.0" in first.lines
+    fetched = index.downloads()
+    assert set(fetched) == {"tinypkg-1.0-py3-none-any.whl"}  # resolving and installing may each fetch it
+    key = built[0].split("environment ")[1].split(":")[0]
+    assert first.output.startswith("tinypkg 1.0 ") and first.output.split()[-1].endswith(key)
+
+    second = _run(alice, repo)
+    assert [line for line in second.lines if "[trainyard] environment" in line] == [
+        f"[trainyard] environment {key}: reused (built in {built[0].split('built in ')[1].split(' s')[0]} s)"
+    ]
+    assert not [line for line in second.lines if "tinypkg==" in line or "Installed" in line], second.lines
+    assert index.downloads() == fetched  # nothing fetched again
+    assert second.output == first.output
+    # The commands started within a second of the runner accepting the job.
+    assert second.first_command_at is not None
+    assert (second.first_command_at - second.accepted_at).total_seconds() < 1.0, second
+
+
+def test_a_changed_requirements_file_is_a_new_key_and_a_new_build(alice: User, repo: Path, index: PackageIndex) -> None:
+    _workflow(repo, index, requirements="tinypkg==1.0\n")
+    first = _run(alice, repo)
+    index.add("tinypkg", "1.1")
+    _workflow(repo, index, requirements="tinypkg==1.1\n")
+    second = _run(alice, repo)
+
+    def key(run: Result) -> str:
+        line = next(line for line in run.lines if "[trainyard] environment" in line and "built in" in line)
+        return line.split("environment ")[1].split(":")[0]
+
+    assert key(first) != key(second)
+    assert any(": built in " in line and "reused" not in line for line in second.lines), second.lines
+    assert second.output.startswith("tinypkg 1.1 ")
+
+
+def test_two_jobs_needing_the_same_new_environment_build_it_once(alice: User, repo: Path, index: PackageIndex) -> None:
+    _workflow(repo, index, requirements="tinypkg\n# together\n")
+    results: list[Result] = []
+    threads = [threading.Thread(target=lambda: results.append(_run(alice, repo))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert len(results) == 2
+    said = sorted(
+        line.split(": ", 1)[1].split(" (")[0]
+        for result in results
+        for line in result.lines
+        if line.startswith("[trainyard] environment") and ("built in" in line)
+    )
+    assert [s.split(" in ")[0] for s in said] == ["built", "reused"], [r.lines for r in results]
+    waited = [line for r in results for line in r.lines if "another job is building it" in line]
+    assert len(waited) <= 1, waited  # the second may also have arrived after the build
+    assert results[0].output == results[1].output
+
+
+class Result:
+    def __init__(self, lines: list[str], stamps: list[datetime], accepted_at: datetime) -> None:
+        self.lines = lines
+        self.accepted_at = accepted_at
+        ours = [i for i, line in enumerate(lines) if line.startswith("tinypkg ")]
+        self.output = lines[ours[0]] if ours else ""
+        self.first_command_at = stamps[ours[0]] if ours else None
+
+    def __repr__(self) -> str:
+        return f"Result(accepted_at={self.accepted_at}, first_command_at={self.first_command_at}, lines={self.lines})"
+
+
+def _workflow(repo: Path, index: PackageIndex, *, requirements: str) -> None:
+    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS.format(index=index.url))
+    (repo / "requirements.txt").write_text(requirements)
+    commit_all(repo, "environment workflow")
+
+
+def _run(user: User, repo: Path) -> Result:
+    result = user.cli(repo, "run", "envjob", "-d", timeout=120)
+    assert result.returncode == 0, result.stderr
+    name = run_name_of(result)
+    run = user.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=180)
+    job = run["jobs"][0]
+    raw = user.api("GET", f"/api/v1/workspaces/{user.workspace}/jobs/{job['id']}/logs/raw?timestamps=1")
+    raw.raise_for_status()
+    lines, stamps = [], []
+    for text in raw.text.splitlines():
+        match = LINE.match(text)
+        assert match, text
+        stamps.append(datetime.fromisoformat(match.group(1).replace("Z", "+00:00")))
+        lines.append(match.group(2))
+    assert run["status"] == "succeeded", (run, lines)
+    accepted = datetime.fromisoformat(job["attempts"][-1]["started_at"].replace("Z", "+00:00"))
+    return Result(lines, stamps, accepted)

@@ -1,0 +1,140 @@
+"""runner/trainyard_runner/environments.py with real uv, a real interpreter
+and a real package index on localhost: the key, build once, reuse, the
+lock, concurrent jobs, and the errors a user sees."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from trainyard_runner.environments import Environment, EnvironmentBuildError, prepare_environment
+from trainyard_runner.protocol import EnvironmentSpec
+
+from tests.support.pkgindex import PackageIndex, package_index
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[PackageIndex]:
+    with package_index(tmp_path / "index") as index:
+        index.add("tinypkg", "1.0")
+        yield index
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    path = tmp_path / "checkout"
+    path.mkdir()
+    (path / "requirements.txt").write_text("tinypkg\n")
+    return path
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    async def __call__(self, stream: str, lines: list[str]) -> None:
+        self.lines.extend(lines)
+
+    def said(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("[trainyard] environment")]
+
+
+def prepare(spec: EnvironmentSpec, root: Path, checkout: Path, index: PackageIndex, log: Log) -> Environment:
+    env = {**os.environ, "UV_INDEX_URL": index.url, "UV_CACHE_DIR": str(root.parent / "uv-cache")}
+    return asyncio.run(prepare_environment(spec, root=root, checkout=checkout, env=env, say=log))
+
+
+def test_built_once_then_reused_with_the_lock_and_the_packages(tmp_path: Path, checkout: Path, index: PackageIndex):
+    spec = EnvironmentSpec(python="3.11", requirements="requirements.txt")
+    first_log, second_log = Log(), Log()
+    first = prepare(spec, tmp_path / "envs", checkout, index, first_log)
+    second = prepare(spec, tmp_path / "envs", checkout, index, second_log)
+
+    assert first.built and not second.built
+    assert first.key == second.key and first.path == second.path == tmp_path / "envs" / first.key
+    assert first_log.said()[-1].startswith(f"[trainyard] environment {first.key}: built in ")
+    assert second_log.said() == [f"[trainyard] environment {first.key}: reused (built in {first.build_seconds:.1f} s)"]
+    assert "tinypkg==1.0" in first.lock and "--hash=sha256:" in first.lock
+    assert second.lock == first.lock and second.packages.strip() == "tinypkg==1.0"
+    out = subprocess.run(
+        ["python", "-c", "import sys, tinypkg; print(tinypkg.VERSION, sys.prefix)"],
+        env=second.activate(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["1.0", str(second.path)]
+    assert not list((tmp_path / "envs").glob("*.building*"))
+
+
+def test_the_key_follows_the_requirements_and_the_files_they_include(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    spec = EnvironmentSpec(requirements="requirements.txt")
+    (checkout / "requirements.txt").write_text("-r base.txt\n")
+    (checkout / "base.txt").write_text("tinypkg\n")
+    keys = [prepare(spec, tmp_path / "envs", checkout, index, Log()).key]
+    (checkout / "base.txt").write_text("tinypkg  # the same, written differently\n")
+    keys.append(prepare(spec, tmp_path / "envs", checkout, index, Log()).key)
+    keys.append(
+        prepare(spec.model_copy(update={"pip": ["tinypkg==1.0"]}), tmp_path / "envs", checkout, index, Log()).key
+    )
+    keys.append(prepare(spec, tmp_path / "envs", checkout, index, Log()).key)
+    assert len(set(keys[:3])) == 3 and keys[3] == keys[1]
+
+
+def test_two_jobs_needing_a_new_key_at_once_build_it_once(tmp_path: Path, checkout: Path, index: PackageIndex):
+    spec = EnvironmentSpec(requirements="requirements.txt", setup=["sleep 1"])  # the build takes a while
+    logs = [Log(), Log()]
+    results: list[Environment] = []
+    threads = [
+        threading.Thread(target=lambda log=log: results.append(prepare(spec, tmp_path / "envs", checkout, index, log)))
+        for log in logs
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(r.built for r in results) == [False, True]
+    waiting = [log for log in logs if any("another job is building it; waiting" in line for line in log.said())]
+    assert len(waiting) == 1 and waiting[0].said()[-1].endswith(f"reused (built in {results[0].build_seconds:.1f} s)")
+
+
+def test_a_python_the_machine_does_not_have_is_said_plainly(tmp_path: Path, checkout: Path, index: PackageIndex):
+    with pytest.raises(EnvironmentBuildError) as e:
+        prepare(EnvironmentSpec(python="3.99"), tmp_path / "envs", checkout, index, Log())
+    assert str(e.value) == (
+        "environment: python 3.99 is not installed on this runner's machine (python3.99 is not on PATH);"
+        " install it there or pick a version the machine has"
+    )
+
+
+def test_a_missing_requirements_file_is_said_plainly(tmp_path: Path, checkout: Path, index: PackageIndex):
+    with pytest.raises(EnvironmentBuildError, match=r"requirements: reqs/gpu.txt is not in the repository"):
+        prepare(EnvironmentSpec(requirements="reqs/gpu.txt"), tmp_path / "envs", checkout, index, Log())
+
+
+def test_a_failed_build_leaves_nothing_and_the_next_job_builds_again(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    spec = EnvironmentSpec(requirements="requirements.txt", setup=["test -e ready-to-build"])
+    log = Log()
+    with pytest.raises(EnvironmentBuildError) as e:
+        prepare(spec, tmp_path / "envs", checkout, index, log)
+    assert str(e.value) == "environment: running the setup commands failed (exit code 1)"
+    assert [p.name for p in (tmp_path / "envs").iterdir() if not p.name.endswith(".lock")] == []
+    (checkout / "ready-to-build").touch()
+    assert prepare(spec, tmp_path / "envs", checkout, index, Log()).built
+
+
+def test_unsatisfiable_requirements_fail_with_the_resolvers_reason(tmp_path: Path, checkout: Path, index: PackageIndex):
+    (checkout / "requirements.txt").write_text("tinypkg==7.0\n")
+    with pytest.raises(EnvironmentBuildError) as e:
+        prepare(EnvironmentSpec(requirements="requirements.txt"), tmp_path / "envs", checkout, index, Log())
+    assert str(e.value).startswith("environment: resolving the requirements failed (exit code 1): ")
+    assert "tinypkg==7.0" in str(e.value)
