@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -219,11 +220,9 @@ async def _build(
     base["UV_NO_PROGRESS"] = "1"
     base.pop("VIRTUAL_ENV", None)
     await say("o", [f"[trainyard] environment {key}: building (python {spec.python or 'python3'})"])
+    step = functools.partial(_step, say, base, checkout)
     try:
-        await _step(
-            say,
-            base,
-            checkout,
+        await step(
             "creating the virtual environment",
             [uv, "venv", "--relocatable", "--python", python, str(building)],
         )
@@ -235,10 +234,7 @@ async def _build(
             tmp.write_text(inputs, encoding="utf-8")
             try:
                 lock_path = building / "trainyard-lock.txt"
-                await _step(
-                    say,
-                    base,
-                    checkout,
+                await step(
                     "resolving the requirements",
                     [
                         uv,
@@ -257,10 +253,7 @@ async def _build(
             finally:
                 tmp.unlink(missing_ok=True)
             lock = lock_path.read_text(encoding="utf-8")
-            await _step(
-                say,
-                base,
-                checkout,
+            await step(
                 "installing the locked requirements",
                 [uv, "pip", "sync", "--python", venv_python, str(lock_path)],
             )
