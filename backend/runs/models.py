@@ -212,6 +212,8 @@ class Attempt(WorkspaceOwnedModel):
     # it is done) its runner may sync the checkpoint, and the job's next
     # attempt is not assigned (docs/decisions/0031-wind-down-hold.md).
     wind_down_until = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The key of the environment its commands ran in (``Environment``), "" for none.
+    environment_key = models.CharField(max_length=24, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number")]
@@ -227,6 +229,29 @@ class Tag(WorkspaceOwnedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_tag_name")]
+
+
+class Environment(WorkspaceOwnedModel):
+    """A job environment the workspace's runners built (docs/ENVIRONMENTS.md):
+    one row per key, recorded from the first attempt that reports it; the
+    attempts that ran in it name it by ``Attempt.environment_key``."""
+
+    key = models.CharField(max_length=24)
+    lock = models.TextField(blank=True)  # the resolved requirements, versions and hashes
+    packages = models.TextField(blank=True)  # installed after the setup commands
+    platform = models.JSONField(default=dict, blank=True)
+    build_seconds = models.FloatField(default=0)
+    size_bytes = models.BigIntegerField(default=0)
+    built_on = models.CharField(max_length=100, blank=True)  # the instance that reported it first
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "key"], name="uniq_environment_key")]
+
+    @property
+    def package_count(self) -> int:
+        return sum(1 for line in self.packages.splitlines() if line.strip() and not line.startswith("#"))
 
 
 class LogChunk(models.Model):

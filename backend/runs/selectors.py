@@ -10,14 +10,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, JSONObject
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus, CheckpointLatest
 from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
-from backend.runs.models import LIVE_ATTEMPT, Attempt, Job, Run, Tag
+from backend.runs.models import LIVE_ATTEMPT, Attempt, Environment, Job, Run, Tag
 from backend.runs.services.dag import ref_origin
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
@@ -76,7 +76,7 @@ def job_attempts(job: Job) -> list[Attempt]:
 _ATTEMPT_SHOWN = {
     **{f: f for f in ("number", "status", "termination_reason", "termination_message", "exit_code")},
     **{f: f for f in ("started_at", "finished_at", "first_seq", "last_seq", "offers_tried")},
-    **{f: f for f in ("restored_checkpoint", "created_at", "instance_id")},
+    **{f: f for f in ("restored_checkpoint", "environment_key", "created_at", "instance_id")},
     **{f"instance_{f}": f"instance__{f}" for f in ("name", "backend", "instance_type", "region", "zone", "spot")},
 }
 _DATES = ("started_at", "finished_at", "created_at")
@@ -295,3 +295,40 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# ------------------------------------------------------------ environments
+
+
+def environment_list(*, workspace: Workspace) -> list[Environment]:
+    """The workspace's environments, last used first (at most 500), each
+    with ``run_count`` (one query)."""
+    return list(_environments(workspace).defer("lock").order_by("-last_used_at", "key")[:500])
+
+
+def environment_get(*, workspace: Workspace, key: str) -> Environment | None:
+    return _environments(workspace).filter(key=key).first()
+
+
+def environment_runs(*, workspace: Workspace, key: str, limit: int = 20) -> list[str]:
+    """The names of the latest runs whose jobs ran in the environment ``key``."""
+    rows = (
+        Run.objects.for_workspace(workspace)
+        .filter(pk__in=Attempt.objects.filter(job__workspace=workspace, environment_key=key).values("job__run_id"))
+        .order_by("-created_at")
+        .values_list("name", flat=True)[:limit]
+    )
+    return list(rows)
+
+
+def _environments(workspace: Workspace) -> Any:
+    runs = (
+        Attempt.objects.filter(job__workspace=workspace, environment_key=OuterRef("key"))
+        .order_by()
+        .values("environment_key")
+        .annotate(n=Count("job__run", distinct=True))
+        .values("n")
+    )
+    return Environment.objects.for_workspace(workspace).annotate(
+        run_count=Coalesce(Subquery(runs, output_field=IntegerField()), 0)
+    )

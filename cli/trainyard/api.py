@@ -164,6 +164,21 @@ class Plan(TypedDict):
     jobs: list[PlannedJob]
 
 
+class Environment(TypedDict, total=False):
+    key: str
+    platform: dict[str, str]
+    build_seconds: float
+    size_bytes: int
+    packages: int
+    built_on: str
+    created_at: str
+    last_used_at: str
+    runs: int
+    lock: str  # the detail only
+    installed: str
+    recent_runs: list[str]
+
+
 class Tag(TypedDict):
     name: str
     run: str
@@ -457,6 +472,12 @@ class Client:
         another run). Conflict (409) if it points elsewhere and not ``force``."""
         status, body = self._request_status("POST", self._ws("tags/"), json={"name": name, "run": run, "force": force})
         return cast(Tag, body), status == 200
+
+    def list_environments(self) -> list[Environment]:
+        return cast(list[Environment], self._request("GET", self._ws("environments/")))
+
+    def get_environment(self, key: str) -> Environment:
+        return cast(Environment, self._request("GET", self._ws(f"environments/{quote(key, safe='')}/")))
 
     def list_tags(self) -> list[Tag]:
         return cast(list[Tag], self._request("GET", self._ws("tags/")))

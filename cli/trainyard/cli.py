@@ -51,6 +51,7 @@ from .output import (
     cache_lines,
     dag_rows,
     duration,
+    environment_lines,
     input_lines,
     offer_rows,
     plan_lines,
@@ -428,6 +429,9 @@ def show(run_name: str, as_json: bool) -> None:
     inputs = input_lines(current)
     if inputs:
         click.echo("\n".join(["", "Inputs:", *inputs]))
+    environments = environment_lines(current)
+    if environments:
+        click.echo("\n".join(["", "Environments (trainyard env show KEY):", *environments]))
 
 
 @cli.command()
@@ -634,6 +638,75 @@ def tag_rm(name: str) -> None:
     """Remove tag NAME (the run and its artifacts stay)."""
     _client().remove_tag(name)
     click.echo(f"Removed tag {name}", err=True)
+
+
+# ---------------------------------------------------------------- environments
+
+
+@cli.group(cls=_Group)
+def env() -> None:
+    """The environments the workspace's runners built (docs/ENVIRONMENTS.md)."""
+
+
+@env.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's environment objects.")
+def env_ls(as_json: bool) -> None:
+    """List the workspace's environments, last used first."""
+    found = _client().list_environments()
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    if not found:
+        click.echo("No environments yet: a workflow with requirements or environment: builds one.", err=True)
+        return
+    rows = [
+        [
+            e["key"],
+            size(e.get("size_bytes")),
+            str(e.get("packages", 0)),
+            f"{e.get('build_seconds', 0):.1f}s",
+            e.get("built_on") or "-",
+            str(e.get("runs", 0)),
+            age(e.get("last_used_at")),
+        ]
+        for e in found
+    ]
+    headers = ["KEY", "SIZE", "PACKAGES", "BUILD", "BUILT ON", "RUNS", "LAST USED"]
+    print_table(headers, rows, tty=sys.stdout.isatty())
+
+
+@env.command("show")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's environment object.")
+def env_show(key: str, as_json: bool) -> None:
+    """Show environment KEY: platform, build, the runs that used it, and what is installed."""
+    found = _client().get_environment(key)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    platform = found.get("platform") or {}
+    click.echo(f"Environment {found['key']}")
+    click.echo(f"  platform: {', '.join(f'{k} {v}' for k, v in sorted(platform.items())) or '-'}")
+    click.echo(
+        f"  built in {found.get('build_seconds', 0):.1f}s on {found.get('built_on') or '-'},"
+        f" {size(found.get('size_bytes'))}, {found.get('packages', 0)} packages"
+    )
+    runs = found.get("recent_runs") or []
+    click.echo(f"  runs: {', '.join(runs) if runs else '-'}")
+    installed = (found.get("installed") or "").strip()
+    if installed:
+        click.echo("\nInstalled:\n" + "\n".join(f"  {line}" for line in installed.splitlines()))
+    click.echo(f"\nThe lock (exact versions and hashes): trainyard env lock {found['key']} > requirements.lock")
+
+
+@env.command("lock")
+@click.argument("key")
+def env_lock(key: str) -> None:
+    """Print environment KEY's lock (`uv pip sync` of it installs exactly its packages)."""
+    lock = _client().get_environment(key).get("lock") or ""
+    if not lock:
+        raise CliError(f"environment {key} has no requirements: nothing is locked")
+    click.echo(lock, nl=False)
 
 
 # ---------------------------------------------------------------- secrets

@@ -407,6 +407,17 @@ def port_lines(run: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def environment_lines(run: Mapping[str, Any]) -> list[str]:
+    """``  <job>  <key>`` for every job whose latest attempt ran in an environment."""
+    lines = []
+    for job in run.get("jobs") or []:
+        attempts = job.get("attempts") or []
+        key = attempts[-1].get("environment") if attempts else ""
+        if key:
+            lines.append(f"  {job['name']}  {key}")
+    return lines
+
+
 def input_lines(run: Mapping[str, Any]) -> list[str]:
     """``  <job>  <path> from <source>`` for every input of every job."""
     return [

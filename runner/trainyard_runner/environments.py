@@ -44,10 +44,10 @@ import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .protocol import EnvironmentSpec
+from .protocol import EnvironmentReport, EnvironmentSpec
 
 READY_FILE = "trainyard-env.json"
 KEY_LENGTH = 24  # hex digits of the sha256
@@ -69,6 +69,19 @@ class Environment:
     build_seconds: float  # how long its build took (this job's or the one before)
     lock: str  # the resolved requirements, with versions and hashes
     packages: str  # ``uv pip freeze`` after the setup commands
+    size_bytes: int = 0
+    platform: Mapping[str, str] = field(default_factory=dict)
+
+    def report(self) -> EnvironmentReport:
+        return EnvironmentReport(
+            key=self.key,
+            built=self.built,
+            build_seconds=self.build_seconds,
+            size_bytes=self.size_bytes,
+            lock=self.lock,
+            packages=self.packages,
+            platform=dict(self.platform),
+        )
 
     def activate(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with this environment first on PATH, as ``activate`` would."""
@@ -172,7 +185,8 @@ async def prepare_environment(
     """The environment of ``spec`` for a job whose code is in ``checkout``,
     built under ``root`` if it is not there yet (module docstring)."""
     python = interpreter(spec, env)
-    key = key_of(spec, files_of(spec, checkout), await platform_of(python))
+    facts = await platform_of(python)
+    key = key_of(spec, files_of(spec, checkout), facts)
     root.mkdir(parents=True, exist_ok=True)
     ready = _ready(root / key)
     if ready is None:
@@ -183,13 +197,16 @@ async def prepare_environment(
                 await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
             ready = _ready(root / key)
             if ready is None:
-                return await _build(spec, key=key, python=python, root=root, checkout=checkout, env=env, say=say)
+                return await _build(
+                    spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say
+                )
         finally:
             os.close(lock_fd)
     _touch(root / key)
     recorded = ready.get("build_seconds", 0.0)
     seconds = float(recorded) if isinstance(recorded, (int, float)) else 0.0
     await say("o", [f"[trainyard] environment {key}: reused (built in {seconds:.1f} s)"])
+    size = ready.get("size_bytes", 0)
     return Environment(
         key=key,
         path=root / key,
@@ -197,6 +214,8 @@ async def prepare_environment(
         build_seconds=seconds,
         lock=str(ready.get("lock", "")),
         packages=str(ready.get("packages", "")),
+        size_bytes=size if isinstance(size, int) else 0,
+        platform=facts,
     )
 
 
@@ -205,6 +224,7 @@ async def _build(
     *,
     key: str,
     python: str,
+    facts: Mapping[str, str],
     root: Path,
     checkout: Path,
     env: Mapping[str, str],
@@ -270,12 +290,15 @@ async def _build(
             )
         packages = await _output(base, checkout, [uv, "pip", "freeze", "--python", venv_python])
         seconds = round(time.monotonic() - started, 3)
+        size = _size_of(building)
         record = {
             "key": key,
             "spec": spec.model_dump(mode="json"),
             "lock": lock,
             "packages": packages,
             "build_seconds": seconds,
+            "size_bytes": size,
+            "platform": dict(facts),
             "built_at": time.time(),
         }
         (building / READY_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
@@ -287,7 +310,16 @@ async def _build(
     _touch(root / key)
     count = sum(1 for line in packages.splitlines() if line.strip() and not line.startswith("#"))
     await say("o", [f"[trainyard] environment {key}: built in {seconds:.1f} s ({count} packages)"])
-    return Environment(key=key, path=root / key, built=True, build_seconds=seconds, lock=lock, packages=packages)
+    return Environment(
+        key=key,
+        path=root / key,
+        built=True,
+        build_seconds=seconds,
+        lock=lock,
+        packages=packages,
+        size_bytes=size,
+        platform=facts,
+    )
 
 
 def _requirements_in(spec: EnvironmentSpec, checkout: Path) -> str:
@@ -342,6 +374,16 @@ def _ready(path: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None  # unreadable: built again (the build replaces it)
     return record if isinstance(record, dict) else None
+
+
+def _size_of(path: Path) -> int:
+    """Bytes of the files under ``path`` (links not followed)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
 
 
 def _try_lock(fd: int) -> bool:

@@ -658,6 +658,7 @@ class Job:
             reason=reason,
             log_lines=lines,
             log_digest=digest,
+            environment=self.environment.report() if self.environment is not None else None,
         )
 
     async def _drain(self) -> None:
@@ -670,7 +671,11 @@ class Job:
             self._on_drain_stuck()
 
     async def _state(self, state: str, reason: str = "") -> None:
-        await self._report(JobState(job=self.id, attempt=self.attempt, state=state, reason=reason))  # type: ignore[arg-type]
+        # With ``running``, the environment the commands run in (also sent with the final state).
+        environment = self.environment.report() if self.environment is not None and state == "running" else None
+        await self._report(
+            JobState(job=self.id, attempt=self.attempt, state=state, reason=reason, environment=environment)  # type: ignore[arg-type]
+        )
 
 
 def _write_interrupt_file(path: Path, notice: Notice) -> None:

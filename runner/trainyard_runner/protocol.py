@@ -167,6 +167,21 @@ class JobRejected(_Message):
     reason: Annotated[str, BeforeValidator(lambda v: v[:1000] if isinstance(v, str) else v)]
 
 
+class EnvironmentReport(_Message):
+    """The environment a job's commands run in (``AssignJob.environment``,
+    docs/ENVIRONMENTS.md): sent with ``running`` and with the final state.
+    ``lock``: the resolved requirements with versions and hashes;
+    ``packages``: what was installed after the setup commands."""
+
+    key: str = Field(pattern=r"^[0-9a-f]{24}$")
+    built: bool  # this attempt built it (False: it was reused)
+    build_seconds: float = Field(ge=0, allow_inf_nan=False)
+    size_bytes: int = Field(ge=0)
+    lock: str = Field(max_length=2_000_000)
+    packages: str = Field(max_length=2_000_000)
+    platform: dict[str, str] = Field(default_factory=dict)
+
+
 class JobState(_Message):
     """A job changed state on the runner.
 
@@ -201,6 +216,8 @@ class JobState(_Message):
     interrupt_at: float | None = None
     log_lines: int | None = Field(default=None, ge=0)
     log_digest: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    # The job's environment, once it is ready (``running`` and final states).
+    environment: EnvironmentReport | None = None
 
 
 class Logs(_Message):

@@ -137,6 +137,9 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/jobs/<uuid:job>/logs/raw": {"GET": Call(read())},
     f"{WS}/blobs/": {"POST": Call(write(201), body=b"patch bytes")},
     f"{WS}/tags/": {"GET": Call(read()), "POST": Call(write(201), body="tag_body")},
+    f"{WS}/environments/": {"GET": Call(read())},
+    f"{WS}/environments/<str:key>/": {"GET": Call(read(), params={"key": "environment_key"})},
+    f"{WS}/environments/<str:key>/lock": {"GET": Call(read(), params={"key": "environment_key"})},
     f"{WS}/tags/<str:name>/": {
         "GET": Call(read(), params={"name": "tag_name"}),
         "DELETE": Call(write(204), params={"name": "tag_name"}),

@@ -24,6 +24,7 @@ from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
+from trainyard_runner.protocol import EnvironmentReport
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
@@ -35,6 +36,7 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.services.selfhosted import Registered, registration_token_create, runner_register
 from backend.config.routing import websocket_urlpatterns
 from backend.runs.models import Job, Run, RunStatus
+from backend.runs.services.environments import environment_record
 from backend.runs.services.tags import tag_set
 from backend.runs.services.transitions import job_assign
 from backend.vault.services import repo_credential_set, secret_set
@@ -42,6 +44,7 @@ from tests.core.access_matrix import CALLERS, ROUTES, WEBSOCKETS, WS_OPEN, Call
 from tests.support.fixtures import WORKFLOWS, Person, submit
 from tests.support.web import WebServers
 
+ENVIRONMENT_KEY = "e" * 24
 CODE = {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "c" * 40}
 # Columns a request may touch without changing anything (a token's last use).
 IGNORED_COLUMNS = {"accounts_apitoken": ("last_used_at",)}
@@ -75,6 +78,7 @@ class World:
             "member_token_id": str(self.people["member"].user.api_tokens.get().pk),
             "member_username": self.people["member"].user.username,
             "tag_name": "best",
+            "environment_key": ENVIRONMENT_KEY,
             "secret_name": "HF_TOKEN",
             "backend_name": self.runner.instance.account.name,
             "file_path": "w.bin",
@@ -130,6 +134,10 @@ def world(
     with transaction.atomic():
         job_assign(job=Job.objects.select_for_update().get(pk=job.pk), instance=runner.instance)
     uploading, _ = artifact_begin(job=job, path="./out", files=[FileIn("w.bin", 3, hashlib.sha256(b"two").hexdigest())])
+    report = EnvironmentReport(
+        key=ENVIRONMENT_KEY, built=True, build_seconds=1.5, size_bytes=10, lock="x==1\n", packages="x==1\n"
+    )
+    assert environment_record(job_id=str(job.pk), instance_id=str(runner.instance.pk), attempt=1, report=report)
     # The outsider's own workspace, with a run, a secret and a runner of its own.
     theirs = outsider.user.personal_workspace
     submit(theirs, outsider.user)

@@ -5,6 +5,8 @@ a new build; two jobs that need the same new key at once build it once."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -64,6 +66,22 @@ def test_an_environment_is_built_once_and_the_second_run_installs_nothing(
     assert second.first_command_at is not None
     assert (second.first_command_at - second.accepted_at).total_seconds() < 1.0, second
 
+    # Recorded: each run names its job's environment; the workspace lists it
+    # with both runs, its lock has the exact version and its hash.
+    for result in (first, second):
+        shown = alice.cli(repo, "show", result.run)
+        assert shown.returncode == 0, shown.stderr
+        assert f"Environments (trainyard env show KEY):\n  envjob  {key}\n" in shown.stdout, shown.stdout
+    listed = json.loads(alice.cli(repo, "env", "ls", "--json").stdout)
+    mine = next(e for e in listed if e["key"] == key)
+    assert (mine["runs"], mine["packages"], mine["built_on"].startswith("local-")) == (2, 1, True)
+    lock = alice.cli(repo, "env", "lock", key)
+    assert lock.returncode == 0, lock.stderr
+    digest = hashlib.sha256((index.root / "files" / "tinypkg-1.0-py3-none-any.whl").read_bytes()).hexdigest()
+    assert "tinypkg==1.0" in lock.stdout and f"--hash=sha256:{digest}" in lock.stdout
+    detail = alice.cli(repo, "env", "show", key)
+    assert "Installed:\n  tinypkg==1.0" in detail.stdout and f"runs: {second.run}, {first.run}" in detail.stdout
+
 
 def test_a_changed_requirements_file_is_a_new_key_and_a_new_build(alice: User, repo: Path, index: PackageIndex) -> None:
     _workflow(repo, index, requirements="tinypkg==1.0\n")
@@ -103,7 +121,8 @@ def test_two_jobs_needing_the_same_new_environment_build_it_once(alice: User, re
 
 
 class Result:
-    def __init__(self, lines: list[str], stamps: list[datetime], accepted_at: datetime) -> None:
+    def __init__(self, run: str, lines: list[str], stamps: list[datetime], accepted_at: datetime) -> None:
+        self.run = run
         self.lines = lines
         self.accepted_at = accepted_at
         ours = [i for i, line in enumerate(lines) if line.startswith("tinypkg ")]
@@ -136,4 +155,4 @@ def _run(user: User, repo: Path) -> Result:
         lines.append(match.group(2))
     assert run["status"] == "succeeded", (run, lines)
     accepted = datetime.fromisoformat(job["attempts"][-1]["started_at"].replace("Z", "+00:00"))
-    return Result(lines, stamps, accepted)
+    return Result(name, lines, stamps, accepted)

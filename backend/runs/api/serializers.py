@@ -168,6 +168,28 @@ class TagOut(serializers.Serializer):
     updated_at = serializers.DateTimeField()
 
 
+class EnvironmentOut(serializers.Serializer):
+    key = serializers.CharField(help_text="digest of the spec, its files and the platform (docs/ENVIRONMENTS.md)")
+    platform = serializers.DictField(child=serializers.CharField())
+    build_seconds = serializers.FloatField(help_text="how long its build took")
+    size_bytes = serializers.IntegerField()
+    packages = serializers.IntegerField(source="package_count", help_text="how many packages are installed")
+    built_on = serializers.CharField(help_text="the machine that reported it first")
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField()
+    runs = serializers.IntegerField(source="run_count", help_text="runs whose jobs ran in it")
+
+
+class EnvironmentDetailOut(EnvironmentOut):
+    lock = serializers.CharField(help_text="the resolved requirements, with versions and hashes")
+    installed = serializers.CharField(source="packages", help_text="`uv pip freeze` after the setup commands")
+    recent_runs = serializers.SerializerMethodField(help_text="the latest 20 runs that used it")
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_recent_runs(self, obj: object) -> list[str]:
+        return list(self.context.get("recent_runs", []))
+
+
 class AttemptOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, allow_null=True)
     backend = serializers.CharField(
@@ -181,6 +203,11 @@ class AttemptOut(serializers.ModelSerializer):
     )
     reason = serializers.CharField(source="termination_reason")
     message = serializers.CharField(source="termination_message")
+    environment = serializers.CharField(
+        source="environment_key",
+        read_only=True,
+        help_text="the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none",
+    )
 
     class Meta:
         model = Attempt
@@ -202,6 +229,7 @@ class AttemptOut(serializers.ModelSerializer):
             "last_seq",
             "offers_tried",
             "restored_checkpoint",
+            "environment",
             "created_at",
         ]
         read_only_fields = fields

@@ -7,14 +7,14 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Role
+from backend.accounts.models import Role, Workspace
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
@@ -22,6 +22,8 @@ from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import RawBodyParser
 from backend.runs.api.serializers import (
     BlobOut,
+    EnvironmentDetailOut,
+    EnvironmentOut,
     LogPageOut,
     LogSearchOut,
     RunCreateIn,
@@ -32,8 +34,18 @@ from backend.runs.api.serializers import (
     TagIn,
     TagOut,
 )
-from backend.runs.models import Job, Run, Tag
-from backend.runs.selectors import job_extras, job_get, run_get, run_list, run_page, with_shown
+from backend.runs.models import Environment, Job, Run, Tag
+from backend.runs.selectors import (
+    environment_get,
+    environment_list,
+    environment_runs,
+    job_extras,
+    job_get,
+    run_get,
+    run_list,
+    run_page,
+    with_shown,
+)
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.placement import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
@@ -186,6 +198,39 @@ class TagDetailView(WorkspaceAPIView):
         if not tag_delete(workspace=self.workspace, name=name):
             raise NotFound(f"Tag {name!r} not found.")
         return Response(status=204)
+
+
+class EnvironmentListView(WorkspaceAPIView):
+    @extend_schema(responses=EnvironmentOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        return Response(EnvironmentOut(environment_list(workspace=self.workspace), many=True).data)
+
+
+class EnvironmentDetailView(WorkspaceAPIView):
+    @extend_schema(responses=EnvironmentDetailOut)
+    def get(self, request: Request, workspace: str, key: str) -> Response:
+        found = _environment_or_404(self.workspace, key)
+        names = environment_runs(workspace=self.workspace, key=key)
+        return Response(EnvironmentDetailOut(found, context={"recent_runs": names}).data)
+
+
+class EnvironmentLockView(WorkspaceAPIView):
+    """The lock as a file: what ``uv pip sync`` (or ``pip install
+    --require-hashes -r``) installs to get the environment's packages again."""
+
+    @extend_schema(responses={(200, "text/plain"): bytes})
+    def get(self, request: Request, workspace: str, key: str) -> HttpResponseBase:
+        found = _environment_or_404(self.workspace, key)
+        response = HttpResponse(found.lock, content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="environment-{found.key}.lock.txt"'
+        return response
+
+
+def _environment_or_404(workspace: Workspace, key: str) -> Environment:
+    found = environment_get(workspace=workspace, key=key)
+    if found is None:
+        raise NotFound(f"Environment {key!r} not found in this workspace.")
+    return found
 
 
 class RunDetailView(WorkspaceAPIView):

@@ -34,6 +34,7 @@ from backend.runs.consumers.limits import close_reason, connect_hit, connect_ove
 from backend.runs.events import run_group
 from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
+from backend.runs.services.environments import environment_record
 from backend.runs.services.loglimits import logs_check
 from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.runners import runner_connect
@@ -185,6 +186,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await _enqueue_schedule()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
+        if message.environment is not None:
+            await database_sync_to_async(environment_record)(
+                job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, report=message.environment
+            )
         if message.state not in FINAL_STATES:
             reason = message.reason or PROGRESS[message.state]
             await database_sync_to_async(job_set_reason)(

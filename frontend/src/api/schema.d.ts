@@ -466,6 +466,60 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/environments/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_environments_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/environments/{key}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_environments_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/environments/{key}/lock": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The lock as a file: what ``uv pip sync`` (or ``pip install
+         *     --require-hashes -r``) installs to get the environment's packages again.
+         */
+        get: operations["workspaces_environments_lock_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/instances/": {
         parameters: {
             query?: never;
@@ -945,6 +999,8 @@ export interface components {
             readonly last_seq: number | null;
             readonly offers_tried: unknown;
             readonly restored_checkpoint: number | null;
+            /** @description the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none */
+            readonly environment: string;
             /** Format: date-time */
             readonly created_at: string;
         };
@@ -1157,6 +1213,58 @@ export interface components {
         };
         DownloadUrlOut: {
             url: string;
+        };
+        EnvironmentDetailOut: {
+            /** @description digest of the spec, its files and the platform (docs/ENVIRONMENTS.md) */
+            key: string;
+            platform: {
+                [key: string]: string;
+            };
+            /**
+             * Format: double
+             * @description how long its build took
+             */
+            build_seconds: number;
+            size_bytes: number;
+            /** @description how many packages are installed */
+            packages: number;
+            /** @description the machine that reported it first */
+            built_on: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_used_at: string;
+            /** @description runs whose jobs ran in it */
+            runs: number;
+            /** @description the resolved requirements, with versions and hashes */
+            lock: string;
+            /** @description `uv pip freeze` after the setup commands */
+            installed: string;
+            /** @description the latest 20 runs that used it */
+            readonly recent_runs: string[];
+        };
+        EnvironmentOut: {
+            /** @description digest of the spec, its files and the platform (docs/ENVIRONMENTS.md) */
+            key: string;
+            platform: {
+                [key: string]: string;
+            };
+            /**
+             * Format: double
+             * @description how long its build took
+             */
+            build_seconds: number;
+            size_bytes: number;
+            /** @description how many packages are installed */
+            packages: number;
+            /** @description the machine that reported it first */
+            built_on: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_used_at: string;
+            /** @description runs whose jobs ran in it */
+            runs: number;
         };
         FileIn_Request: {
             path: string;
@@ -2490,6 +2598,71 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["BlobOut"];
+                };
+            };
+        };
+    };
+    workspaces_environments_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnvironmentOut"][];
+                };
+            };
+        };
+    };
+    workspaces_environments_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnvironmentDetailOut"];
+                };
+            };
+        };
+    };
+    workspaces_environments_lock_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
                 };
             };
         };

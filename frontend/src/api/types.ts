@@ -86,6 +86,8 @@ export interface Attempt {
   offers_tried: OfferTried[];
   /** The checkpoint version restored before its commands started; null (or absent) if none. */
   restored_checkpoint?: number | null;
+  /** The key of the environment its commands ran in (docs/ENVIRONMENTS.md); "" (or absent) for none. */
+  environment?: string;
   /** The machine's backend, type, region, zone and market; null (or absent) for an attempt without one. */
   backend?: string | null;
   instance_type?: string | null;

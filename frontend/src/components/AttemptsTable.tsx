@@ -4,7 +4,16 @@ import { absoluteTime, elapsedSeconds, humanDuration } from "../lib/format";
 import { StatusBadge } from "./ui";
 
 /** A job's attempts: where each ran, when, and why it ended (with the offers launched for it). */
-export function AttemptsTable({ attempts, now }: { attempts: readonly Attempt[]; now: number }) {
+export function AttemptsTable({
+  attempts,
+  now,
+  lockUrl,
+}: {
+  attempts: readonly Attempt[];
+  now: number;
+  /** Where an environment's lock downloads from (its key). */
+  lockUrl?: (key: string) => string;
+}) {
   if (!attempts.length) return null;
   const sorted = [...attempts].sort((a, b) => a.number - b.number);
   const withOffers = sorted.some((a) => a.offers_tried.length > 0);
@@ -33,6 +42,19 @@ export function AttemptsTable({ attempts, now }: { attempts: readonly Attempt[];
                   {attemptWhere(attempt) ? <div className="small muted attempt-where">{attemptWhere(attempt)}</div> : null}
                   {attempt.restored_checkpoint ? (
                     <div className="small muted">resumed from checkpoint {attempt.restored_checkpoint}</div>
+                  ) : null}
+                  {attempt.environment ? (
+                    <div className="small muted attempt-environment">
+                      environment <span className="mono">{attempt.environment}</span>
+                      {lockUrl ? (
+                        <>
+                          {" · "}
+                          <a href={lockUrl(attempt.environment)} download>
+                            lock
+                          </a>
+                        </>
+                      ) : null}
+                    </div>
                   ) : null}
                 </td>
                 <td>

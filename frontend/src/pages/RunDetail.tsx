@@ -362,7 +362,11 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
           </Fact>
         ) : null}
       </dl>
-      <AttemptsTable attempts={job.attempts} now={now} />
+      <AttemptsTable
+        attempts={job.attempts}
+        now={now}
+        lockUrl={(key) => wsPath(slug, `environments/${encodeURIComponent(key)}/lock`)}
+      />
     </section>
   );
 }

@@ -23,6 +23,7 @@ function attempt(overrides: Partial<Attempt> & Pick<Attempt, "number">): Attempt
     first_seq: 1,
     last_seq: null,
     offers_tried: [],
+    environment: "",
     created_at: at(10, 0, 0),
     ...overrides,
   };
@@ -246,6 +247,17 @@ describe("AttemptsTable", () => {
     const rows = within(screen.getByRole("table")).getAllByRole("row").slice(1);
     expect(within(rows[0]).getAllByRole("cell")[1]).toHaveTextContent(/^local-1a2b3c4d$/);
     expect(within(rows[1]).getAllByRole("cell")[1]).toHaveTextContent("local-5e6f7a8bresumed from checkpoint 4");
+  });
+
+  it("names the environment an attempt ran in, with its lock to download", () => {
+    const built = attempt({ number: 1, environment: "a1380c1f0a9e6a3ef7ab65bf" });
+    render(<AttemptsTable attempts={[built]} now={0} lockUrl={(key) => `/api/v1/workspaces/acme/environments/${key}/lock`} />);
+    const cell = within(within(screen.getByRole("table")).getAllByRole("row")[1]).getAllByRole("cell")[1];
+    expect(cell).toHaveTextContent("environment a1380c1f0a9e6a3ef7ab65bf · lock");
+    expect(within(cell).getByRole("link", { name: "lock" })).toHaveAttribute(
+      "href",
+      "/api/v1/workspaces/acme/environments/a1380c1f0a9e6a3ef7ab65bf/lock",
+    );
   });
 
   it("says where a cloud attempt ran, and the log mark says it was resumed", () => {
