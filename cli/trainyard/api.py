@@ -339,6 +339,9 @@ class Client:
                 return cast(Blob, self._blob(f, size))
         return cast(Blob, self._blob(data, len(data)))
 
+    def rerun(self, name: str) -> Run:
+        return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/rerun/")))
+
     def create_run(
         self,
         *,

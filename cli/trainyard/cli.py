@@ -245,6 +245,24 @@ def run(
 
 
 @cli.command()
+@click.argument("run_name", metavar="RUN")
+@click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
+def rerun(run_name: str, detach: bool) -> None:
+    """Run RUN's workflow again: the same code, workflows files and values,
+    and each job's environment installed from RUN's recorded lock (nothing is
+    resolved again), then follow it as `trainyard run` does."""
+    client = _client()
+    created = client.rerun(run_name)
+    click.echo(f"Run {created['name']} submitted: a re-run of {run_name}", err=True)
+    if detach:
+        click.echo(created["name"])
+        return
+    final = _follow(client, created["name"], seen={}, on_reused=_note_reused)
+    _reused_summary(client, final)
+    sys.exit(run_exit_code(final))
+
+
+@cli.command()
 @click.option(
     "--json",
     "as_json",

@@ -247,9 +247,17 @@ async def _build(
             [uv, "venv", "--relocatable", "--python", python, str(building)],
         )
         venv_python = str(building / "bin" / "python")
-        lock = ""
-        inputs = _requirements_in(spec, checkout)
-        if inputs:
+        lock = spec.lock
+        inputs = "" if lock else _requirements_in(spec, checkout)
+        if lock:
+            lock_path = building / "trainyard-lock.txt"
+            lock_path.write_text(lock, encoding="utf-8")
+            await say("o", ["[trainyard] installing the recorded lock (a re-run): nothing is resolved again"])
+            await step(
+                "installing the recorded lock",
+                [uv, "pip", "sync", "--python", venv_python, str(lock_path)],
+            )
+        elif inputs:
             tmp = root / f"{key}.building.in"
             tmp.write_text(inputs, encoding="utf-8")
             try:

@@ -347,12 +347,14 @@ class EnvironmentSpec(_Message):
     environment the runner builds once per key and reuses. ``python``: the
     version (``"3.11"``), "" for the machine's ``python3``; ``requirements``:
     a file of the checkout; ``pip``: requirement lines; ``setup``: bash
-    commands run in the new environment, in the checkout, once per build."""
+    commands run in the new environment, in the checkout, once per build.
+    ``lock``: a re-run's recorded lock: installed as it is, nothing resolved."""
 
     python: str = ""
     requirements: str = ""
     pip: list[str] = Field(default_factory=list)
     setup: list[str] = Field(default_factory=list)
+    lock: str = Field(default="", max_length=2_000_000)
 
 
 class AssignJob(_Message):

@@ -99,6 +99,24 @@ def test_a_changed_requirements_file_is_a_new_key_and_a_new_build(alice: User, r
     assert second.output.startswith("tinypkg 1.1 ")
 
 
+def test_a_rerun_installs_the_recorded_lock_not_a_newer_release(alice: User, repo: Path, index: PackageIndex) -> None:
+    _workflow(repo, index, requirements="tinypkg\n# re-run\n")
+    first = _run(alice, repo)
+    assert first.output.startswith("tinypkg 1.0 ")
+    index.add("tinypkg", "1.1")  # released after the run was locked
+
+    again = alice.cli(repo, "rerun", first.run, "-d")
+    assert again.returncode == 0, again.stderr
+    rerun = _wait(alice, run_name_of(again))
+    assert "[trainyard] installing the recorded lock (a re-run): nothing is resolved again" in rerun.lines
+    assert " + tinypkg==1.0" in rerun.lines
+    assert rerun.output.startswith("tinypkg 1.0 ")
+
+    # A fresh resolution of the same requirements would have taken the new release.
+    _workflow(repo, index, requirements="tinypkg\n# re-run, resolved again\n")
+    assert _run(alice, repo).output.startswith("tinypkg 1.1 ")
+
+
 def test_two_jobs_needing_the_same_new_environment_build_it_once(alice: User, repo: Path, index: PackageIndex) -> None:
     _workflow(repo, index, requirements="tinypkg\n# together\n")
     results: list[Result] = []
@@ -142,7 +160,10 @@ def _workflow(repo: Path, index: PackageIndex, *, requirements: str) -> None:
 def _run(user: User, repo: Path) -> Result:
     result = user.cli(repo, "run", "envjob", "-d", timeout=120)
     assert result.returncode == 0, result.stderr
-    name = run_name_of(result)
+    return _wait(user, run_name_of(result))
+
+
+def _wait(user: User, name: str) -> Result:
     run = user.wait(name, lambda r: r["status"] in ("succeeded", "failed", "stopped"), timeout=180)
     job = run["jobs"][0]
     raw = user.api("GET", f"/api/v1/workspaces/{user.workspace}/jobs/{job['id']}/logs/raw?timestamps=1")

@@ -138,3 +138,22 @@ def test_unsatisfiable_requirements_fail_with_the_resolvers_reason(tmp_path: Pat
         prepare(EnvironmentSpec(requirements="requirements.txt"), tmp_path / "envs", checkout, index, Log())
     assert str(e.value).startswith("environment: resolving the requirements failed (exit code 1): ")
     assert "tinypkg==7.0" in str(e.value)
+
+
+def test_a_recorded_lock_is_installed_as_it_is_while_the_index_offers_newer(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    spec = EnvironmentSpec(requirements="requirements.txt")
+    first = prepare(spec, tmp_path / "envs", checkout, index, Log())
+    index.add("tinypkg", "1.1")
+    log = Log()
+    again = prepare(spec.model_copy(update={"lock": first.lock}), tmp_path / "envs", checkout, index, log)
+    assert again.built and again.key != first.key  # the lock is part of the key
+    assert "[trainyard] installing the recorded lock (a re-run): nothing is resolved again" in log.lines
+    assert again.lock == first.lock and again.packages.strip() == "tinypkg==1.0"
+    assert (
+        prepare(
+            spec.model_copy(update={"pip": ["# resolve again"]}), tmp_path / "envs", checkout, index, Log()
+        ).packages.strip()
+        == "tinypkg==1.1"
+    )

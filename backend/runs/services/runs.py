@@ -17,7 +17,7 @@ from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
-from backend.runs.models import FINISHED_RUN, CodeKind, Job, JobStatus, Run, RunStatus, Tag
+from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
 from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 
@@ -80,6 +80,7 @@ def run_create(
     inputs: PlanInputs | None = None,
     no_cache: bool = False,
     placement: dict[str, object] | None = None,
+    environment_locks: Mapping[str, str] | None = None,
 ) -> Run:
     """Validate the workflows files again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
@@ -87,7 +88,9 @@ def run_create(
     anything is wrong. ``inputs``: the files and values the plan is made
     of (without: the one file ``workflows_file_path``/``_text`` and ``env``).
     ``placement``: overrides of every workflow's placement keys (the CLI's
-    ``--backend``, ``--region``, …)."""
+    ``--backend``, ``--region``, …). ``environment_locks``: by job name, the
+    lock its environment installs instead of resolving its requirements
+    again (a re-run; docs/ENVIRONMENTS.md)."""
     inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
     # Stored on the run and the repo and shown to the whole workspace: never a credential.
     code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
@@ -124,7 +127,7 @@ def run_create(
             no_cache=no_cache,
             status_reason="waiting for a runner",
         )
-        _jobs_create(run, plan, refs, retries, placements)
+        _jobs_create(run, plan, refs, retries, placements, environment_locks or {})
         transaction.on_commit(_enqueue_schedule)
     return run
 
@@ -153,7 +156,27 @@ def run_rerun(*, run: Run, user: User) -> Run:
         ),
         no_cache=run.no_cache,
         placement=dict(run.placement_overrides),
+        environment_locks=_environment_locks(run),
     )
+
+
+def _environment_locks(run: Run) -> dict[str, str]:
+    """By job name, the lock of the environment the job's latest attempt ran
+    in: a re-run installs exactly those packages."""
+    keys = {
+        name: key
+        for name, key in Attempt.objects.filter(job__run=run)
+        .exclude(environment_key="")
+        .order_by("job__name", "number")
+        .values_list("job__name", "environment_key")
+    }
+    locks = dict(
+        Environment.objects.for_workspace(run.workspace)
+        .filter(key__in=set(keys.values()))
+        .exclude(lock="")
+        .values_list("key", "lock")
+    )
+    return {name: locks[key] for name, key in keys.items() if key in locks}
 
 
 @retry_on_conflict
@@ -345,10 +368,13 @@ def _jobs_create(
     refs: dict[str, list[dict[str, str]]],
     retries: dict[str, dict[str, object]],
     placements: dict[str, dict[str, object]],
+    locks: Mapping[str, str],
 ) -> list[Job]:
     """One Job per planned job (dependencies first), then the DAG's edges."""
     by_name: dict[str, Job] = {}
     for planned in plan.jobs:
+        if planned.environment and locks.get(planned.name):
+            planned = dataclasses.replace(planned, environment={**planned.environment, "lock": locks[planned.name]})
         resources = planned.resources
         by_name[planned.name] = Job.objects.create(
             workspace=run.workspace,
