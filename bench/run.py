@@ -6,7 +6,9 @@ the checkpoint sync's throughput against plain boto3, ten noisy jobs at once
 web processes (`--only followers`, bench/followers.py), the raw read-back of a
 finished job's log (`--only raw-logs`), the run page of such a job in Chromium
 (`--only log-viewer`, bench/logviewer.py) and the runs list of a workspace of a
-million runs (`--only runs-list`, bench/runs_list.py) — measured in one run on
+million runs (`--only runs-list`, bench/runs_list.py) and a scikit-learn
+environment built once and reused (`--only environments`, bench/environments.py)
+— measured in one run on
 the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
@@ -15,7 +17,7 @@ runners).
                                   [--viewer-lines 2000000] [--list-runs 1000000] [--followers 500]
                                   [--parallel-jobs 10] [--parallel-lines 100000]
                                   [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
-                                          log-viewer|runs-list ...]
+                                          log-viewer|runs-list|environments ...]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -39,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
+from bench.environments import bench_environments, environment_rows
 from bench.followers import bench_followers, follower_rows
 from bench.ingest import bench_parallel_ingest, ingest_rows
 from bench.lib import (
@@ -480,6 +483,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         follower_rows(results["followers"], row)
     if results.get("log_viewer"):
         viewer_rows(results["log_viewer"], row)
+    if "environments" in results:
+        environment_rows(results["environments"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -515,6 +520,7 @@ PARTS = [
     "raw-logs",
     "log-viewer",
     "runs-list",
+    "environments",
 ]
 
 
@@ -598,6 +604,8 @@ def main() -> int:
                     results["raw_logs"] = bench_raw_logs(api, stack, args.raw_lines, tmp)
                 if "log-viewer" in parts:
                     results["log_viewer"] = bench_log_viewer(api, stack.database_url, args.viewer_lines)
+                if "environments" in parts:
+                    results["environments"] = bench_environments(api)
                 if "runs-list" in parts:  # last: it sets Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -300,6 +301,9 @@ def _is_uuid(value: str) -> bool:
 # ------------------------------------------------------------ environments
 
 
+ENVIRONMENT_KEY = re.compile(r"[0-9a-f]{24}")
+
+
 def environment_list(*, workspace: Workspace) -> list[Environment]:
     """The workspace's environments, last used first (at most 500), each
     with ``run_count`` (one query)."""
@@ -307,6 +311,8 @@ def environment_list(*, workspace: Workspace) -> list[Environment]:
 
 
 def environment_get(*, workspace: Workspace, key: str) -> Environment | None:
+    if not ENVIRONMENT_KEY.fullmatch(key):  # nothing else is a key (and Postgres refuses a NUL)
+        return None
     return _environments(workspace).filter(key=key).first()
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from .protocol import EnvironmentReport, EnvironmentSpec
 
 READY_FILE = "trainyard-env.json"
+CACHE_DIR = ".uv-cache"  # uv's wheel cache, beside the environments it built
 KEY_LENGTH = 24  # hex digits of the sha256
 # ``-r other.txt`` / ``--constraint c.txt`` inside a requirements file.
 _INCLUDE = re.compile(r"^\s*(?:-r|-c|--requirement|--constraint)(?:\s+|=)(\S+)")
@@ -235,7 +236,7 @@ async def _build(
     shutil.rmtree(building, ignore_errors=True)  # a build that died halfway
     uv = uv_binary()
     base = dict(env)
-    base.setdefault("UV_CACHE_DIR", str(root.parent / "uv-cache"))
+    base.setdefault("UV_CACHE_DIR", str(root / CACHE_DIR))  # per folder: a workspace's setup cannot touch another's
     base["UV_PYTHON_DOWNLOADS"] = "never"
     base["UV_NO_PROGRESS"] = "1"
     base.pop("VIRTUAL_ENV", None)

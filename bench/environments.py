@@ -1,0 +1,138 @@
+"""Environments built once (`--only environments`): a job whose environment
+is scikit-learn (numpy, scipy, joblib, threadpoolctl: real wheels from the
+package index), run on the embedded default's local runners.
+
+- **first run**: the runner builds the environment with uv (a cold uv cache:
+  the bench's data dir is new); its build time is the one the server recorded.
+- **second run** (median of ``reuse`` runs): the environment is reused. Its
+  overhead is *accepted → first line of the commands* minus the same for a
+  job without an environment, measured in this run (the baseline).
+- **plain pip**: ``python3.11 -m venv`` + ``pip install scikit-learn`` into a
+  fresh venv with an empty pip cache, in this process: what every run cost
+  before environments.
+- **restore from storage on a new runner**: not built yet (issue 13 item 3);
+  printed as such.
+
+Needs the package index (PyPI, or what ``UV_INDEX_URL`` / pip's
+configuration names).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.lib import Api, log, parse_iso
+
+PACKAGES = "scikit-learn==1.7.2"
+TARGET_REUSE_OVERHEAD_S = 0.5
+TARGET_RESTORE_RATIO = 3.0
+MARK = "env-ready"
+WORKFLOWS = f"""
+  - name: env-sklearn
+    provider: bash
+    environment:
+      python: "3.11"
+      pip: ["{PACKAGES}"]
+    commands:
+      - python -c "print('{MARK}', flush=True); import sklearn; print('scikit-learn', sklearn.__version__)"
+
+  - name: env-none
+    provider: bash
+    commands:
+      - python3 -c "print('{MARK}', flush=True)"
+"""
+
+
+def bench_environments(api: Api, reuse: int = 3) -> dict[str, Any]:
+    text = api.workflows_text.rstrip() + "\n" + WORKFLOWS
+    baseline = [_overhead(api, "env-none", text)[0] for _ in range(reuse)]
+    log("(env) first run: building the environment")
+    first, key = _overhead(api, "env-sklearn", text, timeout=900)
+    detail = api.get(f"/api/v1/workspaces/{api.workspace}/environments/{key}/")
+    again = [_overhead(api, "env-sklearn", text) for _ in range(reuse)]
+    assert all(k == key for _, k in again), (key, again)
+    log("(env) plain pip into a fresh venv")
+    pip_seconds = _plain_pip()
+    return {
+        "packages": PACKAGES,
+        "installed": detail["packages"],
+        "size_bytes": detail["size_bytes"],
+        "build_seconds": round(detail["build_seconds"], 2),
+        "first_overhead_s": round(first, 3),
+        "baseline_overhead_s": round(statistics.median(baseline), 3),
+        "reuse_overhead_s": round(statistics.median(o for o, _ in again), 3),
+        "reuse_samples": reuse,
+        "pip_seconds": round(pip_seconds, 2),
+    }
+
+
+def environment_rows(result: dict[str, Any], row: Any) -> None:
+    extra = result["reuse_overhead_s"] - result["baseline_overhead_s"]
+    row(
+        f"environment ({result['packages']}, {result['installed']} packages), first run: uv build",
+        f"{result['build_seconds']:.1f} s",
+        "",
+        None,
+    )
+    row(
+        f"  second run on the same runner: environment overhead (median of {result['reuse_samples']})",
+        f"{extra * 1000:.0f} ms",
+        f"< {TARGET_REUSE_OVERHEAD_S * 1000:.0f} ms",
+        extra < TARGET_REUSE_OVERHEAD_S,
+    )
+    row("  plain pip into a fresh venv, same packages (baseline)", f"{result['pip_seconds']:.1f} s", "", None)
+    row(
+        "  uv build vs plain pip",
+        f"{result['pip_seconds'] / max(result['build_seconds'], 0.001):.1f}× faster",
+        "",
+        None,
+    )
+    row(
+        "  first run on a new runner, restored from storage",
+        "not built yet (issue 13 item 3)",
+        f"≥ {TARGET_RESTORE_RATIO:.0f}× faster than plain pip",
+        None,
+    )
+
+
+def _overhead(api: Api, workflow: str, text: str, timeout: float = 180) -> tuple[float, str]:
+    """Seconds from the runner accepting the job to the first line of its
+    commands, and the environment key its attempt names ("" for none)."""
+    run = api.submit(workflow, workflows_text=text)
+    done = api.wait_finished(run["id"], timeout=timeout)
+    if done["status"] != "succeeded":
+        raise RuntimeError(f"{workflow}: run {done['name']} {done['status']}: {done.get('status_reason')}")
+    job = done["jobs"][0]
+    attempt = job["attempts"][-1]
+    accepted = parse_iso(attempt["started_at"])
+    url = f"/api/v1/workspaces/{api.workspace}/jobs/{job['id']}/logs/raw"
+    with api.new_client() as client:
+        raw = client.get(url, params={"timestamps": 1})
+        raw.raise_for_status()
+    for line in raw.text.splitlines():
+        stamp, _, body = line.partition(" ")
+        if body == MARK:
+            first = parse_iso(stamp)
+            assert first is not None and accepted is not None
+            return first - accepted, attempt.get("environment") or ""
+    raise RuntimeError(f"{workflow}: run {done['name']} never printed {MARK!r}")
+
+
+def _plain_pip() -> float:
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-pip-") as tmp:
+        venv = Path(tmp) / "venv"
+        started = time.monotonic()
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+             "--cache-dir", str(Path(tmp) / "pip-cache"), PACKAGES],
+            check=True,
+            stdout=sys.stderr,
+        )  # fmt: skip
+        return time.monotonic() - started
