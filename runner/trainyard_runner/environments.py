@@ -11,7 +11,7 @@ one. Two jobs with the same key get the same environment.
 
 1. ``<root>/<key>/`` holds ``trainyard-env.json`` (written last): ready,
    reused as it is.
-2. Otherwise the job takes ``<root>/<key>.lock`` (``flock``, so jobs of any
+2. Otherwise the job takes ``<root>/<key>.build`` (``flock``, so jobs of any
    runner process of this machine build a key once: the others wait, then
    find it ready), and builds in ``<root>/<key>.building/``:
    ``uv venv --relocatable``; ``uv pip compile --generate-hashes`` of the
@@ -20,6 +20,11 @@ one. Two jobs with the same key get the same environment.
    ``uv pip freeze`` (what is installed, setup's packages included).
 3. The folder is renamed to ``<root>/<key>/``: a build that died halfway
    leaves only a ``.building`` folder, removed by the next build.
+
+A job holds ``<root>/<key>.use`` shared from before it looks until it ends
+(``Environment.release``). After a build, ``evict`` removes environments
+unused for 30 days, then the least recently used while the folder holds more
+than 20 GiB; one whose ``.use`` or ``.build`` is held stays.
 
 The build's output goes to the job's log; so does one line saying what
 happened (built in N s / reused). uv's wheel cache is shared by the
@@ -50,6 +55,7 @@ from pathlib import Path
 from .protocol import EnvironmentReport, EnvironmentSpec
 
 READY_FILE = "trainyard-env.json"
+USE_LOCK, BUILD_LOCK = ".use", ".build"  # ``<key>.use``, ``<key>.build``: flock files beside ``<key>/``
 CACHE_DIR = ".uv-cache"  # uv's wheel cache, beside the environments it built
 KEY_LENGTH = 24  # hex digits of the sha256
 # ``-r other.txt`` / ``--constraint c.txt`` inside a requirements file.
@@ -62,7 +68,7 @@ class EnvironmentBuildError(Exception):
     """The environment could not be built; the message says why (the job fails with it)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Environment:
     key: str
     path: Path
@@ -72,6 +78,14 @@ class Environment:
     packages: str  # ``uv pip freeze`` after the setup commands
     size_bytes: int = 0
     platform: Mapping[str, str] = field(default_factory=dict)
+    # The key's lock, held shared while a job runs in it (``release``).
+    lock_fd: int | None = field(default=None, compare=False)
+
+    def release(self) -> None:
+        """The job is done with it: it may be evicted from now on."""
+        fd, self.lock_fd = self.lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def report(self) -> EnvironmentReport:
         return EnvironmentReport(
@@ -189,20 +203,28 @@ async def prepare_environment(
     facts = await platform_of(python)
     key = key_of(spec, files_of(spec, checkout), facts)
     root.mkdir(parents=True, exist_ok=True)
-    ready = _ready(root / key)
-    if ready is None:
-        lock_fd = os.open(root / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if not _try_lock(lock_fd):
-                await say("o", [f"[trainyard] environment {key}: another job is building it; waiting"])
-                await asyncio.to_thread(fcntl.flock, lock_fd, fcntl.LOCK_EX)
-            ready = _ready(root / key)
-            if ready is None:
-                return await _build(
-                    spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say
-                )
-        finally:
-            os.close(lock_fd)
+    # ``<key>.use``: held shared while a job runs in it (``Environment.release``),
+    # so eviction passes it by; taken before building, so a fresh build is not
+    # evicted before its job starts.
+    use_fd = _lock_file(root, key, USE_LOCK)
+    try:
+        await asyncio.to_thread(fcntl.flock, use_fd, fcntl.LOCK_SH)
+        ready = _ready(root / key)
+        if ready is None:
+            built = await _build_once(
+                spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say
+            )
+            if built is not None:
+                built.lock_fd = use_fd
+                removed = evict(root, keep=key)
+                if removed:
+                    await say("o", [f"[trainyard] environments evicted to make room: {', '.join(removed)}"])
+                return built
+            ready = _ready(root / key) or {}
+    except BaseException:
+        os.close(use_fd)
+        raise
+    lock_fd = use_fd
     _touch(root / key)
     recorded = ready.get("build_seconds", 0.0)
     seconds = float(recorded) if isinstance(recorded, (int, float)) else 0.0
@@ -217,7 +239,79 @@ async def prepare_environment(
         packages=str(ready.get("packages", "")),
         size_bytes=size if isinstance(size, int) else 0,
         platform=facts,
+        lock_fd=lock_fd,
     )
+
+
+async def _build_once(
+    spec: EnvironmentSpec,
+    *,
+    key: str,
+    python: str,
+    facts: Mapping[str, str],
+    root: Path,
+    checkout: Path,
+    env: Mapping[str, str],
+    say: Say,
+) -> Environment | None:
+    """Build ``key`` holding ``<key>.build``; None when another job built it meanwhile."""
+    build_fd = _lock_file(root, key, BUILD_LOCK)
+    try:
+        if not _try_lock(build_fd, fcntl.LOCK_EX):
+            await say("o", [f"[trainyard] environment {key}: another job is building it; waiting"])
+            await asyncio.to_thread(fcntl.flock, build_fd, fcntl.LOCK_EX)
+        if _ready(root / key) is not None:
+            return None
+        return await _build(spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say)
+    finally:
+        os.close(build_fd)
+
+
+def _lock_file(root: Path, key: str, suffix: str) -> int:
+    return os.open(root / f"{key}{suffix}", os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def evict(root: Path, *, keep: str, max_bytes: int | None = None, max_age_seconds: float | None = None) -> list[str]:
+    """Remove environments of ``root`` unused for ``max_age_seconds``, then
+    the least recently used while they hold more than ``max_bytes``
+    (``TRAINYARD_ENVIRONMENTS_MAX_BYTES``, default 20 GiB;
+    ``TRAINYARD_ENVIRONMENTS_MAX_AGE_DAYS``, default 30). ``keep`` and any
+    environment a job runs in or builds (its lock is held) stay. Returns
+    the keys removed."""
+    max_bytes = _env_number("TRAINYARD_ENVIRONMENTS_MAX_BYTES", 20 << 30) if max_bytes is None else max_bytes
+    if max_age_seconds is None:
+        max_age_seconds = _env_number("TRAINYARD_ENVIRONMENTS_MAX_AGE_DAYS", 30) * 86400
+    found: list[tuple[float, str, int]] = []  # (last used, key, bytes)
+    for ready in root.glob(f"*/{READY_FILE}"):
+        record = _ready(ready.parent) or {}
+        size = record.get("size_bytes", 0)
+        with contextlib.suppress(OSError):
+            found.append((ready.stat().st_mtime, ready.parent.name, size if isinstance(size, int) else 0))
+    found.sort()
+    total = sum(size for _, _, size in found)
+    now = time.time()
+    removed: list[str] = []
+    for used, key, size in found:
+        if key == keep or (total <= max_bytes and now - used <= max_age_seconds):
+            continue
+        use_fd, build_fd = _lock_file(root, key, USE_LOCK), _lock_file(root, key, BUILD_LOCK)
+        try:
+            if not (_try_lock(use_fd, fcntl.LOCK_EX) and _try_lock(build_fd, fcntl.LOCK_EX)):
+                continue  # a job runs in it or builds it
+            shutil.rmtree(root / key, ignore_errors=True)
+            removed.append(key)
+            total -= size
+        finally:
+            os.close(use_fd)
+            os.close(build_fd)
+    return removed
+
+
+def _env_number(name: str, default: float) -> int:
+    try:
+        return int(float(os.environ.get(name) or default))
+    except ValueError:
+        return int(default)
 
 
 async def _build(
@@ -395,9 +489,9 @@ def _size_of(path: Path) -> int:
     return total
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, kind: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     return True

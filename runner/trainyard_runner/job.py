@@ -206,6 +206,8 @@ class Job:
             return await self._run()
         finally:
             self.finished = True
+            if self.environment is not None:
+                self.environment.release()
 
     async def _run(self) -> JobState:
         """1. preparing: docker engine check, working directory, code, inputs;

@@ -8,11 +8,12 @@ import asyncio
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainyard_runner.environments import Environment, EnvironmentBuildError, prepare_environment
+from trainyard_runner.environments import READY_FILE, Environment, EnvironmentBuildError, evict, prepare_environment
 from trainyard_runner.protocol import EnvironmentSpec
 
 from tests.support.pkgindex import PackageIndex, package_index
@@ -127,7 +128,7 @@ def test_a_failed_build_leaves_nothing_and_the_next_job_builds_again(
     with pytest.raises(EnvironmentBuildError) as e:
         prepare(spec, tmp_path / "envs", checkout, index, log)
     assert str(e.value) == "environment: running the setup commands failed (exit code 1)"
-    assert [p.name for p in (tmp_path / "envs").iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in (tmp_path / "envs").iterdir() if not p.name.endswith((".use", ".build"))] == []
     (checkout / "ready-to-build").touch()
     assert prepare(spec, tmp_path / "envs", checkout, index, Log()).built
 
@@ -157,3 +158,27 @@ def test_a_recorded_lock_is_installed_as_it_is_while_the_index_offers_newer(
         ).packages.strip()
         == "tinypkg==1.1"
     )
+
+
+def test_eviction_removes_the_least_recently_used_but_never_one_in_use(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    root = tmp_path / "envs"
+    old = prepare(EnvironmentSpec(requirements="requirements.txt"), root, checkout, index, Log())
+    old.release()
+    used = prepare(
+        EnvironmentSpec(requirements="requirements.txt", pip=["# another key"]), root, checkout, index, Log()
+    )
+    assert used.lock_fd is not None  # held by the job running in it
+
+    assert evict(root, keep="", max_bytes=1 << 40, max_age_seconds=3600) == []  # within budget and age
+    os.utime(root / old.key / READY_FILE, (time.time() - 7200, time.time() - 7200))
+    assert evict(root, keep="", max_bytes=1 << 40, max_age_seconds=3600) == [old.key]  # unused too long
+    assert evict(root, keep="", max_bytes=0, max_age_seconds=3600) == []  # over budget, but in use
+    assert (root / used.key / READY_FILE).exists()
+    used.release()
+    assert evict(root, keep="", max_bytes=0, max_age_seconds=3600) == [used.key]
+    assert not (root / used.key).exists()
+
+    log = Log()  # the next job that needs it builds it again
+    assert prepare(EnvironmentSpec(requirements="requirements.txt"), root, checkout, index, log).built
