@@ -39,7 +39,7 @@ from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus, Blob
 from backend.artifacts.services import artifact_file_key, artifacts_discard
 from backend.artifacts.storage import LocalStorage, get_storage
-from backend.runs.models import FINISHED_JOB, LogArchive, Run
+from backend.runs.models import FINISHED_JOB, EnvironmentArchive, LogArchive, Run
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def _local_files(storage: LocalStorage, cutoff: float) -> tuple[int, int]:
 def _local_keys() -> set[str]:
     """Every key of the local storage a row points at: blobs, every file of
     every artifact, checkpoint version and cache saving (finished or not),
-    and every job's archived log."""
+    every job's archived log and every packed environment."""
     keys = set(Blob.objects.filter(storage_bucket="").values_list("storage_key", flat=True))
     files = (
         ArtifactFile.objects.filter(artifact__storage_bucket="")
@@ -135,4 +135,5 @@ def _local_keys() -> set[str]:
     )
     keys.update(artifact_file_key(f.artifact, f) for f in files.iterator(chunk_size=2000))
     keys.update(LogArchive.objects.filter(storage_bucket="").values_list("key", flat=True))
+    keys.update(EnvironmentArchive.objects.filter(storage_bucket="").values_list("storage_key", flat=True))
     return keys

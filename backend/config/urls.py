@@ -81,6 +81,8 @@ urlpatterns = [
     path("api/v1/runner/jobs/<uuid:job>/urls/", artifacts.RunnerDownloadUrlView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/secrets/", runs_runner.RunnerJobSecretsView.as_view()),
     path("api/v1/runner/jobs/<uuid:job>/inputs/", runs_runner.RunnerJobInputsView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/environment/", runs_runner.RunnerEnvironmentView.as_view()),
+    path("api/v1/runner/jobs/<uuid:job>/environment/done/", runs_runner.RunnerEnvironmentDoneView.as_view()),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

@@ -254,6 +254,23 @@ class Environment(WorkspaceOwnedModel):
         return sum(1 for line in self.packages.splitlines() if line.strip() and not line.startswith("#"))
 
 
+class EnvironmentArchive(StoredModel):
+    """An environment packed into the workspace's storage by the runner that
+    built it, for runners on other machines to restore instead of building
+    (docs/ENVIRONMENTS.md, "Shared through storage"). ``complete`` once the
+    server saw the object at its announced size."""
+
+    key = models.CharField(max_length=24)  # the environment's key
+    storage_key = models.CharField(max_length=500)
+    size = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    complete = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "key"], name="uniq_environment_archive")]
+
+
 class LogChunk(models.Model):
     """A run of consecutive lines of one job's output, stored as one row:
     seqs ``first_seq`` .. ``last_seq``, every one of them present. Storing

@@ -11,14 +11,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import Count, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, JSONObject
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus, CheckpointLatest
 from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
-from backend.runs.models import LIVE_ATTEMPT, Attempt, Environment, Job, Run, Tag
+from backend.runs.models import LIVE_ATTEMPT, Attempt, Environment, EnvironmentArchive, Job, Run, Tag
 from backend.runs.services.dag import ref_origin
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
@@ -335,6 +335,7 @@ def _environments(workspace: Workspace) -> Any:
         .annotate(n=Count("job__run", distinct=True))
         .values("n")
     )
+    packed = EnvironmentArchive.objects.filter(workspace=workspace, key=OuterRef("key"), complete=True)
     return Environment.objects.for_workspace(workspace).annotate(
-        run_count=Coalesce(Subquery(runs, output_field=IntegerField()), 0)
+        run_count=Coalesce(Subquery(runs, output_field=IntegerField()), 0), stored=Exists(packed)
     )

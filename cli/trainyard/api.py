@@ -174,6 +174,7 @@ class Environment(TypedDict, total=False):
     created_at: str
     last_used_at: str
     runs: int
+    stored: bool
     lock: str  # the detail only
     installed: str
     recent_runs: list[str]

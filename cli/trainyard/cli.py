@@ -685,11 +685,12 @@ def env_ls(as_json: bool) -> None:
             f"{e.get('build_seconds', 0):.1f}s",
             e.get("built_on") or "-",
             str(e.get("runs", 0)),
+            "yes" if e.get("stored") else "no",
             age(e.get("last_used_at")),
         ]
         for e in found
     ]
-    headers = ["KEY", "SIZE", "PACKAGES", "BUILD", "BUILT ON", "RUNS", "LAST USED"]
+    headers = ["KEY", "SIZE", "PACKAGES", "BUILD", "BUILT ON", "RUNS", "STORED", "LAST USED"]
     print_table(headers, rows, tty=sys.stdout.isatty())
 
 
@@ -711,6 +712,8 @@ def env_show(key: str, as_json: bool) -> None:
     )
     runs = found.get("recent_runs") or []
     click.echo(f"  runs: {', '.join(runs) if runs else '-'}")
+    stored = "yes: other machines restore it" if found.get("stored") else "no: other machines build it"
+    click.echo(f"  stored in the workspace's storage: {stored}")
     installed = (found.get("installed") or "").strip()
     if installed:
         click.echo("\nInstalled:\n" + "\n".join(f"  {line}" for line in installed.splitlines()))

@@ -47,11 +47,14 @@ import re
 import shlex
 import shutil
 import sys
+import tarfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from . import http
 from .protocol import EnvironmentReport, EnvironmentSpec
 
 READY_FILE = "trainyard-env.json"
@@ -133,10 +136,12 @@ def interpreter(spec: EnvironmentSpec, env: Mapping[str, str]) -> str:
     return found
 
 
-async def platform_of(python: str) -> dict[str, str]:
-    """What an environment built here depends on besides its spec and files."""
+async def platform_of(python: str) -> tuple[dict[str, str], str]:
+    """What an environment built here depends on besides its spec and files,
+    and the interpreter's own executable (``python`` may be a shim)."""
     probe = (
-        "import sys, sysconfig; print(sys.version.split()[0], sys.implementation.cache_tag, sysconfig.get_platform())"
+        "import sys, sysconfig; print(sys.version.split()[0], sys.implementation.cache_tag, sysconfig.get_platform());"
+        " print(sys.executable)"
     )
     proc = await asyncio.create_subprocess_exec(
         python, "-c", probe, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -144,13 +149,14 @@ async def platform_of(python: str) -> dict[str, str]:
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise EnvironmentBuildError(f"environment: {python} does not run: {err.decode(errors='replace').strip()[:300]}")
-    version, tag, plat = out.decode().split()
+    first, executable = out.decode().splitlines()[:2]
+    version, tag, plat = first.split()
     facts = {"os": sys.platform, "machine": platform.machine(), "python": version, "abi": tag, "platform": plat}
     driver = Path("/proc/driver/nvidia/version")
     if driver.exists():
         with contextlib.suppress(OSError):
             facts["nvidia"] = driver.read_text(errors="replace").splitlines()[0].strip()
-    return facts
+    return facts, executable
 
 
 def files_of(spec: EnvironmentSpec, checkout: Path) -> dict[str, str]:
@@ -196,11 +202,13 @@ async def prepare_environment(
     checkout: Path,
     env: Mapping[str, str],
     say: Say,
+    store: Store | None = None,
 ) -> Environment:
     """The environment of ``spec`` for a job whose code is in ``checkout``,
-    built under ``root`` if it is not there yet (module docstring)."""
+    restored from ``store`` or built under ``root`` if it is not there yet
+    (module docstring)."""
     python = interpreter(spec, env)
-    facts = await platform_of(python)
+    facts, executable = await platform_of(python)
     key = key_of(spec, files_of(spec, checkout), facts)
     root.mkdir(parents=True, exist_ok=True)
     # ``<key>.use``: held shared while a job runs in it (``Environment.release``),
@@ -212,7 +220,15 @@ async def prepare_environment(
         ready = _ready(root / key)
         if ready is None:
             built = await _build_once(
-                spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say
+                spec,
+                key=key,
+                python=python,
+                facts=facts,
+                root=root,
+                checkout=checkout,
+                env=env,
+                say=say,
+                restore=None if store is None else functools.partial(_restore, store, executable=executable),
             )
             if built is not None:
                 built.lock_fd = use_fd
@@ -253,8 +269,10 @@ async def _build_once(
     checkout: Path,
     env: Mapping[str, str],
     say: Say,
+    restore: Callable[..., Awaitable[Environment | None]] | None,
 ) -> Environment | None:
-    """Build ``key`` holding ``<key>.build``; None when another job built it meanwhile."""
+    """Build ``key`` holding ``<key>.build`` (restored from storage when
+    ``restore`` finds it packed); None when another job made it meanwhile."""
     build_fd = _lock_file(root, key, BUILD_LOCK)
     try:
         if not _try_lock(build_fd, fcntl.LOCK_EX):
@@ -262,9 +280,148 @@ async def _build_once(
             await asyncio.to_thread(fcntl.flock, build_fd, fcntl.LOCK_EX)
         if _ready(root / key) is not None:
             return None
+        if restore is not None:
+            restored = await restore(key=key, facts=facts, root=root, say=say)
+            if restored is not None:
+                return restored
         return await _build(spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say)
     finally:
         os.close(build_fd)
+
+
+class Store(Protocol):
+    """The workspace's storage of packed environments, through the server
+    (``Job`` implements it with the runner endpoints)."""
+
+    async def find(self, key: str) -> tuple[str, int, str] | None:
+        """(signed GET URL, size, sha256) of the packed ``key``, if there is one."""
+
+    async def begin(self, key: str, size: int, sha256: str) -> tuple[str, dict[str, str]] | None:
+        """Where to PUT ``key`` packed (URL, headers); None: stored already, or another runner uploads it."""
+
+    async def done(self, key: str) -> None:
+        """The upload finished (the server checks it)."""
+
+
+async def _restore(
+    store: Store, *, executable: str, key: str, facts: Mapping[str, str], root: Path, say: Say
+) -> Environment | None:
+    """``key`` unpacked from the workspace's storage into ``<root>/<key>/``,
+    its interpreter links pointed at this machine's ``executable``; None
+    (and a line saying why) when it is not there or cannot be used: the
+    caller builds it."""
+    started = time.monotonic()
+    try:
+        found = await store.find(key)
+    except Exception as e:  # the server or storage unreachable: building still works
+        await say("o", [f"[trainyard] environment {key}: could not look in storage ({e}); building it"])
+        return None
+    if found is None:
+        return None
+    url, size, sha256 = found
+    download = root / f"{key}.download"
+    building = root / f"{key}.building"
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        await asyncio.to_thread(http.download, url, download, timeout=600)
+        if download.stat().st_size != size or _sha256_file(download) != sha256:
+            raise EnvironmentBuildError("the packed environment does not match its recorded size and sha256")
+        await asyncio.to_thread(_unpack, download, building, executable)
+        record = _ready(building)
+        if record is None:
+            raise EnvironmentBuildError("the packed environment has no record")
+        seconds = round(time.monotonic() - started, 3)
+        record.update(restored=True, restore_seconds=seconds, restored_at=time.time())
+        (building / READY_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        shutil.rmtree(root / key, ignore_errors=True)
+        os.rename(building, root / key)
+    except Exception as e:
+        shutil.rmtree(building, ignore_errors=True)
+        await say("o", [f"[trainyard] environment {key}: could not restore it from storage ({e}); building it"])
+        return None
+    finally:
+        download.unlink(missing_ok=True)
+    _touch(root / key)
+    build = record.get("build_seconds", 0)
+    build_seconds = float(build) if isinstance(build, (int, float)) else 0.0
+    await say(
+        "o",
+        [f"[trainyard] environment {key}: restored from storage in {seconds:.1f} s (built in {build_seconds:.1f} s)"],
+    )
+    packed_size = record.get("size_bytes", 0)
+    return Environment(
+        key=key,
+        path=root / key,
+        built=False,
+        build_seconds=build_seconds,
+        lock=str(record.get("lock", "")),
+        packages=str(record.get("packages", "")),
+        size_bytes=packed_size if isinstance(packed_size, int) else 0,
+        platform=facts,
+    )
+
+
+async def share(env: Environment, store: Store, *, say: Say) -> bool:
+    """Pack ``env`` (which this job built) into the workspace's storage for
+    runners on other machines; True when it was stored by this call. Never
+    raises: a failed upload costs other machines a build, nothing more."""
+    packed = env.path.parent / f"{env.key}.pack.tar.gz"
+    try:
+        if await store.find(env.key) is not None:
+            return False
+        started = time.monotonic()
+        size, sha256 = await asyncio.to_thread(_pack, env.path, packed)
+        target = await store.begin(env.key, size, sha256)
+        if target is None:
+            return False
+        url, headers = target
+        await asyncio.to_thread(http.put_file, url, packed, headers=headers, timeout=600)
+        await store.done(env.key)
+        seconds = time.monotonic() - started
+        await say(
+            "o", [f"[trainyard] environment {env.key}: stored for other machines ({size >> 20} MiB, {seconds:.1f} s)"]
+        )
+        return True
+    except Exception as e:
+        await say("o", [f"[trainyard] environment {env.key}: could not store it for other machines: {e}"])
+        return False
+    finally:
+        packed.unlink(missing_ok=True)
+
+
+def _pack(path: Path, dest: Path) -> tuple[int, str]:
+    """``path`` as a gzipped tar (level 1: packing runs beside the job),
+    without links to absolute paths (the interpreter: ``_unpack`` makes them
+    again on the machine that restores it); (size, sha256) of the file."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.issym() and os.path.isabs(info.linkname) else info
+
+    with tarfile.open(dest, "w:gz", compresslevel=1) as tar:
+        tar.add(path, arcname=".", filter=keep)
+    return dest.stat().st_size, _sha256_file(dest)
+
+
+def _unpack(archive: Path, dest: Path, executable: str) -> None:
+    dest.mkdir(parents=True)
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(dest, filter="data")
+    link = dest / "bin" / "python"
+    link.unlink(missing_ok=True)
+    link.symlink_to(executable)
+    config = dest / "pyvenv.cfg"
+    if config.exists():
+        lines = config.read_text(encoding="utf-8").splitlines()
+        home = f"home = {os.path.dirname(executable)}"
+        config.write_text("\n".join(home if s.startswith("home =") else s for s in lines) + "\n", encoding="utf-8")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _lock_file(root: Path, key: str, suffix: str) -> int:

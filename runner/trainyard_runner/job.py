@@ -40,7 +40,7 @@ from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code
 from .docker import DockerError
-from .environments import Environment, EnvironmentBuildError, prepare_environment
+from .environments import Environment, EnvironmentBuildError, prepare_environment, share
 from .http import HttpError, get_json, post_json
 from .inputs import InputError, fetch_inputs, fetch_manifests
 from .logstream import LogStream
@@ -52,6 +52,7 @@ from .spot import Notice
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE = 5.0
+SHARE_TIMEOUT = 900.0  # the longest the final state waits for the environment's upload
 ENVIRONMENTS_VAR = "TRAINYARD_ENVIRONMENTS_DIR"
 SPEC_FILE = "job.json"
 # A spot interruption notice with time T: the job writes its checkpoint until
@@ -121,6 +122,7 @@ class Job:
         # backend: one per workspace on the server's host).
         self._environments_dir = Path(os.environ.get(ENVIRONMENTS_VAR) or work_dir / "environments")
         self.environment: Environment | None = None
+        self._sharing: asyncio.Task[bool] | None = None
         self._token = token
         self._report = report
         self._on_drain_stuck = on_drain_stuck
@@ -203,9 +205,16 @@ class Job:
     async def run(self) -> JobState:
         """Run the job to its end and return the final state (not yet sent)."""
         try:
-            return await self._run()
+            state = await self._run()
+            if self._sharing is not None and not self._sharing.done() and state.state in ("succeeded", "failed"):
+                # The job's endpoints close with its final state: the upload ends first.
+                log.info("job %s: waiting for its environment to be stored", self.id)
+                await asyncio.wait([self._sharing], timeout=SHARE_TIMEOUT)
+            return state
         finally:
             self.finished = True
+            if self._sharing is not None:
+                self._sharing.cancel()
             if self.environment is not None:
                 self.environment.release()
 
@@ -455,8 +464,11 @@ class Job:
                 root=self._environments_dir,
                 checkout=work,
                 env=self._job_env(),
-                say=lambda stream, lines: self.stream.put(stream, lines),
+                say=self._say,
+                store=self,
             )
+            if self.environment.built:  # for runners on other machines; awaited before the final state
+                self._sharing = asyncio.create_task(share(self.environment, self, say=self._say_while_open))
 
     def _job_url(self, what: str, query: dict[str, str] | None = None) -> str:
         params = urlencode({"attempt": self.attempt, **(query or {})})
@@ -597,6 +609,38 @@ class Job:
             argv=argv,
             outlive=self._outlive,
         )
+
+    async def _say(self, stream: str, lines: list[str]) -> None:
+        await self.stream.put(stream, lines)
+
+    async def _say_while_open(self, stream: str, lines: list[str]) -> None:
+        """Into the job's log while its commands run; the runner's log after."""
+        if self.stream.closed:
+            for line in lines:
+                log.info("job %s: %s", self.id, line)
+        else:
+            await self.stream.put(stream, lines)
+
+    # The workspace's packed environments (environments.Store), through the server.
+
+    async def find(self, key: str) -> tuple[str, int, str] | None:
+        try:
+            found = await asyncio.to_thread(get_json, self._job_url("environment", {"key": key}), token=self._token)
+        except HttpError as e:
+            if e.status == 404:
+                return None
+            raise
+        return str(found["url"]), int(found["size"]), str(found["sha256"])
+
+    async def begin(self, key: str, size: int, sha256: str) -> tuple[str, dict[str, str]] | None:
+        body = {"key": key, "size": size, "sha256": sha256}
+        answer = await asyncio.to_thread(post_json, self._job_url("environment"), body, token=self._token)
+        if not answer or answer.get("url") is None:
+            return None
+        return str(answer["url"]), {str(k): str(v) for k, v in (answer.get("headers") or {}).items()}
+
+    async def done(self, key: str) -> None:
+        await asyncio.to_thread(post_json, self._job_url("environment/done"), {"key": key}, token=self._token)
 
     def _job_vars(self) -> dict[str, str]:
         return {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3

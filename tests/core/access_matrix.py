@@ -196,6 +196,12 @@ ROUTES: dict[str, dict[str, Call]] = {
     # The world's job has no input: its own runner is told ./in does not exist (401 for users as everywhere;
     # it is scoped to the current attempt by RunnerAPIView.runner_job, as secrets/ above: tests/runs/test_secrets.py).
     f"{RUNNER_JOB}/inputs/": {"GET": Call(runner(404), query=f"{ATTEMPT}&path=./in")},
+    # Nothing packed yet: GET finds none; POST hands out the upload; done: no object was put.
+    f"{RUNNER_JOB}/environment/": {
+        "GET": Call(runner(404), query=f"{ATTEMPT}&key={'e' * 24}"),
+        "POST": Call(runner(200), body={"key": "e" * 24, "size": 3, "sha256": "a" * 64}, query=ATTEMPT),
+    },
+    f"{RUNNER_JOB}/environment/done/": {"POST": Call(runner(409), body={"key": "e" * 24}, query=ATTEMPT)},
     f"{RUNNER_JOB}/caches/": {"POST": Call(runner(400), body={"path": "./cache", "files": [FILE]}, query=ATTEMPT)},
     f"{RUNNER_JOB}/artifacts/<uuid:artifact>/complete/": {
         "POST": Call(runner(400), query=ATTEMPT, params={"artifact": "uploading_artifact"})

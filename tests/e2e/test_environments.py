@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -17,6 +18,7 @@ import pytest
 
 from tests.e2e.conftest import User, commit_all, run_name_of
 from tests.support.pkgindex import PackageIndex, package_index
+from tests.support.stack import Stack
 
 WORKFLOWS = """workflows:
   - name: envjob
@@ -24,6 +26,7 @@ WORKFLOWS = """workflows:
     environment:
       python: "3.11"
       requirements: requirements.txt
+      setup: [{setup}]
     env:
       UV_INDEX_URL: {index}
     commands:
@@ -45,7 +48,7 @@ def test_an_environment_is_built_once_and_the_second_run_installs_nothing(
     _workflow(repo, index, requirements="tinypkg\n")
 
     first = _run(alice, repo)
-    said = [line for line in first.lines if line.startswith("[trainyard] environment")]
+    said = [line for line in first.lines if line.startswith("[trainyard] environment") and "other machines" not in line]
     assert len(said) == 2 and said[0].endswith(": building (python 3.11)"), first.lines
     built = said[1:]
     assert ": built in " in built[0], first.lines
@@ -117,6 +120,36 @@ def test_a_rerun_installs_the_recorded_lock_not_a_newer_release(alice: User, rep
     assert _run(alice, repo).output.startswith("tinypkg 1.1 ")
 
 
+def test_a_machine_without_the_environment_restores_it_from_storage(
+    alice: User, repo: Path, index: PackageIndex, stack: Stack
+) -> None:
+    # The setup's sleep makes the build slow, as real wheels would: a restore skips it.
+    _workflow(repo, index, requirements="tinypkg\n# restored\n", setup="sleep 3")
+    first = _run(alice, repo)
+    built = next(line for line in first.lines if ": built in " in line)
+    key = built.split("environment ")[1].split(":")[0]
+    # Packed into the workspace's storage before the run ended.
+    assert json.loads(alice.cli(repo, "env", "show", key, "--json").stdout)["stored"] is True
+    fetched = index.downloads()
+
+    # A new machine: the workspace's environments folder without it.
+    folders = list((stack.data_dir / "local-runners" / "environments").glob(f"*/{key}"))
+    assert len(folders) == 1, folders
+    shutil.rmtree(folders[0])
+
+    second = _run(alice, repo)
+    said = [line for line in second.lines if line.startswith(f"[trainyard] environment {key}:")]
+    assert len(said) == 1 and ": restored from storage in " in said[0], second.lines
+    restore_s = float(said[0].split("restored from storage in ")[1].split(" s")[0])
+    build_s = float(said[0].split("(built in ")[1].split(" s")[0])
+    assert build_s >= 3 and restore_s < build_s, said
+    assert index.downloads() == fetched  # nothing installed from the index
+    assert second.output == first.output
+    assert (folders[0] / "trainyard-env.json").exists()
+    alice_env = json.loads(alice.cli(repo, "env", "show", key, "--json").stdout)
+    assert alice_env["runs"] == 2
+
+
 def test_two_jobs_needing_the_same_new_environment_build_it_once(alice: User, repo: Path, index: PackageIndex) -> None:
     _workflow(repo, index, requirements="tinypkg\n# together\n")
     results: list[Result] = []
@@ -151,8 +184,8 @@ class Result:
         return f"Result(accepted_at={self.accepted_at}, first_command_at={self.first_command_at}, lines={self.lines})"
 
 
-def _workflow(repo: Path, index: PackageIndex, *, requirements: str) -> None:
-    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS.format(index=index.url))
+def _workflow(repo: Path, index: PackageIndex, *, requirements: str, setup: str = "") -> None:
+    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS.format(index=index.url, setup=setup))
     (repo / "requirements.txt").write_text(requirements)
     commit_all(repo, "environment workflow")
 

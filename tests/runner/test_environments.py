@@ -5,7 +5,9 @@ lock, concurrent jobs, and the errors a user sees."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -13,7 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainyard_runner.environments import READY_FILE, Environment, EnvironmentBuildError, evict, prepare_environment
+from trainyard_runner.environments import (
+    READY_FILE,
+    Environment,
+    EnvironmentBuildError,
+    _pack,
+    evict,
+    prepare_environment,
+)
 from trainyard_runner.protocol import EnvironmentSpec
 
 from tests.support.pkgindex import PackageIndex, package_index
@@ -182,3 +191,76 @@ def test_eviction_removes_the_least_recently_used_but_never_one_in_use(
 
     log = Log()  # the next job that needs it builds it again
     assert prepare(EnvironmentSpec(requirements="requirements.txt"), root, checkout, index, log).built
+
+
+class Shelf:
+    """A Store over the test's package-index server: what was packed is
+    served from its folder (the server's storage and signed URLs are the
+    e2e tests' part)."""
+
+    def __init__(self, index: PackageIndex) -> None:
+        self.index = index
+        self.packed: dict[str, tuple[str, int, str]] = {}
+
+    async def find(self, key: str) -> tuple[str, int, str] | None:
+        return self.packed.get(key)
+
+    async def begin(self, key: str, size: int, sha256: str) -> tuple[str, dict[str, str]] | None:
+        return None
+
+    async def done(self, key: str) -> None:
+        raise AssertionError("nothing is uploaded here")
+
+    def put(self, key: str, archive: Path, *, sha256: str | None = None) -> None:
+        served = self.index.root / "envs" / archive.name
+        served.parent.mkdir(exist_ok=True)
+        shutil.copyfile(archive, served)
+        digest = sha256 or hashlib.sha256(served.read_bytes()).hexdigest()
+        self.packed[key] = (
+            f"{self.index.url.removesuffix('/simple')}/envs/{archive.name}",
+            served.stat().st_size,
+            digest,
+        )
+
+
+def test_a_packed_environment_restores_on_another_machine_and_a_bad_one_is_built(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    spec = EnvironmentSpec(requirements="requirements.txt", setup=["sleep 1"])
+    built = prepare(spec, tmp_path / "here", checkout, index, Log())
+    built.release()
+    archive = tmp_path / "packed.tar.gz"
+    _pack(built.path, archive)
+    shelf = Shelf(index)
+    shelf.put(built.key, archive)
+
+    log = Log()
+    env = {**os.environ, "UV_INDEX_URL": index.url}
+    there = asyncio.run(
+        prepare_environment(spec, root=tmp_path / "there", checkout=checkout, env=env, say=log, store=shelf)
+    )
+    assert log.said() == [
+        f"[trainyard] environment {built.key}: restored from storage in "
+        + log.said()[0].split("restored from storage in ")[1]
+    ]
+    assert not there.built and there.lock == built.lock and there.path == tmp_path / "there" / built.key
+    out = subprocess.run(
+        ["python", "-c", "import sys, tinypkg; print(tinypkg.VERSION, sys.prefix)"],
+        env=there.activate(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["1.0", str(there.path)]
+    # The interpreter link was made again for this machine's python3 (it is not in the archive).
+    real = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    assert Path(os.readlink(there.path / "bin" / "python")).resolve() == Path(real.stdout.strip()).resolve()
+
+    # A packed file that is not what the server recorded is not used: the job builds.
+    shelf.put(built.key, archive, sha256="0" * 64)
+    log = Log()
+    again = asyncio.run(
+        prepare_environment(spec, root=tmp_path / "elsewhere", checkout=checkout, env=env, say=log, store=shelf)
+    )
+    assert again.built
+    assert any("could not restore it from storage (the packed environment does not match" in s for s in log.said())

@@ -11,8 +11,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.artifacts.api import RunnerAPIView
-from backend.core.errors import ApplicationError
+from backend.core.errors import ApplicationError, NotFound
 from backend.runs.services.delivery import job_input_page, job_secrets
+from backend.runs.services.environments import (
+    environment_archive_begin,
+    environment_archive_done,
+    environment_archive_find,
+)
 
 
 class RunnerCredentialOut(serializers.Serializer):
@@ -72,3 +77,69 @@ class RunnerJobInputsView(RunnerAPIView):
             raise ApplicationError("Say which input: ?path=<its path in the assignment>.", extra={"field": "path"})
         page = job_input_page(job=found, path=path, after=request.query_params.get("after", ""))
         return Response(page.model_dump(mode="json"))
+
+
+# ------------------------------------------------------------ environments (docs/ENVIRONMENTS.md)
+
+
+class EnvironmentKeyIn(serializers.Serializer):
+    key = serializers.RegexField(r"^[0-9a-f]{24}$", help_text="the environment's key")
+
+
+class EnvironmentPackedIn(EnvironmentKeyIn):
+    size = serializers.IntegerField(min_value=1, help_text="bytes of the packed environment")
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+
+
+class EnvironmentArchiveOut(serializers.Serializer):
+    url = serializers.CharField(help_text="signed GET URL of the packed environment")
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class EnvironmentUploadOut(serializers.Serializer):
+    url = serializers.CharField(
+        allow_null=True, help_text="signed PUT URL; null when it is stored already or another runner uploads it"
+    )
+    headers = serializers.DictField(child=serializers.CharField(), help_text="to send with the PUT")
+
+
+class RunnerEnvironmentView(RunnerAPIView):
+    """The workspace's packed environment of a key: GET it to restore, POST
+    to pack one this runner built."""
+
+    @extend_schema(
+        parameters=[ATTEMPT, OpenApiParameter("key", str, required=True, description="the environment's key")],
+        responses=EnvironmentArchiveOut,
+    )
+    def get(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = EnvironmentKeyIn(data={"key": request.query_params.get("key", "")})
+        data.is_valid(raise_exception=True)
+        target = environment_archive_find(job=found, key=data.validated_data["key"])
+        if target is None:
+            raise NotFound("No packed environment of this key in the workspace's storage.")
+        return Response({"url": target.url, "size": target.size, "sha256": target.sha256})
+
+    @extend_schema(parameters=[ATTEMPT], request=EnvironmentPackedIn, responses=EnvironmentUploadOut)
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = EnvironmentPackedIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        target = environment_archive_begin(job=found, key=v["key"], size=v["size"], sha256=v["sha256"])
+        return Response({"url": target.url, "headers": target.headers} if target else {"url": None, "headers": {}})
+
+
+class RunnerEnvironmentDoneView(RunnerAPIView):
+    """The upload of a packed environment finished: checked, then offered to other runners."""
+
+    @extend_schema(parameters=[ATTEMPT], request=EnvironmentKeyIn, responses={204: None})
+    def post(self, request: Request, job: str) -> Response:
+        found = self.runner_job(request, job)
+        data = EnvironmentKeyIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        problem = environment_archive_done(job=found, key=data.validated_data["key"])
+        if problem:
+            raise ApplicationError(problem[:1].upper() + problem[1:] + ".", status_code=409)
+        return Response(status=204)

@@ -178,6 +178,9 @@ class EnvironmentOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
     last_used_at = serializers.DateTimeField()
     runs = serializers.IntegerField(source="run_count", help_text="runs whose jobs ran in it")
+    stored = serializers.BooleanField(
+        help_text="packed into the workspace's storage: a runner on another machine restores it instead of building"
+    )
 
 
 class EnvironmentDetailOut(EnvironmentOut):

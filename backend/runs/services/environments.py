@@ -6,15 +6,30 @@ A runner reports the environment a job's commands run in with the job's
 ``Environment`` row per workspace and key (the first report's lock,
 packages, size and build time; later ones only move ``last_used_at``) and
 names the key on the attempt, only for the runner that holds that attempt.
+
+A runner that built an environment packs it into the workspace's storage
+(``environment_archive_begin`` / ``_done``: a signed PUT, then the object
+checked at its size and sha256); a runner on another machine that meets the
+key restores it from there (``environment_archive_find``) instead of
+building it.
 """
 
 from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from trainyard_runner import protocol
 
-from backend.runs.models import Attempt, Environment, Job
+from backend.artifacts.locations import location_of, storage_for_new, storage_of
+from backend.artifacts.storage import Storage, Target
+from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job
+
+logger = logging.getLogger(__name__)
 
 
 def environment_record(*, job_id: str, instance_id: str, attempt: int, report: protocol.EnvironmentReport) -> bool:
@@ -50,3 +65,72 @@ def environment_record(*, job_id: str, instance_id: str, attempt: int, report: p
     if row.environment_key != report.key:
         Attempt.objects.filter(pk=row.pk).update(environment_key=report.key)
     return True
+
+
+# ------------------------------------------------------------ shared through storage
+
+# An unfinished upload this old no longer blocks another runner's.
+ARCHIVE_UPLOAD_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class ArchiveTarget:
+    url: str
+    size: int
+    sha256: str
+
+
+def environment_archive_find(*, job: Job, key: str) -> ArchiveTarget | None:
+    """A signed GET of the workspace's packed environment ``key``, if one is complete."""
+    found = EnvironmentArchive.objects.for_workspace(job.workspace).filter(key=key, complete=True).first()
+    if found is None:
+        return None
+    url = storage_of(found).signed_url(found.storage_key, method="GET")
+    return ArchiveTarget(url=url, size=found.size, sha256=found.sha256)
+
+
+def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> Target | None:
+    """Where the runner PUTs ``key`` packed (``size`` bytes, ``sha256``) in
+    the workspace's storage; None when it is there already or another runner
+    is uploading it."""
+    workspace_id = job.workspace_id
+    with transaction.atomic():
+        found = EnvironmentArchive.objects.select_for_update().filter(workspace_id=workspace_id, key=key).first()
+        stale = timezone.now() - timedelta(seconds=ARCHIVE_UPLOAD_SECONDS)
+        if found is not None and (found.complete or found.created_at > stale):
+            return None
+        storage = storage_for_new(workspace_id=workspace_id)
+        storage_key = f"{storage.key_root(workspace_id)}/environments/{key}-{uuid.uuid4().hex[:12]}.tar.gz"
+        if found is not None:
+            old = (storage_of(found), found.storage_key)
+            found.delete()
+            transaction.on_commit(lambda: _delete_quietly(*old))
+        EnvironmentArchive.objects.create(
+            workspace_id=workspace_id,
+            key=key,
+            storage_key=storage_key,
+            size=size,
+            sha256=sha256,
+            **location_of(storage),
+        )
+    return storage.upload_target(storage_key, sha256=sha256, size=size, seconds=ARCHIVE_UPLOAD_SECONDS)
+
+
+def environment_archive_done(*, job: Job, key: str) -> str:
+    """The runner finished the upload: "" when the object is there as
+    announced (the archive is complete from now on), else what is wrong."""
+    found = EnvironmentArchive.objects.for_workspace(job.workspace).filter(key=key, complete=False).first()
+    if found is None:
+        return "no upload of this environment is under way"
+    problem = storage_of(found).verify(found.storage_key, size=found.size, sha256=found.sha256, part_sha256s=[])
+    if problem:
+        return f"the packed environment is {problem}"
+    EnvironmentArchive.objects.filter(pk=found.pk).update(complete=True)
+    return ""
+
+
+def _delete_quietly(storage: Storage, key: str) -> None:
+    try:
+        storage.delete([key])
+    except Exception:  # a leftover object is the GC's, never an error for the runner
+        logger.warning("could not delete the replaced environment archive %s", key, exc_info=True)

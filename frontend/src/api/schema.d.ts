@@ -222,6 +222,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runner/jobs/{job}/environment/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The workspace's packed environment of a key: GET it to restore, POST
+         *     to pack one this runner built.
+         */
+        get: operations["runner_jobs_environment_retrieve"];
+        put?: never;
+        /**
+         * @description The workspace's packed environment of a key: GET it to restore, POST
+         *     to pack one this runner built.
+         */
+        post: operations["runner_jobs_environment_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/environment/done/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description The upload of a packed environment finished: checked, then offered to other runners. */
+        post: operations["runner_jobs_environment_done_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runner/jobs/{job}/inputs/": {
         parameters: {
             query?: never;
@@ -1214,6 +1255,12 @@ export interface components {
         DownloadUrlOut: {
             url: string;
         };
+        EnvironmentArchiveOut: {
+            /** @description signed GET URL of the packed environment */
+            url: string;
+            size: number;
+            sha256: string;
+        };
         EnvironmentDetailOut: {
             /** @description digest of the spec, its files and the platform (docs/ENVIRONMENTS.md) */
             key: string;
@@ -1236,12 +1283,18 @@ export interface components {
             last_used_at: string;
             /** @description runs whose jobs ran in it */
             runs: number;
+            /** @description packed into the workspace's storage: a runner on another machine restores it instead of building */
+            stored: boolean;
             /** @description the resolved requirements, with versions and hashes */
             lock: string;
             /** @description `uv pip freeze` after the setup commands */
             installed: string;
             /** @description the latest 20 runs that used it */
             readonly recent_runs: string[];
+        };
+        EnvironmentKeyInRequest: {
+            /** @description the environment's key */
+            key: string;
         };
         EnvironmentOut: {
             /** @description digest of the spec, its files and the platform (docs/ENVIRONMENTS.md) */
@@ -1265,6 +1318,23 @@ export interface components {
             last_used_at: string;
             /** @description runs whose jobs ran in it */
             runs: number;
+            /** @description packed into the workspace's storage: a runner on another machine restores it instead of building */
+            stored: boolean;
+        };
+        EnvironmentPackedInRequest: {
+            /** @description the environment's key */
+            key: string;
+            /** @description bytes of the packed environment */
+            size: number;
+            sha256: string;
+        };
+        EnvironmentUploadOut: {
+            /** @description signed PUT URL; null when it is stored already or another runner uploads it */
+            url: string | null;
+            /** @description to send with the PUT */
+            headers: {
+                [key: string]: string;
+            };
         };
         FileIn_Request: {
             path: string;
@@ -2174,6 +2244,91 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    runner_jobs_environment_retrieve: {
+        parameters: {
+            query: {
+                /** @description the attempt the runner holds */
+                attempt: number;
+                /** @description the environment's key */
+                key: string;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnvironmentArchiveOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_environment_create: {
+        parameters: {
+            query: {
+                /** @description the attempt the runner holds */
+                attempt: number;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EnvironmentPackedInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["EnvironmentPackedInRequest"];
+                "multipart/form-data": components["schemas"]["EnvironmentPackedInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnvironmentUploadOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_environment_done_create: {
+        parameters: {
+            query: {
+                /** @description the attempt the runner holds */
+                attempt: number;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EnvironmentKeyInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["EnvironmentKeyInRequest"];
+                "multipart/form-data": components["schemas"]["EnvironmentKeyInRequest"];
+            };
+        };
         responses: {
             /** @description No response body */
             204: {
