@@ -605,7 +605,7 @@ def main() -> int:
                 if "log-viewer" in parts:
                     results["log_viewer"] = bench_log_viewer(api, stack.database_url, args.viewer_lines)
                 if "environments" in parts:
-                    results["environments"] = bench_environments(api)
+                    results["environments"] = bench_environments(api, stack.data_dir)
                 if "runs-list" in parts:  # last: it sets Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))
