@@ -84,6 +84,21 @@ class Environment:
     # The key's lock, held shared while a job runs in it (``release``).
     lock_fd: int | None = field(default=None, compare=False)
 
+    @classmethod
+    def recorded(cls, path: Path, record: Mapping[str, object], facts: Mapping[str, str]) -> Environment:
+        """The environment at ``path`` as its ``trainyard-env.json`` describes it (not built by this job)."""
+        seconds, size = record.get("build_seconds", 0.0), record.get("size_bytes", 0)
+        return cls(
+            key=path.name,
+            path=path,
+            built=False,
+            build_seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0,
+            lock=str(record.get("lock", "")),
+            packages=str(record.get("packages", "")),
+            size_bytes=size if isinstance(size, int) else 0,
+            platform=facts,
+        )
+
     def release(self) -> None:
         """The job is done with it: it may be evicted from now on."""
         fd, self.lock_fd = self.lock_fd, None
@@ -240,23 +255,11 @@ async def prepare_environment(
     except BaseException:
         os.close(use_fd)
         raise
-    lock_fd = use_fd
     _touch(root / key)
-    recorded = ready.get("build_seconds", 0.0)
-    seconds = float(recorded) if isinstance(recorded, (int, float)) else 0.0
-    await say("o", [f"[trainyard] environment {key}: reused (built in {seconds:.1f} s)"])
-    size = ready.get("size_bytes", 0)
-    return Environment(
-        key=key,
-        path=root / key,
-        built=False,
-        build_seconds=seconds,
-        lock=str(ready.get("lock", "")),
-        packages=str(ready.get("packages", "")),
-        size_bytes=size if isinstance(size, int) else 0,
-        platform=facts,
-        lock_fd=lock_fd,
-    )
+    found = Environment.recorded(root / key, ready, facts)
+    found.lock_fd = use_fd
+    await say("o", [f"[trainyard] environment {key}: reused (built in {found.build_seconds:.1f} s)"])
+    return found
 
 
 async def _build_once(
@@ -342,23 +345,15 @@ async def _restore(
     finally:
         download.unlink(missing_ok=True)
     _touch(root / key)
-    build = record.get("build_seconds", 0)
-    build_seconds = float(build) if isinstance(build, (int, float)) else 0.0
+    found = Environment.recorded(root / key, record, facts)
     await say(
         "o",
-        [f"[trainyard] environment {key}: restored from storage in {seconds:.1f} s (built in {build_seconds:.1f} s)"],
+        [
+            f"[trainyard] environment {key}: restored from storage in {seconds:.1f} s"
+            f" (built in {found.build_seconds:.1f} s)"
+        ],
     )
-    packed_size = record.get("size_bytes", 0)
-    return Environment(
-        key=key,
-        path=root / key,
-        built=False,
-        build_seconds=build_seconds,
-        lock=str(record.get("lock", "")),
-        packages=str(record.get("packages", "")),
-        size_bytes=packed_size if isinstance(packed_size, int) else 0,
-        platform=facts,
-    )
+    return found
 
 
 async def share(env: Environment, store: Store, *, say: Say) -> bool:

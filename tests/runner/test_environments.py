@@ -59,6 +59,14 @@ def prepare(spec: EnvironmentSpec, root: Path, checkout: Path, index: PackageInd
     return asyncio.run(prepare_environment(spec, root=root, checkout=checkout, env=env, say=log))
 
 
+def tinypkg_in(env: Environment) -> list[str]:
+    """What the environment's own python says: tinypkg's version and its prefix."""
+    code = "import sys, tinypkg; print(tinypkg.VERSION, sys.prefix)"
+    out = subprocess.run(["python", "-c", code], env=env.activate(os.environ), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
 def test_built_once_then_reused_with_the_lock_and_the_packages(tmp_path: Path, checkout: Path, index: PackageIndex):
     spec = EnvironmentSpec(python="3.11", requirements="requirements.txt")
     first_log, second_log = Log(), Log()
@@ -71,14 +79,7 @@ def test_built_once_then_reused_with_the_lock_and_the_packages(tmp_path: Path, c
     assert second_log.said() == [f"[trainyard] environment {first.key}: reused (built in {first.build_seconds:.1f} s)"]
     assert "tinypkg==1.0" in first.lock and "--hash=sha256:" in first.lock
     assert second.lock == first.lock and second.packages.strip() == "tinypkg==1.0"
-    out = subprocess.run(
-        ["python", "-c", "import sys, tinypkg; print(tinypkg.VERSION, sys.prefix)"],
-        env=second.activate(os.environ),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.split() == ["1.0", str(second.path)]
+    assert tinypkg_in(second) == ["1.0", str(second.path)]
     assert not list((tmp_path / "envs").glob("*.building*"))
 
 
@@ -244,14 +245,7 @@ def test_a_packed_environment_restores_on_another_machine_and_a_bad_one_is_built
         + log.said()[0].split("restored from storage in ")[1]
     ]
     assert not there.built and there.lock == built.lock and there.path == tmp_path / "there" / built.key
-    out = subprocess.run(
-        ["python", "-c", "import sys, tinypkg; print(tinypkg.VERSION, sys.prefix)"],
-        env=there.activate(os.environ),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.split() == ["1.0", str(there.path)]
+    assert tinypkg_in(there) == ["1.0", str(there.path)]
     # The interpreter link was made again for this machine's python3 (it is not in the archive).
     real = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
     assert Path(os.readlink(there.path / "bin" / "python")).resolve() == Path(real.stdout.strip()).resolve()
