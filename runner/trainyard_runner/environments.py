@@ -345,15 +345,15 @@ async def _restore(
     finally:
         download.unlink(missing_ok=True)
     _touch(root / key)
-    found = Environment.recorded(root / key, record, facts)
+    restored = Environment.recorded(root / key, record, facts)
     await say(
         "o",
         [
             f"[trainyard] environment {key}: restored from storage in {seconds:.1f} s"
-            f" (built in {found.build_seconds:.1f} s)"
+            f" (built in {restored.build_seconds:.1f} s)"
         ],
     )
-    return found
+    return restored
 
 
 async def share(env: Environment, store: Store, *, say: Say) -> bool:
