@@ -46,6 +46,7 @@ import platform
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -360,7 +361,7 @@ async def share(env: Environment, store: Store, *, say: Say) -> bool:
     """Pack ``env`` (which this job built) into the workspace's storage for
     runners on other machines; True when it was stored by this call. Never
     raises: a failed upload costs other machines a build, nothing more."""
-    packed = env.path.parent / f"{env.key}.pack.tar.gz"
+    packed = env.path.parent / f"{env.key}.pack.tar"
     try:
         if await store.find(env.key) is not None:
             return False
@@ -385,22 +386,39 @@ async def share(env: Environment, store: Store, *, say: Say) -> bool:
 
 
 def _pack(path: Path, dest: Path) -> tuple[int, str]:
-    """``path`` as a gzipped tar (level 1: packing runs beside the job),
-    without links to absolute paths (the interpreter: ``_unpack`` makes them
-    again on the machine that restores it); (size, sha256) of the file."""
+    """``path`` as a plain tar, without links to absolute paths (the
+    interpreter: ``_unpack`` makes them again on the machine that restores
+    it); (size, sha256) of the file. Not compressed: for scikit-learn's
+    196 MiB, gzip -1 took 4.3 s to pack and 3.7 s to unpack against 0.8 s
+    and 1.1 s, to save 136 MiB of a download (decision 0055)."""
 
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         return None if info.issym() and os.path.isabs(info.linkname) else info
 
-    with tarfile.open(dest, "w:gz", compresslevel=1) as tar:
+    with tarfile.open(dest, "w") as tar:
         tar.add(path, arcname=".", filter=keep)
     return dest.stat().st_size, _sha256_file(dest)
 
 
 def _unpack(archive: Path, dest: Path, executable: str) -> None:
+    """Every member is checked with Python's ``data`` filter (no absolute
+    path, nothing outside ``dest``, no device) before GNU tar, four times
+    faster than ``tarfile`` here, extracts them; without a ``tar`` command,
+    ``tarfile`` does both."""
     dest.mkdir(parents=True)
-    with tarfile.open(archive, "r:gz") as tar:
-        tar.extractall(dest, filter="data")
+    with tarfile.open(archive, "r:") as tar:
+        gnu_tar = shutil.which("tar")
+        if gnu_tar is None:
+            tar.extractall(dest, filter="data")
+        else:
+            for member in tar:
+                tarfile.data_filter(member, str(dest))
+    if gnu_tar is not None:
+        subprocess.run(
+            [gnu_tar, "-xf", str(archive), "-C", str(dest), "--no-same-owner", "--no-same-permissions"],
+            check=True,
+            capture_output=True,
+        )
     link = dest / "bin" / "python"
     link.unlink(missing_ok=True)
     link.symlink_to(executable)

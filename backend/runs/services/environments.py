@@ -100,7 +100,7 @@ def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> 
         if found is not None and (found.complete or found.created_at > stale):
             return None
         storage = storage_for_new(workspace_id=workspace_id)
-        storage_key = f"{storage.key_root(workspace_id)}/environments/{key}-{uuid.uuid4().hex[:12]}.tar.gz"
+        storage_key = f"{storage.key_root(workspace_id)}/environments/{key}-{uuid.uuid4().hex[:12]}.tar"
         if found is not None:
             old = (storage_of(found), found.storage_key)
             found.delete()
