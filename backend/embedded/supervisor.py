@@ -166,7 +166,13 @@ def _server_commands(data_dir: Path, env: dict[str, str]) -> dict[str, list[str]
             python, "-m", "uvicorn", "backend.config.asgi:application",
             "--host", env["TRAINYARD_HOST"], "--port", env["TRAINYARD_PORT"],
         ],
-        "worker": [python, "-m", "celery", "-A", "backend.config", "worker", "-l", "info", "--concurrency", "2"],
+        # Gossip and mingle (worker-to-worker chatter Trainyard does not use)
+        # are the steps that failed to restart after a broker outage and took
+        # the worker down with them (docs/DEPLOY.md).
+        "worker": [
+            python, "-m", "celery", "-A", "backend.config", "worker", "-l", "info", "--concurrency", "2",
+            "--without-gossip", "--without-mingle",
+        ],
         "beat": [
             python, "-m", "celery", "-A", "backend.config", "beat", "-l", "info",
             "-s", str(data_dir / "celerybeat-schedule"),

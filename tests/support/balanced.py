@@ -103,7 +103,7 @@ class BalancedStack(Stack):
         if name in WORKERS:
             return [
                 sys.executable, "-m", "celery", "-A", "backend.config", "worker", "-l", "info",
-                "--concurrency", "2", "--hostname", f"{name}@%h",
+                "--concurrency", "2", "--hostname", f"{name}@%h", "--without-gossip", "--without-mingle",
             ]  # fmt: skip
         if name == "balancer":
             return [self.haproxy, "-db", "-f", str(HAPROXY_CONFIG)]

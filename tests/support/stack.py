@@ -222,7 +222,11 @@ class Stack:
                 "--host", "127.0.0.1", "--port", str(self.port),
             ]  # fmt: skip
         if name == "worker":
-            return [python, "-m", "celery", "-A", "backend.config", "worker", "-l", "info", "--concurrency", "2"]
+            return [
+                *(python, "-m", "celery", "-A", "backend.config", "worker", "-l", "info", "--concurrency", "2"),
+                # As backend/embedded/supervisor.py runs it (docs/DEPLOY.md).
+                *("--without-gossip", "--without-mingle"),
+            ]
         if name == "beat":
             schedule = self.data_dir / "celerybeat-schedule"
             return [python, "-m", "celery", "-A", "backend.config", "beat", "-l", "info", "-s", str(schedule)]
