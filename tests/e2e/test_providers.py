@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import zipfile
 from pathlib import Path
 
 from tests.e2e.conftest import User, commit_all
+from tests.support.pkgindex import build_wheel
 
 CLUSTER = """workflows:
   - name: cluster
@@ -69,7 +67,7 @@ def test_the_cluster_plugin_runs_a_master_and_two_workers_that_connect(alice: Us
 
 
 def test_the_python_provider_installs_requirements_into_its_environment(alice: User, repo: Path) -> None:
-    wheel = _build_wheel(repo / "wheels")
+    wheel = build_wheel(repo / "wheels", "tinyhello", "0.1", "def greet():\n    return 'hello from a wheel'\n")
     (repo / "requirements.txt").write_text(f"./wheels/{wheel.name}\n")
     (repo / "use_pkg.py").write_text(
         "import os, sys, tinyhello\nprint(tinyhello.greet(), sys.prefix == os.environ['VIRTUAL_ENV'])\n"
@@ -83,25 +81,3 @@ def test_the_python_provider_installs_requirements_into_its_environment(alice: U
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "hello from a wheel True"
-
-
-def _build_wheel(out: Path) -> Path:
-    """A real wheel of a one-module package, written by hand (a wheel is a
-    zip with its metadata), so the test needs no build backend."""
-    out.mkdir(parents=True)
-    wheel = out / "tinyhello-0.1-py3-none-any.whl"
-    files = {
-        "tinyhello/__init__.py": "def greet():\n    return 'hello from a wheel'\n",
-        "tinyhello-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinyhello\nVersion: 0.1\n",
-        "tinyhello-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = [f"{name},sha256={_digest(text)},{len(text.encode())}" for name, text in files.items()]
-    files["tinyhello-0.1.dist-info/RECORD"] = "\n".join([*record, "tinyhello-0.1.dist-info/RECORD,,"]) + "\n"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-    return wheel
-
-
-def _digest(text: str) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()

@@ -31,8 +31,7 @@ class PackageIndex:
         """Build ``name==version`` (a module ``name`` with ``VERSION``) and list it."""
         files = self.root / "files"
         files.mkdir(parents=True, exist_ok=True)
-        wheel = files / f"{name}-{version}-py3-none-any.whl"
-        _build_wheel(wheel, name, version, body or f'VERSION = "{version}"\n')
+        wheel = build_wheel(files, name, version, body or f'VERSION = "{version}"\n')
         self._write_listing(name)
         return wheel
 
@@ -85,7 +84,12 @@ def package_index(root: Path) -> Iterator[PackageIndex]:
         server.server_close()
 
 
-def _build_wheel(path: Path, name: str, version: str, body: str) -> None:
+def build_wheel(folder: Path, name: str, version: str, body: str) -> Path:
+    """A real wheel of a one-module package ``name`` whose ``__init__.py`` is
+    ``body``, written by hand (a wheel is a zip with its metadata), so no
+    build backend is needed; its path in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
     files = {
         f"{name}/__init__.py": body.encode(),
@@ -98,6 +102,7 @@ def _build_wheel(path: Path, name: str, version: str, body: str) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for arc, data in files.items():
             z.writestr(zipfile.ZipInfo(arc, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return path
 
 
 def _b64_digest(data: bytes) -> str:

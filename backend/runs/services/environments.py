@@ -37,15 +37,13 @@ def environment_record(*, job_id: str, instance_id: str, attempt: int, report: p
     ``instance_id``; False (nothing stored) when that runner does not hold it."""
     row = (
         Attempt.objects.filter(job_id=job_id, number=attempt, instance_id=instance_id)
-        .select_related("instance")
+        .select_related("instance", "job")
         .only("pk", "environment_key", "job__workspace_id", "instance__name")
         .first()
     )
     if row is None:
         return False
-    workspace_id = Job.objects.filter(pk=job_id).values_list("workspace_id", flat=True).first()
-    if workspace_id is None:
-        return False
+    workspace_id = row.job.workspace_id
     now = timezone.now()
     if not Environment.objects.filter(workspace_id=workspace_id, key=report.key).update(last_used_at=now):
         try:
