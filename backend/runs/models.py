@@ -69,6 +69,16 @@ class Run(WorkspaceOwnedModel):
     # every workflow's placement keys ({}: none).
     placement_overrides = models.JSONField(default=dict, blank=True)
     no_cache = models.BooleanField(default=False)
+    # ``trainyard rerun``: the run this one repeats (its recorded locks installed);
+    # the run page says "reproduced" when their artifacts match (docs/ENVIRONMENTS.md).
+    # {requirements file: {path: sha256}} of the jobs' environments, as the CLI
+    # read them from the working tree: names a changed file as the reason a
+    # job is not reused, and lets --dry-run find a built environment.
+    environment_files = models.JSONField(default=dict, blank=True)
+    # ``trainyard env build``: the run only builds (and stores) the workflow's
+    # environment; its job has no commands (docs/ENVIRONMENTS.md, "Remote build").
+    environment_build = models.BooleanField(default=False)
+    rerun_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns")
     # The uncommitted files the patch touches, {path: sha256 of its part of
     # the patch}, as the CLI sent them; None when not sent (an API client):
     # only to name the files that differ in a cache decision, never hashed.
@@ -237,6 +247,9 @@ class Environment(WorkspaceOwnedModel):
     attempts that ran in it name it by ``Attempt.environment_key``."""
 
     key = models.CharField(max_length=24)
+    # The platform-free part of the key: sha256 of the spec and its files'
+    # digests (``recipe_of``); what ``--dry-run`` looks an environment up by.
+    recipe = models.CharField(max_length=64, blank=True)
     lock = models.TextField(blank=True)  # the resolved requirements, versions and hashes
     packages = models.TextField(blank=True)  # installed after the setup commands
     platform = models.JSONField(default=dict, blank=True)
@@ -248,6 +261,7 @@ class Environment(WorkspaceOwnedModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["workspace", "key"], name="uniq_environment_key")]
+        indexes = [models.Index(fields=["workspace", "recipe"], name="environment_ws_recipe")]
 
     @property
     def package_count(self) -> int:

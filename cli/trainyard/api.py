@@ -142,6 +142,8 @@ class RunSubmission(TypedDict):
     variables: dict[str, dict[str, str]]
     no_cache: bool
     placement: dict[str, Any]
+    # {requirements file: {path: sha256}} (``trainyard_spec.environments``)
+    environment_files: dict[str, dict[str, str]]
 
 
 class PlannedJob(TypedDict):
@@ -154,6 +156,7 @@ class PlannedJob(TypedDict):
     inputs: list[JobInput]
     cache: CachedFrom | None
     commands: list[str]
+    environment: NotRequired[dict[str, Any] | None]  # ready / to build / unknown (absent from older servers)
 
 
 class Plan(TypedDict):
@@ -357,6 +360,8 @@ class Client:
         variables: dict[str, dict[str, str]] | None = None,
         no_cache: bool = False,
         placement: dict[str, Any] | None = None,
+        environment_files: dict[str, dict[str, str]] | None = None,
+        environment_build: bool = False,
     ) -> Run:
         """Submit a run of ``workflow`` from ``workflows_files`` (or the one
         file ``workflows_file_path``/``_text``). ``inherited_env``: values of
@@ -364,9 +369,14 @@ class Client:
         ``variables``: per workflow, ``${{ variables.NAME }}``. ``no_cache``:
         run every job even if an earlier run's artifacts could be reused.
         ``placement``: overrides of every workflow's ``backends``,
-        ``regions``, ``spot_policy``, ``max_price``."""
+        ``regions``, ``spot_policy``, ``max_price``. ``environment_files``:
+        the digests of the environments' requirements files.
+        ``environment_build``: only build the workflow's environment
+        (``trainyard env build``)."""
         files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
         body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
+        body |= {"environment_files": environment_files} if environment_files else {}
+        body |= {"environment_build": True} if environment_build else {}
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
 
     def plan_run(
@@ -383,11 +393,13 @@ class Client:
         variables: dict[str, dict[str, str]] | None = None,
         no_cache: bool = False,
         placement: dict[str, Any] | None = None,
+        environment_files: dict[str, dict[str, str]] | None = None,
     ) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
         files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
         body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
+        body |= {"environment_files": environment_files} if environment_files else {}
         return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
 
     def list_runs(

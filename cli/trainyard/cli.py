@@ -33,6 +33,7 @@ from trainyard_spec import (
     resolve_run_plan,
     run_workflows,
 )
+from trainyard_spec.environments import environment_files
 from trainyard_spec.schema import BACKEND_KINDS, resource_spec
 
 from . import __version__
@@ -57,6 +58,7 @@ from .output import (
     plan_lines,
     port_lines,
     print_table,
+    rerun_line,
     resources,
     reused_artifact_lines,
     reused_header,
@@ -216,6 +218,7 @@ def run(
         "variables": variables,
         "no_cache": no_cache,
         "placement": placement,
+        "environment_files": environment_files_of_plan(workspace.root, plan),
     }
     guard = SizeGuard(
         warn_bytes=warn_bytes,
@@ -326,6 +329,26 @@ def _variables(root: Path, workflows: list[str]) -> dict[str, dict[str, str]]:
     return {name: values for name in workflows if (values := variables.of(name))}
 
 
+def environment_files_of_plan(root: Path, plan: Any) -> dict[str, dict[str, str]]:
+    """{requirements file: {path: sha256}} for the environments of ``plan``'s
+    jobs, read from the working tree (what the runner's checkout will hold):
+    the server names a changed file as the reason a job is not reused, and
+    ``--dry-run`` looks the environment up (docs/ENVIRONMENTS.md)."""
+    base = root.resolve()
+
+    def read(name: str) -> bytes | None:
+        path = (base / name).resolve()
+        if not path.is_relative_to(base):
+            return None
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    named = {str(job.environment["requirements"]) for job in plan.jobs if (job.environment or {}).get("requirements")}
+    return {name: environment_files(name, read) for name in sorted(named)}
+
+
 def _warn_broken(file: WorkflowsFile) -> None:
     for name, errors in file.broken.items():
         _warn(f"workflow '{name}' cannot be run:")
@@ -425,6 +448,8 @@ def show(run_name: str, as_json: bool) -> None:
         return
     reason = f" ({current['status_reason']})" if current.get("status_reason") else ""
     click.echo(f"Run {current['name']} of {current['workflow']}: {current['status']}{reason}")
+    if rerun := rerun_line(current):
+        click.echo(rerun)
     headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
     print_table(headers, dag_rows(current, client.list_artifacts(run_name)), tty=sys.stdout.isatty())
     attempts = attempt_rows(current)
@@ -692,6 +717,79 @@ def env_ls(as_json: bool) -> None:
     ]
     headers = ["KEY", "SIZE", "PACKAGES", "BUILD", "BUILT ON", "RUNS", "STORED", "LAST USED"]
     print_table(headers, rows, tty=sys.stdout.isatty())
+
+
+@env.command("build")
+@click.argument("workflow")
+@click.option("-d", "--detach", is_flag=True, help="Submit and return at once; prints the run name last.")
+@click.option("--upload", is_flag=True, help="Upload the working tree instead of referencing the git remote.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    metavar="KIND",
+    help="Build on these backends only (repeatable or comma-separated); overrides the workflow's backends.",
+)
+@click.option("--region", "regions", multiple=True, metavar="REGION", help="Only these regions (repeatable).")
+@click.option("-y", "--yes", is_flag=True, help="Upload the code without asking, however large (it still warns).")
+def env_build(
+    workflow: str, detach: bool, upload: bool, backends: tuple[str, ...], regions: tuple[str, ...], yes: bool
+) -> None:
+    """Build WORKFLOW's environment now, on a runner of the workspace, and
+    store it ("remote build"): its next run, on that machine or (restored
+    from storage) on any other of the same platform, installs nothing.
+
+    The build is a run of WORKFLOW whose one job per environment runs no
+    commands; it needs the same code as a run (the requirements file is
+    read from the submitted commit and uncommitted changes).
+    """
+    placement = _placement(backends, regions, None, None)
+    workspace = find_workspace(Path.cwd())
+    sources = _workflow_sources(workspace.root)
+    file = load_workflows(sources)
+    variables = _variables(workspace.root, [wf.name for wf in run_workflows(file, workflow)])
+    inherited = {n: os.environ[n] for n in inherited_env_names(file, workflow) if n in os.environ}
+    plan = resolve_run_plan(file, workflow, env_overrides={}, inherited_env=inherited, variables=variables)
+    if not any(job.environment for job in plan.jobs if job.workflow == workflow):
+        raise CliError(
+            f"workflow {workflow!r} has no environment: nothing to build."
+            " Give it environment: (or requirements: with provider: python); docs/ENVIRONMENTS.md"
+        )
+    client = _client()
+    guard = SizeGuard(
+        warn_bytes=_warn_size(None),
+        hard_bytes=client.server_info().get("max_blob_bytes"),
+        ask=None if (yes or not sys.stdin.isatty()) else _confirm,
+        warn=_warn_lines,
+    )
+    code = prepare_code(workspace, force_upload=upload, upload_blob=client.upload_blob, warn=_warn, check=guard)
+    created = client.create_run(
+        workflow=workflow,
+        code=code,
+        workflows_files=[{"path": s.path, "text": s.text} for s in sources],
+        inherited_env=inherited,
+        variables=variables,
+        placement=placement,
+        environment_files=environment_files_of_plan(workspace.root, plan),
+        environment_build=True,
+    )
+    click.echo(f"Run {created['name']} builds the environment of {workflow}", err=True)
+    if detach:
+        click.echo(created["name"])
+        return
+    final = _follow(client, created["name"], seen={})
+    # environment_lines: "  <job>  <key>" for each job that ran in one.
+    keys = [line.split()[-1] for line in environment_lines(cast(dict[str, Any], client.get_run(created["name"])))]
+    for key in dict.fromkeys(keys):
+        found = client.get_environment(key)
+        stored = "stored: other machines restore it" if found.get("stored") else "not stored: other machines build it"
+        packages = found.get("packages", 0)
+        click.echo(
+            f"Environment {key}: built in {found.get('build_seconds', 0):.1f}s on {found.get('built_on') or '-'},"
+            f" {size(found.get('size_bytes'))}, {packages} package{'s' * (packages != 1)}; {stored}",
+            err=True,
+        )
+    sys.exit(run_exit_code(final))
 
 
 @env.command("show")

@@ -208,8 +208,23 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         if decision or cache:  # a server older than cache decisions sends only the hit
             out.append(f"   cache: {decision or reused_words(cache['run'])}")
         if not cache:
+            if job.get("environment"):
+                out.append(f"   environment: {environment_words(job['environment'])}")
             out += ["   commands:", *[f"     {command}" for command in job.get("commands") or []]]
     return out
+
+
+def environment_words(outlook: Mapping[str, Any]) -> str:
+    """A planned job's environment (``PlannedEnvironmentOut``) in a few words."""
+    seconds = outlook.get("build_seconds")
+    took = f"{seconds:.1f} s" if isinstance(seconds, (int, float)) else ""
+    if outlook.get("state") == "ready":
+        where = f" on {outlook['built_on']}" if outlook.get("built_on") else ""
+        stored = "; stored, so other machines restore it" if outlook.get("stored") else "; other machines build it"
+        return f"ready ({outlook.get('key')}, built{where}{f' in {took}' if took else ''}{stored})"
+    if outlook.get("state") == "to build":
+        return f"to be built ({f'the last build of this workflow took {took}' if took else 'never built before'})"
+    return "unknown (the requirements' digests were not sent)"
 
 
 def reused_words(run: str) -> str:
@@ -416,6 +431,28 @@ def environment_lines(run: Mapping[str, Any]) -> list[str]:
         if key:
             lines.append(f"  {job['name']}  {key}")
     return lines
+
+
+# How ``show`` words a re-run's verdict (the API's ``reproduced``; docs/ENVIRONMENTS.md, "Reproduced").
+_REPRODUCED = {
+    "reproduced": "reproduced — {}",
+    "differs": "differs: {}",
+    "not_comparable": "not comparable: {}",
+    "pending": "pending ({})",
+}
+
+
+def rerun_line(run: Mapping[str, Any]) -> str:
+    """``Re-run of <run>: reproduced — every artifact byte-identical (3
+    files)``, or what differs, or why nothing could be compared; "" for a
+    run that is no re-run."""
+    original, verdict = run.get("rerun_of"), run.get("reproduced")
+    if not original:
+        return ""
+    if not verdict:  # a server older than the verdict
+        return f"Re-run of {original}"
+    state = str(verdict.get("state", ""))
+    return f"Re-run of {original}: " + _REPRODUCED.get(state, state + ": {}").format(verdict.get("detail", ""))
 
 
 def input_lines(run: Mapping[str, Any]) -> list[str]:

@@ -82,6 +82,7 @@ class Environment:
     packages: str  # ``uv pip freeze`` after the setup commands
     size_bytes: int = 0
     platform: Mapping[str, str] = field(default_factory=dict)
+    recipe: str = ""  # the key without the platform (``recipe_of``)
     # The key's lock, held shared while a job runs in it (``release``).
     lock_fd: int | None = field(default=None, compare=False)
 
@@ -115,6 +116,7 @@ class Environment:
             lock=self.lock,
             packages=self.packages,
             platform=dict(self.platform),
+            recipe=self.recipe,
         )
 
     def activate(self, env: Mapping[str, str]) -> dict[str, str]:
@@ -205,6 +207,22 @@ def files_of(spec: EnvironmentSpec, checkout: Path) -> dict[str, str]:
     return digests
 
 
+def recipe_of(spec: EnvironmentSpec, files: Mapping[str, str]) -> str:
+    """The platform-free part of the key: the spec (without a re-run's lock)
+    and its files' digests. The server computes the same from what the CLI
+    sends (``trainyard_spec.environments.recipe_of``, kept apart because the
+    runner does not depend on the spec package) to look environments up
+    before a job runs."""
+    material = {
+        "python": spec.python,
+        "requirements": spec.requirements,
+        "pip": list(spec.pip),
+        "setup": list(spec.setup),
+        "files": dict(sorted(files.items())),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def key_of(spec: EnvironmentSpec, files: Mapping[str, str], facts: Mapping[str, str]) -> str:
     material = {"spec": spec.model_dump(mode="json"), "files": dict(files), "platform": dict(facts)}
     blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
@@ -225,7 +243,8 @@ async def prepare_environment(
     (module docstring)."""
     python = interpreter(spec, env)
     facts, executable = await platform_of(python)
-    key = key_of(spec, files_of(spec, checkout), facts)
+    files = files_of(spec, checkout)
+    key, recipe = key_of(spec, files, facts), recipe_of(spec, files)
     root.mkdir(parents=True, exist_ok=True)
     # ``<key>.use``: held shared while a job runs in it (``Environment.release``),
     # so eviction passes it by; taken before building, so a fresh build is not
@@ -247,7 +266,7 @@ async def prepare_environment(
                 restore=None if store is None else functools.partial(_restore, store, executable=executable),
             )
             if built is not None:
-                built.lock_fd = use_fd
+                built.lock_fd, built.recipe = use_fd, recipe
                 removed = evict(root, keep=key)
                 if removed:
                     await say("o", [f"[trainyard] environments evicted to make room: {', '.join(removed)}"])
@@ -258,7 +277,7 @@ async def prepare_environment(
         raise
     _touch(root / key)
     found = Environment.recorded(root / key, ready, facts)
-    found.lock_fd = use_fd
+    found.lock_fd, found.recipe = use_fd, recipe
     await say("o", [f"[trainyard] environment {key}: reused (built in {found.build_seconds:.1f} s)"])
     return found
 

@@ -180,6 +180,8 @@ class EnvironmentReport(_Message):
     lock: str = Field(max_length=2_000_000)
     packages: str = Field(max_length=2_000_000)
     platform: dict[str, str] = Field(default_factory=dict)
+    # The key without the platform: sha256 of the spec and its files' digests.
+    recipe: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
 
 
 class JobState(_Message):

@@ -491,6 +491,41 @@ def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.Monkey
     assert lines[5:] == ["", "Inputs:", "  finetune-model  ./base_model from job download-base-model"]
 
 
+@pytest.mark.parametrize(
+    ("state", "detail", "said"),
+    [
+        (
+            "reproduced",
+            "every artifact byte-identical (3 files)",
+            "reproduced — every artifact byte-identical (3 files)",
+        ),
+        ("differs", "train ./model (m.bin)", "differs: train ./model (m.bin)"),
+        ("not_comparable", "the re-run failed", "not comparable: the re-run failed"),
+        ("pending", "the re-run has not finished", "pending (the re-run has not finished)"),
+    ],
+)
+def test_show_says_whether_a_rerun_reproduced_its_original(
+    monkeypatch: pytest.MonkeyPatch, state: str, detail: str, said: str
+):
+    run = {
+        **make_run("succeeded", name="brave-otter-5"),
+        "rerun_of": "brave-otter-4",
+        "reproduced": {"state": state, "detail": detail, "differences": []},
+    }
+    rest = FakeRest(
+        {
+            ("GET", f"{WS}/runs/brave-otter-5/"): httpx.Response(200, json=run),
+            ("GET", f"{WS}/runs/brave-otter-5/artifacts/"): httpx.Response(200, json=[]),
+        }
+    )
+    use(monkeypatch, "http://fake", rest)
+
+    code, out, _ = invoke("show", "brave-otter-5")
+
+    assert code == 0
+    assert out.splitlines()[:2] == ["Run brave-otter-5 of hello: succeeded", f"Re-run of brave-otter-4: {said}"]
+
+
 # ------------------------------------------------------------ tags
 
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,6 +32,9 @@ WORKFLOWS = """workflows:
       UV_INDEX_URL: {index}
     commands:
       - python -c "import sys, tinypkg; print('tinypkg', tinypkg.VERSION, sys.prefix)"
+"""
+WRITES_VERSION = """      - mkdir -p out && python -c "import tinypkg; print(tinypkg.VERSION)" > out/version.txt
+    artifacts: [./out]
 """
 LINE = re.compile(r"^(\S+) (.*)$")
 
@@ -103,7 +107,7 @@ def test_a_changed_requirements_file_is_a_new_key_and_a_new_build(alice: User, r
 
 
 def test_a_rerun_installs_the_recorded_lock_not_a_newer_release(alice: User, repo: Path, index: PackageIndex) -> None:
-    _workflow(repo, index, requirements="tinypkg\n# re-run\n")
+    _workflow(repo, index, requirements="tinypkg\n# re-run\n", artifact=True)
     first = _run(alice, repo)
     assert first.output.startswith("tinypkg 1.0 ")
     index.add("tinypkg", "1.1")  # released after the run was locked
@@ -114,6 +118,18 @@ def test_a_rerun_installs_the_recorded_lock_not_a_newer_release(alice: User, rep
     assert "[trainyard] installing the recorded lock (a re-run): nothing is resolved again" in rerun.lines
     assert " + tinypkg==1.0" in rerun.lines
     assert rerun.output.startswith("tinypkg 1.0 ")
+
+    # It really ran again (the lock is in its spec: no cache hit) and wrote
+    # the same ./out/version.txt: the run page and `show` mark it reproduced.
+    shown = alice.run(rerun.run)
+    assert shown["jobs"][0]["cached_from"] is None
+    assert (shown["rerun_of"], shown["reproduced"]) == (
+        first.run,
+        {"state": "reproduced", "detail": "every artifact byte-identical (1 file)", "differences": []},
+    )
+    assert alice.run(first.run)["reproduced"] is None
+    said = alice.cli(repo, "show", rerun.run)
+    assert f"Re-run of {first.run}: reproduced — every artifact byte-identical (1 file)\n" in said.stdout, said.stdout
 
     # A fresh resolution of the same requirements would have taken the new release.
     _workflow(repo, index, requirements="tinypkg\n# re-run, resolved again\n")
@@ -171,6 +187,79 @@ def test_two_jobs_needing_the_same_new_environment_build_it_once(alice: User, re
     assert results[0].output == results[1].output
 
 
+MODEL_WORKFLOWS = """workflows:
+  - name: envmodel
+    provider: bash
+    environment:
+      python: "3.11"
+      requirements: requirements.txt
+    env:
+      UV_INDEX_URL: {index}
+    commands:
+      - mkdir -p out && python -c "import tinypkg; print('tinypkg', tinypkg.VERSION)" | tee out/version.txt
+    artifacts: [out]
+"""
+
+
+def test_env_build_ahead_then_dry_run_says_ready_and_a_changed_file_is_the_reason_to_run(
+    alice: User, repo: Path, index: PackageIndex
+) -> None:
+    """`trainyard env build` builds on a runner of the workspace before any
+    run; --dry-run says, per job, whether its environment is ready or to be
+    built (and how long the last build took); a changed requirements file
+    is named as the reason the job is not reused."""
+    (repo / ".trainyard" / "workflows.yaml").write_text(MODEL_WORKFLOWS.format(index=index.url))
+    # Its own requirements: the stack is shared, and the same recipe built by another test would be ready.
+    (repo / "requirements.txt").write_text("tinypkg==1.0  # envmodel\n")
+    commit_all(repo, "a model with an environment")
+
+    before = alice.cli(repo, "run", "envmodel", "--dry-run")
+    assert before.returncode == 0, before.stderr
+    assert "   environment: to be built (never built before)\n" in before.stdout, before.stdout
+
+    built = alice.cli(repo, "env", "build", "envmodel", timeout=180)
+    assert built.returncode == 0, built.stdout + built.stderr
+    summary = re.search(r"Environment ([0-9a-f]{24}): built in ([0-9.]+)s on (local-\w+), .*; stored", built.stderr)
+    assert summary, built.stderr
+    key, seconds, machine = summary.groups()
+    assert f"[trainyard] environment {key}: building (python 3.11)" in built.stdout
+    assert "tinypkg 1.0" not in built.stdout  # no command ran
+    runs = alice.api("GET", f"/api/v1/workspaces/{alice.workspace}/runs/").json()["results"]
+    assert runs[0]["environment_build"] is True and runs[0]["status"] == "succeeded"
+
+    ready = alice.cli(repo, "run", "envmodel", "--dry-run")
+    assert ready.returncode == 0, ready.stderr
+    expected = (
+        f"   environment: ready ({key}, built on {machine} in {seconds} s; stored, so other machines restore it)\n"
+    )
+    assert expected in ready.stdout, ready.stdout
+
+    first = _wait(alice, run_name_of(_submitted(alice, repo)))
+    assert [line for line in first.lines if line.startswith("[trainyard] environment")] == [
+        f"[trainyard] environment {key}: reused (built in {seconds} s)"
+    ]
+    assert first.output == "tinypkg 1.0"
+
+    # The same pin, written differently: a new recipe, a new build, and the job runs again, saying why.
+    (repo / "requirements.txt").write_text("tinypkg == 1.0  # envmodel\n")
+    commit_all(repo, "requirements reworded")
+    planned = alice.cli(repo, "run", "envmodel", "--dry-run")
+    assert f"   environment: to be built (the last build of this workflow took {seconds} s)\n" in planned.stdout
+    assert "environment changed (requirements.txt)" in planned.stdout, planned.stdout
+    second = alice.wait(
+        run_name_of(_submitted(alice, repo)), lambda r: r["status"] in ("succeeded", "failed"), timeout=180
+    )
+    decision = second["jobs"][0]["cache_decision"]
+    assert decision["reused"] is False and "environment changed (requirements.txt)" in decision["text"], decision
+    assert any(r["kind"] == "environment_changed" for r in decision["reasons"]), decision
+
+
+def _submitted(user: User, repo: Path) -> subprocess.CompletedProcess[str]:
+    result = user.cli(repo, "run", "envmodel", "-d", timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 class Result:
     def __init__(self, run: str, lines: list[str], stamps: list[datetime], accepted_at: datetime) -> None:
         self.run = run
@@ -184,8 +273,10 @@ class Result:
         return f"Result(accepted_at={self.accepted_at}, first_command_at={self.first_command_at}, lines={self.lines})"
 
 
-def _workflow(repo: Path, index: PackageIndex, *, requirements: str, setup: str = "") -> None:
-    (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS.format(index=index.url, setup=setup))
+def _workflow(repo: Path, index: PackageIndex, *, requirements: str, setup: str = "", artifact: bool = False) -> None:
+    """``artifact``: the job also writes the version it imported to ./out (the same bytes for the same lock)."""
+    text = WORKFLOWS.format(index=index.url, setup=setup) + (WRITES_VERSION if artifact else "")
+    (repo / ".trainyard" / "workflows.yaml").write_text(text)
     (repo / "requirements.txt").write_text(requirements)
     commit_all(repo, "environment workflow")
 

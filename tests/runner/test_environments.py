@@ -24,6 +24,8 @@ from trainyard_runner.environments import (
     prepare_environment,
 )
 from trainyard_runner.protocol import EnvironmentSpec
+from trainyard_spec.environments import environment_files as spec_environment_files
+from trainyard_spec.environments import recipe_of as spec_recipe_of
 
 from tests.support.pkgindex import PackageIndex, package_index
 
@@ -97,6 +99,32 @@ def test_the_key_follows_the_requirements_and_the_files_they_include(
     )
     keys.append(prepare(spec, tmp_path / "envs", checkout, index, Log()).key)
     assert len(set(keys[:3])) == 3 and keys[3] == keys[1]
+
+
+def test_the_recipe_the_runner_reports_is_the_one_the_server_computes_from_the_clis_digests(
+    tmp_path: Path, checkout: Path, index: PackageIndex
+):
+    """--dry-run finds a built environment by its recipe: the runner's (from
+    its checkout) and the server's (trainyard_spec, from the digests the CLI
+    read in the working tree) must agree, includes and all."""
+    (checkout / "reqs").mkdir()
+    (checkout / "reqs" / "train.txt").write_text("-r ../base.txt\n-c constraints.txt\n")
+    (checkout / "reqs" / "constraints.txt").write_text("tinypkg<2\n")
+    (checkout / "base.txt").write_text("tinypkg\n")
+    spec = EnvironmentSpec(python="", requirements="./reqs/train.txt", pip=["tinypkg==1.0"], setup=["true"])
+    built = prepare(spec, tmp_path / "envs", checkout, index, Log())
+
+    def read(name: str) -> bytes | None:
+        path = checkout / name
+        return path.read_bytes() if path.is_file() else None
+
+    files = spec_environment_files("./reqs/train.txt", read)
+    assert sorted(files) == ["base.txt", "reqs/constraints.txt", "reqs/train.txt"]
+    assert built.recipe == spec_recipe_of(spec.model_dump(exclude_defaults=True), files)
+    assert built.report().recipe == built.recipe
+    # A re-run's lock is not part of it: the recipe names what was asked for.
+    again = prepare(spec.model_copy(update={"lock": built.lock}), tmp_path / "envs", checkout, index, Log())
+    assert again.key != built.key and again.recipe == built.recipe
 
 
 def test_two_jobs_needing_a_new_key_at_once_build_it_once(tmp_path: Path, checkout: Path, index: PackageIndex):

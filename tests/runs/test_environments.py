@@ -4,14 +4,20 @@ runner holding the attempt, never visible to another workspace."""
 
 from __future__ import annotations
 
+import pytest
 from django.db import transaction
 from rest_framework.test import APIClient
 from trainyard_runner.protocol import EnvironmentReport
+from trainyard_spec.environments import recipe_of
 
 from backend.accounts.models import Workspace
 from backend.clouds.services.selfhosted import Registered, registration_token_create, runner_register
-from backend.runs.models import Attempt, Environment, Job
-from backend.runs.services.environments import environment_record
+from backend.core.errors import ApplicationError
+from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job
+from backend.runs.services.cachewhy import Reason, ReasonKind, _spec_reasons
+from backend.runs.services.dag import cache_key
+from backend.runs.services.environments import environment_outlook, environment_record
+from backend.runs.services.runs import CodeInput, plan_inputs, run_create
 from backend.runs.services.transitions import job_assign
 from tests.support.fixtures import Person, submit
 
@@ -97,3 +103,111 @@ def test_the_api_lists_shows_and_serves_the_lock_within_the_workspace_only(
         client(owner).get(f"{base}{'f' * 24}/").json()["message"]
         == f"Environment {'f' * 24!r} not found in this workspace."
     )
+
+
+# ------------------------------------------------------------ before a job runs
+
+ENV_WORKFLOWS = """workflows:
+  - name: prep
+    provider: bash
+    commands: [echo prep > data.txt]
+    artifacts: [data.txt]
+  - name: train
+    provider: bash
+    deps: [{workflow: prep}]
+    environment: {python: "3.11", requirements: requirements.txt}
+    commands: [python train.py]
+    artifacts: [model]
+"""
+REQUIREMENTS = {"requirements.txt": {"requirements.txt": "1" * 64, "base.txt": "2" * 64}}
+
+
+def submit_train(workspace: Workspace, person: Person, files: dict[str, dict[str, str]], **extra: object) -> Job:
+    run = run_create(
+        workspace=workspace,
+        user=person.user,
+        workflow="train",
+        inputs=plan_inputs(
+            files=[{"path": ".trainyard/workflows.yaml", "text": ENV_WORKFLOWS}], env={}, environment_files=files
+        ),
+        code=CodeInput(kind="git", repo_url="https://example.com/acme/models.git", commit="a" * 40),
+        **extra,  # type: ignore[arg-type]
+    )
+    return run.jobs.get(name="train") if not run.environment_build else run.jobs.get()
+
+
+def test_the_environments_file_digests_are_part_of_the_jobs_spec_and_a_change_is_named(
+    team: Workspace, owner: Person
+) -> None:
+    first = submit_train(team, owner, REQUIREMENTS)
+    assert first.spec["environment_files"] == REQUIREMENTS["requirements.txt"]
+    assert first.run.environment_files == REQUIREMENTS
+    changed = {"requirements.txt": {**REQUIREMENTS["requirements.txt"], "base.txt": "3" * 64}}
+    second = submit_train(team, owner, changed)
+    # The digests are part of the cache key: same code, a changed included file, a miss.
+    assert cache_key(spec=second.spec, code="git:x", inputs=[]) != cache_key(spec=first.spec, code="git:x", inputs=[])
+    old, new = first.spec, second.spec
+    assert _spec_reasons(old, new) == [Reason(ReasonKind.ENVIRONMENT_CHANGED, "environment changed (base.txt)")]
+    pip = {**new, "environment": {**new["environment"], "pip": ["torch"]}}
+    assert _spec_reasons(new, pip) == [Reason(ReasonKind.ENVIRONMENT_CHANGED, "environment changed (pip)")]
+    unknown = {k: v for k, v in new.items() if k != "environment_files"}
+    assert _spec_reasons(unknown, new) == [
+        Reason(
+            ReasonKind.ENVIRONMENT_CHANGED, "environment changed (requirements.txt (its digest was not sent before))"
+        )
+    ]
+
+
+def test_an_environment_build_is_one_job_per_environment_without_commands_or_inputs(
+    team: Workspace, owner: Person
+) -> None:
+    job = submit_train(team, owner, REQUIREMENTS, environment_build=True)
+    assert job.run.environment_build and job.name == "train"
+    assert (job.spec["commands"], job.spec["artifacts"], job.input_refs) == ([], [], [])
+    assert job.spec["environment"] == {"python": "3.11", "requirements": "requirements.txt"}
+    assert not job.needs.exists()
+
+    with pytest.raises(ApplicationError, match="workflow 'prep' has no environment: nothing to build"):
+        run_create(
+            workspace=team,
+            user=owner.user,
+            workflow="prep",
+            inputs=plan_inputs(files=[{"path": ".trainyard/workflows.yaml", "text": ENV_WORKFLOWS}], env={}),
+            code=CodeInput(kind="git", repo_url="https://example.com/acme/models.git", commit="a" * 40),
+            environment_build=True,
+        )
+
+
+def test_the_outlook_finds_an_environment_by_its_recipe_in_this_workspace_only(
+    team: Workspace, owner: Person, outsider: Person
+) -> None:
+    other = outsider.user.personal_workspace
+    environment = {"python": "3.11", "requirements": "requirements.txt"}
+    files = REQUIREMENTS["requirements.txt"]
+    outlook = environment_outlook(workspace_id=team.pk, workflow="train", environment=environment, files=files)
+    assert outlook == {"state": "to build", "key": "", "built_on": "", "stored": False, "build_seconds": None}
+    assert environment_outlook(workspace_id=team.pk, workflow="train", environment=None, files=None) is None
+    assert (
+        environment_outlook(workspace_id=team.pk, workflow="train", environment=environment, files=None)["state"]
+        == "unknown"
+    )
+
+    job, runner = running_job(team, owner)
+    Job.objects.filter(pk=job.pk).update(workflow="train")
+    recipe = recipe_of(environment, files)
+    assert environment_record(
+        job_id=str(job.pk), instance_id=str(runner.instance.pk), attempt=1, report=report(recipe=recipe)
+    )
+    ready = environment_outlook(workspace_id=team.pk, workflow="train", environment=environment, files=files)
+    assert ready == {"state": "ready", "key": KEY, "built_on": "box", "stored": False, "build_seconds": 2.5}
+    EnvironmentArchive.objects.create(workspace=team, key=KEY, storage_key="k", size=1, complete=True)
+    stored = environment_outlook(workspace_id=team.pk, workflow="train", environment=environment, files=files)
+    assert stored is not None and stored["stored"] is True
+
+    # Another recipe of the same workflow: to build, saying how long the last build took.
+    changed = {**files, "base.txt": "3" * 64}
+    again = environment_outlook(workspace_id=team.pk, workflow="train", environment=environment, files=changed)
+    assert again == {"state": "to build", "key": "", "built_on": "", "stored": False, "build_seconds": 2.5}
+    # Another workspace with the very same recipe has built nothing.
+    theirs = environment_outlook(workspace_id=other.pk, workflow="train", environment=environment, files=files)
+    assert theirs is not None and theirs["state"] == "to build" and theirs["build_seconds"] is None

@@ -4,6 +4,7 @@ constant number of queries however many runs, jobs and tags a page holds."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -12,9 +13,11 @@ from django.db import connection
 from rest_framework.utils.encoders import JSONEncoder
 
 from backend.accounts.models import Workspace
+from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from backend.clouds.models import Instance
 from backend.runs.api.serializers import AttemptOut
 from backend.runs.models import Attempt, Run
+from backend.runs.services.runs import run_rerun
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.tags import tag_set
 from tests.support.attempts import accept, report
@@ -27,6 +30,9 @@ BASE = "/api/v1/workspaces/acme"
 # page: the run, then the same for its jobs.
 RUNS_LIST_QUERIES = 7
 RUN_PAGE_QUERIES = 8
+# A re-run adds its original, both runs' jobs, their artifacts' digests and
+# the files of the artifacts that differ (backend/runs/services/reproduced.py).
+RERUN_QUERIES = 4
 
 
 def _train_runs(team: Workspace, person: Person, count: int) -> list[Run]:
@@ -82,6 +88,29 @@ def test_the_run_page_of_a_run_with_100_jobs_is_served_in_a_constant_number_of_q
     assert len(body["jobs"]) == jobs
     last = next(j for j in body["jobs"] if j["name"] == "all")
     assert len(last["needs"]) == jobs - 1
+
+
+@pytest.mark.parametrize("jobs", [3, 100])
+def test_a_reruns_artifacts_are_compared_in_a_constant_number_of_queries(
+    team: Workspace, owner: Person, jobs: int, django_assert_max_num_queries: Any
+) -> None:
+    first = submit(team, owner.user, workflow="all", text=_wide_workflows(jobs - 1))
+    again = run_rerun(run=first, user=owner.user)
+    _succeeded_with_outputs(first, b"one")
+    _succeeded_with_outputs(again, b"two")
+    client = owner.client()
+
+    with django_assert_max_num_queries(RUN_PAGE_QUERIES + RERUN_QUERIES):
+        body = client.get(f"{BASE}/runs/{again.name}/").json()
+    with django_assert_max_num_queries(RUNS_LIST_QUERIES + RERUN_QUERIES):
+        listed = client.get(f"{BASE}/runs/").json()["results"]
+
+    assert (body["rerun_of"], body["reproduced"]["state"]) == (first.name, "differs")
+    # Every job but ``all`` (which writes nothing) wrote ./out with another w.bin.
+    assert [d["text"] for d in body["reproduced"]["differences"]] == sorted(
+        f"w{n} ./out (w.bin)" for n in range(jobs - 1)
+    )
+    assert [(r["name"], r["reproduced"]) for r in listed] == [(again.name, body["reproduced"]), (first.name, None)]
 
 
 def test_pages_follow_the_cursor_through_every_run_once_newest_first(team: Workspace, owner: Person) -> None:
@@ -197,6 +226,29 @@ def test_attempts_read_with_the_page_show_exactly_what_the_attempts_rows_hold(te
 
     assert expected and expected[0]["instance"] == "box-1" and expected[0]["started_at"]
     assert listed == shown == expected
+
+
+def _succeeded_with_outputs(run: Run, data: bytes) -> None:
+    """The run and its jobs succeeded; each job with ``artifacts`` wrote its
+    first one, one file ``w.bin`` holding ``data``."""
+    Run.objects.filter(pk=run.pk).update(status="succeeded")
+    run.jobs.update(status="succeeded")
+    artifacts = Artifact.objects.bulk_create(
+        Artifact(
+            workspace=run.workspace,
+            run=run,
+            job=job,
+            path=job.spec["artifacts"][0],
+            status=ArtifactStatus.COMPLETE,
+            storage_prefix=f"workspaces/{run.workspace_id}/artifacts/{job.pk}",
+        )
+        for job in run.jobs.all()
+        if job.spec.get("artifacts")
+    )
+    sha = hashlib.sha256(data).hexdigest()
+    ArtifactFile.objects.bulk_create(
+        ArtifactFile(artifact=a, path="w.bin", size=len(data), sha256=sha) for a in artifacts
+    )
 
 
 def _wide_workflows(deps: int) -> str:

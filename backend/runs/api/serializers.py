@@ -12,6 +12,7 @@ from backend.core.urlcreds import url_without_credentials
 from backend.runs.models import Attempt, Job, Run
 from backend.runs.selectors import JobExtras, job_attempts, job_extras, with_shown
 from backend.runs.services.cachewhy import ReasonKind
+from backend.runs.services.reproduced import ReproducedState, RerunVerdict, rerun_verdict
 
 
 class WorkflowsFileIn(serializers.Serializer):
@@ -81,6 +82,27 @@ class RunCreateIn(serializers.Serializer):
     )
     no_cache = serializers.BooleanField(required=False, default=False)
     placement = PlacementIn(required=False, default=dict)
+    # trainyard env build: the run only builds the workflow's environment.
+    environment_build = serializers.BooleanField(
+        required=False, default=False, help_text="only build (and store) the workflow's environment; no commands run"
+    )
+    # {requirements file: {path: sha256}}: the environments' files as the
+    # submitter's working tree holds them (docs/ENVIRONMENTS.md, "Before a job runs").
+    environment_files = serializers.DictField(
+        child=serializers.DictField(child=serializers.RegexField(r"^[0-9a-f]{64}$")),
+        required=False,
+        default=dict,
+        help_text="by requirements file, the sha256 of it and of the files it includes (-r/-c)",
+    )
+
+    def validate_environment_files(self, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        paths = [p for files in value.values() for p in files] + list(value)
+        if len(paths) > 1000:
+            raise serializers.ValidationError("at most 1000 files")
+        too_long = next((p for p in paths if not p or len(p) > 300), None)
+        if too_long is not None:
+            raise serializers.ValidationError(f"{too_long[:40]!r}: a path of 1 to 300 characters is wanted")
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("workflows_file" in attrs) == ("workflows_files" in attrs):
@@ -130,6 +152,21 @@ class CacheDecisionOut(serializers.Serializer):
     reasons = CacheReasonOut(many=True)
 
 
+class PlannedEnvironmentOut(serializers.Serializer):
+    """Whether a planned job's environment is built already (docs/ENVIRONMENTS.md)."""
+
+    state = serializers.ChoiceField(
+        choices=["ready", "to build", "unknown"],
+        help_text='"ready": a runner of the workspace built it; "to build"; "unknown": no digests of its files sent',
+    )
+    key = serializers.CharField(allow_blank=True, help_text="ready: the key it was built under")
+    built_on = serializers.CharField(allow_blank=True, help_text="ready: the instance that built it")
+    stored = serializers.BooleanField(help_text="ready: packed in storage, so other machines restore it")
+    build_seconds = serializers.FloatField(
+        allow_null=True, help_text="ready: its build's; to build: the last build of the workflow's environment"
+    )
+
+
 class PlannedJobOut(serializers.Serializer):
     name = serializers.CharField()
     workflow = serializers.CharField()
@@ -141,6 +178,7 @@ class PlannedJobOut(serializers.Serializer):
     cache = CacheHitOut(allow_null=True)
     cache_decision = CacheDecisionOut()
     commands = serializers.ListField(child=serializers.CharField())
+    environment = PlannedEnvironmentOut(allow_null=True)
     placement = serializers.DictField()  # the job's placement keys, overrides included
     # The cheapest offer it would start from: {offers, backend, instance_type,
     # region, spot, price_per_hour}, or {offers: 0, reason}.
@@ -350,12 +388,37 @@ class JobOut(serializers.ModelSerializer):
         return cast(JobExtras, extras) if extras is not None else job_extras(jobs=[job])
 
 
+class ArtifactDifferenceOut(serializers.Serializer):
+    job = serializers.CharField()
+    path = serializers.CharField(help_text="the artifact's path (./model)")
+    files = serializers.ListField(
+        child=serializers.CharField(), help_text="a few of the files changed, added or missing (sorted)"
+    )
+    more_files = serializers.IntegerField(source="more", help_text="how many other files differ")
+    only_in = serializers.CharField(
+        allow_blank=True, help_text='"the re-run" or "the original" when only one side has the artifact; else ""'
+    )
+    text = serializers.CharField(help_text='in words: "train ./model (model.bin)"')
+
+
+class ReproducedOut(serializers.Serializer):
+    """Whether a re-run's artifacts match its original's (docs/ENVIRONMENTS.md, "Reproduced")."""
+
+    state = serializers.ChoiceField(choices=[s.value for s in ReproducedState])
+    detail = serializers.CharField(
+        help_text='"every artifact byte-identical (3 files)", what differs, or why nothing could be compared'
+    )
+    differences = ArtifactDifferenceOut(many=True)
+
+
 class RunOut(serializers.ModelSerializer):
     submitted_by = serializers.CharField(source="submitted_by.username", default=None, allow_null=True)
     duration_seconds = serializers.SerializerMethodField()
     code = serializers.SerializerMethodField()
     jobs = serializers.SerializerMethodField()
     tags = serializers.SerializerMethodField()
+    rerun_of = serializers.SerializerMethodField()
+    reproduced = serializers.SerializerMethodField()
 
     class Meta:
         model = Run
@@ -373,8 +436,11 @@ class RunOut(serializers.ModelSerializer):
             "finished_at",
             "duration_seconds",
             "no_cache",
+            "environment_build",
             "tags",
             "code",
+            "rerun_of",
+            "reproduced",
             "jobs",
         ]
         read_only_fields = fields
@@ -398,6 +464,28 @@ class RunOut(serializers.ModelSerializer):
             "commit": run.commit,
             "has_patch": run.patch_blob_id is not None,
         }
+
+    @extend_schema_field(serializers.CharField(allow_null=True, help_text="a re-run: the original run's name"))
+    def get_rerun_of(self, run: Run) -> str | None:
+        verdict = self._verdict(run)
+        return verdict.original if verdict is not None else None
+
+    @extend_schema_field(
+        ReproducedOut(allow_null=True, help_text="a re-run: whether its artifacts match the original's")
+    )
+    def get_reproduced(self, run: Run) -> dict[str, Any] | None:
+        verdict = self._verdict(run)
+        return ReproducedOut(verdict).data if verdict is not None else None
+
+    def _verdict(self, run: Run) -> RerunVerdict | None:
+        """The batch a list passed in its context (``rerun_verdicts``), else this run's own (computed once)."""
+        batch = self.context.get("rerun_verdicts")
+        if batch is not None:
+            return cast(dict[Any, RerunVerdict], batch).get(run.pk)
+        own = getattr(self, "_own_verdict", None)
+        if own is None or own[0] != run.pk:
+            own = self._own_verdict = (run.pk, rerun_verdict(run=run))
+        return cast(RerunVerdict | None, own[1])
 
     @extend_schema_field(JobOut(many=True))
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:

@@ -58,6 +58,7 @@ from backend.runs.services.rawlog import (
     raw_log_bytes,
     raw_log_chunks,
 )
+from backend.runs.services.reproduced import rerun_verdicts
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
@@ -96,13 +97,14 @@ class RunListView(WorkspaceAPIView):
         size = min(_int_param(request, "page_size", PAGE_SIZE, minimum=1), MAX_PAGE_SIZE)
         page = run_page(runs=runs, cursor=params.get("cursor", ""), size=size)
         extras = job_extras(jobs=[j for r in page.runs for j in r.jobs.all()])
+        context = {"job_extras": extras, "rerun_verdicts": rerun_verdicts(runs=page.runs)}
         return Response(
             {
                 "count": page.count,
                 "count_estimated": page.count_estimated,
                 "next": _with_cursor(request, page.next) if page.next else None,
                 "previous": None,
-                "results": RunOut(page.runs, many=True, context={"job_extras": extras}).data,
+                "results": RunOut(page.runs, many=True, context=context).data,
             }
         )
 
@@ -127,6 +129,7 @@ class RunListView(WorkspaceAPIView):
             ),
             no_cache=v["no_cache"],
             placement=dict(v["placement"]),
+            environment_build=v["environment_build"],
         )
         # The plan table `trainyard run` prints: each job's cheapest offer now.
         answer = {**RunOut(_fresh(run)).data, "plan": run_offer_plan(run=run)}
@@ -377,6 +380,7 @@ def _plan_inputs(v: dict[str, Any]) -> PlanInputs:
         inherited_env=v["inherited_env"],
         run_args=v["run_args"],
         variables=v["variables"],
+        environment_files=v["environment_files"],
     )
 
 

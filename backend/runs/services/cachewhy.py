@@ -42,6 +42,7 @@ class ReasonKind(enum.StrEnum):
     CODE_CHANGED = "code_changed"
     SPEC_CHANGED = "spec_changed"
     ENV_CHANGED = "env_changed"
+    ENVIRONMENT_CHANGED = "environment_changed"  # its environment: (requirements files, pip, python, setup)
     INPUT_CHANGED = "input_changed"
     INPUT_PENDING = "input_pending"  # dry run: the input comes from a job that runs first
 
@@ -168,10 +169,31 @@ def _spec_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Reason
     env = sorted(k for k in set(old_env) | set(new_env) if old_env.get(k) != new_env.get(k))
     if env:
         reasons.append(Reason(ReasonKind.ENV_CHANGED, f"env changed ({_some(env)})"))
-    keys = sorted(k for k in set(old) | set(new) if k != "env" and old.get(k) != new.get(k))
+    environment = _environment_changes(old, new)
+    if environment:
+        reasons.append(Reason(ReasonKind.ENVIRONMENT_CHANGED, f"environment changed ({_some(environment)})"))
+    own = {"env", "environment", "environment_files"}
+    keys = sorted(k for k in set(old) | set(new) if k not in own and old.get(k) != new.get(k))
     if keys:
         reasons.append(Reason(ReasonKind.SPEC_CHANGED, f"spec changed ({_some(keys)})"))
     return reasons
+
+
+def _environment_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two jobs' ``environment`` (and the digests of
+    the files it names): the files by path, the spec's parts by name."""
+    before, after = dict(old.get("environment") or {}), dict(new.get("environment") or {})
+    if not before or not after:
+        return ["added" if after else "removed"] if before != after else []
+    parts = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    old_files, new_files = old.get("environment_files"), new.get("environment_files")
+    files: list[str] = []
+    if old_files is not None and new_files is not None:
+        files = sorted(p for p in set(old_files) | set(new_files) if old_files.get(p) != new_files.get(p))
+    elif old_files != new_files and "requirements" not in parts:
+        # One side's digests were not sent (an older client): say so rather than guess.
+        files = [f"{after.get('requirements') or before.get('requirements')} (its digest was not sent before)"]
+    return [*files, *parts]
 
 
 def _input_reasons(previous: Job, subject: Subject) -> list[Reason]:

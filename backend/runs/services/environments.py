@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 from trainyard_runner import protocol
+from trainyard_spec.environments import recipe_of
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.storage import Storage, Target
@@ -45,12 +48,15 @@ def environment_record(*, job_id: str, instance_id: str, attempt: int, report: p
         return False
     workspace_id = row.job.workspace_id
     now = timezone.now()
-    if not Environment.objects.filter(workspace_id=workspace_id, key=report.key).update(last_used_at=now):
+    known = Environment.objects.filter(workspace_id=workspace_id, key=report.key)
+    # ``recipe`` too: a row recorded before runners reported it gets it.
+    if not known.update(last_used_at=now, **({"recipe": report.recipe} if report.recipe else {})):
         try:
             with transaction.atomic():
                 Environment.objects.create(
                     workspace_id=workspace_id,
                     key=report.key,
+                    recipe=report.recipe,
                     lock=report.lock,
                     packages=report.packages,
                     platform=report.platform,
@@ -132,3 +138,63 @@ def _delete_quietly(storage: Storage, key: str) -> None:
         storage.delete([key])
     except Exception:  # a leftover object is the GC's, never an error for the runner
         logger.warning("could not delete the replaced environment archive %s", key, exc_info=True)
+
+
+# ------------------------------------------------------------ before a job runs
+
+
+def environment_outlook(
+    *,
+    workspace_id: uuid.UUID | str,
+    workflow: str,
+    environment: Mapping[str, object] | None,
+    files: Mapping[str, str] | None,
+) -> dict[str, object] | None:
+    """``--dry-run``'s word on a job's environment (None without one):
+    ``state`` "ready" (a runner of the workspace built this recipe: that
+    machine reuses it; ``stored`` says whether others restore it rather than
+    build), "to build", or "unknown" (the submitter sent no digests of its
+    files); ``build_seconds``: that build's, or for "to build" the last
+    build of an environment of the same workflow (None: never built)."""
+    if not environment:
+        return None
+    if files is None:
+        return {"state": "unknown", "key": "", "built_on": "", "stored": False, "build_seconds": None}
+    recipe = recipe_of(environment, files)
+    found = (
+        Environment.objects.filter(workspace_id=workspace_id, recipe=recipe)
+        .annotate(
+            stored=Exists(
+                EnvironmentArchive.objects.filter(workspace_id=workspace_id, key=OuterRef("key"), complete=True)
+            )
+        )
+        .order_by("-stored", "-last_used_at")
+        .only("key", "built_on", "build_seconds")
+        .first()
+    )
+    if found is not None:
+        return {
+            "state": "ready",
+            "key": found.key,
+            "built_on": found.built_on,
+            "stored": bool(found.stored),
+            "build_seconds": found.build_seconds,
+        }
+    last = (
+        Environment.objects.filter(
+            workspace_id=workspace_id,
+            key__in=Attempt.objects.filter(job__workspace_id=workspace_id, job__workflow=workflow)
+            .exclude(environment_key="")
+            .values("environment_key"),
+        )
+        .order_by("-created_at")
+        .only("build_seconds")
+        .first()
+    )
+    return {
+        "state": "to build",
+        "key": "",
+        "built_on": "",
+        "stored": False,
+        "build_seconds": last.build_seconds if last is not None else None,
+    }

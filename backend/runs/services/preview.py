@@ -34,8 +34,17 @@ from backend.runs.services.dag import (
     ref_origin,
     run_artifacts,
 )
+from backend.runs.services.environments import environment_outlook
 from backend.runs.services.placement import offer_plan
-from backend.runs.services.runs import PlanInputs, job_spec, load_files, placements_of, resolve_plan, resolve_refs
+from backend.runs.services.runs import (
+    PlanInputs,
+    environment_files_of,
+    job_spec,
+    load_files,
+    placements_of,
+    resolve_plan,
+    resolve_refs,
+)
 
 
 def run_plan_preview(
@@ -59,7 +68,8 @@ def run_plan_preview(
     for planned in plan.jobs:
         needed, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
         pending = [(p, n) for n in planned.needs if hits.get(n) is None for p in artifacts_of[n]]
-        hit, decision = _decide(workspace, planned, code, repo_url, no_cache, (needed, known), pending)
+        spec = job_spec(planned, inputs.environment_files)
+        hit, decision = _decide(workspace, planned, spec, code, repo_url, no_cache, (needed, known), pending)
         hits[planned.name] = hit
         jobs.append(
             {
@@ -68,11 +78,17 @@ def run_plan_preview(
                 "provider": planned.provider,
                 "needs": list(planned.needs),
                 "after_running": list(planned.after_running),
-                "resources": job_spec(planned)["resources"],
+                "resources": spec["resources"],
                 "inputs": described,
                 "cache": {"run": hit.run.name, "job": str(hit.pk)} if hit else None,
                 "cache_decision": decision,
                 "commands": list(planned.commands),
+                "environment": environment_outlook(
+                    workspace_id=workspace.pk,
+                    workflow=planned.workflow,
+                    environment=planned.environment,
+                    files=environment_files_of(planned.environment, inputs.environment_files),
+                ),
                 "placement": placements[planned.workflow],
                 "offer": offer_plan(
                     workspace_id=workspace.pk,
@@ -99,6 +115,7 @@ def code_facts_of(
 def _decide(
     workspace: Workspace,
     planned: Any,
+    spec: dict[str, Any],
     code: CodeFacts,
     repo_url: str,
     no_cache: bool,
@@ -106,7 +123,6 @@ def _decide(
     pending: list[tuple[str, str]],
 ) -> tuple[Job | None, dict[str, Any]]:
     """The cache hit of a planned job (or None) and the decision, as the scheduler would make it."""
-    spec = job_spec(planned)
     if not cacheable(spec=spec, after_running=bool(planned.after_running)):
         return None, decision_runs([not_cacheable_reason(spec=spec, after_running=bool(planned.after_running))])
     if no_cache:

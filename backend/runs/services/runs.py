@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class PlanInputs:
     inherited_env: dict[str, str] = field(default_factory=dict)
     run_args: tuple[str, ...] = ()
     variables: dict[str, dict[str, str]] = field(default_factory=dict)
+    # {requirements file: {path: sha256}}: what the environments' files held
+    # in the submitter's working tree (``trainyard_spec.environments``).
+    environment_files: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def plan_inputs(
@@ -57,6 +61,7 @@ def plan_inputs(
     inherited_env: dict[str, str] | None = None,
     run_args: Sequence[str] = (),
     variables: dict[str, dict[str, str]] | None = None,
+    environment_files: Mapping[str, Mapping[str, str]] | None = None,
 ) -> PlanInputs:
     """PlanInputs from the API's (or a stored run's) plain values."""
     return PlanInputs(
@@ -65,6 +70,7 @@ def plan_inputs(
         inherited_env=dict(inherited_env or {}),
         run_args=tuple(run_args),
         variables={k: dict(v) for k, v in (variables or {}).items()},
+        environment_files={k: dict(v) for k, v in (environment_files or {}).items()},
     )
 
 
@@ -81,6 +87,8 @@ def run_create(
     no_cache: bool = False,
     placement: dict[str, object] | None = None,
     environment_locks: Mapping[str, str] | None = None,
+    rerun_of: Run | None = None,
+    environment_build: bool = False,
 ) -> Run:
     """Validate the workflows files again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
@@ -90,12 +98,15 @@ def run_create(
     ``placement``: overrides of every workflow's placement keys (the CLI's
     ``--backend``, ``--region``, …). ``environment_locks``: by job name, the
     lock its environment installs instead of resolving its requirements
-    again (a re-run; docs/ENVIRONMENTS.md)."""
+    again (a re-run; docs/ENVIRONMENTS.md). ``environment_build``: only
+    build ``workflow``'s environment (``environment_build_plan``)."""
     inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
     # Stored on the run and the repo and shown to the whole workspace: never a credential.
     code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
     file = load_files(inputs.files)
     plan = resolve_plan(file, workflow, inputs)
+    if environment_build:
+        plan = environment_build_plan(plan)
     retries = _retry_policies(file)
     placements = placements_of(file, placement or {})
     refs = resolve_refs(workspace, plan)
@@ -119,15 +130,18 @@ def run_create(
             workflows_file_path=inputs.files[0].path,
             workflows_file_text=inputs.files[0].text,
             workflows_files=[{"path": f.path, "text": f.text} for f in inputs.files],
+            environment_files=inputs.environment_files,
             env_overrides=inputs.env,
             inherited_env=inputs.inherited_env,
             run_args=list(inputs.run_args),
             variables=inputs.variables,
             placement_overrides=placement or {},
             no_cache=no_cache,
+            rerun_of=rerun_of,
+            environment_build=environment_build,
             status_reason="waiting for a runner",
         )
-        _jobs_create(run, plan, refs, retries, placements, environment_locks or {})
+        _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files)
         transaction.on_commit(_enqueue_schedule)
     return run
 
@@ -145,6 +159,7 @@ def run_rerun(*, run: Run, user: User) -> Run:
             inherited_env=dict(run.inherited_env),
             run_args=list(run.run_args),
             variables=dict(run.variables),
+            environment_files=dict(run.environment_files),
         ),
         code=CodeInput(
             kind=run.code_kind,
@@ -157,6 +172,8 @@ def run_rerun(*, run: Run, user: User) -> Run:
         no_cache=run.no_cache,
         placement=dict(run.placement_overrides),
         environment_locks=_environment_locks(run),
+        rerun_of=run,
+        environment_build=run.environment_build,
     )
 
 
@@ -211,6 +228,41 @@ def load_files(files: Sequence[Source]) -> WorkflowsFile:
         return load_workflows(files)
     except WorkflowFileError as exc:
         raise _file_errors(exc) from None
+
+
+def environment_build_plan(plan: RunPlan) -> RunPlan:
+    """``trainyard env build``: one job per distinct environment of the
+    workflow's own jobs (not of the workflows it depends on), with no
+    commands, artifacts, ports or inputs: the runner builds the environment,
+    stores it, and the job succeeds."""
+    jobs: dict[str, JobPlan] = {}
+    for job in plan.jobs:
+        if job.workflow != plan.workflow or not job.environment:
+            continue
+        jobs.setdefault(
+            json.dumps(job.environment, sort_keys=True),
+            dataclasses.replace(
+                job,
+                commands=[],
+                artifacts=[],
+                ports=[],
+                needs=[],
+                after_running=[],
+                tags=[],
+                runs=[],
+                repo_workflows=[],
+                checkpoint="",
+                port_count=0,
+                mounts=[],
+                cache=[],
+            ),
+        )
+    if not jobs:
+        raise ApplicationError(
+            f"workflow {plan.workflow!r} has no environment: nothing to build."
+            " Give it environment: (or requirements: with provider: python); docs/ENVIRONMENTS.md"
+        )
+    return dataclasses.replace(plan, jobs=list(jobs.values()))
 
 
 def resolve_plan(file: WorkflowsFile, workflow: str, inputs: PlanInputs) -> RunPlan:
@@ -276,8 +328,12 @@ def _repo_path(url: str) -> str:
     return "/".join(path.split("/")[-2:]).lower()
 
 
-def job_spec(plan: JobPlan) -> dict[str, object]:
-    """What a job runs, as stored and as hashed for the cache."""
+def job_spec(plan: JobPlan, environment_files: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, object]:
+    """What a job runs, as stored and as hashed for the cache.
+    ``environment_files``: ``PlanInputs.environment_files``; the digests of
+    the files this job's environment names go into its spec, so a changed
+    requirements file is a cache miss that names it (``cachewhy``)."""
+    files = environment_files_of(plan.environment, environment_files or {})
     return {
         "provider": plan.provider,
         "commands": list(plan.commands),
@@ -293,7 +349,23 @@ def job_spec(plan: JobPlan) -> dict[str, object]:
         **({"mounts": list(plan.mounts)} if plan.mounts else {}),
         **({"cache": list(plan.cache)} if plan.cache else {}),
         **({"environment": dict(plan.environment)} if plan.environment else {}),
+        **({"environment_files": files} if files else {}),
     }
+
+
+def environment_files_of(
+    environment: Mapping[str, object] | None, known: Mapping[str, Mapping[str, str]]
+) -> dict[str, str] | None:
+    """The digests of the files ``environment`` names: {} when it names
+    none, None when it names a file the submitter did not send digests of
+    (or there is no environment)."""
+    if not environment:
+        return None
+    requirements = environment.get("requirements")
+    if not requirements:
+        return {}
+    files = known.get(str(requirements))
+    return dict(files) if files is not None else None
 
 
 def _tag_ref(workspace: Workspace, name: str) -> dict[str, str]:
@@ -369,6 +441,7 @@ def _jobs_create(
     retries: dict[str, dict[str, object]],
     placements: dict[str, dict[str, object]],
     locks: Mapping[str, str],
+    environment_files: Mapping[str, Mapping[str, str]],
 ) -> list[Job]:
     """One Job per planned job (dependencies first), then the DAG's edges."""
     by_name: dict[str, Job] = {}
@@ -381,7 +454,7 @@ def _jobs_create(
             run=run,
             name=planned.name,
             workflow=planned.workflow,
-            spec=job_spec(planned),
+            spec=job_spec(planned, environment_files),
             cpu=resources.cpu,
             memory_bytes=resources.memory_bytes,
             gpu_count=resources.gpu_count or 0,

@@ -995,6 +995,19 @@ export interface components {
             id: string;
             status: string;
         };
+        ArtifactDifferenceOut: {
+            job: string;
+            /** @description the artifact's path (./model) */
+            path: string;
+            /** @description a few of the files changed, added or missing (sorted) */
+            files: string[];
+            /** @description how many other files differ */
+            more_files: number;
+            /** @description "the re-run" or "the original" when only one side has the artifact; else "" */
+            only_in: string;
+            /** @description in words: "train ./model (model.bin)" */
+            text: string;
+        };
         ArtifactFileOut: {
             path: string;
             size: number;
@@ -1160,11 +1173,12 @@ export interface components {
          *     * `code_changed` - code_changed
          *     * `spec_changed` - spec_changed
          *     * `env_changed` - env_changed
+         *     * `environment_changed` - environment_changed
          *     * `input_changed` - input_changed
          *     * `input_pending` - input_pending
          * @enum {string}
          */
-        CacheReasonOutKindEnum: "no_cache" | "not_cacheable" | "no_earlier_run" | "code_changed" | "spec_changed" | "env_changed" | "input_changed" | "input_pending";
+        CacheReasonOutKindEnum: "no_cache" | "not_cacheable" | "no_earlier_run" | "code_changed" | "spec_changed" | "env_changed" | "environment_changed" | "input_changed" | "input_pending";
         CheckpointBeginOut: {
             /** Format: uuid */
             id: string;
@@ -1605,6 +1619,35 @@ export interface components {
             patch_sha256?: string;
             archive_sha256?: string;
         };
+        /** @description Whether a planned job's environment is built already (docs/ENVIRONMENTS.md). */
+        PlannedEnvironmentOut: {
+            /**
+             * @description "ready": a runner of the workspace built it; "to build"; "unknown": no digests of its files sent
+             *
+             *     * `ready` - ready
+             *     * `to build` - to build
+             *     * `unknown` - unknown
+             */
+            state: components["schemas"]["PlannedEnvironmentOutStateEnum"];
+            /** @description ready: the key it was built under */
+            key: string;
+            /** @description ready: the instance that built it */
+            built_on: string;
+            /** @description ready: packed in storage, so other machines restore it */
+            stored: boolean;
+            /**
+             * Format: double
+             * @description ready: its build's; to build: the last build of the workflow's environment
+             */
+            build_seconds: number | null;
+        };
+        /**
+         * @description * `ready` - ready
+         *     * `to build` - to build
+         *     * `unknown` - unknown
+         * @enum {string}
+         */
+        PlannedEnvironmentOutStateEnum: "ready" | "to build" | "unknown";
         PlannedJobOut: {
             name: string;
             workflow: string;
@@ -1620,6 +1663,7 @@ export interface components {
             cache: components["schemas"]["CacheHitOut"] | null;
             cache_decision: components["schemas"]["CacheDecisionOut"];
             commands: string[];
+            environment: components["schemas"]["PlannedEnvironmentOut"] | null;
             placement: {
                 [key: string]: unknown;
             };
@@ -1684,6 +1728,21 @@ export interface components {
             last_run_at: string | null;
             readonly credential: components["schemas"]["CredentialOut"] | null;
         };
+        /** @description Whether a re-run's artifacts match its original's (docs/ENVIRONMENTS.md, "Reproduced"). */
+        ReproducedOut: {
+            state: components["schemas"]["ReproducedOutStateEnum"];
+            /** @description "every artifact byte-identical (3 files)", what differs, or why nothing could be compared */
+            detail: string;
+            differences: components["schemas"]["ArtifactDifferenceOut"][];
+        };
+        /**
+         * @description * `reproduced` - reproduced
+         *     * `differs` - differs
+         *     * `not_comparable` - not_comparable
+         *     * `pending` - pending
+         * @enum {string}
+         */
+        ReproducedOutStateEnum: "reproduced" | "differs" | "not_comparable" | "pending";
         /**
          * @description * `admin` - Admin
          *     * `member` - Member
@@ -1715,6 +1774,17 @@ export interface components {
             /** @default false */
             no_cache: boolean;
             placement?: components["schemas"]["PlacementInRequest"];
+            /**
+             * @description only build (and store) the workflow's environment; no commands run
+             * @default false
+             */
+            environment_build: boolean;
+            /** @description by requirements file, the sha256 of it and of the files it includes (-r/-c) */
+            environment_files?: {
+                [key: string]: {
+                    [key: string]: string;
+                };
+            };
         };
         RunOut: {
             /** Format: uuid */
@@ -1735,10 +1805,15 @@ export interface components {
             /** Format: double */
             readonly duration_seconds: number | null;
             readonly no_cache: boolean;
+            readonly environment_build: boolean;
             readonly tags: string[];
             readonly code: {
                 [key: string]: unknown;
             };
+            /** @description a re-run: the original run's name */
+            readonly rerun_of: string | null;
+            /** @description a re-run: whether its artifacts match the original's */
+            readonly reproduced: components["schemas"]["ReproducedOut"] | null;
             readonly jobs: components["schemas"]["JobOut"][];
         };
         /**
@@ -1792,6 +1867,17 @@ export interface components {
             /** @default false */
             no_cache: boolean;
             placement?: components["schemas"]["PlacementInRequest"];
+            /**
+             * @description only build (and store) the workflow's environment; no commands run
+             * @default false
+             */
+            environment_build: boolean;
+            /** @description by requirements file, the sha256 of it and of the files it includes (-r/-c) */
+            environment_files?: {
+                [key: string]: {
+                    [key: string]: string;
+                };
+            };
         };
         RunPlanOut: {
             workflow: string;

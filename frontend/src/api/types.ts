@@ -18,6 +18,8 @@ export type LogPage = Schemas["LogPageOut"];
 export type Tag = Schemas["TagOut"];
 export type Secret = Schemas["SecretOut"];
 export type ArtifactFile = Schemas["ArtifactFileOut"];
+/** Whether a re-run's artifacts match its original's (docs/ENVIRONMENTS.md, "Reproduced"). */
+export type Reproduced = Schemas["ReproducedOut"];
 
 export interface Artifact {
   id: string;
@@ -159,6 +161,12 @@ export interface Run {
   jobs: Job[];
   tags?: string[];
   no_cache?: boolean;
+  /** `trainyard env build`: the run only builds the workflow's environment. */
+  environment_build?: boolean;
+  /** A re-run: the original run's name; null (or absent) for any other run. */
+  rerun_of?: string | null;
+  /** A re-run: whether its artifacts match the original's; null (or absent) for any other run. */
+  reproduced?: Reproduced | null;
 }
 
 export interface Page<T> {

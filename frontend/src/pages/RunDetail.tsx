@@ -5,6 +5,7 @@ import { useLiveFrames } from "../api/live";
 import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type Run, type RunRef, type Tag } from "../api/types";
 import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
 import { JobGraph } from "../components/JobGraph";
+import { RerunBadge } from "../components/RerunBadge";
 import { AttemptsTable } from "../components/AttemptsTable";
 import { LogViewer, type AttemptMark, type WindowedLog } from "../components/LogViewer";
 import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
@@ -140,6 +141,7 @@ function RunHeader({ run, now, onChange }: { run: Run; now: number; onChange: (r
         <h1>
           {run.name} <StatusBadge status={run.status} />
         </h1>
+        <RerunBadge run={run} workspace={slug} />
         {run.status_reason ? <p className="status-reason">{run.status_reason}</p> : null}
         {run.help ? <p className="run-help muted">{run.help}</p> : null}
         <dl className="facts">
@@ -159,6 +161,13 @@ function RunHeader({ run, now, onChange }: { run: Run; now: number; onChange: (r
             <span title="No cost data for this backend">—</span>
           </Fact>
           {run.no_cache ? <Fact label="Cache">off (--no-cache)</Fact> : null}
+          {run.environment_build ? (
+            <Fact label="Kind">
+              <span title="trainyard env build: builds and stores the workflow's environment; no commands run">
+                environment build
+              </span>
+            </Fact>
+          ) : null}
           {run.tags && run.tags.length ? (
             <Fact label="Tags">
               <Tags tags={run.tags} workspace={slug} />

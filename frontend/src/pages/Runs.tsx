@@ -123,7 +123,10 @@ export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string 
               {run.name}
             </Link>
           </td>
-          <td>{run.workflow}</td>
+          <td>
+            {run.workflow}
+            {run.environment_build ? <span className="muted"> (environment build)</span> : null}
+          </td>
           <td className="mono small" title={run.code?.commit ? `${codeLabel(run.code)} (${run.code.commit})` : undefined}>
             <span className="code-label">{codeLabel(run.code)}</span>
           </td>

@@ -81,6 +81,14 @@ describe("RunsPage", () => {
     expect(screen.getAllByRole("row")).toHaveLength(3);
   });
 
+  it("says which runs only built an environment (trainyard env build)", async () => {
+    renderRuns([makeRun({}), makeRun({ id: "id-2", name: "calm-heron-2", environment_build: true })]);
+    const build = (await screen.findByRole("link", { name: "calm-heron-2" })).closest("tr") as HTMLElement;
+    expect(within(build).getByText("(environment build)")).toBeInTheDocument();
+    const plain = screen.getByRole("link", { name: "brave-otter-1" }).closest("tr") as HTMLElement;
+    expect(within(plain).queryByText("(environment build)")).toBeNull();
+  });
+
   it("updates a row and adds new runs from websocket frames without reloading", async () => {
     const { sockets, fetchMock } = renderRuns([makeRun({})]);
     await screen.findByRole("link", { name: "brave-otter-1" });
