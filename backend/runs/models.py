@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Value
 
 from backend.accounts.models import WorkspaceOwnedModel
 from backend.artifacts.models import StoredModel
@@ -74,10 +75,15 @@ class Run(WorkspaceOwnedModel):
     # {requirements file: {path: sha256}} of the jobs' environments, as the CLI
     # read them from the working tree: names a changed file as the reason a
     # job is not reused, and lets --dry-run find a built environment.
-    environment_files = models.JSONField(default=dict, blank=True)
+    # db_default (here and on environment_build): rows written by raw SQL
+    # (the benchmark's COPY, a test's seed) or by a process still on the
+    # previous release get the default too.
+    environment_files = models.JSONField(
+        default=dict, blank=True, db_default=Value({}, output_field=models.JSONField())
+    )
     # ``trainyard env build``: the run only builds (and stores) the workflow's
     # environment; its job has no commands (docs/ENVIRONMENTS.md, "Remote build").
-    environment_build = models.BooleanField(default=False)
+    environment_build = models.BooleanField(default=False, db_default=False)
     rerun_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns")
     # The uncommitted files the patch touches, {path: sha256 of its part of
     # the patch}, as the CLI sent them; None when not sent (an API client):

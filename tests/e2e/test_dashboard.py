@@ -694,3 +694,40 @@ def _seed_finished_runs(stack: Stack, login: str, count: int) -> None:
             """,
             {"n": count, "login": login},
         )
+
+
+JUNE = GithubUser(id=5008, login="june", name="June Park")
+
+
+def test_a_rerun_from_the_run_page_is_marked_reproduced(
+    stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
+) -> None:
+    """The Re-run button opens the new run; once it ends, its header links the
+    original and says its artifacts are byte-identical (docs/ENVIRONMENTS.md,
+    "Reproduced"). --no-cache, which the re-run keeps, makes its job run again."""
+    context = new_context(browser, stack)
+    contexts.append(context)
+    page = context.new_page()
+    sign_in(page, stack_github, JUNE)
+    june = User("june", make_token(page, "laptop"), stack)
+    submitted = june.cli(tiny_repo(tmp_path), "run", "ticks", "--no-cache", "-d")
+    assert submitted.returncode == 0, submitted.stderr
+    name = run_name_of(submitted)
+    assert june.wait(name, lambda run: run["status"] in FINISHED, timeout=120)["status"] == "succeeded"
+
+    page.goto(f"/w/{june.workspace}/runs/{name}")
+    expect(page.get_by_role("heading", level=1)).to_contain_text(name)
+    expect(page.locator(".rerun")).to_have_count(0)  # the original is no re-run
+    page.get_by_role("button", name="Re-run", exact=True).click()
+    expect(page.get_by_role("heading", level=1)).not_to_contain_text(name)
+    again = page.get_by_role("heading", level=1).inner_text().split()[0]
+    rerun = page.locator(".rerun")
+    expect(rerun).to_contain_text(f"Re-run of {name}")
+    badge = rerun.locator(".badge")
+    expect(badge).to_have_attribute("data-state", "reproduced", timeout=120_000)
+    expect(rerun).to_contain_text("every artifact byte-identical")
+    assert june.run(again)["reproduced"]["state"] == "reproduced"
+    audit(page)
+    screenshot(page, "run-rerun-reproduced")
+    rerun.get_by_role("link", name=name).click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(name)
