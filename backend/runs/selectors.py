@@ -11,7 +11,17 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
-from django.db.models import Count, Exists, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db import connection
+from django.db.models import (
+    Count,
+    Exists,
+    IntegerField,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+)
 from django.db.models.functions import Coalesce, JSONObject
 
 from backend.accounts.models import User, Workspace
@@ -27,8 +37,8 @@ def run_list(
     *, workspace: Workspace, status: str = "", workflow: str = "", q: str = "", tag: str = ""
 ) -> QuerySet[Run]:
     """The workspace's runs matching the filters, newest first (``-created_at, -id``:
-    the order of the ``run_ws_*`` indexes), with what ``RunOut`` shows prefetched."""
-    runs = Run.objects.for_workspace(workspace).select_related("submitted_by").order_by("-created_at", "-id")
+    the order of the ``run_ws_*`` indexes); ``run_page`` reads a page of them."""
+    runs = Run.objects.for_workspace(workspace).order_by("-created_at", "-id")
     if status:
         runs = runs.filter(status__in=status.split(","))
     if workflow:
@@ -37,7 +47,7 @@ def run_list(
         runs = runs.filter(_search(q))
     if tag:
         runs = runs.filter(tags__name=tag)
-    return with_shown(runs)
+    return runs
 
 
 def with_shown(runs: QuerySet[Run]) -> QuerySet[Run]:
@@ -110,61 +120,176 @@ _UNSHOWN_RUN_FIELDS = (
 
 @dataclass(frozen=True)
 class RunPage:
-    runs: list[Run]
+    rows: list[RunRow]  # newest first
     next: str | None  # the cursor of the page after this one (None: the last page)
     count: int
     count_estimated: bool  # ``count`` is the planner's estimate (above RUNS_EXACT_COUNT_UP_TO)
 
 
+# A run of a page as ``run_page`` reads it: by column name, the run's shown
+# columns, ``submitter`` (a username or None), ``tag_names`` and ``jobs``,
+# each job a dict of its shown columns with ``instance_name``,
+# ``cached_from_run``, ``need_names``, ``after_names``, ``need_inputs``
+# ([path, job name]), ``ref_inputs`` ([ref number from 1, path]),
+# ``checkpoint_path``, ``checkpoint_latest`` and ``attempts`` (dicts, their
+# instance's fields prefixed ``instance_``); dates as aware datetimes.
+RunRow = dict[str, Any]
+
+
 def run_page(*, runs: QuerySet[Run], cursor: str, size: int) -> RunPage:
-    """One keyset page of ``runs`` (ordered ``-created_at, -id``) after
-    ``cursor`` ("": the first page). A page costs the same at page 1 and
+    """One keyset page of ``runs`` (``run_list``, ordered ``-created_at, -id``)
+    after ``cursor`` ("": the first page). A page costs the same at page 1 and
     page 10,000: it starts from an index position, not an OFFSET.
 
-    1. ``size + 1`` rows after the cursor: the extra one says a next page exists.
-    2. The total: a first page that is not full counts itself; else counted
-       while cheap, or the planner's estimate (``_count``).
+    1. One query (``_PAGE_SQL``): ``size + 1`` runs after the cursor (the
+       extra one says a next page exists), each with its tags and its jobs
+       (DAG edges, attempts, inputs, checkpoint), and the matches counted up
+       to the cap + 1 (``RUNS_EXACT_COUNT_UP_TO``). A first page reads both
+       from the same rows, so a search's filter is evaluated once.
+    2. The total: a first page that is not full counts itself; under the cap
+       the count is exact; over it, the planner's estimate (``_count``).
     """
-    page = runs
+    cap = settings.TRAINYARD["RUNS_EXACT_COUNT_UP_TO"]
     if cursor:
         at = cursor_decode(cursor)
-        # Row comparison spelled so the (workspace, …, created_at, id) index bounds it.
-        page = page.filter(Q(created_at__lt=at.created_at) | Q(created_at=at.created_at, id__lt=at.id))
-    rows = list(page[: size + 1])
+        # (created_at, id) < the cursor's, spelled so an index bounds it: the
+        # redundant ``created_at <=`` is the index condition (the OR alone is a
+        # filter, and page 1,000 would read the 49,950 rows before it).
+        after = runs.filter(created_at__lte=at.created_at).filter(
+            Q(created_at__lt=at.created_at) | Q(created_at=at.created_at, id__lt=at.id)
+        )
+        rows = _page_rows(after.values("id", "created_at")[: size + 1], size, counted=runs.values("id")[: cap + 1])
+    else:
+        rows = _page_rows(runs.values("id", "created_at")[: max(size, cap) + 1], size, counted=None)
     more = len(rows) > size
+    capped = rows[0]["counted"] if rows else runs.values("id")[: cap + 1].count()
     rows = rows[:size]
-    after = cursor_encode(Position(rows[-1].created_at, rows[-1].id)) if more else None
-    count, estimated = (len(rows), False) if not cursor and not more else _count(runs)
-    return RunPage(rows, after, count, estimated)
+    after_last = cursor_encode(Position(rows[-1]["created_at"], rows[-1]["id"])) if more else None
+    count, estimated = (len(rows), False) if not cursor and not more else _count(runs, capped, cap)
+    return RunPage(rows, after_last, count, estimated)
+
+
+# The page's runs with their tags and their jobs, each job one JSON object of
+# what JobOut shows: Postgres builds them (an index probe per job and per
+# edge), so Python neither compiles a prefetch nor builds a model per row.
+# ``{matches}`` is the ORM's query of the runs to show (ids, newest first;
+# materialised, so it is read once for the page and its count), ``{counted}``
+# the count of matches up to the cap + 1. A cached job's inputs are its
+# source's artifacts, as ``job_extras`` reads them (outputs, complete); the
+# ref arm's one-time filter skips it for a job without refs.
+_PAGE_SQL = """
+WITH matches AS MATERIALIZED ({matches})
+SELECT r.id, r.workspace_id, r.name, r.workflow, r.help, r.status, r.status_reason, r.exit_code,
+  r.created_at, r.started_at, r.finished_at, r.no_cache, r.environment_build, r.code_kind, r.repo_url,
+  r."commit", r.patch_blob_id, r.rerun_of_id, u.username AS submitter, ({counted}) AS counted,
+  ARRAY(SELECT t.name FROM runs_tag t WHERE t.run_id = r.id) AS tag_names,
+  (SELECT json_agg(j_shown ORDER BY j_shown.created_at, j_shown.id)::text FROM (
+    SELECT j.id, j.created_at, j.name, j.workflow, j.status, j.status_reason, j.exit_code, j.attempt,
+      j.ports, j.cpu, j.memory_bytes, j.gpu_count, j.gpu_name, j.cached_from_id, j.cache_decision,
+      j.placement, j.on_demand_since, j.placement_note, j.started_at, j.finished_at, j.last_seq,
+      j.log_bytes, j.log_note, j.input_refs,
+      COALESCE(j.spec -> 'provider', '"bash"') AS provider, j.spec -> 'checkpoint' AS checkpoint_path,
+      i.name AS instance_name, cr.name AS cached_from_run,
+      ARRAY(SELECT n.name FROM runs_job_needs e JOIN runs_job n ON n.id = e.to_job_id
+            WHERE e.from_job_id = j.id) AS need_names,
+      ARRAY(SELECT n.name FROM runs_job_after_running e JOIN runs_job n ON n.id = e.to_job_id
+            WHERE e.from_job_id = j.id) AS after_names,
+      ARRAY(SELECT json_build_array(a.path, n.name) FROM runs_job_needs e JOIN runs_job n ON n.id = e.to_job_id
+              JOIN artifacts_artifact a ON a.job_id = COALESCE(n.cached_from_id, n.id)
+            WHERE e.from_job_id = j.id AND a.kind = 'output' AND a.status = 'complete'
+            ORDER BY n.name, a.path) AS need_inputs,
+      ARRAY(SELECT json_build_array(ref.number, a.path)
+            FROM jsonb_array_elements(j.input_refs) WITH ORDINALITY AS ref(value, number)
+              JOIN runs_job rj ON rj.run_id = (ref.value ->> 'run_id')::uuid
+              JOIN artifacts_artifact a ON a.job_id = COALESCE(rj.cached_from_id, rj.id)
+            WHERE j.input_refs <> '[]' AND a.kind = 'output' AND a.status = 'complete') AS ref_inputs,
+      (SELECT json_build_object('number', v.number, 'attempt', v.attempt, 'size', v.total_size,
+                'files', (SELECT count(*) FROM artifacts_artifactfile f WHERE f.artifact_id = v.id),
+                'completed_at', v.completed_at)
+         FROM artifacts_checkpointlatest cl JOIN artifacts_artifact v ON v.id = cl.version_id
+        WHERE cl.job_id = j.id) AS checkpoint_latest,
+      (SELECT json_agg(a_shown ORDER BY a_shown.number) FROM (
+         SELECT a.number, a.status, a.termination_reason, a.termination_message, a.exit_code, a.started_at,
+           a.finished_at, a.first_seq, a.last_seq, a.offers_tried, a.restored_checkpoint, a.environment_key,
+           a.created_at, ai.name AS instance_name, ai.backend AS instance_backend,
+           ai.instance_type AS instance_instance_type, ai.region AS instance_region,
+           ai.zone AS instance_zone, ai.spot AS instance_spot
+         FROM runs_attempt a LEFT JOIN clouds_instance ai ON ai.id = a.instance_id
+         WHERE a.job_id = j.id) a_shown) AS attempts
+    FROM runs_job j
+      LEFT JOIN clouds_instance i ON i.id = j.instance_id
+      LEFT JOIN runs_job cj ON cj.id = j.cached_from_id
+      LEFT JOIN runs_run cr ON cr.id = cj.run_id
+    WHERE j.run_id = r.id) j_shown) AS jobs
+FROM (SELECT id, created_at FROM matches ORDER BY created_at DESC, id DESC LIMIT {size}) page
+  JOIN runs_run r ON r.id = page.id
+  LEFT JOIN accounts_user u ON u.id = r.submitted_by_id
+ORDER BY page.created_at DESC, page.id DESC
+"""
+_JOB_DATES = ("created_at", "on_demand_since", "started_at", "finished_at")
+_ATTEMPT_DATES = ("created_at", "started_at", "finished_at")
+
+
+def _page_rows(matches: QuerySet[Any], size: int, *, counted: QuerySet[Any] | None) -> list[RunRow]:
+    """The first ``size + 1`` of ``matches`` (ids and creation times, newest
+    first) as ``RunRow``s, each also holding ``counted``: how many rows the
+    bounded query ``counted`` has (None: ``matches`` has)."""
+    matches_sql, params = matches.query.sql_with_params()
+    counted_sql, counted_params = "SELECT count(*) FROM matches", ()
+    if counted is not None:
+        inner, counted_params = counted.query.sql_with_params()
+        counted_sql = f"SELECT count(*) FROM ({inner}) counted"
+    sql = _PAGE_SQL.format(matches=matches_sql, counted=counted_sql, size=int(size) + 1)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (*params, *counted_params))
+        names = [column.name for column in cursor.description]
+        rows = [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+    for row in rows:
+        row["jobs"] = [_job_row(job) for job in json.loads(row["jobs"] or "[]")]
+    return rows
+
+
+def _job_row(job: dict[str, Any]) -> dict[str, Any]:
+    """A job of ``_PAGE_SQL`` as Python reads its models: dates as datetimes."""
+    for name in _JOB_DATES:
+        job[name] = _date(job[name])
+    job["attempts"] = job["attempts"] or []
+    for attempt in job["attempts"]:
+        for name in _ATTEMPT_DATES:
+            attempt[name] = _date(attempt[name])
+    if job["checkpoint_latest"] is not None:
+        job["checkpoint_latest"]["completed_at"] = _date(job["checkpoint_latest"]["completed_at"])
+    return job
+
+
+def _date(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
 
 
 def _search(q: str) -> Q:
     """Name, workflow or submitter contains ``q`` (any case). The name and
     workflow use trigram indexes (``run_name_trgm``, ``run_workflow_trgm``);
     the submitters are looked up first, so the three arms combine as one
-    bitmap OR on indexes instead of a scan of the workspace's runs."""
+    bitmap OR on indexes instead of a scan of the workspace's runs (as a
+    subquery, the planner could not tell how many runs they submitted)."""
     users = list(User.objects.filter(username__icontains=q).values_list("pk", flat=True)[:1000])
     return Q(name__icontains=q) | Q(workflow__icontains=q) | Q(submitted_by_id__in=users)
 
 
-def _count(runs: QuerySet[Run]) -> tuple[int, bool]:
-    """Exact up to ``RUNS_EXACT_COUNT_UP_TO``, else the planner's row estimate.
-
-    1. The estimate (planning only: no row is read). Far above the cap (10×)
-       it is the answer: an exact count there would read every match.
-    2. Else a count capped at cap + 1 rows (at most that many index entries):
-       exact when under the cap, so a small workspace is exact even when the
-       statistics are stale; over it, the larger of the two.
+def _count(runs: QuerySet[Run], capped: int, cap: int) -> tuple[int, bool]:
+    """The total of ``runs``, of which ``capped`` were counted (at most cap +
+    1): exact up to the cap, so a small workspace is exact even when the
+    statistics are stale; above it the planner's row estimate (planning
+    only: no row is read), which far above the cap (10×) is the answer: an
+    exact count there would read every match. In between, the larger of the two.
     """
-    cap = settings.TRAINYARD["RUNS_EXACT_COUNT_UP_TO"]
+    if capped <= cap:
+        return capped, False
     plain = runs.order_by().values("pk")
     estimate = int(json.loads(plain.explain(format="json"))[0]["Plan"]["Plan Rows"])
     if estimate > 10 * cap:
         return estimate, True
-    exact = plain[: cap + 1].count()
-    if exact <= cap:
-        return exact, False
-    return max(estimate, exact), True
+    return max(estimate, capped), True
 
 
 @dataclass(frozen=True)

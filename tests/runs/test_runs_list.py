@@ -24,11 +24,14 @@ from tests.support.attempts import accept, report
 from tests.support.fixtures import WORKFLOWS, Person, submit
 
 BASE = "/api/v1/workspaces/acme"
-# Token + user, membership + workspace, the page (tags, DAG edges and
-# attempts as array columns), its jobs, the users a search names, the
-# artifacts of the jobs' inputs, [the count: a full first page]. The run
-# page: the run, then the same for its jobs.
-RUNS_LIST_QUERIES = 7
+# Token + user (and its once-a-minute last_used_at write: a new token's
+# first request), membership + workspace, and the page: runs, tags, jobs with
+# their DAG edges, attempts, inputs and checkpoints, and the count up to the
+# threshold, in one query (docs/decisions/0057-runs-list-page-in-sql.md).
+RUNS_LIST_QUERIES = 4
+SEARCH_QUERIES = 1  # the submitters a search names, looked up first
+ESTIMATE_QUERIES = 1  # above RUNS_EXACT_COUNT_UP_TO, the planner's estimate
+# The run page: the run, then its jobs (with_shown), their inputs, the rest of RunOut.
 RUN_PAGE_QUERIES = 8
 # A re-run adds its original, both runs' jobs, their artifacts' digests and
 # the files of the artifacts that differ (backend/runs/services/reproduced.py).
@@ -70,7 +73,7 @@ def test_every_filter_of_the_runs_list_keeps_the_bound(
 ) -> None:
     _train_runs(team, owner, 12)
 
-    with django_assert_max_num_queries(RUNS_LIST_QUERIES):
+    with django_assert_max_num_queries(RUNS_LIST_QUERIES + (SEARCH_QUERIES if query.startswith("q=") else 0)):
         body = owner.client().get(f"{BASE}/runs/?{query}").json()
 
     assert len(body["results"]) == (1 if query == "tag=t1" else 12)
@@ -111,6 +114,40 @@ def test_a_reruns_artifacts_are_compared_in_a_constant_number_of_queries(
         f"w{n} ./out (w.bin)" for n in range(jobs - 1)
     )
     assert [(r["name"], r["reproduced"]) for r in listed] == [(again.name, body["reproduced"]), (first.name, None)]
+
+
+@pytest.mark.parametrize("case", ["first page", "a later page", "filter", "search"])
+def test_a_page_of_a_workspace_above_the_count_threshold_takes_at_most_five_queries(
+    team: Workspace, owner: Person, settings: Any, case: str, django_assert_max_num_queries: Any
+) -> None:
+    """The bench's four cases (bench/runs_list.py), each the token's first
+    request but the later page's: its count is the estimate, or exact for a
+    search of a few runs."""
+    runs = _train_runs(team, owner, 30)
+    Run.objects.filter(pk__in=[r.pk for r in runs[::10]]).update(status="failed")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE runs_run")
+    settings.TRAINYARD = {**settings.TRAINYARD, "RUNS_EXACT_COUNT_UP_TO": 2}
+    client = owner.client()
+    query = {
+        "first page": "",
+        "a later page": client.get(f"{BASE}/runs/?page_size=10").json()["next"].partition("?")[2],
+        "filter": "status=failed",
+        "search": f"q={runs[7].name}",
+    }[case]
+
+    with django_assert_max_num_queries(RUNS_LIST_QUERIES + ESTIMATE_QUERIES):
+        body = client.get(f"{BASE}/runs/?page_size=10&{query}").json()
+
+    if case == "search":  # its name (perhaps another's contains it too)
+        assert runs[7].name in [r["name"] for r in body["results"]]
+    shown = {"first page": 10, "a later page": 10, "filter": 3, "search": len(body["results"])}[case]
+    estimated = case in ("first page", "a later page")
+    assert (len(body["results"]), body["count"], body["count_estimated"]) == (
+        shown,
+        30 if estimated else shown,
+        estimated,
+    )
 
 
 def test_pages_follow_the_cursor_through_every_run_once_newest_first(team: Workspace, owner: Person) -> None:

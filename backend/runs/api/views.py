@@ -20,6 +20,7 @@ from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import RawBodyParser
+from backend.runs.api.listing import runs_shown
 from backend.runs.api.serializers import (
     BlobOut,
     EnvironmentDetailOut,
@@ -39,7 +40,6 @@ from backend.runs.selectors import (
     environment_get,
     environment_list,
     environment_runs,
-    job_extras,
     job_get,
     run_get,
     run_list,
@@ -58,7 +58,6 @@ from backend.runs.services.rawlog import (
     raw_log_bytes,
     raw_log_chunks,
 )
-from backend.runs.services.reproduced import rerun_verdicts
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
 from backend.runs.services.tags import tag_delete, tag_set
 
@@ -96,15 +95,14 @@ class RunListView(WorkspaceAPIView):
         )
         size = min(_int_param(request, "page_size", PAGE_SIZE, minimum=1), MAX_PAGE_SIZE)
         page = run_page(runs=runs, cursor=params.get("cursor", ""), size=size)
-        extras = job_extras(jobs=[j for r in page.runs for j in r.jobs.all()])
-        context = {"job_extras": extras, "rerun_verdicts": rerun_verdicts(runs=page.runs)}
         return Response(
             {
                 "count": page.count,
                 "count_estimated": page.count_estimated,
                 "next": _with_cursor(request, page.next) if page.next else None,
                 "previous": None,
-                "results": RunOut(page.runs, many=True, context=context).data,
+                # RunOut's shape, without DRF's nested serializers (listing.py).
+                "results": runs_shown(page.rows),
             }
         )
 
