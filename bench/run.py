@@ -69,7 +69,8 @@ BURST_TIMEOUT = 300.0
 NOISY_TIMEOUT = 300.0
 COPY_REPEATS = 3
 
-TARGET_LATENCY_MS = 250.0
+TARGET_LATENCY_MS = 60.0  # p50, warm runner (issue 12)
+TARGET_LATENCY_P99_MS = 150.0
 TARGET_LINES_PER_S = 50_000.0
 TARGET_COPY_RATIO = 0.25
 
@@ -395,10 +396,15 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         row(
             f"submit → first log line, median ({lat['samples']} samples)",
             f"{lat['median_ms']:.0f} ms",
-            f"< {TARGET_LATENCY_MS:.0f} ms",
-            lat["median_ms"] < TARGET_LATENCY_MS,
+            f"≤ {TARGET_LATENCY_MS:.0f} ms",
+            lat["median_ms"] <= TARGET_LATENCY_MS,
         )
-        row(f"submit → first log line, p99 (= max of {lat['samples']})", f"{lat['p99_ms']:.0f} ms", "", None)
+        row(
+            f"submit → first log line, p99 (= max of {lat['samples']})",
+            f"{lat['p99_ms']:.0f} ms",
+            f"≤ {TARGET_LATENCY_P99_MS:.0f} ms",
+            lat["p99_ms"] <= TARGET_LATENCY_P99_MS,
+        )
     if thr:
         row(
             f"durable log throughput, noisy LINES={thr['lines']}",

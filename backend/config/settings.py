@@ -389,6 +389,7 @@ class TrainyardSettings(TypedDict):
     DB_CONFLICT_RETRIES: int
     TASK_MAX_DELIVERIES: int
     SCHEDULE_MAX_PASSES: int
+    ASSIGN_ON_SUBMIT: bool
     LEAK_SWEEP_SECONDS: float
     LEAK_MIN_AGE_SECONDS: float
     FACTS_REFRESH_SECONDS: float
@@ -510,6 +511,8 @@ TRAINYARD: TrainyardSettings = {
     "TASK_MAX_DELIVERIES": env_int("TRAINYARD_TASK_MAX_DELIVERIES", 3),
     # One schedule task runs at most this many passes in a row while new requests keep coming.
     "SCHEDULE_MAX_PASSES": env_int("TRAINYARD_SCHEDULE_MAX_PASSES", 20),
+    # A submission an idle runner fits is assigned in the request's own transaction (docs/RUNS.md, "Warm start").
+    "ASSIGN_ON_SUBMIT": env_bool("TRAINYARD_ASSIGN_ON_SUBMIT", True),
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # A machine with our tags and no live row is left alone until it is this old (CLOUDS.md: 10 min).
     "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),

@@ -3,8 +3,8 @@
 Run as ``python -I -S _shim.py JOB_DIR OUTLIVE ARGV...`` (standard library
 only, so it starts in ~10 ms), with ``OUTLIVE`` "1" or "0":
 
-1. It leads its own session and process group (the job's), and writes
-   ``JOB_DIR/shim.json`` {pid, start, boot}: its pid, its start time in clock
+1. It leads its own session and process group (the job's), and (once the
+   child of step 2 is started) writes ``JOB_DIR/shim.json`` {pid, start, boot}: its pid, its start time in clock
    ticks since boot (``/proc/<pid>/stat`` field 22) and the boot id, so a
    runner started later tells it from a reused pid.
 2. It forks ARGV (``bash -c SCRIPT``, or ``docker run …``) with stdout and
@@ -34,11 +34,9 @@ exit file: the job died with the runner. With OUTLIVE "1" a dead runner
 changes nothing here; the next runner started on the work dir re-attaches.
 """
 
-import contextlib
+import _signal as signal  # type: ignore[import-not-found]  # the C module: `signal` pulls in enum, ~3 ms of every job's start
 import ctypes
-import json
 import os
-import signal
 import sys
 import time
 
@@ -67,8 +65,6 @@ def main() -> int:
     me = os.getpid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     cgroup = _enter_cgroup(os.environ.get(MARK_VAR, ""))
-    record = {"pid": me, "start": start_ticks(me), "boot": boot_id(), "mark": os.environ.get(MARK_VAR, "")}
-    _write(job_dir, "shim.json", {**record, "cgroup": cgroup})
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     out = os.open(os.path.join(job_dir, "stdout.log"), flags, 0o600)
     err = os.open(os.path.join(job_dir, "stderr.log"), flags, 0o600)
@@ -84,6 +80,9 @@ def main() -> int:
         os._exit(127)
     os.close(out)
     os.close(err)
+    # Written while the child starts: the job's first line does not wait for it.
+    record = {"pid": me, "start": start_ticks(me), "boot": boot_id(), "mark": os.environ.get(MARK_VAR, "")}
+    _write(job_dir, "shim.json", {**record, "cgroup": cgroup})
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None
@@ -120,14 +119,18 @@ def _contain_end(cgroup: str) -> None:
     for _ in range(SWEEP_ROUNDS):
         doomed = (_cgroup_pids(cgroup) | _descendants(me)) - {me}
         for pid in doomed:
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - contextlib is not imported: start time
                 os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         _reap()
         if not doomed:
             break
     if cgroup:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib is not imported: start time
             os.rmdir(cgroup)
+        except OSError:
+            pass
 
 
 def _cgroup_pids(cgroup: str) -> set[int]:
@@ -185,6 +188,8 @@ def boot_id() -> str:
 
 
 def _write(job_dir: str, name: str, value: object) -> None:
+    import json  # here, not at the top: ~3 ms of the job's start (it pulls in re)
+
     path = os.path.join(job_dir, name)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:

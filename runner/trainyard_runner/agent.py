@@ -482,6 +482,8 @@ class Agent:
         kept.sweep(self._work_dir)
         await self._deliver_finals()
         self._maybe_exit()
+        if not self._stopping:
+            await job.make_spare()  # for the next job of the same repository: no clone
 
     async def _report(self, state: p.JobState) -> None:
         """Send a job's intermediate state now if connected; it is re-sent after

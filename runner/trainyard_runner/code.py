@@ -2,8 +2,11 @@
 
 git: a bare mirror per repository URL is kept under ``<work-dir>/git-cache``
 and fetched only when the commit is missing; the working copy is a
-``--shared`` clone of the mirror (no object copies), so a warm runner checks
-out in milliseconds. archive: a tar.gz downloaded and extracted safely. A
+``--shared`` clone of the mirror (no object copies). Beside each mirror the
+runner keeps one such clone made ahead (``<mirror>.spare``, by
+``spare_checkout`` once a job has ended): the next job of the repository
+takes it with a rename and only checks its commit out, so a warm runner
+starts a job without a clone. archive: a tar.gz downloaded and extracted safely. A
 download link refused with 403 (expired) is replaced by a fresh one.
 Every failure raises ``CodeError`` with a reason fit for the job's state.
 
@@ -24,6 +27,7 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import shlex
 import shutil
 import tarfile
@@ -119,7 +123,8 @@ async def _prepare_git(
     with _auth(code, tmp_dir) as auth:
         if not mirror.exists():
             await _make_mirror(mirror, code.repo_url, auth)
-        await _git("clone", "--shared", "--no-checkout", "-q", str(mirror), str(work), what="clone from cache")
+        if not _take_spare(mirror, work):
+            await _git("clone", "--shared", "--no-checkout", "-q", str(mirror), str(work), what="clone from cache")
         checkout = ["-C", str(work), "checkout", "-q", code.commit]
         if (await _run(["git", *checkout], LOCAL_GIT_TIMEOUT))[0] != 0:
             # The work tree borrows the mirror's objects (alternates), so a fetch
@@ -131,6 +136,40 @@ async def _prepare_git(
         await _download(code.patch_url, patch, what="patch", fresh_url=fresh_url)
         if patch.stat().st_size:
             await _git("-C", str(work), "apply", "--binary", str(patch), what="git apply of the patch")
+
+
+def spare_path(mirror: Path) -> Path:
+    return mirror.with_name(mirror.name + ".spare")
+
+
+def _take_spare(mirror: Path, work: Path) -> bool:
+    """Move the mirror's spare clone to ``work``; False when there is none
+    (another job took it, or none was made yet)."""
+    try:
+        os.rename(spare_path(mirror), work)
+    except OSError:
+        return False
+    return True
+
+
+async def spare_checkout(code: CodeSpec, *, cache_dir: Path) -> None:
+    """Make the spare clone of ``code``'s repository for the next job, if its
+    mirror exists and it has none. Never raises: without a spare the next job
+    clones from the mirror as before."""
+    if code.kind != "git" or not code.repo_url:
+        return
+    mirror = mirror_path(cache_dir, code.repo_url)
+    spare = spare_path(mirror)
+    if not mirror.is_dir() or spare.exists():
+        return
+    partial = mirror.with_name(f"{mirror.name}.spare-{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        await _git("clone", "--shared", "--no-checkout", "-q", str(mirror), str(partial), what="spare clone")
+        os.rename(partial, spare)  # atomic; fails when another spare appeared meanwhile
+    except (CodeError, OSError) as e:
+        log.debug("no spare clone of %s: %s", code.repo_url, e)
+    finally:
+        await _rmtree(partial)
 
 
 async def _make_mirror(mirror: Path, url: str, auth: _Auth) -> None:

@@ -38,7 +38,7 @@ from . import docker, kept
 from .artifacts import ArtifactError, upload_artifacts
 from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
-from .code import CodeError, prepare_code
+from .code import CodeError, prepare_code, spare_checkout
 from .docker import DockerError
 from .environments import Environment, EnvironmentBuildError, prepare_environment, share
 from .http import HttpError, get_json, post_json
@@ -469,6 +469,10 @@ class Job:
             )
             if self.environment.built:  # for runners on other machines; awaited before the final state
                 self._sharing = asyncio.create_task(share(self.environment, self, say=self._say_while_open))
+
+    async def make_spare(self) -> None:
+        """A clone of this job's repository made ahead for the next job (code.spare_checkout)."""
+        await spare_checkout(self.spec.code, cache_dir=self._cache_dir)
 
     def _job_url(self, what: str, query: dict[str, str] | None = None) -> str:
         params = urlencode({"attempt": self.attempt, **(query or {})})

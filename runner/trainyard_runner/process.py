@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
 POLL_SECONDS = 0.05  # how often the output files and the exit file are looked at when nothing happens
+# After output (and when following starts), an output file is looked at again
+# this soon, then twice as late each time nothing came, up to POLL_SECONDS:
+# the first line of a job is read within milliseconds of being written.
+FIRST_POLL_SECONDS = 0.002
 # Leads the job's process group; see its docstring for the files it writes.
 SHIM = Path(__file__).with_name("_shim.py")
 OUTPUT_FILES = {"o": "stdout.log", "e": "stderr.log"}
@@ -331,6 +335,7 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
     """
     rest = b""
     start = offset  # the file offset of rest's first byte
+    wait = FIRST_POLL_SECONDS
     with open(path, "rb") as f:
         f.seek(offset)
         while True:
@@ -340,8 +345,10 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
                 if last:
                     break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ended.wait(), POLL_SECONDS)
+                    await asyncio.wait_for(ended.wait(), wait)
+                wait = min(wait * 2, POLL_SECONDS)
                 continue
+            wait = FIRST_POLL_SECONDS
             data = rest + chunk
             cut = data.rfind(b"\n") + 1
             texts: list[str] = []

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 
 import pytest
-from trainyard_runner.code import CodeError, mirror_path, prepare_code, safe_extract
+from trainyard_runner.code import CodeError, mirror_path, prepare_code, safe_extract, spare_checkout, spare_path
 from trainyard_runner.protocol import CodeSpec
 
 
@@ -70,6 +70,46 @@ def test_git_fetches_a_commit_the_cached_mirror_does_not_have(
     work = _prepare(CodeSpec(kind="git", repo_url=str(path), commit=second), tmp_path, "w2")
 
     assert (work / "train.py").read_text() == "print('v3')\n"
+
+
+def test_the_next_job_takes_the_spare_clone_made_after_the_last_one_instead_of_cloning(
+    tmp_path: Path, repo: tuple[Path, str], git: Callable[..., str]
+) -> None:
+    """A warm runner starts a job without a clone: the spare made when the
+    last job ended is renamed into the new job's folder and checked out at
+    its commit (a newer one than the spare was made with: fetched)."""
+    path, first = repo
+    cache = tmp_path / "cache"
+    _prepare(CodeSpec(kind="git", repo_url=str(path), commit=first), tmp_path, "w1")
+    spare = spare_path(mirror_path(cache, str(path)))
+    assert not spare.exists()
+    asyncio.run(spare_checkout(CodeSpec(kind="git", repo_url=str(path), commit=first), cache_dir=cache))
+    assert spare.is_dir()
+    (spare / "made-ahead").write_text("")  # marks this very folder (git ignores nothing here: untracked)
+    (path / "train.py").write_text("print('v4')\n")
+    git(path, "commit", "-qam", "fourth")
+    second = git(path, "rev-parse", "HEAD")
+
+    work = _prepare(CodeSpec(kind="git", repo_url=str(path), commit=second), tmp_path, "w2")
+
+    assert (work / "made-ahead").exists() and not spare.exists()
+    assert (work / "train.py").read_text() == "print('v4')\n"
+    assert git(work, "rev-parse", "HEAD") == second
+    assert git(work, "status", "--porcelain", "--untracked-files=no") == ""
+    # Made again for the job after; a second call while one is there changes nothing.
+    for _ in range(2):
+        asyncio.run(spare_checkout(CodeSpec(kind="git", repo_url=str(path), commit=second), cache_dir=cache))
+    assert spare.is_dir() and not (spare / "made-ahead").exists()
+    assert sorted(p.name for p in cache.iterdir()) == sorted([mirror_path(cache, str(path)).name, spare.name])
+
+
+def test_no_spare_is_made_for_an_archive_or_a_repository_without_a_mirror(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    asyncio.run(spare_checkout(CodeSpec(kind="archive", archive_url="http://127.0.0.1:9/x.tgz"), cache_dir=cache))
+    asyncio.run(
+        spare_checkout(CodeSpec(kind="git", repo_url=str(tmp_path / "nowhere"), commit="a" * 40), cache_dir=cache)
+    )
+    assert not cache.exists() or not any(cache.iterdir())
 
 
 def test_a_patch_that_does_not_apply_fails_with_gits_reason(

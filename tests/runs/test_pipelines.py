@@ -153,11 +153,11 @@ def test_an_identical_job_is_reused_from_cache_and_no_cache_forces_a_run(team: W
     page = runner_get(train, "runner-token", "inputs", path="./out").json()
     assert [f["sha256"] for f in page["files"]] == [hashlib.sha256(b"weights").hexdigest()]
 
-    forced = submit(team, owner.user, workflow="hello")
-    Run.objects.filter(pk=forced.pk).update(no_cache=True)
     Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE)
+    forced = submit(team, owner.user, workflow="hello", no_cache=True)
     jobs_schedule()
     assert forced.jobs.get().cached_from_id is None
+    assert forced.jobs.get().status == JobStatus.ASSIGNED
 
 
 def test_other_code_is_not_a_cache_hit(team: Workspace, owner: Person) -> None:
@@ -165,9 +165,7 @@ def test_other_code_is_not_a_cache_hit(team: Workspace, owner: Person) -> None:
     first = submit(team, owner.user, workflow="hello")
     jobs_schedule()
     _run_job(first.jobs.get(), instance, {"w.bin": b"weights"})
-    other = submit(team, owner.user, workflow="hello")
-    Run.objects.filter(pk=other.pk).update(commit="b" * 40)
-
+    other = submit(team, owner.user, workflow="hello", commit="b" * 40)
     jobs_schedule()
 
     assert other.jobs.get().cached_from_id is None

@@ -89,15 +89,24 @@ def outsider(db: None) -> Person:
     return _person("oscar")
 
 
-def submit(workspace: Workspace, user: User, workflow: str = "hello", text: str = WORKFLOWS) -> Run:
+def submit(
+    workspace: Workspace,
+    user: User,
+    workflow: str = "hello",
+    text: str = WORKFLOWS,
+    *,
+    no_cache: bool = False,
+    commit: str = "a" * 40,
+) -> Run:
     return run_create(
         workspace=workspace,
         user=user,
         workflow=workflow,
         workflows_file_path=".trainyard/workflows.yaml",
         workflows_file_text=text,
-        code=CodeInput(kind="git", repo_url="https://example.com/acme/models.git", commit="a" * 40),
+        code=CodeInput(kind="git", repo_url="https://example.com/acme/models.git", commit=commit),
         env={},
+        no_cache=no_cache,
     )
 
 

@@ -31,14 +31,20 @@ from backend.clouds.services.instances import (
 )
 from backend.core.testhooks import file_hook_fires
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
-from backend.runs.events import run_group
+from backend.runs.events import publish_runs, publishing_held, run_group
 from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
 from backend.runs.services.environments import environment_record
 from backend.runs.services.loglimits import logs_check
 from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.runners import runner_connect
-from backend.runs.services.transitions import attempt_end, job_accept, job_report_final, job_set_reason
+from backend.runs.services.transitions import (
+    attempt_end,
+    job_accept,
+    job_awaited_running,
+    job_report_final,
+    job_set_reason,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +173,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         if _drop_acceptance_for_tests():
             return
-        ok = await database_sync_to_async(job_accept)(
+        # Off the process's shared database thread: a submission's request
+        # still answering there (its plan, its run) must not hold up the
+        # confirmation the runner waits for before the commands start.
+        ok, changed = await database_sync_to_async(_accept, thread_sensitive=False)(
             job_id=message.job,
             instance_id=self.instance_id,
             attempt=message.attempt,
@@ -179,7 +188,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._refuse(message.job, message.attempt, reason)
             return
         await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
-        await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
+        # The commands start now; the followers hear of it right after.
+        await database_sync_to_async(publish_runs, thread_sensitive=False)(changed)
+        if await database_sync_to_async(job_awaited_running, thread_sensitive=False)(job_id=message.job):
+            await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
         await database_sync_to_async(_rejected)(self.instance_id, message)
@@ -353,6 +365,14 @@ def _version_advice(theirs: int) -> str:
     ours = protocol.PROTOCOL_VERSION
     side = "trainyard-runner" if theirs < ours else "the Trainyard server"
     return f"runner speaks protocol {theirs}, server {ours}: upgrade {side}"
+
+
+def _accept(**acceptance: Any) -> tuple[bool, set[str]]:
+    """``job_accept``, holding back the publishing of the runs it changed:
+    (accepted, those runs)."""
+    with publishing_held() as changed:
+        ok = job_accept(**acceptance)
+    return ok, changed
 
 
 async def _enqueue_schedule() -> None:

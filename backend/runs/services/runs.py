@@ -20,6 +20,7 @@ from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name
+from backend.runs.services.scheduling import run_assign_on_submit
 from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
@@ -142,7 +143,9 @@ def run_create(
             status_reason="waiting for a runner",
         )
         _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files)
-        transaction.on_commit(_enqueue_schedule)
+        run_assign_on_submit(run=run)
+        if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
+            transaction.on_commit(_enqueue_schedule)  # what no idle runner took waits for a pass
     return run
 
 

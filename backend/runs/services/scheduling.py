@@ -1,7 +1,9 @@
 """Matching pending jobs to instances, and asking ``clouds`` for more.
 
-Called from Celery tasks (``runs.tasks.schedule``), never from a request.
-Safe to run concurrently in several workers: one pass at a time holds the
+Passes run in Celery tasks (``runs.tasks.schedule``), never in a request;
+a submission assigns its own jobs to idle runners in its transaction
+(``run_assign_on_submit``) and leaves the rest to the next pass. Passes are
+safe to run concurrently in several workers: one pass at a time holds the
 scheduler's lock (a try-lock: a pass that cannot take it returns at once,
 ``ScheduleResult.busy``, and ``runs.services.coalesce`` runs another pass
 after the holder's), and pending jobs, their runs and idle instances are
@@ -18,6 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -148,6 +151,43 @@ def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = No
     for attempt in assigned:
         _send_isolated(attempt)
     return ScheduleResult([str(a.job_id) for a in assigned], provisioned, waiting)
+
+
+def run_assign_on_submit(*, run: Run) -> list[Attempt]:
+    """Inside the submission's transaction: the run's jobs that are ready get
+    an idle runner of the workspace that fits, as a pass would give them one
+    (the cache and the readiness checks included), and their assignments go
+    out when the submission commits. This is the warm path: no Celery hop and
+    no scheduler lock, so concurrent submissions do not queue behind each
+    other or behind a pass; the instance is claimed ``SKIP LOCKED``, so two
+    submissions never get the same runner and neither waits for the other.
+    A job nothing idle fits stays pending for the pass, which launches
+    machines (docs/RUNS.md, "Warm start"). Returns the attempts made."""
+    if not settings.TRAINYARD["ASSIGN_ON_SUBMIT"]:
+        return []
+    assigned: list[Attempt] = []
+    jobs = (
+        Job.objects.filter(run=run, status=JobStatus.PENDING)
+        .select_related("run", "run__patch_blob", "run__archive_blob")
+        .order_by("created_at")
+    )
+    for job in jobs:
+        if not _ready(job) or _reused(job):
+            continue
+        instance = _claim_instance(job)
+        if instance is None:
+            continue
+        if not assigned:
+            # Registered before the first assignment's own hooks: on commit the
+            # assignments go out first, then the run's events are published.
+            transaction.on_commit(partial(_send_all, assigned))
+        assigned.append(job_assign(job=job, instance=instance))
+    return assigned
+
+
+def _send_all(attempts: list[Attempt]) -> None:
+    for attempt in attempts:
+        _send_isolated(attempt)
 
 
 def attempt_send_assignment(*, attempt: Attempt) -> None:

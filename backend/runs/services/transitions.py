@@ -121,6 +121,13 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
     return True
 
 
+def job_awaited_running(*, job_id: str) -> bool:
+    """A pending job waits for this one to be running (``after_running``:
+    the workers of a master): its acceptance is then worth a scheduling pass."""
+    waits = Job.after_running.through.objects.filter(to_job_id=uuid.UUID(job_id), from_job__status=JobStatus.PENDING)
+    return waits.exists()
+
+
 def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job."""
     reason = job_reason_clean(job_id=job_id, reason=_attempt_note(attempt, reason))[:REASON_MAX]

@@ -1,0 +1,153 @@
+"""Warm start: a submission an idle runner fits is assigned in the request's
+own transaction, its assignment sent when it commits, with no Celery hop;
+what nothing idle fits waits for a pass. Real Postgres (row locks, two
+connections) and the real channel layer. docs/RUNS.md, "Warm start"."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from trainyard_runner import protocol
+
+from backend.accounts.models import Workspace
+from backend.clouds.models import Instance, InstanceStatus
+from backend.core.redis import redis_client
+from backend.runs.models import JobStatus, Run
+from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
+from backend.runs.services.scheduling import SCHEDULER_LOCK
+from tests.support.fixtures import Person, submit
+from tests.support.testdb import django_test_db_connect
+from tests.support.threads import in_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_requests() -> Iterator[None]:
+    redis_client().delete(DIRTY_KEY, QUEUED_KEY, "celery")
+    yield
+    redis_client().delete(DIRTY_KEY, QUEUED_KEY, "celery")
+
+
+def _idle(team: Workspace, name: str = "local-w") -> tuple[Instance, str]:
+    """An idle, connected runner of the workspace and the channel its frames reach."""
+    channel = async_to_sync(get_channel_layer().new_channel)()
+    instance = Instance.objects.create(
+        workspace=team,
+        backend="local",
+        name=name,
+        token_hash=name.ljust(64, "w"),
+        status=InstanceStatus.IDLE,
+        cpus=2,
+        memory_bytes=2**30,
+        channel_name=channel,
+    )
+    return instance, channel
+
+
+def _frame(channel: str) -> protocol.AssignJob:
+    message = async_to_sync(get_channel_layer().receive)(channel)
+    return protocol.AssignJob.model_validate_json(message["frame"])
+
+
+def _pass_requested() -> bool:
+    return bool(redis_client().exists(DIRTY_KEY))
+
+
+def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(team: Workspace, owner: Person) -> None:
+    instance, channel = _idle(team)
+
+    run = submit(team, owner.user, no_cache=True)
+
+    job = run.jobs.get()
+    instance.refresh_from_db()
+    assert (job.status, job.instance_id, job.attempt) == (JobStatus.ASSIGNED, instance.pk, 1)
+    assert instance.status == InstanceStatus.BUSY
+    frame = _frame(channel)
+    assert (frame.job, frame.attempt, frame.commands) == (str(job.pk), 1, ["echo hello"])
+    assert not _pass_requested()  # nothing waits: no Celery task on the hot path
+
+
+def test_what_no_idle_runner_fits_waits_for_a_pass(team: Workspace, owner: Person) -> None:
+    _idle(team)
+
+    run = submit(team, owner.user, workflow="big")  # a V100: the idle runner has no GPU
+
+    assert run.jobs.get().status == JobStatus.PENDING
+    assert _pass_requested()
+
+
+def test_only_the_jobs_that_are_ready_are_assigned_the_rest_wait_for_a_pass(team: Workspace, owner: Person) -> None:
+    instance, channel = _idle(team)
+
+    run = submit(team, owner.user, workflow="train", no_cache=True)  # train needs hello's artifacts
+
+    hello, train = run.jobs.order_by("created_at")
+    assert (hello.status, hello.instance_id) == (JobStatus.ASSIGNED, instance.pk)
+    assert train.status == JobStatus.PENDING
+    assert _frame(channel).job == str(hello.pk)
+    assert _pass_requested()
+
+
+def test_with_assign_on_submit_off_every_job_waits_for_a_pass(team: Workspace, owner: Person, settings: Any) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
+    _idle(team)
+
+    run = submit(team, owner.user, no_cache=True)
+
+    assert run.jobs.get().status == JobStatus.PENDING
+    assert _pass_requested()
+
+
+def test_a_submission_does_not_wait_for_a_runner_another_transaction_holds(team: Workspace, owner: Person) -> None:
+    """A pass (or another submission) holds the only idle runner's row, its
+    transaction still open: the submission neither queues behind it (``SKIP
+    LOCKED``) nor takes the same runner; its job is left to the next pass."""
+    instance, _ = _idle(team)
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            Instance.objects.select_for_update().get(pk=instance.pk)
+            holding.set()
+            release.wait(timeout=30)
+
+    join_holder = in_thread(hold)
+    assert holding.wait(timeout=30)
+
+    def submission() -> tuple[Run, float]:
+        started = time.monotonic()
+        run = submit(team, owner.user, no_cache=True)
+        return run, time.monotonic() - started
+
+    try:
+        run, took = in_thread(submission)()
+    finally:
+        release.set()
+    join_holder()
+
+    assert took < 10, f"the submission waited {took:.1f}s for the transaction holding the runner"
+    assert (run.jobs.get().status, run.jobs.get().instance_id) == (JobStatus.PENDING, None)
+    assert _pass_requested()
+
+
+def test_a_submission_is_assigned_while_a_pass_holds_the_schedulers_lock(team: Workspace, owner: Person) -> None:
+    """The scheduler's lock serialises passes (launches, pool sizes); the
+    warm path does not take it."""
+    instance, channel = _idle(team)
+    with django_test_db_connect() as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [SCHEDULER_LOCK])
+        other.commit()
+
+        run = submit(team, owner.user, no_cache=True)
+
+        assert run.jobs.get().instance_id == instance.pk
+        assert _frame(channel).job == str(run.jobs.get().pk)
