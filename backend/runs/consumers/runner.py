@@ -189,8 +189,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
         # The commands start now; the followers hear of it right after.
-        await database_sync_to_async(publish_runs, thread_sensitive=False)(changed)
-        if await database_sync_to_async(job_awaited_running, thread_sensitive=False)(job_id=message.job):
+        if await database_sync_to_async(_accepted, thread_sensitive=False)(changed, message.job):
             await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
@@ -373,6 +372,13 @@ def _accept(**acceptance: Any) -> tuple[bool, set[str]]:
     with publishing_held() as changed:
         ok = job_accept(**acceptance)
     return ok, changed
+
+
+def _accepted(changed: set[str], job_id: str) -> bool:
+    """After the confirmation: publish the runs ``_accept`` held back; True
+    when a pending job waits for this one to be running."""
+    publish_runs(changed)
+    return job_awaited_running(job_id=job_id)
 
 
 async def _enqueue_schedule() -> None:
