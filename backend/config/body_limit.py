@@ -24,7 +24,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.sessions.backends.base import SessionBase
 from django.core import signing
@@ -92,7 +92,8 @@ async def _other(headers: dict[str, str], declared: int | None) -> tuple[Refusal
     limit = settings.TRAINYARD["UNAUTHENTICATED_BODY_BYTES"]
     if declared is not None and declared <= limit:
         return None, None
-    if await sync_to_async(_has_valid_credential)(headers):
+    # database_sync_to_async: the connection goes back (to the pool) after the check.
+    if await database_sync_to_async(_has_valid_credential)(headers):
         return None, None
     if declared is not None:
         return _unauthenticated(limit), None

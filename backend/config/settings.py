@@ -7,6 +7,7 @@ Safe defaults serve the embedded mode (`make run`); production sets
 from __future__ import annotations
 
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
@@ -154,13 +155,37 @@ TEMPLATES = [
     },
 ]
 
-# Persistent connections: the log path stores a batch every few milliseconds
-# and a new connection per batch cost more than the COPY itself.
+# Database connections (docs/decisions/0059-connection-pool.md).
+# The web process pools them: under ASGI each request's sync code runs in a
+# new thread and Django's connections are per thread, so without a pool every
+# request opened one (~7 ms). uvicorn imports asgi.py, which loads these
+# settings: that is how a web process is told apart. Every other process
+# (Celery worker and beat, manage.py, pytest) keeps one persistent connection
+# per thread instead: a prefork child runs one task at a time, and Celery
+# closes a pool around every task. A pooled connection is checked before it
+# is handed out (conn_health_checks), so one that died with Postgres is
+# replaced, not used.
+DB_POOL = env_bool("TRAINYARD_DB_POOL", "backend.config.asgi" in sys.modules)
 DATABASES = {
     "default": dj_database_url.parse(
-        DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60), conn_health_checks=True
+        DATABASE_URL,
+        # The pool needs 0. Without it, persistent connections: the log path
+        # stores a batch every few milliseconds and a new connection per batch
+        # cost more than the COPY itself.
+        conn_max_age=0 if DB_POOL else env_int("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=True,
     )
 }
+if DB_POOL:
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("TRAINYARD_DB_POOL_MIN", 2),
+        "max_size": env_int("TRAINYARD_DB_POOL_MAX", 20),
+        # A request waits this long for a free connection, then fails.
+        "timeout": env_float("TRAINYARD_DB_POOL_TIMEOUT", 5.0),
+        # While Postgres is down, a reconnect is retried with backoff for this
+        # long, then started again from 1 s: it is back within seconds.
+        "reconnect_timeout": 5.0,
+    }
 
 # A group membership not renewed for this long is dropped by the channel layer;
 # followers renew theirs (backend/runs/consumers/watch.py).
