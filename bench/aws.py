@@ -24,6 +24,7 @@ import psutil
 from bench.lib import Api, frames, log, parse_iso
 from tests.support.aws_account import prepare
 from tests.support.ec2boot import Ec2Boot
+from tests.support.frames import frame_span
 from tests.support.logfill import line_time
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
@@ -229,8 +230,8 @@ def _follow_first_line(api: Api, workflows: str, timeout: float) -> dict[str, An
     try:
         with api.follow(run["id"]) as ws:
             for received, frame in frames(ws, timeout=max(deadline - time.monotonic(), 0.1)):
-                if frame.get("type") == "logs" and frame["lines"]:
-                    first = {"received": received, "perf": time.perf_counter(), "line_ts": frame["lines"][0][1]}
+                if frame.get("type") == "logs":
+                    first = {"received": received, "perf": time.perf_counter(), "line_ts": frame_span(frame)[2]}
                     break
                 if time.monotonic() > deadline:
                     break

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from bench.lib import Api, free_port, log, percentile
+from tests.support.frames import frame_span
 from tests.support.stack import Stack
 
 TARGET_P99_MS = 250.0
@@ -136,11 +137,11 @@ def _follow(ws_urls: list[str], path: str, token: str, count: int, offset: int, 
                     raw = await asyncio.wait_for(ws.recv(), timeout=deadline - time.monotonic())
                     arrived = time.time()
                     frame = json.loads(raw)
-                    if frame.get("type") != "logs" or not frame["lines"]:
+                    if frame.get("type") != "logs":
                         continue
-                    last = frame["lines"][-1]
-                    seen = max(seen, last[0])
-                    out["latencies_ms"].append((arrived - last[1]) * 1000)
+                    _, last_seq, _, last_ts = frame_span(frame)
+                    seen = max(seen, last_seq)
+                    out["latencies_ms"].append((arrived - last_ts) * 1000)
                 if seen >= lines:
                     out["complete"] += 1
         except Exception as error:  # reported, not raised: one follower's failure is a result

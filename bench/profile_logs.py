@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil
 
 from bench.lib import Api, bench_environment, frames, log, make_repo, sigterm_as_interrupt
+from tests.support.frames import frame_span
 
 IDLE_SECONDS = 4.0
 
@@ -197,13 +198,13 @@ def main() -> int:
             per_frame: list[tuple[float, float, int]] = []  # (received, ts of last line, n)
             with api.follow(run["id"]) as ws:
                 for received, frame in frames(ws, timeout=300):
-                    if frame.get("type") != "logs" or not frame["lines"]:
+                    if frame.get("type") != "logs":
                         continue
-                    batch = frame["lines"]
-                    if batch[0][0] == 1:
-                        first_ts = batch[0][1]
-                    per_frame.append((received, batch[-1][1], len(batch)))
-                    if batch[-1][0] >= args.lines:
+                    first_seq, last_seq, ts, last_ts = frame_span(frame)
+                    if first_seq == 1:
+                        first_ts = ts
+                    per_frame.append((received, last_ts, last_seq - first_seq + 1))
+                    if last_seq >= args.lines:
                         break
             t1 = time.time()
             pg_after = pg_stats(stack.database_url)

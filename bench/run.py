@@ -61,6 +61,7 @@ from bench.runs_list import TARGET_MS as TARGET_LIST_MS
 from bench.runs_list import TARGET_QUERIES as TARGET_LIST_QUERIES
 from bench.runs_list import TARGET_SEED_S, bench_runs_list
 from bench.spot import TARGET_SPOT_OWN_S, TARGET_SYNC_RATIO, bench_spot
+from tests.support.frames import frame_span
 
 WARMUPS = 3
 IDLE_PAUSE = 0.5  # after a run finishes, before the next sample: the runner reports itself idle
@@ -88,8 +89,8 @@ def one_latency_sample(api: Api) -> dict[str, Any]:
     with api.follow(run["id"]) as ws:
         t_ws = time.perf_counter()
         for received, frame in frames(ws, timeout=60):
-            if frame.get("type") == "logs" and frame["lines"]:
-                first = {"received": received, "perf": time.perf_counter(), "line_ts": frame["lines"][0][1]}
+            if frame.get("type") == "logs":
+                first = {"received": received, "perf": time.perf_counter(), "line_ts": frame_span(frame)[2]}
                 break
     assert first is not None
     done = api.wait_finished(run["id"], timeout=60)
@@ -169,17 +170,17 @@ def bench_throughput(api: Api, lines: int) -> dict[str, Any]:
     frame_count = 0
     with api.follow(run["id"]) as ws:
         for received, frame in frames(ws, timeout=NOISY_TIMEOUT):
-            if frame.get("type") != "logs" or not frame["lines"]:
+            if frame.get("type") != "logs":
                 continue
             frame_count += 1
-            batch = frame["lines"]
-            if batch[0][0] == 1:
-                first_ts = batch[0][1]
-            if batch[-1][0] != last_seq + len(batch) or batch[0][0] != last_seq + 1:
-                raise RuntimeError(f"follower got seqs {batch[0][0]}..{batch[-1][0]} after {last_seq}")
-            last_seq = batch[-1][0]
+            first_seq, batch_last, ts, batch_last_ts = frame_span(frame)
+            if first_seq == 1:
+                first_ts = ts
+            if first_seq != last_seq + 1:
+                raise RuntimeError(f"follower got seqs {first_seq}..{batch_last} after {last_seq}")
+            last_seq = batch_last
             if last_seq >= lines:
-                last_ts, last_received = batch[-1][1], received
+                last_ts, last_received = batch_last_ts, received
                 break
     done = api.wait_finished(run["id"], timeout=NOISY_TIMEOUT)
     job = done["jobs"][0]

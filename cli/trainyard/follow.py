@@ -1,7 +1,7 @@
 """Following a run live over its websocket until it is done.
 
 The server sends ``{"type": "run", "run": …}`` at connect and on every status
-change, and ``{"type": "logs", "job", "lines": [[seq, ts, stream, text], …]}``
+change, and ``{"type": "logs", "job", "first_seq", "streams", "times", "text"}``
 with the stored lines after ``after_seq`` first, then new ones. A follower is
 done when the run is finished and it has printed every job's lines up to that
 job's ``last_seq``.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -158,17 +158,25 @@ class Follower:
             self.on_run(message["run"])
             self._announce(message["run"])
         elif message.get("type") == "logs":
-            self._print(str(message.get("job")), message.get("lines") or [])
+            self._print(str(message.get("job")), message)
 
-    def _print(self, job: str, lines: list[list[Any]]) -> None:
-        last = self.seen.get(job, 0)
-        fresh = [line for line in lines if line[0] > last]
-        if not fresh:
+    def _print(self, job: str, frame: dict[str, Any]) -> None:
+        """A ``logs`` frame: lines ``first_seq`` … in one text, each ended by
+        a newline, with one stream letter per line (docs/API.md)."""
+        first = int(frame.get("first_seq") or 0)
+        streams, text = str(frame.get("streams") or ""), str(frame.get("text") or "")
+        skip = max(0, self.seen.get(job, 0) + 1 - first)
+        if skip >= len(streams):
             return
+        texts = text.split("\n")[skip : len(streams)]
+        self._write(job, zip(streams[skip:], texts, strict=True), first + len(streams) - 1)
+
+    def _write(self, job: str, lines: Iterable[tuple[str, str]], last_seq: int) -> None:
+        """Print (stream, text) lines of ``job``, the last of them ``last_seq``."""
         self.before_logs()
         prefix = job_prefixes(self.run).get(job, "") if self.run else ""
-        self.writer.write((line[2], prefix + line[3]) for line in fresh)
-        self.seen[job] = fresh[-1][0]
+        self.writer.write((stream, prefix + text) for stream, text in lines)
+        self.seen[job] = last_seq
 
     def _check_status(self) -> None:
         """The run as REST sees it, in case its last status event was lost;
@@ -196,7 +204,9 @@ class Follower:
             if self.seen.get(job["id"], 0) >= job.get("last_seq", 0):
                 continue
             for page in self.client.iter_job_logs(job["id"], after_seq=self.seen.get(job["id"], 0)):
-                self._print(job["id"], [[x["seq"], x["ts"], x["stream"], x["text"]] for x in page])
+                fresh = [line for line in page if line["seq"] > self.seen.get(job["id"], 0)]
+                if fresh:
+                    self._write(job["id"], [(line["stream"], line["text"]) for line in fresh], fresh[-1]["seq"])
             if self.seen.get(job["id"], 0) < job.get("last_seq", 0):
                 self.seen[job["id"]] = job["last_seq"]  # the server stored fewer lines than it counted
 

@@ -452,12 +452,15 @@ class Agent:
                         self._last_ack_at = time.monotonic()
                     first_seq, lines = batch
                     # Built directly, not through the pydantic model: this is the hot path.
+                    streams, times, text = p.chunk_fields(lines)
                     frame = {
                         "type": "logs",
                         "job": job.id,
                         "attempt": job.attempt,
                         "first_seq": first_seq,
-                        "lines": lines,
+                        "streams": streams,
+                        "times": times,
+                        "text": text,
                     }
                     await ws.send(json.dumps(frame, ensure_ascii=False))
                 due = stream.seconds_until_due()

@@ -28,24 +28,33 @@ the job has secrets or a clone credential; the runner fetches them
 the job's inputs page by page (``InputPage``), so an assignment stays small
 whatever the inputs hold. Both endpoints answer only the runner holding the
 job's current attempt (docs/RUNNER.md, "Secrets and input manifests").
+
+Log batches in the stored form (v4): a ``Logs`` frame is one chunk, the
+lines' text as one string with one stream letter per line and runs of
+times, which the server stores and fans out without per-line work.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
-# A log line as sent on the wire: [unix time in seconds, stream, text].
-# stream is "o" (stdout) or "e" (stderr). Compact on purpose: a 200k-line job
-# sends 200k of these.
+# A log line in memory: [unix time in seconds, stream, text]; stream is "o"
+# (stdout) or "e" (stderr). On the wire lines travel as a ``Logs`` chunk (v4).
 # A line's time is a unix time: finite and not before 1970 (a NaN or a
 # negative time is a bad frame, answered by closing the connection).
-LogLineWire = tuple[Annotated[float, Field(ge=0, allow_inf_nan=False)], Literal["o", "e"], str]
+LogTime = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+LogLineWire = tuple[LogTime, Literal["o", "e"], str]
+NEWLINE_STANDIN = "\u2424"  # ␤: a "\n" inside a line is sent (and stored) as this
+# Lines in one ``Logs`` frame at most (the runner sends up to 5000).
+MAX_FRAME_LINES = 20_000
 
 # A line longer than MAX_LINE_BYTES of UTF-8 reaches the server as pieces: the
 # runner cuts it at a character boundary at most MAX_LINE_BYTES in, and the
@@ -81,6 +90,16 @@ def log_digest_add(total: int, first_seq: int, lines: Iterable[tuple[str, str]])
     for i, (stream, text) in enumerate(lines):
         head = f"{first_seq + i}\n{stream}\n".encode()
         total += int.from_bytes(sha256(head + text.encode("utf-8", "surrogatepass")).digest(), "big")
+    return total % DIGEST_MODULUS
+
+
+def log_digest_add_chunk(total: int, first_seq: int, streams: str, text: bytes) -> int:
+    """``log_digest_add`` of a chunk: ``streams`` and the lines' UTF-8
+    ``text``, each line followed by ``\\n``. The same sum, a quarter cheaper:
+    no line is decoded or encoded."""
+    sha256, from_bytes = hashlib.sha256, int.from_bytes
+    for i, (stream, line) in enumerate(zip(streams.encode(), text.split(b"\n"), strict=False)):
+        total += from_bytes(sha256(b"%d\n%c\n%s" % (first_seq + i, stream, line)).digest(), "big")
     return total % DIGEST_MODULUS
 
 
@@ -223,13 +242,69 @@ class JobState(_Message):
 
 
 class Logs(_Message):
-    """A batch of consecutive lines of one job: seqs first_seq .. first_seq+len-1."""
+    """A batch of consecutive lines of one job, seqs ``first_seq`` ..
+    ``first_seq + len(streams) - 1``, in the form the server stores (v4):
+    ``text`` is the lines, each followed by ``"\n"`` (a line holds no other
+    ``"\n"``); ``streams`` one letter per line, ``o`` (stdout) or ``e``
+    (stderr); ``times`` runs of ``[lines, unix time]`` in order, one per read
+    of the output (the lines of one read share a time). The server checks
+    the shape with a few C-speed string calls, stores the text as it is and
+    fans the same fields out to followers: nothing is done per line."""
 
     type: Literal["logs"] = "logs"
     job: str
     attempt: int = Field(ge=1)
     first_seq: int = Field(ge=1)
-    lines: list[LogLineWire] = Field(min_length=1, max_length=20_000)
+    streams: str = Field(min_length=1, max_length=MAX_FRAME_LINES)
+    times: list[tuple[Annotated[int, Field(ge=1)], LogTime]] = Field(min_length=1, max_length=MAX_FRAME_LINES)
+    text: str
+
+    @model_validator(mode="after")
+    def _shape(self) -> Logs:
+        count = len(self.streams)
+        if self.streams.strip("oe"):
+            raise ValueError("streams: one letter per line, o or e")
+        if self.text.count("\n") != count or not self.text.endswith("\n"):
+            raise ValueError(f"text: {count} lines, each ended by a newline")
+        if sum(n for n, _ in self.times) != count:
+            raise ValueError(f"times: runs covering {count} lines")
+        return self
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.streams) - 1
+
+    @classmethod
+    def of(cls, *, job: str, attempt: int, first_seq: int, lines: Sequence[LogLineWire]) -> Logs:
+        """The frame of ``lines`` ([time, stream, text] each; texts without "\n")."""
+        streams, times, text = chunk_fields(lines)
+        return cls(job=job, attempt=attempt, first_seq=first_seq, streams=streams, times=times, text=text)
+
+    def lines(self) -> list[LogLineWire]:
+        """[time, stream, text] of every line: per-line work, for tests and rare paths."""
+        return chunk_lines(self.streams, self.times, self.text)
+
+
+def chunk_fields(lines: Sequence[tuple[float, str, str]]) -> tuple[str, list[tuple[int, float]], str]:
+    """``streams``, ``times`` and ``text`` of a ``Logs`` frame holding ``lines``."""
+    streams = "".join([stream for _, stream, _ in lines])
+    times = [(len(list(run)), ts) for ts, run in groupby(lines, itemgetter(0))]
+    text = "\n".join([text for _, _, text in lines]) + "\n"
+    if text.count("\n") != len(lines):  # a "\n" inside a line, which a runner never reads: kept as "␤"
+        text = "\n".join([text.replace("\n", NEWLINE_STANDIN) for _, _, text in lines]) + "\n"
+    return streams, times, text
+
+
+def chunk_times(times: Iterable[tuple[int, float]]) -> list[float]:
+    """One time per line of ``times``' runs."""
+    out: list[float] = []
+    for count, ts in times:
+        out += [ts] * count
+    return out
+
+
+def chunk_lines(streams: str, times: Iterable[tuple[int, float]], text: str) -> list[LogLineWire]:
+    return list(zip(chunk_times(times), streams, text.split("\n")[:-1], strict=True))  # type: ignore[arg-type]
 
 
 class Heartbeat(_Message):

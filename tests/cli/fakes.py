@@ -15,6 +15,8 @@ import httpx
 from trainyard.api import Client
 from websockets.sync.server import ServerConnection, serve
 
+from tests.support.frames import logs_frame
+
 TOKEN = "trainyard_test"
 
 
@@ -103,7 +105,8 @@ class FakeRunSocket:
     def _send(self, ws: ServerConnection, lines: list[list[Any]]) -> None:
         for start in range(0, len(lines), 5000):
             for job, batch in itertools.groupby(lines[start : start + 5000], key=self.job_of):
-                ws.send(json.dumps({"type": "logs", "job": job, "lines": list(batch)}))
+                for run in _consecutive(list(batch)):
+                    ws.send(json.dumps(logs_frame(job, run)))
 
 
 @contextmanager
@@ -125,3 +128,14 @@ def rest_client(url: str, handler: Callable[[httpx.Request], httpx.Response]) ->
 
 def lines_of(n: int, *, stream: str = "o") -> list[list[Any]]:
     return [[i, 1.0, stream, f"line {i}"] for i in range(1, n + 1)]
+
+
+def _consecutive(lines: list[list[Any]]) -> list[list[list[Any]]]:
+    """``lines`` ([seq, …] each) cut where a seq does not follow the one before."""
+    runs: list[list[list[Any]]] = []
+    for line in lines:
+        if runs and line[0] == runs[-1][-1][0] + 1:
+            runs[-1].append(line)
+        else:
+            runs.append([line])
+    return runs

@@ -74,7 +74,7 @@ def test_an_interrupted_report_moves_the_job_out_of_the_zone_and_fences_the_old_
         await ws.send_to(text_data=report.model_dump_json())
         assert await ws.receive_nothing(timeout=1.0), "a current attempt's report is not refused"
         # The old runner winds down: its next lines and its final state come too late.
-        late = protocol.Logs(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "checkpoint saved")])
+        late = protocol.Logs.of(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "checkpoint saved")])
         await ws.send_to(text_data=late.model_dump_json())
         final = report.model_copy(update={"exit_code": 137})
         await ws.send_to(text_data=final.model_dump_json())

@@ -139,7 +139,10 @@ def test_a_batch_the_server_lost_is_noticed_at_the_end_of_the_log(alice: User, r
     _wait_lines(alice, name, 20)
     drops.write_text("lose the next batch\n")
 
-    run = alice.wait(name, lambda r: r["status"] in {"succeeded", "failed"}, timeout=120)
+    # The check runs right after the final state is stored: wait for its note too.
+    run = alice.wait(
+        name, lambda r: r["status"] in {"succeeded", "failed"} and bool(r["jobs"][0]["log_note"]), timeout=120
+    )
 
     assert drops.read_text() == ""  # the hook did lose one
     job = run["jobs"][0]

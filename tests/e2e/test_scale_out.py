@@ -28,6 +28,7 @@ import websockets
 from backend.embedded.services import EmbeddedServices
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
 from tests.support.balanced import WEBS, BalancedStack
+from tests.support.frames import frame_lines
 from tests.support.stack import _free_port, reported
 
 TICKER = """
@@ -248,7 +249,7 @@ class Follower:
     def _take(self, frame: dict[str, Any]) -> None:
         now = time.time()
         if frame["type"] == "logs":
-            self.lines += [Line(seq, text, self.frames, now - ts) for seq, ts, _stream, text in frame["lines"]]
+            self.lines += [Line(seq, text, self.frames, now - ts) for seq, ts, _stream, text in frame_lines(frame)]
             self.frames += 1
         elif frame["type"] == "run":
             self.finished = frame["run"]["status"] in FINISHED

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from trainyard_runner.protocol import chunk_lines
 from websockets.asyncio.server import ServerConnection, serve
 
 TOKEN = "runner-token"
@@ -70,7 +71,7 @@ class FakeServer:
             frames += 1
             stored = self.stored.setdefault(msg["job"], [])
             self.first_log_at.setdefault(msg["job"], time.monotonic())
-            for i, line in enumerate(msg["lines"]):
+            for i, line in enumerate(chunk_lines(msg["streams"], msg["times"], msg["text"])):
                 if msg["first_seq"] + i == len(stored) + 1:
                     stored.append(line)
             if self.cuts and frames == self.cuts[0]:
@@ -289,7 +290,7 @@ def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> No
     server, code = asyncio.run(go())
     assert code == 0
     assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
-    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 3
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 4
 
 
 def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:
@@ -623,7 +624,7 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
 def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upgrade(tmp_path: Path) -> None:
     async def go() -> tuple[int, str]:
         server = FakeServer()
-        server.welcome_extra = {"protocol": 4}
+        server.welcome_extra = {"protocol": 5}
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
@@ -635,4 +636,4 @@ def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upg
 
     code, stderr = asyncio.run(go())
     assert code == 2
-    assert "server speaks protocol 4, runner 3: upgrade trainyard-runner" in stderr
+    assert "server speaks protocol 5, runner 4: upgrade trainyard-runner" in stderr

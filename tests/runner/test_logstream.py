@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from trainyard_runner.logstream import MAX_BATCH_LINES, WINDOW, LogStream, read_spool
-from trainyard_runner.protocol import log_digest_add, log_digest_hex
+from trainyard_runner.protocol import log_digest_add, log_digest_add_chunk, log_digest_hex
 
 
 def _texts(stream: LogStream, batch: tuple[int, list] | None) -> tuple[int, list[str]]:
@@ -151,5 +151,9 @@ def test_the_final_count_and_digest_cover_this_attempts_lines_also_after_a_resum
         again = LogStream("j", tmp_path / "spool", first_seq=11, resume=True)  # a new runner re-attaches
         assert again.shipped == (3, expected)
         assert log_digest_add(0, 11, [("o", "b"), ("o", "a")]) != log_digest_add(0, 11, [("o", "a"), ("o", "b")])
+        lines = [("o", "a\r"), ("e", ""), ("o", "ü \udcff"), ("o", "\t\x00")]
+        raw = "".join(text + "\n" for _, text in lines).encode("utf-8", "surrogatepass")
+        by_chunk = log_digest_add_chunk(0, 11, "oeoo", raw)
+        assert by_chunk == log_digest_add(0, 11, lines)  # the server's chunk path, the same sum
 
     asyncio.run(go())

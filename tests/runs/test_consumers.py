@@ -24,6 +24,7 @@ from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, current_attempt
 from tests.support.fixtures import Person
+from tests.support.frames import frame_lines, logs_frame
 
 # database_sync_to_async closes connections between calls, which would end
 # a test's wrapping transaction: these tests commit for real.
@@ -90,7 +91,7 @@ def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, 
         await ws.connect()
         await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [held]}).model_dump_json())
         welcome = json.loads(await ws.receive_from(timeout=5))
-        batch = protocol.Logs(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "a"), (2.0, "e", "b")])
+        batch = protocol.Logs.of(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "a"), (2.0, "e", "b")])
         await ws.send_to(text_data=batch.model_dump_json())
         ack = json.loads(await ws.receive_from(timeout=5))
         await ws.send_to(text_data=batch.model_dump_json())  # a resend after a lost ack
@@ -157,10 +158,10 @@ def test_a_follower_gets_the_backlog_then_live_lines_once(team: Workspace, run: 
 
     snapshot, backlog, live, filled, six = async_to_sync(follow)()
     assert snapshot["type"] == "run" and snapshot["run"]["name"] == run.name
-    assert backlog["lines"] == [[2, 2.0, "o", "two"]]
-    assert live["lines"] == [[3, 3.0, "o", "three"]]
-    assert filled["lines"] == [[4, 4.0, "o", "four"], [5, 5.0, "e", "five"]]
-    assert six == {"type": "logs", "job": str(job.pk), "lines": [[6, 6.0, "o", "six"]]}
+    assert frame_lines(backlog) == [[2, 2.0, "o", "two"]]
+    assert frame_lines(live) == [[3, 3.0, "o", "three"]]
+    assert frame_lines(filled) == [[4, 4.0, "o", "four"], [5, 5.0, "e", "five"]]
+    assert six == logs_frame(str(job.pk), [[6, 6.0, "o", "six"]])
 
 
 def test_job_after_starts_a_jobs_backlog_where_the_dashboard_holds_it(
@@ -182,7 +183,7 @@ def test_job_after_starts_a_jobs_backlog_where_the_dashboard_holds_it(
         await ws.connect()
         frames = [json.loads(await ws.receive_from(timeout=5)) for _ in range(2)]
         await ws.disconnect()
-        return [line[0] for line in frames[1]["lines"]]
+        return [line[0] for line in frame_lines(frames[1])]
 
     assert async_to_sync(backlog)(f"after_seq=0&job_after={job.pk}:3") == [4, 5]
     assert async_to_sync(backlog)(f"after_seq=1&job_after={job.pk}:x&job_after=nonsense") == [2, 3, 4, 5]
@@ -190,6 +191,6 @@ def test_job_after_starts_a_jobs_backlog_where_the_dashboard_holds_it(
 
 async def _publish(run: Run, job: Any, lines: list[list[Any]]) -> None:
     """What the runner consumer publishes after storing a batch."""
-    frame = json.dumps({"type": "logs", "job": str(job.pk), "lines": lines})
+    frame = json.dumps(logs_frame(str(job.pk), lines))
     event = {"type": "run.logs", "job": str(job.pk), "first_seq": lines[0][0], "last_seq": lines[-1][0], "frame": frame}
     await get_channel_layer().group_send(run_group(run.pk), event)

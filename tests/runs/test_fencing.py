@@ -77,7 +77,7 @@ def test_a_runner_back_with_a_moved_attempt_is_told_to_stop_and_its_frames_are_r
         await ws.connect()
         await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [held]}).model_dump_json())
         welcome = json.loads(await ws.receive_from(timeout=5))
-        logs = protocol.Logs(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "late line")])
+        logs = protocol.Logs.of(job=str(job.pk), attempt=1, first_seq=1, lines=[(1.0, "o", "late line")])
         await ws.send_to(text_data=logs.model_dump_json())
         refused_logs = json.loads(await ws.receive_from(timeout=5))
         final = protocol.JobState(job=str(job.pk), attempt=1, state="succeeded", exit_code=0)
@@ -181,5 +181,5 @@ def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Work
 
     assert (closed["code"], closed["reason"]) == (
         protocol.CLOSE_VERSION_MISMATCH,
-        "runner speaks protocol 1, server 3: upgrade trainyard-runner",
+        "runner speaks protocol 1, server 4: upgrade trainyard-runner",
     )

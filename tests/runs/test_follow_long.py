@@ -33,6 +33,7 @@ from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, current_attempt
 from tests.support.fixtures import Person
+from tests.support.frames import frame_lines, logs_frame
 from tests.support.web import WebServer, WebServers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -107,7 +108,7 @@ class Received:
         if frame.get("type") != "logs":
             return
         now = time.monotonic()
-        for seq, _, _, text in frame["lines"]:
+        for seq, _, _, text in frame_lines(frame):
             self.seqs.append(seq)
             self.texts_ok = self.texts_ok and text == _text(seq)
             self.at[seq] = now
@@ -183,7 +184,7 @@ def _stream(server: WebServer, job: Job) -> tuple[dict[int, float], list[float]]
             first = batch * LINES_PER_BATCH + 1
             lines = [(time.time(), "o", _text(seq)) for seq in range(first, first + LINES_PER_BATCH)]
             sent = time.monotonic()
-            runner.send(protocol.Logs(job=str(job.pk), attempt=1, first_seq=first, lines=lines).model_dump_json())
+            runner.send(protocol.Logs.of(job=str(job.pk), attempt=1, first_seq=first, lines=lines).model_dump_json())
             sent_at[first + LINES_PER_BATCH - 1] = sent
             while json.loads(runner.recv(timeout=30)) != {
                 "type": "log_ack",
@@ -285,4 +286,4 @@ def test_a_follower_gets_the_final_status_and_lines_whose_events_were_lost(
         frames = [json.loads(ws.recv(timeout=10)) for _ in range(2)]
 
     assert frames[0]["type"] == "run" and frames[0]["run"]["status"] == "succeeded"
-    assert frames[1] == {"type": "logs", "job": str(job.pk), "lines": [[1, 1.0, "o", "one"], [2, 2.0, "o", "two"]]}
+    assert frames[1] == logs_frame(str(job.pk), [[1, 1.0, "o", "one"], [2, 2.0, "o", "two"]])

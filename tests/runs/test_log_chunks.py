@@ -7,11 +7,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from trainyard_runner import protocol
 
 from backend.runs.models import Job, LogChunk, Run
 from backend.runs.selectors import job_log_lines, job_log_page
@@ -53,6 +55,41 @@ def test_long_lines_make_smaller_chunks(job: Job, monkeypatch: pytest.MonkeyPatc
     ]
     assert len(sizes) > 4 and max(sizes) <= 10_000
     assert [seq for seq, *_ in job_log_lines(job_id=str(job.pk))] == list(range(1, 41))
+
+
+@pytest.mark.parametrize("width", [0, 3000])
+def test_a_runners_frame_is_cut_into_the_same_chunks_as_its_lines(
+    job: Job, monkeypatch: pytest.MonkeyPatch, width: int
+) -> None:
+    """The consumer's path (``chunks_of_text`` of a ``Logs`` frame, no line
+    visited) stores byte for byte what the lines' path stores: \\r, tabs,
+    NUL, an empty line, non-ASCII and a lone surrogate kept; cut at
+    CHUNK_LINES and, for long lines, below CHUNK_BYTES."""
+    monkeypatch.setattr(logchunks, "CHUNK_BYTES", 100_000)
+    odd = ["progress 10%\r20%\r", "a\tb\x00c", "", "héllo ✓ 日本", "bad \udcff byte"]
+    lines = [
+        (1_800_000_000.25 + i // 7, "oe"[i % 5 == 0], odd[i % 5] + "x" * width) for i in range(2 * CHUNK_LINES + 9)
+    ]
+    frame = protocol.Logs.of(job=str(job.pk), attempt=1, first_seq=41, lines=lines)
+    stamps = logchunks.stamps_encode(protocol.chunk_times(frame.times))
+    from_frame = logchunks.chunks_of_text(41, frame.streams, stamps, frame.text.encode("utf-8", "surrogatepass"))
+
+    by_lines = chunks_of(41, lines)
+    for part in ("text", "streams", "stamps"):
+        assert b"".join(_bytes(getattr(c, part)) for c in from_frame) == b"".join(
+            _bytes(getattr(c, part)) for c in by_lines
+        )
+    assert from_frame[0].first_seq == 41 and from_frame[-1].last_seq == 40 + len(lines)
+    assert all(a.last_seq + 1 == b.first_seq for a, b in pairwise(from_frame))
+    assert all(len(c.text) <= 100_000 and len(c) <= CHUNK_LINES for c in from_frame)
+    if width == 0:
+        assert from_frame == by_lines  # short lines: the same cuts, every CHUNK_LINES
+    chunks_write(str(job.pk), from_frame)
+    assert job_log_lines(job_id=str(job.pk)) == [(41 + i, ts, s, t) for i, (ts, s, t) in enumerate(lines)]
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def test_pages_ranges_and_tails_cross_chunk_boundaries_and_gaps(job: Job) -> None:

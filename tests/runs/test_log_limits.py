@@ -24,6 +24,7 @@ from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person, submit
+from tests.support.frames import frame_lines
 
 MARKER = "[trainyard] log limit of 9.77 KiB reached; further output is dropped"
 
@@ -185,5 +186,5 @@ def test_a_followers_catch_up_from_storage_comes_in_pages_bounded_by_bytes(
     snapshot, *pages = async_to_sync(follow)()
 
     assert snapshot["type"] == "run"
-    assert [len(page["lines"]) for page in pages] == [10, 10, 10, 5]
-    assert [line[0] for page in pages for line in page["lines"]] == list(range(1, 36))
+    assert [len(frame_lines(page)) for page in pages] == [10, 10, 10, 5]
+    assert [line[0] for page in pages for line in frame_lines(page)] == list(range(1, 36))

@@ -19,13 +19,14 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.runs.models import Job, Run
 from backend.runs.selectors import job_log_lines
-from backend.runs.services.logs import logs_prepare, logs_store
+from backend.runs.services.logs import logs_prepare_lines, logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import job_set_reason
 from backend.vault.models import Secret
 from backend.vault.services import secret_set
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person
+from tests.support.frames import frame_lines
 
 TOKEN = "wandb-0123456789abcdef"
 
@@ -39,7 +40,7 @@ class Running:
         """Store (stream, text) lines as the runner sends them, prepared as the
         consumer prepares them; returns the texts sent to followers."""
         wire: list[LogLineWire] = [(1.0 + i, stream, text) for i, (stream, text) in enumerate(lines)]  # type: ignore[misc]
-        prepared = logs_prepare(job_id=str(self.job.pk), first_seq=first_seq, lines=wire)
+        prepared = logs_prepare_lines(job_id=str(self.job.pk), first_seq=first_seq, lines=wire)
         stored = logs_store(
             job_id=str(self.job.pk),
             instance_id=str(self.instance.pk),
@@ -48,7 +49,7 @@ class Running:
             lines=wire,
             prepared=prepared,
         )
-        followed = [text for _, _, _, text in json.loads(stored.frame)["lines"]]
+        followed = [text for _, _, _, text in frame_lines(json.loads(stored.frame))]
         assert [text for _, _, text in stored.new_lines] == followed
         return followed
 

@@ -15,14 +15,15 @@ from asgiref.sync import async_to_sync
 from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
+from backend.runs.models import LogChunk
 from tests.runs.test_fencing import HELLO, _connect, _runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _logs(seq: int, ts: Any = 1.0, job: str = "00000000-0000-0000-0000-000000000000") -> str:
-    return json.dumps({"type": "logs", "job": job, "attempt": 1,
-                       "first_seq": seq, "lines": [[ts, "o", "x" * 1000]] * 200})  # fmt: skip
+    return json.dumps({"type": "logs", "job": job, "attempt": 1, "first_seq": seq,
+                       "streams": "o" * 200, "times": [[200, ts]], "text": ("x" * 1000 + "\n") * 200})  # fmt: skip
 
 
 def _session(
@@ -58,7 +59,7 @@ def test_a_runner_that_does_not_wait_for_acks_is_cut_off() -> None:
         closed.append(code or 0)
 
     consumer.close = close  # type: ignore[method-assign]
-    frame = protocol.Logs(job="j", attempt=1, first_seq=1, lines=[(1.0, "o", "x")])
+    frame = protocol.Logs.of(job="j", attempt=1, first_seq=1, lines=[(1.0, "o", "x")])
 
     async def flood() -> int:
         consumer._writer = asyncio.get_running_loop().create_future()  # a writer stuck in the database
@@ -72,10 +73,29 @@ def test_a_runner_that_does_not_wait_for_acks_is_cut_off() -> None:
     assert closed and set(closed) == {protocol.CLOSE_FLOODING}
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"streams": "o" * 199 + "x"},  # a stream that is neither
+        {"streams": "o" * 199},  # fewer letters than lines
+        {"text": ("x" * 1000 + "\n") * 199 + "no newline at the end"},
+        {"text": ("x" * 1000 + "\n") * 201},  # a line more than the streams say
+        {"times": [[100, 1.0], [99, 2.0]]},  # runs that cover 199 lines
+        {"times": [[0, 1.0], [200, 2.0]]},  # an empty run
+    ],
+)
+def test_a_chunk_whose_parts_disagree_is_a_bad_frame(team: Workspace, change: dict[str, Any]) -> None:
+    _runner(team, "shape", "shape-secret")
+    frame = json.dumps({**json.loads(_logs(1)), **change})
+    closed = _session("shape-secret", [frame])
+    assert closed["code"] == protocol.CLOSE_BAD_MESSAGE
+    assert not LogChunk.objects.exists()
+
+
 @pytest.mark.parametrize("ts", [float("nan"), float("inf"), -5.0])
 def test_a_line_time_that_is_not_a_unix_time_is_a_bad_frame(team: Workspace, ts: float) -> None:
     _runner(team, "clock", "clock-secret")
-    frame = _logs(1).replace("[1.0,", f"[{json.dumps(ts)},").replace("NaN", "NaN")
+    frame = _logs(1).replace("[200, 1.0]", f"[200, {json.dumps(ts)}]")
     closed = _session("clock-secret", [frame])
     assert closed["code"] == protocol.CLOSE_BAD_MESSAGE
 

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from trainyard_runner.protocol import chunk_fields, chunk_lines
 
 from backend.accounts.auth import token_from_header
 from backend.accounts.models import Membership, User, Workspace
@@ -30,6 +31,7 @@ from backend.runs.consumers.limits import CLOSE_RATE_LIMITED, close_reason, conn
 from backend.runs.consumers.watch import Credentials, watch
 from backend.runs.events import run_group, workspace_group
 from backend.runs.selectors import job_log_page, run_get
+from backend.runs.services.logs import follower_frame, follower_frames
 
 logger = logging.getLogger(__name__)
 
@@ -171,9 +173,11 @@ class RunFollowConsumer(_MemberConsumer):
             sent = self.sent[job]
         if first == sent + 1:
             await self.send(text_data=event["frame"])
-        else:
-            lines = [line for line in json.loads(event["frame"])["lines"] if line[0] > sent]
-            await self.send_json({"type": "logs", "job": job, "lines": lines})
+        else:  # an overlap (rare): the frame's lines after ``sent``
+            frame = json.loads(event["frame"])
+            lines = chunk_lines(frame["streams"], frame["times"], frame["text"])[sent + 1 - first :]
+            streams, times, text = chunk_fields(lines)
+            await self.send_json(follower_frame(job, sent + 1, streams, times, text))
         self.sent[job] = last
 
     async def run_status(self, event: dict[str, Any]) -> None:
@@ -217,7 +221,8 @@ class RunFollowConsumer(_MemberConsumer):
             if not page:
                 return
             self.sent[job] = page[-1][0]
-            await self.send_json({"type": "logs", "job": job, "lines": page})
+            for frame in follower_frames(job, page):
+                await self.send_json(frame)
             if not more:
                 return
 
@@ -260,7 +265,7 @@ def _run_for(workspace: Workspace, ref: str) -> dict[str, Any] | None:
     return run_to_dict(run) if run is not None else None
 
 
-def _lines(job_id: str, after_seq: int, until: int | None = None) -> tuple[list[list[Any]], bool]:
+def _lines(job_id: str, after_seq: int, until: int | None = None) -> tuple[list[tuple[int, float, str, str]], bool]:
     """A page of stored lines (at most BACKLOG_PAGE lines and LOG_PAGE_BYTES) and whether more follow."""
     from django.conf import settings
 
@@ -269,7 +274,7 @@ def _lines(job_id: str, after_seq: int, until: int | None = None) -> tuple[list[
     job = Job.objects.get(pk=job_id)
     max_bytes = settings.TRAINYARD["LOG_PAGE_BYTES"]
     page = job_log_page(job=job, after_seq=after_seq, limit=BACKLOG_PAGE, max_bytes=max_bytes, until=until)
-    return [list(row) for row in page.lines], page.has_more
+    return list(page.lines), page.has_more
 
 
 def _job_after(scope: dict[str, Any]) -> dict[str, int]:

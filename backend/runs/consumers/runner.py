@@ -249,9 +249,14 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         storing: asyncio.Task[None] | None = None
         try:
             while True:
-                job, attempt, first_seq, lines = _coalesce(await self._log_queue.get(), self._log_queue)
+                batch = _coalesce(await self._log_queue.get(), self._log_queue)
                 prepared = await sync_to_async(logs_prepare, thread_sensitive=False)(
-                    job_id=job, first_seq=first_seq, lines=lines, attempt=attempt
+                    job_id=batch.job,
+                    first_seq=batch.first_seq,
+                    streams=batch.streams,
+                    times=batch.times,
+                    text=batch.text,
+                    attempt=batch.attempt,
                 )
                 if storing is not None:
                     await storing
@@ -265,15 +270,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.close(code=1011)
 
     async def _store(self, prepared: PreparedLogs) -> None:
-        job, first_seq, lines = prepared.job_id, prepared.first_seq, prepared.lines
+        job = prepared.job_id
         try:
             stored = await database_sync_to_async(logs_store)(
-                job_id=job,
-                instance_id=self.instance_id,
-                attempt=prepared.attempt,
-                first_seq=first_seq,
-                lines=lines,
-                prepared=prepared,
+                job_id=job, instance_id=self.instance_id, attempt=prepared.attempt, prepared=prepared
             )
         except UnknownJob:
             # Not this attempt's job (any more): refused, not "stored", so the
@@ -281,7 +281,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             self._refused_attempts.add((job, prepared.attempt))
             await self._refuse(job, prepared.attempt, STALE)
             return
-        if stored.new_lines:
+        if stored.count:
             await self.channel_layer.group_send(run_group(stored.run_id), _follower_event(stored))
         await self.send(text_data=protocol.LogAck(job=job, seq=stored.last_seq).model_dump_json())
 
@@ -304,21 +304,27 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self.close(code=protocol.CLOSE_FENCED, reason=str(event.get("reason", ""))[:120])
 
 
-def _coalesce(
-    first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]
-) -> tuple[str, int, int, list[protocol.LogLineWire]]:
-    """The first queued frame, extended by the queued frames that continue it."""
-    lines = list(first.lines)
-    while not queue.empty() and len(lines) < MAX_STORE_LINES:
+def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> protocol.Logs:
+    """The first queued frame, extended by the queued frames that continue it
+    (string joins: no line is visited)."""
+    streams, times, texts = [first.streams], list(first.times), [first.text]
+    count = len(first.streams)
+    while not queue.empty() and count < MAX_STORE_LINES:
         following = queue._queue[0]  # type: ignore[attr-defined]  # peek: asyncio.Queue has no peek
         if (
             following.job != first.job
             or following.attempt != first.attempt
-            or following.first_seq != first.first_seq + len(lines)
+            or following.first_seq != first.first_seq + count
         ):
             break
-        lines += queue.get_nowait().lines
-    return first.job, first.attempt, first.first_seq, lines
+        queue.get_nowait()
+        streams.append(following.streams)
+        times += following.times
+        texts.append(following.text)
+        count += len(following.streams)
+    if len(texts) == 1:
+        return first
+    return first.model_copy(update={"streams": "".join(streams), "times": times, "text": "".join(texts)})
 
 
 def _follower_event(stored: StoredLogs) -> dict[str, Any]:
@@ -327,7 +333,7 @@ def _follower_event(stored: StoredLogs) -> dict[str, Any]:
         "type": "run.logs",
         "job": stored.job_id,
         "first_seq": first,
-        "last_seq": first + len(stored.new_lines) - 1,
+        "last_seq": first + stored.count - 1,
         "frame": stored.frame,
     }
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import connection
-from trainyard_runner.protocol import LogLineWire
+from trainyard_runner.protocol import NEWLINE_STANDIN, LogLineWire  # ␤: a "\n" inside a line is stored as this
 
 from backend.artifacts.locations import storage_of
 from backend.runs.models import LogArchive
@@ -44,7 +44,6 @@ LAST_SEQ = 2**62  # "to the end" of a range
 CHUNK_BYTES = 1 << 20
 # Chunks read per query when walking a range.
 READ_ROWS = 64
-NEWLINE_STANDIN = "\u2424"  # ␤: a "\n" inside a line (a runner never sends one) is stored as this
 _SWAP = sys.byteorder == "little"
 
 
@@ -131,6 +130,35 @@ def _bounded(first_seq: int, lines: list[LogLineWire], joined: str) -> list[Chun
             text,
         )
     ]
+
+
+def chunks_of_text(first_seq: int, streams: str, stamps: bytes, text: bytes) -> list[Chunk]:
+    """The chunks that store a batch already in the stored form (a runner's
+    ``Logs`` frame): ``text`` is every line followed by ``\\n``, ``stamps``
+    one packed time per line. Cut every CHUNK_LINES lines (halved while over
+    CHUNK_BYTES) with C-level calls only: the lines are never visited one by
+    one in Python."""
+    parts = text.split(b"\n")  # the last is the empty rest after the final "\n"
+    out: list[Chunk] = []
+    start, at = 0, 0
+    count = len(streams)
+    while start < count:
+        lines = min(CHUNK_LINES, count - start)
+        size = sum(map(len, parts[start : start + lines])) + lines
+        while size > CHUNK_BYTES and lines > 1:
+            lines //= 2
+            size = sum(map(len, parts[start : start + lines])) + lines
+        out.append(
+            Chunk(
+                first_seq + start,
+                first_seq + start + lines - 1,
+                streams[start : start + lines],
+                stamps[8 * start : 8 * (start + lines)],
+                text[at : at + size],
+            )
+        )
+        start, at = start + lines, at + size
+    return out
 
 
 def chunks_write(job_id: str, chunks: list[Chunk]) -> None:

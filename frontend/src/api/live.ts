@@ -1,7 +1,7 @@
 // Websocket plumbing: a replaceable socket factory (tests inject a fake one)
 // and a hook that keeps one socket open, reconnecting with backoff.
 import { createContext, useContext, useEffect, useRef } from "react";
-import type { LiveFrame } from "./types";
+import type { LiveFrame, LogsWire, Stream } from "./types";
 
 /** The part of the browser WebSocket the app uses. */
 export interface SocketLike {
@@ -78,10 +78,24 @@ export function useLiveFrames(
 function parseFrame(data: unknown): LiveFrame | null {
   if (typeof data !== "string") return null;
   try {
-    const frame = JSON.parse(data) as LiveFrame;
-    if (frame.type === "run" || frame.type === "logs") return frame;
+    const frame = JSON.parse(data) as Extract<LiveFrame, { type: "run" }> | LogsWire;
+    if (frame.type === "run") return frame;
+    if (frame.type === "logs") return { type: "logs", job: frame.job, lines: unpack(frame) };
   } catch {
     return null;
   }
   return null;
+}
+
+/** [seq, ts, stream, text] of every line of a chunk frame. */
+export function unpack(frame: LogsWire): [number, number, Stream, string][] {
+  const texts = frame.text.split("\n");
+  const lines: [number, number, Stream, string][] = [];
+  let i = 0;
+  for (const [count, ts] of frame.times) {
+    for (let k = 0; k < count && i < frame.streams.length; k += 1, i += 1) {
+      lines.push([frame.first_seq + i, ts, frame.streams[i] as Stream, texts[i]]);
+    }
+  }
+  return lines;
 }

@@ -196,7 +196,20 @@ export type Repo = Schemas["RepoOut"];
 export type Instance = Schemas["InstanceOut"];
 export type InstanceStatus = Schemas["InstanceStatus"];
 
-/** A websocket frame from /ws/v1/workspaces/<ws>/runs/… */
+/** A job's consecutive log lines as the server sends them: the runner's
+ * chunk as it came (`text`: every line followed by "\n"; `streams`: one
+ * letter per line; `times`: runs of [lines, unix time]). */
+export type LogsWire = {
+  type: "logs";
+  job: string;
+  first_seq: number;
+  streams: string;
+  times: [number, number][];
+  text: string;
+};
+
+/** A websocket frame from /ws/v1/workspaces/<ws>/runs/…, its lines unpacked
+ * by live.ts into [seq, ts, stream, text]. */
 export type LiveFrame =
   | { type: "run"; run: Run }
   | { type: "logs"; job: string; lines: [number, number, Stream, string][] };
