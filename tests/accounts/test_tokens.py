@@ -89,6 +89,7 @@ def test_a_bad_lifetime_is_a_400_and_makes_no_token(owner: Person, expires_in: s
     assert ApiToken.objects.count() == before
 
 
+@pytest.mark.django_db(transaction=True)  # the follower reads the token in a thread of its own
 def test_an_expired_token_cannot_follow_runs_either(team: Any, owner: Person) -> None:
     issued = api_token_issue(user=owner.user, name="ci", expires_in=timedelta(minutes=5))
     ApiToken.objects.filter(pk=issued.row.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
