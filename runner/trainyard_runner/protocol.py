@@ -244,8 +244,8 @@ class JobState(_Message):
 class Logs(_Message):
     """A batch of consecutive lines of one job, seqs ``first_seq`` ..
     ``first_seq + len(streams) - 1``, in the form the server stores (v4):
-    ``text`` is the lines, each followed by ``"\n"`` (a line holds no other
-    ``"\n"``); ``streams`` one letter per line, ``o`` (stdout) or ``e``
+    ``text`` is the lines, each followed by ``"\\n"`` (a line holds no other
+    ``"\\n"``); ``streams`` one letter per line, ``o`` (stdout) or ``e``
     (stderr); ``times`` runs of ``[lines, unix time]`` in order, one per read
     of the output (the lines of one read share a time). The server checks
     the shape with a few C-speed string calls, stores the text as it is and
@@ -276,7 +276,7 @@ class Logs(_Message):
 
     @classmethod
     def of(cls, *, job: str, attempt: int, first_seq: int, lines: Sequence[LogLineWire]) -> Logs:
-        """The frame of ``lines`` ([time, stream, text] each; texts without "\n")."""
+        """The frame of ``lines`` ([time, stream, text] each; texts without "\\n")."""
         streams, times, text = chunk_fields(lines)
         return cls(job=job, attempt=attempt, first_seq=first_seq, streams=streams, times=times, text=text)
 
