@@ -270,19 +270,11 @@ class Logs(_Message):
             raise ValueError(f"times: runs covering {count} lines")
         return self
 
-    @property
-    def last_seq(self) -> int:
-        return self.first_seq + len(self.streams) - 1
-
     @classmethod
     def of(cls, *, job: str, attempt: int, first_seq: int, lines: Sequence[LogLineWire]) -> Logs:
         """The frame of ``lines`` ([time, stream, text] each; texts without "\\n")."""
         streams, times, text = chunk_fields(lines)
         return cls(job=job, attempt=attempt, first_seq=first_seq, streams=streams, times=times, text=text)
-
-    def lines(self) -> list[LogLineWire]:
-        """[time, stream, text] of every line: per-line work, for tests and rare paths."""
-        return chunk_lines(self.streams, self.times, self.text)
 
 
 def chunk_fields(lines: Sequence[tuple[float, str, str]]) -> tuple[str, list[tuple[int, float]], str]:
