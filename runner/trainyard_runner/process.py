@@ -382,7 +382,7 @@ def _boundary(data: bytes) -> int:
 def _split_long(texts: list[str]) -> list[str]:
     # Only lines that arrived whole in one chunk can be long here; rare, so
     # check cheaply first. Measured in characters, close enough to bytes.
-    if all(len(t) <= MAX_LINE_BYTES for t in texts):
+    if max(map(len, texts), default=0) <= MAX_LINE_BYTES:
         return texts
     out: list[str] = []
     for t in texts:

@@ -151,7 +151,7 @@ NOISY = (
 
 def test_a_job_streams_every_line_exactly_once_across_connection_cuts(tmp_path: Path, repo: tuple[Path, str]) -> None:
     async def go() -> tuple[FakeServer, float]:
-        server = FakeServer(cut_after_frames=[2, 3, 1, 2])
+        server = FakeServer(cut_after_frames=[1, 2, 1, 1])
         async with serve(server.handler, "127.0.0.1", 0, max_size=None) as ws_server:
             port = ws_server.sockets[0].getsockname()[1]
             runner = await start_runner(port, tmp_path / "rd")
@@ -290,7 +290,7 @@ def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> No
     server, code = asyncio.run(go())
     assert code == 0
     assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
-    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 4
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 5
 
 
 def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:
@@ -624,7 +624,7 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
 def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upgrade(tmp_path: Path) -> None:
     async def go() -> tuple[int, str]:
         server = FakeServer()
-        server.welcome_extra = {"protocol": 5}
+        server.welcome_extra = {"protocol": 6}
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
@@ -636,4 +636,4 @@ def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upg
 
     code, stderr = asyncio.run(go())
     assert code == 2
-    assert "server speaks protocol 5, runner 4: upgrade trainyard-runner" in stderr
+    assert "server speaks protocol 6, runner 5: upgrade trainyard-runner" in stderr

@@ -4,7 +4,7 @@ import asyncio
 from pathlib import Path
 
 from trainyard_runner.logstream import MAX_BATCH_LINES, WINDOW, LogStream, read_spool
-from trainyard_runner.protocol import log_digest_add, log_digest_add_chunk, log_digest_hex
+from trainyard_runner.protocol import log_digest_add, log_digest_hex, log_digest_lines
 
 
 def _texts(stream: LogStream, batch: tuple[int, list] | None) -> tuple[int, list[str]]:
@@ -139,21 +139,30 @@ def test_an_attempt_after_the_first_numbers_from_its_seq_base_and_never_resends_
 
 
 def test_the_final_count_and_digest_cover_this_attempts_lines_also_after_a_resume(tmp_path: Path) -> None:
-    """The digest the server recomputes from what it received (protocol.log_digest_add)."""
+    """The digest the server continues over what it stores (protocol.log_digest_add)."""
 
     async def go() -> None:
         s = LogStream("j", tmp_path / "spool", first_seq=11)  # an attempt after 10 stored lines
         await s.put("o", ["a", "b"])
         await s.put("e", ["ü"])
-        expected = log_digest_hex(log_digest_add(0, 11, [("o", "a"), ("o", "b"), ("e", "ü")]))
+        expected = log_digest_hex(log_digest_lines(0, [("o", "a"), ("o", "b"), ("e", "ü")]))
         assert s.shipped == (3, expected)
         s.close()
         again = LogStream("j", tmp_path / "spool", first_seq=11, resume=True)  # a new runner re-attaches
         assert again.shipped == (3, expected)
-        assert log_digest_add(0, 11, [("o", "b"), ("o", "a")]) != log_digest_add(0, 11, [("o", "a"), ("o", "b")])
-        lines = [("o", "a\r"), ("e", ""), ("o", "ü \udcff"), ("o", "\t\x00")]
-        raw = "".join(text + "\n" for _, text in lines).encode("utf-8", "surrogatepass")
-        by_chunk = log_digest_add_chunk(0, 11, "oeoo", raw)
-        assert by_chunk == log_digest_add(0, 11, lines)  # the server's chunk path, the same sum
 
     asyncio.run(go())
+
+
+def test_the_digest_continues_over_any_split_and_tells_order_streams_and_line_ends_apart() -> None:
+    lines = [("o", "a\r"), ("e", ""), ("o", "ü \udcff"), ("o", "\t\x00"), ("e", "two\nparts")]
+    whole = log_digest_lines(0, lines)
+    for cut in range(len(lines) + 1):  # the runner's puts and the server's batches split differently
+        assert log_digest_lines(log_digest_lines(0, lines[:cut]), lines[cut:]) == whole
+    raw = "".join(text.replace("\n", "\u2424") + "\n" for _, text in lines).encode("utf-8", "surrogatepass")
+    assert log_digest_add(0, "oeooe", raw) == whole  # the server's path: a chunk's streams and bytes
+    assert log_digest_lines(0, [("o", "b"), ("o", "a")]) != log_digest_lines(0, [("o", "a"), ("o", "b")])
+    assert log_digest_lines(0, [("e", "a")]) != log_digest_lines(0, [("o", "a")])
+    assert log_digest_lines(0, [("o", "ab"), ("o", "")]) != log_digest_lines(0, [("o", "a"), ("o", "b")])
+    assert log_digest_lines(0, lines[:-1]) != whole  # a lost line
+    assert len(log_digest_hex(whole)) == 16 and log_digest_hex(0) == "0" * 16

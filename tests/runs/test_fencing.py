@@ -181,5 +181,5 @@ def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Work
 
     assert (closed["code"], closed["reason"]) == (
         protocol.CLOSE_VERSION_MISMATCH,
-        "runner speaks protocol 1, server 4: upgrade trainyard-runner",
+        "runner speaks protocol 1, server 5: upgrade trainyard-runner",
     )

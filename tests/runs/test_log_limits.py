@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
-from trainyard_runner.protocol import log_digest_add, log_digest_hex
+from trainyard_runner.protocol import log_digest_hex, log_digest_lines
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
@@ -112,10 +112,8 @@ def test_the_end_of_log_check_flags_a_job_whose_stored_lines_differ_from_what_th
     settings.TRAINYARD = {**settings.TRAINYARD, "TEST_DROP_LOG_BATCHES": str(drop)}
     _store(job, instance, 1, 10)
     shipped = [("o", _text(1 + i, 100)) for i in range(30)]
-    digest = log_digest_hex(log_digest_add(0, 1, shipped))
-    assert logs_check(
-        job_id=str(job.pk), attempt=1, lines=10, digest=log_digest_hex(log_digest_add(0, 1, shipped[:10]))
-    )
+    digest = log_digest_hex(log_digest_lines(0, shipped))
+    assert logs_check(job_id=str(job.pk), attempt=1, lines=10, digest=log_digest_hex(log_digest_lines(0, shipped[:10])))
     drop.write_text("lose the next batch\n")
     _store(job, instance, 11, 10)  # acknowledged, lost
     _store(job, instance, 21, 10)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import connections
 from pydantic import ValidationError
 from trainyard_runner import protocol
 
@@ -36,7 +38,7 @@ from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
 from backend.runs.services.environments import environment_record
 from backend.runs.services.loglimits import logs_check
-from backend.runs.services.logs import PreparedLogs, StoredLogs, UnknownJob, logs_prepare, logs_store
+from backend.runs.services.logs import StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.runners import runner_connect
 from backend.runs.services.transitions import (
     attempt_end,
@@ -52,6 +54,8 @@ FINAL_STATES = {"succeeded", "failed", "stopped", "interrupted"}
 # Log frames queued on one connection before it is closed (the runner keeps
 # at most logstream.WINDOW = 10 unacknowledged).
 MAX_QUEUED_LOG_FRAMES = 64
+# Stored batches waiting for their publish before the writer waits too.
+MAX_UNPUBLISHED = 4
 STALE = "this attempt is not the job's current one on this runner (it was moved, stopped or fenced)"
 PROGRESS = {
     "preparing": "preparing the code",
@@ -61,19 +65,25 @@ PROGRESS = {
 
 
 # A coalesced store holds at most this many lines (several frames' worth).
-MAX_STORE_LINES = 20_000
+MAX_STORE_LINES = 40_000
 
 
 class RunnerConsumer(AsyncWebsocketConsumer):
-    """Log frames are stored by one writer task per connection, in order:
-    receiving and validating the next frames overlaps with storing the
-    previous ones, and frames queued meanwhile are stored together (one
-    transaction, one COPY, one publish, one ack)."""
+    """Log frames are stored by one writer task per connection, in order, in
+    a thread of the connection's own (``_logs_thread``): receiving and
+    validating the next frames overlaps with storing the previous ones,
+    frames queued meanwhile are stored together (one transaction, one COPY,
+    one ack), and one runner's logs neither wait for nor hold up another's
+    or the shared database thread. A batch is acknowledged as soon as it is
+    stored; a publisher task sends it to the followers in order meanwhile,
+    so the next store does not wait for the publish."""
 
     instance_id: str | None = None
     pending_instance_id: str | None = None  # the token's instance, until its hello is accepted
     _bootstrap_token = ""  # set when the runner came with its machine's single-use token
     _writer: asyncio.Task[None] | None = None
+    _logs_thread: ThreadPoolExecutor | None = None
+    _publisher: asyncio.Task[None] | None = None
     _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
 
     async def connect(self) -> None:
@@ -107,6 +117,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self._writer is not None:
             self._writer.cancel()
+        if self._logs_thread is not None:
+            self._logs_thread.submit(connections.close_all)  # after a store under way: the thread's connection
+            self._logs_thread.shutdown(wait=False)
+        if self._publisher is not None:
+            self._published.put_nowait(None)  # what is stored still reaches the followers, then it ends
         if self.instance_id:
             await database_sync_to_async(instance_disconnected)(
                 instance_id=self.instance_id, channel_name=self.channel_name
@@ -235,7 +250,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         # this process's memory.
         if self._writer is None:
             self._log_queue: asyncio.Queue[protocol.Logs] = asyncio.Queue()
+            self._published: asyncio.Queue[StoredLogs | None] = asyncio.Queue()
+            self._logs_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runner-logs")
             self._writer = asyncio.create_task(self._write_logs())
+            self._publisher = asyncio.create_task(self._publish_logs())
         if self._log_queue.qsize() >= MAX_QUEUED_LOG_FRAMES:
             logger.warning("runner %s sent %d log frames without waiting for acks: closing", self.instance_id,
                            MAX_QUEUED_LOG_FRAMES)  # fmt: skip
@@ -244,46 +262,44 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self._log_queue.put_nowait(message)
 
     async def _write_logs(self) -> None:
-        """Two stages: batch N+1 is prepared (pure CPU, another thread) while
-        batch N is in the database; stores stay strictly in order."""
-        storing: asyncio.Task[None] | None = None
+        """Prepare and store the queued frames, strictly in order. Preparing
+        and storing run one after the other in the connection's thread: two
+        threads of one process passing the GIL back and forth made every
+        database round trip of the store wait (bench/README.md)."""
+        store = database_sync_to_async(_store_frame, thread_sensitive=False, executor=self._logs_thread)
         try:
             while True:
                 batch = _coalesce(await self._log_queue.get(), self._log_queue)
-                prepared = await sync_to_async(logs_prepare, thread_sensitive=False)(
-                    job_id=batch.job,
-                    first_seq=batch.first_seq,
-                    streams=batch.streams,
-                    times=batch.times,
-                    text=batch.text,
-                    attempt=batch.attempt,
-                )
-                if storing is not None:
-                    await storing
-                storing = asyncio.create_task(self._store(prepared))
+                try:
+                    stored = await store(batch, self.instance_id)
+                except UnknownJob:
+                    # Not this attempt's job (any more): refused, not "stored", so the
+                    # runner stops the attempt instead of believing its lines are kept.
+                    self._refused_attempts.add((batch.job, batch.attempt))
+                    await self._refuse(batch.job, batch.attempt, STALE)
+                    continue
+                await self.send(text_data=protocol.LogAck(job=batch.job, seq=stored.last_seq).model_dump_json())
+                if stored.count:
+                    if self._published.qsize() >= MAX_UNPUBLISHED:
+                        await self._published.join()  # the followers' publishes fell behind: store no faster
+                    self._published.put_nowait(stored)
         except asyncio.CancelledError:
-            if storing is not None:
-                storing.cancel()
             raise
         except Exception:
             logger.exception("storing logs failed; closing the runner's connection so it resends")
             await self.close(code=1011)
 
-    async def _store(self, prepared: PreparedLogs) -> None:
-        job = prepared.job_id
-        try:
-            stored = await database_sync_to_async(logs_store)(
-                job_id=job, instance_id=self.instance_id, attempt=prepared.attempt, prepared=prepared
-            )
-        except UnknownJob:
-            # Not this attempt's job (any more): refused, not "stored", so the
-            # runner stops the attempt instead of believing its lines are kept.
-            self._refused_attempts.add((job, prepared.attempt))
-            await self._refuse(job, prepared.attempt, STALE)
-            return
-        if stored.count:
-            await self.channel_layer.group_send(run_group(stored.run_id), _follower_event(stored))
-        await self.send(text_data=protocol.LogAck(job=job, seq=stored.last_seq).model_dump_json())
+    async def _publish_logs(self) -> None:
+        """Send stored batches to the run's followers, in the order they were
+        stored. A follower that misses one (this process died first) fills
+        the gap from storage (consumers/follow.py)."""
+        while (stored := await self._published.get()) is not None:
+            try:
+                await self.channel_layer.group_send(run_group(stored.run_id), _follower_event(stored))
+            except Exception:
+                logger.exception("publishing stored logs to followers failed (they catch up from storage)")
+            finally:
+                self._published.task_done()
 
     # ------------------------------------------------------- channel events
 
@@ -325,6 +341,18 @@ def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> prot
     if len(texts) == 1:
         return first
     return first.model_copy(update={"streams": "".join(streams), "times": times, "text": "".join(texts)})
+
+
+def _store_frame(frame: protocol.Logs, instance_id: str) -> StoredLogs:
+    prepared = logs_prepare(
+        job_id=frame.job,
+        first_seq=frame.first_seq,
+        streams=frame.streams,
+        times=frame.times,
+        text=frame.text,
+        attempt=frame.attempt,
+    )
+    return logs_store(job_id=frame.job, instance_id=instance_id, attempt=frame.attempt, prepared=prepared)
 
 
 def _follower_event(stored: StoredLogs) -> dict[str, Any]:

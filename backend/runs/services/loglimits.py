@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from trainyard_runner.protocol import LogLineWire, log_digest_hex
+from trainyard_runner.protocol import LogLineWire, log_digest_add, log_digest_hex
 
 from backend.core.testhooks import file_hook_fires
 from backend.runs.models import FINISHED_RUN, Attempt, Job
@@ -77,14 +77,26 @@ def log_cap_note(cap: int, seq: int) -> str:
     return f"log limit of {human_bytes(cap)} reached at line {seq}: later output was not stored (the job ran on)"
 
 
-def attempt_log_received(*, job_id: str, attempt: int, count: int, digest: int) -> None:
-    """Add a batch's lines to the attempt's tally. The caller holds the job's row lock."""
+# Attempt.log_digest of an attempt whose tally began before protocol 5 (a
+# sum, 64 hex digits): its digest cannot be continued, so it is not checked.
+UNCHECKED = "-"
+
+
+def attempt_log_received(*, job_id: str, attempt: int, count: int, parts: list[tuple[str, bytes]]) -> None:
+    """Add a batch's lines to the attempt's tally: ``parts`` are its chunks'
+    streams and text, in seq order. The caller holds the job's row lock, so
+    the batches of an attempt are added in the order their lines are stored."""
     row = Attempt.objects.filter(job_id=job_id, number=attempt).values_list("pk", "log_lines", "log_digest").first()
     if row is None:
         return
     pk, lines, previous = row
-    total = int(previous or "0", 16) + digest
-    Attempt.objects.filter(pk=pk).update(log_lines=lines + count, log_digest=log_digest_hex(total))
+    digest = UNCHECKED
+    if len(previous) in (0, 16):
+        state = int(previous or "0", 16)
+        for streams, text in parts:
+            state = log_digest_add(state, streams, text)
+        digest = log_digest_hex(state)
+    Attempt.objects.filter(pk=pk).update(log_lines=lines + count, log_digest=digest)
 
 
 def logs_check(*, job_id: str, attempt: int, lines: int, digest: str) -> bool:
@@ -93,8 +105,8 @@ def logs_check(*, job_id: str, attempt: int, lines: int, digest: str) -> bool:
     row = Attempt.objects.filter(job_id=job_id, number=attempt).values_list("log_lines", "log_digest").first()
     if row is None:
         return True
-    received, ours = row[0], int(row[1] or "0", 16)
-    if received == lines and ours == int(digest or "0", 16):
+    received, ours = row
+    if received == lines and (ours == UNCHECKED or int(ours or "0", 16) == int(digest or "0", 16)):
         return True
     what = f"{received} of its {lines} lines" if received != lines else f"all {lines} lines, but some differ"
     note = f"log check failed for attempt {attempt}: the server received {what}; the stored log is incomplete"

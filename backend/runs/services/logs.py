@@ -30,7 +30,6 @@ from trainyard_runner.protocol import (
     chunk_fields,
     chunk_lines,
     chunk_times,
-    log_digest_add_chunk,
     may_be_cut,
 )
 
@@ -71,7 +70,6 @@ class PreparedLogs:
     frame: str
     attempt: int = 1
     size: int = 0  # bytes of output (UTF-8, newlines not counted), against the job's log cap
-    digest: int = 0  # the lines' protocol.log_digest_add terms, for the end-of-log check
 
     def __len__(self) -> int:
         return len(self.streams)
@@ -130,14 +128,13 @@ def logs_prepare(
 ) -> PreparedLogs:
     """A batch in the stored form (a runner's ``Logs`` frame, or several that
     continue each other). Pure CPU work, no database: safe to run in any
-    thread. Nothing here runs per line in Python but the digest."""
+    thread. Nothing here runs per line in Python."""
     raw = text.encode("utf-8", "surrogatepass")
     stamps = stamps_encode(chunk_times(times))
     chunks = chunks_of_text(first_seq, streams, stamps, raw)
     frame = json.dumps(follower_frame(job_id, first_seq, streams, times, text), ensure_ascii=False)
-    digest = log_digest_add_chunk(0, first_seq, streams, raw)
     size = len(raw) - len(streams)
-    return PreparedLogs(job_id, first_seq, streams, times, text, chunks, frame, attempt, size, digest)
+    return PreparedLogs(job_id, first_seq, streams, times, text, chunks, frame, attempt, size)
 
 
 def follower_frame(
@@ -212,7 +209,9 @@ def logs_store(
         if dropped_for_tests():
             Job.objects.filter(pk=job.pk).update(last_seq=last_seq)
             return StoredLogs(str(job.pk), str(job.run_id), last_seq, last_seq + 1)
-        attempt_log_received(job_id=job_id, attempt=attempt, count=len(prepared), digest=prepared.digest)
+        attempt_log_received(
+            job_id=job_id, attempt=attempt, count=len(prepared), parts=[(c.streams, c.text) for c in prepared.chunks]
+        )
         batch, truncated_at = _capped(job, prepared)
         if batch is not None:
             batch = _final(batch, masks_for(workspace_id=job.workspace_id), _previous(job))
