@@ -86,9 +86,12 @@ def one_latency_sample(api: Api) -> dict[str, Any]:
     run = api.submit("hello")
     t_post = time.perf_counter()
     first: dict[str, Any] | None = None
+    t_run_frame = None
     with api.follow(run["id"]) as ws:
         t_ws = time.perf_counter()
         for received, frame in frames(ws, timeout=60):
+            if frame.get("type") == "run" and t_run_frame is None:
+                t_run_frame = time.perf_counter()
             if frame.get("type") == "logs":
                 first = {"received": received, "perf": time.perf_counter(), "line_ts": frame_span(frame)[2]}
                 break
@@ -108,6 +111,8 @@ def one_latency_sample(api: Api) -> dict[str, Any]:
         # milestones, ms after the clock started (server/runner clocks are this machine's)
         "post_returned_ms": round((t_post - t0) * 1000, 1),
         "ws_open_ms": round((t_ws - t0) * 1000, 1),
+        # the follower's first frame (the run), sent once it joined the run's group
+        "run_frame_ms": round((t_run_frame - t0) * 1000, 1) if t_run_frame is not None else None,
         "run_created_ms": ms(created),
         "job_started_ms": ms(started),
         "first_line_ts_ms": ms(first["line_ts"]),
@@ -148,6 +153,7 @@ def bench_latency(api: Api, samples: int) -> dict[str, Any]:
             for key in (
                 "post_returned_ms",
                 "ws_open_ms",
+                "run_frame_ms",
                 "run_created_ms",
                 "job_started_ms",
                 "first_line_ts_ms",

@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +32,13 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
 POLL_SECONDS = 0.05  # how often the output files and the exit file are looked at when nothing happens
-# After output (and when following starts), an output file is looked at again
-# this soon, then twice as late each time nothing came, up to POLL_SECONDS:
-# the first line of a job is read within milliseconds of being written.
+# After output, an output file is looked at again this soon, then twice as
+# late each time nothing came, up to POLL_SECONDS. Until its first output,
+# for up to FAST_POLL_SECONDS after following starts, it is looked at every
+# FIRST_POLL_SECONDS: the first line of a job is read within milliseconds of
+# being written, however long the job takes to print it.
 FIRST_POLL_SECONDS = 0.002
+FAST_POLL_SECONDS = 1.0
 # Leads the job's process group; see its docstring for the files it writes.
 SHIM = Path(__file__).with_name("_shim.py")
 OUTPUT_FILES = {"o": "stdout.log", "e": "stderr.log"}
@@ -336,6 +340,7 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
     rest = b""
     start = offset  # the file offset of rest's first byte
     wait = FIRST_POLL_SECONDS
+    fast_until = time.monotonic() + FAST_POLL_SECONDS  # until the first output
     with open(path, "rb") as f:
         f.seek(offset)
         while True:
@@ -346,9 +351,11 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ended.wait(), wait)
-                wait = min(wait * 2, POLL_SECONDS)
+                if time.monotonic() > fast_until:
+                    wait = min(wait * 2, POLL_SECONDS)
                 continue
             wait = FIRST_POLL_SECONDS
+            fast_until = 0.0
             data = rest + chunk
             cut = data.rfind(b"\n") + 1
             texts: list[str] = []

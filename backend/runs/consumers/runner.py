@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -49,6 +50,7 @@ from backend.runs.services.transitions import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FINAL_STATES = {"succeeded", "failed", "stopped", "interrupted"}
 # Log frames queued on one connection before it is closed (the runner keeps
@@ -84,6 +86,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     _writer: asyncio.Task[None] | None = None
     _logs_thread: ThreadPoolExecutor | None = None
     _publisher: asyncio.Task[None] | None = None
+    _state_worker: asyncio.Task[None] | None = None
     _refused_attempts: set[tuple[str, int]] = set()  # replaced per connection in connect()
 
     async def connect(self) -> None:
@@ -99,6 +102,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.close(code=protocol.CLOSE_RATE_LIMITED, reason=close_reason(refusal))
             return
         token = token_from_header(_header(self.scope, b"authorization"))
+        # The connect's lookups stay in the shared thread (unlike _db): queued
+        # there right after the accept, they come before anything queued later.
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
         if instance is None and token:
             instance = await database_sync_to_async(instance_for_bootstrap_token)(token=token)
@@ -122,10 +127,10 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             self._logs_thread.shutdown(wait=False)
         if self._publisher is not None:
             self._published.put_nowait(None)  # what is stored still reaches the followers, then it ends
+        if self._state_worker is not None:
+            self._states.put_nowait(None)  # the states received are still handled (a final one is sent once)
         if self.instance_id:
-            await database_sync_to_async(instance_disconnected)(
-                instance_id=self.instance_id, channel_name=self.channel_name
-            )
+            await _db(instance_disconnected)(instance_id=self.instance_id, channel_name=self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -156,7 +161,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self._bootstrap_token:
             # Spent now, whatever follows: a second hello with it is refused.
             own_token = (
-                await database_sync_to_async(instance_bootstrap_exchange)(
+                await _db(instance_bootstrap_exchange)(
                     instance_id=self.pending_instance_id, token=self._bootstrap_token
                 )
                 or ""
@@ -165,7 +170,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             if not own_token:
                 await self.close(code=protocol.CLOSE_UNAUTHORIZED, reason="bootstrap token already used")
                 return
-        connected = await database_sync_to_async(runner_connect)(
+        connected = await _db(runner_connect)(
             instance_id=self.pending_instance_id,
             hello=hello,
             channel_name=self.channel_name,
@@ -183,7 +188,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await _enqueue_schedule()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        await database_sync_to_async(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
+        await _db(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         if _drop_acceptance_for_tests():
@@ -191,7 +196,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         # Off the process's shared database thread: a submission's request
         # still answering there (its plan, its run) must not hold up the
         # confirmation the runner waits for before the commands start.
-        ok, changed = await database_sync_to_async(_accept, thread_sensitive=False)(
+        ok, changed = await _db(_accept)(
             job_id=message.job,
             instance_id=self.instance_id,
             attempt=message.attempt,
@@ -204,27 +209,58 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
         # The commands start now; the followers hear of it right after.
-        if await database_sync_to_async(_accepted, thread_sensitive=False)(changed, message.job):
+        if await _db(_accepted)(changed, message.job):
             await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
-        await database_sync_to_async(_rejected)(self.instance_id, message)
+        await _db(_rejected)(self.instance_id, message)
         await _enqueue_schedule()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
+        """Progress states (preparing, running, uploading) are handled in order
+        by a task of their own (``_handle_states``): their database work and
+        publishes take tens of milliseconds, and the log frames that follow
+        them on the socket do not wait (the first line of a warm start did,
+        ~100 ms). A final state (interrupted included) is handled here, after
+        the progress states before it, as before: what follows it on the
+        socket is handled knowing it."""
+        if message.state in FINAL_STATES:
+            if self._state_worker is not None:
+                await self._states.join()
+            await self._job_state(message, self.instance_id)
+            return
+        if self._state_worker is None:
+            self._states: asyncio.Queue[tuple[protocol.JobState, str | None] | None] = asyncio.Queue()
+            self._state_worker = asyncio.create_task(self._handle_states())
+        self._states.put_nowait((message, self.instance_id))
+
+    async def _handle_states(self) -> None:
+        """Until the connection closed and every state received is handled.
+        A progress state that fails is logged: the runner re-sends its jobs'
+        latest states after every reconnect."""
+        while (item := await self._states.get()) is not None:
+            message, instance_id = item
+            try:
+                await self._job_state(message, instance_id)
+            except Exception:
+                logger.exception("handling job %s's state %s failed", message.job, message.state)
+            finally:
+                self._states.task_done()
+
+    async def _job_state(self, message: protocol.JobState, instance_id: str | None) -> None:
         if message.environment is not None:
-            await database_sync_to_async(environment_record)(
-                job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, report=message.environment
+            await _db(environment_record)(
+                job_id=message.job, instance_id=instance_id, attempt=message.attempt, report=message.environment
             )
         if message.state not in FINAL_STATES:
             reason = message.reason or PROGRESS[message.state]
-            await database_sync_to_async(job_set_reason)(
-                job_id=message.job, instance_id=self.instance_id, attempt=message.attempt, reason=reason
+            await _db(job_set_reason)(
+                job_id=message.job, instance_id=instance_id, attempt=message.attempt, reason=reason
             )
             return
-        ok = await database_sync_to_async(job_report_final)(
+        ok = await _db(job_report_final)(
             job_id=message.job,
-            instance_id=self.instance_id,
+            instance_id=instance_id,
             attempt=message.attempt,
             state=message.state,
             exit_code=message.exit_code,
@@ -234,7 +270,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)
         elif message.log_lines is not None:  # older runners do not say: their logs are not checked
-            await database_sync_to_async(logs_check)(
+            await _db(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
             )
         await _enqueue_schedule()
@@ -341,6 +377,16 @@ def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> prot
     if len(texts) == 1:
         return first
     return first.model_copy(update={"streams": "".join(streams), "times": times, "text": "".join(texts)})
+
+
+def _db(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """``fn`` (database work) run in a thread of the default pool with a
+    connection of its own, not in the process's one shared thread, where
+    Django runs every request's view: a runner's acceptance, states and
+    heartbeats, and the log frames queued behind them on its socket, wait
+    for no request (the warm start's first line waited ~100 ms behind a
+    submission's)."""
+    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 def _store_frame(frame: protocol.Logs, instance_id: str) -> StoredLogs:
