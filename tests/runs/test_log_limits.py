@@ -16,10 +16,10 @@ from trainyard_runner.protocol import log_digest_hex, log_digest_lines
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
-from backend.runs.models import Job, JobStatus, Run, RunStatus
+from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logchunks import chunks_of, chunks_write
-from backend.runs.services.loglimits import logs_check, logs_prune
+from backend.runs.services.loglimits import UNCHECKED, logs_check, logs_prune
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
@@ -124,6 +124,25 @@ def test_the_end_of_log_check_flags_a_job_whose_stored_lines_differ_from_what_th
     assert job.log_note == (
         "log check failed for attempt 1: the server received 20 of its 30 lines; the stored log is incomplete"
     )
+
+
+def test_an_attempt_whose_tally_began_under_protocol_4_is_not_flagged_but_its_count_still_is(
+    team: Workspace, run: Run
+) -> None:
+    job, instance = _running(team, run)
+    sum_of_protocol_4 = "ab" * 32  # a 64-digit sum: no CRC continues it
+    Attempt.objects.filter(job=job, number=1).update(log_lines=5, log_digest=sum_of_protocol_4)
+    Job.objects.filter(pk=job.pk).update(last_seq=5)
+    assert logs_check(job_id=str(job.pk), attempt=1, lines=5, digest="0" * 16)
+    _store(job, instance, 6, 5)  # a runner of protocol 5 re-attached: the tally goes on, unchecked
+    assert Attempt.objects.get(job=job, number=1).log_digest == UNCHECKED
+    assert logs_check(job_id=str(job.pk), attempt=1, lines=10, digest="0" * 16)
+    job.refresh_from_db()
+    assert job.log_note == ""
+
+    assert not logs_check(job_id=str(job.pk), attempt=1, lines=11, digest="0" * 16)
+    job.refresh_from_db()
+    assert "the server received 10 of its 11 lines" in job.log_note
 
 
 def test_retention_deletes_only_the_logs_of_finished_runs_jobs_that_ended_long_ago(
