@@ -82,6 +82,12 @@ def log_cap_note(cap: int, seq: int) -> str:
 UNCHECKED = "-"
 
 
+def _continuable(tally: str) -> bool:
+    """Whether ``Attempt.log_digest`` is a protocol-5 digest (or none yet),
+    which a batch continues and a final state is checked against."""
+    return len(tally) in (0, 16)
+
+
 def attempt_log_received(*, job_id: str, attempt: int, count: int, parts: list[tuple[str, bytes]]) -> None:
     """Add a batch's lines to the attempt's tally: ``parts`` are its chunks'
     streams and text, in seq order. The caller holds the job's row lock, so
@@ -91,7 +97,7 @@ def attempt_log_received(*, job_id: str, attempt: int, count: int, parts: list[t
         return
     pk, lines, previous = row
     digest = UNCHECKED
-    if len(previous) in (0, 16):
+    if _continuable(previous):
         state = int(previous or "0", 16)
         for streams, text in parts:
             state = log_digest_add(state, streams, text)
@@ -106,8 +112,7 @@ def logs_check(*, job_id: str, attempt: int, lines: int, digest: str) -> bool:
     if row is None:
         return True
     received, ours = row
-    unchecked = len(ours) not in (0, 16)  # UNCHECKED, or a protocol-4 sum no batch continued
-    if received == lines and (unchecked or int(ours or "0", 16) == int(digest or "0", 16)):
+    if received == lines and (not _continuable(ours) or int(ours or "0", 16) == int(digest or "0", 16)):
         return True
     what = f"{received} of its {lines} lines" if received != lines else f"all {lines} lines, but some differ"
     note = f"log check failed for attempt {attempt}: the server received {what}; the stored log is incomplete"
