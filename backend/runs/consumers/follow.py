@@ -16,11 +16,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from trainyard_runner.protocol import chunk_fields, chunk_lines
 
@@ -29,13 +27,13 @@ from backend.accounts.models import Membership, User, Workspace
 from backend.accounts.selectors import membership_get, user_for_token
 from backend.runs.api.serializers import run_to_dict
 from backend.runs.consumers.limits import CLOSE_RATE_LIMITED, close_reason, connect_hit, scope_ip
+from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.consumers.watch import Credentials, watch
 from backend.runs.events import run_group, workspace_group
 from backend.runs.selectors import job_log_page, run_get
 from backend.runs.services.logs import follower_frame, follower_frames
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 BACKLOG_PAGE = 5000
 # A send that waited this long means the follower stopped reading: events may be lost.
@@ -59,7 +57,7 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
     async def member_of_workspace(self) -> Membership | None:
         refusal = await connect_hit(scope="ws", kind="ip", identity=scope_ip(self.scope))
         await self.accept()
-        user, token = await _read(_user)(self.scope) if refusal is None else (None, None)
+        user, token = await off_shared_thread(_user)(self.scope) if refusal is None else (None, None)
         if refusal is None and user is not None:
             refusal = await connect_hit(scope="ws", kind="user", identity=f"user:{user.pk}")
         if refusal is not None:
@@ -69,7 +67,7 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return None
         slug = self.scope["url_route"]["kwargs"]["workspace"]
-        membership = await _read(membership_get)(user=user, workspace_slug=slug)
+        membership = await off_shared_thread(membership_get)(user=user, workspace_slug=slug)
         if membership is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return None
@@ -126,7 +124,7 @@ class RunFollowConsumer(_MemberConsumer):
         if membership is None:
             return
         ref = self.scope["url_route"]["kwargs"]["run"]
-        found = await _read(_run_for)(membership.workspace, ref)
+        found = await off_shared_thread(_run_for)(membership.workspace, ref)
         if found is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
@@ -201,7 +199,7 @@ class RunFollowConsumer(_MemberConsumer):
         """The run's state, if it changed unseen, and the stored lines not sent yet."""
         if self.run_id is None or self._closed:
             return
-        run = await _read(_run_for)(self.workspace, self.run_id)
+        run = await off_shared_thread(_run_for)(self.workspace, self.run_id)
         if run is None:
             return
         if run != self._last_run:
@@ -219,7 +217,7 @@ class RunFollowConsumer(_MemberConsumer):
         """Stored lines after what was sent (up to ``until``), in pages."""
         self.sent.setdefault(job, 0)
         while until is None or self.sent[job] < until:
-            page, more = await _read(_lines)(job, self.sent[job], until)
+            page, more = await off_shared_thread(_lines)(job, self.sent[job], until)
             if not page:
                 return
             self.sent[job] = page[-1][0]
@@ -249,14 +247,6 @@ class WorkspaceRunsConsumer(_MemberConsumer):
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "run", "run": event["run"]})
-
-
-def _read(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``fn`` (a read) run off the process's one shared database thread,
-    where every runner connection's calls queue (log stores, states): a
-    follower's connect, backlog and catch-up wait for none of them. Each call
-    takes a connection from the web process's pool and gives it back."""
-    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 def _user(scope: dict[str, Any]) -> tuple[User | None, str | None]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
@@ -34,6 +33,7 @@ from backend.clouds.services.instances import (
 )
 from backend.core.testhooks import file_hook_fires
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
+from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.events import publish_runs, publishing_held, run_group
 from backend.runs.reasons import TerminationReason
 from backend.runs.selectors import attempt_current
@@ -50,7 +50,6 @@ from backend.runs.services.transitions import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 FINAL_STATES = {"succeeded", "failed", "stopped", "interrupted"}
 # Log frames queued on one connection before it is closed (the runner keeps
@@ -102,7 +101,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.close(code=protocol.CLOSE_RATE_LIMITED, reason=close_reason(refusal))
             return
         token = token_from_header(_header(self.scope, b"authorization"))
-        # The connect's lookups stay in the shared thread (unlike _db): queued
+        # The connect's lookups stay in the shared thread (not off_shared_thread): queued
         # there right after the accept, they come before anything queued later.
         instance = await database_sync_to_async(instance_for_token)(token=token) if token else None
         if instance is None and token:
@@ -130,7 +129,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self._state_worker is not None:
             self._states.put_nowait(None)  # the states received are still handled (a final one is sent once)
         if self.instance_id:
-            await _db(instance_disconnected)(instance_id=self.instance_id, channel_name=self.channel_name)
+            await off_shared_thread(instance_disconnected)(instance_id=self.instance_id, channel_name=self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -161,7 +160,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if self._bootstrap_token:
             # Spent now, whatever follows: a second hello with it is refused.
             own_token = (
-                await _db(instance_bootstrap_exchange)(
+                await off_shared_thread(instance_bootstrap_exchange)(
                     instance_id=self.pending_instance_id, token=self._bootstrap_token
                 )
                 or ""
@@ -170,7 +169,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             if not own_token:
                 await self.close(code=protocol.CLOSE_UNAUTHORIZED, reason="bootstrap token already used")
                 return
-        connected = await _db(runner_connect)(
+        connected = await off_shared_thread(runner_connect)(
             instance_id=self.pending_instance_id,
             hello=hello,
             channel_name=self.channel_name,
@@ -188,7 +187,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await _enqueue_schedule()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        await _db(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
+        await off_shared_thread(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         if _drop_acceptance_for_tests():
@@ -196,7 +195,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         # Off the process's shared database thread: a submission's request
         # still answering there (its plan, its run) must not hold up the
         # confirmation the runner waits for before the commands start.
-        ok, changed = await _db(_accept)(
+        ok, changed = await off_shared_thread(_accept)(
             job_id=message.job,
             instance_id=self.instance_id,
             attempt=message.attempt,
@@ -209,11 +208,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
         # The commands start now; the followers hear of it right after.
-        if await _db(_accepted)(changed, message.job):
+        if await off_shared_thread(_accepted)(changed, message.job):
             await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
-        await _db(_rejected)(self.instance_id, message)
+        await off_shared_thread(_rejected)(self.instance_id, message)
         await _enqueue_schedule()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
@@ -249,16 +248,16 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def _job_state(self, message: protocol.JobState, instance_id: str | None) -> None:
         if message.environment is not None:
-            await _db(environment_record)(
+            await off_shared_thread(environment_record)(
                 job_id=message.job, instance_id=instance_id, attempt=message.attempt, report=message.environment
             )
         if message.state not in FINAL_STATES:
             reason = message.reason or PROGRESS[message.state]
-            await _db(job_set_reason)(
+            await off_shared_thread(job_set_reason)(
                 job_id=message.job, instance_id=instance_id, attempt=message.attempt, reason=reason
             )
             return
-        ok = await _db(job_report_final)(
+        ok = await off_shared_thread(job_report_final)(
             job_id=message.job,
             instance_id=instance_id,
             attempt=message.attempt,
@@ -270,7 +269,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)
         elif message.log_lines is not None:  # older runners do not say: their logs are not checked
-            await _db(logs_check)(
+            await off_shared_thread(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
             )
         await _enqueue_schedule()
@@ -377,16 +376,6 @@ def _coalesce(first: protocol.Logs, queue: asyncio.Queue[protocol.Logs]) -> prot
     if len(texts) == 1:
         return first
     return first.model_copy(update={"streams": "".join(streams), "times": times, "text": "".join(texts)})
-
-
-def _db(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``fn`` (database work) run in a thread of the default pool with a
-    connection of its own, not in the process's one shared thread, where
-    Django runs every request's view: a runner's acceptance, states and
-    heartbeats, and the log frames queued behind them on its socket, wait
-    for no request (the warm start's first line waited ~100 ms behind a
-    submission's)."""
-    return database_sync_to_async(fn, thread_sensitive=False)
 
 
 def _store_frame(frame: protocol.Logs, instance_id: str) -> StoredLogs:
