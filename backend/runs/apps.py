@@ -12,6 +12,6 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         from backend.runs import events
-        from backend.runs.api.serializers import run_to_dict
+        from backend.runs.api.listing import run_snapshot
 
-        events.snapshot_with(run_to_dict)
+        events.snapshot_with(run_snapshot)

@@ -169,6 +169,14 @@ def run_page(*, runs: QuerySet[Run], cursor: str, size: int) -> RunPage:
     return RunPage(rows, after_last, count, estimated)
 
 
+def run_row(*, runs: QuerySet[Run]) -> RunRow | None:
+    """The newest run of ``runs`` (one, in practice: a run by id or name) as
+    ``run_page`` reads it, in one query: what the run page, its followers and
+    the published snapshots show, without a prefetch or a model per row."""
+    rows = _page_rows(runs.values("id", "created_at")[:1], 1, counted=None)
+    return rows[0] if rows else None
+
+
 # The page's runs with their tags and their jobs, each job one JSON object of
 # what JobOut shows: Postgres builds them (an index probe per job and per
 # edge), so Python neither compiles a prefetch nor builds a model per row.
@@ -326,12 +334,15 @@ def job_extras(*, jobs: list[Job]) -> JobExtras:
 
 def run_get(*, workspace: Workspace, ref: str) -> Run | None:
     """A run by short name or UUID, only within ``workspace``."""
+    return run_by_ref(workspace=workspace, ref=ref).select_related("submitted_by").first()
+
+
+def run_by_ref(*, workspace: Workspace, ref: str) -> QuerySet[Run]:
+    """The run named ``ref`` (short name or UUID) within ``workspace``, as a query."""
     if "\x00" in ref:  # no name has one, and Postgres refuses it (a websocket path is not checked by middleware)
-        return None
-    runs = Run.objects.for_workspace(workspace).select_related("submitted_by")
-    if _is_uuid(ref):
-        return runs.filter(pk=ref).first()
-    return runs.filter(name=ref).first()
+        return Run.objects.none()
+    runs = Run.objects.for_workspace(workspace)
+    return runs.filter(pk=ref) if _is_uuid(ref) else runs.filter(name=ref)
 
 
 def job_get(*, workspace: Workspace, job_id: str) -> Job | None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from datetime import datetime, tzinfo
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from backend.core.urlcreds import url_without_credentials
 from backend.runs.api.serializers import ReproducedOut
 from backend.runs.models import Run
-from backend.runs.selectors import RunRow
+from backend.runs.selectors import RunRow, run_row
 from backend.runs.services.dag import ref_origin
 from backend.runs.services.reproduced import rerun_verdicts
 
@@ -38,6 +39,21 @@ def runs_shown(rows: list[RunRow]) -> list[dict[str, Any]]:
         run["reproduced"] = dict(ReproducedOut(verdict).data) if verdict is not None else None
         run["jobs"] = [_job(job, zone) for job in row["jobs"]]
         shown.append(run)
+    return shown
+
+
+def run_shown(runs: QuerySet[Run]) -> dict[str, Any] | None:
+    """The run of ``runs`` (by id or name) as ``RunOut`` shows it, JSON-ready,
+    in one query (two for a re-run): the run's published snapshots, its
+    followers' and the submission's answer."""
+    row = run_row(runs=runs)
+    return runs_shown([row])[0] if row is not None else None
+
+
+def run_snapshot(run: Run) -> dict[str, Any]:
+    """``run`` as its followers and the workspace's see it (events.snapshot_with)."""
+    shown = run_shown(Run.objects.filter(pk=run.pk))
+    assert shown is not None, f"run {run.pk} is gone"
     return shown
 
 

@@ -20,7 +20,7 @@ from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import RawBodyParser
-from backend.runs.api.listing import runs_shown
+from backend.runs.api.listing import run_shown, runs_shown
 from backend.runs.api.serializers import (
     BlobOut,
     EnvironmentDetailOut,
@@ -41,10 +41,10 @@ from backend.runs.selectors import (
     environment_list,
     environment_runs,
     job_get,
+    run_by_ref,
     run_get,
     run_list,
     run_page,
-    with_shown,
 )
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.placement import run_offer_plan
@@ -130,7 +130,7 @@ class RunListView(WorkspaceAPIView):
             environment_build=v["environment_build"],
         )
         # The plan table `trainyard run` prints: each job's cheapest offer now.
-        answer = {**RunOut(_fresh(run)).data, "plan": run_offer_plan(run=run)}
+        answer = {**_shown(run), "plan": run_offer_plan(run=run)}
         return Response(answer, status=status.HTTP_201_CREATED)
 
 
@@ -237,7 +237,10 @@ def _environment_or_404(workspace: Workspace, key: str) -> Environment:
 class RunDetailView(WorkspaceAPIView):
     @extend_schema(responses=RunOut)
     def get(self, request: Request, workspace: str, run: str) -> Response:
-        return Response(RunOut(_run_or_404(self.workspace, run)).data)
+        shown = run_shown(run_by_ref(workspace=self.workspace, ref=run))
+        if shown is None:
+            raise NotFound(f"Run {run!r} not found.")
+        return Response(shown)
 
 
 class RunRerunView(WorkspaceAPIView):
@@ -246,14 +249,14 @@ class RunRerunView(WorkspaceAPIView):
     @extend_schema(request=None, responses={201: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
-        return Response(RunOut(_fresh(again)).data, status=status.HTTP_201_CREATED)
+        return Response(_shown(again), status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):
     @extend_schema(request=None, responses={202: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         stopped = run_stop(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
-        return Response(RunOut(_fresh(stopped)).data, status=status.HTTP_202_ACCEPTED)
+        return Response(_shown(stopped), status=status.HTTP_202_ACCEPTED)
 
 
 class JobLogsView(WorkspaceAPIView):
@@ -403,8 +406,11 @@ def _run_or_404(workspace: object, ref: str) -> Run:
     return run
 
 
-def _fresh(run: Run) -> Run:
-    return with_shown(Run.objects.select_related("submitted_by").filter(pk=run.pk)).get()
+def _shown(run: Run) -> dict[str, Any]:
+    """``run`` as it is now, as ``RunOut`` shows it (listing.run_shown: one query)."""
+    shown = run_shown(Run.objects.filter(pk=run.pk))
+    assert shown is not None, f"run {run.pk} is gone"
+    return shown
 
 
 def _with_cursor(request: Request, cursor: str) -> str:

@@ -1,6 +1,7 @@
 """/ws/v1/workspaces/<ws>/runs/<run>/: a run's status and log lines, live.
 
-Join the run's group first, then send the stored backlog, then forward
+Join the run's group first (through the process's relay of it,
+consumers/fanout.py), then send the stored backlog, then forward
 published lines; ``sent`` (the highest seq sent per job) drops the lines that
 arrive both ways, so every line goes out once and in order.
 
@@ -16,21 +17,25 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from trainyard_runner.protocol import chunk_fields, chunk_lines
 
 from backend.accounts.auth import token_from_header
 from backend.accounts.models import Membership, User, Workspace
 from backend.accounts.selectors import membership_get, user_for_token
-from backend.runs.api.serializers import run_to_dict
-from backend.runs.consumers.limits import CLOSE_RATE_LIMITED, close_reason, connect_hit, scope_ip
+from backend.core.ratelimit import Refusal, rate_hit
+from backend.runs.api.listing import run_shown
+from backend.runs.consumers import fanout
+from backend.runs.consumers.limits import CLOSE_RATE_LIMITED, close_reason, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.consumers.watch import Credentials, watch
 from backend.runs.events import run_group, workspace_group
-from backend.runs.selectors import job_log_page, run_get
+from backend.runs.selectors import job_log_page, run_by_ref
 from backend.runs.services.logs import follower_frame, follower_frames
 
 logger = logging.getLogger(__name__)
@@ -50,37 +55,71 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
     is not a member of (the same answer as for one that does not exist).
     Once following, ``watch`` re-checks both (consumers/watch.py)."""
 
+    # No channel of its own: its groups' events come through the process's
+    # relays (fanout.py). With one, each socket also kept a read of the
+    # channel layer waiting, which woke for every message of the process.
+    channel_layer_alias = "trainyard.no-channel"
     credentials: Credentials | None = None
     _watch: asyncio.Task[None] | None = None
     _closed = False
+    _inbox: fanout.Inbox | None = None
+    _groups: tuple[str, ...] = ()
 
-    async def member_of_workspace(self) -> Membership | None:
-        refusal = await connect_hit(scope="ws", kind="ip", identity=scope_ip(self.scope))
+    async def member_of_workspace(self, run_ref: str | None = None) -> Admission | None:
+        """The checks above in one call to a thread (``_admit``): at a burst
+        of connects each call waits its turn for the pool's threads, and
+        there were five. ``run_ref``: also look that run up (its id)."""
         await self.accept()
-        user, token = await off_shared_thread(_user)(self.scope) if refusal is None else (None, None)
-        if refusal is None and user is not None:
-            refusal = await connect_hit(scope="ws", kind="user", identity=f"user:{user.pk}")
-        if refusal is not None:
-            await self.close(code=CLOSE_RATE_LIMITED, reason=close_reason(refusal))
+        slug = self.scope["url_route"]["kwargs"]["workspace"]
+        admission = await off_shared_thread(_admit)(self.scope, slug, run_ref)
+        if admission.refusal is not None:
+            await self.close(code=CLOSE_RATE_LIMITED, reason=close_reason(admission.refusal))
             return None
-        if user is None:
+        if admission.user is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
             return None
-        slug = self.scope["url_route"]["kwargs"]["workspace"]
-        membership = await off_shared_thread(membership_get)(user=user, workspace_slug=slug)
-        if membership is None:
+        if admission.membership is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return None
         session = self.scope.get("session")
+        token = admission.token
         session_key = None if token is not None or session is None else session.session_key
-        self.credentials = Credentials(user=user, token=token, session_key=session_key, workspace_slug=slug)
-        return membership
+        self.credentials = Credentials(user=admission.user, token=token, session_key=session_key, workspace_slug=slug)
+        return admission
 
     async def follow(self, group: str) -> None:
-        """Join ``group`` and keep access and membership checked (consumers/watch.py)."""
-        await self.channel_layer.group_add(group, self.channel_name)
+        """Get ``group``'s events through this process's relay of it
+        (consumers/fanout.py), handled by ``dispatch`` in order, and keep
+        access and membership checked (consumers/watch.py)."""
+        if self._inbox is None:
+            self._inbox = fanout.Inbox(self.relayed, self._event_failed)
+        self._groups += (group,)
+        await fanout.join(group, self._inbox)
         assert self.credentials is not None
-        self._watch = asyncio.create_task(watch(self, self.credentials, [group], on_tick=self.on_tick))
+        self._watch = asyncio.create_task(watch(self, self.credentials, leave=self.leave_groups, on_tick=self.on_tick))
+
+    async def relayed(self, event: dict[str, Any]) -> None:
+        """An event of a group, to its handler (``run.logs``: ``run_logs``).
+        Not through ``dispatch``: Channels' closes stale database
+        connections first, a hop to a thread for every event and follower,
+        and these handlers read the database only in threads of their own."""
+        handler = getattr(self, get_handler_name(event), None)
+        if handler is None:
+            raise ValueError(f"no handler for event type {event['type']}")
+        await handler(event)
+
+    async def leave_groups(self) -> None:
+        groups, self._groups = self._groups, ()
+        if self._inbox is not None:
+            for group in groups:
+                await fanout.leave(group, self._inbox)
+
+    async def _event_failed(self, error: BaseException) -> None:
+        """A handler raised: as when a consumer's handler raises, the socket
+        ends (1011); the client reconnects and reads the backlog."""
+        logger.error("a follower's event handler failed; closing its socket", exc_info=error)
+        await self.leave_groups()
+        await self.close(code=1011)
 
     async def on_tick(self) -> None:
         """Called by the watch after each successful re-check."""
@@ -88,6 +127,9 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        await self.leave_groups()
+        if self._inbox is not None:
+            self._inbox.close()
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
         if not self._closed:  # events queued before a close are dropped, not sent after it
@@ -119,28 +161,44 @@ class RunFollowConsumer(_MemberConsumer):
         async with self._lock:
             await super().dispatch(message)
 
+    async def relayed(self, event: dict[str, Any]) -> None:
+        async with self._lock:
+            await super().relayed(event)
+
     async def connect(self) -> None:
-        membership = await self.member_of_workspace()
-        if membership is None:
+        """Admitted, join the run's group, then read the run and each job's
+        first page of backlog in one call to a thread (the run read after
+        the join: a change published in between is in it, or comes after)."""
+        admission = await self.member_of_workspace(run_ref=self.scope["url_route"]["kwargs"]["run"])
+        if admission is None:
             return
-        ref = self.scope["url_route"]["kwargs"]["run"]
-        found = await off_shared_thread(_run_for)(membership.workspace, ref)
-        if found is None:
+        if admission.run_id is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        self.run_id = found["id"]
-        self.workspace = membership.workspace
+        assert admission.membership is not None
+        self.run_id = admission.run_id
+        self.workspace = admission.membership.workspace
         self.sent: dict[str, int] = {}
         await self.follow(run_group(self.run_id))
-        await self.send_json({"type": "run", "run": found})
-        await self._send_backlog(found, _after_seq(self.scope), _job_after(self.scope))
+        after_seq, job_after = _after_seq(self.scope), _job_after(self.scope)
+        opening = await off_shared_thread(_opening)(self.workspace, self.run_id, after_seq, job_after)
+        if opening is None:  # deleted meanwhile
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        run, pages = opening
+        await self.send_json({"type": "run", "run": run})
+        for job in run["jobs"]:
+            page, more = pages[job["id"]]
+            self.sent[job["id"]] = page[-1][0] if page else job_after.get(job["id"], after_seq)
+            for frame in follower_frames(job["id"], page):
+                await self.send_json(frame)
+            if more:
+                await self._send_stored(job["id"])
 
     async def disconnect(self, code: int) -> None:
         await super().disconnect(code)
         if self._stall_catch_up is not None:
             self._stall_catch_up.cancel()
-        if self.run_id:
-            await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
 
     async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
         started = time.monotonic()
@@ -208,11 +266,6 @@ class RunFollowConsumer(_MemberConsumer):
             if job["last_seq"] > self.sent.get(job["id"], 0):
                 await self._send_stored(job["id"])
 
-    async def _send_backlog(self, run: dict[str, Any], after_seq: int, job_after: dict[str, int]) -> None:
-        for job in run["jobs"]:
-            self.sent.setdefault(job["id"], job_after.get(job["id"], after_seq))
-            await self._send_stored(job["id"])
-
     async def _send_stored(self, job: str, until: int | None = None) -> None:
         """Stored lines after what was sent (up to ``until``), in pages."""
         self.sent.setdefault(job, 0)
@@ -230,20 +283,13 @@ class RunFollowConsumer(_MemberConsumer):
 class WorkspaceRunsConsumer(_MemberConsumer):
     """/ws/v1/workspaces/<ws>/runs/: every status change of the workspace's runs."""
 
-    group: str | None = None
-
     async def connect(self) -> None:
         membership = await self.member_of_workspace()
         if membership is None:
             return
-        self.group = workspace_group(membership.workspace_id)
-        await self.follow(self.group)
+        assert membership.membership is not None
+        await self.follow(workspace_group(membership.membership.workspace_id))
         await self.send_json({"type": "ready"})
-
-    async def disconnect(self, code: int) -> None:
-        await super().disconnect(code)
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "run", "run": event["run"]})
@@ -260,9 +306,52 @@ def _user(scope: dict[str, Any]) -> tuple[User | None, str | None]:
     return (user if isinstance(user, User) and user.is_active else None), None
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What ``_admit`` found: a refusal, or the caller, its membership and the run's id."""
+
+    refusal: Refusal | None = None
+    user: User | None = None
+    token: str | None = None
+    membership: Membership | None = None
+    run_id: str | None = None
+
+
+def _admit(scope: dict[str, Any], slug: str, run_ref: str | None) -> Admission:
+    """The connect rate limits (per address, then per user), the caller, its
+    membership of ``slug`` and the id of the run ``run_ref`` there."""
+    refusal = rate_hit(scope="ws", kind="ip", identity=scope_ip(scope))
+    if refusal is not None:
+        return Admission(refusal=refusal)
+    user, token = _user(scope)
+    if user is None:
+        return Admission()
+    refusal = rate_hit(scope="ws", kind="user", identity=f"user:{user.pk}")
+    if refusal is not None:
+        return Admission(refusal=refusal)
+    membership = membership_get(user=user, workspace_slug=slug)
+    if membership is None or run_ref is None:
+        return Admission(user=user, token=token, membership=membership)
+    found = run_by_ref(workspace=membership.workspace, ref=run_ref).values_list("id", flat=True).first()
+    return Admission(user=user, token=token, membership=membership, run_id=str(found) if found else None)
+
+
+def _opening(
+    workspace: Workspace, run_id: str, after_seq: int, job_after: dict[str, int]
+) -> tuple[dict[str, Any], dict[str, tuple[list[tuple[int, float, str, str]], bool]]] | None:
+    """The run as shown and each job's first page of lines after its start
+    (``job_after``'s seq, else ``after_seq``)."""
+    run = _run_for(workspace, run_id)
+    if run is None:
+        return None
+    pages = {job["id"]: _lines(job["id"], job_after.get(job["id"], after_seq)) for job in run["jobs"]}
+    return run, pages
+
+
 def _run_for(workspace: Workspace, ref: str) -> dict[str, Any] | None:
-    run = run_get(workspace=workspace, ref=ref)
-    return run_to_dict(run) if run is not None else None
+    """The run as the API shows it, in one query: every follower reads it
+    when it connects and at each re-check."""
+    return run_shown(run_by_ref(workspace=workspace, ref=ref))
 
 
 def _lines(job_id: str, after_seq: int, until: int | None = None) -> tuple[list[tuple[int, float, str, str]], bool]:

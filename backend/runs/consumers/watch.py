@@ -5,10 +5,10 @@ A follower may stay connected for days. Every ``interval()`` seconds it
    (signed out), the account (deactivated) and the membership of the
    workspace (removed); once one is gone it leaves its groups and is closed
    with 4401 (credentials) or 4403 (membership) and the reason;
-2. renews its group memberships, which the channel layer drops after
-   ``group_expiry`` without a renewal (a follower would go silent);
-3. calls the consumer's ``on_tick`` (a run's follower catches up from
+2. calls the consumer's ``on_tick`` (a run's follower catches up from
    storage what lost events did not bring).
+
+The groups' memberships are the process's relays', renewed by them (fanout.py).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def interval() -> float:
 async def watch(
     consumer: AsyncJsonWebsocketConsumer,
     credentials: Credentials,
-    groups: list[str],
     *,
+    leave: Callable[[], Awaitable[None]],
     on_tick: Callable[[], Awaitable[None]],
 ) -> None:
     """Runs until the socket is closed (the consumer cancels it on disconnect)."""
@@ -65,18 +65,11 @@ async def watch(
                 workspace_slug=credentials.workspace_slug,
             )
             if lost is not None:
-                await _close(consumer, groups, lost)
+                # Leave the groups first: nothing more is sent once the close is on its way.
+                await leave()
+                code = CLOSE_FORBIDDEN if lost is AccessLost.NOT_A_MEMBER else CLOSE_UNAUTHORIZED
+                await consumer.close(code=code, reason=lost.value)
                 return
-            for group in groups:
-                await consumer.channel_layer.group_add(group, consumer.channel_name)
             await on_tick()
         except Exception:  # the database or Redis being down must not end the follow
             logger.warning("could not re-check a websocket's access; trying again", exc_info=True)
-
-
-async def _close(consumer: AsyncJsonWebsocketConsumer, groups: list[str], lost: AccessLost) -> None:
-    # Leave the groups first: nothing more is sent once the close is on its way.
-    for group in groups:
-        await consumer.channel_layer.group_discard(group, consumer.channel_name)
-    code = CLOSE_FORBIDDEN if lost is AccessLost.NOT_A_MEMBER else CLOSE_UNAUTHORIZED
-    await consumer.close(code=code, reason=lost.value)

@@ -145,6 +145,20 @@ def follower_frame(
     return {"type": "logs", "job": job_id, "first_seq": first_seq, "streams": streams, "times": times, "text": text}
 
 
+def follower_events_joined(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``run.logs`` event of consecutive ones of a job (each continuing
+    the one before it): their frames' fields concatenated, no line split."""
+    if len(events) == 1:
+        return events[0]
+    frames = [json.loads(event["frame"]) for event in events]
+    streams = "".join(f["streams"] for f in frames)
+    times = [pair for f in frames for pair in f["times"]]
+    text = "".join(f["text"] for f in frames)
+    job, first = events[0]["job"], events[0]["first_seq"]
+    frame = json.dumps(follower_frame(job, first, streams, times, text), ensure_ascii=False)
+    return {"type": "run.logs", "job": job, "first_seq": first, "last_seq": events[-1]["last_seq"], "frame": frame}
+
+
 def follower_frames(job_id: str, lines: list[tuple[int, float, str, str]]) -> list[dict[str, Any]]:
     """Follower frames of stored lines ([seq, time, stream, text] each): one
     per run of consecutive seqs (a log can have a gap: lines past its cap)."""

@@ -1,0 +1,106 @@
+"""A web process's relay of a run's events to its followers
+(backend/runs/consumers/fanout.py), through the real channel layer (Redis)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+
+from backend.accounts.models import Workspace
+from backend.config.asgi import application
+from backend.runs.consumers import fanout
+from backend.runs.events import run_group
+from backend.runs.models import Run
+from backend.runs.services.logs import follower_events_joined, logs_prepare_lines
+from tests.support.fixtures import Person
+from tests.support.frames import frame_lines
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _follower(run: Run, token: str) -> WebsocketCommunicator:
+    path = f"/ws/v1/workspaces/acme/runs/{run.name}/"
+    return WebsocketCommunicator(application, path, headers=[(b"authorization", f"Bearer {token}".encode())])
+
+
+def _event(job: str, first: int, texts: list[str]) -> dict[str, Any]:
+    """A ``run.logs`` event as the runner consumer publishes it."""
+    lines = [(float(first + i), "o", text) for i, text in enumerate(texts)]
+    prepared = logs_prepare_lines(job_id=job, first_seq=first, lines=lines)
+    return {"type": "run.logs", "job": job, "first_seq": first, "last_seq": first + len(texts) - 1,
+            "frame": prepared.frame}  # fmt: skip
+
+
+async def _frames(ws: WebsocketCommunicator, count: int) -> list[dict[str, Any]]:
+    return [json.loads(await ws.receive_from(timeout=5)) for _ in range(count)]
+
+
+def test_followers_in_one_process_share_one_membership_and_each_get_every_event(
+    team: Workspace, run: Run, member: Person
+) -> None:
+    job = str(run.jobs.get().pk)
+    group = run_group(run.pk)
+
+    async def scenario() -> tuple[dict[str, int], list[Any], list[Any], dict[str, int]]:
+        first, second = _follower(run, member.token), _follower(run, member.token)
+        for ws in (first, second):
+            await ws.connect()
+            assert [f["type"] for f in await _frames(ws, 1)] == ["run"]  # no lines stored yet
+        joined = fanout.relayed_groups()
+        await get_channel_layer().group_send(group, _event(job, 1, ["one", "two"]))
+        got = [frame_lines((await _frames(ws, 1))[0]) for ws in (first, second)]
+        for ws in (first, second):
+            await ws.disconnect()
+        return joined, got[0], got[1], fanout.relayed_groups()
+
+    joined, first_got, second_got, after = async_to_sync(scenario)()
+    assert joined == {group: 2}  # one relay, two members
+    assert first_got == second_got == [[1, 1.0, "o", "one"], [2, 2.0, "o", "two"]]
+    assert after == {}  # the last follower took the relay with it
+
+
+def test_a_burst_of_a_jobs_events_is_joined_and_a_status_does_not_pass_the_held_lines(
+    team: Workspace, run: Run, member: Person
+) -> None:
+    """The first event after a quiet spell goes out at once; the ones that
+    follow it within FLUSH_SECONDS arrive as one frame; a status event
+    published behind them arrives after them."""
+    job = str(run.jobs.get().pk)
+    group = run_group(run.pk)
+
+    async def scenario() -> list[dict[str, Any]]:
+        ws = _follower(run, member.token)
+        await ws.connect()
+        await _frames(ws, 1)  # the run
+        layer = get_channel_layer()
+        for seq in range(1, 6):
+            await layer.group_send(group, _event(job, seq, [f"line {seq}"]))
+        await layer.group_send(group, {"type": "run.status", "run": {"id": str(run.pk), "status": "running"}})
+        frames = await _frames(ws, 3)
+        await ws.disconnect()
+        return frames
+
+    frames = async_to_sync(scenario)()
+    assert [f["type"] for f in frames] == ["logs", "logs", "run"]
+    assert [line[0] for line in frame_lines(frames[0])] == [1]
+    assert frame_lines(frames[1]) == [[seq, float(seq), "o", f"line {seq}"] for seq in range(2, 6)]
+
+
+def test_joined_events_hold_the_same_lines_as_the_events() -> None:
+    events = [
+        _event("j", 1, ["a", "b"]),
+        _event("j", 3, ["ünïcode", ""]),
+        _event("j", 5, ["c\r"]),
+    ]
+
+    joined = follower_events_joined(events)
+
+    assert (joined["first_seq"], joined["last_seq"]) == (1, 5)
+    expected = [line for event in events for line in frame_lines(json.loads(event["frame"]))]
+    assert frame_lines(json.loads(joined["frame"])) == expected
+    assert [line[0] for line in expected] == [1, 2, 3, 4, 5]
