@@ -17,7 +17,7 @@ from django.utils import timezone
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob, CheckpointLatest
 from backend.clouds.models import Instance
-from backend.runs.api.listing import runs_shown
+from backend.runs.api.listing import run_shown, runs_shown
 from backend.runs.api.serializers import run_to_dict
 from backend.runs.models import Attempt, Job, Run
 from backend.runs.selectors import run_list, run_page
@@ -43,6 +43,15 @@ def test_the_list_shows_every_run_exactly_as_run_out_does(team: Workspace, owner
         for got_job, want_job in zip(got["jobs"], want["jobs"], strict=True):
             assert list(got_job) == list(want_job)
     _assert_every_kind_is_shown(expected)
+
+
+def test_one_run_is_shown_exactly_as_run_out_shows_it(team: Workspace, owner: Person) -> None:
+    """``run_shown``: the run page, its followers and the published snapshots."""
+    runs = _every_kind_of_run(team, owner)
+
+    for run in runs:
+        assert run_shown(Run.objects.filter(pk=run.pk)) == run_to_dict(Run.objects.get(pk=run.pk)), run.name
+    assert run_shown(Run.objects.filter(name="no-such-run")) is None
 
 
 def test_the_list_shows_dates_in_the_current_time_zone_as_run_out_does(team: Workspace, owner: Person) -> None:
