@@ -9,7 +9,12 @@ import os
 from celery import Celery
 from celery.signals import worker_init
 
+from backend.core import kombu_redis
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "backend.config.settings")
+
+# The worker survives the broker going away with tasks unacked (kombu_redis.py).
+kombu_redis.patch()
 
 # Every task counts its deliveries and is parked after too many worker deaths.
 app = Celery("trainyard", task_cls="backend.core.deliveries:GuardedTask")
