@@ -17,18 +17,22 @@ one-attempt assertion fails.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from websockets.sync.client import connect
 
 from backend.embedded.services import EmbeddedServices
 from tests.e2e.conftest import FINISHED, User, make_repo, run_name_of
+from tests.support.frames import frame_lines
 from tests.support.stack import Stack, reported
 
 pytestmark = pytest.mark.slow
@@ -121,15 +125,27 @@ def test_the_web_process_frozen_for_60s(alice: User, repo: Path) -> None:
 
 
 def test_valkey_killed_and_started_again_after_30s(alice: User, repo: Path, servers: Servers) -> None:
+    """A follower connected throughout gets the lines printed after Redis is
+    back live (within 5 s of their reading), not only at its next re-check
+    from storage, 30 s later. (This Valkey keeps its data across the
+    restart: the relay's joining again at once, for a Redis that comes back
+    empty, is not what this tells apart.)"""
     name = _ticker_running(alice, repo)
+    follower = _Follower(alice, name)
 
     servers.valkey_kill()
     try:
         time.sleep(30)
     finally:
         servers.valkey.start()
+    back_at = time.time()
 
     _assert_rode_it_out(alice, name)
+    follower.stop()
+    assert follower.error is None, follower.error
+    later = [(arrived - ts) for arrived, ts in follower.lines if ts > back_at + 5]
+    assert later, "the follower got no line printed after Redis was back"
+    assert max(later) < 5, sorted(later)[-5:]
 
 
 def test_postgres_restarted(alice: User, repo: Path, servers: Servers) -> None:
@@ -142,6 +158,41 @@ def test_postgres_restarted(alice: User, repo: Path, servers: Servers) -> None:
         servers.postgres.start()
 
     _assert_rode_it_out(alice, name)
+
+
+class _Follower:
+    """A websocket following ``run`` in a thread: (arrival, line's ts) of every line received."""
+
+    def __init__(self, alice: User, run: str) -> None:
+        self.lines: list[tuple[float, float]] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        url = f"{alice.stack.ws_url}/ws/v1/workspaces/{alice.workspace}/runs/{run}/"
+        self._ws = connect(url, additional_headers={"Authorization": f"Bearer {alice.token}"})
+        # Subscribed once the run's snapshot came: only then is it "connected throughout".
+        while json.loads(self._ws.recv(timeout=10))["type"] != "run":
+            pass
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    frame = json.loads(self._ws.recv(timeout=0.5))
+                except TimeoutError:
+                    continue
+                if frame["type"] == "logs":
+                    arrived = time.time()
+                    self.lines += [(arrived, ts) for _, ts, _, _ in frame_lines(frame)]
+        except BaseException as e:  # reported by the test
+            if not self._stop.is_set():
+                self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._ws.close()
 
 
 def _ticker_running(alice: User, repo: Path) -> str:

@@ -104,3 +104,30 @@ def test_joined_events_hold_the_same_lines_as_the_events() -> None:
     expected = [line for event in events for line in frame_lines(json.loads(event["frame"]))]
     assert frame_lines(json.loads(joined["frame"])) == expected
     assert [line[0] for line in expected] == [1, 2, 3, 4, 5]
+
+
+def test_a_follower_that_cannot_subscribe_is_told_to_try_again_later(
+    team: Workspace, run: Run, member: Person, settings: Any
+) -> None:
+    """The channel layer unreachable (a real refused connection): closed
+    1013, which the dashboard and the CLI reconnect after, not an error."""
+    layers = dict(settings.CHANNEL_LAYERS)
+    layers["default"] = {
+        **layers["default"],
+        "CONFIG": {
+            **layers["default"]["CONFIG"],
+            "hosts": [{"address": "redis://127.0.0.1:1", "socket_connect_timeout": 1}],
+        },
+    }
+    settings.CHANNEL_LAYERS = layers
+
+    async def scenario() -> Any:
+        ws = _follower(run, member.token)
+        await ws.connect()
+        closed = await ws.receive_output(timeout=10)
+        await ws.wait()
+        return closed, fanout.relayed_groups()
+
+    closed, groups = async_to_sync(scenario)()
+    assert (closed["type"], closed["code"]) == ("websocket.close", 1013)
+    assert groups == {}

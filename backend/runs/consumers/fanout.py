@@ -23,7 +23,9 @@ once. Any other event (a run's status) delivers what is held first.
 
 The relay renews its group membership every ``watch.interval()`` (the
 channel layer forgets members after the group expiry) and outlives a Redis
-outage: it retries its reads, and its renewal joins the group again.
+outage: it retries its reads every second and, once Redis answers again
+(a restarted Redis has no memberships), joins the group again at once;
+what was published meanwhile the followers catch up from storage.
 """
 
 from __future__ import annotations
@@ -125,13 +127,21 @@ class _Relay:
                 logger.warning("could not leave %s", self.group, exc_info=True)
 
     async def _receive(self) -> None:
+        failing = False  # logged once per outage, not at every retry
         while True:
             try:
+                if failing:
+                    # Redis may be back empty (it keeps nothing on disk): join again at once.
+                    await self.layer.group_add(self.group, self.channel)
+                    logger.info("relay of %s: the channel layer answers again", self.group)
+                    failing = False
                 message = await self.layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.warning("relay of %s: reading from the channel layer failed", self.group, exc_info=True)
+                if not failing:
+                    logger.warning("relay of %s: reading from the channel layer failed", self.group, exc_info=True)
+                failing = True
                 await asyncio.sleep(RETRY_SECONDS)
                 continue
             if message.get("type") != "run.logs":

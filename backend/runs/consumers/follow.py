@@ -47,6 +47,7 @@ STALLED_SEND_SECONDS = 1.0
 CATCH_UP_IDLE_SECONDS = 1.0
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 class _MemberConsumer(AsyncJsonWebsocketConsumer):
@@ -87,16 +88,24 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
         self.credentials = Credentials(user=admission.user, token=token, session_key=session_key, workspace_slug=slug)
         return admission
 
-    async def follow(self, group: str) -> None:
+    async def follow(self, group: str) -> bool:
         """Get ``group``'s events through this process's relay of it
         (consumers/fanout.py), handled by ``dispatch`` in order, and keep
-        access and membership checked (consumers/watch.py)."""
+        access and membership checked (consumers/watch.py). False: the
+        channel layer could not be joined (Redis down) and the socket is
+        closed 1013, try again later."""
         if self._inbox is None:
             self._inbox = fanout.Inbox(self.relayed, self._event_failed)
         self._groups += (group,)
-        await fanout.join(group, self._inbox)
+        try:
+            await fanout.join(group, self._inbox)
+        except Exception as e:
+            logger.warning("a follower could not join %s (%s); closing it 1013, try again later", group, e)
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+            return False
         assert self.credentials is not None
         self._watch = asyncio.create_task(watch(self, self.credentials, leave=self.leave_groups, on_tick=self.on_tick))
+        return True
 
     async def relayed(self, event: dict[str, Any]) -> None:
         """An event of a group, to its handler (``run.logs``: ``run_logs``).
@@ -179,7 +188,8 @@ class RunFollowConsumer(_MemberConsumer):
         self.run_id = admission.run_id
         self.workspace = admission.membership.workspace
         self.sent: dict[str, int] = {}
-        await self.follow(run_group(self.run_id))
+        if not await self.follow(run_group(self.run_id)):
+            return
         after_seq, job_after = _after_seq(self.scope), _job_after(self.scope)
         opening = await off_shared_thread(_opening)(self.workspace, self.run_id, after_seq, job_after)
         if opening is None:  # deleted meanwhile
@@ -288,7 +298,8 @@ class WorkspaceRunsConsumer(_MemberConsumer):
         if membership is None:
             return
         assert membership.membership is not None
-        await self.follow(workspace_group(membership.membership.workspace_id))
+        if not await self.follow(workspace_group(membership.membership.workspace_id)):
+            return
         await self.send_json({"type": "ready"})
 
     async def run_status(self, event: dict[str, Any]) -> None:
