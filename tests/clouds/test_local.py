@@ -196,6 +196,19 @@ def test_a_command_that_does_not_look_like_a_runner_is_refused_and_killed(local:
     assert states(compute, Handle(key=spec.idempotency_key)) == [CloudState.NOT_FOUND]
 
 
+def test_a_wrapper_that_execs_the_runner_a_moment_later_is_a_runner(local: LocalSubject) -> None:
+    # `sh -c '…; exec trainyard-runner'` shows its own command line until it
+    # execs (here one that does not name the runner), and an empty one while
+    # it execs: a launch that reads either must not refuse the command.
+    compute = local.build(runner_command=["bash", "-c", "sleep 0.3; exec -a trainyard-$(echo runner) sleep 600"])
+    spec = local.spec()
+
+    launched = compute.launch(next(iter(compute.offers(Requirements()))), spec)
+
+    assert runner_pids(local.root) == [int(launched.backend_id)]
+    terminate_fully(compute, Handle(key=spec.idempotency_key))
+
+
 def test_a_runner_ignoring_sigterm_is_killed_after_kill_after(local: LocalSubject) -> None:
     compute = local.build(**local.slow_to_stop_config())
     spec = local.spec()

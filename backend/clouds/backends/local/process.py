@@ -234,7 +234,9 @@ class RunnerDir:
         command = _cmdline_after_exec(pid)
         if command is None:
             return None  # it exited at once; its log says why
-        if _runner_alive(pid):
+        if any(marker.decode() in command for marker in RUNNER_MARKERS):
+            # Not read again: a wrapper that execs the runner shows an empty
+            # command line for a moment, which reads as a zombie's.
             return pid
         _signal_group(pid, signal.SIGKILL)
         self._forget(key)
@@ -359,8 +361,12 @@ def _runner_alive(pid: int) -> bool:
 
 
 def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> str | None:
-    """The command line of a process that just started, once exec has filled
-    it in; None when it is gone (or a zombie) first."""
+    """The command line of a process that just started, once it names the
+    runner, or as it is ``timeout`` seconds on; None when it is gone (or a
+    zombie) first. Popen returns before exec has filled the command line in,
+    and a wrapper (``sh -c 'exec trainyard-runner'``) shows its own command
+    line until it execs the runner: only a command line that never names
+    the runner is the wrong command."""
     deadline = time.monotonic() + timeout
     while True:
         _reap_children()
@@ -371,7 +377,7 @@ def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> str | None:
             return None
         if state in ("Z", "X"):
             return None
-        if raw or time.monotonic() > deadline:
+        if any(marker in raw for marker in RUNNER_MARKERS) or time.monotonic() > deadline:
             return raw.replace(b"\0", b" ").decode(errors="replace").strip()
         time.sleep(0.002)
 
