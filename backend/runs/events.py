@@ -49,13 +49,24 @@ def publishing_held() -> Iterator[set[str]]:
     _held.runs = held
     try:
         yield held
+    except BaseException:
+        # What committed before the error is published now: the caller that
+        # would have published it will not.
+        _held.runs = outer
+        publish_runs(held)
+        raise
     finally:
         _held.runs = outer
 
 
-def publish_runs(run_ids: set[str]) -> None:
+def publish_runs(run_ids: set[str], *, shown: tuple[Run, dict[str, Any]] | None = None) -> None:
+    """``publish_run`` for each of ``run_ids``; ``shown`` is one run and the
+    snapshot the caller read already (a submission's answer), not read again."""
     for run_id in run_ids:
-        publish_run(run_id)
+        if shown is not None and str(shown[0].pk) == run_id:
+            _publish(*shown)
+        else:
+            publish_run(run_id)
 
 
 def publish_run(run_id: str) -> None:
@@ -67,7 +78,10 @@ def publish_run(run_id: str) -> None:
     run = Run.objects.filter(pk=run_id).first()
     if run is None or _snapshot is None:
         return
-    data = _snapshot(run)
+    _publish(run, _snapshot(run))
+
+
+def _publish(run: Run, data: dict[str, Any]) -> None:
     publish(run_group(run.pk), {"type": "run.status", "run": data})
     publish(workspace_group(run.workspace_id), {"type": "run.status", "run": data})
 

@@ -20,7 +20,7 @@ from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import RawBodyParser
-from backend.runs.api.listing import run_shown, runs_shown
+from backend.runs.api.listing import run_shown, run_snapshot, runs_shown
 from backend.runs.api.serializers import (
     BlobOut,
     EnvironmentDetailOut,
@@ -35,6 +35,7 @@ from backend.runs.api.serializers import (
     TagIn,
     TagOut,
 )
+from backend.runs.events import publish_runs, publishing_held
 from backend.runs.models import Environment, Job, Run, Tag
 from backend.runs.selectors import (
     environment_get,
@@ -112,25 +113,29 @@ class RunListView(WorkspaceAPIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         code = v["code"]
-        run = run_create(
-            workspace=self.workspace,
-            user=signed_in_user(request),
-            workflow=v["workflow"],
-            inputs=_plan_inputs(v),
-            code=CodeInput(
-                kind=code["kind"],
-                repo_url=code["repo_url"],
-                commit=code["commit"],
-                patch_blob=str(code["patch_blob"]) if code["patch_blob"] else None,
-                archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
-                patch_files=code["patch_files"],
-            ),
-            no_cache=v["no_cache"],
-            placement=dict(v["placement"]),
-            environment_build=v["environment_build"],
-        )
+        # The snapshot of the answer is the one its followers are sent: read once.
+        with publishing_held() as changed:
+            run = run_create(
+                workspace=self.workspace,
+                user=signed_in_user(request),
+                workflow=v["workflow"],
+                inputs=_plan_inputs(v),
+                code=CodeInput(
+                    kind=code["kind"],
+                    repo_url=code["repo_url"],
+                    commit=code["commit"],
+                    patch_blob=str(code["patch_blob"]) if code["patch_blob"] else None,
+                    archive_blob=str(code["archive_blob"]) if code["archive_blob"] else None,
+                    patch_files=code["patch_files"],
+                ),
+                no_cache=v["no_cache"],
+                placement=dict(v["placement"]),
+                environment_build=v["environment_build"],
+            )
+        shown = run_snapshot(run)
+        publish_runs(changed, shown=(run, shown))
         # The plan table `trainyard run` prints: each job's cheapest offer now.
-        answer = {**_shown(run), "plan": run_offer_plan(run=run)}
+        answer = {**shown, "plan": run_offer_plan(run=run)}
         return Response(answer, status=status.HTTP_201_CREATED)
 
 
@@ -249,14 +254,14 @@ class RunRerunView(WorkspaceAPIView):
     @extend_schema(request=None, responses={201: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
-        return Response(_shown(again), status=status.HTTP_201_CREATED)
+        return Response(run_snapshot(again), status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):
     @extend_schema(request=None, responses={202: RunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         stopped = run_stop(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
-        return Response(_shown(stopped), status=status.HTTP_202_ACCEPTED)
+        return Response(run_snapshot(stopped), status=status.HTTP_202_ACCEPTED)
 
 
 class JobLogsView(WorkspaceAPIView):
@@ -404,13 +409,6 @@ def _run_or_404(workspace: object, ref: str) -> Run:
     if run is None:
         raise NotFound(f"Run {ref!r} not found.")
     return run
-
-
-def _shown(run: Run) -> dict[str, Any]:
-    """``run`` as it is now, as ``RunOut`` shows it (listing.run_shown: one query)."""
-    shown = run_shown(Run.objects.filter(pk=run.pk))
-    assert shown is not None, f"run {run.pk} is gone"
-    return shown
 
 
 def _with_cursor(request: Request, cursor: str) -> str:
