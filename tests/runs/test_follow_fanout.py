@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from redis import Redis
 
 from backend.accounts.models import Workspace
 from backend.config.asgi import application
@@ -131,3 +133,54 @@ def test_a_follower_that_cannot_subscribe_is_told_to_try_again_later(
     closed, groups = async_to_sync(scenario)()
     assert (closed["type"], closed["code"]) == ("websocket.close", 1013)
     assert groups == {}
+
+
+def test_after_redis_comes_back_empty_the_relay_joins_again_at_once(
+    team: Workspace, run: Run, member: Person, settings: Any
+) -> None:
+    """A Redis restarted without its data (it keeps nothing on disk) has no
+    memberships: the relay, whose read failed, joins again as soon as Redis
+    answers, not at the next renewal (WS_RECHECK_SECONDS)."""
+    job = str(run.jobs.get().pk)
+    group = run_group(run.pk)
+    prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+    redis = Redis.from_url(settings.REDIS_URL)
+
+    async def scenario() -> tuple[int, float, list[Any]]:
+        ws = _follower(run, member.token)
+        await ws.connect()
+        await _frames(ws, 1)  # the run
+        # The restart, as the web process sees it: its connections drop, and the memberships are gone.
+        gone = redis.delete(f"{prefix}:group:{group}")
+        _drop_connections(redis)
+        started = time.monotonic()
+        layer = get_channel_layer()
+        seq = 1
+        while True:
+            await layer.group_send(group, _event(job, seq, [f"line {seq}"]))
+            if not await ws.receive_nothing(timeout=0.5):
+                break
+            seq += 1
+            assert time.monotonic() - started < settings.TRAINYARD["WS_RECHECK_SECONDS"], "never joined again"
+        frame = json.loads(await ws.receive_from())
+        await ws.disconnect()
+        return gone, time.monotonic() - started, frame_lines(frame)
+
+    gone, took, lines = async_to_sync(scenario)()
+    assert gone == 1  # the membership was there, and was deleted
+    assert took < 5  # RETRY_SECONDS and a join, far under the renewal's 30 s
+    # The lines published while it was not a member are lost to it (it
+    # catches up from storage, where this test stores none): the first it
+    # got is one published after it joined again, numbered as published.
+    [(seq, ts, stream, text)] = lines
+    assert (ts, stream, text) == (float(seq), "o", f"line {seq}")
+
+
+def _drop_connections(redis: Redis) -> None:
+    """Close this process's other connections to the channel layer's Redis
+    database, as a restart would (not the e2e stacks', on other databases)."""
+    db = redis.connection_pool.connection_kwargs.get("db", 0)
+    me = redis.client_id()
+    for client in redis.client_list():
+        if int(client["db"]) == db and int(client["id"]) != me:
+            redis.client_kill_filter(_id=client["id"])

@@ -239,7 +239,7 @@ class RunFollowConsumer(_MemberConsumer):
         if first > sent + 1:
             await self._send_stored(job, until=first - 1)
             sent = self.sent[job]
-        if first == sent + 1:
+        if first >= sent + 1:  # it continues (or storage had no lines for the gap: they are not made up)
             await self.send(text_data=event["frame"])
         else:  # an overlap (rare): the frame's lines after ``sent``
             frame = json.loads(event["frame"])
