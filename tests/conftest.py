@@ -158,3 +158,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config._trainyard_exitstatus = exitstatus  # type: ignore[attr-defined]
+
+
+@pytest.fixture(autouse=True)
+def _a_channel_layer_per_test() -> Iterator[None]:
+    """Each test gets channel layer objects of its own. channels_redis's layer
+    serves receive() from one event loop at a time: a receive a test's
+    event loop left pending (a follower's relay that was never disconnected)
+    would make the next test's receive, in another loop, fail with "bound to
+    a different event loop"."""
+    from channels.layers import channel_layers
+
+    yield
+    channel_layers.backends.clear()

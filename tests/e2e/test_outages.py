@@ -168,7 +168,7 @@ class _Follower:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         url = f"{alice.stack.ws_url}/ws/v1/workspaces/{alice.workspace}/runs/{run}/"
-        self._ws = connect(url, additional_headers={"Authorization": f"Bearer {alice.token}"})
+        self._ws = connect(url, additional_headers={"Authorization": f"Bearer {alice.token}"}, legacy=True)
         # Subscribed once the run's snapshot came: only then is it "connected throughout".
         while json.loads(self._ws.recv(timeout=10))["type"] != "run":
             pass
