@@ -34,7 +34,8 @@ TRAPPING_JOB = [
     # to die without ``set -e`` ending the script.
     'trap \'date +%s.%N > "$MARK/term"; cp "$TRAINYARD_INTERRUPT_FILE" "$MARK/interrupt"\' TERM',
     'echo "interrupt file: $TRAINYARD_INTERRUPT_FILE"',
-    'while true; do date +%s.%N > "$MARK/alive" || true; sleep 0.1 || true; done',
+    # Written aside and renamed: the SIGKILL may land between the truncation and the write.
+    'while true; do date +%s.%N > "$MARK/alive.new" && mv "$MARK/alive.new" "$MARK/alive" || true; sleep 0.1 || true; done',
 ]
 
 
