@@ -18,9 +18,10 @@ from backend.artifacts.gc import storage_gc
 from backend.runs.models import Job, JobStatus, LogArchive, LogChunk, Run, RunStatus
 from backend.runs.selectors import job_log_lines, job_log_page
 from backend.runs.services.logarchive import log_archive_job, logs_archive
-from backend.runs.services.logchunks import chunks_of, chunks_write
+from backend.runs.services.logchunks import LogArchiveGone, chunks_of, chunks_write
 from backend.runs.services.loglimits import logs_prune
 from backend.runs.services.rawlog import RawLogRange, raw_log_chunks
+from tests.support.fixtures import Person
 from tests.support.moto import MotoServer, s3_account
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -147,3 +148,26 @@ def test_a_workspace_with_a_bucket_archives_there(aws: MotoServer, team: Workspa
     body = boto3.client("s3", region_name="us-east-1").get_object(Bucket="ty-logs", Key=archive.key)["Body"].read()
     assert body == before["raw"]
     assert _reads(job) == before
+
+
+@pytest.mark.parametrize("gone", ["object", "object and row"])
+def test_a_log_deleted_by_retention_while_it_is_read_is_a_410_not_a_server_error(
+    run: Run, owner: Person, tmp_path: Path, gone: str
+) -> None:
+    """Retention deletes the archive's object, then (when its transaction
+    commits) the archive row and the chunks. A read that got the chunk rows
+    before that commit finds the object, or the row too, gone: the states
+    such a read meets, made by hand."""
+    job = _finished(run, 50)
+    logs_archive()
+    archive = LogArchive.objects.get(job=job)
+    (tmp_path / archive.key).unlink()
+    if gone == "object and row":
+        LogArchive.objects.filter(pk=archive.pk).delete()
+
+    with pytest.raises(LogArchiveGone):
+        job_log_lines(job_id=str(job.pk))
+    answer = owner.client().get(f"/api/v1/workspaces/{run.workspace.slug}/jobs/{job.pk}/logs/")
+
+    assert answer.status_code == 410, answer.content
+    assert "deleted (log retention) while it was being read" in answer.json()["message"]

@@ -31,6 +31,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from http import HTTPStatus
 from typing import Any
 from uuid import UUID
 
@@ -38,6 +39,7 @@ from django.db import connection
 from trainyard_runner.protocol import NEWLINE_STANDIN, LogLineWire  # ␤: a "\n" inside a line is stored as this
 
 from backend.artifacts.locations import storage_of
+from backend.core.errors import ApplicationError
 from backend.runs.models import LogArchive
 
 CHUNK_LINES = 1000
@@ -248,14 +250,37 @@ def _read_in(job_id: str, rows: list[tuple[Any, ...]]) -> list[Chunk]:
     return chunks
 
 
+class LogArchiveGone(ApplicationError):
+    """The job's archived log went away while it was read: retention deleted
+    it (object, archive row and chunks) between the read of the chunk rows
+    and the read of the archive."""
+
+    status_code = HTTPStatus.GONE
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"The log of job {job_id} is no longer stored: it was deleted (log retention) while it was"
+            " being read. Reload to see what is left of it.",
+            extra={"job": job_id},
+        )
+
+
 def archive_reader(job_id: str) -> Callable[[int, int], bytes]:
-    """Reads byte ranges of the job's archived log, where it is stored."""
+    """Reads byte ranges of the job's archived log, where it is stored;
+    ``LogArchiveGone`` when the archive or its object is gone."""
     archive = LogArchive.objects.filter(job_id=job_id).first()
     if archive is None:  # an archive row is made in the transaction that empties the chunks
-        raise RuntimeError(f"job {job_id}: chunks say archived but there is no archive")
+        raise LogArchiveGone(job_id)
     storage = storage_of(archive)
     key = archive.key
-    return lambda start, end: storage.read_range(key, start, end)
+
+    def read(start: int, end: int) -> bytes:
+        try:
+            return storage.read_range(key, start, end)
+        except FileNotFoundError:  # retention deletes the object before its transaction commits
+            raise LogArchiveGone(job_id) from None
+
+    return read
 
 
 def _adjacent(archived: list[tuple[int, int, int]]) -> Iterator[list[tuple[int, int, int]]]:
