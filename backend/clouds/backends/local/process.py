@@ -231,15 +231,16 @@ class RunnerDir:
         before exec has filled it in, and an empty one looks like a zombie's);
         None when it already exited. A command whose process never shows the
         runner's name could never be found again: it is killed and refused."""
-        command = _cmdline_after_exec(pid)
-        if command is None:
+        raw = _cmdline_after_exec(pid)
+        if raw is None:
             return None  # it exited at once; its log says why
-        if any(marker.decode() in command for marker in RUNNER_MARKERS):
+        if _names_runner(raw):
             # Not read again: a wrapper that execs the runner shows an empty
             # command line for a moment, which reads as a zombie's.
             return pid
         _signal_group(pid, signal.SIGKILL)
         self._forget(key)
+        command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
         raise InvalidConfig(
             f"the runner command {shlex.join(self.settings.command)!r} runs as {command!r}, which does not name"
             " trainyard-runner or trainyard_runner: its runners could not be told from other processes",
@@ -357,10 +358,15 @@ def _runner_alive(pid: int) -> bool:
     except OSError:
         return False
     # A zombie's cmdline is empty; a reused pid names something else.
+    return _names_runner(cmdline)
+
+
+def _names_runner(cmdline: bytes) -> bool:
+    """Whether a raw ``/proc/<pid>/cmdline`` is a runner's."""
     return any(marker in cmdline for marker in RUNNER_MARKERS)
 
 
-def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> str | None:
+def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> bytes | None:
     """The command line of a process that just started, once it names the
     runner, or as it is ``timeout`` seconds on; None when it is gone (or a
     zombie) first. Popen returns before exec has filled the command line in,
@@ -377,8 +383,8 @@ def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> str | None:
             return None
         if state in ("Z", "X"):
             return None
-        if any(marker in raw for marker in RUNNER_MARKERS) or time.monotonic() > deadline:
-            return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if _names_runner(raw) or time.monotonic() > deadline:
+            return raw
         time.sleep(0.002)
 
 
