@@ -11,6 +11,7 @@ from typing import Any
 
 import boto3
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from backend.accounts.models import Workspace
@@ -150,20 +151,40 @@ def test_a_workspace_with_a_bucket_archives_there(aws: MotoServer, team: Workspa
     assert _reads(job) == before
 
 
-@pytest.mark.parametrize("gone", ["object", "object and row"])
-def test_a_log_deleted_by_retention_while_it_is_read_is_a_410_not_a_server_error(
-    run: Run, owner: Person, tmp_path: Path, gone: str
+def test_retention_whose_transaction_fails_leaves_the_archived_log_whole(
+    run: Run, tmp_path: Path, settings: Any
 ) -> None:
-    """Retention deletes the archive's object, then (when its transaction
-    commits) the archive row and the chunks. A read that got the chunk rows
-    before that commit finds the object, or the row too, gone: the states
-    such a read meets, made by hand."""
     job = _finished(run, 50)
     logs_archive()
     archive = LogArchive.objects.get(job=job)
-    (tmp_path / archive.key).unlink()
-    if gone == "object and row":
-        LogArchive.objects.filter(pk=archive.pk).delete()
+    before = _reads(job)
+    settings.TRAINYARD = {**settings.TRAINYARD, "LOG_RETENTION_DAYS": 1}
+
+    with pytest.raises(RuntimeError, match="fails"), transaction.atomic():
+        assert logs_prune(now=timezone.now() + timedelta(days=2)) == 1
+        raise RuntimeError("the pass's transaction fails after the deletes")
+
+    assert (tmp_path / archive.key).exists()
+    assert LogArchive.objects.filter(pk=archive.pk).exists()
+    assert _reads(job) == before
+    assert logs_prune(now=timezone.now() + timedelta(days=2)) == 1  # the next pass deletes it
+    assert not (tmp_path / archive.key).exists() and job_log_lines(job_id=str(job.pk)) == []
+
+
+@pytest.mark.parametrize("gone", ["row", "row and object"])
+def test_a_log_deleted_by_retention_while_it_is_read_is_a_410_not_a_server_error(
+    run: Run, owner: Person, tmp_path: Path, gone: str
+) -> None:
+    """Retention deletes the archive row and the chunks, then (once that
+    commits) the archive's object. A read that got the chunk rows before
+    that commit finds the row, or the object too, gone: the states such a
+    read meets, made by hand."""
+    job = _finished(run, 50)
+    logs_archive()
+    archive = LogArchive.objects.get(job=job)
+    LogArchive.objects.filter(pk=archive.pk).delete()
+    if gone == "row and object":
+        (tmp_path / archive.key).unlink()
 
     with pytest.raises(LogArchiveGone):
         job_log_lines(job_id=str(job.pk))

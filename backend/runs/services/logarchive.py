@@ -122,13 +122,22 @@ def log_archive_job(*, job_id: str) -> LogArchive | None:
 
 
 def log_archive_delete(*, job_id: str) -> None:
-    """Remove the job's archive, object and row (retention). The caller
-    deletes the chunk rows."""
+    """Remove the job's archive (retention): its row now, its object once
+    the caller's transaction commits, so one that fails leaves the archive
+    whole and readable. The caller deletes the chunk rows."""
     archive = LogArchive.objects.filter(job_id=job_id).first()
     if archive is None:
         return
-    storage_of(archive).delete([archive.key])
+    storage, key = storage_of(archive), archive.key
     archive.delete()
+
+    def delete_object() -> None:
+        try:
+            storage.delete([key])
+        except Exception:  # the row is gone; the garbage collector finds what is left (local storage)
+            logger.exception("job %s: deleting its log archive %s failed", job_id, key)
+
+    transaction.on_commit(delete_object)
 
 
 def _texts(job_id: str, firsts: list[int]) -> Iterator[bytes]:
