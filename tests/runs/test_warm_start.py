@@ -75,6 +75,27 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
     assert not _pass_requested()  # nothing waits: no Celery task on the hot path
 
 
+# A warm start's submission: its transaction (run, job, claim, attempt, the
+# run's refresh) and, once it commits, the assignment frame and the run's
+# publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on a 2-core machine
+# (bench/README.md, "warm start traced").
+WARM_SUBMISSION_QUERIES = 37
+
+
+def test_a_warm_submission_makes_a_bounded_number_of_queries(
+    team: Workspace, owner: Person, django_assert_max_num_queries: Any
+) -> None:
+    _idle(team)
+    submit(team, owner.user, no_cache=True)  # the workspace's first run: its repo row is made
+    _, channel = _idle(team, "local-x")
+
+    with django_assert_max_num_queries(WARM_SUBMISSION_QUERIES):
+        run = submit(team, owner.user, no_cache=True)
+
+    assert run.jobs.get().status == JobStatus.ASSIGNED
+    assert _frame(channel).job == str(run.jobs.get().pk)
+
+
 def test_what_no_idle_runner_fits_waits_for_a_pass(team: Workspace, owner: Person) -> None:
     _idle(team)
 

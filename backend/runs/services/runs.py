@@ -468,10 +468,12 @@ def _jobs_create(
             placement=placements.get(planned.workflow, {}),
             status_reason="waiting for a runner",
         )
-    for planned in plan.jobs:
+    for planned in plan.jobs:  # new rows: add, which reads nothing first (set() does), only where there is any
         job = by_name[planned.name]
-        job.needs.set([by_name[n] for n in planned.needs])
-        job.after_running.set([by_name[n] for n in planned.after_running])
+        if planned.needs:
+            job.needs.add(*[by_name[n] for n in planned.needs])
+        if planned.after_running:
+            job.after_running.add(*[by_name[n] for n in planned.after_running])
     return list(by_name.values())
 
 
