@@ -468,7 +468,7 @@ def _jobs_create(
             placement=placements.get(planned.workflow, {}),
             status_reason="waiting for a runner",
         )
-    for planned in plan.jobs:  # new rows: add, which reads nothing first (set() does), only where there is any
+    for planned in plan.jobs:  # new rows have no edges: add them (set() reads the current ones first), if any
         job = by_name[planned.name]
         if planned.needs:
             job.needs.add(*[by_name[n] for n in planned.needs])
