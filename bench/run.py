@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -264,6 +265,26 @@ def bench_copy(database_url: str, job_id: str, lines: int) -> dict[str, Any]:
     return {"postgres_version": version, **results}
 
 
+def bench_job_alone(repo: Path, lines: int, tmp: Path) -> dict[str, Any]:
+    """The same ``noisy.py`` run by itself, its output to a file as under the
+    runner, best of COPY_REPEATS: how fast the job can print on this machine
+    with nothing reading it. When the throughput is near it, the job is what
+    limits, not the runner or the server."""
+    log(f"(2) the job alone: noisy.py LINES={lines}, output to a file, best of {COPY_REPEATS}")
+    out = tmp / "noisy-alone.log"
+    env = {**os.environ, "LINES": str(lines)}
+    times = []
+    try:
+        for _ in range(COPY_REPEATS):
+            with out.open("wb") as f:
+                started = time.perf_counter()
+                subprocess.run([sys.executable, "noisy.py"], cwd=repo, env=env, stdout=f, check=True)
+                times.append(time.perf_counter() - started)
+    finally:
+        out.unlink(missing_ok=True)
+    return {"seconds": round(min(times), 3), "lines_per_s": round(lines / min(times))}
+
+
 # --------------------------------------------------------------------- (3)
 
 
@@ -432,6 +453,10 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
             "",
             None,
         )
+    if alone := results.get("job_alone"):
+        row("  (info) the job alone, printing to a file", f"{alone['lines_per_s']:,} lines/s", "", None)
+        if thr:
+            row("  (info) throughput / the job alone", f"{thr['lines_per_s'] / alone['lines_per_s']:.0%}", "", None)
     if burst:
         value = (
             f"{burst['all_succeeded_seconds']:.1f} s"
@@ -578,6 +603,7 @@ def main() -> int:
                 if "throughput" in parts:
                     results["throughput"] = bench_throughput(api, args.lines)
                     results["copy"] = bench_copy(stack.database_url, results["throughput"]["job"], args.lines)
+                    results["job_alone"] = bench_job_alone(repo, args.lines, tmp)
                     results["machine"]["postgres"] = results["copy"]["postgres_version"]
                 if "burst" in parts:
                     results["burst"] = bench_burst(api, args.burst, stack.data_dir)
