@@ -29,7 +29,7 @@ from backend.accounts.models import User, Workspace
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob
 from backend.artifacts.quota import Usage, over_quota, quota_check, storage_usage
-from backend.artifacts.storage import Part, Storage, Target
+from backend.artifacts.storage import Part, Storage, Target, delete_after_commit
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
 
@@ -269,15 +269,8 @@ def _replace_older(artifact: Artifact) -> None:
         return
     doomed = [(storage_of(a), [artifact_file_key(a, f) for f in a.files.all()]) for a in older]
     Artifact.objects.filter(pk__in=[a.pk for a in older]).delete()
-
-    def delete_objects() -> None:
-        for storage, keys in doomed:
-            try:
-                storage.delete(keys)
-            except Exception:  # the rows are gone; an object left behind only costs storage
-                logger.exception("artifact %s: deleting the objects of its earlier upload failed", artifact.path)
-
-    transaction.on_commit(delete_objects)
+    for storage, keys in doomed:
+        delete_after_commit(storage, keys, f"the earlier upload of {artifact.path}")
 
 
 def part_size(size: int) -> int:

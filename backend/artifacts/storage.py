@@ -12,6 +12,7 @@ Which storage holds an object is recorded on it (backend/artifacts/locations.py)
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -20,12 +21,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO, Literal
 from uuid import UUID
 
 from django.conf import settings
 from django.core import signing
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 Method = Literal["GET", "PUT"]
 _SALT = "trainyard.storage"
@@ -291,6 +296,22 @@ def redact_signed_urls(text: str) -> str:
     """``text`` with the credentials of every signed URL in it replaced by "…"
     (a reason that quotes a failed download must not hand out its link)."""
     return _QUERY.sub(r"\1?…", _TOKEN_IN_PATH.sub(r"\1…", text))
+
+
+def delete_quietly(storage: Storage, keys: list[str], what: str) -> None:
+    """Delete ``keys``, logging a failure rather than raising it: the rows
+    that pointed at them are gone, so an object left behind costs only
+    storage (the garbage collector removes it from local storage)."""
+    try:
+        storage.delete(keys)
+    except Exception:
+        logger.warning("could not delete %s (%s)", what, ", ".join(keys), exc_info=True)
+
+
+def delete_after_commit(storage: Storage, keys: list[str], what: str) -> None:
+    """``delete_quietly`` once the caller's transaction commits: one that
+    fails leaves its rows and their objects whole."""
+    transaction.on_commit(partial(delete_quietly, storage, keys, what))
 
 
 def get_storage() -> LocalStorage:

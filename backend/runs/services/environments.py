@@ -29,7 +29,7 @@ from trainyard_runner import protocol
 from trainyard_spec.environments import recipe_of
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
-from backend.artifacts.storage import Storage, Target
+from backend.artifacts.storage import Target, delete_after_commit
 from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job
 
 logger = logging.getLogger(__name__)
@@ -106,9 +106,8 @@ def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> 
         storage = storage_for_new(workspace_id=workspace_id)
         storage_key = f"{storage.key_root(workspace_id)}/environments/{key}-{uuid.uuid4().hex[:12]}.tar"
         if found is not None:
-            old = (storage_of(found), found.storage_key)
             found.delete()
-            transaction.on_commit(lambda: _delete_quietly(*old))
+            delete_after_commit(storage_of(found), [found.storage_key], "a replaced environment archive")
         EnvironmentArchive.objects.create(
             workspace_id=workspace_id,
             key=key,
@@ -131,13 +130,6 @@ def environment_archive_done(*, job: Job, key: str) -> str:
         return f"the packed environment is {problem}"
     EnvironmentArchive.objects.filter(pk=found.pk).update(complete=True)
     return ""
-
-
-def _delete_quietly(storage: Storage, key: str) -> None:
-    try:
-        storage.delete([key])
-    except Exception:  # a leftover object is the GC's, never an error for the runner
-        logger.warning("could not delete the replaced environment archive %s", key, exc_info=True)
 
 
 # ------------------------------------------------------------ before a job runs

@@ -35,7 +35,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
-from backend.artifacts.storage import Storage
+from backend.artifacts.storage import delete_after_commit, delete_quietly
 from backend.runs.models import FINISHED_JOB, Job, LogArchive, LogChunk
 
 logger = logging.getLogger(__name__)
@@ -112,10 +112,10 @@ def log_archive_job(*, job_id: str) -> LogArchive | None:
             raise ArchiveFailed(f"job {job_id}: the archive holds {found} bytes, its chunks {total}")
         archive = _point_chunks_at(job, rows, offsets, key=key, size=total, storage_fields=location_of(storage))
     except BaseException:
-        _remove_quietly(storage, key)
+        delete_quietly(storage, [key], "an unused log archive")
         raise
     if archive is None:
-        _remove_quietly(storage, key)
+        delete_quietly(storage, [key], "an unused log archive")
         return None
     logger.info("job %s: log archived (%d chunks, %d bytes) as %s", job_id, len(rows), total, key)
     return archive
@@ -130,14 +130,7 @@ def log_archive_delete(*, job_id: str) -> None:
         return
     storage, key = storage_of(archive), archive.key
     archive.delete()
-
-    def delete_object() -> None:
-        try:
-            storage.delete([key])
-        except Exception:  # the row is gone; the garbage collector finds what is left (local storage)
-            logger.exception("job %s: deleting its log archive %s failed", job_id, key)
-
-    transaction.on_commit(delete_object)
+    delete_after_commit(storage, [key], f"the log archive of job {job_id}")
 
 
 def _texts(job_id: str, firsts: list[int]) -> Iterator[bytes]:
@@ -181,10 +174,3 @@ def _point_chunks_at(
             last_seq=max(last for _, last, _ in rows),
             **storage_fields,
         )
-
-
-def _remove_quietly(storage: Storage, key: str) -> None:
-    try:
-        storage.delete([key])
-    except Exception:
-        logger.warning("could not remove the unused log archive %s", key, exc_info=True)

@@ -91,7 +91,6 @@ def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any
     )
     assert changed, "job_assign is called with the job row locked"
     instance_set_busy(instance_id=str(instance.pk), message=f"attempt {number} of job {job.name}")
-    job.refresh_from_db()
     run_refresh(run_id=str(job.run_id))
     return attempt
 
