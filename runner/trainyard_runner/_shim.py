@@ -1,7 +1,13 @@
 """The supervisor of one job ("shim"): the leader of the job's process group.
 
 Run as ``python -I -S _shim.py JOB_DIR OUTLIVE ARGV...`` (standard library
-only, so it starts in ~10 ms), with ``OUTLIVE`` "1" or "0":
+only, so it starts in ~10 ms), with ``OUTLIVE`` "1" or "0". Or started ahead
+of the job as ``python -I -S _shim.py JOBS_DIR/ standby`` (the runner's
+``ShimStandby``): it pays its start-up then, and waits for its job on stdin,
+one JSON object {job_dir, outlive, argv, cwd, env} and then the end of the
+input (which, alone, tells it to exit: the runner stopped or died). Its
+command line names the runner's jobs folder, so the shim of a job it took is
+found by it like any other (the local backend's ``kill_shims``). Then:
 
 1. It leads its own session and process group (the job's), and (once the
    child of step 2 is started) writes ``JOB_DIR/shim.json`` {pid, start, boot}: its pid, its start time in clock
@@ -48,8 +54,11 @@ SWEEP_ROUNDS = 20  # a job forking while it is killed: kill again, this many tim
 
 
 def main() -> int:
-    job_dir, outlive, argv = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
-    runner = os.getppid()
+    runner = os.getppid()  # before a standby waits: the runner may die meanwhile
+    if sys.argv[2] == "standby":
+        job_dir, outlive, argv = _wait_for_job()
+    else:
+        job_dir, outlive, argv = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
     if os.getsid(0) != os.getpid():
         os.setsid()
 
@@ -91,6 +100,30 @@ def main() -> int:
     _contain_end(cgroup)
     os.killpg(0, signal.SIGKILL)
     return code
+
+
+def _wait_for_job() -> tuple[str, bool, list[str]]:
+    """Standby: read the job from stdin, then become its shim as if started
+    for it: its working directory and environment, stdin from /dev/null,
+    stderr to the job's ``shim.log``. Exits when the input ends without one."""
+    import json  # here: paid before the job comes (``_write`` needs it too)
+
+    chunks = []
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+    if not chunks:
+        raise SystemExit(0)
+    job = json.loads(b"".join(chunks))
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(os.path.join(job["job_dir"], "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(null, 0)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    return job["job_dir"], bool(job["outlive"]), list(job["argv"])
 
 
 def _enter_cgroup(mark: str) -> str:

@@ -38,6 +38,7 @@ from . import protocol as p
 from .job import Job, Lifecycle, Resumed
 from .machine import save_token
 from .ports import free_ports, port_env
+from .process import ShimStandby
 from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
 from .spot import Notice, SpotWatcher
@@ -89,6 +90,7 @@ class Agent:
         self._address = address  # empty: worked out on every connection (default_address)
         self._token = token
         self._work_dir = work_dir
+        self._standby = ShimStandby(work_dir / "jobs")
         self._give_up_after = give_up_after
         self._power_off_after = power_off_after
         self._cloud = cloud
@@ -129,6 +131,12 @@ class Agent:
 
     async def run(self) -> int:
         """Connect, serve, reconnect until told to stop; returns the exit code."""
+        try:
+            return await self._run()
+        finally:
+            self._standby.close()
+
+    async def _run(self) -> int:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self._lock = await lock_work_dir(self._work_dir)
         if self._lock is None:
@@ -145,6 +153,7 @@ class Agent:
             )
         if self.spot is not None:
             self._keep(self.spot.run())
+        await self._standby.fill()
         delay, last_contact = BACKOFF_MIN, time.monotonic()
         while self._exit_code is None:
             error: Exception | None = None
@@ -419,6 +428,7 @@ class Agent:
             absolute_paths=self._absolute_paths,
             keep_failed_seconds=self._keep_failed_seconds,
             resumed=resumed,
+            standby=self._standby,
         )
         self._jobs[job.id] = job
         self._job_tasks[job.id] = asyncio.create_task(self._run_job(job))
@@ -487,6 +497,7 @@ class Agent:
         self._maybe_exit()
         if not self._stopping:
             await job.make_spare()  # for the next job of the same repository: no clone
+            await self._standby.fill()  # and its shim started
 
     async def _report(self, state: p.JobState) -> None:
         """Send a job's intermediate state now if connected; it is re-sent after

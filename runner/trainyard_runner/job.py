@@ -45,7 +45,7 @@ from .http import HttpError, get_json, post_json
 from .inputs import InputError, fetch_inputs, fetch_manifests
 from .logstream import LogStream
 from .ports import ports_of
-from .process import Execution, ShimLost, ShimRecord, job_env, script
+from .process import Execution, ShimLost, ShimRecord, ShimStandby, job_env, script
 from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, InputPage, JobSecrets, JobState
 from .spot import Notice
 
@@ -110,8 +110,10 @@ class Job:
         absolute_paths: bool = False,
         keep_failed_seconds: float = kept.KEEP_SECONDS,
         resumed: Resumed | None = None,
+        standby: ShimStandby | None = None,
     ) -> None:
         self.spec = spec
+        self._standby = standby  # the runner's shim started ahead, if any
         self.id = spec.job
         self._work_root = work_dir
         self._keep_failed_seconds = keep_failed_seconds  # a failed upload's files stay this long (kept.py)
@@ -585,7 +587,13 @@ class Job:
                 env = self.environment.activate(env)
             env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
-                self.spec.commands, job_dir=self.dir, cwd=work, env=env, stream=self.stream, outlive=self._outlive
+                self.spec.commands,
+                job_dir=self.dir,
+                cwd=work,
+                env=env,
+                stream=self.stream,
+                outlive=self._outlive,
+                standby=self._standby,
             )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
@@ -612,6 +620,7 @@ class Job:
             stream=self.stream,
             argv=argv,
             outlive=self._outlive,
+            standby=self._standby,
         )
 
     async def _say(self, stream: str, lines: list[str]) -> None:

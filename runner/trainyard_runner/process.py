@@ -48,6 +48,57 @@ MARK_VAR = "TRAINYARD_JOB_MARK"  # the same name in _shim.py
 SWEEP_ROUNDS = 20  # a job forking while it is swept: sweep again, this many times at most
 
 
+_SHIM_ARGV = (sys.executable, "-I", "-S", str(SHIM))
+
+
+class ShimStandby:
+    """A shim started ahead of the next job (``_shim.py JOBS_DIR/ standby``),
+    waiting for it on stdin: the job's start does not wait for Python to
+    start (~15 ms of a warm start here, more on a busy machine; bench/README.md).
+    The runner fills it when idle; ``Execution.start`` hands it the job, or
+    starts a shim of its own when none waits. ``close`` ends the input, and
+    with it the waiting shim, as the runner's own death does."""
+
+    def __init__(self, jobs_dir: Path) -> None:
+        self._jobs_dir = jobs_dir
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def fill(self) -> None:
+        """Start one unless one waits; a failure to start is logged (jobs start their own)."""
+        if self._proc is not None and self._proc.returncode is None:
+            return
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *_SHIM_ARGV,
+                f"{self._jobs_dir}/",
+                "standby",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as e:
+            log.warning("could not start a standby shim: %s", e)
+
+    async def hand(self, job: Mapping[str, object]) -> asyncio.subprocess.Process | None:
+        """Give ``job`` to the waiting shim; None when none waits (or it died)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            return None
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError):  # it died: the job gets a shim of its own
+            return None
+        return proc
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()
+
+
 class ShimLost(Exception):
     """The shim ended without writing its exit file, and nobody here killed it."""
 
@@ -188,30 +239,34 @@ class Execution:
         stream: LogStream,
         argv: list[str] | None = None,
         outlive: bool = False,
+        standby: ShimStandby | None = None,
     ) -> Execution:
         """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under
-        the shim. ``outlive``: the job keeps running if the runner dies."""
+        the shim: ``standby``'s waiting one if it has one, else a new one.
+        ``outlive``: the job keeps running if the runner dies."""
         for name in (SHIM_FILE, EXIT_FILE, *OUTPUT_FILES.values()):
             (job_dir / name).unlink(missing_ok=True)
         for name in OUTPUT_FILES.values():
             (job_dir / name).touch(mode=0o600)
         mark = f"{job_dir.name}.{secrets.token_hex(6)}"
-        with open(job_dir / SHIM_LOG, "ab") as shim_log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                str(SHIM),
-                str(job_dir),
-                "1" if outlive else "0",
-                *(argv or ["bash", "-c", script(commands)]),
-                cwd=cwd,
-                env={**env, MARK_VAR: mark},
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=shim_log,
-                start_new_session=True,
-            )
+        argv = argv or ["bash", "-c", script(commands)]
+        env = {**env, MARK_VAR: mark}
+        job = {"job_dir": str(job_dir), "outlive": outlive, "argv": argv, "cwd": str(cwd), "env": env}
+        proc = await standby.hand(job) if standby is not None else None
+        if proc is None:
+            with open(job_dir / SHIM_LOG, "ab") as shim_log:
+                proc = await asyncio.create_subprocess_exec(
+                    *_SHIM_ARGV,
+                    str(job_dir),
+                    "1" if outlive else "0",
+                    *argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=shim_log,
+                    start_new_session=True,
+                )
         execution = cls(job_dir, stream, proc.pid, proc=proc)
         execution.mark = mark
         return execution

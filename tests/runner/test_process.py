@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from trainyard_runner.logstream import LogStream, read_spool
-from trainyard_runner.process import MAX_LINE_BYTES, Execution, job_env
+from trainyard_runner.process import MAX_LINE_BYTES, Execution, ShimStandby, job_env
 from trainyard_runner.protocol import may_be_cut
 
 
@@ -240,3 +241,84 @@ def test_a_job_killed_with_its_shim_leaves_nothing_behind(tmp_path: Path) -> Non
     escaped = asyncio.run(go())
     assert len(escaped) == 3
     assert _gone(escaped) == []
+
+
+# ------------------------------------------------------------ a standby shim
+
+
+def _standby_run(tmp_path: Path, commands: list[str], *, kill_first: bool = False) -> tuple[int, int, int, list[str]]:
+    """(exit code, the standby's pid, the job's shim pid, its stdout lines)
+    of ``commands`` started through a ``ShimStandby`` filled beforehand."""
+
+    async def go() -> tuple[int, int, int]:
+        job_dir = tmp_path / "jobs" / "j"
+        job_dir.mkdir(parents=True)
+        standby = ShimStandby(tmp_path / "jobs")
+        await standby.fill()
+        waiting = standby._proc
+        assert waiting is not None
+        if kill_first:
+            waiting.kill()
+            await waiting.wait()
+        stream = LogStream("j", tmp_path / "spool")
+        env = job_env({"GREETING": "from the job's own environment"})
+        ex = await Execution.start(commands, job_dir=job_dir, cwd=tmp_path, env=env, stream=stream, standby=standby)
+        code = await asyncio.wait_for(ex.wait(), 30)
+        return code, waiting.pid, ex.pid
+
+    code, standby_pid, shim_pid = asyncio.run(go())
+    return code, standby_pid, shim_pid, [t for _, (_, _, t) in read_spool(tmp_path / "spool")]
+
+
+def test_a_standby_shim_runs_the_job_it_is_handed_as_a_shim_started_for_it(tmp_path: Path) -> None:
+    commands = ['echo "$GREETING"', "pwd", "readlink /proc/self/fd/0", 'echo "$TRAINYARD_JOB_MARK" | cut -d. -f1', "exit 4"]
+
+    code, standby_pid, shim_pid, lines = _standby_run(tmp_path, commands)
+
+    assert shim_pid == standby_pid  # the job did not wait for a shim to start
+    assert code == 4
+    # Its environment and working directory; stdin is /dev/null, not the
+    # pipe the job came through; it carries the job's mark.
+    assert lines == ["from the job's own environment", str(tmp_path), "/dev/null", "j"]
+    assert (tmp_path / "jobs" / "j" / "shim.json").exists()
+
+
+def test_a_job_gets_a_shim_of_its_own_when_the_standby_died(tmp_path: Path) -> None:
+    code, standby_pid, shim_pid, lines = _standby_run(tmp_path, ['echo "$GREETING"'], kill_first=True)
+
+    assert shim_pid != standby_pid
+    assert (code, lines) == (0, ["from the job's own environment"])
+
+
+def test_a_standby_shim_exits_when_it_is_closed_or_its_runner_dies(tmp_path: Path) -> None:
+    async def closed() -> int | None:
+        standby = ShimStandby(tmp_path)
+        await standby.fill()
+        waiting = standby._proc
+        assert waiting is not None
+        standby.close()
+        return await asyncio.wait_for(waiting.wait(), 10)
+
+    assert asyncio.run(closed()) == 0
+    # A runner that dies (SIGKILL) closes the pipe the same way.
+    code = (
+        "import asyncio, os, sys; from pathlib import Path; from trainyard_runner.process import ShimStandby\n"
+        "async def main():\n"
+        f"    s = ShimStandby(Path({str(tmp_path)!r})); await s.fill(); print(s._proc.pid, flush=True)\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "asyncio.run(main())\n"
+    )
+    runner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    standby_pid = int(runner.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(standby_pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(standby_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
