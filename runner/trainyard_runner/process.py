@@ -49,6 +49,10 @@ SWEEP_ROUNDS = 20  # a job forking while it is swept: sweep again, this many tim
 
 
 _SHIM_ARGV = (sys.executable, "-I", "-S", str(SHIM))
+# A standby's own environment (what /proc shows for it, also once it is a
+# job's shim): the path and the locale, never the runner's token or its
+# variables (TRAINYARD_RUNNER_DIR counts a process as the runner's).
+_STANDBY_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE")
 
 
 class ShimStandby:
@@ -76,6 +80,7 @@ class ShimStandby:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
+                env={k: v for k, v in os.environ.items() if k in _STANDBY_VARS},
             )
         except OSError as e:
             log.warning("could not start a standby shim: %s", e)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from trainyard_runner.logstream import LogStream, read_spool
 from trainyard_runner.process import MAX_LINE_BYTES, Execution, ShimStandby, job_env
 from trainyard_runner.protocol import may_be_cut
@@ -271,7 +272,13 @@ def _standby_run(tmp_path: Path, commands: list[str], *, kill_first: bool = Fals
 
 
 def test_a_standby_shim_runs_the_job_it_is_handed_as_a_shim_started_for_it(tmp_path: Path) -> None:
-    commands = ['echo "$GREETING"', "pwd", "readlink /proc/self/fd/0", 'echo "$TRAINYARD_JOB_MARK" | cut -d. -f1', "exit 4"]
+    commands = [
+        'echo "$GREETING"',
+        "pwd",
+        "readlink /proc/self/fd/0",
+        'echo "$TRAINYARD_JOB_MARK" | cut -d. -f1',
+        "exit 4",
+    ]
 
     code, standby_pid, shim_pid, lines = _standby_run(tmp_path, commands)
 
@@ -281,6 +288,28 @@ def test_a_standby_shim_runs_the_job_it_is_handed_as_a_shim_started_for_it(tmp_p
     # pipe the job came through; it carries the job's mark.
     assert lines == ["from the job's own environment", str(tmp_path), "/dev/null", "j"]
     assert (tmp_path / "jobs" / "j" / "shim.json").exists()
+
+
+def test_a_standby_shim_shows_no_runner_token_or_runner_variable_in_its_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINYARD_RUNNER_TOKEN", "tyr_secret_token")
+    monkeypatch.setenv("TRAINYARD_RUNNER_DIR", str(tmp_path))
+
+    async def environ() -> bytes:
+        standby = ShimStandby(tmp_path)
+        await standby.fill()
+        waiting = standby._proc
+        assert waiting is not None
+        seen = Path(f"/proc/{waiting.pid}/environ").read_bytes()
+        standby.close()
+        await waiting.wait()
+        return seen
+
+    seen = asyncio.run(environ())
+    assert b"tyr_secret_token" not in seen
+    assert b"TRAINYARD_RUNNER_DIR" not in seen
+    assert b"PATH=" in seen
 
 
 def test_a_job_gets_a_shim_of_its_own_when_the_standby_died(tmp_path: Path) -> None:

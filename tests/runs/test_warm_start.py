@@ -79,7 +79,7 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
 # run's refresh) and, once it commits, the assignment frame and the run's
 # publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
 # a 2-core machine (bench/README.md, "warm start traced").
-WARM_SUBMISSION_QUERIES = 36
+WARM_SUBMISSION_QUERIES = 34
 
 
 def test_a_warm_submission_makes_a_bounded_number_of_queries(

@@ -262,6 +262,8 @@ def _switch(job: Job, why: str, now: datetime) -> None:
 
 def _interrupted_zones(job: Job, now: datetime) -> dict[tuple[str, str, str], datetime]:
     """(account, region, zone) → until when the job skips it."""
+    if job.attempt == 0:  # never tried, so never interrupted: no query (a warm start's)
+        return {}
     cutoff = now - timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
     ended = Attempt.objects.filter(
         job_id=job.pk, termination_reason=TerminationReason.INTERRUPTED, finished_at__gt=cutoff
