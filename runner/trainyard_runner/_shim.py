@@ -114,15 +114,15 @@ def _wait_for_job() -> tuple[str, bool, list[str]]:
     if not chunks:
         raise SystemExit(0)
     job = json.loads(b"".join(chunks))
-    os.chdir(job["cwd"])
-    os.environ.clear()
-    os.environ.update(job["env"])
     null = os.open(os.devnull, os.O_RDONLY)
     log = os.open(os.path.join(job["job_dir"], "shim.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(null, 0)
-    os.dup2(log, 2)
+    os.dup2(log, 2)  # from here on, what goes wrong is in the job's shim.log
     os.close(null)
     os.close(log)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
     return job["job_dir"], bool(job["outlive"]), list(job["argv"])
 
 
