@@ -305,6 +305,28 @@ def test_auto_switches_to_on_demand_after_max_wait(fake_account: Any, team: Work
     assert job.placement_note.endswith("(max_wait 60s)")
 
 
+def test_auto_switching_after_max_wait_once_25_spot_offers_failed_launches_on_demand_not_a_failure(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    """The attempt's 25 offers are spent on spot when max_wait runs out: the
+    on-demand offers get a budget of their own in the same attempt (the AWS
+    end-to-end test met this on a fast machine: 25 spot launches in 20 s)."""
+    spot = [offer(f"s{n:02}", 0.01 * (n + 1), spot=True) for n in range(30)]
+    fake_account([*spot, offer("d", 0.5)])
+    script.write_text(json.dumps({"no_capacity": [f"fake/r1/r1a/s{n:02}/spot" for n in range(30)]}))
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="auto", max_wait="1m")).jobs.get()
+    assert _schedule(passes=25) is None  # 25 spot offers tried, none had capacity
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(seconds=61))
+
+    instance = _schedule(passes=1)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING, job.status_reason
+    assert instance is not None and (instance.instance_type, instance.spot) == ("d", False)
+    assert job.placement_note.startswith("switched to on-demand: no spot machine after waiting 6")
+    assert Attempt.objects.filter(job=job).count() == 0  # the same (first) attempt, not a retry
+
+
 def test_auto_takes_spot_while_max_wait_lasts(fake_account: Any, team: Workspace, owner: Person) -> None:
     fake_account([offer("a", 0.05, spot=True), offer("a", 0.2)])
     submit(team, owner.user, workflow="train", text=workflow(spot_policy="auto"))

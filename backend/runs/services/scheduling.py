@@ -356,9 +356,10 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
     tried = _tried_offer_ids(requested)
     blocks = offer_blocks_active(account_ids={str(c.account.pk) for c in ranked.candidates})
     choice = choose(job=job, candidates=ranked.candidates, tried=tried, blocks=blocks)
-    if choice.open and len(tried) < MAX_OFFERS_PER_ATTEMPT:
+    spent = _spent(job, requested, tried)
+    if choice.open and spent < MAX_OFFERS_PER_ATTEMPT:
         return _launch(job, choice.open[0])
-    if tried or len(tried) >= MAX_OFFERS_PER_ATTEMPT or _waited_too_long(job, placement):
+    if tried or spent >= MAX_OFFERS_PER_ATTEMPT or _waited_too_long(job, placement):
         since = last.finished_at if last is not None else None
         _no_capacity(job, switch_note(job, since) + _offers_tried(requested), choice)
         return "", None
@@ -477,6 +478,17 @@ def _tried_offer_ids(requested: list[Instance]) -> set[str]:
         for i in requested
         if i.termination_reason in LAUNCH_FAILURES or (i.status == InstanceStatus.LOST and i.connected_at is None)
     }
+
+
+def _spent(job: Job, requested: list[Instance], tried: set[str]) -> int:
+    """How much of ``MAX_OFFERS_PER_ATTEMPT`` the attempt has used. Once
+    ``spot_policy: auto`` switched to on-demand, only the on-demand offers
+    count: a switch when max_wait ran out after 25 spot offers failed
+    launches on-demand, rather than ending the attempt (and, as on-demand
+    no_capacity follows ``retry:``, failing the job)."""
+    if job.on_demand_since is None:
+        return len(tried)
+    return len({i.offer_id for i in requested if i.offer_id in tried and not i.spot})
 
 
 def _offers_tried(requested: list[Instance]) -> list[dict[str, Any]]:
