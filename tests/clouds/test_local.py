@@ -3,6 +3,7 @@ files it is found by, and the processes it must never mistake for one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -393,3 +394,48 @@ def test_stopping_a_machine_kills_what_its_jobs_setsid_out_of_their_process_grou
     finally:
         shim.kill()
         shim.wait()
+
+
+def test_stopping_a_machine_kills_a_job_that_runs_in_a_standby_shim(tmp_path: Path) -> None:
+    """A standby shim's command line names only the jobs directory
+    (``_shim.py <work>/jobs/ standby``): kill_shims finds it all the same."""
+    import asyncio
+
+    from trainyard_runner.process import ShimStandby
+
+    from backend.clouds.backends.local.process import kill_shims
+
+    job_dir = tmp_path / "jobs" / "j"
+    job_dir.mkdir(parents=True)
+
+    async def hand() -> int:
+        standby = ShimStandby(tmp_path / "jobs")
+        await standby.fill()
+        job = {"job_dir": str(job_dir), "outlive": True, "argv": ["sleep", "1234.9"], "cwd": str(tmp_path)}
+        proc = await standby.hand({**job, "env": {"PATH": os.environ["PATH"]}})
+        assert proc is not None
+        return proc.pid
+
+    shim_pid = asyncio.run(hand())
+    try:
+        deadline = time.monotonic() + 5
+        while not (job_dir / "shim.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (job_dir / "shim.json").exists()
+
+        assert kill_shims(tmp_path) == [shim_pid]
+
+        deadline = time.monotonic() + 3
+        while _running(shim_pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _running(shim_pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shim_pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

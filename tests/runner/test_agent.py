@@ -637,3 +637,41 @@ def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upg
     code, stderr = asyncio.run(go())
     assert code == 2
     assert "server speaks protocol 6, runner 5: upgrade trainyard-runner" in stderr
+
+
+def _standby_of(runner_pid: int) -> int | None:
+    """The pid of the runner's waiting standby shim (``_shim.py JOBS/ standby``), if one waits."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == runner_pid and b"standby" in argv:
+            return int(entry.name)
+    return None
+
+
+def test_each_job_starts_in_the_standby_shim_the_runner_started_ahead_of_it(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    async def go() -> tuple[list[int], FakeServer]:
+        server = FakeServer()
+        waiting: list[int] = []
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                for job in ("j1", "j2"):  # filled at the runner's start, then again after j1
+                    await server.wait_for(lambda: _standby_of(runner.pid) not in (None, *waiting), 20)
+                    waiting.append(_standby_of(runner.pid) or 0)
+                    await server.to_send.put(assign(job, ['echo "$PPID"'], repo))
+                    await server.wait_for(lambda job=job: server.states(job)[-1:] == [("succeeded", 0)], 20)
+            finally:
+                await stop(runner)
+        return waiting, server
+
+    waiting, server = asyncio.run(go())
+    # The commands' parent is the shim: the one that was already waiting.
+    assert [int(server.stored[job][0][2]) for job in ("j1", "j2")] == waiting

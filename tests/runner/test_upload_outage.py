@@ -50,6 +50,10 @@ def _run(work: Path, job: dict[str, Any], *flags: str, timeout: float = 60) -> d
             try:
                 await server.to_send.put(job)
                 await server.wait_for(lambda: bool(_finals(server, job["job"])), timeout)
+                # Killed between sending the final state and removing the job's
+                # directory, a runner leaves the job for the next one to re-attach
+                # to and report again (busy with it, that one would refuse the next).
+                await server.wait_for(lambda: not (work / "jobs" / job["job"]).exists(), 10)
             finally:
                 await stop(runner)
         return _finals(server, job["job"])[0]

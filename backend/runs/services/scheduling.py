@@ -528,8 +528,10 @@ def _set_waiting_reason(job: Job, reason: str) -> None:
 def _assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
     run: Run = job.run
     spec = job.spec
-    earlier = Attempt.objects.filter(job_id=job.pk, number__lt=attempt.number)
-    ran_before = attempt.number > 1 and earlier.exclude(started_at=None).exists()
+    ran_before = (
+        attempt.number > 1
+        and Attempt.objects.filter(job_id=job.pk, number__lt=attempt.number).exclude(started_at=None).exists()
+    )
     resumed = {"TRAINYARD_RESUMED": "1"} if ran_before else {}
     # No secret in the frame: it crosses the channel layer (Redis, on disk).
     # The runner fetches them (``delivery.job_secrets``); the job's own env wins over them.
