@@ -295,10 +295,14 @@ class Execution:
         return code
 
     async def _read_to_the_end(self) -> None:
+        """No time limit: a reader behind a busy server (``put`` waits for its
+        acks) still has lines nobody else will read. Each reader stops at the
+        size its file had at the end."""
         self._ended.set()
-        _, pending = await asyncio.wait(self._readers, timeout=10)
-        for task in pending:
-            task.cancel()
+        done, _ = await asyncio.wait(self._readers)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("reading the output of %s failed", self.job_dir, exc_info=task.exception())
         self._stream.close()
 
     async def terminate(self, grace: float = 5.0) -> None:
@@ -391,7 +395,10 @@ def _cgroup_pids(cgroup: str) -> set[int]:
 async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, ended: asyncio.Event) -> None:
     """Read ``path`` from byte ``offset`` as it grows, handing complete lines
     to ``stream`` with the offset after them (the spool keeps it, so a later
-    runner resumes there), until ``ended`` is set and the file is read to its end.
+    runner resumes there), until ``ended`` is set and the file is read to its
+    size at that moment (a process that escaped the job and writes on cannot
+    keep it reading). However long that takes: ``stream.put`` waits while the
+    server is behind, and no line the job printed is left unread.
 
     Reads in chunks and splits them, which is several times faster than
     ``readline`` per line; a line longer than MAX_LINE_BYTES is cut into pieces
@@ -401,13 +408,15 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
     start = offset  # the file offset of rest's first byte
     wait = FIRST_POLL_SECONDS
     fast_until = time.monotonic() + FAST_POLL_SECONDS  # until the first output
+    end: int | None = None  # the file's size when the job had ended
     with open(path, "rb") as f:
         f.seek(offset)
         while True:
-            last = ended.is_set()  # looked at before reading: a read after the end sees everything
-            chunk = f.read(_CHUNK)
+            if end is None and ended.is_set():  # looked at before reading: what follows sees everything
+                end = os.fstat(f.fileno()).st_size
+            chunk = f.read(_CHUNK if end is None else max(0, min(_CHUNK, end - f.tell())))
             if not chunk:
-                if last:
+                if end is not None:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ended.wait(), wait)

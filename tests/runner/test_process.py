@@ -340,3 +340,31 @@ def test_a_standby_shim_exits_when_it_is_closed_or_its_runner_dies(tmp_path: Pat
     runner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     standby_pid = int(runner.stdout.split()[0])
     assert _gone([standby_pid], within=10) == []
+
+
+def test_every_line_is_read_however_long_the_server_takes_to_acknowledge_them(tmp_path: Path) -> None:
+    """The job ends with most of its output unread, and nothing is
+    acknowledged for 11 s (a busy server): ``wait`` reads it all before it
+    returns. (It gave up after 10 s, and the unread lines were lost.)"""
+
+    async def go() -> int:
+        stream = LogStream("j", tmp_path / "spool", max_lines=100)
+        # ~200 KB: several reads, and the buffer is full after the first.
+        lines = ["awk 'BEGIN { for (i = 1; i <= 2000; i++) printf \"%d %0100d\\n\", i, 0 }'"]
+        ex = await Execution.start(lines, job_dir=tmp_path, cwd=tmp_path, env=job_env({}), stream=stream)
+
+        async def acks_late() -> None:
+            await asyncio.sleep(11)
+            while True:
+                stream.ack(stream.last_seq)
+                await asyncio.sleep(0.05)
+
+        acker = asyncio.create_task(acks_late())
+        try:
+            return await asyncio.wait_for(ex.wait(), 30)
+        finally:
+            acker.cancel()
+
+    code = asyncio.run(go())
+    assert code == 0
+    assert [t for _, (_, _, t) in read_spool(tmp_path / "spool")] == [f"{i} {0:0100d}" for i in range(1, 2001)]
