@@ -194,3 +194,32 @@ async def _publish(run: Run, job: Any, lines: list[list[Any]]) -> None:
     frame = json.dumps(logs_frame(str(job.pk), lines))
     event = {"type": "run.logs", "job": str(job.pk), "first_seq": lines[0][0], "last_seq": lines[-1][0], "frame": frame}
     await get_channel_layer().group_send(run_group(run.pk), event)
+
+
+def test_the_opening_of_a_follower_reads_no_log_of_a_job_with_nothing_stored_after_its_start(
+    team: Workspace, run: Run
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from backend.runs.consumers.follow import _opening
+
+    instance = _runner(team)
+    Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.IDLE, channel_name="x")
+    jobs_schedule()
+    job = run.jobs.get()
+    accept(job, instance.pk)
+
+    def opening(after_seq: int) -> tuple[list[Any], list[str]]:
+        with CaptureQueriesContext(connection) as queries:
+            found = _opening(team, str(run.pk), after_seq, {})
+        assert found is not None
+        return found[1][str(job.pk)][0], [q["sql"] for q in queries if "runs_logchunk" in q["sql"]]
+
+    assert opening(0) == ([], [])  # just submitted: nothing stored
+    lines = [(float(i), "o", f"line {i}") for i in range(1, 4)]
+    logs_store(job_id=str(job.pk), instance_id=str(instance.pk), attempt=1, first_seq=1, lines=lines)
+    page, reads = opening(1)
+    assert [(seq, text) for seq, _, _, text in page] == [(2, "line 2"), (3, "line 3")]
+    assert reads  # read from storage
+    assert opening(3) == ([], [])  # all of it before the start

@@ -351,11 +351,17 @@ def _opening(
     workspace: Workspace, run_id: str, after_seq: int, job_after: dict[str, int]
 ) -> tuple[dict[str, Any], dict[str, tuple[list[tuple[int, float, str, str]], bool]]] | None:
     """The run as shown and each job's first page of lines after its start
-    (``job_after``'s seq, else ``after_seq``)."""
+    (``job_after``'s seq, else ``after_seq``). A job whose stored lines end
+    there (its ``last_seq``, read with the run) is not read: a follower of a
+    run just submitted, ``trainyard run``'s, waits for no query. What is
+    stored after the run's read was published after the join: it comes."""
     run = _run_for(workspace, run_id)
     if run is None:
         return None
-    pages = {job["id"]: _lines(job["id"], job_after.get(job["id"], after_seq)) for job in run["jobs"]}
+    pages = {}
+    for job in run["jobs"]:
+        start = job_after.get(job["id"], after_seq)
+        pages[job["id"]] = _lines(job["id"], start) if job["last_seq"] > start else ([], False)
     return run, pages
 
 
