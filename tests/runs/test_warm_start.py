@@ -19,9 +19,11 @@ from trainyard_runner import protocol
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
-from backend.runs.models import JobStatus, Run
+from backend.runs.events import publishing_held
+from backend.runs.models import Attempt, JobStatus, Run, RunStatus
 from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
 from backend.runs.services.scheduling import SCHEDULER_LOCK
+from backend.runs.services.transitions import job_accept
 from tests.support.fixtures import Person, submit
 from tests.support.testdb import django_test_db_connect
 from tests.support.threads import in_thread
@@ -79,7 +81,7 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
 # run's refresh) and, once it commits, the assignment frame and the run's
 # publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
 # a 2-core machine (bench/README.md, "warm start traced").
-WARM_SUBMISSION_QUERIES = 34
+WARM_SUBMISSION_QUERIES = 32
 
 
 def test_a_warm_submission_makes_a_bounded_number_of_queries(
@@ -94,6 +96,29 @@ def test_a_warm_submission_makes_a_bounded_number_of_queries(
 
     assert run.jobs.get().status == JobStatus.ASSIGNED
     assert _frame(channel).job == str(run.jobs.get().pk)
+
+
+# The runner's acceptance: the runner waits for its commit (the
+# confirmation) before the commands start. BEGIN, the run's lock, the job's,
+# the attempt and the job set running, the run refreshed, COMMIT.
+ACCEPTANCE_QUERIES = 8
+
+
+def test_an_acceptance_makes_a_bounded_number_of_queries(
+    team: Workspace, owner: Person, django_assert_max_num_queries: Any
+) -> None:
+    instance, _ = _idle(team)
+    run = submit(team, owner.user, no_cache=True)
+    attempt = Attempt.objects.get(job__run=run)
+
+    with publishing_held(), django_assert_max_num_queries(ACCEPTANCE_QUERIES):
+        accepted = job_accept(job_id=str(attempt.job_id), instance_id=str(instance.pk), attempt=1, lease=attempt.lease)
+
+    assert accepted
+    run.refresh_from_db()
+    job = run.jobs.get()
+    assert (run.status, job.status, job.started_at) == (RunStatus.RUNNING, JobStatus.RUNNING, run.started_at)
+    assert job.started_at is not None
 
 
 def test_what_no_idle_runner_fits_waits_for_a_pass(team: Workspace, owner: Person) -> None:

@@ -194,7 +194,11 @@ def attempt_send_assignment(*, attempt: Attempt) -> None:
     instance = attempt.instance
     if instance is None or not instance.channel_name:
         return  # the lease runs out and the reconciler re-queues the job
-    frame = _assign_frame(Job.objects.select_related("run").get(pk=attempt.job_id), attempt)
+    # The job the assignment was made with (a pass's, a submission's) when it
+    # is at hand with its run: what the frame reads of them does not change.
+    at_hand = Attempt.job.is_cached(attempt) and Job.run.is_cached(attempt.job)
+    job = attempt.job if at_hand else Job.objects.select_related("run").get(pk=attempt.job_id)
+    frame = _assign_frame(job, attempt)
     send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 

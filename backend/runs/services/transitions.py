@@ -100,8 +100,11 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
     lease. ``ports``: those its runner picked for ``ports: N``; from now on
     they are the job's ``ports`` (shown, and its workers' master port)."""
     now = timezone.now()
+    # The runner waits for this transaction's commit before the commands
+    # start (a warm start's critical path): the run is refreshed under the
+    # lock taken first, not looked up and locked again.
     with transaction.atomic():
-        _lock_run_of(job_id)
+        run = _lock_run_of(job_id)
         job = Job.objects.select_for_update(no_key=True).filter(pk=job_id).only("started_at").first()
         changed = Attempt.objects.filter(
             job_id=job_id, number=attempt, instance_id=instance_id, lease=lease, status=AttemptStatus.ASSIGNED
@@ -116,7 +119,8 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
             started_at=(job.started_at if job and job.started_at else now),
             **({"ports": list(ports)} if ports else {}),
         )
-        _after_job_change(job_id)
+        if run is not None:
+            _run_refresh_locked(run)
     return True
 
 
@@ -407,7 +411,8 @@ def _run_refresh_locked(run: Run) -> Run:
     if run.status in FINISHED_RUN:
         return run
     if Run.objects.filter(pk=run.pk, status=run.status).update(**updates):
-        run.refresh_from_db()
+        for field, value in updates.items():  # what the row now holds: no read back
+            setattr(run, field, value)
         transaction.on_commit(lambda: publish_run(str(run.pk)))
     return run
 
@@ -584,12 +589,11 @@ def _cas_job(job_id: UUID | str, old: list[JobStatus], *, extra: Q | None = None
     return changed
 
 
-def _lock_run_of(job_id: UUID | str) -> None:
+def _lock_run_of(job_id: UUID | str) -> Run | None:
     """Lock the run of ``job_id`` before the job itself (the caller holds a
-    transaction): the order every transaction that changes a job takes."""
-    run_id = Job.objects.filter(pk=job_id).values_list("run_id", flat=True).first()
-    if run_id is not None:
-        run_lock(run_id=run_id)
+    transaction): the order every transaction that changes a job takes.
+    Returns the run, read under its lock."""
+    return Run.objects.select_for_update(no_key=True, of=("self",)).filter(jobs__pk=job_id).first()
 
 
 def _after_job_change(job_id: UUID | str) -> None:
