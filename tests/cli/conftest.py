@@ -15,7 +15,7 @@ TINY_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "examples" / "tiny
 def tiny_train(tmp_path: Path) -> Path:
     """A writable copy of the tiny-train example repo (not a git repo)."""
     if not TINY_TRAIN.is_dir():
-        pytest.skip(f"{TINY_TRAIN} is not here")
+        pytest.fail(f"the example repo is missing: {TINY_TRAIN} (shared/ must sit beside the repo)")
     dest = tmp_path / "tiny-train"
     shutil.copytree(TINY_TRAIN, dest)
     for path in [dest, *dest.rglob("*")]:

@@ -15,5 +15,5 @@ TINY_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "examples" / "tiny
 def tiny_train() -> Path:
     """The tiny-train example repo (read only: these tests only load its workflows file)."""
     if not TINY_TRAIN.is_dir():
-        pytest.skip(f"{TINY_TRAIN} is not here")
+        pytest.fail(f"the example repo is missing: {TINY_TRAIN} (shared/ must sit beside the repo)")
     return TINY_TRAIN
