@@ -291,6 +291,23 @@ def test_auto_tries_spot_first_and_switches_to_on_demand_when_every_spot_offer_f
     assert attempt.offers_tried[0]["message"] == job.placement_note
 
 
+def test_when_auto_found_no_capacity_in_either_market_the_reason_counts_each_market_apart(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    fake_account([offer("a", 0.05, spot=True), offer("b", 0.04, spot=True), offer("a", 0.2)])
+    script.write_text(json.dumps({"no_capacity_first": 100}))
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="auto")).jobs.get()
+
+    assert _schedule(passes=6) is None
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert job.status_reason.startswith(
+        "no capacity: tried 2 spot offers, then 1 of 1 on-demand offers (fake/r1/r1a/b/spot no_capacity"
+    ), job.status_reason
+    assert "switched to on-demand: every spot offer (2) was tried or is blocked" in job.status_reason
+
+
 def test_auto_switches_to_on_demand_after_max_wait(fake_account: Any, team: Workspace, owner: Person) -> None:
     fake_account([offer("a", 0.05, spot=True), offer("a", 0.2)])
     job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="auto", max_wait="1m")).jobs.get()

@@ -440,13 +440,25 @@ def _no_capacity(job: Job, tried: list[dict[str, Any]], choice: Choice) -> None:
     launched = [t for t in tried if t["offer"]]
     listed = ", ".join(" ".join(filter(None, (t["offer"], t["outcome"], t.get("code", "")))) for t in launched[:4])
     more = ", …" if len(launched) > 4 else ""
-    message = f"no capacity: tried {len(launched)} of {choice.considered} offers ({listed}{more})"
+    message = f"no capacity: tried {_tried_words(launched, choice.considered)} ({listed}{more})"
     if choice.blocked:
         message += f"; blocked: {'; '.join(choice.blocked[:3])}"
     switched = [t["message"] for t in tried if t["outcome"] == "switched_to_on_demand"]
     if switched:
         message += f"; {switched[0]}"
     job_fail_no_capacity(job=job, offers_tried=tried, message=message)
+
+
+def _tried_words(launched: list[dict[str, Any]], considered: int) -> str:
+    """``4 of 4 offers``. After ``auto`` switched to on-demand, ``considered``
+    counts the on-demand offers only: the spot ones tried before the switch
+    are said apart (``2 spot offers, then 1 of 1 on-demand offers``).
+    An offer's id ends with its market (``Offer.offer_id``)."""
+    spot = sum(1 for t in launched if t["offer"].endswith("/spot"))
+    on_demand = len(launched) - spot
+    if not spot or not on_demand:
+        return f"{len(launched)} of {considered} offers"
+    return f"{spot} spot offers, then {on_demand} of {considered} on-demand offers"
 
 
 def _no_capacity_backoff(job: Job, last: Attempt | None) -> str:
