@@ -18,11 +18,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from backend.clouds.backends.local.process import kill_shims
+from backend.clouds.backends.local.process import kill_shims, names_runner
 from backend.embedded.processes import cmdline, groups_stop, pid_alive, pid_stop
 
-# The console script, or `python -m trainyard_runner` as the local backend starts it.
-RUNNER_MARKERS = ("trainyard-runner", "trainyard_runner")
 STOP_TIMEOUT_SECONDS = 5.0
 
 
@@ -64,8 +62,7 @@ def _read_pid(pidfile: Path) -> int | None:
 
 
 def _is_runner(pid: int) -> bool:
-    command = cmdline(pid)
-    return pid_alive(pid) and any(marker in command for marker in RUNNER_MARKERS)
+    return pid_alive(pid) and names_runner(cmdline(pid).encode())
 
 
 def _pgid(pid: int) -> int:

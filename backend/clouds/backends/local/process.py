@@ -234,7 +234,7 @@ class RunnerDir:
         raw = _cmdline_after_exec(pid)
         if raw is None:
             return None  # it exited at once; its log says why
-        if _names_runner(raw):
+        if names_runner(raw):
             # Not read again: a wrapper that execs the runner shows an empty
             # command line for a moment, which reads as a zombie's.
             return pid
@@ -358,11 +358,12 @@ def _runner_alive(pid: int) -> bool:
     except OSError:
         return False
     # A zombie's cmdline is empty; a reused pid names something else.
-    return _names_runner(cmdline)
+    return names_runner(cmdline)
 
 
-def _names_runner(cmdline: bytes) -> bool:
-    """Whether a raw ``/proc/<pid>/cmdline`` is a runner's."""
+def names_runner(cmdline: bytes) -> bool:
+    """Whether a ``/proc/<pid>/cmdline`` is a runner's: the console script,
+    or ``python -m trainyard_runner`` as this backend starts it."""
     return any(marker in cmdline for marker in RUNNER_MARKERS)
 
 
@@ -383,7 +384,7 @@ def _cmdline_after_exec(pid: int, timeout: float = 2.0) -> bytes | None:
             return None
         if state in ("Z", "X"):
             return None
-        if _names_runner(raw) or time.monotonic() > deadline:
+        if names_runner(raw) or time.monotonic() > deadline:
             return raw
         time.sleep(0.002)
 
