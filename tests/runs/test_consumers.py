@@ -223,3 +223,33 @@ def test_the_opening_of_a_follower_reads_no_log_of_a_job_with_nothing_stored_aft
     assert [(seq, text) for seq, _, _, text in page] == [(2, "line 2"), (3, "line 3")]
     assert reads  # read from storage
     assert opening(3) == ([], [])  # all of it before the start
+
+
+def test_a_burst_of_follower_connects_reads_at_most_two_at_once_and_each_gets_its_answer() -> None:
+    """The connects' thread reads (admission, opening) go through a gate:
+    at a burst they take turns, so the loop that sends the frames of those
+    already following keeps the interpreter (bench/README.md, followers)."""
+    import asyncio
+    import threading
+    import time
+
+    from backend.runs.consumers.follow import CONNECT_READS_AT_ONCE, connect_read
+
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def read(i: int) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return i
+
+    async def burst() -> list[int]:
+        return await asyncio.gather(*(connect_read(read, i) for i in range(12)))
+
+    assert async_to_sync(burst)() == list(range(12))
+    assert most == CONNECT_READS_AT_ONCE == 2

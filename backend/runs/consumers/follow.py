@@ -17,8 +17,10 @@ import asyncio
 import json
 import logging
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -39,6 +41,7 @@ from backend.runs.selectors import job_log_page, run_by_ref
 from backend.runs.services.logs import follower_frame, follower_frames
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BACKLOG_PAGE = 5000
 # A send that waited this long means the follower stopped reading: events may be lost.
@@ -48,6 +51,15 @@ CATCH_UP_IDLE_SECONDS = 1.0
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_TRY_AGAIN_LATER = 1013
+# A follower's connect reads in threads (its admission, its opening). At a
+# burst of connects (500 people opening one run's page) as many of those
+# threads as the default pool holds took the interpreter from the event
+# loop that sends the frames of those already following, and frames were
+# up to a second late. At most this many run at once in a process; the
+# other connects wait their turn on the loop, which goes on sending
+# (bench/README.md, followers: p99 376-979 ms → 138-160 ms; the burst's
+# connects took 6-7 s instead of 3). A lone connect does not wait.
+CONNECT_READS_AT_ONCE = 2
 
 
 class _MemberConsumer(AsyncJsonWebsocketConsumer):
@@ -72,7 +84,7 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
         there were five. ``run_ref``: also look that run up (its id)."""
         await self.accept()
         slug = self.scope["url_route"]["kwargs"]["workspace"]
-        admission = await off_shared_thread(_admit)(self.scope, slug, run_ref)
+        admission = await connect_read(_admit, self.scope, slug, run_ref)
         if admission.refusal is not None:
             await self.close(code=CLOSE_RATE_LIMITED, reason=close_reason(admission.refusal))
             return None
@@ -191,7 +203,7 @@ class RunFollowConsumer(_MemberConsumer):
         if not await self.follow(run_group(self.run_id)):
             return
         after_seq, job_after = _after_seq(self.scope), _job_after(self.scope)
-        opening = await off_shared_thread(_opening)(self.workspace, self.run_id, after_seq, job_after)
+        opening = await connect_read(_opening, self.workspace, self.run_id, after_seq, job_after)
         if opening is None:  # deleted meanwhile
             await self.close(code=CLOSE_NOT_FOUND)
             return
@@ -304,6 +316,20 @@ class WorkspaceRunsConsumer(_MemberConsumer):
 
     async def run_status(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "run", "run": event["run"]})
+
+
+_CONNECT_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+async def connect_read(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread (``off_shared_thread``), at most
+    ``CONNECT_READS_AT_ONCE`` of them at once in this process (its loop)."""
+    loop = asyncio.get_running_loop()
+    gate = _CONNECT_GATES.get(loop)
+    if gate is None:
+        gate = _CONNECT_GATES[loop] = asyncio.Semaphore(CONNECT_READS_AT_ONCE)
+    async with gate:
+        return await off_shared_thread(fn)(*args)
 
 
 def _user(scope: dict[str, Any]) -> tuple[User | None, str | None]:
