@@ -57,8 +57,8 @@ CLOSE_TRY_AGAIN_LATER = 1013
 # loop that sends the frames of those already following, and frames were
 # up to a second late. At most this many run at once in a process; the
 # other connects wait their turn on the loop, which goes on sending
-# (bench/README.md, followers: p99 376-979 ms → 138-160 ms; the burst's
-# connects took 6-7 s instead of 3). A lone connect does not wait.
+# (bench/README.md, followers: p99 376-979 ms → 135-170 ms, and the burst's
+# connects 1.7-3.3 s → 0.9-1.5 s). A lone connect does not wait.
 CONNECT_READS_AT_ONCE = 2
 
 
