@@ -240,7 +240,7 @@ def test_the_search_reads_the_trigram_index_where_postgres_has_pg_trgm_and_needs
     matches (bench/README.md, runs list). The suite checks the branch of the
     Postgres it runs on; ``DATABASE_URL=<a Postgres with pg_trgm> make test``
     checks the other."""
-    submit(team, owner.user)
+    run = submit(team, owner.user)
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")
         has_trgm = cursor.fetchone() is not None
@@ -256,6 +256,8 @@ def test_the_search_reads_the_trigram_index_where_postgres_has_pg_trgm_and_needs
     else:
         assert made == set()
     assert owner.client().get(f"{BASE}/runs/?q=zzz-nowhere").json()["results"] == []
+    found = owner.client().get(f"{BASE}/runs/?q={run.name[2:-1].upper()}").json()["results"]
+    assert [r["name"] for r in found] == [run.name]
 
 
 def test_attempts_read_with_the_page_show_exactly_what_the_attempts_rows_hold(team: Workspace, owner: Person) -> None:
