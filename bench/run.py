@@ -27,6 +27,7 @@ MISSED); exits 1 when the bench itself, or its AWS part, could not run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -331,6 +332,7 @@ def bench_burst(api: Api, count: int, data_dir: Path) -> dict[str, Any]:
     finished_at = [parse_iso(r["finished_at"]) for r in succeeded if r["finished_at"]]
     instances = {j["instance"] for r in runs.values() for j in r["jobs"] if j.get("instance")}
     durations = sorted(parse_iso(r["finished_at"]) - parse_iso(r["created_at"]) for r in succeeded)
+    turnaround = _runner_turnaround([j for r in succeeded for j in r["jobs"]])
     return {
         "runs": count,
         "succeeded": len(succeeded),
@@ -344,7 +346,29 @@ def bench_burst(api: Api, count: int, data_dir: Path) -> dict[str, Any]:
         "created_to_finished_median_s": round(statistics.median(durations), 2) if durations else None,
         "distinct_runners": len(instances),
         "peak_live_local_runners": peak_runners,
+        **turnaround,
     }
+
+
+def _runner_turnaround(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a runner's time goes in the burst, from the jobs' own times: a
+    job's start → finish on its runner, and the gap from one job's finish to
+    the next job's start on the same runner (the hand-over: the finish's
+    report, the next assignment, its acceptance)."""
+    by_runner: dict[str, list[tuple[float, float]]] = {}
+    for j in jobs:
+        if j.get("instance") and j.get("started_at") and j.get("finished_at"):
+            by_runner.setdefault(j["instance"], []).append((parse_iso(j["started_at"]), parse_iso(j["finished_at"])))
+    runs, gaps = [], []
+    for spans in by_runner.values():
+        spans.sort()
+        runs += [end - start for start, end in spans]
+        gaps += [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(spans)]
+
+    def ms(values: list[float]) -> int | None:
+        return round(statistics.median(values) * 1000) if values else None
+
+    return {"job_on_runner_median_ms": ms(runs), "hand_over_median_ms": ms(gaps)}
 
 
 # --------------------------------------------------------------------- report
@@ -689,7 +713,8 @@ def main() -> int:
     if "burst" in results:
         b = results["burst"]
         print(
-            f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} distinct runners, peak {b['peak_live_local_runners']} live at once (polled every 0.5 s)"
+            f"burst detail: submitted in {b['submit_seconds']} s, median created→finished {b['created_to_finished_median_s']} s, {b['distinct_runners']} distinct runners, peak {b['peak_live_local_runners']} live at once (polled every 0.5 s); "
+            f"on each runner, a job's start → finish {b['job_on_runner_median_ms']} ms and one job's finish → the next one's start {b['hand_over_median_ms']} ms (medians)"
         )
     if "aws" in results and "error" not in results["aws"]:
         a = results["aws"]

@@ -415,6 +415,7 @@ class TrainyardSettings(TypedDict):
     TASK_MAX_DELIVERIES: int
     SCHEDULE_MAX_PASSES: int
     ASSIGN_ON_SUBMIT: bool
+    ASSIGN_ON_IDLE: bool
     LEAK_SWEEP_SECONDS: float
     LEAK_MIN_AGE_SECONDS: float
     FACTS_REFRESH_SECONDS: float
@@ -538,6 +539,8 @@ TRAINYARD: TrainyardSettings = {
     "SCHEDULE_MAX_PASSES": env_int("TRAINYARD_SCHEDULE_MAX_PASSES", 20),
     # A submission an idle runner fits is assigned in the request's own transaction (docs/RUNS.md, "Warm start").
     "ASSIGN_ON_SUBMIT": env_bool("TRAINYARD_ASSIGN_ON_SUBMIT", True),
+    # A runner that finished a job takes the next pending one it fits at once, without a pass (docs/RUNS.md).
+    "ASSIGN_ON_IDLE": env_bool("TRAINYARD_ASSIGN_ON_IDLE", True),
     "LEAK_SWEEP_SECONDS": env_float("TRAINYARD_LEAK_SWEEP_SECONDS", 60.0),
     # A machine with our tags and no live row is left alone until it is this old (CLOUDS.md: 10 min).
     "LEAK_MIN_AGE_SECONDS": env_float("TRAINYARD_LEAK_MIN_AGE_SECONDS", 600.0),

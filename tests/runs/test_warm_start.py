@@ -5,6 +5,7 @@ connections) and the real channel layer. docs/RUNS.md, "Warm start"."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -12,17 +13,21 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
+from backend.config.asgi import application
 from backend.core.redis import redis_client
+from backend.core.tokens import hash_token
 from backend.runs.events import publishing_held
-from backend.runs.models import Attempt, JobStatus, Run, RunStatus
+from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
-from backend.runs.services.scheduling import SCHEDULER_LOCK
+from backend.runs.services.scheduling import SCHEDULER_LOCK, instance_assign_next, jobs_schedule
 from backend.runs.services.transitions import job_accept
 from tests.support.fixtures import Person, submit
 from tests.support.testdb import django_test_db_connect
@@ -197,3 +202,107 @@ def test_a_submission_is_assigned_while_a_pass_holds_the_schedulers_lock(team: W
 
         assert run.jobs.get().instance_id == instance.pk
         assert _frame(channel).job == str(run.jobs.get().pk)
+
+
+# ---------------------------------------------------------------- hand-over
+
+
+def _connect_runner(team: Workspace, name: str) -> tuple[Instance, WebsocketCommunicator]:
+    token = f"{name}-secret"
+    instance = Instance.objects.create(
+        workspace=team,
+        backend="local",
+        name=name,
+        token_hash=hash_token(token),
+        status=InstanceStatus.IDLE,
+        cpus=2,
+        memory_bytes=2**31,
+    )
+    ws = WebsocketCommunicator(application, "/ws/runner/", headers=[(b"authorization", f"Bearer {token}".encode())])
+    return instance, ws
+
+
+def test_a_runner_that_finished_its_job_is_sent_the_next_pending_one_at_once_without_a_pass(
+    team: Workspace, owner: Person
+) -> None:
+    """The runner's final state hands it the oldest pending job it fits,
+    passing over one it does not fit (a GPU job) and one that waits for its
+    dependencies: no scheduling pass runs here (no worker does), yet the
+    next assignment arrives right after the final state."""
+    instance, ws = _connect_runner(team, "local-h")
+    hello = protocol.Hello(
+        version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
+    )
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        await ws.connect()
+        await ws.send_to(text_data=hello.model_dump_json())
+        await ws.receive_from(timeout=5)  # welcome
+        first = await database_sync_to_async(submit)(team, owner.user, no_cache=True)
+        assigned = json.loads(await ws.receive_from(timeout=5))
+        await ws.send_to(
+            text_data=protocol.JobAccepted(job=assigned["job"], attempt=1, lease=assigned["lease"]).model_dump_json()
+        )
+        await ws.receive_from(timeout=5)  # confirmed
+        await database_sync_to_async(submit)(team, owner.user, workflow="big")  # a V100: not this runner
+        await database_sync_to_async(submit)(team, owner.user, workflow="train", no_cache=True)  # hello, then train
+        redis_client().delete(DIRTY_KEY, QUEUED_KEY, "celery")
+        final = protocol.JobState(job=assigned["job"], attempt=1, state="succeeded", exit_code=0)
+        await ws.send_to(text_data=final.model_dump_json())
+        following = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return {"first": str((await database_sync_to_async(first.jobs.get)()).pk), **assigned}, following
+
+    assigned, following = async_to_sync(scenario)()
+
+    assert assigned["job"] == assigned["first"]
+    run = Run.objects.get(workspace=team, workflow="train")
+    hello_job, train_job = run.jobs.order_by("created_at")
+    assert (following["type"], following["job"], following["attempt"]) == ("assign_job", str(hello_job.pk), 1)
+    hello_job.refresh_from_db()
+    assert (hello_job.status, hello_job.instance_id) == (JobStatus.ASSIGNED, instance.pk)
+    assert train_job.status == JobStatus.PENDING  # its dependency has not run yet
+    assert Run.objects.get(workspace=team, workflow="big").jobs.get().status == JobStatus.PENDING
+
+
+def test_the_hand_over_takes_the_oldest_job_the_runner_fits_and_nothing_when_it_is_off(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
+    older = submit(team, owner.user, no_cache=True).jobs.get()
+    newer = submit(team, owner.user, no_cache=True).jobs.get()
+    instance, channel = _idle(team)
+
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_IDLE": False}
+    assert instance_assign_next(instance_id=str(instance.pk)) is None
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_IDLE": True}
+    attempt = instance_assign_next(instance_id=str(instance.pk))
+
+    assert attempt is not None and attempt.job_id == older.pk
+    assert _frame(channel).job == str(older.pk)
+    newer.refresh_from_db()
+    assert newer.status == JobStatus.PENDING
+    assert instance_assign_next(instance_id=str(instance.pk)) is None  # busy now
+
+
+def test_a_pass_keeps_the_assignments_it_made_before_a_job_it_could_not_decide(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    """Each job is decided in its own transaction: a job whose decision
+    fails (here its placement holds a price that is not a number) does not
+    take back the assignment made to the job before it, which was sent."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
+    good = submit(team, owner.user, no_cache=True).jobs.get()
+    bad = submit(team, owner.user, no_cache=True).jobs.get()
+    Job.objects.filter(pk=bad.pk).update(placement={"max_price": "cheap"})
+    instance, channel = _idle(team)
+
+    with pytest.raises(ValueError):
+        jobs_schedule()
+
+    good.refresh_from_db()
+    assert (good.status, good.instance_id) == (JobStatus.ASSIGNED, instance.pk)
+    assert _frame(channel).job == str(good.pk)
+    assert Job.objects.get(pk=bad.pk).status == JobStatus.PENDING
+    with django_test_db_connect() as other:  # the pass let go of the scheduler's lock
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [SCHEDULER_LOCK]).fetchone() == (True,)

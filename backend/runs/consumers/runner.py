@@ -41,6 +41,7 @@ from backend.runs.services.environments import environment_record
 from backend.runs.services.loglimits import logs_check
 from backend.runs.services.logs import StoredLogs, UnknownJob, logs_prepare, logs_store
 from backend.runs.services.runners import runner_connect
+from backend.runs.services.scheduling import instance_assign_next
 from backend.runs.services.transitions import (
     attempt_end,
     job_accept,
@@ -268,7 +269,17 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)
-        elif message.log_lines is not None:  # older runners do not say: their logs are not checked
+            await _enqueue_schedule()
+            return
+        if instance_id is not None:
+            # The runner is idle again: it takes the next pending job it fits
+            # now, not after a pass (``instance_assign_next``). Should that
+            # fail, the pass asked for below assigns it.
+            try:
+                await off_shared_thread(instance_assign_next)(instance_id=instance_id)
+            except Exception:
+                logger.exception("runner %s: handing it the next job failed; the pass will", instance_id)
+        if message.log_lines is not None:  # older runners do not say: their logs are not checked
             await off_shared_thread(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
             )

@@ -2,13 +2,15 @@
 
 Passes run in Celery tasks (``runs.tasks.schedule``), never in a request;
 a submission assigns its own jobs to idle runners in its transaction
-(``run_assign_on_submit``) and leaves the rest to the next pass. Passes are
-safe to run concurrently in several workers: one pass at a time holds the
-scheduler's lock (a try-lock: a pass that cannot take it returns at once,
-``ScheduleResult.busy``, and ``runs.services.coalesce`` runs another pass
-after the holder's), and pending jobs, their runs and idle instances are
-claimed with ``SELECT … FOR UPDATE SKIP LOCKED``: a pass never waits on a
-row another transaction holds (docs/RUNS.md, "Locks"). It names no backend
+(``run_assign_on_submit``), a runner that finished a job takes the next one
+it fits (``instance_assign_next``), and the rest is left to the next pass.
+Passes are safe to run concurrently in several workers: one pass at a time
+holds the scheduler's lock (a try-lock: a pass that cannot take it returns
+at once, ``ScheduleResult.busy``, and ``runs.services.coalesce`` runs
+another pass after the holder's), each job is decided in a transaction of
+its own, and pending jobs, their runs and idle instances are claimed with
+``SELECT … FOR UPDATE SKIP LOCKED``: a pass never waits on a row another
+transaction holds (docs/RUNS.md, "Locks"). It names no backend
 kind: offers come ranked from ``clouds.services.offers``, machines are
 requested through ``clouds.services.instances`` (the launch itself is a
 Celery task, after commit), and no cloud call happens here.
@@ -17,14 +19,15 @@ Celery task, after commit), and no cloud call happens here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from trainyard_runner import protocol
@@ -88,6 +91,9 @@ NO_CAPACITY_BACKOFF = (15, 30, 60, 120, 300, 600)
 # A machine started for a job that came up during a pass is left to the next
 # pass this long before another is launched (it may not fit after all).
 READY_GRACE_SECONDS = 30.0
+# A runner that finished a job looks at most this many of the oldest pending
+# jobs of its workspace for one it fits (``instance_assign_next``).
+HAND_OVER_LOOK_AHEAD = 20
 
 
 @dataclass(frozen=True)
@@ -98,59 +104,95 @@ class ScheduleResult:
     busy: bool = False  # another pass held the scheduler's lock: nothing was done
 
 
-@retry_on_conflict
 def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = None) -> ScheduleResult:
     """1. Claim pending jobs, oldest first. 2. Fail those whose dependencies
     failed; skip those whose dependencies are not done. 3. Reuse a cached
     result where one exists. 4. Give the rest an idle instance of their
     workspace that fits (the one started for it first). 5. For the others,
     ask ``clouds`` for a machine from the cheapest offer not tried yet, or say
-    why they wait. 6. After commit: send the assignments (the launches are
-    enqueued by ``instance_request`` on commit).
+    why they wait. Each job is decided in a transaction of its own, and its
+    assignment is sent (its launch enqueued by ``instance_request``) when
+    that commits: a job does not wait for the pass to go through all the
+    others, and a pass holds one job's lock at a time, so a runner handed
+    its next job (``instance_assign_next``) or a submission is not kept off
+    the pending jobs for the length of a pass.
 
     Returns at once with ``busy`` when another pass holds the lock;
     ``on_lock`` is called once this pass holds it, before it reads a job."""
-    assigned: list[Attempt] = []
-    provisioned: list[str] = []
-    waiting: list[str] = []
-    with transaction.atomic():
-        # One pass at a time across all workers: pool-size checks and new
-        # Instance rows must not race (two passes once started 7 of 4). A
-        # try-lock: a pass never queues behind another (the caller runs one
-        # more after it instead).
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULER_LOCK])
-            if not cursor.fetchone()[0]:
-                return ScheduleResult([], [], [], busy=True)
+    result = ScheduleResult([], [], [])
+    with _scheduler_lock() as held:
+        if not held:
+            return ScheduleResult([], [], [], busy=True)
         if on_lock is not None:
             on_lock()
-        # Each job with its run, skipping both when another transaction holds
+        pending = list(
+            Job.objects.filter(status=JobStatus.PENDING).order_by("created_at").values_list("pk", flat=True)[:limit]
+        )
+        for job_id in pending:
+            assigned, requested, waits = _schedule_job(job_id)
+            if assigned is not None:
+                result.assigned.append(str(job_id))
+            if requested is not None:
+                result.provisioned.append(str(requested.pk))
+            if waits:
+                result.waiting.append(str(job_id))
+    return result
+
+
+@contextmanager
+def _scheduler_lock() -> Iterator[bool]:
+    """One pass at a time across all workers: pool-size checks and new
+    Instance rows must not race (two passes once started 7 of 4). A
+    try-lock (yields False when another pass holds it): a pass never queues
+    behind another, the caller runs one more after it instead. Held by the
+    session, across the pass's per-job transactions; a connection that dies
+    takes it along, and one that cannot release it is closed, so that it
+    never stays held by a pooled connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [SCHEDULER_LOCK])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [SCHEDULER_LOCK])
+            except DatabaseError:
+                connection.close()
+
+
+@retry_on_conflict
+def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
+    """One pending job's turn in a pass, in its own transaction: (the attempt
+    it was assigned, the instance requested for it, whether it waits). A job
+    another transaction holds (a submission, a runner handed its next job, a
+    stop), or that is no longer pending, is passed over."""
+    with transaction.atomic():
+        # The job with its run, skipping both when another transaction holds
         # either (a stop of the run locks the run, then its jobs): run before
         # job, and no wait, so the pass never deadlocks with a stop.
-        jobs = list(
+        job = (
             Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
-            .filter(status=JobStatus.PENDING)
+            .filter(pk=job_id, status=JobStatus.PENDING)
             .select_related("run", "run__patch_blob", "run__archive_blob")
-            .order_by("created_at")[:limit]
+            .first()
         )
-        for job in jobs:
-            note_subject(f"job:{job.pk}")  # a worker that dies here is charged to this job (core.deliveries)
-            if not _ready(job) or _reused(job):
-                continue
-            held = _wind_down_hold(job)
-            instance = None if held else _claim_instance(job)
-            if instance is not None:
-                assigned.append(job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job)))
-                continue
-            reason, requested = _capacity(job, holding=bool(held))
-            reason = f"{held}; {reason}" if held and reason else held or reason
-            if requested is not None:
-                provisioned.append(str(requested.pk))
-            waiting.append(str(job.pk))
-            _set_waiting_reason(job, reason)
-    for attempt in assigned:
-        _send_isolated(attempt)
-    return ScheduleResult([str(a.job_id) for a in assigned], provisioned, waiting)
+        if job is None:
+            return None, None, False
+        note_subject(f"job:{job.pk}")  # a worker that dies here is charged to this job (core.deliveries)
+        if not _ready(job) or _reused(job):
+            return None, None, False
+        held = _wind_down_hold(job)
+        instance = None if held else _claim_instance(job)
+        if instance is not None:
+            attempt = job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job))
+            transaction.on_commit(partial(_send_isolated, attempt))
+            return attempt, None, False
+        reason, requested = _capacity(job, holding=bool(held))
+        reason = f"{held}; {reason}" if held and reason else held or reason
+        _set_waiting_reason(job, reason)
+        return None, requested, True
 
 
 def run_assign_on_submit(*, run: Run) -> list[Attempt]:
@@ -183,6 +225,48 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
             transaction.on_commit(partial(_send_all, assigned))
         assigned.append(job_assign(job=job, instance=instance))
     return assigned
+
+
+def instance_assign_next(*, instance_id: str) -> Attempt | None:
+    """A runner that has just finished a job takes the next one at once: the
+    oldest pending job of its workspace that it fits, decided by the pass's
+    own steps (readiness, the cache, a wind-down hold, placement and
+    resources), in one short transaction whose assignment is sent on commit.
+    The hand-over from one job to the next waits for no Celery hop and no
+    pass (a pass over many pending jobs took 0.5–1 s). The runner and the
+    jobs are claimed ``SKIP LOCKED``, as by a pass and a submission: a runner
+    another transaction holds (a pass giving it a job) is left to it. Looks
+    at the ``HAND_OVER_LOOK_AHEAD`` oldest pending jobs; None when none of
+    them fits, and the pass asked for after the job's end decides
+    (docs/RUNS.md, "Warm start")."""
+    if not settings.TRAINYARD["ASSIGN_ON_IDLE"]:
+        return None
+    sent: list[Attempt] = []
+    with transaction.atomic():
+        instance = (
+            Instance.objects.select_for_update(skip_locked=True)
+            .filter(pk=instance_id, status=InstanceStatus.IDLE)
+            .exclude(channel_name="")
+            .first()
+        )
+        if instance is None:
+            return None
+        jobs = (
+            Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
+            .filter(workspace_id=instance.workspace_id, status=JobStatus.PENDING)
+            .select_related("run", "run__patch_blob", "run__archive_blob")
+            .order_by("created_at")[:HAND_OVER_LOOK_AHEAD]
+        )
+        for job in jobs:
+            if not _ready(job) or _reused(job) or _wind_down_hold(job):
+                continue
+            if _claim_instance(job, only=instance.pk) is None:
+                continue
+            # Registered before the assignment's own hooks: the frame goes out first.
+            transaction.on_commit(partial(_send_all, sent))
+            sent.append(job_assign(job=job, instance=instance))
+            break
+    return sent[0] if sent else None
 
 
 def _send_all(attempts: list[Attempt]) -> None:
@@ -279,13 +363,14 @@ def _subject(job: Job, inputs: list[InputArtifact]) -> Subject:
     )
 
 
-def _claim_instance(job: Job) -> Instance | None:
+def _claim_instance(job: Job, *, only: Any = None) -> Instance | None:
     """An idle, connected instance of the workspace that fits: the one started
-    for this job first, then the longest idle."""
+    for this job first, then the longest idle. ``only``: that instance, if it fits."""
     req = requirements_of(job)
     query = (
         Instance.objects.select_for_update(skip_locked=True)
         .filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
+        .filter(Q(pk=only) if only is not None else Q())
         .filter(idle_instances_allowed(job))
         .exclude(channel_name="")
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
