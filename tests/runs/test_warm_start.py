@@ -306,3 +306,30 @@ def test_a_pass_keeps_the_assignments_it_made_before_a_job_it_could_not_decide(
     assert Job.objects.get(pk=bad.pk).status == JobStatus.PENDING
     with django_test_db_connect() as other:  # the pass let go of the scheduler's lock
         assert other.execute("SELECT pg_try_advisory_lock(%s)", [SCHEDULER_LOCK]).fetchone() == (True,)
+
+
+# A pass over a queue that waits for the local pool, per pending job: BEGIN,
+# the job and its run claimed, its dependencies (two prefetches), an idle
+# runner looked for, the instances requested for it, the pool's size, an
+# idle runner of another workspace to retire, the offer blocks, COMMIT. The
+# offers are ranked once per pass; a job with no attempt yet reads none.
+PASS_QUERIES_PER_WAITING_JOB = 10
+
+
+def test_a_pass_over_a_waiting_queue_makes_a_bounded_number_of_queries_per_job(
+    team: Workspace, owner: Person, settings: Any, django_assert_max_num_queries: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "LOCAL_BACKEND_ENABLED": True, "LOCAL_RUNNERS_MAX": 2}
+    for name in ("local-a", "local-b"):
+        instance, _ = _idle(team, name)
+        Instance.objects.filter(pk=instance.pk).update(status=InstanceStatus.BUSY)
+    text = "workflows:\n  - name: hello\n    provider: bash\n    commands: [echo hello]\n"
+    jobs = [submit(team, owner.user, text=text, commit=f"{i:040x}").jobs.get() for i in range(12)]
+    jobs_schedule()  # the first pass records each job's cache decision
+
+    with django_assert_max_num_queries(PASS_QUERIES_PER_WAITING_JOB * len(jobs) + 5):
+        result = jobs_schedule()
+
+    assert sorted(result.waiting) == sorted(str(j.pk) for j in jobs)
+    reasons = {Job.objects.get(pk=j.pk).status_reason for j in jobs}
+    assert reasons == {"waiting for a runner: all 2 local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"}

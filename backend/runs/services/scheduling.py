@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -42,7 +43,7 @@ from backend.clouds.models import BackendKind, Instance, InstanceReason, Instanc
 from backend.clouds.services.accounts import accounts_broken
 from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_request, instance_request_termination
-from backend.clouds.services.offers import Candidate, offers_rank, pool_room
+from backend.clouds.services.offers import Candidate, OfferChoice, offers_rank, pool_room
 from backend.core.db import retry_on_conflict
 from backend.core.deliveries import note_subject
 from backend.core.errors import NotFound
@@ -96,6 +97,13 @@ READY_GRACE_SECONDS = 30.0
 HAND_OVER_LOOK_AHEAD = 20
 
 
+# The offers ranked for each (workspace, requirements, backends) during one
+# pass: the jobs of a queue mostly ask the same, and a workspace's accounts
+# and their catalogs do not change in the seconds a pass takes (a pass over
+# 40 jobs ranked them 40 times). Outside a pass: None, ranked every time.
+_pass_offers: ContextVar[dict[tuple[Any, ...], OfferChoice] | None] = ContextVar("pass_offers", default=None)
+
+
 @dataclass(frozen=True)
 class ScheduleResult:
     assigned: list[str]
@@ -128,14 +136,19 @@ def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = No
         pending = list(
             Job.objects.filter(status=JobStatus.PENDING).order_by("created_at").values_list("pk", flat=True)[:limit]
         )
-        for job_id in pending:
-            assigned, requested, waits = _schedule_job(job_id)
-            if assigned is not None:
-                result.assigned.append(str(job_id))
-            if requested is not None:
-                result.provisioned.append(str(requested.pk))
-            if waits:
-                result.waiting.append(str(job_id))
+        offers = _pass_offers.set({})
+        try:
+            for job_id in pending:
+                assigned, requested, waits = _schedule_job(job_id)
+                if assigned is not None:
+                    _send_isolated(assigned)  # its transaction has committed
+                    result.assigned.append(str(job_id))
+                if requested is not None:
+                    result.provisioned.append(str(requested.pk))
+                if waits:
+                    result.waiting.append(str(job_id))
+        finally:
+            _pass_offers.reset(offers)
     return result
 
 
@@ -165,7 +178,8 @@ def _scheduler_lock() -> Iterator[bool]:
 @retry_on_conflict
 def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
     """One pending job's turn in a pass, in its own transaction: (the attempt
-    it was assigned, the instance requested for it, whether it waits). A job
+    it was assigned, to be sent once this returns, the instance requested for
+    it, whether it waits). A job
     another transaction holds (a submission, a runner handed its next job, a
     stop), or that is no longer pending, is passed over."""
     with transaction.atomic():
@@ -176,6 +190,7 @@ def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
             Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
             .filter(pk=job_id, status=JobStatus.PENDING)
             .select_related("run", "run__patch_blob", "run__archive_blob")
+            .prefetch_related("needs", "after_running")
             .first()
         )
         if job is None:
@@ -186,9 +201,7 @@ def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
         held = _wind_down_hold(job)
         instance = None if held else _claim_instance(job)
         if instance is not None:
-            attempt = job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job))
-            transaction.on_commit(partial(_send_isolated, attempt))
-            return attempt, None, False
+            return job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job)), None, False
         reason, requested = _capacity(job, holding=bool(held))
         reason = f"{held}; {reason}" if held and reason else held or reason
         _set_waiting_reason(job, reason)
@@ -399,6 +412,8 @@ def _wind_down_hold(job: Job) -> str:
     """Why the job's next attempt is not assigned yet: its interrupted
     attempt still syncs the checkpoint (its machine is not reclaimed yet);
     "" when nothing holds it."""
+    if job.attempt == 0:
+        return ""  # no attempt yet (an attempt's row is made with the job's count)
     last = Attempt.objects.filter(job_id=job.pk, wind_down_until__gt=timezone.now()).order_by("-number").first()
     if last is None or last.wind_down_until is None:
         return ""
@@ -422,7 +437,7 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
        ``retry`` (with ``max_wait``) decides; if every offer was blocked
        before it tried any, it waits pending, saying until when.
     """
-    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first()
+    last = Attempt.objects.filter(job_id=job.pk).order_by("-number").first() if job.attempt else None
     requested = _requested(job, last)  # read once: the steps below look at it in turn
     ready = next((i for i in requested if i.status == InstanceStatus.IDLE), None)
     if ready is not None and (holding or _just_up(ready)):
@@ -436,7 +451,7 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
     if backoff:
         return backoff, None
     placement = Placement.of(job)
-    ranked = offers_rank(workspace_id=job.workspace_id, req=requirements_of(job), backends=placement.backends)
+    ranked = _ranked(job, placement)
     if ranked.accounts == 0:
         return _no_account(job, placement), None
     if not ranked.candidates:
@@ -453,6 +468,19 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
         _no_capacity(job, switch_note(job, since) + _offers_tried(requested), choice)
         return "", None
     return _all_blocked(choice), None
+
+
+def _ranked(job: Job, placement: Placement) -> OfferChoice:
+    """``offers_rank`` for the job, once per pass for the same question."""
+    req = requirements_of(job)
+    memo = _pass_offers.get()
+    key = (job.workspace_id, req, placement.backends)
+    if memo is None or key not in memo:
+        ranked = offers_rank(workspace_id=job.workspace_id, req=req, backends=placement.backends)
+        if memo is None:
+            return ranked
+        memo[key] = ranked
+    return memo[key]
 
 
 def _just_up(instance: Instance) -> bool:
