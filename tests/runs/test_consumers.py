@@ -18,7 +18,7 @@ from backend.accounts.services import hash_token
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.events import run_group
-from backend.runs.models import Run
+from backend.runs.models import JobStatus, Run
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
 from backend.runs.services.scheduling import jobs_schedule
@@ -63,25 +63,28 @@ def test_a_runner_with_a_wrong_token_is_closed_4401(team: Workspace) -> None:
     assert async_to_sync(scenario)() == {"type": "websocket.close", "code": 4401}
 
 
-def test_hello_makes_the_runner_idle_and_logs_are_acknowledged(team: Workspace, run: Run) -> None:
+def test_hello_registers_the_runner_which_takes_the_pending_job_and_logs_are_acknowledged(
+    team: Workspace, run: Run
+) -> None:
     instance = _runner(team)
 
-    async def hello() -> dict[str, Any]:
+    async def hello() -> list[dict[str, Any]]:
         ws = _connect("/ws/runner/", "runner-secret")
         await ws.connect()
         await ws.send_to(text_data=HELLO.model_dump_json())
         welcome = json.loads(await ws.receive_from(timeout=5))
+        assigned = json.loads(await ws.receive_from(timeout=5))  # the hello's hand-over: the pending job
         await ws.disconnect()
-        return welcome
+        return [welcome, assigned]
 
-    welcome = async_to_sync(hello)()
+    welcome, assigned = async_to_sync(hello)()
     instance.refresh_from_db()
-    assert welcome["type"] == "welcome" and welcome["instance"] == str(instance.pk)
-    assert (instance.status, instance.cpus, instance.hostname) == (InstanceStatus.IDLE, 2, "box")
-
-    Instance.objects.filter(pk=instance.pk).update(channel_name="x")
-    jobs_schedule()
     job = run.jobs.get()
+    assert welcome["type"] == "welcome" and welcome["instance"] == str(instance.pk)
+    assert (instance.cpus, instance.hostname) == (2, "box")
+    assert (assigned["type"], assigned["job"]) == ("assign_job", str(job.pk))
+    assert (instance.status, job.status, job.instance_id) == (InstanceStatus.BUSY, JobStatus.ASSIGNED, instance.pk)
+
     accept(job, instance.pk)
 
     held = protocol.HeldJob(job=str(job.pk), attempt=1, lease=current_attempt(job).lease, confirmed=True)

@@ -333,3 +333,30 @@ def test_a_pass_over_a_waiting_queue_makes_a_bounded_number_of_queries_per_job(
     assert sorted(result.waiting) == sorted(str(j.pk) for j in jobs)
     reasons = {Job.objects.get(pk=j.pk).status_reason for j in jobs}
     assert reasons == {"waiting for a runner: all 2 local runners are busy (TRAINYARD_LOCAL_RUNNERS_MAX)"}
+
+
+def test_a_runner_that_says_hello_idle_is_sent_the_oldest_pending_job_at_once(team: Workspace, owner: Person) -> None:
+    """A runner that connects (a machine just up, a runner restarted) takes
+    the oldest pending job it fits in its hello's turn: no pass runs here."""
+    older = submit(team, owner.user, no_cache=True).jobs.get()
+    submit(team, owner.user, no_cache=True)
+    redis_client().delete(DIRTY_KEY, QUEUED_KEY, "celery")
+    instance, ws = _connect_runner(team, "local-up")
+    hello = protocol.Hello(
+        version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
+    )
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        await ws.connect()
+        await ws.send_to(text_data=hello.model_dump_json())
+        welcome = json.loads(await ws.receive_from(timeout=5))
+        assigned = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return welcome, assigned
+
+    welcome, assigned = async_to_sync(scenario)()
+
+    assert welcome["type"] == "welcome"
+    assert (assigned["type"], assigned["job"], assigned["attempt"]) == ("assign_job", str(older.pk), 1)
+    older.refresh_from_db()
+    assert (older.status, older.instance_id) == (JobStatus.ASSIGNED, instance.pk)

@@ -185,6 +185,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.send(connected.previous_channel, {"type": "runner.replaced"})
         welcome = connected.welcome.model_copy(update={"token": own_token}) if own_token else connected.welcome
         await self.send(text_data=welcome.model_dump_json())
+        await self._take_next_job()
         await _enqueue_schedule()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
@@ -271,19 +272,24 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._refuse(message.job, message.attempt, STALE)
             await _enqueue_schedule()
             return
-        if instance_id is not None:
-            # The runner is idle again: it takes the next pending job it fits
-            # now, not after a pass (``instance_assign_next``). Should that
-            # fail, the pass asked for below assigns it.
-            try:
-                await off_shared_thread(instance_assign_next)(instance_id=instance_id)
-            except Exception:
-                logger.exception("runner %s: handing it the next job failed; the pass will", instance_id)
+        await self._take_next_job()
         if message.log_lines is not None:  # older runners do not say: their logs are not checked
             await off_shared_thread(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
             )
         await _enqueue_schedule()
+
+    async def _take_next_job(self) -> None:
+        """The runner is idle (it said hello, or finished a job): it takes the
+        oldest pending job it fits now, not after a pass
+        (``instance_assign_next``). Should that fail, the pass asked for
+        next assigns it."""
+        if self.instance_id is None:
+            return
+        try:
+            await off_shared_thread(instance_assign_next)(instance_id=self.instance_id)
+        except Exception:
+            logger.exception("runner %s: handing it the next job failed; the pass will", self.instance_id)
 
     async def _refuse(self, job: str, attempt: int, reason: str) -> None:
         await self.send(text_data=protocol.Refused(job=job, attempt=attempt, reason=reason).model_dump_json())

@@ -241,7 +241,8 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
 
 
 def instance_assign_next(*, instance_id: str) -> Attempt | None:
-    """A runner that has just finished a job takes the next one at once: the
+    """A runner that has just finished a job (or said hello) takes the next
+    one at once: the
     oldest pending job of its workspace that it fits, decided by the pass's
     own steps (readiness, the cache, a wind-down hold, placement and
     resources), in one short transaction whose assignment is sent on commit.
