@@ -242,16 +242,15 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
 
 def instance_assign_next(*, instance_id: str) -> Attempt | None:
     """A runner that has just finished a job (or said hello) takes the next
-    one at once: the
-    oldest pending job of its workspace that it fits, decided by the pass's
-    own steps (readiness, the cache, a wind-down hold, placement and
-    resources), in one short transaction whose assignment is sent on commit.
-    The hand-over from one job to the next waits for no Celery hop and no
-    pass (a pass over many pending jobs took 0.5–1 s). The runner and the
-    jobs are claimed ``SKIP LOCKED``, as by a pass and a submission: a runner
-    another transaction holds (a pass giving it a job) is left to it. Looks
-    at the ``HAND_OVER_LOOK_AHEAD`` oldest pending jobs; None when none of
-    them fits, and the pass asked for after the job's end decides
+    one at once: the oldest pending job of its workspace that it fits,
+    decided by the pass's own steps (readiness, the cache, a wind-down hold,
+    placement and resources), in one short transaction whose assignment is
+    sent on commit. The hand-over from one job to the next waits for no
+    Celery hop and no pass (a pass over many pending jobs took 0.5–1 s). The
+    runner and the jobs are claimed ``SKIP LOCKED``, as by a pass and a
+    submission: a runner another transaction holds (a pass giving it a job)
+    is left to it. Looks at the ``HAND_OVER_LOOK_AHEAD`` oldest pending
+    jobs; None when none of them fits, and the pass asked for next decides
     (docs/RUNS.md, "Warm start")."""
     if not settings.TRAINYARD["ASSIGN_ON_IDLE"]:
         return None
