@@ -179,9 +179,9 @@ def _scheduler_lock() -> Iterator[bool]:
 def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
     """One pending job's turn in a pass, in its own transaction: (the attempt
     it was assigned, to be sent once this returns, the instance requested for
-    it, whether it waits). A job
-    another transaction holds (a submission, a runner handed its next job, a
-    stop), or that is no longer pending, is passed over."""
+    it, whether it waits). A job another transaction holds (a submission, a
+    runner handed its next job, a stop), or that is no longer pending, is
+    passed over."""
     with transaction.atomic():
         # The job with its run, skipping both when another transaction holds
         # either (a stop of the run locks the run, then its jobs): run before
