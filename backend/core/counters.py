@@ -28,6 +28,8 @@ import redis
 from django.conf import settings
 from redis.client import Pipeline
 
+from backend.core.redis import shared_client
+
 logger = logging.getLogger(__name__)
 
 TIMEOUT_SECONDS = 0.5
@@ -148,12 +150,6 @@ def _process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@functools.cache
 def _client() -> redis.Redis:
     """Its own client with short timeouts: metrics never hold up real work."""
-    return redis.Redis.from_url(
-        settings.REDIS_URL,
-        socket_timeout=TIMEOUT_SECONDS,
-        socket_connect_timeout=TIMEOUT_SECONDS,
-        decode_responses=True,
-    )
+    return shared_client(settings.REDIS_URL, timeout=TIMEOUT_SECONDS, decode_responses=True)

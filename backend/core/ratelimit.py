@@ -19,10 +19,11 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from functools import cache
 
 import redis
 from django.conf import settings
+
+from backend.core.redis import shared_client
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +127,8 @@ def _key(scope: str, kind: str, identity: str, window: int) -> str:
     return f"{settings.TRAINYARD['RATE_LIMIT_PREFIX']}:{scope}:{kind}:{digest}:{window}"
 
 
-@cache
 def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS)
+    return shared_client(url, timeout=REDIS_TIMEOUT_SECONDS)
 
 
 def _period(seconds: int) -> str:
