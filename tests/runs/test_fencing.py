@@ -16,36 +16,22 @@ from trainyard_runner import protocol
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_mark_lost
-from backend.config.asgi import application
-from backend.core.tokens import hash_token
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, LogChunk, Run
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.transitions import attempt_end
 from tests.support.attempts import accept, current_attempt
+from tests.support.runners import HELLO, runner_instance, runner_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HELLO = protocol.Hello(
-    version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
-)
-
 
 def _runner(team: Workspace, name: str, token: str) -> Instance:
-    return Instance.objects.create(
-        workspace=team,
-        backend="local",
-        name=name,
-        token_hash=hash_token(token),
-        status=InstanceStatus.IDLE,
-        cpus=2,
-        memory_bytes=2**31,
-        channel_name=f"chan-{name}",
-    )
+    return runner_instance(team, name, token, channel_name=f"chan-{name}")
 
 
 def _connect(token: str) -> WebsocketCommunicator:
-    return WebsocketCommunicator(application, "/ws/runner/", headers=[(b"authorization", f"Bearer {token}".encode())])
+    return runner_socket(token)
 
 
 def _moved_to_another_runner(team: Workspace, run: Run) -> tuple[Job, Instance, Instance]:

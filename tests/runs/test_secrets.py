@@ -7,9 +7,8 @@ from rest_framework.test import APIClient
 from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
-from backend.clouds.models import Instance, InstanceStatus
+from backend.clouds.models import Instance
 from backend.core.errors import ApplicationError
-from backend.core.tokens import hash_token
 from backend.runs.models import Run
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
@@ -18,6 +17,7 @@ from backend.vault.models import Secret
 from backend.vault.services import secret_set
 from tests.support.attempts import accept, assign_frame, report, runner_get
 from tests.support.fixtures import Person, submit
+from tests.support.runners import runner_instance
 
 VALUE = "wandb-0123456789abcdef"
 
@@ -64,16 +64,7 @@ RUNNER = "runner-token-of-l"
 
 
 def _instance(team: Workspace, name: str = "l", token: str = RUNNER) -> Instance:
-    return Instance.objects.create(
-        workspace=team,
-        backend="local",
-        name=name,
-        token_hash=hash_token(token),
-        status=InstanceStatus.IDLE,
-        cpus=2,
-        memory_bytes=2**30,
-        channel_name=f"c-{name}",
-    )
+    return runner_instance(team, name, token, channel_name=f"c-{name}")
 
 
 def test_secrets_reach_the_job_over_rest_not_in_the_assignment_and_are_masked(

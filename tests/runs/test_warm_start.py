@@ -21,15 +21,14 @@ from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
-from backend.config.asgi import application
 from backend.core.redis import redis_client
-from backend.core.tokens import hash_token
 from backend.runs.events import publishing_held
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
 from backend.runs.services.scheduling import SCHEDULER_LOCK, instance_assign_next, jobs_schedule
 from backend.runs.services.transitions import job_accept
 from tests.support.fixtures import Person, submit
+from tests.support.runners import HELLO, runner_instance, runner_socket
 from tests.support.testdb import django_test_db_connect
 from tests.support.threads import in_thread
 
@@ -208,18 +207,7 @@ def test_a_submission_is_assigned_while_a_pass_holds_the_schedulers_lock(team: W
 
 
 def _connect_runner(team: Workspace, name: str) -> tuple[Instance, WebsocketCommunicator]:
-    token = f"{name}-secret"
-    instance = Instance.objects.create(
-        workspace=team,
-        backend="local",
-        name=name,
-        token_hash=hash_token(token),
-        status=InstanceStatus.IDLE,
-        cpus=2,
-        memory_bytes=2**31,
-    )
-    ws = WebsocketCommunicator(application, "/ws/runner/", headers=[(b"authorization", f"Bearer {token}".encode())])
-    return instance, ws
+    return runner_instance(team, name, f"{name}-secret"), runner_socket(f"{name}-secret")
 
 
 def test_a_runner_that_finished_its_job_is_sent_the_next_pending_one_at_once_without_a_pass(
@@ -230,13 +218,10 @@ def test_a_runner_that_finished_its_job_is_sent_the_next_pending_one_at_once_wit
     dependencies: no scheduling pass runs here (no worker does), yet the
     next assignment arrives right after the final state."""
     instance, ws = _connect_runner(team, "local-h")
-    hello = protocol.Hello(
-        version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
-    )
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         await ws.connect()
-        await ws.send_to(text_data=hello.model_dump_json())
+        await ws.send_to(text_data=HELLO.model_dump_json())
         await ws.receive_from(timeout=5)  # welcome
         first = await database_sync_to_async(submit)(team, owner.user, no_cache=True)
         assigned = json.loads(await ws.receive_from(timeout=5))
@@ -342,13 +327,10 @@ def test_a_runner_that_says_hello_idle_is_sent_the_oldest_pending_job_at_once(te
     submit(team, owner.user, no_cache=True)
     redis_client().delete(DIRTY_KEY, QUEUED_KEY, "celery")
     instance, ws = _connect_runner(team, "local-up")
-    hello = protocol.Hello(
-        version="test", hostname="box", resources=protocol.Resources(cpus=2, memory_bytes=2**31, disk_bytes=2**33)
-    )
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         await ws.connect()
-        await ws.send_to(text_data=hello.model_dump_json())
+        await ws.send_to(text_data=HELLO.model_dump_json())
         welcome = json.loads(await ws.receive_from(timeout=5))
         assigned = json.loads(await ws.receive_from(timeout=5))
         await ws.disconnect()
