@@ -272,7 +272,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await self._refuse(message.job, message.attempt, STALE)
             await _enqueue_schedule()
             return
-        await self._take_next_job()
+        if message.state != "interrupted":  # an interrupted runner is not idle: it winds down
+            await self._take_next_job()
         if message.log_lines is not None:  # older runners do not say: their logs are not checked
             await off_shared_thread(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -100,8 +99,18 @@ HAND_OVER_LOOK_AHEAD = 20
 # The offers ranked for each (workspace, requirements, backends) during one
 # pass: the jobs of a queue mostly ask the same, and a workspace's accounts
 # and their catalogs do not change in the seconds a pass takes (a pass over
-# 40 jobs ranked them 40 times). Outside a pass: None, ranked every time.
-_pass_offers: ContextVar[dict[tuple[Any, ...], OfferChoice] | None] = ContextVar("pass_offers", default=None)
+# 40 jobs ranked them 40 times). Made by ``jobs_schedule``, handed down to
+# ``_ranked``; an account added mid-pass is seen by the next pass.
+OffersMemo = dict[tuple[Any, ...], OfferChoice]
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """What the steps every path shares decided about a pending job (``_place``)."""
+
+    runnable: bool  # ready, not failed for its dependencies, not served from the cache
+    held: str = ""  # why its next attempt must wait for the last one's wind-down
+    instance: Instance | None = None  # the idle instance claimed for it
 
 
 @dataclass(frozen=True)
@@ -136,19 +145,16 @@ def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = No
         pending = list(
             Job.objects.filter(status=JobStatus.PENDING).order_by("created_at").values_list("pk", flat=True)[:limit]
         )
-        offers = _pass_offers.set({})
-        try:
-            for job_id in pending:
-                assigned, requested, waits = _schedule_job(job_id)
-                if assigned is not None:
-                    _send_isolated(assigned)  # its transaction has committed
-                    result.assigned.append(str(job_id))
-                if requested is not None:
-                    result.provisioned.append(str(requested.pk))
-                if waits:
-                    result.waiting.append(str(job_id))
-        finally:
-            _pass_offers.reset(offers)
+        offers: OffersMemo = {}
+        for job_id in pending:
+            assigned, requested, waits = _schedule_job(job_id, offers)
+            if assigned is not None:
+                _send_isolated(assigned)  # its transaction has committed
+                result.assigned.append(str(job_id))
+            if requested is not None:
+                result.provisioned.append(str(requested.pk))
+            if waits:
+                result.waiting.append(str(job_id))
     return result
 
 
@@ -176,7 +182,7 @@ def _scheduler_lock() -> Iterator[bool]:
 
 
 @retry_on_conflict
-def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
+def _schedule_job(job_id: Any, offers: OffersMemo) -> tuple[Attempt | None, Instance | None, bool]:
     """One pending job's turn in a pass, in its own transaction: (the attempt
     it was assigned, to be sent once this returns, the instance requested for
     it, whether it waits). A job another transaction holds (a submission, a
@@ -196,13 +202,13 @@ def _schedule_job(job_id: Any) -> tuple[Attempt | None, Instance | None, bool]:
         if job is None:
             return None, None, False
         note_subject(f"job:{job.pk}")  # a worker that dies here is charged to this job (core.deliveries)
-        if not _ready(job) or _reused(job):
+        placed = _place(job)
+        if not placed.runnable:
             return None, None, False
-        held = _wind_down_hold(job)
-        instance = None if held else _claim_instance(job)
-        if instance is not None:
-            return job_assign(job=job, instance=instance, offers_tried=_offers_worth_showing(job)), None, False
-        reason, requested = _capacity(job, holding=bool(held))
+        if placed.instance is not None:
+            return job_assign(job=job, instance=placed.instance, offers_tried=_offers_worth_showing(job)), None, False
+        held = placed.held
+        reason, requested = _capacity(job, offers, holding=bool(held))
         reason = f"{held}; {reason}" if held and reason else held or reason
         _set_waiting_reason(job, reason)
         return None, requested, True
@@ -227,9 +233,7 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
         .order_by("created_at")
     )
     for job in jobs:
-        if not _ready(job) or _reused(job):
-            continue
-        instance = _claim_instance(job)
+        instance = _place(job).instance
         if instance is None:
             continue
         if not assigned:
@@ -254,7 +258,6 @@ def instance_assign_next(*, instance_id: str) -> Attempt | None:
     (docs/RUNS.md, "Warm start")."""
     if not settings.TRAINYARD["ASSIGN_ON_IDLE"]:
         return None
-    sent: list[Attempt] = []
     with transaction.atomic():
         instance = (
             Instance.objects.select_for_update(skip_locked=True)
@@ -271,15 +274,15 @@ def instance_assign_next(*, instance_id: str) -> Attempt | None:
             .order_by("created_at")[:HAND_OVER_LOOK_AHEAD]
         )
         for job in jobs:
-            if not _ready(job) or _reused(job) or _wind_down_hold(job):
+            if _place(job, only=instance.pk).instance is None:
                 continue
-            if _claim_instance(job, only=instance.pk) is None:
-                continue
-            # Registered before the assignment's own hooks: the frame goes out first.
-            transaction.on_commit(partial(_send_all, sent))
-            sent.append(job_assign(job=job, instance=instance))
-            break
-    return sent[0] if sent else None
+            # Registered before the assignment's own hooks (the run's events):
+            # the frame goes out first. It is filled in once the attempt is made.
+            attempts: list[Attempt] = []
+            transaction.on_commit(partial(_send_all, attempts))
+            attempts.append(job_assign(job=job, instance=instance))
+            return attempts[0]
+    return None
 
 
 def _send_all(attempts: list[Attempt]) -> None:
@@ -323,6 +326,20 @@ def requirements_of(job: Job) -> Requirements:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _place(job: Job, *, only: Any = None) -> _Placed:
+    """The steps a pass, a submission and a hand-over all decide a pending
+    job by, in this order: its dependencies (``_ready``: it may fail here),
+    the cache (``_reused``: it may succeed here), the wind-down of its last
+    attempt, then an idle instance that fits (``_claim_instance``; ``only``:
+    that one). A submitted job has no attempt yet, so nothing holds it."""
+    if not _ready(job) or _reused(job):
+        return _Placed(runnable=False)
+    held = _wind_down_hold(job)
+    if held:
+        return _Placed(runnable=True, held=held)
+    return _Placed(runnable=True, instance=_claim_instance(job, only=only))
 
 
 def _ready(job: Job) -> bool:
@@ -421,7 +438,7 @@ def _wind_down_hold(job: Job) -> str:
     return f"waiting for attempt {last.number}'s last checkpoint sync (at most {left:.0f}s more)"
 
 
-def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]:
+def _capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = False) -> tuple[str, Instance | None]:
     """(why the job waits, the instance requested for it, if any).
 
     0. ``holding`` (``_wind_down_hold``) and a machine started for it is up:
@@ -451,7 +468,7 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
     if backoff:
         return backoff, None
     placement = Placement.of(job)
-    ranked = _ranked(job, placement)
+    ranked = _ranked(job, placement, offers)
     if ranked.accounts == 0:
         return _no_account(job, placement), None
     if not ranked.candidates:
@@ -470,17 +487,15 @@ def _capacity(job: Job, *, holding: bool = False) -> tuple[str, Instance | None]
     return _all_blocked(choice), None
 
 
-def _ranked(job: Job, placement: Placement) -> OfferChoice:
-    """``offers_rank`` for the job, once per pass for the same question."""
+def _ranked(job: Job, placement: Placement, offers: OffersMemo | None) -> OfferChoice:
+    """``offers_rank`` for the job, once per pass (``offers``) for the same question."""
     req = requirements_of(job)
-    memo = _pass_offers.get()
     key = (job.workspace_id, req, placement.backends)
-    if memo is None or key not in memo:
-        ranked = offers_rank(workspace_id=job.workspace_id, req=req, backends=placement.backends)
-        if memo is None:
-            return ranked
-        memo[key] = ranked
-    return memo[key]
+    if offers is None:
+        return offers_rank(workspace_id=job.workspace_id, req=req, backends=placement.backends)
+    if key not in offers:
+        offers[key] = offers_rank(workspace_id=job.workspace_id, req=req, backends=placement.backends)
+    return offers[key]
 
 
 def _just_up(instance: Instance) -> bool:
