@@ -79,6 +79,7 @@ def _measure(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:
             )
             for job in job_ids
         ]
+        timeline = _timeline(conn, job_ids, first)
     lost = sum(max(lines - n, 0) for n in counts)
     twice = sum(max(n - lines, 0) for n in counts)
     started = min(t for t in first if t is not None) if any(first) else None
@@ -94,7 +95,37 @@ def _measure(api: Api, stack: Stack, jobs: int, lines: int) -> dict[str, Any]:
         "lines_per_s": round(total / seconds) if seconds else None,
         # How far apart the jobs began: the runners' own start is inside the clock.
         "first_lines_spread_s": round(max(t for t in first if t) - started, 3) if started is not None else None,
+        "timeline": timeline,
     }
+
+
+def _timeline(conn: Any, job_ids: list[str], first: list[float | None]) -> list[dict[str, Any]]:
+    """Per job, seconds after the first submission: submitted, assigned (its
+    attempt made), started (the runner's acceptance), its first line: what
+    sets the spread of the first lines."""
+    rows = []
+    for job, first_line in zip(job_ids, first, strict=True):
+        row = conn.execute(
+            "SELECT extract(epoch FROM j.created_at), extract(epoch FROM a.created_at),"
+            " extract(epoch FROM a.started_at), a.instance_id"
+            " FROM runs_job j JOIN runs_attempt a ON a.job_id = j.id AND a.number = j.attempt WHERE j.id = %s",
+            [job],
+        ).fetchone()
+        rows.append(
+            {
+                "submitted": float(row[0]),
+                "assigned": float(row[1]) if row[1] is not None else None,
+                "started": float(row[2]) if row[2] is not None else None,
+                "instance": str(row[3]),
+                "first_line": first_line,
+            }
+        )
+    zero = min(r["submitted"] for r in rows)
+    for r in rows:
+        for key in ("submitted", "assigned", "started", "first_line"):
+            if r[key] is not None:
+                r[key] = round(r[key] - zero, 3)
+    return sorted(rows, key=lambda r: r["submitted"])
 
 
 def ingest_rows(result: dict[str, Any], row: Any) -> None:
@@ -107,5 +138,10 @@ def ingest_rows(result: dict[str, Any], row: Any) -> None:
         f"≥ {TARGET_PARALLEL_LINES_PER_S:,.0f} lines/s, none lost",
         ok,
     )
+    for r in result.get("timeline", []):
+        log(
+            f"    job on {r['instance']}: submitted {r['submitted']:.2f} s, assigned {r['assigned']}, "
+            f"started {r['started']}, first line {r['first_line']}"
+        )
     if result.get("first_lines_spread_s") is not None:
         row("(info) the jobs' first lines spread over", f"{result['first_lines_spread_s']:.2f} s", "–", None)
