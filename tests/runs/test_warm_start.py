@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
+from django.utils import timezone
 from trainyard_runner import protocol
 
 from backend.accounts.models import Workspace
@@ -25,7 +27,12 @@ from backend.core.redis import redis_client
 from backend.runs.events import publishing_held
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
-from backend.runs.services.scheduling import SCHEDULER_LOCK, instance_assign_next, jobs_schedule
+from backend.runs.services.scheduling import (
+    READY_GRACE_SECONDS,
+    SCHEDULER_LOCK,
+    instance_assign_next,
+    jobs_schedule,
+)
 from backend.runs.services.transitions import job_accept
 from tests.support.fixtures import Person, submit
 from tests.support.runners import HELLO, runner_instance, runner_socket
@@ -268,6 +275,44 @@ def test_the_hand_over_takes_the_oldest_job_the_runner_fits_and_nothing_when_it_
     newer.refresh_from_db()
     assert newer.status == JobStatus.PENDING
     assert instance_assign_next(instance_id=str(instance.pk)) is None  # busy now
+
+
+@pytest.mark.parametrize("by", ["pass", "hand-over"])
+def test_a_machine_just_up_goes_to_the_job_it_was_started_for_not_an_older_one_it_also_fits(
+    team: Workspace, owner: Person, settings: Any, by: str
+) -> None:
+    """The older job would take it first, and the job it was started for (a
+    GPU job, say, behind a CPU one) would start another machine. For
+    ``READY_GRACE_SECONDS`` it is that job's; after that, anyone's."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
+    older = submit(team, owner.user, no_cache=True).jobs.get()
+    started_for = submit(team, owner.user, no_cache=True).jobs.get()
+    instance, channel = _idle(team)
+    Instance.objects.filter(pk=instance.pk).update(requested_for=started_for, idle_since=timezone.now())
+
+    if by == "pass":
+        jobs_schedule()
+    else:
+        instance_assign_next(instance_id=str(instance.pk))
+
+    assert _frame(channel).job == str(started_for.pk)
+    assert Job.objects.get(pk=older.pk).status == JobStatus.PENDING
+
+
+def test_a_machine_up_longer_than_the_grace_goes_to_the_oldest_job(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
+    older = submit(team, owner.user, no_cache=True).jobs.get()
+    started_for = submit(team, owner.user, no_cache=True).jobs.get()
+    instance, channel = _idle(team)
+    up_since = timezone.now() - timedelta(seconds=READY_GRACE_SECONDS + 1)
+    Instance.objects.filter(pk=instance.pk).update(requested_for=started_for, idle_since=up_since)
+
+    jobs_schedule()
+
+    assert _frame(channel).job == str(older.pk)
+    assert Job.objects.get(pk=started_for.pk).status == JobStatus.PENDING
 
 
 def test_a_pass_keeps_the_assignments_it_made_before_a_job_it_could_not_decide(

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Q
+from django.db.models import Case, Exists, IntegerField, OuterRef, Q, Value, When
 from django.utils import timezone
 from trainyard_runner import protocol
 
@@ -246,8 +246,9 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
 
 def instance_assign_next(*, instance_id: str) -> Attempt | None:
     """A runner that has just finished a job (or said hello) takes the next
-    one at once: the oldest pending job of its workspace that it fits,
-    decided by the pass's own steps (readiness, the cache, a wind-down hold,
+    one at once: the job it was started for if still pending, else the
+    oldest pending job of its workspace that it fits, decided by the pass's
+    own steps (readiness, the cache, a wind-down hold,
     placement and resources), in one short transaction whose assignment is
     sent on commit. The hand-over from one job to the next waits for no
     Celery hop and no pass (a pass over many pending jobs took 0.5–1 s). The
@@ -267,11 +268,15 @@ def instance_assign_next(*, instance_id: str) -> Attempt | None:
         )
         if instance is None:
             return None
+        # The job it was started for first (if still pending), then the oldest.
+        started_for = Case(
+            When(pk=instance.requested_for_id, then=Value(0)), default=Value(1), output_field=IntegerField()
+        )
         jobs = (
             Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
             .filter(workspace_id=instance.workspace_id, status=JobStatus.PENDING)
             .select_related("run", "run__patch_blob", "run__archive_blob")
-            .order_by("created_at")[:HAND_OVER_LOOK_AHEAD]
+            .order_by(started_for, "created_at")[:HAND_OVER_LOOK_AHEAD]
         )
         for job in jobs:
             if _place(job, only=instance.pk).instance is None:
@@ -395,7 +400,12 @@ def _subject(job: Job, inputs: list[InputArtifact]) -> Subject:
 
 def _claim_instance(job: Job, *, only: Any = None) -> Instance | None:
     """An idle, connected instance of the workspace that fits: the one started
-    for this job first, then the longest idle. ``only``: that instance, if it fits."""
+    for this job first, then the longest idle. ``only``: that instance, if it fits.
+
+    A machine just up for another job that is still pending is that job's
+    for ``READY_GRACE_SECONDS`` (``_reserved_for_another``): an older job
+    that also fits does not take it (a CPU job would take the GPU machine
+    started for a GPU job, which would then start another)."""
     req = requirements_of(job)
     query = (
         Instance.objects.select_for_update(skip_locked=True)
@@ -403,6 +413,7 @@ def _claim_instance(job: Job, *, only: Any = None) -> Instance | None:
         .filter(Q(pk=only) if only is not None else Q())
         .filter(idle_instances_allowed(job))
         .exclude(channel_name="")
+        .exclude(_reserved_for_another(job))
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
         .filter(Q(disk_bytes__gte=req.disk_bytes or 0))
         .order_by("idle_since")
@@ -412,6 +423,15 @@ def _claim_instance(job: Job, *, only: Any = None) -> Instance | None:
         if _gpus_fit(req, instance.gpus):
             return instance
     return None
+
+
+def _reserved_for_another(job: Job) -> Q:
+    """Instances idle for less than ``READY_GRACE_SECONDS`` that were started
+    for another job still pending. After the grace the machine is anyone's:
+    a job that stays pending (held, stopped just now) keeps no machine idle."""
+    waiting = Job.objects.filter(pk=OuterRef("requested_for_id"), status=JobStatus.PENDING).exclude(pk=job.pk)
+    cutoff = timezone.now() - timedelta(seconds=READY_GRACE_SECONDS)
+    return Q(idle_since__gt=cutoff) & Q(Exists(waiting))
 
 
 def _gpus_fit(req: Requirements, gpus: list[dict[str, object]]) -> bool:
