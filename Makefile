@@ -1,6 +1,7 @@
 # Every target sets up what it needs on a fresh machine: only python3.11 must exist.
 #   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
-#   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set
+#   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set,
+#                                    in TEST_WORKERS (2) pytest-xdist workers; TEST_WORKERS=0: one process
 #   make test-fast                   the suite without end-to-end tests (-m "not slow")
 #   make lint                        ruff (lint and format), lint-imports (.importlinter), mypy (mypy.ini)
 
@@ -13,6 +14,9 @@ STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
+# The suite runs in this many workers, a test file each at a time (tests/support/parallel.py).
+TEST_WORKERS ?= 2
+TEST_WORKERS_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: run test test-fast services lint frontend clean-data
 
@@ -20,7 +24,7 @@ run: $(STAMP) frontend
 	$(PY) -m backend.embedded run
 
 test: $(STAMP) frontend frontend-test test-packages
-	$(PY) -m backend.embedded test -- $(PYTEST_ARGS)
+	$(PY) -m backend.embedded test -- $(TEST_WORKERS_ARGS) $(PYTEST_ARGS)
 
 # The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json"
 .PHONY: bench
@@ -28,7 +32,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 test-fast: $(STAMP) frontend
-	$(PY) -m backend.embedded test -- -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m backend.embedded test -- $(TEST_WORKERS_ARGS) -m "not slow" $(PYTEST_ARGS)
 
 services: $(STAMP)
 	$(PY) -m backend.embedded services

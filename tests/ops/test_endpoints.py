@@ -166,7 +166,11 @@ def test_metrics_are_off_without_a_token_and_say_how_to_turn_them_on(web_server:
     assert "Authorization: Bearer <token>" in response.text
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong-token", f"Basic {TOKEN}", f"Bearer {TOKEN}x"])
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer wrong-token", f"Basic {TOKEN}", f"Bearer {TOKEN}x"],
+    ids=["none", "wrong", "basic", "longer"],  # the same in every worker: the token is random
+)
 def test_metrics_refuse_a_missing_or_wrong_token(server: WebServer, header: str | None) -> None:
     headers = {"Authorization": header} if header else {}
 
