@@ -1,0 +1,45 @@
+"""The suite's xdist workers (tests/support/parallel.py, decision 0068):
+each has Redis databases and a data directory no other worker uses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.support.parallel import MAX_WORKERS, worker_environment
+
+BASE = {"REDIS_URL": "redis://127.0.0.1:6391/0", "TRAINYARD_DATA_DIR": "/data/test"}
+
+
+def test_a_worker_gets_its_own_redis_databases_and_data_directory() -> None:
+    assert worker_environment(BASE, 1) == {
+        "REDIS_URL": "redis://127.0.0.1:6391/8",
+        "TRAINYARD_E2E_REDIS_DB": "9",
+        "TRAINYARD_DATA_DIR": "/data/test/gw1",
+    }
+
+
+def test_no_two_workers_share_a_redis_database_and_all_fit_in_valkeys_16() -> None:
+    taken = [0, 5]  # what a run without xdist uses: the URL's database and the stack's default
+    for number in range(MAX_WORKERS):
+        changed = worker_environment(BASE, number)
+        taken += [int(changed["REDIS_URL"].rsplit("/", 1)[1]), int(changed["TRAINYARD_E2E_REDIS_DB"])]
+    assert len(taken) == len(set(taken))
+    assert max(taken) < 16
+
+
+@pytest.mark.django_db
+def test_this_process_runs_on_its_workers_share() -> None:
+    """Under ``make test`` (two workers) the settings this process read are
+    its worker's; in one process, the URL as given."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        assert "/gw" not in str(settings.DATA_DIR)
+        return
+    number = int(worker.removeprefix("gw"))
+    assert settings.REDIS_URL.endswith(f"/{6 + 2 * number}")
+    assert str(settings.DATA_DIR).endswith(f"/gw{number}")
+    assert connection.settings_dict["NAME"].endswith(f"_{worker}")
