@@ -257,13 +257,20 @@ def test_a_runner_that_finished_its_job_is_sent_the_next_pending_one_at_once_wit
     assert Run.objects.get(workspace=team, workflow="big").jobs.get().status == JobStatus.PENDING
 
 
-def test_the_hand_over_takes_the_oldest_job_the_runner_fits_and_nothing_when_it_is_off(
-    team: Workspace, owner: Person, settings: Any
-) -> None:
+def _two_pending_and_an_idle_runner(team: Workspace, owner: Person, settings: Any) -> tuple[Job, Job, Instance, str]:
+    """An older and a newer pending job, submitted with the warm path off,
+    and an idle runner that fits both, with the channel its frames reach."""
     settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
     older = submit(team, owner.user, no_cache=True).jobs.get()
     newer = submit(team, owner.user, no_cache=True).jobs.get()
     instance, channel = _idle(team)
+    return older, newer, instance, channel
+
+
+def test_the_hand_over_takes_the_oldest_job_the_runner_fits_and_nothing_when_it_is_off(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    older, newer, instance, channel = _two_pending_and_an_idle_runner(team, owner, settings)
 
     settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_IDLE": False}
     assert instance_assign_next(instance_id=str(instance.pk)) is None
@@ -284,10 +291,7 @@ def test_a_machine_just_up_goes_to_the_job_it_was_started_for_not_an_older_one_i
     """The older job would take it first, and the job it was started for (a
     GPU job, say, behind a CPU one) would start another machine. For
     ``READY_GRACE_SECONDS`` it is that job's; after that, anyone's."""
-    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
-    older = submit(team, owner.user, no_cache=True).jobs.get()
-    started_for = submit(team, owner.user, no_cache=True).jobs.get()
-    instance, channel = _idle(team)
+    older, started_for, instance, channel = _two_pending_and_an_idle_runner(team, owner, settings)
     Instance.objects.filter(pk=instance.pk).update(requested_for=started_for, idle_since=timezone.now())
 
     if by == "pass":
@@ -302,10 +306,7 @@ def test_a_machine_just_up_goes_to_the_job_it_was_started_for_not_an_older_one_i
 def test_a_machine_up_longer_than_the_grace_goes_to_the_oldest_job(
     team: Workspace, owner: Person, settings: Any
 ) -> None:
-    settings.TRAINYARD = {**settings.TRAINYARD, "ASSIGN_ON_SUBMIT": False}
-    older = submit(team, owner.user, no_cache=True).jobs.get()
-    started_for = submit(team, owner.user, no_cache=True).jobs.get()
-    instance, channel = _idle(team)
+    older, started_for, instance, channel = _two_pending_and_an_idle_runner(team, owner, settings)
     up_since = timezone.now() - timedelta(seconds=READY_GRACE_SECONDS + 1)
     Instance.objects.filter(pk=instance.pk).update(requested_for=started_for, idle_since=up_since)
 
