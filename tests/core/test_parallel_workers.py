@@ -4,12 +4,14 @@ each has Redis databases and a data directory no other worker uses."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
 from tests.support.parallel import MAX_WORKERS, worker_environment
+from tests.support.stack import REPO_ROOT
 
 BASE = {"REDIS_URL": "redis://127.0.0.1:6391/0", "TRAINYARD_DATA_DIR": "/data/test"}
 
@@ -43,3 +45,19 @@ def test_this_process_runs_on_its_workers_share() -> None:
     assert settings.REDIS_URL.endswith(f"/{6 + 2 * number}")
     assert str(settings.DATA_DIR).endswith(f"/gw{number}")
     assert connection.settings_dict["NAME"].endswith(f"_{worker}")
+
+
+def test_each_end_to_end_file_signs_in_users_of_its_own_on_the_shared_stack() -> None:
+    """The session's ``stack`` is shared by every end-to-end file a worker
+    runs, in an order that depends on the workers: a file that signs in the
+    same user as another would find that user's runs and machines (the AWS
+    test once counted another file's instances). tests/e2e/conftest.py's
+    users are the shared ones, and no file assumes theirs are fresh."""
+    made = re.compile(r'User\("([a-z]+)", stack\.issue_token\("\1"\)')
+    files: dict[str, list[str]] = {}
+    for path in sorted((REPO_ROOT / "tests" / "e2e").glob("*.py")):
+        for name in made.findall(path.read_text()):
+            files.setdefault(name, []).append(path.name)
+    assert files, "no end-to-end file signs a user in on the shared stack: the pattern above is out of date"
+    shared = {name: where for name, where in files.items() if len(where) > 1}
+    assert not shared, shared

@@ -56,7 +56,7 @@ class Machine:
 @pytest.fixture(scope="module")
 def machine(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
     """Dora's registered machine, whose every byte to and from the server goes through the proxy."""
-    dora = User("dora", stack.issue_token("dora"), stack)
+    dora = User("logan", stack.issue_token("logan"), stack)
     proxy = FaultProxy(stack.port).start()
     work = tmp_path_factory.mktemp("dora")
     made = dora.api("POST", f"/api/v1/workspaces/{dora.workspace}/runners/registration-tokens/", json={"note": "x"})
@@ -154,7 +154,7 @@ def test_a_batch_the_server_lost_is_noticed_at_the_end_of_the_log(alice: User, r
 
 
 def test_past_the_workspace_log_cap_a_marker_is_kept_and_the_job_succeeds(stack: Stack, tmp_path: Path) -> None:
-    erin = User("erin", stack.issue_token("erin"), stack)
+    erin = User("leah", stack.issue_token("leah"), stack)
     slug = erin.workspace
     stack.manage(
         "shell", "-c",

@@ -22,7 +22,7 @@ USERNAME = "ci-bot"
 
 @pytest.fixture(scope="module")
 def dave(stack: Stack) -> User:
-    return User("dave", stack.issue_token("dave"), stack)
+    return User("priya", stack.issue_token("priya"), stack)
 
 
 @pytest.fixture

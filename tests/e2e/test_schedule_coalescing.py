@@ -44,7 +44,7 @@ def shell(stack: Stack, script: str, marker: str) -> list[int]:
 
 
 def test_requests_during_submissions_lose_no_job(stack: Stack, repo: Path) -> None:
-    erin = User("erin", stack.issue_token("erin"), stack)
+    erin = User("cole", stack.issue_token("cole"), stack)
     names = [run_name_of(erin.cli(repo, "run", "hello", "-d")) for _ in range(3)]
     _, enqueued = shell(stack, REQUESTS, "burst")
     assert 1 <= enqueued < 200

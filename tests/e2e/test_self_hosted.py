@@ -35,7 +35,7 @@ DECLARED = {"cpus": 64, "memory_bytes": 256 * 2**30, "disk_bytes": 500 * 2**30, 
 
 @pytest.fixture(scope="module")
 def carol(stack: Stack) -> User:
-    return User("carol", stack.issue_token("carol"), stack)
+    return User("selma", stack.issue_token("selma"), stack)
 
 
 class Runner:

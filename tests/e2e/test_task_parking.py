@@ -38,7 +38,7 @@ for p in ParkedTask.objects.filter(subject={subject!r}):
 
 
 def test_a_task_that_kills_its_worker_is_parked_and_its_job_fails(stack: Stack, repo: Path) -> None:
-    dora = User("dora", stack.issue_token("dora"), stack)
+    dora = User("parker", stack.issue_token("parker"), stack)
     (repo / ".trainyard" / "workflows.yaml").write_text(WORKFLOWS)
     commit_all(repo, "a job that waits")
     crash = stack.data_dir / "crash-subjects"

@@ -56,7 +56,7 @@ def _wait(predicate: object, timeout: float, what: str) -> None:
 def test_a_worker_killed_during_a_launch_leaves_one_machine_and_the_run_finishes(
     stack: Stack, repo: Path, tmp_path: Path
 ) -> None:
-    carol = User("carol", stack.issue_token("carol"), stack)
+    carol = User("wendy", stack.issue_token("wendy"), stack)
     state, script = tmp_path / "fake-cloud", tmp_path / "script.json"
     script.write_text(json.dumps({"launch_delay": 8}))
     config = {"state_dir": str(state), "script_file": str(script), "offers": [OFFER], "run_runner": True}
