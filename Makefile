@@ -1,7 +1,7 @@
 # Every target sets up what it needs on a fresh machine: only python3.11 must exist.
 #   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
 #   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set,
-#                                    in TEST_WORKERS (2) pytest-xdist workers; TEST_WORKERS=0: one process
+#                                    in one process; TEST_WORKERS=2: in two pytest-xdist workers
 #   make test-fast                   the suite without end-to-end tests (-m "not slow")
 #   make lint                        ruff (lint and format), lint-imports (.importlinter), mypy (mypy.ini)
 
@@ -14,8 +14,9 @@ STAMP := $(VENV)/.installed
 PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject.toml tests/plugins/trainyard-example-cluster/pyproject.toml)
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
-# The suite runs in this many workers, a test file each at a time (tests/support/parallel.py).
-TEST_WORKERS ?= 2
+# The suite runs in this many xdist workers, a test file each at a time (tests/support/parallel.py);
+# 0 (the default until the AWS end-to-end test passes under two: decision 0068) runs one process.
+TEST_WORKERS ?= 0
 TEST_WORKERS_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: run test test-fast services lint frontend clean-data
