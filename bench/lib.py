@@ -28,6 +28,7 @@ from websockets.sync.client import ClientConnection, connect  # noqa: E402
 from backend.embedded.services import EmbeddedServices  # noqa: E402
 from tests.support.moto import MotoServer  # noqa: E402
 from tests.support.stack import Stack  # noqa: E402
+from tests.support.urls import url_with_path  # noqa: E402
 
 TINY_TRAIN = REPO_ROOT.parent / "shared" / "examples" / "tiny-train"
 FINISHED = {"succeeded", "failed", "stopped"}
@@ -108,7 +109,7 @@ def bench_environment(keep: bool = False, moto: bool = False) -> Iterator[tuple[
         assert database_url and redis_url
         stack = BenchStack(database_url=database_url, redis_url=redis_url, data_dir=tmp / "stack")
         if services is None:
-            stack.redis_url = _redis_db(stack.redis_url, BENCH_REDIS_DB)
+            stack.redis_url = url_with_path(stack.redis_url, BENCH_REDIS_DB)
             stack.env["REDIS_URL"] = stack.redis_url
         if moto_server is not None:
             stack.env.update(moto_server.env)
@@ -136,12 +137,6 @@ def bench_environment(keep: bool = False, moto: bool = False) -> Iterator[tuple[
             log(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _redis_db(url: str, db: int) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -73,20 +73,20 @@ def ckpt_stack(stack: Stack, moto_server: MotoServer) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="module")
-def carol(ckpt_stack: Stack) -> User:
+def cora(ckpt_stack: Stack) -> User:
     """A user of her own: no AWS connection left behind by other tests, so
     her workspace stores in the local storage until a test connects a bucket."""
-    return User("carol", ckpt_stack.issue_token("carol"), ckpt_stack)
+    return User("cora", ckpt_stack.issue_token("cora"), ckpt_stack)
 
 
-def _job(carol: User, name: str, workflow: str) -> dict[str, Any]:
-    return next(j for j in carol.run(name)["jobs"] if j["workflow"] == workflow)
+def _job(cora: User, name: str, workflow: str) -> dict[str, Any]:
+    return next(j for j in cora.run(name)["jobs"] if j["workflow"] == workflow)
 
 
-def _wait_latest(carol: User, name: str, workflow: str, until: Any, timeout: float = 60) -> dict[str, Any]:
+def _wait_latest(cora: User, name: str, workflow: str, until: Any, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        latest = (_job(carol, name, workflow).get("checkpoint") or {}).get("latest")
+        latest = (_job(cora, name, workflow).get("checkpoint") or {}).get("latest")
         if latest is not None and until(latest):
             return latest
         assert time.monotonic() < deadline, f"checkpoint of {workflow} never reached the state; latest {latest}"
@@ -131,7 +131,7 @@ def _kill_runner_of(stack: Stack, marker: str) -> None:
 
 
 def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
-    ckpt_stack: Stack, carol: User, repo: Path
+    ckpt_stack: Stack, cora: User, repo: Path
 ) -> None:
     """finetune-model, 40 steps of 0.2 s on LocalStorage: its runner is
     SIGKILLed once a few versions exist; attempt 2 (another runner) restores
@@ -139,22 +139,22 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
     once, k > 0, and ends with all 40 steps and resumed >= 1. Old versions
     are pruned to KEEP."""
     name = run_name_of(
-        carol.cli(repo, "run", "finetune-model", "-d", "--backend", "local", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2")
+        cora.cli(repo, "run", "finetune-model", "-d", "--backend", "local", "-e", "STEPS=40", "-e", "STEP_SECONDS=0.2")
     )
-    latest = _wait_latest(carol, name, "finetune-model", lambda v: v["number"] >= 2, timeout=90)
+    latest = _wait_latest(cora, name, "finetune-model", lambda v: v["number"] >= 2, timeout=90)
     # state.json, and state.tmp too when a sync copied it just before train.py's rename.
     assert latest["attempt"] == 1 and latest["files"] in (1, 2) and latest["size"] > 0
 
-    _kill_runner_of(ckpt_stack, f"TRAINYARD_JOB_ID={_job(carol, name, 'finetune-model')['id']}")
-    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    _kill_runner_of(ckpt_stack, f"TRAINYARD_JOB_ID={_job(cora, name, 'finetune-model')['id']}")
+    run = cora.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
 
     assert run["status"] == "succeeded", run
-    job = _job(carol, name, "finetune-model")
+    job = _job(cora, name, "finetune-model")
     attempts = job["attempts"]
     assert [a["reason"] for a in attempts] == ["instance_lost", "done"]
     restored = attempts[1]["restored_checkpoint"]
     assert restored is not None and restored >= latest["number"]
-    logs = [line.removeprefix("[finetune-model] ") for line in carol.cli(repo, "logs", name).stdout.splitlines()]
+    logs = [line.removeprefix("[finetune-model] ") for line in cora.cli(repo, "logs", name).stdout.splitlines()]
     resuming = [line for line in logs if line.startswith("resuming from step ")]
     assert len(resuming) == 1, logs
     k = int(resuming[0].split()[-1])
@@ -164,7 +164,7 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
     assert after.startswith(f"step {k + 1}/40 "), after
     assert any(f"resumed from checkpoint {restored}" in line for line in logs if line.startswith("--- attempt 2"))
     out = repo.parent / "out"
-    assert carol.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
+    assert cora.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
     final = json.loads(next(out.rglob("final.json")).read_text())
     assert final["steps"] == 40 and final["resumed"] >= 1
     # Pruned: at most KEEP versions, the latest among them, and only their objects on disk.
@@ -179,27 +179,27 @@ def test_tiny_train_killed_mid_run_resumes_from_its_latest_checkpoint(
 
 
 def test_only_changed_files_go_up_and_a_half_uploaded_version_never_replaces_the_latest(
-    ckpt_stack: Stack, aws: MotoServer, carol: User, repo: Path, tmp_path: Path
+    ckpt_stack: Stack, aws: MotoServer, cora: User, repo: Path, tmp_path: Path
 ) -> None:
     """In the workspace's bucket: version 2 uploads only the changed file
     (the unchanged one, uploaded in parts, is carried by reference and
     verified by its composite checksum); with S3 refusing every
     presigned PUT, version 3 never becomes the latest, and the attempt
     after the runner is killed restores version 2, bytes and all."""
-    workspace_id = _connect_bucket(ckpt_stack, carol.workspace)
+    workspace_id = _connect_bucket(ckpt_stack, cora.workspace)
     try:
-        _changed_files_and_half_versions(ckpt_stack, aws, carol, repo, tmp_path, workspace_id)
+        _changed_files_and_half_versions(ckpt_stack, aws, cora, repo, tmp_path, workspace_id)
     finally:  # later tests of the session store in the local storage again
         ckpt_stack.manage(
             "shell",
             "-c",
             f"from backend.clouds.models import CloudAccount; "
-            f"CloudAccount.objects.filter(workspace__slug={carol.workspace!r}, kind='aws').delete()",
+            f"CloudAccount.objects.filter(workspace__slug={cora.workspace!r}, kind='aws').delete()",
         )
 
 
 def _changed_files_and_half_versions(
-    ckpt_stack: Stack, aws: MotoServer, carol: User, repo: Path, tmp_path: Path, workspace_id: str
+    ckpt_stack: Stack, aws: MotoServer, cora: User, repo: Path, tmp_path: Path, workspace_id: str
 ) -> None:
     workflows = repo / ".trainyard" / "workflows.yaml"
     workflows.write_text(workflows.read_text() + STEPPED)
@@ -212,10 +212,10 @@ def _changed_files_and_half_versions(
         found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
         return {o["Key"][len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in found}
 
-    name = run_name_of(carol.cli(repo, "run", "stepped", "-d", "--backend", "local", "-e", f"CONTROL={control}"))
-    v1 = _wait_latest(carol, name, "stepped", lambda v: v["files"] == 2)
-    job_id = _job(carol, name, "stepped")["id"]
-    run_id = carol.run(name)["id"]
+    name = run_name_of(cora.cli(repo, "run", "stepped", "-d", "--backend", "local", "-e", f"CONTROL={control}"))
+    v1 = _wait_latest(cora, name, "stepped", lambda v: v["files"] == 2)
+    job_id = _job(cora, name, "stepped")["id"]
+    run_id = cora.run(name)["id"]
     prefix = f"trainyard/{workspace_id}/runs/{run_id}/jobs/{job_id}/checkpoints/1/"
     first = objects(f"{prefix}{v1['number']}/")
     assert set(first) == {"big.bin", "step"} and first["step"] == b"1\n"
@@ -224,7 +224,7 @@ def _changed_files_and_half_versions(
     assert len(parts) == 3 and head["ChecksumSHA256"].split("-")[0] == composite_checksum(parts)  # went up in parts
 
     (control / "2").touch()
-    v2 = _wait_latest(carol, name, "stepped", lambda v: v["number"] > v1["number"])
+    v2 = _wait_latest(cora, name, "stepped", lambda v: v["number"] > v1["number"])
 
     assert objects(f"{prefix}{v2['number']}/") == {"step": b"2\n"}  # only the changed file went up
     versions = {v["number"]: v for v in _versions(ckpt_stack, job_id)}
@@ -237,21 +237,21 @@ def _changed_files_and_half_versions(
     while aws.fault_hits("PresignedRequest", "AccessDenied") < 8:  # two syncs gave up
         assert time.monotonic() < deadline, "the refused syncs never happened"
         time.sleep(0.2)
-    job = _job(carol, name, "stepped")
+    job = _job(cora, name, "stepped")
     assert job["checkpoint"]["latest"]["number"] == v2["number"]
     half = [v for v in _versions(ckpt_stack, job_id) if v["number"] > v2["number"]]
     assert half and all(v["status"] == "uploading" for v in half)
 
     _kill_runner_of(ckpt_stack, f"CONTROL={control}")
-    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    run = cora.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
     aws.clear_faults()
 
     assert run["status"] == "succeeded", run
-    attempts = _job(carol, name, "stepped")["attempts"]
+    attempts = _job(cora, name, "stepped")["attempts"]
     assert attempts[1]["restored_checkpoint"] == v2["number"]
     big = first["big.bin"]
     expected = f"restored step 2 big {hashlib.sha256(big).hexdigest()[:16]}"
-    assert expected in carol.cli(repo, "logs", name).stdout.splitlines()
+    assert expected in cora.cli(repo, "logs", name).stdout.splitlines()
 
 
 RESTORE_FAILS = """
@@ -266,7 +266,7 @@ RESTORE_FAILS = """
 
 
 def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_failed(
-    ckpt_stack: Stack, carol: User, repo: Path, tmp_path: Path
+    ckpt_stack: Stack, cora: User, repo: Path, tmp_path: Path
 ) -> None:
     """The latest version's object vanished from the storage: attempt 2's
     restore fails before its commands start, and the attempt ends
@@ -278,19 +278,19 @@ def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_f
     control = tmp_path / "control"
     control.mkdir()
     name = run_name_of(
-        carol.cli(repo, "run", "lost-checkpoint", "-d", "--backend", "local", "-e", f"CONTROL={control}")
+        cora.cli(repo, "run", "lost-checkpoint", "-d", "--backend", "local", "-e", f"CONTROL={control}")
     )
-    latest = _wait_latest(carol, name, "lost-checkpoint", lambda v: v["files"] == 1)
-    job_id = _job(carol, name, "lost-checkpoint")["id"]
+    latest = _wait_latest(cora, name, "lost-checkpoint", lambda v: v["files"] == 1)
+    job_id = _job(cora, name, "lost-checkpoint")["id"]
     [version] = [v for v in _versions(ckpt_stack, job_id) if v["number"] == latest["number"]]
     stored = ckpt_stack.data_dir / "storage" / version["prefix"] / "step"
     assert stored.read_bytes() == b"1\n"
     stored.unlink()
 
     _kill_runner_of(ckpt_stack, f"CONTROL={control}")
-    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
+    run = cora.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=120)
 
-    attempts = _job(carol, name, "lost-checkpoint")["attempts"]
+    attempts = _job(cora, name, "lost-checkpoint")["attempts"]
     assert [a["reason"] for a in attempts] == ["instance_lost", "interrupted"], attempts
     assert attempts[1]["restored_checkpoint"] == latest["number"]
     assert f"could not restore checkpoint {latest['number']}" in attempts[1]["message"]
@@ -298,15 +298,15 @@ def test_a_checkpoint_that_cannot_be_restored_ends_the_attempt_interrupted_not_f
 
 
 def test_a_machine_terminated_behind_the_runners_back_is_replaced_within_45s_from_the_last_periodic_sync(
-    ckpt_stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, carol: User, repo: Path
+    ckpt_stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, cora: User, repo: Path
 ) -> None:
     """finetune-model on an EC2 machine (moto, the boot helper), synced every
     second. The machine vanishes — every process on it SIGKILLed, then
     terminated in moto, no notice — once a few versions exist: within 45 s
     the attempt ends (heartbeat lost, the cloud says gone), and attempt 2, on
     a new machine, restores the last periodic sync and finishes the run."""
-    carol.cli(repo, "backend", "rm", "aws")  # the bucket-only account of the tests above
-    connect_aws(carol, repo, aws, bucket="ty-e2e-vanish")
+    cora.cli(repo, "backend", "rm", "aws")  # the bucket-only account of the tests above
+    connect_aws(cora, repo, aws, bucket="ty-e2e-vanish")
     workflows = repo / ".trainyard" / "workflows.yaml"
     text = workflows.read_text()
     for anchor in ("      - ./base_model\n", "    checkpoint: ./checkpoint\n"):
@@ -314,36 +314,36 @@ def test_a_machine_terminated_behind_the_runners_back_is_replaced_within_45s_fro
     workflows.write_text(text)
     commit_all(repo, "tiny-train's machines stop soon after their jobs")
     name = run_name_of(
-        carol.cli(repo, "run", "finetune-model", "-d", "--backend", "aws", "-e", "STEPS=60", "-e", "STEP_SECONDS=0.5")
+        cora.cli(repo, "run", "finetune-model", "-d", "--backend", "aws", "-e", "STEPS=60", "-e", "STEP_SECONDS=0.5")
     )
-    latest = _wait_latest(carol, name, "finetune-model", lambda v: v["number"] >= 3, timeout=300)
-    job = _job(carol, name, "finetune-model")
-    [first] = [i for i in _instances(carol) if i["name"] == job["instance"]]
+    latest = _wait_latest(cora, name, "finetune-model", lambda v: v["number"] >= 3, timeout=300)
+    job = _job(cora, name, "finetune-model")
+    [first] = [i for i in _instances(cora) if i["name"] == job["instance"]]
 
     ec2_boot.pull_the_plug(first["backend_id"])
     vanished = time.monotonic()
     ended = _wait(
         "attempt 1 to end",
-        lambda: [a for a in _job(carol, name, "finetune-model")["attempts"] if a["number"] == 1 and a["reason"]],
+        lambda: [a for a in _job(cora, name, "finetune-model")["attempts"] if a["number"] == 1 and a["reason"]],
         60,
     )
     assert time.monotonic() - vanished < 45, "a machine that vanished is found out within 45 s"
     assert ended[0]["reason"] == "instance_lost", ended
     assert "is gone" in ended[0]["message"], ended
 
-    run = carol.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=300)
+    run = cora.wait(name, lambda r: r["status"] in ("succeeded", "failed"), timeout=300)
     assert run["status"] == "succeeded", run
-    attempts = _job(carol, name, "finetune-model")["attempts"]
+    attempts = _job(cora, name, "finetune-model")["attempts"]
     assert [a["reason"] for a in attempts] == ["instance_lost", "done"]
     assert attempts[1]["instance"] != first["name"]
     assert attempts[1]["restored_checkpoint"] >= latest["number"]
-    logs = [line.removeprefix("[finetune-model] ") for line in carol.cli(repo, "logs", name).stdout.splitlines()]
+    logs = [line.removeprefix("[finetune-model] ") for line in cora.cli(repo, "logs", name).stdout.splitlines()]
     resuming = [line for line in logs if line.startswith("resuming from step ")]
     assert len(resuming) == 1 and int(resuming[0].split()[-1]) > 0, logs
     out = repo.parent / "out-vanish"
-    assert carol.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
+    assert cora.cli(repo, "artifacts", "download", name, "-o", str(out)).returncode == 0
     final = json.loads(next(out.rglob("final.json")).read_text())
     assert final["steps"] == 60 and final["resumed"] >= 1
 
     _wait("every machine to be terminated", lambda: not aws.our_instances(), 180)
-    assert carol.cli(repo, "backend", "rm", "aws").returncode == 0
+    assert cora.cli(repo, "backend", "rm", "aws").returncode == 0

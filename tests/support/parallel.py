@@ -16,7 +16,8 @@ outside xdist (``-n 0``, or no ``-n``) this changes nothing.
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit, urlunsplit
+
+from tests.support.urls import url_with_path
 
 # Worker N takes Redis databases FIRST_DB + 2N (its own) and FIRST_DB + 2N + 1
 # (its stack's); Valkey has 16, and a run without xdist uses its URL's and 5.
@@ -34,17 +35,13 @@ def _worker_number() -> int | None:
     return number
 
 
-def _with_db(url: str, db: int) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
-
-
 def worker_environment(environ: dict[str, str], number: int) -> dict[str, str]:
     """What worker ``number`` changes in ``environ``."""
     changed = {
         "TRAINYARD_E2E_REDIS_DB": str(FIRST_DB + 2 * number + 1),
     }
     if environ.get("REDIS_URL"):
-        changed["REDIS_URL"] = _with_db(environ["REDIS_URL"], FIRST_DB + 2 * number)
+        changed["REDIS_URL"] = url_with_path(environ["REDIS_URL"], FIRST_DB + 2 * number)
     if environ.get("TRAINYARD_DATA_DIR"):
         changed["TRAINYARD_DATA_DIR"] = os.path.join(environ["TRAINYARD_DATA_DIR"], f"gw{number}")
     return changed

@@ -34,12 +34,12 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
 from backend.embedded.processes import groups_stop
 from backend.embedded.runners import local_runners_kill
+from tests.support.urls import url_with_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Several suites may share one Redis server (a developer's worktrees): each picks its own index.
@@ -65,9 +65,9 @@ class Stack:
         self.data_dir = data_dir
         self.logs_dir = data_dir / "logs"
         self.database_name = f"trainyard_e2e_{secrets.token_hex(4)}"
-        self.database_url = _url_with_path(database_url, self.database_name)
-        self._admin_database_url = _url_with_path(database_url, "postgres")
-        self.redis_url = _url_with_path(redis_url, str(E2E_REDIS_DB))
+        self.database_url = url_with_path(database_url, self.database_name)
+        self._admin_database_url = url_with_path(database_url, "postgres")
+        self.redis_url = url_with_path(redis_url, E2E_REDIS_DB)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -306,11 +306,6 @@ REPORTED: dict[str, Stack] = {}
 def reported(fixture: str, stack: Stack) -> Stack:
     REPORTED[fixture] = stack
     return stack
-
-
-def _url_with_path(url: str, path: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{path}"))
 
 
 def _database_execute(admin_url: str, statement: str, *, tries: int = 5) -> None:
