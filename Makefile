@@ -1,7 +1,7 @@
 # Every target sets up what it needs on a fresh machine: only python3.11 must exist.
 #   make run                         embedded Postgres + Valkey, web, worker, beat (Ctrl-C stops all)
 #   make test [PYTEST_ARGS="..."]    the test suite, against embedded servers unless DATABASE_URL/REDIS_URL are set,
-#                                    in one process; TEST_WORKERS=2: in two pytest-xdist workers
+#                                    in two pytest-xdist workers; TEST_WORKERS=0: in one process
 #   make test-fast                   the suite without end-to-end tests (-m "not slow")
 #   make lint                        ruff (lint and format), lint-imports (.importlinter), mypy (mypy.ini)
 
@@ -15,9 +15,9 @@ PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
 # The suite runs in this many xdist workers, a test file each at a time (tests/support/parallel.py);
-# 0 (the default until the AWS end-to-end test passes under two: decision 0068) runs one process.
-TEST_WORKERS ?= 0
-TEST_WORKERS_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+# 0 runs one process (decision 0068). Slow files are handed out first (tests/conftest.py).
+TEST_WORKERS ?= 2
+TEST_WORKERS_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: run test test-fast services lint frontend clean-data
 
