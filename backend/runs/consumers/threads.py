@@ -13,10 +13,11 @@ T = TypeVar("T")
 def off_shared_thread(fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
     """``fn`` (database work) run in a thread of the default pool, with a
     connection of its own from the web process's pool, not in the process's
-    one shared thread, where Django runs every request's view and where
-    whatever else uses ``database_sync_to_async`` queues. A follower's
-    connect, backlog and catch-up, and a runner's acceptance, states and
-    heartbeats (and the log frames behind them on its socket) wait for none
-    of it: the warm start's first line waited ~100 ms behind a submission's
-    request."""
+    one shared thread. Consumers run outside asgiref's
+    ``ThreadSensitiveContext`` (Django gives each HTTP request one of its
+    own, so a view has a thread of its own), so every consumer's
+    thread-sensitive ``database_sync_to_async`` call in the process queues
+    on that one thread. A follower's connect, backlog and catch-up, and a
+    runner's acceptance, states and heartbeats (and the log frames behind
+    them on its socket) wait for none of the others."""
     return database_sync_to_async(fn, thread_sensitive=False)
