@@ -301,7 +301,11 @@ def test_a_standby_shim_shows_no_runner_token_or_runner_variable_in_its_environm
         await standby.fill()
         waiting = standby._proc
         assert waiting is not None
-        seen = Path(f"/proc/{waiting.pid}/environ").read_bytes()
+        # The exec may still be setting up the new image (its environment is
+        # written after the fork returned to us): read until it shows.
+        deadline = time.monotonic() + 10
+        while not (seen := Path(f"/proc/{waiting.pid}/environ").read_bytes()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         standby.close()
         await waiting.wait()
         return seen
