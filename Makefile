@@ -15,7 +15,7 @@ PYPROJECTS := $(wildcard runner/pyproject.toml spec/pyproject.toml cli/pyproject
 EDITABLES := $(patsubst %/pyproject.toml,-e %/,$(PYPROJECTS))
 PYTEST_ARGS ?=
 # The suite runs in this many xdist workers, a test file each at a time (tests/support/parallel.py);
-# 0 runs one process (decision 0068). Slow files are handed out first (tests/conftest.py).
+# 0 runs one process (decision 0068). Slow files are handed out first (tests/support/parallel.py).
 TEST_WORKERS ?= 2
 TEST_WORKERS_ARGS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 

@@ -132,21 +132,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker (decision 0068): files with slow (end-to-end) tests
-    first, then the rest, each part in pytest-django's order. A file is the
-    unit of work, handed out in this order (``--no-loadscope-reorder``): the
-    long files start early and the short unit-test files fill in at the end,
-    so neither worker is left with a 5-minute file while the other is done.
-    xdist's own order (most tests first) put the end-to-end files last. One
-    process keeps pytest-django's order."""
-    if not hasattr(config, "workerinput"):
-        return
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
-
-
 EXIT_GRACE_SECONDS = 60.0
 
 

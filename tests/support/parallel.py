@@ -11,11 +11,16 @@ Loaded with ``-p`` (pytest.ini), so it runs before pytest-django reads
 the settings, which read these variables once. xdist sets
 ``PYTEST_XDIST_WORKER`` in a worker's environment before its pytest starts;
 outside xdist (``-n 0``, or no ``-n``) this changes nothing.
+
+In a worker it also puts the files with slow tests first
+(``pytest_collection_modifyitems``).
 """
 
 from __future__ import annotations
 
 import os
+
+import pytest
 
 from tests.support.urls import url_with_path
 
@@ -52,3 +57,18 @@ if _number is not None:
     os.environ.update(worker_environment(dict(os.environ), _number))
     if os.environ.get("TRAINYARD_DATA_DIR"):
         os.makedirs(os.environ["TRAINYARD_DATA_DIR"], exist_ok=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker (decision 0068): files with slow (end-to-end) tests
+    first, then the rest, each part in pytest-django's order. A file is the
+    unit of work, handed out in this order (``--no-loadscope-reorder``): the
+    long files start early and the short unit-test files fill in at the end,
+    so neither worker is left with a 5-minute file while the other is done.
+    xdist's own order (most tests first) put the end-to-end files last. One
+    process keeps pytest-django's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
