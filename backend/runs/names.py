@@ -120,6 +120,7 @@ ANIMALS = [
 ]
 
 
-def run_name(number: int, rng: random.Random | None = None) -> str:
+def run_name_stem(rng: random.Random | None = None) -> str:
+    """A run's name without its number: ``adjective-animal``."""
     pick = rng or random
-    return f"{pick.choice(ADJECTIVES)}-{pick.choice(ANIMALS)}-{number}"
+    return f"{pick.choice(ADJECTIVES)}-{pick.choice(ANIMALS)}"

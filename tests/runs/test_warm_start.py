@@ -6,6 +6,7 @@ connections) and the real channel layer. docs/RUNS.md, "Warm start"."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
 from backend.runs.events import publishing_held
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
+from backend.runs.services import runs as runs_service
 from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
 from backend.runs.services.scheduling import (
     READY_GRACE_SECONDS,
@@ -85,6 +87,10 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
     assert instance.status == InstanceStatus.BUSY
     frame = _frame(channel)
     assert (frame.job, frame.attempt, frame.commands) == (str(job.pk), 1, ["echo hello"])
+    # Named at the end of the transaction: the frame, built on commit, has the name the run is shown by.
+    shown = Run.objects.values_list("name", flat=True).get(pk=run.pk)
+    assert re.fullmatch(r"[a-z]+-[a-z]+-\d+", shown)
+    assert (frame.run_name, frame.env["TRAINYARD_RUN_NAME"], run.name) == (shown, shown, shown)
     assert not _pass_requested()  # nothing waits: no Celery task on the hot path
 
 
@@ -194,6 +200,53 @@ def test_a_submission_does_not_wait_for_a_runner_another_transaction_holds(team:
     assert took < 10, f"the submission waited {took:.1f}s for the transaction holding the runner"
     assert (run.jobs.get().status, run.jobs.get().instance_id) == (JobStatus.PENDING, None)
     assert _pass_requested()
+
+
+def test_a_submission_does_not_wait_for_another_one_still_in_its_transaction(
+    team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two submissions to one workspace: the first is held inside its
+    transaction (its run written, its runner claimed) while the second is
+    assigned and committed. The runs' numbers stay gapless and follow the
+    order the submissions committed in (the workspace's counter is taken by
+    each one's last statement: it used to be the first, and the second
+    waited for the first's commit)."""
+    submit(team, owner.user, no_cache=True)  # the workspace's first run: its repo's row is made (number 1)
+    _idle(team, "local-a")
+    _idle(team, "local-b")
+    inside, release = threading.Event(), threading.Event()
+    assign = runs_service.run_assign_on_submit
+    calls: list[str] = []
+
+    def first_held(*, run: Run) -> list[Attempt]:
+        attempts = assign(run=run)
+        calls.append(str(run.pk))
+        if len(calls) == 1:
+            inside.set()
+            release.wait(timeout=15)
+        return attempts
+
+    monkeypatch.setattr(runs_service, "run_assign_on_submit", first_held)
+    join_first = in_thread(lambda: submit(team, owner.user, no_cache=True))
+    assert inside.wait(timeout=30)
+
+    def submission() -> tuple[Run, float]:
+        started = time.monotonic()
+        run = submit(team, owner.user, no_cache=True)
+        return run, time.monotonic() - started
+
+    try:
+        second, took = in_thread(submission)()
+    finally:
+        release.set()
+    first = join_first()
+
+    assert took < 5, f"the submission waited {took:.1f}s for the other one's transaction"
+    assert (second.name.rsplit("-", 1)[1], first.name.rsplit("-", 1)[1]) == ("2", "3")
+    assert Run.objects.get(pk=first.pk).name == first.name
+    jobs = [Job.objects.get(run=run) for run in (first, second)]
+    assert [job.status for job in jobs] == [JobStatus.ASSIGNED, JobStatus.ASSIGNED], [j.status_reason for j in jobs]
+    assert jobs[0].instance_id != jobs[1].instance_id
 
 
 def test_a_submission_is_assigned_while_a_pass_holds_the_schedulers_lock(team: Workspace, owner: Person) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -19,11 +20,14 @@ from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
-from backend.runs.names import run_name
+from backend.runs.names import run_name_stem
 from backend.runs.services.scheduling import run_assign_on_submit
 from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
+# A run's name until its submission numbers it, just before the commit: never
+# seen outside the transaction.
+UNNUMBERED = "~unnumbered-"
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,9 @@ def run_create(
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
-        number = _next_run_number(workspace)
         run = Run.objects.create(
             workspace=workspace,
-            name=run_name(number),
+            name=f"{UNNUMBERED}{uuid.uuid4().hex}",  # named last, by ``_number``
             workflow=workflow,
             help=(file.get(workflow).help or "")[:1000],
             submitted_by=user,
@@ -146,6 +149,7 @@ def run_create(
         run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
             transaction.on_commit(_enqueue_schedule)  # what no idle runner took waits for a pass
+        _number(run)
     return run
 
 
@@ -413,13 +417,21 @@ def _blob(workspace: Workspace, blob_id: str | None, field: str) -> Blob | None:
     return blob
 
 
-def _next_run_number(workspace: Workspace) -> int:
+def _number(run: Run) -> None:
+    """Name the run after the workspace's next number, in the submission's
+    last statement. Taking the number locks the workspace's counter until the
+    commit, so the submissions to one workspace wait for each other only for
+    that statement and the commit, not for each other's whole transaction
+    (they went one at a time: bench/README.md). In the same transaction, so
+    the numbers stay gapless; they follow the order the submissions commit in."""
     with connection.cursor() as cur:
         cur.execute(
-            "UPDATE accounts_workspace SET run_counter = run_counter + 1 WHERE id = %s RETURNING run_counter",
-            [workspace.pk],
+            "WITH counter AS (UPDATE accounts_workspace SET run_counter = run_counter + 1 WHERE id = %s"
+            " RETURNING run_counter)"
+            " UPDATE runs_run SET name = %s || '-' || (SELECT run_counter FROM counter) WHERE id = %s RETURNING name",
+            [run.workspace_id, run_name_stem(), run.pk],
         )
-        return int(cur.fetchone()[0])
+        run.name = cur.fetchone()[0]
 
 
 def _repo(workspace: Workspace, url: str) -> Repo:

@@ -227,12 +227,11 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
     if not settings.TRAINYARD["ASSIGN_ON_SUBMIT"]:
         return []
     assigned: list[Attempt] = []
-    jobs = (
-        Job.objects.filter(run=run, status=JobStatus.PENDING)
-        .select_related("run", "run__patch_blob", "run__archive_blob")
-        .order_by("created_at")
-    )
+    jobs = Job.objects.filter(run=run, status=JobStatus.PENDING).order_by("created_at")
     for job in jobs:
+        # The submission's own run, not a copy: it is named at the end of the
+        # transaction, and the assignment frames are built from it on commit.
+        job.run = run
         instance = _place(job).instance
         if instance is None:
             continue
@@ -405,23 +404,32 @@ def _claim_instance(job: Job, *, only: Any = None) -> Instance | None:
     A machine just up for another job that is still pending is that job's
     for ``READY_GRACE_SECONDS`` (``_reserved_for_another``): an older job
     that also fits does not take it (a CPU job would take the GPU machine
-    started for a GPU job, which would then start another)."""
+    started for a GPU job, which would then start another).
+
+    Only the instance taken is locked (``SKIP LOCKED``), until the commit:
+    locking every candidate read kept the other idle runners from the
+    submissions and passes running at the same time."""
     req = requirements_of(job)
     query = (
-        Instance.objects.select_for_update(skip_locked=True)
-        .filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
+        Instance.objects.filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
         .filter(Q(pk=only) if only is not None else Q())
         .filter(idle_instances_allowed(job))
         .exclude(channel_name="")
         .exclude(_reserved_for_another(job))
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
         .filter(Q(disk_bytes__gte=req.disk_bytes or 0))
-        .order_by("idle_since")
+        .order_by(
+            Case(When(requested_for_id=job.pk, then=Value(0)), default=Value(1), output_field=IntegerField()),
+            "idle_since",
+        )
     )
-    candidates = sorted(query[:20], key=lambda i: i.requested_for_id != job.pk)
-    for instance in candidates:
+    if not req.gpu_count:  # every candidate fits
+        return query.select_for_update(skip_locked=True).first()
+    for instance in query[:20]:  # the GPUs are checked here: read them first, then lock the one that fits
         if _gpus_fit(req, instance.gpus):
-            return instance
+            taken = query.select_for_update(skip_locked=True).filter(pk=instance.pk).first()
+            if taken is not None:
+                return taken
     return None
 
 
