@@ -16,12 +16,13 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.db import retry_on_conflict
 from backend.runs.models import Job, JobStatus, Run, RunStatus
-from backend.runs.services import scheduling
+from backend.runs.services import scheduling, transitions
 from backend.runs.services.reconcile import runs_repair_finished
 from backend.runs.services.runs import run_stop
 from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person
+from tests.support.testdb import django_test_db_connect
 from tests.support.threads import in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,6 +85,36 @@ def test_two_jobs_finishing_at_once_finish_their_run(team: Workspace, run: Run) 
     assert {j.status for j in run.jobs.all()} == {JobStatus.SUCCEEDED}
     assert (run.status, run.exit_code) == (RunStatus.SUCCEEDED, 0)
     assert len(instances) == 2
+
+
+def test_a_job_and_its_run_finish_in_one_commit(team: Workspace, run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another connection looking right after the job's end committed (when
+    its runner is released) sees the run finished too. The run used to be
+    derived in a transaction of its own after it: a reader could see a
+    finished job in a running run, and the reconciler "repaired" such runs
+    under load, with a warning, several times in a 50-run burst."""
+    instance = _instance(team, "a")
+    jobs_schedule()
+    job = run.jobs.get()
+    assert accept(job, instance.pk)
+    seen: list[tuple[str, str]] = []
+    release = transitions._instance_job_done
+
+    def look_then_release(instance_id: str, ended: Job) -> None:
+        with django_test_db_connect() as other:
+            row = other.execute(
+                "SELECT r.status, j.status FROM runs_job j JOIN runs_run r ON r.id = j.run_id WHERE j.id = %s",
+                [ended.pk],
+            ).fetchone()
+        assert row is not None
+        seen.append((row[0], row[1]))
+        release(instance_id, ended)
+
+    monkeypatch.setattr(transitions, "_instance_job_done", look_then_release)
+    assert report(job, instance.pk, "succeeded", 0)
+
+    assert seen == [(RunStatus.SUCCEEDED, JobStatus.SUCCEEDED)]
+    assert runs_repair_finished() == 0
 
 
 def test_the_reconciler_repairs_a_run_left_running_with_all_jobs_finished(team: Workspace, run: Run) -> None:

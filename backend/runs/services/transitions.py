@@ -287,7 +287,7 @@ def attempt_end(
     if job_id is None:
         return False
     with transaction.atomic():
-        _lock_run_of(job_id)  # the run, then the job, then the attempt: the order every transaction takes
+        run = _lock_run_of(job_id)  # the run, then the job, then the attempt: the order every transaction takes
         job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
         attempt = Attempt.objects.select_for_update(no_key=True).filter(pk=attempt_id, status__in=LIVE_ATTEMPT).first()
         if attempt is None:
@@ -305,11 +305,13 @@ def attempt_end(
         )
         if job.attempt == attempt.number and job.status in ACTIVE_JOB:
             _job_after_attempt(job, attempt, reason, message, exit_code)
+        if run is not None:
+            # In the job's transaction: no reader sees the job finished and its run still running.
+            _run_refresh_locked(run)
     if attempt.instance_id:
         _instance_job_done(str(attempt.instance_id), job)
         if tell_runner:
             _refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
-    _after_job_change(job.pk)
     return True
 
 
