@@ -169,6 +169,18 @@ def test_with_assign_on_submit_off_every_job_waits_for_a_pass(team: Workspace, o
     assert _pass_requested()
 
 
+def _timed_submission_in_a_thread(team: Workspace, owner: Person) -> tuple[Run, float]:
+    """A submission on a connection of its own, and how long it took."""
+
+    def submission() -> tuple[Run, float]:
+        started = time.monotonic()
+        run = submit(team, owner.user, no_cache=True)
+        return run, time.monotonic() - started
+
+    result: tuple[Run, float] = in_thread(submission)()
+    return result
+
+
 def test_a_submission_does_not_wait_for_a_runner_another_transaction_holds(team: Workspace, owner: Person) -> None:
     """A pass (or another submission) holds the only idle runner's row, its
     transaction still open: the submission neither queues behind it (``SKIP
@@ -186,13 +198,8 @@ def test_a_submission_does_not_wait_for_a_runner_another_transaction_holds(team:
     join_holder = in_thread(hold)
     assert holding.wait(timeout=30)
 
-    def submission() -> tuple[Run, float]:
-        started = time.monotonic()
-        run = submit(team, owner.user, no_cache=True)
-        return run, time.monotonic() - started
-
     try:
-        run, took = in_thread(submission)()
+        run, took = _timed_submission_in_a_thread(team, owner)
     finally:
         release.set()
     join_holder()
@@ -230,13 +237,8 @@ def test_a_submission_does_not_wait_for_another_one_still_in_its_transaction(
     join_first = in_thread(lambda: submit(team, owner.user, no_cache=True))
     assert inside.wait(timeout=30)
 
-    def submission() -> tuple[Run, float]:
-        started = time.monotonic()
-        run = submit(team, owner.user, no_cache=True)
-        return run, time.monotonic() - started
-
     try:
-        second, took = in_thread(submission)()
+        second, took = _timed_submission_in_a_thread(team, owner)
     finally:
         release.set()
     first = join_first()
