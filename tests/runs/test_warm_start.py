@@ -251,6 +251,29 @@ def test_a_submission_does_not_wait_for_another_one_still_in_its_transaction(
     assert jobs[0].instance_id != jobs[1].instance_id
 
 
+def test_a_gpu_job_takes_the_idle_runner_whose_gpu_fits_and_locks_no_other(team: Workspace, owner: Person) -> None:
+    """A job's GPUs are checked in Python: its candidates are read first, then
+    only the one that fits is locked. The runner without a GPU, idle longer,
+    is passed over and stays free for the transactions beside this one."""
+    cpu_only, _ = _idle(team, "local-cpu")
+    gpu, channel = _idle(team, "local-gpu")
+    Instance.objects.filter(pk=cpu_only.pk).update(idle_since=timezone.now() - timedelta(minutes=5))
+    Instance.objects.filter(pk=gpu.pk).update(
+        idle_since=timezone.now(), gpus=[{"name": "V100", "memory_bytes": 16 * 2**30}]
+    )
+
+    with transaction.atomic():  # the submission's locks are held until this block ends
+        run = submit(team, owner.user, workflow="big", no_cache=True)
+        with django_test_db_connect() as other:
+            free = other.execute(
+                "SELECT name FROM clouds_instance WHERE workspace_id = %s FOR UPDATE SKIP LOCKED", [team.pk]
+            ).fetchall()
+
+    assert free == [("local-cpu",)]
+    assert run.jobs.get().instance_id == gpu.pk
+    assert _frame(channel).job == str(run.jobs.get().pk)
+
+
 def test_a_submission_is_assigned_while_a_pass_holds_the_schedulers_lock(team: Workspace, owner: Person) -> None:
     """The scheduler's lock serialises passes (launches, pool sizes); the
     warm path does not take it."""
