@@ -27,9 +27,10 @@ run: $(STAMP) frontend
 test: $(STAMP) frontend frontend-test test-packages
 	$(PY) -m backend.embedded test -- $(TEST_WORKERS_ARGS) $(PYTEST_ARGS)
 
-# The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json"
+# The benchmark (bench/README.md): its own embedded servers and stack in a temp dir. BENCH_ARGS="--json out.json".
+# The dashboard is built first: the log-viewer part opens it in Chromium.
 .PHONY: bench
-bench: $(STAMP)
+bench: $(STAMP) frontend
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 test-fast: $(STAMP) frontend

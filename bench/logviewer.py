@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib import Api, log
+from bench.lib import REPO_ROOT, Api, log
 from tests.support.logfill import NOISY_TEXT, empty_job_log, fill_job_log
 
 CHROMIUM = Path("/usr/bin/chromium")
+# The dashboard the web process serves (without it: a help page, and no log to wait for).
+DASHBOARD = REPO_ROOT / "frontend" / "dist" / "index.html"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 VIEWER_REPEATS = 3
 VIEWER_TIMEOUT_MS = 120_000
@@ -38,6 +40,8 @@ def bench_log_viewer(api: Api, database_url: str, lines: int) -> dict[str, Any]:
     log(f"(8) log viewer: the run page of a finished job of {lines:,} lines (COPY), in Chromium")
     if not CHROMIUM.exists():
         return {"error": f"{CHROMIUM} is missing (apt-get install chromium)"}
+    if not DASHBOARD.exists():
+        return {"error": f"the dashboard is not built ({DASHBOARD.relative_to(REPO_ROOT)}): run `make frontend`"}
     run = api.wait_finished(api.submit("hello")["id"])
     job = run["jobs"][0]["id"]
     fill_job_log(database_url, job, lines)
