@@ -120,7 +120,6 @@ ANIMALS = [
 ]
 
 
-def run_name_stem(rng: random.Random | None = None) -> str:
+def run_name_stem() -> str:
     """A run's name without its number: ``adjective-animal``."""
-    pick = rng or random
-    return f"{pick.choice(ADJECTIVES)}-{pick.choice(ANIMALS)}"
+    return f"{random.choice(ADJECTIVES)}-{random.choice(ANIMALS)}"

@@ -142,8 +142,8 @@ def _retire_unwanted_launches() -> None:
 
 def runs_repair_finished(*, limit: int = 100) -> int:
     """Runs still pending, running or stopping whose jobs have all finished
-    (a run whose status was derived before its last job's end committed)
-    get their status derived again. Returns how many changed."""
+    get their status derived again (a job's end derives its run in the same
+    transaction, so this finds only a bug's leftovers). Returns how many changed."""
     has_jobs = Exists(Job.objects.filter(run=OuterRef("pk")))
     unfinished = Exists(Job.objects.filter(run=OuterRef("pk")).exclude(status__in=FINISHED_JOB))
     stuck = Run.objects.exclude(status__in=FINISHED_RUN).filter(has_jobs).exclude(unfinished)
