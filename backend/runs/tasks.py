@@ -10,10 +10,11 @@ from __future__ import annotations
 from celery import shared_task
 
 from backend.core.deliveries import on_park
-from backend.runs.services.coalesce import schedule_parked, schedule_passes, schedule_request
+from backend.runs.services.coalesce import schedule_parked, schedule_passes
 from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
+from backend.runs.wakeups import schedule_request
 
 
 @shared_task(acks_late=True, time_limit=60, soft_time_limit=50)

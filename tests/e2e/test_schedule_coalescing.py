@@ -1,5 +1,5 @@
 """A burst of scheduling requests does not pile up tasks or passes
-(backend/runs/services/coalesce.py), on the real worker:
+(backend/runs/wakeups.py), on the real worker:
 
 - 200 requests while runs are submitted lose none: every job is scheduled
   and runs;
@@ -21,14 +21,14 @@ from tests.support.stack import Stack
 
 REQUESTS = """
 from backend.core.redis import redis_client
-from backend.runs.services.coalesce import PASSES_KEY, schedule_request
+from backend.runs.wakeups import PASSES_KEY, schedule_request
 print("burst", int(redis_client().get(PASSES_KEY) or 0), sum(schedule_request() for _ in range(200)))
 """
 
 SETTLED = """
 import time
 from backend.core.redis import redis_client
-from backend.runs.services.coalesce import DIRTY_KEY, PASSES_KEY, QUEUED_KEY
+from backend.runs.wakeups import DIRTY_KEY, PASSES_KEY, QUEUED_KEY
 r = redis_client()
 deadline = time.monotonic() + 60
 while (r.exists(DIRTY_KEY) or r.exists(QUEUED_KEY)) and time.monotonic() < deadline:

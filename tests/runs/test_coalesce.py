@@ -14,10 +14,12 @@ from django.db import connections
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
+from backend.runs import wakeups
 from backend.runs.models import Job, JobStatus, Run
-from backend.runs.services import coalesce, scheduling
-from backend.runs.services.coalesce import DIRTY_KEY, PASSES_KEY, QUEUED_KEY, schedule_passes
+from backend.runs.services import scheduling
+from backend.runs.services.coalesce import schedule_passes
 from backend.runs.services.scheduling import SCHEDULER_LOCK, ScheduleResult, jobs_schedule
+from backend.runs.wakeups import DIRTY_KEY, PASSES_KEY, QUEUED_KEY
 from tests.support.testdb import django_test_db_connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,7 +131,7 @@ def test_a_job_submitted_during_a_pass_is_scheduled_by_the_next_pass(
             copy.pk, copy.name = None, "late"
             copy.save()
             late.append(copy)
-            coalesce._redis(coalesce._mark_dirty)  # what its submission's on_commit does
+            wakeups.flags_call(wakeups._mark_dirty)  # what its submission's on_commit does
         return ready(job)
 
     monkeypatch.setattr(scheduling, "_ready", submit_during_the_pass)

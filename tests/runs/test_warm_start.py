@@ -28,7 +28,6 @@ from backend.core.redis import redis_client
 from backend.runs.events import publishing_held
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.services import runs as runs_service
-from backend.runs.services.coalesce import DIRTY_KEY, QUEUED_KEY
 from backend.runs.services.scheduling import (
     READY_GRACE_SECONDS,
     SCHEDULER_LOCK,
@@ -36,6 +35,7 @@ from backend.runs.services.scheduling import (
     jobs_schedule,
 )
 from backend.runs.services.transitions import job_accept
+from backend.runs.wakeups import DIRTY_KEY, QUEUED_KEY
 from tests.support.fixtures import Person, submit
 from tests.support.runners import HELLO, runner_instance, runner_socket
 from tests.support.testdb import django_test_db_connect

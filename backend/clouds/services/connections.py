@@ -36,6 +36,7 @@ from backend.clouds.models import (
     InstanceStatus,
 )
 from backend.clouds.services.accounts import LOCAL_ACCOUNT_NAME, account_config, account_mark_broken, installation
+from backend.core.enqueue import enqueue
 from backend.core.errors import ApplicationError
 from backend.vault.crypto import encrypt
 
@@ -132,19 +133,10 @@ def aws_connect(
     except IntegrityError:
         raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
     logger.info("workspace %s connected aws account %s as %r (by %s)", workspace.slug, identity, name, user.username)
-    _facts_soon(str(account.pk))
+    # The new account's facts (zones, offerings) for its first offers; the
+    # periodic refresh would get them within a minute anyway.
+    enqueue("backend.clouds.tasks.facts_refresh", str(account.pk))
     return account
-
-
-def _facts_soon(account_id: str) -> None:
-    """The new account's facts (zones, offerings) for its first offers; the
-    periodic refresh would get them within a minute anyway."""
-    from backend.clouds import tasks
-
-    try:
-        tasks.facts_refresh.delay(account_id)
-    except Exception:
-        logger.warning("could not enqueue the facts of account %s; beat will", account_id, exc_info=True)
 
 
 def aws_validate(*, account: CloudAccount) -> CloudAccount:

@@ -54,6 +54,7 @@ from backend.clouds.models import (
 )
 from backend.core.channels import send_to_channel
 from backend.core.counters import provisioning_observe
+from backend.core.enqueue import enqueue
 from backend.core.tokens import API_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
         backend_data={"offer": _offer_data(offer)},
     )
     _event(instance, "", InstanceStatus.PROVISIONING, InstanceReason.REQUESTED, reason_text)
-    transaction.on_commit(lambda: instance_task_enqueue("launch", str(pk)))
+    enqueue("backend.clouds.tasks.instance_launch", str(pk))
     return instance
 
 
@@ -392,7 +393,7 @@ def instance_mark_lost(*, instance_id: str, reason: InstanceReason, message: str
             event = {"type": "runner.drop"} if self_hosted else {"type": "runner.fenced", "reason": message}
             transaction.on_commit(lambda: send_to_channel(channel, event))
         if not self_hosted:
-            transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+            enqueue("backend.clouds.tasks.instance_terminate", instance_id)
     return changed
 
 
@@ -461,7 +462,7 @@ def instance_request_termination(
             frame = protocol.Shutdown(reason=message).model_dump_json()
             channel = instance.channel_name
             transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
-        transaction.on_commit(lambda: instance_task_enqueue("terminate", instance_id))
+        enqueue("backend.clouds.tasks.instance_terminate", instance_id)
     return changed
 
 
@@ -552,13 +553,3 @@ def _offer_data(offer: Offer) -> dict[str, Any]:
         "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in offer.gpus],
         "data": dict(offer.data),
     }
-
-
-def instance_task_enqueue(what: str, instance_id: str) -> None:
-    from backend.clouds import tasks
-
-    task = tasks.instance_launch if what == "launch" else tasks.instance_terminate
-    try:
-        task.delay(instance_id)
-    except Exception:  # the broker is down: the reconciler finds the row and enqueues again
-        logger.warning("could not enqueue %s of instance %s; the reconciler will", what, instance_id, exc_info=True)

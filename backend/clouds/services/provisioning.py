@@ -33,6 +33,7 @@ from backend.clouds.services.instances import (
     remember_handle,
 )
 from backend.core.deliveries import Parked, internal_error
+from backend.core.enqueue import enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> La
     if isinstance(error, NEXT_OFFER):
         offer_block_record(account=instance.account, offer=launch_offer(instance), error=error)
         instance_launch_failed(reason=InstanceReason.NO_CAPACITY, **failed)
-        _schedule_soon()
+        enqueue("backend.runs.tasks.schedule")  # the next offer
         return LaunchOutcome("no_capacity")
     if isinstance(error, ACCOUNT_BROKEN) and error.scope == Scope.ACCOUNT:
         account_mark_broken(account_id=str(instance.account.pk), message=str(error))
@@ -138,7 +139,7 @@ def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> La
         logger.warning("launching %s: %s; retrying in %.0fs", instance.name, error, error.retry_after or 5)
         return LaunchOutcome("retrying", retry_after=error.retry_after or 5.0)
     instance_launch_failed(reason=InstanceReason.LAUNCH_FAILED, **failed)
-    _schedule_soon()
+    enqueue("backend.runs.tasks.schedule")  # the next offer
     return LaunchOutcome("failed")
 
 
@@ -183,12 +184,3 @@ def _spec(instance: Instance, *, boots_from_image: bool = False) -> LaunchSpec:
             "Name": instance.name,
         },
     )
-
-
-def _schedule_soon() -> None:
-    from celery import current_app
-
-    try:
-        current_app.send_task("backend.runs.tasks.schedule")
-    except Exception:
-        logger.warning("could not enqueue a scheduling pass; the reconciler will", exc_info=True)

@@ -58,9 +58,9 @@ from backend.clouds.services.instances import (
     instance_mark_lost,
     instance_mark_unreachable,
     instance_request_termination,
-    instance_task_enqueue,
 )
 from backend.clouds.services.provisioning import launch_offer
+from backend.core.enqueue import enqueue
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _relaunch_stuck(now: datetime) -> None:
                 message="the launch never happened (no worker took it)",
             )
             continue
-        instance_task_enqueue("launch", str(instance.pk))
+        enqueue("backend.clouds.tasks.instance_launch", str(instance.pk))
 
 
 def _silent_to_unreachable(now: datetime, hearing_since: datetime) -> int:
@@ -205,7 +205,7 @@ def _terminations_unconfirmed(now: datetime) -> None:
     waiting = Instance.objects.filter(status=InstanceStatus.TERMINATING, terminate_requested_at__lt=cutoff)
     for instance in waiting[:50]:
         Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=now)  # not a status change
-        instance_task_enqueue("terminate", str(instance.pk))
+        enqueue("backend.clouds.tasks.instance_terminate", str(instance.pk))
         _tell_if_overdue(instance, now)
 
 

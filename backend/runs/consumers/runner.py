@@ -49,6 +49,7 @@ from backend.runs.services.transitions import (
     job_report_final,
     job_set_reason,
 )
+from backend.runs.wakeups import schedule_request
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         welcome = connected.welcome.model_copy(update={"token": own_token}) if own_token else connected.welcome
         await self.send(text_data=welcome.model_dump_json())
         await self._take_next_job()
-        await _enqueue_schedule()
+        await _ask_for_a_pass()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
         await off_shared_thread(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
@@ -211,11 +212,11 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=protocol.JobConfirmed(job=message.job, attempt=message.attempt).model_dump_json())
         # The commands start now; the followers hear of it right after.
         if await off_shared_thread(_accepted)(changed, message.job):
-            await _enqueue_schedule()  # jobs waiting for this one to be running (workers of a master)
+            await _ask_for_a_pass()  # jobs waiting for this one to be running (workers of a master)
 
     async def on_job_rejected(self, message: protocol.JobRejected) -> None:
         await off_shared_thread(_rejected)(self.instance_id, message)
-        await _enqueue_schedule()
+        await _ask_for_a_pass()
 
     async def on_job_state(self, message: protocol.JobState) -> None:
         """Progress states (preparing, running, uploading) are handled in order
@@ -270,7 +271,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         )
         if not ok:
             await self._refuse(message.job, message.attempt, STALE)
-            await _enqueue_schedule()
+            await _ask_for_a_pass()
             return
         if message.state != "interrupted":  # an interrupted runner is not idle: it winds down
             await self._take_next_job()
@@ -278,7 +279,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             await off_shared_thread(logs_check)(
                 job_id=message.job, attempt=message.attempt, lines=message.log_lines, digest=message.log_digest
             )
-        await _enqueue_schedule()
+        await _ask_for_a_pass()
 
     async def _take_next_job(self) -> None:
         """The runner is idle (it said hello, or finished a job): it takes the
@@ -468,18 +469,12 @@ def _accepted(changed: set[str], job_id: str) -> bool:
     return job_awaited_running(job_id=job_id)
 
 
-async def _enqueue_schedule() -> None:
-    """Best effort, and not on the database thread: a publish to a broker that
-    is down or frozen takes up to a minute to fail (socket timeout × publish
-    retries), and on the database thread it would stall every connection of
-    this process, pulse included. The reconciler schedules pending work on
-    its next pass anyway."""
-    from backend.runs.services.coalesce import schedule_request
-
-    try:
-        await sync_to_async(schedule_request, thread_sensitive=False)()
-    except Exception:
-        logger.warning("could not enqueue a scheduling pass; the reconciler's next pass schedules", exc_info=True)
+async def _ask_for_a_pass() -> None:
+    """``schedule_request`` off the database thread: a publish to a broker
+    that is down or frozen takes up to a minute to fail (socket timeout ×
+    publish retries), and on the database thread it would stall every
+    connection of this process, pulse included."""
+    await sync_to_async(schedule_request, thread_sensitive=False)()
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str:

@@ -23,6 +23,7 @@ from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Jo
 from backend.runs.names import run_name_stem
 from backend.runs.services.scheduling import run_assign_on_submit
 from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
+from backend.runs.wakeups import schedule_soon
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
 # A run's name until its submission numbers it, just before the commit: never
@@ -148,7 +149,7 @@ def run_create(
         _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files)
         run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
-            transaction.on_commit(_enqueue_schedule)  # what no idle runner took waits for a pass
+            schedule_soon()  # what no idle runner took waits for a pass
         _number(run)
     return run
 
@@ -487,9 +488,3 @@ def _jobs_create(
         if planned.after_running:
             job.after_running.add(*[by_name[n] for n in planned.after_running])
     return list(by_name.values())
-
-
-def _enqueue_schedule() -> None:
-    from backend.runs.services.coalesce import schedule_request
-
-    schedule_request()

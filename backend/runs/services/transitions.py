@@ -58,6 +58,7 @@ from backend.runs.services.cachewhy import decision_reused
 from backend.runs.services.placement import Placement, waiting_since
 from backend.runs.services.redaction import job_reason_clean
 from backend.runs.services.retry import Decision, RetryPolicy, retry_decide
+from backend.runs.wakeups import schedule_soon
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def attempt_wind_down_end(*, job_id: str, instance_id: str, attempt: int) -> boo
     ).update(wind_down_until=None)
     if ended:
         logger.info("job %s: attempt %d wound down; its next attempt may start", job_id, attempt)
-        transaction.on_commit(_enqueue_schedule)
+        schedule_soon()
     return bool(ended)
 
 
@@ -255,12 +256,6 @@ def attempts_wind_down_expire() -> int:
     """Holds whose deadline passed (the runner never said it was done): the
     jobs' next attempts may be assigned. Returns how many ended."""
     return Attempt.objects.filter(wind_down_until__lte=timezone.now()).update(wind_down_until=None)
-
-
-def _enqueue_schedule() -> None:
-    from backend.runs.services.coalesce import schedule_request
-
-    schedule_request()
 
 
 def attempt_end(
