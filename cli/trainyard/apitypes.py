@@ -1,0 +1,1152 @@
+"""The REST API's types: generated from frontend/openapi.yaml by
+datamodel-code-generator (cli/scripts/gen_apitypes.py), never edited by hand.
+`make cli-api-types` regenerates it; tests/cli/test_apitypes.py fails while it and
+the schema disagree. trainyard.api names the ones the SDK returns."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
+
+
+class ArtifactCompleteOut(TypedDict):
+    id: str
+    status: str
+
+
+class ArtifactDifferenceOut(TypedDict):
+    job: str
+    path: str
+    """
+    the artifact's path (./model)
+    """
+    files: list[str]
+    """
+    a few of the files changed, added or missing (sorted)
+    """
+    more_files: int
+    """
+    how many other files differ
+    """
+    only_in: str
+    """
+    "the re-run" or "the original" when only one side has the artifact; else ""
+    """
+    text: str
+    """
+    in words: "train ./model (model.bin)"
+    """
+
+
+class ArtifactFileOut(TypedDict):
+    path: str
+    size: int
+    sha256: str
+
+
+ArtifactOutStatusEnum: TypeAlias = Literal["uploading", "complete"]
+"""
+* `uploading` - Uploading
+* `complete` - Complete
+"""
+
+
+AttemptOutStatusEnum: TypeAlias = Literal["assigned", "running", "stopping", "ended"]
+"""
+* `assigned` - Assigned
+* `running` - Running
+* `stopping` - Stopping
+* `ended` - Ended
+"""
+
+
+class AuthConfigOut(TypedDict):
+    github: bool
+    local_login: bool
+
+
+class AwsSetupOut(TypedDict):
+    external_id: str
+    principal: str
+    installation: str
+    prefix: str
+    trust_policy: Any
+    permission_policy: Any
+
+
+Region: TypeAlias = str
+
+
+Subnet: TypeAlias = str
+
+
+BackendEnum: TypeAlias = Literal["local", "fake", "self-hosted", "aws"]
+"""
+* `local` - Local
+* `fake` - Fake
+* `self-hosted` - Self Hosted
+* `aws` - Aws
+"""
+
+
+BackendOutStatusEnum: TypeAlias = Literal["active", "broken"]
+"""
+* `active` - Active
+* `broken` - Broken
+"""
+
+
+BackendsEnum: TypeAlias = Literal["aws", "local", "fake", "self-hosted"]
+"""
+* `aws` - aws
+* `local` - local
+* `fake` - fake
+* `self-hosted` - self-hosted
+"""
+
+
+class BlobOut(TypedDict):
+    id: str
+    size: int
+    sha256: str
+
+
+class CacheHitOut(TypedDict):
+    run: str
+    job: str
+
+
+CacheReasonOutKindEnum: TypeAlias = Literal[
+    "no_cache",
+    "not_cacheable",
+    "no_earlier_run",
+    "code_changed",
+    "spec_changed",
+    "env_changed",
+    "environment_changed",
+    "input_changed",
+    "input_pending",
+]
+"""
+* `no_cache` - no_cache
+* `not_cacheable` - not_cacheable
+* `no_earlier_run` - no_earlier_run
+* `code_changed` - code_changed
+* `spec_changed` - spec_changed
+* `env_changed` - env_changed
+* `environment_changed` - environment_changed
+* `input_changed` - input_changed
+* `input_pending` - input_pending
+"""
+
+
+class CheckpointVersionOut(TypedDict):
+    number: int
+    attempt: int
+    """
+    the attempt that synced it
+    """
+    size: int
+    files: int
+    completed_at: str
+
+
+CodeEnum: TypeAlias = Literal["archive", "patch"]
+"""
+* `archive` - archive
+* `patch` - patch
+"""
+
+
+ConnectableKindEnum: TypeAlias = Literal["aws"]
+"""
+* `aws` - aws
+"""
+
+
+CredentialKind: TypeAlias = Literal["https-token", "ssh-key"]
+"""
+* `https-token` - Https Token
+* `ssh-key` - Ssh Key
+"""
+
+
+class CredentialOut(TypedDict):
+    set: bool
+    kind: str
+    set_at: str
+
+
+class CurrentJobOut(TypedDict):
+    run: str
+    job: str
+    job_name: str
+
+
+class DonePartInRequest(TypedDict):
+    number: int
+    sha256: str
+    etag: str
+
+
+class DownloadUrlInRequest(TypedDict):
+    code: NotRequired[CodeEnum]
+    input: NotRequired[str]
+    checkpoint: NotRequired[int]
+    """
+    a checkpoint version's number
+    """
+    cache: NotRequired[str]
+    """
+    a cache: path of the job's workflow
+    """
+    file: NotRequired[str]
+
+
+class DownloadUrlOut(TypedDict):
+    url: str
+
+
+class EnvironmentArchiveOut(TypedDict):
+    url: str
+    """
+    signed GET URL of the packed environment
+    """
+    size: int
+    sha256: str
+
+
+class EnvironmentDetailOut(TypedDict):
+    key: str
+    """
+    digest of the spec, its files and the platform (docs/ENVIRONMENTS.md)
+    """
+    platform: dict[str, str]
+    build_seconds: float
+    """
+    how long its build took
+    """
+    size_bytes: int
+    packages: int
+    """
+    how many packages are installed
+    """
+    built_on: str
+    """
+    the machine that reported it first
+    """
+    created_at: str
+    last_used_at: str
+    runs: int
+    """
+    runs whose jobs ran in it
+    """
+    stored: bool
+    """
+    packed into the workspace's storage: a runner on another machine restores it instead of building
+    """
+    lock: str
+    """
+    the resolved requirements, with versions and hashes
+    """
+    installed: str
+    """
+    `uv pip freeze` after the setup commands
+    """
+    recent_runs: list[str]
+    """
+    the latest 20 runs that used it
+    """
+
+
+class EnvironmentKeyInRequest(TypedDict):
+    key: str
+    """
+    the environment's key
+    """
+
+
+class EnvironmentOut(TypedDict):
+    key: str
+    """
+    digest of the spec, its files and the platform (docs/ENVIRONMENTS.md)
+    """
+    platform: dict[str, str]
+    build_seconds: float
+    """
+    how long its build took
+    """
+    size_bytes: int
+    packages: int
+    """
+    how many packages are installed
+    """
+    built_on: str
+    """
+    the machine that reported it first
+    """
+    created_at: str
+    last_used_at: str
+    runs: int
+    """
+    runs whose jobs ran in it
+    """
+    stored: bool
+    """
+    packed into the workspace's storage: a runner on another machine restores it instead of building
+    """
+
+
+class EnvironmentPackedInRequest(TypedDict):
+    key: str
+    """
+    the environment's key
+    """
+    size: int
+    """
+    bytes of the packed environment
+    """
+    sha256: str
+
+
+class EnvironmentUploadOut(TypedDict):
+    url: str | None
+    """
+    signed PUT URL; null when it is stored already or another runner uploads it
+    """
+    headers: dict[str, str]
+    """
+    to send with the PUT
+    """
+
+
+class FileInRequest(TypedDict):
+    path: str
+    size: int
+    sha256: str
+
+
+class GpuOut(TypedDict):
+    name: str
+    memory_bytes: int
+
+
+class Health(TypedDict):
+    status: str
+    max_blob_bytes: int
+    """
+    The largest code blob accepted (bytes).
+    """
+
+
+class InputFileOut(TypedDict):
+    path: str
+    size: int
+    sha256: str
+    url: str
+    """
+    signed GET URL
+    """
+
+
+class InputPageOut(TypedDict):
+    path: str
+    files: list[InputFileOut]
+    next: str
+    """
+    the "after" of the next page; "" after the last
+    """
+
+
+InstanceStatus: TypeAlias = Literal["provisioning", "idle", "busy", "unreachable", "terminating", "terminated", "lost"]
+"""
+* `provisioning` - Provisioning
+* `idle` - Idle
+* `busy` - Busy
+* `unreachable` - Unreachable
+* `terminating` - Terminating
+* `terminated` - Terminated
+* `lost` - Lost
+"""
+
+
+JobOutStatusEnum: TypeAlias = Literal["pending", "assigned", "running", "stopping", "succeeded", "failed", "stopped"]
+"""
+* `pending` - Pending
+* `assigned` - Assigned
+* `running` - Running
+* `stopping` - Stopping
+* `succeeded` - Succeeded
+* `failed` - Failed
+* `stopped` - Stopped
+"""
+
+
+KindEnum: TypeAlias = Literal["git", "archive"]
+"""
+* `git` - git
+* `archive` - archive
+"""
+
+
+class LogSearchOut(TypedDict):
+    job: str
+    seq: int | None
+    """
+    the nearest matching line, or null
+    """
+    last_seq: int
+
+
+class LoginInRequest(TypedDict):
+    username: str
+    password: str
+
+
+class OfferOut(TypedDict):
+    offer_id: str
+    backend: str
+    account: str
+    region: str
+    zone: str
+    instance_type: str
+    spot: bool
+    price_per_hour: float
+    cpus: int
+    memory_bytes: int
+    disk_bytes: int
+    gpus: list[GpuOut]
+    catalog_date: str | None
+
+
+class OffersOut(TypedDict):
+    offers: list[OfferOut]
+    shortfall: str
+    accounts: int
+
+
+class PartInRequest(TypedDict):
+    number: int
+    sha256: str
+
+
+class PartsDoneInRequest(TypedDict):
+    path: str
+    parts: list[DonePartInRequest]
+
+
+class PlanCodeInRequest(TypedDict):
+    kind: KindEnum
+    repo_url: NotRequired[str]
+    commit: NotRequired[str]
+    patch_blob: NotRequired[str | None]
+    archive_blob: NotRequired[str | None]
+    patch_files: NotRequired[dict[str, str] | None]
+    patch_sha256: NotRequired[str]
+    archive_sha256: NotRequired[str]
+
+
+PlannedEnvironmentOutStateEnum: TypeAlias = Literal["ready", "to build", "unknown"]
+"""
+* `ready` - ready
+* `to build` - to build
+* `unknown` - unknown
+"""
+
+
+class RegisterInRequest(TypedDict):
+    token: str
+    name: NotRequired[str]
+    hostname: NotRequired[str]
+
+
+class RegisterOut(TypedDict):
+    runner: str
+    name: str
+    workspace: str
+    runner_token: str
+
+
+class RegistrationTokenCreatedOut(TypedDict):
+    id: str
+    prefix: str
+    note: str
+    state: str
+    created_at: str
+    expires_at: str
+    used_at: str | None
+    runner: str | None
+    token: str
+
+
+class RegistrationTokenInRequest(TypedDict):
+    note: NotRequired[str]
+
+
+class RegistrationTokenOut(TypedDict):
+    id: str
+    prefix: str
+    note: str
+    state: str
+    created_at: str
+    expires_at: str
+    used_at: str | None
+    runner: str | None
+
+
+class RepoOut(TypedDict):
+    id: str
+    name: str
+    url: str
+    runs: int
+    last_run_at: str | None
+    credential: CredentialOut | None
+
+
+ReproducedOutStateEnum: TypeAlias = Literal["reproduced", "differs", "not_comparable", "pending"]
+"""
+* `reproduced` - reproduced
+* `differs` - differs
+* `not_comparable` - not_comparable
+* `pending` - pending
+"""
+
+
+Role: TypeAlias = Literal["admin", "member", "viewer"]
+"""
+* `admin` - Admin
+* `member` - Member
+* `viewer` - Viewer
+"""
+
+
+RunOutStatusEnum: TypeAlias = Literal["pending", "running", "stopping", "succeeded", "failed", "stopped"]
+"""
+* `pending` - Pending
+* `running` - Running
+* `stopping` - Stopping
+* `succeeded` - Succeeded
+* `failed` - Failed
+* `stopped` - Stopped
+"""
+
+
+RunnerCredentialOutKindEnum: TypeAlias = Literal["https-token", "ssh-key"]
+"""
+* `https-token` - https-token
+* `ssh-key` - ssh-key
+"""
+
+
+class SecretInRequest(TypedDict):
+    value: str
+
+
+class SecretOut(TypedDict):
+    name: str
+    created_at: str
+    updated_at: str
+    readable: NotRequired[bool]
+    """
+    false: no key of the server opens the value; jobs of the workspace fail until fixed
+    """
+    problem: NotRequired[str]
+    """
+    when not readable: what is wrong and what to do
+    """
+
+
+class SelfHostedRunnerOut(TypedDict):
+    id: str
+    name: str
+    status: InstanceStatus
+    status_reason: str
+    revoked: bool
+    hostname: str
+    address: str
+    runner_version: str
+    cpus: int
+    memory_bytes: int
+    disk_bytes: int
+    gpus: Any
+    created_at: str
+    connected_at: str | None
+    last_heartbeat_at: str | None
+
+
+SpotPolicyEnum: TypeAlias = Literal["spot", "on-demand", "auto"]
+"""
+* `spot` - spot
+* `on-demand` - on-demand
+* `auto` - auto
+"""
+
+
+StreamEnum: TypeAlias = Literal["o", "e"]
+"""
+* `o` - o
+* `e` - e
+"""
+
+
+class TagInRequest(TypedDict):
+    name: str
+    run: str
+    """
+    run name or id
+    """
+    force: NotRequired[bool]
+
+
+class TagOut(TypedDict):
+    name: str
+    run: str
+    run_id: str
+    created_by: NotRequired[str | None]
+    created_at: str
+    updated_at: str
+
+
+class TargetOut(TypedDict):
+    number: int
+    """
+    part number; 0 for a whole file
+    """
+    url: str
+    headers: dict[str, str]
+    seconds: int
+    """
+    how long the URL lives
+    """
+
+
+class TokenCreatedOut(TypedDict):
+    id: str
+    name: str
+    prefix: str
+    created_at: str
+    last_used_at: str | None
+    expires_at: str | None
+    """
+    null: never expires.
+    """
+    token: str
+    """
+    The token itself: shown this once.
+    """
+
+
+class TokenInRequest(TypedDict):
+    name: str
+    expires_in: NotRequired[str]
+    """
+    The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never.
+    """
+
+
+class TokenOut(TypedDict):
+    id: str
+    name: str
+    prefix: str
+    created_at: str
+    last_used_at: str | None
+    expires_at: str | None
+    """
+    null: never expires.
+    """
+
+
+class UploadOut(TypedDict):
+    path: str
+    url: str
+    """
+    PUT the file here; empty when it goes up in parts
+    """
+    headers: dict[str, str]
+    """
+    send these with the PUT
+    """
+    part_size: int
+    """
+    > 0: upload in parts of this size (the last may be smaller)
+    """
+    parts: int
+
+
+class UploadUrlsInRequest(TypedDict):
+    path: str
+    parts: NotRequired[list[PartInRequest]]
+
+
+class UploadUrlsOut(TypedDict):
+    path: str
+    targets: list[TargetOut]
+
+
+class WorkflowsFileInRequest(TypedDict):
+    path: str
+    text: str
+
+
+class WorkspaceInRequest(TypedDict):
+    name: str
+    slug: NotRequired[str]
+
+
+class WorkspaceOut(TypedDict):
+    slug: str
+    name: str
+    role: Role
+    personal: bool
+
+
+class WorkspaceRefOut(TypedDict):
+    slug: str
+    name: str
+    role: Role
+
+
+class ArtifactBeginInRequest(TypedDict):
+    path: str
+    files: list[FileInRequest]
+
+
+class ArtifactBeginOut(TypedDict):
+    id: str
+    uploads: list[UploadOut]
+
+
+class ArtifactOut(TypedDict):
+    id: str
+    job: str
+    path: str
+    status: ArtifactOutStatusEnum
+    total_size: int
+    files: list[ArtifactFileOut]
+    created_at: str
+
+
+class AttemptOut(TypedDict):
+    number: int
+    status: AttemptOutStatusEnum
+    instance: NotRequired[str | None]
+    backend: NotRequired[str | None]
+    """
+    the machine's backend
+    """
+    instance_type: NotRequired[str | None]
+    region: NotRequired[str | None]
+    zone: NotRequired[str | None]
+    spot: NotRequired[bool | None]
+    """
+    spot (true) or on-demand
+    """
+    reason: str
+    message: str
+    exit_code: int | None
+    started_at: str | None
+    finished_at: str | None
+    first_seq: int
+    last_seq: int | None
+    offers_tried: Any
+    restored_checkpoint: int | None
+    environment: str
+    """
+    the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none
+    """
+    created_at: str
+
+
+class BackendCreateInRequest(TypedDict):
+    kind: ConnectableKindEnum
+    name: NotRequired[str]
+    role_arn: NotRequired[str]
+    access_key_id: NotRequired[str]
+    secret_access_key: NotRequired[str]
+    regions: list[Region]
+    bucket: str
+    subnets: NotRequired[dict[str, list[Subnet]]]
+    amis: NotRequired[dict[str, str]]
+    gpu_amis: NotRequired[dict[str, str]]
+
+
+class BackendOut(TypedDict):
+    id: str
+    name: str
+    kind: BackendEnum
+    status: BackendOutStatusEnum
+    status_reason: str
+    validated_at: str | None
+    created_at: str
+    auth: str
+    """
+    "role", "keys", or "" for backends without credentials.
+    """
+    regions: list[str]
+    bucket: str
+    role_arn: str
+    external_id: str
+    aws_account_id: str
+    live_instances: int
+
+
+class CacheReasonOut(TypedDict):
+    kind: CacheReasonOutKindEnum
+    text: str
+
+
+class CheckpointBeginOut(TypedDict):
+    id: str
+    uploads: list[UploadOut]
+    number: int
+    """
+    the version's number n (…/checkpoints/<attempt>/<n>/)
+    """
+    carried: int
+    """
+    files unchanged since the latest version: not uploaded again
+    """
+
+
+class CheckpointOut(TypedDict):
+    path: str
+    latest: CheckpointVersionOut | None
+    """
+    the version an interrupted job resumes from
+    """
+
+
+class CodeInRequest(TypedDict):
+    kind: KindEnum
+    repo_url: NotRequired[str]
+    commit: NotRequired[str]
+    patch_blob: NotRequired[str | None]
+    archive_blob: NotRequired[str | None]
+    patch_files: NotRequired[dict[str, str] | None]
+
+
+class CredentialInRequest(TypedDict):
+    url: str
+    kind: CredentialKind
+    secret: str
+    username: NotRequired[str]
+
+
+class InstanceOut(TypedDict):
+    id: str
+    name: str
+    backend: BackendEnum
+    account: str | None
+    """
+    The name of the backend (cloud account) it runs in.
+    """
+    backend_id: str
+    instance_type: str
+    region: str
+    zone: str
+    spot: bool
+    price_per_hour: float
+    status: InstanceStatus
+    status_reason: str
+    hostname: str
+    address: str
+    cpus: int
+    memory_bytes: int
+    gpus: Any
+    current_job: CurrentJobOut | None
+    created_at: str
+    last_heartbeat_at: str | None
+    uptime_seconds: float
+    cloud_state: str
+    cloud_checked_at: str | None
+
+
+class InvitationOut(TypedDict):
+    id: str
+    github_login: str
+    email: str
+    role: Role
+    created_at: str
+    expires_at: str
+
+
+class LogLineOut(TypedDict):
+    seq: int
+    ts: float
+    """
+    unix time in seconds
+    """
+    stream: StreamEnum
+    """
+    o: stdout, e: stderr
+
+    * `o` - o
+    * `e` - e
+    """
+    text: str
+
+
+class LogPageOut(TypedDict):
+    job: str
+    lines: list[LogLineOut]
+    has_more: bool
+    """
+    lines are left in the direction read (before the first for before_seq and tail)
+    """
+    last_seq: int
+    """
+    the job's watermark: its highest seq received
+    """
+
+
+class MeOut(TypedDict):
+    username: str
+    avatar_url: str
+    default_workspace: str | None
+    workspaces: list[WorkspaceRefOut]
+
+
+class MemberInRequest(TypedDict):
+    github_login: NotRequired[str]
+    email: NotRequired[str]
+    role: NotRequired[Role]
+
+
+class MemberInvited(TypedDict):
+    invitation: InvitationOut
+
+
+class MemberOut(TypedDict):
+    username: str
+    role: Role
+    avatar_url: str
+    joined_at: str
+
+
+class PatchedRoleInRequest(TypedDict):
+    role: NotRequired[Role]
+
+
+class PlacementInRequest(TypedDict):
+    backends: NotRequired[list[BackendsEnum]]
+    regions: NotRequired[list[str]]
+    spot_policy: NotRequired[SpotPolicyEnum]
+    max_price: NotRequired[float]
+
+
+class PlannedEnvironmentOut(TypedDict):
+    state: PlannedEnvironmentOutStateEnum
+    """
+    "ready": a runner of the workspace built it; "to build"; "unknown": no digests of its files sent
+
+    * `ready` - ready
+    * `to build` - to build
+    * `unknown` - unknown
+    """
+    key: str
+    """
+    ready: the key it was built under
+    """
+    built_on: str
+    """
+    ready: the instance that built it
+    """
+    stored: bool
+    """
+    ready: packed in storage, so other machines restore it
+    """
+    build_seconds: float | None
+    """
+    ready: its build's; to build: the last build of the workflow's environment
+    """
+
+
+class ReproducedOut(TypedDict):
+    state: ReproducedOutStateEnum
+    detail: str
+    """
+    "every artifact byte-identical (3 files)", what differs, or why nothing could be compared
+    """
+    differences: list[ArtifactDifferenceOut]
+
+
+class RunCreateInRequest(TypedDict):
+    workflow: str
+    workflows_file: NotRequired[WorkflowsFileInRequest]
+    workflows_files: NotRequired[list[WorkflowsFileInRequest]]
+    code: CodeInRequest
+    env: NotRequired[dict[str, str]]
+    inherited_env: NotRequired[dict[str, str]]
+    run_args: NotRequired[list[str]]
+    variables: NotRequired[dict[str, dict[str, str]]]
+    no_cache: NotRequired[bool]
+    placement: NotRequired[PlacementInRequest]
+    environment_build: NotRequired[bool]
+    """
+    only build (and store) the workflow's environment; no commands run
+    """
+    environment_files: NotRequired[dict[str, dict[str, str]]]
+    """
+    by requirements file, the sha256 of it and of the files it includes (-r/-c)
+    """
+
+
+class RunPlanInRequest(TypedDict):
+    workflow: str
+    workflows_file: NotRequired[WorkflowsFileInRequest]
+    workflows_files: NotRequired[list[WorkflowsFileInRequest]]
+    code: PlanCodeInRequest
+    env: NotRequired[dict[str, str]]
+    inherited_env: NotRequired[dict[str, str]]
+    run_args: NotRequired[list[str]]
+    variables: NotRequired[dict[str, dict[str, str]]]
+    no_cache: NotRequired[bool]
+    placement: NotRequired[PlacementInRequest]
+    environment_build: NotRequired[bool]
+    """
+    only build (and store) the workflow's environment; no commands run
+    """
+    environment_files: NotRequired[dict[str, dict[str, str]]]
+    """
+    by requirements file, the sha256 of it and of the files it includes (-r/-c)
+    """
+
+
+class RunnerCredentialOut(TypedDict):
+    kind: RunnerCredentialOutKindEnum
+    username: str
+    secret: str
+
+
+class CacheDecisionOut(TypedDict):
+    reused: bool
+    text: str
+    """
+    "reused from <run> (cached)" or "runs: <reason>; <reason>"
+    """
+    run: NotRequired[str]
+    """
+    reused: the run whose job did the work
+    """
+    compared_with: NotRequired[str]
+    """
+    runs: the earlier run it was compared with ("": none)
+    """
+    reasons: list[CacheReasonOut]
+
+
+class JobOut(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    provider: NotRequired[str]
+    status: JobOutStatusEnum
+    status_reason: str
+    exit_code: int | None
+    attempt: int
+    attempts: list[AttemptOut]
+    instance: NotRequired[str | None]
+    ports: Any
+    resources: dict[str, Any]
+    needs: list[str]
+    after_running: list[str]
+    cached_from: dict[str, str] | None
+    cache_decision: CacheDecisionOut | None
+    inputs: list[dict[str, str]]
+    checkpoint: CheckpointOut | None
+    placement: Any
+    on_demand_since: str | None
+    placement_note: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    last_seq: int
+    log_bytes: int
+    log_note: str
+
+
+class JobSecretsOut(TypedDict):
+    env: dict[str, str]
+    """
+    the workspace's secrets by name
+    """
+    credential: RunnerCredentialOut | None
+    """
+    the repository's clone credential, if one is set
+    """
+
+
+LogPageOrSearch: TypeAlias = LogPageOut | LogSearchOut
+
+
+class MemberAdded(TypedDict):
+    member: MemberOut
+
+
+class PlannedJobOut(TypedDict):
+    name: str
+    workflow: str
+    provider: str
+    needs: list[str]
+    after_running: list[str]
+    resources: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    cache: CacheHitOut | None
+    cache_decision: CacheDecisionOut
+    commands: list[str]
+    environment: PlannedEnvironmentOut | None
+    placement: dict[str, Any]
+    offer: dict[str, Any]
+
+
+class RunOut(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    help: str
+    status: RunOutStatusEnum
+    status_reason: str
+    exit_code: int | None
+    submitted_by: NotRequired[str | None]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    no_cache: bool
+    environment_build: bool
+    tags: list[str]
+    code: dict[str, Any]
+    rerun_of: str | None
+    """
+    a re-run: the original run's name
+    """
+    reproduced: ReproducedOut | None
+    """
+    a re-run: whether its artifacts match the original's
+    """
+    jobs: list[JobOut]
+
+
+class RunPageOut(TypedDict):
+    count: int
+    """
+    matching runs: exact, or an estimate when count_estimated
+    """
+    count_estimated: bool
+    """
+    count is the planner's estimate (above a threshold)
+    """
+    next: str | None
+    """
+    the next page (a cursor link); null on the last
+    """
+    previous: str | None
+    """
+    always null: pages are followed forward
+    """
+    results: list[RunOut]
+
+
+class RunPlanOut(TypedDict):
+    workflow: str
+    help: str
+    jobs: list[PlannedJobOut]
