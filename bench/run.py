@@ -12,7 +12,7 @@ environment built once and reused (`--only environments`, bench/environments.py)
 the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
-    .venv/bin/python bench/run.py [--json PATH] [--samples 20] [--lines 200000] [--burst 50]
+    .venv/bin/python bench/run.py [--json PATH] [--keep] [--samples 20] [--lines 1000000] [--burst 50]
                                   [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
                                   [--viewer-lines 2000000] [--list-runs 1000000] [--followers 500]
                                   [--parallel-jobs 10] [--parallel-lines 100000]
