@@ -32,10 +32,10 @@ from backend.artifacts.storage import Part
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_for_token
 from backend.core.errors import ApplicationError, NotFound
+from backend.runs.lifecycle.dispatch import job_download_url
+from backend.runs.lifecycle.transitions import attempt_wind_down_end, attempt_winding_down
 from backend.runs.models import ACTIVE_JOB, Job
 from backend.runs.selectors import run_get
-from backend.runs.services.scheduling import job_download_url
-from backend.runs.services.transitions import attempt_wind_down_end, attempt_winding_down
 
 
 class ArtifactFileOut(serializers.Serializer):

@@ -168,7 +168,7 @@ class Job(WorkspaceOwnedModel):
     # A job reused from cache points at the job that really ran (never a chain).
     cached_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reused_by")
     # Why it was reused or runs, decided when it became ready
-    # (runs.services.cachewhy): {"reused": bool, "text": "runs: code changed
+    # (runs.lifecycle.cachewhy): {"reused": bool, "text": "runs: code changed
     # (train.py)", "reasons": [{"kind", "text"}]}; None before the decision
     # (nullable: a web process of the previous release still inserts jobs).
     cache_decision = models.JSONField(null=True, blank=True, default=None)
@@ -192,7 +192,7 @@ LIVE_ATTEMPT = (AttemptStatus.ASSIGNED, AttemptStatus.RUNNING, AttemptStatus.STO
 
 
 class Attempt(WorkspaceOwnedModel):
-    """One try of a job on one instance. Only ``runs.services.transitions``
+    """One try of a job on one instance. Only ``runs.lifecycle.transitions``
     writes its status. A runner's messages about a job name the attempt, and
     only the current attempt on its own instance is listened to (fencing)."""
 

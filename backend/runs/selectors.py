@@ -28,8 +28,8 @@ from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus, CheckpointLatest
 from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
+from backend.runs.lifecycle.dag import ref_origin
 from backend.runs.models import LIVE_ATTEMPT, Attempt, Environment, EnvironmentArchive, Job, Run, Tag
-from backend.runs.services.dag import ref_origin
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
 

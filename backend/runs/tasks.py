@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from backend.core.deliveries import on_park
-from backend.runs.services.coalesce import schedule_parked, schedule_passes
+from backend.runs.scheduler.coalesce import schedule_parked, schedule_passes
 from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
@@ -19,7 +19,7 @@ from backend.runs.wakeups import schedule_request
 
 @shared_task(acks_late=True, time_limit=60, soft_time_limit=50)
 def schedule(flagged: bool = False) -> int:
-    """Coalesced passes (``runs.services.coalesce``); returns how many ran.
+    """Coalesced passes (``runs.scheduler.coalesce``); returns how many ran.
     ``flagged``: enqueued by ``schedule_request``, which set the dirty flag;
     enqueued any other way (by name, from ``clouds``) it is a request itself."""
     return schedule_passes(requested=not flagged)

@@ -39,8 +39,9 @@ from backend.clouds.services.instances import (
 from backend.clouds.services.offers import offers_rank
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.clouds.services.reconcile import clouds_reconcile
+from backend.runs.lifecycle.placement import requirements_of
 from backend.runs.models import Attempt, Job, JobStatus
-from backend.runs.services.scheduling import jobs_schedule, requirements_of
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.vault.crypto import encrypt
 from tests.clouds.subjects import MOTO_SDA1_AMI
 from tests.support.aws_account import prepare

@@ -12,7 +12,7 @@ from backend.clouds.models import CloudAccount, Instance
 from backend.clouds.services import reconcile as clouds
 from backend.clouds.services.instances import Facts, handle_of, instance_connected
 from backend.clouds.services.provisioning import instance_launch_run
-from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""A master and its workers restart together (backend/runs/services/groups.py),
+"""A master and its workers restart together (backend/runs/lifecycle/groups.py),
 with the fake backend (state only) and real Postgres: the master is
 interrupted → the workers are stopped (``group_restart``, not counted as a
 retry) and wait; the master starts again on a new machine first, then the
@@ -16,10 +16,10 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.clouds.services.instances import Facts, instance_connected
 from backend.clouds.services.provisioning import instance_launch_run
+from backend.runs.lifecycle.groups import groups_restart
+from backend.runs.lifecycle.transitions import job_accept
 from backend.runs.models import Attempt, Job, JobStatus
-from backend.runs.services.groups import groups_restart
-from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_accept
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.clouds.test_placement import offer
 from tests.support.attempts import accept, assign_frame, report
 from tests.support.fixtures import Person, submit

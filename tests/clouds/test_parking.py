@@ -9,7 +9,7 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.provisioning import instance_launch_parked
 from backend.core.deliveries import Parked
-from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30

@@ -23,10 +23,11 @@ from backend.clouds.services.instances import Facts, instance_connected
 from backend.clouds.services.offers import offers_rank
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.clouds.services.reconcile import clouds_reconcile
+from backend.runs.lifecycle.placement import requirements_of
 from backend.runs.models import Attempt, Job, JobStatus
-from backend.runs.services.placement import choose, requirements_of
+from backend.runs.scheduler.offers import choose
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import _end_attempts_on_ended_instances, _stop_past_max_duration
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person, submit
 
@@ -545,7 +546,7 @@ def test_a_machine_that_comes_up_during_a_pass_is_left_to_the_next_pass_not_doub
     was, in the spot benchmark); the next pass assigns the one that came up."""
     from django.db import transaction
 
-    from backend.runs.services.scheduling import _capacity
+    from backend.runs.scheduler.capacity import capacity
 
     fake_account([offer("a", 0.1)])
     job = submit(team, owner.user, workflow="train", text=workflow()).jobs.get()
@@ -554,7 +555,7 @@ def test_a_machine_that_comes_up_during_a_pass_is_left_to_the_next_pass_not_doub
     [first] = Instance.objects.all()
     _hello(first)  # as if during the pass, after its claim found nothing
     with transaction.atomic():
-        reason, requested = _capacity(job)
+        reason, requested = capacity(job)
     assert requested is None and reason == f"{first.name} is ready for it"
     assert Instance.objects.count() == 1
     jobs_schedule()

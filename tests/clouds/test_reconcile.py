@@ -18,9 +18,9 @@ from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.instances import Facts, instance_connected, instance_heartbeat
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runs import run_stop
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 

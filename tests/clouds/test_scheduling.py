@@ -16,7 +16,7 @@ from backend.clouds.models import CloudAccount, Instance, InstanceReason, Instan
 from backend.clouds.services.instances import Facts, instance_connected
 from backend.clouds.services.provisioning import instance_launch_run
 from backend.runs.models import Attempt, JobStatus, Run
-from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30

@@ -36,9 +36,9 @@ from backend.clouds.services.instances import (
 )
 from backend.config.asgi import application
 from backend.runs.models import Attempt, AttemptStatus, JobStatus
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runners import runner_connect
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 from tests.support.queue import enqueued

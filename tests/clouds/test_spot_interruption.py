@@ -30,9 +30,10 @@ from backend.clouds.services.provisioning import instance_terminate_run
 from backend.clouds.services.reconcile import _terminations_unconfirmed
 from backend.config.asgi import application
 from backend.core.tokens import hash_token
+from backend.runs.lifecycle.transitions import attempts_wind_down_expire, job_report_final
 from backend.runs.models import Attempt, JobStatus, LogChunk
-from backend.runs.services.scheduling import _claim_instance, jobs_schedule
-from backend.runs.services.transitions import attempts_wind_down_expire, job_report_final
+from backend.runs.scheduler.claim import claim_instance
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.clouds.test_placement import _hello, _running, _schedule, offer, workflow
 from tests.support.attempts import assign_frame, current_attempt, report
 from tests.support.fixtures import Person, submit
@@ -138,7 +139,7 @@ def test_an_idle_machine_in_the_interrupted_zone_is_not_taken_for_3_minutes(
 
 def _claim(job: Any) -> Instance | None:
     with transaction.atomic():
-        return _claim_instance(job)
+        return claim_instance(job)
 
 
 def _schedule_idle_twin(instance: Instance) -> Instance:

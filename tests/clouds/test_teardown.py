@@ -22,9 +22,9 @@ from backend.clouds.models import CloudAccount, Instance, InstanceEvent, Instanc
 from backend.clouds.services.accounts import account_config, compute_of
 from backend.clouds.services.instances import handle_of, instance_request_termination
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runs import run_stop
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30

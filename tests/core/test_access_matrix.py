@@ -35,10 +35,10 @@ from backend.artifacts.services import FileIn, artifact_begin, artifact_complete
 from backend.artifacts.storage import get_storage
 from backend.clouds.services.selfhosted import Registered, registration_token_create, runner_register
 from backend.config.routing import websocket_urlpatterns
+from backend.runs.lifecycle.transitions import job_assign
 from backend.runs.models import Job, Run, RunStatus
 from backend.runs.services.environments import environment_record
 from backend.runs.services.tags import tag_set
-from backend.runs.services.transitions import job_assign
 from backend.vault.services import repo_credential_set, secret_set
 from tests.core.access_matrix import CALLERS, ROUTES, WEBSOCKETS, WS_OPEN, Call
 from tests.support.fixtures import WORKFLOWS, Person, submit

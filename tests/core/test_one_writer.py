@@ -1,6 +1,6 @@
 """Each status has one writer: ``Instance.status`` only in
 ``backend/clouds/services/``, Run/Job/Attempt statuses only in
-``backend/runs/services/transitions.py``. Checked on the source: a call that
+``backend/runs/lifecycle/transitions.py``. Checked on the source: a call that
 passes ``status=<SomeStatus>.X`` (``update``, ``create``, …) or an
 assignment to ``.status`` anywhere else fails this test."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 BACKEND = Path(__file__).resolve().parents[2] / "backend"
 WRITERS = {
     "InstanceStatus": ("clouds/services/",),
-    "JobStatus": ("runs/services/transitions.py",),
-    "RunStatus": ("runs/services/transitions.py",),
-    "AttemptStatus": ("runs/services/transitions.py",),
+    "JobStatus": ("runs/lifecycle/transitions.py",),
+    "RunStatus": ("runs/lifecycle/transitions.py",),
+    "AttemptStatus": ("runs/lifecycle/transitions.py",),
 }
 WRITE_CALLS = {"update", "create", "get_or_create", "update_or_create", "bulk_create"}
 

@@ -1,6 +1,6 @@
 """Scheduling passes coalesce (real Postgres and Redis): a pass never waits
 for the scheduler's lock, and a request made while a pass runs is served
-by the next pass (backend/runs/services/coalesce.py)."""
+by the next pass (backend/runs/scheduler/coalesce.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
 from backend.runs import wakeups
 from backend.runs.models import Job, JobStatus, Run
-from backend.runs.services import scheduling
-from backend.runs.services.coalesce import schedule_passes
-from backend.runs.services.scheduling import SCHEDULER_LOCK, ScheduleResult, jobs_schedule
+from backend.runs.scheduler import claim
+from backend.runs.scheduler.coalesce import schedule_passes
+from backend.runs.scheduler.passes import SCHEDULER_LOCK, ScheduleResult, jobs_schedule
 from backend.runs.wakeups import DIRTY_KEY, PASSES_KEY, QUEUED_KEY
 from tests.support.testdb import django_test_db_connect
 
@@ -122,7 +122,7 @@ def test_a_job_submitted_during_a_pass_is_scheduled_by_the_next_pass(
         ),
     )
     first = run.jobs.get()
-    ready = scheduling._ready
+    ready = claim._ready
     late: list[Job] = []
 
     def submit_during_the_pass(job: Job) -> bool:
@@ -134,7 +134,7 @@ def test_a_job_submitted_during_a_pass_is_scheduled_by_the_next_pass(
             wakeups.flags_call(wakeups._mark_dirty)  # what its submission's on_commit does
         return ready(job)
 
-    monkeypatch.setattr(scheduling, "_ready", submit_during_the_pass)
+    monkeypatch.setattr(claim, "_ready", submit_during_the_pass)
     redis_client().set(DIRTY_KEY, 1)
 
     assert schedule_passes() == 2

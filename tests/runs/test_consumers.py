@@ -19,9 +19,9 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.events import run_group
 from backend.runs.models import JobStatus, Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, current_attempt
 from tests.support.fixtures import Person
 from tests.support.frames import frame_lines, logs_frame

@@ -21,7 +21,7 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.models import Run
-from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 

@@ -18,7 +18,7 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
 from backend.runs import tasks
 from backend.runs.models import JobStatus, Run
-from backend.runs.services.coalesce import schedule_passes
+from backend.runs.scheduler.coalesce import schedule_passes
 from backend.runs.wakeups import DIRTY_KEY, QUEUED_KEY
 from tests.support.fixtures import Person, submit
 

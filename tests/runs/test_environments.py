@@ -13,12 +13,12 @@ from trainyard_spec.environments import recipe_of
 from backend.accounts.models import Workspace
 from backend.clouds.services.selfhosted import Registered, registration_token_create, runner_register
 from backend.core.errors import ApplicationError
+from backend.runs.lifecycle.cachewhy import Reason, ReasonKind, _spec_reasons
+from backend.runs.lifecycle.dag import cache_key
+from backend.runs.lifecycle.transitions import job_assign
 from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job
-from backend.runs.services.cachewhy import Reason, ReasonKind, _spec_reasons
-from backend.runs.services.dag import cache_key
 from backend.runs.services.environments import environment_outlook, environment_record
 from backend.runs.services.runs import CodeInput, plan_inputs, run_create
-from backend.runs.services.transitions import job_assign
 from tests.support.fixtures import Person, submit
 
 KEY = "0123456789abcdef01234567"

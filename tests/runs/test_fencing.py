@@ -16,10 +16,10 @@ from trainyard_runner import protocol
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_mark_lost
+from backend.runs.lifecycle.transitions import attempt_end
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, LogChunk, Run
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import attempt_end
+from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.attempts import accept, current_attempt
 from tests.support.runners import HELLO, runner_instance, runner_socket
 

@@ -29,8 +29,8 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.runs.api.serializers import run_to_dict
 from backend.runs.events import publish, run_group
 from backend.runs.models import Job, Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.logs import logs_store
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, current_attempt
 from tests.support.fixtures import Person
 from tests.support.frames import frame_lines, logs_frame

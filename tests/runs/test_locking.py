@@ -15,11 +15,12 @@ from django.db import connection, transaction
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.db import retry_on_conflict
+from backend.runs.lifecycle import transitions
 from backend.runs.models import Job, JobStatus, Run, RunStatus
-from backend.runs.services import scheduling, transitions
+from backend.runs.scheduler import claim
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import runs_repair_finished
 from backend.runs.services.runs import run_stop
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person
 from tests.support.testdb import django_test_db_connect
@@ -140,7 +141,7 @@ def test_a_stop_racing_a_scheduling_pass_neither_fails_nor_deadlocks(
     jobs = _two_jobs(run)
     _instance(team, "a"), _instance(team, "b")
     barrier = threading.Barrier(2)
-    ready = scheduling._ready
+    ready = claim._ready
     claimed = threading.Event()
 
     def ready_after_the_stop_began(job: Job) -> bool:
@@ -150,7 +151,7 @@ def test_a_stop_racing_a_scheduling_pass_neither_fails_nor_deadlocks(
             time.sleep(0.5)  # the stop is under way: it holds (or waits for) the run's row
         return ready(job)
 
-    monkeypatch.setattr(scheduling, "_ready", ready_after_the_stop_began)
+    monkeypatch.setattr(claim, "_ready", ready_after_the_stop_began)
 
     def stop() -> Run:
         _wait(barrier)

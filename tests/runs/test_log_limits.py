@@ -17,11 +17,11 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logchunks import chunks_of, chunks_write
 from backend.runs.services.loglimits import UNCHECKED, logs_check, logs_prune
 from backend.runs.services.logs import logs_store
-from backend.runs.services.scheduling import jobs_schedule
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person, submit
 from tests.support.frames import frame_lines

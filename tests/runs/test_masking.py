@@ -17,11 +17,11 @@ from trainyard_runner.protocol import MAX_LINE_BYTES, LogLineWire
 from backend.accounts.models import Workspace
 from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
+from backend.runs.lifecycle.transitions import job_set_reason
 from backend.runs.models import Job, Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_prepare_lines, logs_store
-from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_set_reason
 from backend.vault.models import Secret
 from backend.vault.services import secret_set
 from tests.support.attempts import accept, report

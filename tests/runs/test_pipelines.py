@@ -15,7 +15,7 @@ from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.core.tokens import hash_token
 from backend.runs.models import Job, JobStatus, Run, RunStatus
-from backend.runs.services.scheduling import jobs_schedule
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.tags import tag_set
 from tests.support.attempts import accept, assign_frame, report, runner_get
 from tests.support.fixtures import Person, submit

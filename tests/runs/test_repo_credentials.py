@@ -12,10 +12,10 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.tokens import hash_token
 from backend.repos.models import Repo
+from backend.runs.lifecycle.redaction import job_reason_clean
 from backend.runs.models import Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.logs import logs_store
-from backend.runs.services.redaction import job_reason_clean
-from backend.runs.services.scheduling import jobs_schedule
 from backend.vault.models import RepoCredential
 from tests.support.attempts import accept, assign_frame, runner_get
 from tests.support.fixtures import Person

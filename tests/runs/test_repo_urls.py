@@ -7,8 +7,8 @@ import pytest
 
 from backend.accounts.models import Workspace
 from backend.repos.models import Repo
+from backend.runs.lifecycle.redaction import job_reason_clean
 from backend.runs.models import Run
-from backend.runs.services.redaction import job_reason_clean
 from backend.vault.models import RepoCredential
 from tests.support.fixtures import WORKFLOWS, Person
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from backend.runs.lifecycle.retry import RetryPolicy, retry_decide
 from backend.runs.reasons import TerminationReason as R
-from backend.runs.services.retry import RetryPolicy, retry_decide
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -17,8 +17,8 @@ from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus
 from backend.clouds.models import Instance
 from backend.runs.api.serializers import AttemptOut
 from backend.runs.models import Attempt, Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.runs import run_rerun
-from backend.runs.services.scheduling import jobs_schedule
 from backend.runs.services.tags import tag_set
 from tests.support.attempts import accept, report
 from tests.support.fixtures import WORKFLOWS, Person, submit

@@ -10,9 +10,9 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance
 from backend.core.errors import ApplicationError
 from backend.runs.models import Run
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
-from backend.runs.services.scheduling import jobs_schedule
 from backend.vault.models import Secret
 from backend.vault.services import secret_set
 from tests.support.attempts import accept, assign_frame, report, runner_get

@@ -8,13 +8,13 @@ import pytest
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
+from backend.runs.lifecycle.transitions import attempt_end
 from backend.runs.models import Job, JobStatus, LogChunk, Run, RunStatus
 from backend.runs.reasons import TerminationReason
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import UnknownJob, logs_store
 from backend.runs.services.runs import run_stop
-from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import attempt_end
 from tests.support.attempts import accept, current_attempt, report
 from tests.support.fixtures import Person, submit
 

@@ -26,15 +26,12 @@ from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.redis import redis_client
 from backend.runs.events import publishing_held
+from backend.runs.lifecycle.transitions import job_accept
 from backend.runs.models import Attempt, Job, JobStatus, Run, RunStatus
+from backend.runs.scheduler.claim import READY_GRACE_SECONDS
+from backend.runs.scheduler.handover import instance_assign_next
+from backend.runs.scheduler.passes import SCHEDULER_LOCK, jobs_schedule
 from backend.runs.services import runs as runs_service
-from backend.runs.services.scheduling import (
-    READY_GRACE_SECONDS,
-    SCHEDULER_LOCK,
-    instance_assign_next,
-    jobs_schedule,
-)
-from backend.runs.services.transitions import job_accept
 from backend.runs.wakeups import DIRTY_KEY, QUEUED_KEY
 from tests.support.fixtures import Person, submit
 from tests.support.runners import HELLO, runner_instance, runner_socket

@@ -6,9 +6,9 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient
 from trainyard_runner import protocol
 
+from backend.runs.lifecycle import dispatch
+from backend.runs.lifecycle.transitions import job_accept, job_report_final
 from backend.runs.models import Attempt, Job
-from backend.runs.services.scheduling import _assign_frame
-from backend.runs.services.transitions import job_accept, job_report_final
 
 
 def current_attempt(job: Job) -> Attempt:
@@ -36,7 +36,7 @@ def report(job: Job, instance_id: object, state: str, exit_code: int | None = No
 
 
 def assign_frame(job: Job) -> protocol.AssignJob:
-    return _assign_frame(Job.objects.select_related("run").get(pk=job.pk), current_attempt(job))
+    return dispatch.assign_frame(Job.objects.select_related("run").get(pk=job.pk), current_attempt(job))
 
 
 def runner_get(job: Job, token: str, what: str = "secrets", *, attempt: int | None = None, **query: str) -> Response:

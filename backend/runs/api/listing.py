@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from backend.core.urlcreds import url_without_credentials
 from backend.runs.api.serializers import ReproducedOut
+from backend.runs.lifecycle.dag import ref_origin
 from backend.runs.models import Run
 from backend.runs.selectors import RunRow, run_row
-from backend.runs.services.dag import ref_origin
 from backend.runs.services.reproduced import rerun_verdicts
 
 

@@ -9,9 +9,9 @@ from rest_framework import serializers
 from trainyard_spec.schema import BACKEND_KINDS
 
 from backend.core.urlcreds import url_without_credentials
+from backend.runs.lifecycle.cachewhy import ReasonKind
 from backend.runs.models import Attempt, Job, Run
 from backend.runs.selectors import JobExtras, job_attempts, job_extras, with_shown
-from backend.runs.services.cachewhy import ReasonKind
 from backend.runs.services.reproduced import ReproducedState, RerunVerdict, rerun_verdict
 
 

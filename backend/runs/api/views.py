@@ -48,7 +48,7 @@ from backend.runs.selectors import (
     run_page,
 )
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
-from backend.runs.services.placement import run_offer_plan
+from backend.runs.services.offerplan import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
 from backend.runs.services.rawlog import (
     ByteRange,

@@ -35,20 +35,20 @@ from backend.core.testhooks import file_hook_fires
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.events import publish_runs, publishing_held, run_group
-from backend.runs.reasons import TerminationReason
-from backend.runs.selectors import attempt_current
-from backend.runs.services.environments import environment_record
-from backend.runs.services.loglimits import logs_check
-from backend.runs.services.logs import StoredLogs, UnknownJob, logs_prepare, logs_store
-from backend.runs.services.runners import runner_connect
-from backend.runs.services.scheduling import instance_assign_next
-from backend.runs.services.transitions import (
+from backend.runs.lifecycle.transitions import (
     attempt_end,
     job_accept,
     job_awaited_running,
     job_report_final,
     job_set_reason,
 )
+from backend.runs.reasons import TerminationReason
+from backend.runs.scheduler.handover import instance_assign_next
+from backend.runs.selectors import attempt_current
+from backend.runs.services.environments import environment_record
+from backend.runs.services.loglimits import logs_check
+from backend.runs.services.logs import StoredLogs, UnknownJob, logs_prepare, logs_store
+from backend.runs.services.runners import runner_connect
 from backend.runs.wakeups import schedule_request
 
 logger = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from backend.runs.lifecycle.dag import InputArtifact, code_identity, job_inputs
 from backend.runs.models import Job, JobStatus, Run
-from backend.runs.services.dag import InputArtifact, code_identity, job_inputs
 
 FILES_SHOWN = 3  # changed files named in a reason; the rest are counted
 

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import logging
 
-from django.db import transaction
 from django.db.models import Q
 
+from backend.runs.lifecycle.transitions import job_stop_by_server
 from backend.runs.models import ACTIVE_JOB, Attempt, Job, JobStatus
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.scheduling import job_send_cancel
-from backend.runs.services.transitions import job_stop_by_server
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +53,9 @@ def groups_restart() -> int:
             if current is None or current.created_at >= last.finished_at:
                 continue  # it started after the interruption: it already runs with the new group
             why = f"{job.name}'s attempt {last.number} ended: {TerminationReason(last.termination_reason).label}"
-            with transaction.atomic():
-                if job_stop_by_server(job=other, reason=TerminationReason.GROUP_RESTART, message=why):
-                    stopped += 1
-                    logger.info("job %s: restarting with its group (%s)", other.pk, why)
-                    other.refresh_from_db()
-                    if other.status == JobStatus.STOPPING:
-                        transaction.on_commit(lambda other=other: job_send_cancel(job=other))  # type: ignore[misc]
+            if job_stop_by_server(job=other, reason=TerminationReason.GROUP_RESTART, message=why):
+                stopped += 1
+                logger.info("job %s: restarting with its group (%s)", other.pk, why)
     return stopped
 
 

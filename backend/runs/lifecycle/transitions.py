@@ -30,7 +30,6 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from trainyard_runner import protocol
 
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import (
@@ -40,7 +39,12 @@ from backend.clouds.services.instances import (
     instance_set_idle,
     instance_set_idle_duration,
 )
-from backend.runs.events import publish_run, send_to_channel
+from backend.runs.events import publish_run
+from backend.runs.lifecycle.cachewhy import decision_reused
+from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
+from backend.runs.lifecycle.placement import Placement, waiting_since
+from backend.runs.lifecycle.redaction import job_reason_clean
+from backend.runs.lifecycle.retry import Decision, RetryPolicy, retry_decide
 from backend.runs.models import (
     ACTIVE_JOB,
     FINISHED_JOB,
@@ -54,10 +58,6 @@ from backend.runs.models import (
     RunStatus,
 )
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.cachewhy import decision_reused
-from backend.runs.services.placement import Placement, waiting_since
-from backend.runs.services.redaction import job_reason_clean
-from backend.runs.services.retry import Decision, RetryPolicy, retry_decide
 from backend.runs.wakeups import schedule_soon
 
 logger = logging.getLogger(__name__)
@@ -140,6 +140,13 @@ def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) 
         _after_job_change(job_id)
 
 
+def job_set_waiting_reason(job: Job, reason: str) -> None:
+    """Why a pending job waits (``waiting for a runner: …``), shown on the job and its run."""
+    if reason and job.status_reason != reason:
+        Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).update(status_reason=reason)
+        run_refresh(run_id=str(job.run_id))
+
+
 def job_request_stop(*, job: Job, reason: str) -> bool:
     """assigned/running → stopping (the runner is told), pending → stopped."""
     with transaction.atomic():
@@ -162,6 +169,7 @@ def _job_request_stop(job: Job, reason: str) -> bool:
     if changed:
         Attempt.objects.filter(job_id=job.pk, status__in=LIVE_ATTEMPT).update(status=AttemptStatus.STOPPING)
         _after_job_change(job.pk)
+        job_cancel_on_commit(job_id=job.pk)  # its runner kills the commands; ``attempt_end`` follows its report
     return changed
 
 
@@ -306,7 +314,7 @@ def attempt_end(
     if attempt.instance_id:
         _instance_job_done(str(attempt.instance_id), job)
         if tell_runner:
-            _refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
+            attempt_refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
     return True
 
 
@@ -526,14 +534,6 @@ def _live_attempt(job_id: str, number: int, instance_id: str) -> Attempt | None:
         .filter(job__attempt=number)
         .first()
     )
-
-
-def _refuse_on_commit(instance_id: str, job_id: str, number: int, why: str) -> None:
-    channel = Instance.objects.filter(pk=instance_id).values_list("channel_name", flat=True).first()
-    if not channel:
-        return  # not connected: its next hello is answered with a refusal
-    frame = protocol.Refused(job=job_id, attempt=number, reason=why[:500]).model_dump_json()
-    transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
 
 
 def _instance_job_done(instance_id: str, job: Job) -> None:

@@ -25,8 +25,8 @@ import logging
 from django.conf import settings
 
 from backend.core.deliveries import Parked, delivery_number, internal_error
-from backend.runs.services.scheduling import jobs_schedule
-from backend.runs.services.transitions import job_fail_pending
+from backend.runs.lifecycle.transitions import job_fail_pending
+from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.wakeups import DIRTY_KEY, PASSES_KEY, QUEUED_KEY, flags_call, schedule_request
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,9 @@
-"""Writes for runs and jobs, split by concern:
+"""Use cases of runs: what the API, the consumers and the tasks call.
 
-- ``runs``: submitting and stopping a run;
-- ``transitions``: every job/run state change (compare-and-set) and its event;
-- ``logs``: exactly-once storage of log lines;
-- ``scheduling``: matching pending jobs to runners, asking backends for more.
+Submitting, previewing, stopping and re-running runs; a runner's hello and
+what it fetches; storing, reading, archiving and pruning logs; environments;
+tags; the reconciler. A use case may call the scheduler
+(``backend.runs.scheduler``) and the state machine
+(``backend.runs.lifecycle``), never the interfaces above it (``api``,
+``consumers``, ``tasks``); ``.importlinter`` holds the layers.
 """

@@ -13,9 +13,9 @@ from django.conf import settings
 from trainyard_runner import protocol
 
 from backend.core.errors import ApplicationError, NotFound
+from backend.runs.lifecycle.dag import job_inputs
+from backend.runs.lifecycle.dispatch import input_url
 from backend.runs.models import Job
-from backend.runs.services.dag import job_inputs
-from backend.runs.services.scheduling import input_url
 from backend.vault.services import repo_credential_for, secret_env, secret_unreadable_advice
 
 

@@ -15,8 +15,7 @@ from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
-from backend.runs.models import Job
-from backend.runs.services.cachewhy import (
+from backend.runs.lifecycle.cachewhy import (
     NO_CACHE,
     CodeFacts,
     Subject,
@@ -25,7 +24,7 @@ from backend.runs.services.cachewhy import (
     decision_runs,
     not_cacheable_reason,
 )
-from backend.runs.services.dag import (
+from backend.runs.lifecycle.dag import (
     InputArtifact,
     cache_key,
     cacheable,
@@ -34,8 +33,9 @@ from backend.runs.services.dag import (
     ref_origin,
     run_artifacts,
 )
+from backend.runs.models import Job
 from backend.runs.services.environments import environment_outlook
-from backend.runs.services.placement import offer_plan
+from backend.runs.services.offerplan import offer_plan
 from backend.runs.services.runs import (
     PlanInputs,
     environment_files_of,

@@ -14,13 +14,15 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
+from backend.runs.lifecycle.groups import groups_restart
+from backend.runs.lifecycle.placement import Placement
+from backend.runs.lifecycle.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server, run_refresh
 from backend.runs.models import (
     ACTIVE_JOB,
     FINISHED_JOB,
@@ -33,10 +35,6 @@ from backend.runs.models import (
     Run,
 )
 from backend.runs.reasons import TerminationReason
-from backend.runs.services.groups import groups_restart
-from backend.runs.services.placement import Placement
-from backend.runs.services.scheduling import job_send_cancel
-from backend.runs.services.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server, run_refresh
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +104,6 @@ def _stop_past_max_duration(now: datetime | None = None) -> int:
         message = f"max_duration reached: the job ran longer than {limit}s (max_duration in the workflow)"
         if job_stop_by_server(job=job, reason=TerminationReason.MAX_DURATION, message=message):
             count += 1
-            job.refresh_from_db()
-            if job.status == JobStatus.STOPPING:
-                transaction.on_commit(lambda job=job: job_send_cancel(job=job))  # type: ignore[misc]
     return count
 
 

@@ -10,10 +10,10 @@ from trainyard_runner import protocol
 
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
 from backend.clouds.services.instances import Facts, instance_connected, instance_refusal_for
+from backend.runs.lifecycle.transitions import attempt_end, job_accept
 from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.reconcile import attempt_end_with_instance
-from backend.runs.services.transitions import attempt_end, job_accept
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
+from backend.runs.lifecycle.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name_stem
-from backend.runs.services.scheduling import run_assign_on_submit
-from backend.runs.services.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
+from backend.runs.scheduler.handover import run_assign_on_submit
 from backend.runs.wakeups import schedule_soon
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
@@ -218,15 +218,7 @@ def run_stop(*, run: Run, user: User) -> Run:
         for job in live:
             job_request_stop(job=job, reason=f"stopped by {user.username}")
         run = run_refresh(run_id=str(run.pk))
-        transaction.on_commit(lambda: _send_cancels(str(run.pk)))
     return run
-
-
-def _send_cancels(run_id: str) -> None:
-    from backend.runs.services.scheduling import job_send_cancel
-
-    for job in Job.objects.filter(run_id=run_id, status=JobStatus.STOPPING).select_related("instance"):
-        job_send_cancel(job=job)
 
 
 def load_files(files: Sequence[Source]) -> WorkflowsFile:

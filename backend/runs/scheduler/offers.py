@@ -1,0 +1,159 @@
+"""Which machines and offers a pending job may take now.
+
+An idle machine or a ranked offer is open to a job when its placement
+(``lifecycle.placement``) allows it: of its backends, regions, market and
+price; not blocked (``clouds.services.blocks``); not in a zone where its last
+attempt was interrupted less than ``INTERRUPTED_ZONE_SECONDS`` ago; and, for
+``spot_policy: auto``, spot until it switches to on-demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.clouds.backends.base import Offer
+from backend.clouds.models import Instance
+from backend.clouds.services.blocks import Blocks, block_words
+from backend.clouds.services.offers import Candidate
+from backend.runs.lifecycle.placement import Placement, waiting_since
+from backend.runs.models import Attempt, Job
+from backend.runs.reasons import TerminationReason
+
+# After an interruption in a zone, the job's next attempts skip it this long.
+INTERRUPTED_ZONE_SECONDS = 180
+
+
+@dataclass
+class Choice:
+    """The offers a job may launch now, cheapest first, and why the others may not."""
+
+    open: list[Candidate]
+    considered: int  # offers of the market(s) in play
+    blocked: list[str] = field(default_factory=list)  # words, one per distinct block
+    free_in: float | None = None  # seconds until the first blocked offer is free again
+
+
+def idle_instances_allowed(job: Job) -> Q:
+    """The idle machines the job may take: of its backends, regions, market
+    and price, not in a zone it was interrupted in lately."""
+    placement = Placement.of(job)
+    allowed = Q()
+    if placement.backends:
+        allowed &= Q(backend__in=placement.backends)
+    if placement.regions:
+        allowed &= Q(region__in=placement.regions)
+    if placement.spot_policy != "auto":  # auto takes an idle machine of either market
+        allowed &= Q(spot=placement.spot_policy == "spot")
+    if placement.max_price is not None:
+        allowed &= Q(price_per_hour__lte=placement.max_price)
+    for account_id, region, zone in _interrupted_zones(job, timezone.now()):
+        if zone:  # an idle machine in the zone the job was interrupted in may go the same way
+            allowed &= ~Q(account_id=account_id, region=region, zone=zone)
+    return allowed
+
+
+def choose(
+    *, job: Job, candidates: list[Candidate], tried: set[str], blocks: Blocks, now: datetime | None = None
+) -> Choice:
+    """The offers ``job`` may launch now.
+
+    1. Drop offers tried for this attempt, blocked ones and those in a zone
+       where the job was interrupted lately.
+    2. ``spot_policy: auto``: spot offers only, until it switches to
+       on-demand (``_switch``): at once when no spot offer is left open,
+       after ``max_wait`` (default ``AUTO_SPOT_WAIT_SECONDS``) otherwise.
+    """
+    now = now or timezone.now()
+    zones = _interrupted_zones(job, now)
+    reasons: dict[str, str] = {}
+    free_at: list[datetime] = []
+
+    def is_open(c: Candidate) -> bool:
+        if c.offer.offer_id in tried:
+            return False
+        block = blocks.of(str(c.account.pk), c.offer)
+        if block is not None:
+            reasons.setdefault(f"{block.account_id}/{block.scope}/{block.key}", block_words(block, now=now))
+            free_at.append(block.until)
+            return False
+        until = zones.get((str(c.account.pk), c.offer.region, c.offer.zone))
+        if until is not None:
+            left = int((until - now).total_seconds())
+            reasons.setdefault(f"zone/{c.offer.zone}", f"zone {c.offer.zone} skipped {left}s more (interrupted there)")
+            free_at.append(until)
+            return False
+        return True
+
+    market = _market(job, candidates, is_open, now)
+    reasons.clear()
+    free_at.clear()
+    open_ = [c for c in market if is_open(c)]
+    free_in = (min(free_at) - now).total_seconds() if free_at else None
+    return Choice(open_, len(market), list(reasons.values()), free_in)
+
+
+def switch_note(job: Job, since: datetime | None) -> list[dict[str, Any]]:
+    """The switch to on-demand as an entry of an attempt's offers tried, when
+    it happened while this attempt waited (``since``: the previous attempt's end)."""
+    switched = job.on_demand_since
+    if switched is None or (since is not None and switched <= since):
+        return []
+    return [{"offer": "", "instance": "", "outcome": "switched_to_on_demand", "message": job.placement_note}]
+
+
+def label(offer: Offer) -> str:
+    market = ", spot" if offer.spot else ""
+    price = f", ${offer.price_per_hour:.4f}/h" if offer.price_per_hour else ""
+    return f"{offer.instance_type} in {offer.region}{market}{price}"
+
+
+def _market(job: Job, candidates: list[Candidate], is_open: Any, now: datetime) -> list[Candidate]:
+    placement = Placement.of(job)
+    if placement.spot_policy != "auto":
+        return candidates
+    on_demand = [c for c in candidates if not c.offer.spot]
+    if job.on_demand_since is not None:
+        return on_demand or candidates
+    spot = [c for c in candidates if c.offer.spot]
+    wait = placement.spot_wait()
+    waited = (now - waiting_since(job)).total_seconds()
+    if not spot:
+        why = "no spot offer fits this job"
+    elif not any(is_open(c) for c in spot):
+        why = f"every spot offer ({len(spot)}) was tried or is blocked"
+    elif wait is not None and waited >= wait:
+        why = f"no spot machine after waiting {waited:.0f}s (max_wait {wait}s)"
+    else:
+        return spot
+    _switch(job, why, now)
+    return on_demand or candidates
+
+
+def _switch(job: Job, why: str, now: datetime) -> None:
+    note = f"switched to on-demand: {why}"
+    if Job.objects.filter(pk=job.pk, on_demand_since=None).update(on_demand_since=now, placement_note=note):
+        job.on_demand_since, job.placement_note = now, note
+
+
+def _interrupted_zones(job: Job, now: datetime) -> dict[tuple[str, str, str], datetime]:
+    """(account, region, zone) → until when the job skips it."""
+    if job.attempt == 0:  # never tried, so never interrupted: no query (a warm start's)
+        return {}
+    cutoff = now - timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
+    ended = Attempt.objects.filter(
+        job_id=job.pk, termination_reason=TerminationReason.INTERRUPTED, finished_at__gt=cutoff
+    ).exclude(instance=None)
+    zones: dict[tuple[str, str, str], datetime] = {}
+    for attempt in ended.select_related("instance"):
+        instance: Instance | None = attempt.instance
+        if instance is None or attempt.finished_at is None:
+            continue
+        until = attempt.finished_at + timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
+        key = (str(instance.account_id), instance.region, instance.zone)
+        zones[key] = max(until, zones.get(key, until))
+    return zones

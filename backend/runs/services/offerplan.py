@@ -1,0 +1,47 @@
+"""The cheapest offer each job would start from: the plan table of
+``trainyard run`` and of the dry run (``--dry-run``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from backend.clouds.services.offers import offers_rank
+from backend.runs.lifecycle.placement import Placement, requirements_from
+from backend.runs.models import Job
+
+
+def run_offer_plan(*, run: Any) -> list[dict[str, Any]]:
+    """Each job of ``run`` with the cheapest offer it would start from (the
+    run-creation answer's ``plan``)."""
+    return [
+        {
+            "job": job.name,
+            "offer": offer_plan(
+                workspace_id=run.workspace_id, resources=job.spec.get("resources") or {}, placement=job.placement
+            ),
+        }
+        for job in Job.objects.filter(run=run).order_by("created_at")
+    ]
+
+
+def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:
+    """The cheapest offer a job would start from (``trainyard run``'s plan
+    table): ``{"offers": n, "backend", "instance_type", "region", "spot",
+    "price_per_hour"}``, or ``{"offers": 0, "reason": …}``."""
+    where = Placement.from_spec(placement)
+    req = requirements_from(resources=resources, placement=placement)
+    ranked = offers_rank(workspace_id=workspace_id, req=req, backends=where.backends)
+    if not ranked.candidates:
+        why = ranked.shortfall or f"no offer matches its placement ({where.words()})"
+        return {"offers": 0, "reason": why if ranked.accounts else "no backend is configured for this workspace"}
+    spot_first = [c for c in ranked.candidates if c.offer.spot] if where.spot_policy == "auto" else []
+    offer = (spot_first or ranked.candidates)[0].offer
+    return {
+        "offers": len(ranked.candidates),
+        "backend": offer.backend,
+        "instance_type": offer.instance_type,
+        "region": offer.region,
+        "spot": offer.spot,
+        "price_per_hour": offer.price_per_hour,
+    }
