@@ -15,264 +15,65 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NotRequired, TypedDict, cast
+from typing import Any, BinaryIO, Required, TypeAlias, TypedDict, Unpack, cast
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import httpx
 
-from . import __version__
+from . import __version__, apitypes
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
 FINISHED = ("succeeded", "failed", "stopped")
 
 
-# An artifact placed in a job's working directory before it runs; "from"
-# (a keyword, hence this form) says where it comes from: "job
-# download-base-model", "tag best-model (run brave-otter-3)" or "run brave-otter-3".
-JobInput = TypedDict("JobInput", {"path": str, "from": str})
+# The SDK's names of the API's objects. Their fields are the schema's
+# (frontend/openapi.yaml): ``apitypes`` is generated from it.
+Run: TypeAlias = apitypes.RunOut
+Job: TypeAlias = apitypes.JobOut
+CacheDecision: TypeAlias = apitypes.CacheDecisionOut
+RunPage: TypeAlias = apitypes.RunPageOut
+Plan: TypeAlias = apitypes.RunPlanOut
+PlannedJob: TypeAlias = apitypes.PlannedJobOut
+LogLine: TypeAlias = apitypes.LogLineOut
+LogPage: TypeAlias = apitypes.LogPageOut
+Artifact: TypeAlias = apitypes.ArtifactOut
+ArtifactFile: TypeAlias = apitypes.ArtifactFileOut
+WorkflowsFileText: TypeAlias = apitypes.WorkflowsFileInRequest
+Environment: TypeAlias = apitypes.EnvironmentDetailOut
+EnvironmentSummary: TypeAlias = apitypes.EnvironmentOut
+Tag: TypeAlias = apitypes.TagOut
+Secret: TypeAlias = apitypes.SecretOut
+ApiToken: TypeAlias = apitypes.TokenOut
+NewApiToken: TypeAlias = apitypes.TokenCreatedOut
+RepoCredential: TypeAlias = apitypes.CredentialOut
+Blob: TypeAlias = apitypes.BlobOut
+Backend: TypeAlias = apitypes.BackendOut
+AwsSetup: TypeAlias = apitypes.AwsSetupOut
+Offers: TypeAlias = apitypes.OffersOut
+Instance: TypeAlias = apitypes.InstanceOut
+Me: TypeAlias = apitypes.MeOut
+ServerInfo: TypeAlias = apitypes.Health
 
 
-class CachedFrom(TypedDict):
-    """The earlier run and job whose artifacts a cached job reuses."""
+class RunSubmission(TypedDict, total=False):
+    """The keyword arguments of ``create_run`` and ``plan_run`` besides
+    ``code``: the workflow, its files and what it is run with (docs/API.md).
+    ``workflows_file_path`` and ``_text`` name one file instead of
+    ``workflows_files``; ``environment_files``: {requirements file: {path:
+    sha256}} (``trainyard_spec.environments``)."""
 
-    run: str
-    job: str
-
-
-class CacheDecision(TypedDict, total=False):
-    """Why a job is reused from the cache or runs: ``text`` is "reused from
-    <run> (cached)" or "runs: <reason>; …"; ``reasons``: [{kind, text}]."""
-
-    reused: bool
-    text: str
-    run: str
-    compared_with: str
-    reasons: list[dict[str, str]]
-
-
-class Job(TypedDict, total=False):
-    id: str
-    name: str
-    status: str
-    status_reason: str
-    exit_code: int | None
-    attempt: int
-    instance: Any
-    resources: dict[str, Any]
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    last_seq: int
-    needs: list[str]
-    after_running: list[str]
-    cached_from: CachedFrom | None
-    cache_decision: CacheDecision | None
-    inputs: list[JobInput]
-    placement_note: str
-    log_bytes: int
-    log_note: str
-
-
-class Run(TypedDict):
-    id: str
-    name: str
-    workflow: str
-    status: str
-    status_reason: str
-    exit_code: int | None
-    submitted_by: str
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    duration_seconds: float | None
-    code: dict[str, Any]
-    jobs: list[Job]
-
-
-class RunPage(TypedDict):
-    count: int  # an estimate when count_estimated (many runs)
-    count_estimated: NotRequired[bool]
-    next: str | None  # a link with the next page's cursor
-    previous: str | None
-    results: list[Run]
-
-
-class LogLine(TypedDict):
-    seq: int
-    ts: float | str
-    stream: Literal["o", "e"]
-    text: str
-
-
-class LogPage(TypedDict):
-    job: str
-    lines: list[LogLine]
-    has_more: bool
-
-
-class ArtifactFile(TypedDict):
-    path: str
-    size: int
-    sha256: str
-
-
-class Artifact(TypedDict):
-    id: str
-    job: str
-    path: str
-    status: str
-    total_size: int
-    files: list[ArtifactFile]
-
-
-class WorkflowsFileText(TypedDict):
-    path: str
-    text: str
-
-
-class RunSubmission(TypedDict):
-    """The keyword arguments ``create_run`` and ``plan_run`` share (docs/API.md)."""
-
-    workflow: str
+    workflow: Required[str]
     workflows_files: list[WorkflowsFileText]
+    workflows_file_path: str
+    workflows_file_text: str
     env: dict[str, str]
     inherited_env: dict[str, str]
     run_args: list[str]
     variables: dict[str, dict[str, str]]
     no_cache: bool
     placement: dict[str, Any]
-    # {requirements file: {path: sha256}} (``trainyard_spec.environments``)
     environment_files: dict[str, dict[str, str]]
-
-
-class PlannedJob(TypedDict):
-    name: str
-    workflow: str
-    provider: str
-    needs: list[str]
-    after_running: list[str]
-    resources: dict[str, Any]
-    inputs: list[JobInput]
-    cache: CachedFrom | None
-    commands: list[str]
-    environment: NotRequired[dict[str, Any] | None]  # ready / to build / unknown (absent from older servers)
-
-
-class Plan(TypedDict):
-    """What ``create_run`` would make (``plan_run``): jobs dependencies first."""
-
-    workflow: str
-    help: NotRequired[str]  # the workflow's help ("" without; absent from older servers)
-    jobs: list[PlannedJob]
-
-
-class Environment(TypedDict, total=False):
-    key: str
-    platform: dict[str, str]
-    build_seconds: float
-    size_bytes: int
-    packages: int
-    built_on: str
-    created_at: str
-    last_used_at: str
-    runs: int
-    stored: bool
-    lock: str  # the detail only
-    installed: str
-    recent_runs: list[str]
-
-
-class Tag(TypedDict):
-    name: str
-    run: str
-    run_id: str
-    created_by: str | None
-    created_at: str
-    updated_at: str
-
-
-class Secret(TypedDict):
-    """A secret's name and dates; its value is never sent back."""
-
-    name: str
-    created_at: str
-    updated_at: str
-    readable: NotRequired[bool]  # False: no key of the server opens the value
-    problem: NotRequired[str]  # when not readable: what to do
-
-
-class ApiToken(TypedDict, total=False):
-    """One of the caller's API tokens; ``token`` only in the answer that made it."""
-
-    id: str
-    name: str
-    prefix: str
-    created_at: str
-    last_used_at: str | None
-    expires_at: str | None
-    token: str
-
-
-class RepoCredential(TypedDict):
-    """Whether a repo's clone credential is set, its kind and when; never its value."""
-
-    set: bool
-    kind: str
-    set_at: str
-
-
-class Blob(TypedDict):
-    id: str
-    size: int
-    sha256: str
-
-
-class Backend(TypedDict):
-    """A connected cloud account; credentials are never sent back."""
-
-    id: str
-    name: str
-    kind: str
-    status: str
-    status_reason: str
-    validated_at: str | None
-    created_at: str
-    auth: str
-    regions: list[str]
-    bucket: str
-    role_arn: str
-    external_id: str
-    aws_account_id: str
-    live_instances: int
-
-
-class AwsSetup(TypedDict):
-    external_id: str
-    principal: str
-    installation: str
-    prefix: str
-    trust_policy: dict[str, Any]
-    permission_policy: dict[str, Any]
-
-
-class Offers(TypedDict):
-    offers: list[dict[str, Any]]
-    shortfall: str
-    accounts: int
-
-
-class Me(TypedDict):
-    username: str
-    default_workspace: str
-    workspaces: list[dict[str, str]]
-
-
-class ServerInfo(TypedDict, total=False):
-    """``GET /api/v1/health/``: ``max_blob_bytes`` is missing from servers older than it."""
-
-    status: str
-    max_blob_bytes: int
 
 
 class ApiError(Exception):
@@ -325,7 +126,10 @@ class Client:
     @property
     def workspace(self) -> str:
         if self._workspace is None:
-            self._workspace = self.me()["default_workspace"]
+            default = self.me()["default_workspace"]
+            if default is None:
+                raise ApiError("you are a member of no workspace: create one in the web app, or ask to be added to one")
+            self._workspace = default
         return self._workspace
 
     def me(self) -> Me:
@@ -347,60 +151,24 @@ class Client:
         return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/rerun/")))
 
     def create_run(
-        self,
-        *,
-        workflow: str,
-        code: dict[str, Any],
-        workflows_file_path: str = "",
-        workflows_file_text: str = "",
-        workflows_files: list[WorkflowsFileText] | None = None,
-        env: dict[str, str] | None = None,
-        inherited_env: dict[str, str] | None = None,
-        run_args: list[str] | None = None,
-        variables: dict[str, dict[str, str]] | None = None,
-        no_cache: bool = False,
-        placement: dict[str, Any] | None = None,
-        environment_files: dict[str, dict[str, str]] | None = None,
-        environment_build: bool = False,
+        self, *, code: dict[str, Any], environment_build: bool = False, **submission: Unpack[RunSubmission]
     ) -> Run:
-        """Submit a run of ``workflow`` from ``workflows_files`` (or the one
-        file ``workflows_file_path``/``_text``). ``inherited_env``: values of
-        the workflows' bare env names; ``run_args``: ``${{ run.args }}``;
-        ``variables``: per workflow, ``${{ variables.NAME }}``. ``no_cache``:
-        run every job even if an earlier run's artifacts could be reused.
-        ``placement``: overrides of every workflow's ``backends``,
-        ``regions``, ``spot_policy``, ``max_price``. ``environment_files``:
-        the digests of the environments' requirements files.
-        ``environment_build``: only build the workflow's environment
-        (``trainyard env build``)."""
-        files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
-        body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
-        body |= {"environment_files": environment_files} if environment_files else {}
-        body |= {"environment_build": True} if environment_build else {}
+        """Submit a run of ``workflow`` from ``workflows_files``.
+        ``inherited_env``: values of the workflows' bare env names;
+        ``run_args``: ``${{ run.args }}``; ``variables``: per workflow,
+        ``${{ variables.NAME }}``. ``no_cache``: run every job even if an
+        earlier run's artifacts could be reused. ``placement``: overrides of
+        every workflow's ``backends``, ``regions``, ``spot_policy``,
+        ``max_price``. ``environment_files``: the digests of the
+        environments' requirements files. ``environment_build``: only build
+        the workflow's environment (``trainyard env build``)."""
+        body = _run_body(code, submission) | ({"environment_build": True} if environment_build else {})
         return cast(Run, self._request("POST", self._ws("runs/"), json=body))
 
-    def plan_run(
-        self,
-        *,
-        workflow: str,
-        code: dict[str, Any],
-        workflows_file_path: str = "",
-        workflows_file_text: str = "",
-        workflows_files: list[WorkflowsFileText] | None = None,
-        env: dict[str, str] | None = None,
-        inherited_env: dict[str, str] | None = None,
-        run_args: list[str] | None = None,
-        variables: dict[str, dict[str, str]] | None = None,
-        no_cache: bool = False,
-        placement: dict[str, Any] | None = None,
-        environment_files: dict[str, dict[str, str]] | None = None,
-    ) -> Plan:
+    def plan_run(self, *, code: dict[str, Any], **submission: Unpack[RunSubmission]) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
-        files = workflows_files or [{"path": workflows_file_path, "text": workflows_file_text}]
-        body = _run_body(workflow, files, code, env, no_cache, placement, inherited_env, run_args, variables)
-        body |= {"environment_files": environment_files} if environment_files else {}
-        return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=body))
+        return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=_run_body(code, submission)))
 
     def list_runs(
         self,
@@ -456,14 +224,10 @@ class Client:
         # download=1: an archived log comes from its object in storage (a redirect).
         url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw") + "?download=1"
         marker, start = prefix.encode(), True
-        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _error_from(response)
-            for chunk in response.iter_bytes(1 << 20):
-                if marker and chunk:
-                    chunk, start = _prefixed(chunk, marker, start)
-                out.write(chunk)
+        for chunk in self._download(url):
+            if marker and chunk:
+                chunk, start = _prefixed(chunk, marker, start)
+            out.write(chunk)
 
     def list_artifacts(self, run: str) -> list[Artifact]:
         return cast(list[Artifact], self._request("GET", self._ws(f"runs/{quote(run, safe='')}/artifacts/")))
@@ -473,14 +237,10 @@ class Client:
         URL); returns (bytes written, sha256 hex) for checking."""
         url = self._ws(f"artifacts/{quote(artifact_id, safe='')}/files/{quote(path)}")
         digest, size = hashlib.sha256(), 0
-        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _error_from(response)
-            for chunk in response.iter_bytes(1 << 20):
-                out.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
+        for chunk in self._download(url):
+            out.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
         return size, digest.hexdigest()
 
     def add_tag(self, name: str, run: str, *, force: bool = False) -> tuple[Tag, bool]:
@@ -489,8 +249,8 @@ class Client:
         status, body = self._request_status("POST", self._ws("tags/"), json={"name": name, "run": run, "force": force})
         return cast(Tag, body), status == 200
 
-    def list_environments(self) -> list[Environment]:
-        return cast(list[Environment], self._request("GET", self._ws("environments/")))
+    def list_environments(self) -> list[EnvironmentSummary]:
+        return cast(list[EnvironmentSummary], self._request("GET", self._ws("environments/")))
 
     def get_environment(self, key: str) -> Environment:
         return cast(Environment, self._request("GET", self._ws(f"environments/{quote(key, safe='')}/")))
@@ -512,10 +272,10 @@ class Client:
     def remove_secret(self, name: str) -> None:
         self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
 
-    def create_token(self, name: str, *, expires_in: str = "") -> ApiToken:
+    def create_token(self, name: str, *, expires_in: str = "") -> NewApiToken:
         """A new API token of the caller (``expires_in``: 30d, 12h, …; empty: never). Shown once."""
         body = {"name": name, "expires_in": expires_in}
-        return cast(ApiToken, self._request("POST", "/api/v1/tokens/", json=body))
+        return cast(NewApiToken, self._request("POST", "/api/v1/tokens/", json=body))
 
     def list_tokens(self) -> list[ApiToken]:
         return cast(list[ApiToken], self._request("GET", "/api/v1/tokens/"))
@@ -557,9 +317,9 @@ class Client:
         params = {k: v for k, v in filters.items() if v}
         return cast(Offers, self._request("GET", self._ws("offers/"), params=params))
 
-    def list_instances(self, *, all_: bool = False) -> list[dict[str, Any]]:
+    def list_instances(self, *, all_: bool = False) -> list[Instance]:
         params = {"all": "1"} if all_ else {}
-        return cast(list[dict[str, Any]], self._request("GET", self._ws("instances/"), params=params))
+        return cast(list[Instance], self._request("GET", self._ws("instances/"), params=params))
 
     def ws_url(self, run: str, *, after_seq: int = 0) -> str:
         """The run's websocket URL (http→ws, https→wss)."""
@@ -576,6 +336,15 @@ class Client:
         # An explicit Content-Length keeps httpx from chunking a file upload.
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
         return self._request("POST", self._ws("blobs/"), content=content, headers=headers, timeout=TRANSFER_TIMEOUT)
+
+    def _download(self, url: str) -> Iterator[bytes]:
+        """The body of a GET of ``url`` in chunks of 1 MiB, following redirects
+        (a file's signed URL in storage)."""
+        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error_from(response)
+            yield from response.iter_bytes(1 << 20)
 
     def _request(self, method: str, url: str, **kwargs: Any) -> Any:
         return self._request_status(method, url, **kwargs)[1]
@@ -633,24 +402,23 @@ def _error_from(response: httpx.Response) -> ApiError:
     return (Conflict if status == 409 else ApiError)(message, status=status, errors=errors)
 
 
-def _run_body(
-    workflow: str,
-    files: list[WorkflowsFileText],
-    code: dict[str, Any],
-    env: dict[str, str] | None,
-    no_cache: bool,
-    placement: dict[str, Any] | None,
-    inherited_env: dict[str, str] | None,
-    run_args: list[str] | None,
-    variables: dict[str, dict[str, str]] | None,
-) -> dict[str, Any]:
+def _run_body(code: dict[str, Any], submission: RunSubmission) -> dict[str, Any]:
     # One file goes as workflows_file, which servers from before
-    # workflows_files understand too; the new keys only when there are values.
-    body: dict[str, Any] = {"workflow": workflow}
+    # workflows_files understand too; the optional keys only when they have values.
+    files = submission.get("workflows_files") or [
+        {"path": submission.get("workflows_file_path", ""), "text": submission.get("workflows_file_text", "")}
+    ]
+    body: dict[str, Any] = {"workflow": submission["workflow"]}
     body |= {"workflows_file": dict(files[0])} if len(files) == 1 else {"workflows_files": [dict(f) for f in files]}
-    body |= {"code": code, "env": env or {}, "no_cache": no_cache}
-    extra = {"inherited_env": inherited_env, "run_args": run_args, "variables": variables, "placement": placement}
-    return body | {k: v for k, v in extra.items() if v}
+    body |= {"code": code, "env": submission.get("env") or {}, "no_cache": submission.get("no_cache", False)}
+    optional = {
+        "inherited_env": submission.get("inherited_env"),
+        "run_args": submission.get("run_args"),
+        "variables": submission.get("variables"),
+        "placement": submission.get("placement"),
+        "environment_files": submission.get("environment_files"),
+    }
+    return body | {k: v for k, v in optional.items() if v}
 
 
 def _cursor_of(link: str | None) -> str | None:

@@ -12,12 +12,51 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import httpx
+import pytest
+from click.testing import CliRunner
 from trainyard.api import Client
+from trainyard.cli import cli
 from websockets.sync.server import ServerConnection, serve
 
 from tests.support.frames import logs_frame
 
 TOKEN = "trainyard_test"
+
+WS = "/api/v1/workspaces/ws1"
+
+
+HEALTH = ("GET", "/api/v1/health/")
+
+
+class FakeRest:
+    """Records requests; answers from a {(method, path): response} table.
+    The server's limits (``GET /api/v1/health/``, asked before a run's code is
+    uploaded) are answered with the default unless the table has them, and
+    not recorded."""
+
+    def __init__(self, routes: dict[tuple[str, str], httpx.Response]) -> None:
+        self.routes = routes
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        if (request.method, request.url.path) == HEALTH and HEALTH not in self.routes:
+            return httpx.Response(200, json={"status": "ok", "max_blob_bytes": 512 * 2**20})
+        self.requests.append(request)
+        if request.url.host == "storage.fake":  # the signed URL never gets the token
+            assert "Authorization" not in request.headers
+        else:
+            assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+        return self.routes[(request.method, request.url.path)]
+
+
+def use(monkeypatch: pytest.MonkeyPatch, url: str, rest: FakeRest) -> None:
+    monkeypatch.setattr("trainyard.commands.common.client", lambda: rest_client(url, rest))
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
 
 
 def make_job(

@@ -15,43 +15,7 @@ from trainyard.cli import cli
 from trainyard.code import Workspace, file_sha256, make_archive
 from trainyard.config import load_config
 
-from tests.cli.fakes import TOKEN, FakeRunSocket, make_job, make_run, rest_client, serving
-
-WS = "/api/v1/workspaces/ws1"
-
-
-HEALTH = ("GET", "/api/v1/health/")
-
-
-class FakeRest:
-    """Records requests; answers from a {(method, path): response} table.
-    The server's limits (``GET /api/v1/health/``, asked before a run's code is
-    uploaded) are answered with the default unless the table has them, and
-    not recorded."""
-
-    def __init__(self, routes: dict[tuple[str, str], httpx.Response]) -> None:
-        self.routes = routes
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        request.read()
-        if (request.method, request.url.path) == HEALTH and HEALTH not in self.routes:
-            return httpx.Response(200, json={"status": "ok", "max_blob_bytes": 512 * 2**20})
-        self.requests.append(request)
-        if request.url.host == "storage.fake":  # the signed URL never gets the token
-            assert "Authorization" not in request.headers
-        else:
-            assert request.headers["Authorization"] == f"Bearer {TOKEN}"
-        return self.routes[(request.method, request.url.path)]
-
-
-def use(monkeypatch: pytest.MonkeyPatch, url: str, rest: FakeRest) -> None:
-    monkeypatch.setattr("trainyard.cli._client", lambda: rest_client(url, rest))
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+from tests.cli.fakes import TOKEN, WS, FakeRest, FakeRunSocket, invoke, make_job, make_run, rest_client, serving, use
 
 
 def submit_routes() -> dict[tuple[str, str], httpx.Response]:
@@ -219,7 +183,7 @@ def test_logs_of_a_live_job_pages_through_every_line(monkeypatch: pytest.MonkeyP
             return httpx.Response(200, json=next(pages))
         return httpx.Response(200, json=make_run("running", last_seq=3))
 
-    monkeypatch.setattr("trainyard.cli._client", lambda: rest_client("http://fake", rest))
+    monkeypatch.setattr("trainyard.commands.common.client", lambda: rest_client("http://fake", rest))
     code, out, err = invoke("logs", "brave-otter-1")
     assert (code, out, err, seen) == (0, "a\nc\n", "b\n", ["0", "2"])
 
@@ -231,7 +195,7 @@ def test_logs_of_a_finished_job_is_its_raw_log(monkeypatch: pytest.MonkeyPatch):
         assert not request.url.path.endswith("/logs/")
         return httpx.Response(200, json=make_run("succeeded", last_seq=2))
 
-    monkeypatch.setattr("trainyard.cli._client", lambda: rest_client("http://fake", rest))
+    monkeypatch.setattr("trainyard.commands.common.client", lambda: rest_client("http://fake", rest))
     code, out, err = invoke("logs", "brave-otter-1")
     assert (code, out, err) == (0, "a\nb\ufffd\rc\n", "")
 
@@ -304,7 +268,8 @@ def test_login_checks_the_token_and_saves_it_private(monkeypatch: pytest.MonkeyP
     )
     real_client = __import__("trainyard.api", fromlist=["Client"]).Client
     monkeypatch.setattr(
-        "trainyard.cli.Client", lambda url, token, ws: real_client(url, token, ws, transport=httpx.MockTransport(rest))
+        "trainyard.commands.login.Client",
+        lambda url, token, ws: real_client(url, token, ws, transport=httpx.MockTransport(rest)),
     )
     code, _, err = invoke("login", "--url", "http://srv:8000/", "--token", TOKEN)
     assert code == 0 and err.startswith("Logged in to http://srv:8000 as alice (workspace alice)")

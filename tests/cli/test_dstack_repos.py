@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from trainyard.cli import _workflow_sources
+from trainyard.commands.common import workflow_sources
 from trainyard_spec import load_workflows, resolve_run_plan
 
 from tests.cli.test_commands import WS, FakeRest, invoke, submit_routes, use
@@ -166,7 +166,7 @@ def test_workflows_json_agrees_with_the_plan(repo: Path):
     assert code == 0
     assert list(entries) == ["prepare", "train", "ide", "broken"]
     plan = resolve_run_plan(
-        load_workflows(_workflow_sources(repo)),
+        load_workflows(workflow_sources(repo)),
         "train",
         env_overrides={},
         inherited_env={"HF_TOKEN": "x"},

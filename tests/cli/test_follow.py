@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 from trainyard.api import ApiError
-from trainyard.cli import run_exit_code
+from trainyard.commands.submission import run_exit_code
 from trainyard.follow import Follower
 from trainyard.output import LogWriter
 

@@ -1,0 +1,100 @@
+"""``trainyard run``: plan a workflow's run from the working tree, submit it
+and follow it (the sequence is ``submission``'s, shared with ``rerun`` and
+``env build``)."""
+
+from __future__ import annotations
+
+import click
+
+from ..guard import WARN_ENV
+from . import common, options, submission
+
+SPOT_POLICIES = ["spot", "on-demand", "auto"]
+
+
+@click.command()
+@click.argument("workflow")
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS]")
+@options.detach_option
+@click.option(
+    "-e",
+    "--env",
+    "env",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=lambda ctx, param, pairs: _parse_env(pairs),
+    help="Set an environment variable in every job of the run (repeatable); also the value of ${{ variables.KEY }}.",
+)
+@options.upload_option
+@click.option(
+    "--no-cache", is_flag=True, help="Run every job, even those an earlier run's artifacts could stand in for."
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the plan (jobs, dependencies, resources, cache hits, cheapest offer) and submit nothing.",
+)
+@options.backend_option(overrides=True)
+@options.region_option(overrides=True)
+@click.option("--spot-policy", type=click.Choice(SPOT_POLICIES), default=None, help="Overrides spot_policy.")
+@click.option(
+    "--max-price", type=click.FloatRange(min=0, min_open=True), default=None, help="USD per hour; overrides max_price."
+)
+@click.option(
+    "--code-warn-size",
+    metavar="SIZE",
+    default=None,
+    help=f"Ask before uploading more code than this beyond the commit (default {WARN_ENV} or 20MiB).",
+)
+@options.yes_option
+def run(
+    workflow: str,
+    run_args: tuple[str, ...],
+    detach: bool,
+    env: dict[str, str],
+    upload: bool,
+    no_cache: bool,
+    dry_run: bool,
+    backends: list[str],
+    regions: list[str],
+    spot_policy: str | None,
+    max_price: float | None,
+    code_warn_size: str | None,
+    yes: bool,
+) -> None:
+    """Run WORKFLOW from the repo's workflows files and follow it.
+
+    The files: .trainyard/workflows.yaml, .dstack/workflows.yaml and every
+    .yaml in .trainyard/workflows/ and .dstack/workflows/ (docs/WORKFLOWS.md).
+    The workflows it depends on (deps: - workflow: X) run first, as jobs of
+    the same run, unless an earlier run with the same inputs can be reused.
+    What follows -- is ${{ run.args }} in the commands. --backend, --region,
+    --spot-policy and --max-price apply to every job of the run, over what
+    the workflows say. The code beyond the commit (or the archive) is
+    checked before it is uploaded: over --code-warn-size the run lists the
+    largest files and asks (not with --yes or without a terminal); over the
+    server's limit it is refused. .trainyardignore leaves files out.
+    """
+    warn_bytes = submission.warn_size(code_warn_size)
+    placement = options.placement(backends, regions, spot_policy, max_price)
+    request = submission.RunRequest(workflow, env, list(run_args), no_cache, placement)
+    local = submission.plan_locally(request)
+    api = common.client()
+    created = submission.submit(api, local, upload=upload, warn_bytes=warn_bytes, yes=yes, dry_run=dry_run)
+    if created is None:
+        return
+    jobs = local.plan.jobs
+    listed = f" ({len(jobs)} jobs: {', '.join(job.name for job in jobs)})" if len(jobs) > 1 else ""
+    submission.follow_submitted(api, created, f"Run {created['name']} submitted{listed}", detach=detach)
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not common.ENV_NAME.fullmatch(key):
+            raise click.BadParameter(
+                f"expected KEY=VALUE with KEY a variable name, got {pair!r}", param_hint="-e/--env"
+            )
+        env[key] = value
+    return env

@@ -1,0 +1,54 @@
+"""``trainyard show``: one run, its jobs as a DAG and what is known of each."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..output import (
+    attempt_rows,
+    cache_lines,
+    dag_rows,
+    environment_lines,
+    input_lines,
+    port_lines,
+    print_table,
+    rerun_line,
+)
+from . import common, options
+
+
+@click.command()
+@click.argument("run_name", metavar="RUN")
+@options.json_option("Print the API's run object.")
+def show(run_name: str, as_json: bool) -> None:
+    """Show RUN's jobs: dependencies, status, timing, cache and artifacts."""
+    api = common.client()
+    current = api.get_run(run_name)
+    if as_json:
+        common.print_json(current)
+        return
+    reason = f" ({current['status_reason']})" if current.get("status_reason") else ""
+    click.echo(f"Run {current['name']} of {current['workflow']}: {current['status']}{reason}")
+    if rerun := rerun_line(current):
+        click.echo(rerun)
+    headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
+    print_table(headers, dag_rows(current, api.list_artifacts(run_name)), tty=sys.stdout.isatty())
+    attempts = attempt_rows(current)
+    if attempts:
+        click.echo("\nAttempts:")
+        headers = ["JOB", "ATTEMPT", "INSTANCE", "WHERE", "STARTED", "ENDED", "REASON"]
+        print_table(headers, attempts, tty=sys.stdout.isatty())
+    jobs = current.get("jobs") or []
+    sections = [
+        ("Placement:", [f"  {j['name']}: {j['placement_note']}" for j in jobs if j.get("placement_note")]),
+        ("Cache:", cache_lines(current)),
+        ("Logs:", [f"  {j['name']}: {j['log_note']}" for j in jobs if j.get("log_note")]),
+        ("Ports:", port_lines(current)),
+        ("Inputs:", input_lines(current)),
+        ("Environments (trainyard env show KEY):", environment_lines(current)),
+    ]
+    for title, lines in sections:
+        if lines:
+            click.echo("\n".join(["", title, *lines]))
