@@ -4,8 +4,6 @@ building one ahead of a run (``env build``, a run submitted by
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import click
 
 from ..api import Client, Environment, Run
@@ -70,16 +68,6 @@ def env_build(workflow: str, detach: bool, upload: bool, backends: list[str], re
     submission.follow_submitted(api, created, announcement, detach=detach, report=_report_built)
 
 
-def _report_built(api: Client, run: Run) -> None:
-    """After a build: each environment it built, how, and whether it is stored."""
-    # environment_lines: "  <job>  <key>" for each job that ran in one.
-    keys = [line.split()[-1] for line in environment_lines(cast(dict[str, Any], api.get_run(run["name"])))]
-    for key in dict.fromkeys(keys):
-        found = api.get_environment(key)
-        stored = "stored: other machines restore it" if found.get("stored") else "not stored: other machines build it"
-        click.echo(f"Environment {key}: {_built(found)}; {stored}", err=True)
-
-
 @env.command("show")
 @click.argument("key")
 @options.json_option("Print the API's environment object.")
@@ -120,3 +108,13 @@ def _built(found: Environment) -> str:
         f"built in {found.get('build_seconds', 0):.1f}s on {found.get('built_on') or '-'},"
         f" {size(found.get('size_bytes'))}, {packages} package{'s' * (packages != 1)}"
     )
+
+
+def _report_built(api: Client, run: Run) -> None:
+    """After a build: each environment it built, how, and whether it is stored."""
+    # environment_lines: "  <job>  <key>" for each job that ran in one.
+    keys = [line.split()[-1] for line in environment_lines(api.get_run(run["name"]))]
+    for key in dict.fromkeys(keys):
+        found = api.get_environment(key)
+        stored = "stored: other machines restore it" if found.get("stored") else "not stored: other machines build it"
+        click.echo(f"Environment {key}: {_built(found)}; {stored}", err=True)
