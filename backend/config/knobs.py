@@ -111,7 +111,7 @@ BOOLEAN = Type("boolean", env_bool)
 LIST = Type("comma-separated list", env_list)
 GITHUB_NAMES = Type("comma-separated list", _env_github_names)
 JSON = Type("JSON", env_json)
-RATE = Type("rate: N/period or off", env_rate)
+RATE = Type("rate", env_rate)
 
 
 # --- What a key is made from ---------------------------------------------------
@@ -319,7 +319,7 @@ class Web(TypedDict):
 
 
 class Operations(TypedDict):
-    """Logs and metrics (docs/DEPLOY.md)."""
+    """What operators watch: the server's logs and its Prometheus metrics (docs/DEPLOY.md)."""
 
     LOG_LEVEL: Annotated[str, Knob(
         "TRAINYARD_LOG_LEVEL", TEXT, "INFO",
