@@ -151,15 +151,16 @@ class RunnerAPIView(APIView):
         instance, attempt = self.runner_instance_attempt(request)
         if winding_down and attempt_winding_down(job_id=job_id, instance_id=str(instance.pk), attempt=int(attempt)):
             return Job.objects.get(pk=job_id), True
-        job = Job.objects.filter(pk=job_id, instance=instance, status__in=ACTIVE_JOB).first()
-        if job is None:
+        active = Job.objects.filter(pk=job_id, status__in=ACTIVE_JOB)
+        job = active.held_by(instance_id=instance.pk, attempt=int(attempt)).first()
+        if job is not None:
+            return job, False
+        current = active.filter(instance=instance).values_list("attempt", flat=True).first()
+        if current is None:
             raise NotFound("No such active job on this runner.")
-        if job.attempt != int(attempt):
-            raise ApplicationError(
-                f"Attempt {attempt} of this job is no longer current (attempt {job.attempt} is): stop it.",
-                status_code=409,
-            )
-        return job, False
+        raise ApplicationError(
+            f"Attempt {attempt} of this job is no longer current (attempt {current} is): stop it.", status_code=409
+        )
 
     def runner_checkpoint(self, request: Request, job_id: str, artifact_id: str) -> Artifact:
         """An artifact of the job being uploaded by this runner; an attempt

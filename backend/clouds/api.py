@@ -315,6 +315,6 @@ def _offer_out(candidate: Candidate) -> dict[str, Any]:
         "cpus": offer.cpus,
         "memory_bytes": offer.memory_bytes,
         "disk_bytes": offer.disk_bytes,
-        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in offer.gpus],
+        "gpus": [g.to_data() for g in offer.gpus],
         "catalog_date": catalog_date(candidate.account),
     }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from django.db import models
-from django.db.models import Value
+from typing import Any, ClassVar
+from uuid import UUID
 
-from backend.accounts.models import WorkspaceOwnedModel
+from django.db import models
+from django.db.models import Q, Value
+
+from backend.accounts.models import WorkspaceOwnedModel, WorkspaceQuerySet
 from backend.artifacts.models import StoredModel
 
 
@@ -111,7 +114,25 @@ class Run(WorkspaceOwnedModel):
         return self.name
 
 
+def held_by(*, instance_id: UUID | str, attempt: int, via: str = "") -> Q:
+    """Fencing, the one place it is written: a runner's frame or REST call
+    about attempt ``attempt`` of a job is listened to only while that is the
+    job's current attempt and it runs on the runner's own instance. A job
+    moved to another runner, retried or fenced no longer matches, so a late
+    or stolen runner changes nothing. ``via``: the path to the job
+    (``"job__"`` from an attempt)."""
+    return Q(**{f"{via}instance_id": instance_id, f"{via}attempt": attempt})
+
+
+class JobQuerySet(WorkspaceQuerySet):
+    def held_by(self, *, instance_id: UUID | str, attempt: int) -> JobQuerySet:
+        """The jobs whose current attempt ``attempt`` runs on ``instance_id`` (``held_by``)."""
+        return self.filter(held_by(instance_id=instance_id, attempt=attempt))
+
+
 class Job(WorkspaceOwnedModel):
+    objects: ClassVar[Any] = JobQuerySet.as_manager()
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=200)
     workflow = models.CharField(max_length=200)
@@ -191,10 +212,22 @@ class AttemptStatus(models.TextChoices):
 LIVE_ATTEMPT = (AttemptStatus.ASSIGNED, AttemptStatus.RUNNING, AttemptStatus.STOPPING)
 
 
+class AttemptQuerySet(WorkspaceQuerySet):
+    def current(self, *, job_id: UUID | str, number: int, instance_id: UUID | str) -> AttemptQuerySet:
+        """Attempt ``number`` of the job, live, and the job's current one on
+        ``instance_id`` (``held_by``): the attempt a runner's report may change."""
+        return self.filter(job_id=job_id, number=number, status__in=LIVE_ATTEMPT).filter(
+            held_by(instance_id=instance_id, attempt=number, via="job__")
+        )
+
+
 class Attempt(WorkspaceOwnedModel):
     """One try of a job on one instance. Only ``runs.lifecycle.transitions``
     writes its status. A runner's messages about a job name the attempt, and
-    only the current attempt on its own instance is listened to (fencing)."""
+    only the current attempt on its own instance is listened to (fencing:
+    ``held_by``)."""
+
+    objects: ClassVar[Any] = AttemptQuerySet.as_manager()
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()

@@ -35,11 +35,15 @@ class TerminationReason(models.TextChoices):
         return _EVENT.get(self)
 
     @property
-    def always_requeued(self) -> bool:
-        """The job's commands never started: try again, not counted as a retry."""
-        return self in (TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED)
+    def counts_as_retry(self) -> bool:
+        """Whether an attempt that ended so counts against ``retry: limit``.
+        Those that do not are tried again whatever ``retry:`` says: the job's
+        commands never started (a lease that ran out, a runner's refusal), or
+        it was stopped only so that its group restarts together."""
+        return self not in _NOT_A_RETRY
 
 
+_NOT_A_RETRY = (TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED, TerminationReason.GROUP_RESTART)
 _STATUS = {
     TerminationReason.DONE: JobStatus.SUCCEEDED,
     TerminationReason.STOPPED_BY_USER: JobStatus.STOPPED,

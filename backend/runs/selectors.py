@@ -29,7 +29,7 @@ from backend.artifacts.models import Artifact, ArtifactStatus, CheckpointLatest
 from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
 from backend.runs.lifecycle.dag import ref_origin
-from backend.runs.models import LIVE_ATTEMPT, Attempt, Environment, EnvironmentArchive, Job, Run, Tag
+from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job, Run, Tag
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
 
@@ -385,15 +385,6 @@ def job_log_lines(*, job_id: str, after_seq: int = 0, until: int = LAST_SEQ) -> 
         for chunk in chunks_forward(job_id, after=after_seq, until=until)
         for line in clipped(chunk, after=after_seq, until=until).lines()
     ]
-
-
-def attempt_current(*, job_id: str, number: int, instance_id: str) -> Attempt | None:
-    """The job's live attempt ``number`` on ``instance_id``, if it is the current one."""
-    return (
-        Attempt.objects.filter(job_id=job_id, number=number, instance_id=instance_id, status__in=LIVE_ATTEMPT)
-        .filter(job__attempt=number)
-        .first()
-    )
 
 
 def _sources(job: Job) -> list[tuple[uuid.UUID, str]]:

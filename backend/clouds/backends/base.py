@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 SpotPolicy = Literal["spot", "on-demand", "auto"]
 
@@ -27,6 +27,14 @@ SpotPolicy = Literal["spot", "on-demand", "auto"]
 class Gpu:
     name: str
     memory_bytes: int = 0
+
+    def to_data(self) -> dict[str, Any]:
+        """As JSON: in an offer's row, a runner's resources, the API."""
+        return {"name": self.name, "memory_bytes": self.memory_bytes}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Gpu:
+        return cls(str(data.get("name", "")), int(data.get("memory_bytes", 0) or 0))
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,46 @@ class Offer:
     def offer_id(self) -> str:
         market = "spot" if self.spot else "on-demand"
         return "/".join([self.backend, self.region, self.zone or "-", self.instance_type, market])
+
+    def to_data(self) -> dict[str, Any]:
+        """The offer as JSON, as an instance row keeps the offer it was launched from."""
+        return {
+            "backend": self.backend,
+            "instance_type": self.instance_type,
+            "region": self.region,
+            "zone": self.zone,
+            "spot": self.spot,
+            "price_per_hour": self.price_per_hour,
+            "cpus": self.cpus,
+            "memory_bytes": self.memory_bytes,
+            "disk_bytes": self.disk_bytes,
+            "gpus": [g.to_data() for g in self.gpus],
+            "data": dict(self.data),
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], *, where: Mapping[str, Any] | None = None) -> Offer:
+        """``to_data``'s inverse. ``where``: the backend, instance type,
+        region, zone and market to use where ``data`` lacks them (a row
+        written before it kept its whole offer)."""
+        where = where or {}
+
+        def pick(key: str, default: Any) -> Any:
+            return data.get(key, where.get(key, default))
+
+        return cls(
+            backend=str(pick("backend", "")),
+            instance_type=str(pick("instance_type", "")),
+            region=str(pick("region", "")),
+            zone=str(pick("zone", "")),
+            spot=bool(pick("spot", False)),
+            price_per_hour=float(data.get("price_per_hour", 0.0)),
+            cpus=int(data.get("cpus", 0)),
+            memory_bytes=int(data.get("memory_bytes", 0)),
+            disk_bytes=int(data.get("disk_bytes", 0)),
+            gpus=tuple(Gpu.from_data(g) for g in data.get("gpus", [])),
+            data={str(k): str(v) for k, v in dict(data.get("data", {})).items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -225,7 +273,7 @@ def shortfall(req: Requirements, offer: Offer) -> str | None:
         return f"{_gib(req.disk_bytes)} disk requested, {_gib(offer.disk_bytes)} available"
     if req.shm_size_bytes and req.shm_size_bytes > offer.memory_bytes:
         return f"{_gib(req.shm_size_bytes)} shared memory requested, {_gib(offer.memory_bytes)} memory available"
-    return _gpu_shortfall(req, offer.gpus)
+    return gpu_shortfall(req, offer.gpus)
 
 
 def in_placement(req: Requirements, offer: Offer) -> bool:
@@ -240,7 +288,8 @@ def in_placement(req: Requirements, offer: Offer) -> bool:
     return req.max_price is None or offer.price_per_hour <= req.max_price
 
 
-def _gpu_shortfall(req: Requirements, gpus: Sequence[Gpu]) -> str | None:
+def gpu_shortfall(req: Requirements, gpus: Sequence[Gpu]) -> str | None:
+    """None when ``gpus`` hold ``req``'s GPUs (by name and memory); else what is missing."""
     if not req.gpu_count:
         return None
     name = req.gpu_name.lower()

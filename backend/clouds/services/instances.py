@@ -112,7 +112,7 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
         price_per_hour=Decimal(str(offer.price_per_hour)),
         requested_for_id=job_id,
         status_reason=reason_text,
-        backend_data={"offer": _offer_data(offer)},
+        backend_data={"offer": offer.to_data()},
     )
     _event(instance, "", InstanceStatus.PROVISIONING, InstanceReason.REQUESTED, reason_text)
     enqueue("backend.clouds.tasks.instance_launch", str(pk))
@@ -537,19 +537,3 @@ def _event(instance: Instance, old: str, new: str, reason: InstanceReason, messa
 def _confirmed(instance_id: str) -> dict[str, Any]:
     instance = Instance.objects.get(pk=instance_id)
     return {**instance.backend_data, "terminate_confirmed": True}
-
-
-def _offer_data(offer: Offer) -> dict[str, Any]:
-    return {
-        "backend": offer.backend,
-        "instance_type": offer.instance_type,
-        "region": offer.region,
-        "zone": offer.zone,
-        "spot": offer.spot,
-        "price_per_hour": offer.price_per_hour,
-        "cpus": offer.cpus,
-        "memory_bytes": offer.memory_bytes,
-        "disk_bytes": offer.disk_bytes,
-        "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in offer.gpus],
-        "data": dict(offer.data),
-    }

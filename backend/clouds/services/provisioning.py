@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from backend.clouds.backends.base import Gpu as OfferGpu
 from backend.clouds.backends.base import Handle, LaunchSpec, Offer
 from backend.clouds.backends.errors import (
     ACCOUNT_BROKEN,
@@ -145,20 +144,14 @@ def _launch_error(instance: Instance, error: ComputeError, last_try: bool) -> La
 
 def launch_offer(instance: Instance) -> Offer:
     """The offer the row was launched (or is to be launched) from."""
-    data = offer_of(instance)
-    return Offer(
-        backend=str(data.get("backend", instance.backend)),
-        instance_type=str(data.get("instance_type", instance.instance_type)),
-        region=str(data.get("region", instance.region)),
-        zone=str(data.get("zone", instance.zone)),
-        spot=bool(data.get("spot", instance.spot)),
-        price_per_hour=float(data.get("price_per_hour", 0.0)),
-        cpus=int(data.get("cpus", 0)),
-        memory_bytes=int(data.get("memory_bytes", 0)),
-        disk_bytes=int(data.get("disk_bytes", 0)),
-        gpus=tuple(OfferGpu(str(g["name"]), int(g.get("memory_bytes", 0))) for g in data.get("gpus", [])),
-        data={str(k): str(v) for k, v in dict(data.get("data", {})).items()},
-    )
+    where = {
+        "backend": instance.backend,
+        "instance_type": instance.instance_type,
+        "region": instance.region,
+        "zone": instance.zone,
+        "spot": instance.spot,
+    }
+    return Offer.from_data(offer_of(instance), where=where)
 
 
 def _spec(instance: Instance, *, boots_from_image: bool = False) -> LaunchSpec:

@@ -42,9 +42,9 @@ from backend.runs.lifecycle.transitions import (
     job_report_final,
     job_set_reason,
 )
+from backend.runs.models import Attempt
 from backend.runs.reasons import TerminationReason
 from backend.runs.scheduler.handover import instance_assign_next
-from backend.runs.selectors import attempt_current
 from backend.runs.services.environments import environment_record
 from backend.runs.services.loglimits import logs_check
 from backend.runs.services.logs import StoredLogs, UnknownJob, logs_prepare, logs_store
@@ -421,7 +421,7 @@ def _follower_event(stored: StoredLogs) -> dict[str, Any]:
 
 
 def _rejected(instance_id: str, message: protocol.JobRejected) -> None:
-    attempt = attempt_current(job_id=message.job, number=message.attempt, instance_id=instance_id)
+    attempt = Attempt.objects.current(job_id=message.job, number=message.attempt, instance_id=instance_id).first()
     if attempt is not None and attempt.lease == message.lease:
         attempt_end(
             attempt_id=str(attempt.pk),

@@ -63,7 +63,7 @@ def retry_decide(
     ``max_wait`` (seconds; 0: off) and ``waited``: a job whose workflow sets
     ``max_wait`` waits for capacity that long, whatever ``retry:`` says
     about ``no_capacity`` (docs/RUNS.md, "Placement")."""
-    if reason.always_requeued:
+    if not reason.counts_as_retry:
         return Decision(True, "trying again")
     if reason == TerminationReason.NO_CAPACITY and max_wait is not None:
         return _capacity_wait(max_wait, waited)

@@ -135,7 +135,7 @@ def job_awaited_running(*, job_id: str) -> bool:
 def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job."""
     reason = job_reason_clean(job_id=job_id, reason=_attempt_note(attempt, reason))[:REASON_MAX]
-    running = Job.objects.filter(pk=job_id, instance_id=instance_id, attempt=attempt, status=JobStatus.RUNNING)
+    running = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).held_by(instance_id=instance_id, attempt=attempt)
     if running.exclude(status_reason=reason).update(status_reason=reason):
         _after_job_change(job_id)
 
@@ -206,7 +206,7 @@ def job_report_final(
     ``interrupt_at`` on (``instance_mark_interrupted``), the attempt ends
     ``interrupted`` now, and ``retry`` gives the job its next attempt at once
     (placement skips the zone). The runner's later frames for it are refused."""
-    current = _live_attempt(job_id, attempt, instance_id)
+    current = Attempt.objects.current(job_id=job_id, number=attempt, instance_id=instance_id).first()
     if current is None:
         return False
     if state == "interrupted":
@@ -478,7 +478,7 @@ def _job_after_attempt(
             job.pk, list(ACTIVE_JOB), status=JobStatus.SUCCEEDED, exit_code=exit_code, status_reason="", finished_at=now
         )
         return
-    counted = _counted_attempts(job) if not reason.always_requeued else 0
+    counted = _counted_attempts(job) if reason.counts_as_retry else 0
     decision = _decide(job, reason, counted=counted)
     ended = f"attempt {attempt.number} ended: {reason.label}" + (f" ({message})" if message else "")
     if decision.retry:
@@ -522,18 +522,9 @@ def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
 
 
 def _counted_attempts(job: Job) -> int:
-    """Attempts that count against ``retry: limit`` (not the ones whose
-    commands never started: a lease that ran out, a refusal)."""
-    free = [TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED, TerminationReason.GROUP_RESTART]
+    """Attempts that count against ``retry: limit`` (``TerminationReason.counts_as_retry``)."""
+    free = [reason for reason in TerminationReason if not reason.counts_as_retry]
     return Attempt.objects.filter(job_id=job.pk).exclude(termination_reason__in=free).count()
-
-
-def _live_attempt(job_id: str, number: int, instance_id: str) -> Attempt | None:
-    return (
-        Attempt.objects.filter(job_id=job_id, number=number, instance_id=instance_id, status__in=LIVE_ATTEMPT)
-        .filter(job__attempt=number)
-        .first()
-    )
 
 
 def _instance_job_done(instance_id: str, job: Job) -> None:

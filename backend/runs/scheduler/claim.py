@@ -19,18 +19,14 @@ from typing import Any
 from django.db.models import Case, Exists, IntegerField, OuterRef, Q, Value, When
 from django.utils import timezone
 
-from backend.clouds.backends.base import Requirements
+from backend.clouds.backends.base import Gpu, gpu_shortfall
 from backend.clouds.models import Instance, InstanceStatus
+from backend.runs.lifecycle.cache import cache_decide
 from backend.runs.lifecycle.cachewhy import (
-    NO_CACHE,
     Subject,
     code_facts,
-    decision_missed,
-    decision_runs,
-    not_cacheable_reason,
 )
-from backend.runs.lifecycle.dag import InputArtifact, cache_key, cacheable, code_identity, job_inputs, readiness
-from backend.runs.lifecycle.dag import cached_source as find_cached_source
+from backend.runs.lifecycle.dag import job_inputs, readiness
 from backend.runs.lifecycle.placement import requirements_of
 from backend.runs.lifecycle.transitions import (
     job_fail_pending,
@@ -79,44 +75,40 @@ def _ready(job: Job) -> bool:
 
 
 def _reused(job: Job) -> bool:
-    """Record the job's cache key; reuse an earlier identical job's result.
-    Either way record why (``cachewhy``), once: a retried job keeps its decision."""
+    """Record the job's cache key; reuse an earlier identical job's result
+    (``lifecycle.cache``). Either way record why, once: a retried job keeps
+    its decision, and a job pending for capacity, passed over again and
+    again, is compared with its previous job only the first time."""
     if job.attempt > 0:
         return False
-    after_running = job.after_running.exists()
-    if not cacheable(spec=job.spec, after_running=after_running):
-        _decided(job, decision_runs([not_cacheable_reason(spec=job.spec, after_running=after_running)]))
-        return False
-    inputs = job_inputs(job)
-    key = cache_key(spec=job.spec, code=code_identity(job.run), inputs=inputs)
-    Job.objects.filter(pk=job.pk).update(cache_key=key)
-    if job.run.no_cache:
-        _decided(job, decision_runs([NO_CACHE]))
-        return False
-    source = find_cached_source(workspace_id=job.workspace_id, key=key, exclude=job.pk)
-    if source is not None:
-        return job_reuse(job_id=str(job.pk), source=source)
-    if not job.cache_decision:  # a job pending for capacity is passed over again and again: compare once
-        _decided(job, decision_missed(_subject(job, inputs)))
-    return False
 
+    def subject() -> Subject:
+        return Subject(
+            workspace_id=job.workspace_id,
+            workflow=job.workflow,
+            name=job.name,
+            repo_url=job.run.repo_url,
+            spec=job.spec,
+            code=code_facts(job.run),
+            inputs=job_inputs(job),
+            before=job.run.created_at,
+        )
 
-def _decided(job: Job, decision: dict[str, object]) -> None:
-    if not job.cache_decision:
-        Job.objects.filter(pk=job.pk).update(cache_decision=decision)
-
-
-def _subject(job: Job, inputs: list[InputArtifact]) -> Subject:
-    return Subject(
-        workspace_id=job.workspace_id,
-        workflow=job.workflow,
-        name=job.name,
-        repo_url=job.run.repo_url,
+    answer = cache_decide(
         spec=job.spec,
-        code=code_facts(job.run),
-        inputs=inputs,
-        before=job.run.created_at,
+        subject_of=subject,
+        after_running=job.after_running.exists(),
+        no_cache=job.run.no_cache,
+        exclude=job.pk,
+        explain_miss=not job.cache_decision,
     )
+    if answer.key:
+        Job.objects.filter(pk=job.pk).update(cache_key=answer.key)
+    if answer.hit is not None:
+        return job_reuse(job_id=str(job.pk), source=answer.hit)
+    if answer.decision is not None and not job.cache_decision:
+        Job.objects.filter(pk=job.pk).update(cache_decision=answer.decision)
+    return False
 
 
 def claim_instance(job: Job, *, only: Any = None) -> Instance | None:
@@ -148,7 +140,7 @@ def claim_instance(job: Job, *, only: Any = None) -> Instance | None:
     if not req.gpu_count:  # every candidate fits
         return query.select_for_update(skip_locked=True).first()
     for instance in query[:20]:  # the GPUs are checked here: read them first, then lock the one that fits
-        if _gpus_fit(req, instance.gpus):
+        if gpu_shortfall(req, [Gpu.from_data(g) for g in instance.gpus]) is None:
             taken = query.select_for_update(skip_locked=True).filter(pk=instance.pk).first()
             if taken is not None:
                 return taken
@@ -162,17 +154,6 @@ def _reserved_for_another(job: Job) -> Q:
     waiting = Job.objects.filter(pk=OuterRef("requested_for_id"), status=JobStatus.PENDING).exclude(pk=job.pk)
     cutoff = timezone.now() - timedelta(seconds=READY_GRACE_SECONDS)
     return Q(idle_since__gt=cutoff) & Q(Exists(waiting))
-
-
-def _gpus_fit(req: Requirements, gpus: list[dict[str, object]]) -> bool:
-    if not req.gpu_count:
-        return True
-    name = req.gpu_name.lower()
-    size = req.gpu_memory_bytes or 0
-    matching = [
-        g for g in gpus if name in str(g.get("name", "")).lower() and int(str(g.get("memory_bytes", 0))) >= size
-    ]
-    return len(matching) >= req.gpu_count
 
 
 def _wind_down_hold(job: Job) -> str:

@@ -39,7 +39,7 @@ def environment_record(*, job_id: str, instance_id: str, attempt: int, report: p
     """Record ``report`` for the attempt ``attempt`` of ``job_id`` run by
     ``instance_id``; False (nothing stored) when that runner does not hold it."""
     row = (
-        Attempt.objects.filter(job_id=job_id, number=attempt, instance_id=instance_id)
+        Attempt.objects.current(job_id=job_id, number=attempt, instance_id=instance_id)
         .select_related("instance", "job")
         .only("pk", "environment_key", "job__workspace_id", "instance__name")
         .first()

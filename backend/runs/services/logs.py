@@ -203,7 +203,8 @@ def logs_store(
             Job.objects.select_for_update(of=("self",))
             .select_related("workspace")
             .only(*JOB_FIELDS)
-            .filter(pk=job_id, instance_id=instance_id, attempt=attempt)
+            .filter(pk=job_id)
+            .held_by(instance_id=instance_id, attempt=attempt)
             .first()
         )
         if job is None:

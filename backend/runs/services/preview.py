@@ -15,20 +15,13 @@ from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus
 from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
+from backend.runs.lifecycle.cache import cache_decide
 from backend.runs.lifecycle.cachewhy import (
-    NO_CACHE,
     CodeFacts,
     Subject,
-    decision_missed,
-    decision_reused,
-    decision_runs,
-    not_cacheable_reason,
 )
 from backend.runs.lifecycle.dag import (
     InputArtifact,
-    cache_key,
-    cacheable,
-    cached_source,
     effective,
     ref_origin,
     run_artifacts,
@@ -122,27 +115,24 @@ def _decide(
     inputs: tuple[list[InputArtifact], bool],
     pending: list[tuple[str, str]],
 ) -> tuple[Job | None, dict[str, Any]]:
-    """The cache hit of a planned job (or None) and the decision, as the scheduler would make it."""
-    if not cacheable(spec=spec, after_running=bool(planned.after_running)):
-        return None, decision_runs([not_cacheable_reason(spec=spec, after_running=bool(planned.after_running))])
-    if no_cache:
-        return None, decision_runs([NO_CACHE])
+    """The cache hit of a planned job (or None) and the decision, as the scheduler makes it."""
     needed, known = inputs
-    if known:
-        hit = cached_source(workspace_id=workspace.pk, key=cache_key(spec=spec, code=code.identity, inputs=needed))
-        if hit is not None:
-            return hit, decision_reused(hit)
-    subject = Subject(
-        workspace_id=workspace.pk,
-        workflow=planned.workflow,
-        name=planned.name,
-        repo_url=repo_url,
-        spec=spec,
-        code=code,
-        inputs=needed if known else None,
-        pending=pending,
-    )
-    return None, decision_missed(subject)
+
+    def subject() -> Subject:
+        return Subject(
+            workspace_id=workspace.pk,
+            workflow=planned.workflow,
+            name=planned.name,
+            repo_url=repo_url,
+            spec=spec,
+            code=code,
+            inputs=needed if known else None,
+            pending=pending,
+        )
+
+    answer = cache_decide(spec=spec, subject_of=subject, after_running=bool(planned.after_running), no_cache=no_cache)
+    assert answer.decision is not None  # a miss is explained unless asked not to be
+    return answer.hit, answer.decision
 
 
 def _inputs(

@@ -289,7 +289,7 @@ def offer_resources(offer: Offer) -> dict[str, object]:
         "cpus": offer.cpus,
         "memory_bytes": offer.memory_bytes,
         "disk_bytes": offer.disk_bytes,
-        "gpus": [{"name": gpu.name, "memory_bytes": gpu.memory_bytes} for gpu in offer.gpus],
+        "gpus": [gpu.to_data() for gpu in offer.gpus],
     }
 
 
