@@ -5,7 +5,7 @@ Keys: ``trainyard/<workspace>/…`` then the same layout as local storage
 ``runs/<run>/jobs/<job>/checkpoints/<attempt>/<n>/…``). URLs live at most
 15 minutes and less than the signing credentials have left; clients ask for
 fresh ones (docs/STORAGE.md). What ``verify`` checks is in
-docs/decisions/0025-s3-upload-verification.md.
+docs/decisions/0073-s3-upload-verification.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ in parts); ``artifact_upload_targets`` hands out fresh URLs on demand (a URL
 expired, the next batch of parts) and ``artifact_parts_complete`` assembles a
 file from its parts; ``artifact_complete`` checks every file against the
 manifest without reading the bytes back from S3
-(docs/decisions/0025-s3-upload-verification.md).
+(docs/decisions/0073-s3-upload-verification.md).
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def artifact_complete(*, artifact: Artifact) -> Artifact:
         key = artifact_file_key(artifact, f)
         return storage.verify(key, size=f.size, sha256=f.sha256, part_sha256s=f.part_sha256s if f.part_size else [])
 
-    # One HEAD per object on S3: VERIFY_THREADS at a time (1,000 small files
-    # one after another took most of a checkpoint sync: bench/README.md).
+    # One HEAD per object on S3, VERIFY_THREADS at a time: a checkpoint of many
+    # small files is verified in parallel (bench/results/2026-12-01-spot.md).
     checked = [f for f in files if f.path not in problems]
     with ThreadPoolExecutor(min(VERIFY_THREADS, max(len(checked), 1))) as pool:
         for f, problem in zip(checked, pool.map(check, checked), strict=True):

@@ -160,8 +160,8 @@ IDLE_FOREVER = -1
 
 class OfferBlock(WorkspaceOwnedModel):
     """A part of an account's offers not to try until ``until``: a launch
-    failed with an error whose scope and retry-after say so (CLOUDS.md's
-    table). In Postgres, so every scheduler process sees it.
+    failed with an error whose scope and retry-after say so (docs/BACKENDS.md,
+    the errors table). In Postgres, so every scheduler process sees it.
 
     ``key`` names the blocked part within the account: the offer id
     (``offer``), ``region/zone`` (``zone``), ``region/type`` (``instance_type``),

@@ -243,7 +243,7 @@ class Attempt(WorkspaceOwnedModel):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # This attempt's lines are seqs first_seq..last_seq of the job's one log
-    # (docs/decisions/0010-log-seqs-across-attempts.md).
+    # (docs/decisions/0070-log-seqs-across-attempts.md).
     first_seq = models.PositiveBigIntegerField(default=1)
     last_seq = models.PositiveBigIntegerField(null=True, blank=True)
     # What the server received of this attempt's lines, to check against the

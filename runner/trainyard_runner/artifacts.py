@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 MAX_FRESH_URLS = 3
 URL_MARGIN = 30.0  # a URL with less than this left is replaced before use
 PART_BATCH = 16  # parts hashed and signed per request
-# Files and parts in flight at once (boto3's upload_file sends 10 parts at a
-# time; one at a time left the runner at half of boto3's speed: bench/README.md).
+# Files and parts in flight at once, as boto3's upload_file keeps several parts
+# in flight (bench/results/2026-12-01-spot.md measures the difference).
 UPLOAD_THREADS = 8
 T = TypeVar("T")
 

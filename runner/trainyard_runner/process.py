@@ -58,7 +58,7 @@ _STANDBY_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE")
 class ShimStandby:
     """A shim started ahead of the next job (``_shim.py JOBS_DIR/ standby``),
     waiting for it on stdin: the job's start does not wait for Python to
-    start (~15 ms of a warm start here, more on a busy machine; bench/README.md).
+    start (measured in bench/results/2026-12-04-warm-start.md).
     The runner fills it when idle; ``Execution.start`` hands it the job, or
     starts a shim of its own when none waits. ``close`` ends the input, and
     with it the waiting shim, as the runner's own death does."""

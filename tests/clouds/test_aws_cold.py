@@ -1,5 +1,5 @@
-"""A launch from a process that has not launched before (issue 8, bench/README.md
-"The AWS part"): botocore's data is read once per process into one loader
+"""A launch from a process that has not launched before (decision 0044;
+bench/results/2026-12-01-whole-bench.md, "The AWS part: where the time goes"): botocore's data is read once per process into one loader
 every session shares (and before the Celery worker forks, ``warm``), and the
 ids RunInstances needs come from the account's facts. On moto's server over HTTP."""
 

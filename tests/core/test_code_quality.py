@@ -1,4 +1,4 @@
-"""The checks STYLE.md asks of every change, run with the suite so CI enforces them."""
+"""The checks every change must pass (ruff, the import contracts, mypy, migrations), run with the suite so CI enforces them."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_the_code_is_ruff_formatted() -> None:
 
 
 def test_the_import_contracts_hold() -> None:
-    """The boundaries of ARCHITECTURE.md, as contracts in .importlinter (docs/ARCHITECTURE-CHECKS.md)."""
+    """The boundaries of docs/ARCHITECTURE.md, as contracts in .importlinter (docs/ARCHITECTURE-CHECKS.md)."""
     result = _lint_imports()
     assert result.returncode == 0, result.stdout + result.stderr
 

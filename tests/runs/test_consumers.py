@@ -231,7 +231,7 @@ def test_the_opening_of_a_follower_reads_no_log_of_a_job_with_nothing_stored_aft
 def test_a_burst_of_follower_connects_reads_at_most_two_at_once_and_each_gets_its_answer() -> None:
     """The connects' thread reads (admission, opening) go through a gate:
     at a burst they take turns, so the loop that sends the frames of those
-    already following keeps the interpreter (bench/README.md, followers)."""
+    already following keeps the interpreter (decision 0065)."""
     import asyncio
     import threading
     import time

@@ -237,7 +237,7 @@ def test_the_search_reads_the_trigram_index_where_postgres_has_pg_trgm_and_needs
     the trigram indexes and a search reads them. Where it has none (the
     embedded Postgres of ``make test``), the migration made none and did not
     fail: a search reads the workspace's runs newest first until a page
-    matches (bench/README.md, runs list). The suite checks the branch of the
+    matches (bench/results/2026-12-02-runs-list.md). The suite checks the branch of the
     Postgres it runs on; ``DATABASE_URL=<a Postgres with pg_trgm> make test``
     checks the other."""
     run = submit(team, owner.user)

@@ -94,7 +94,7 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
 # A warm start's submission: its transaction (run, job, claim, attempt, the
 # run's refresh) and, once it commits, the assignment frame and the run's
 # publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
-# a 2-core machine (bench/README.md, "warm start traced").
+# a 2-core machine (bench/results/2026-12-03-warm-start-traced-and-ingest.md).
 WARM_SUBMISSION_QUERIES = 32
 
 

@@ -1,7 +1,7 @@
 """moto's standalone server with EC2 fault injection and S3's expiry of
 presigned URLs: ``python -m tests.support.moto_server -p PORT``.
 
-moto has no error injection (shared/STACK.md), so this wrapper wraps a few of
+moto has no error injection, so this wrapper wraps a few of
 moto's EC2 response handlers before calling ``moto.server.main()``. Each call
 reads the JSON fault list at ``$TRAINYARD_MOTO_FAULTS`` (written by
 ``MotoServer.fault`` in tests/support/moto.py); the first fault whose action

@@ -20,7 +20,7 @@ from backend.clouds.backends.base import Offer
 from backend.clouds.backends.errors import ACCOUNT_BROKEN, ComputeError, Scope
 from backend.clouds.models import CloudAccount, OfferBlock
 
-# When an error gives no retry-after: how long each scope is skipped (CLOUDS.md).
+# When an error gives no retry-after: how long each scope is skipped (docs/BACKENDS.md).
 DEFAULT_SECONDS = {
     Scope.OFFER: 180.0,
     Scope.ZONE: 180.0,

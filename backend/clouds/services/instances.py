@@ -86,7 +86,7 @@ class Facts:
 def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None, reason_text: str) -> Instance:
     """A new machine for ``offer``: the row is written first (inside the
     caller's transaction) and the launch task enqueued on commit, so a crash
-    at any point leaves a row the reconciler finishes (CLOUDS.md)."""
+    at any point leaves a row the reconciler finishes (docs/BACKENDS.md)."""
     pk = uuid.uuid4()
     key = f"ty-{pk}"
     token = hash_token(runner_token(key))
@@ -256,7 +256,7 @@ def instance_bootstrap_exchange(*, instance_id: str, token: str) -> str | None:
     A compare-and-set: of two hellos racing with the same token, one wins.
     If the Welcome carrying the new token is lost, the machine cannot
     connect again; the provision timeout (or the unreachable grace) then
-    replaces it (docs/decisions/0023-single-use-bootstrap-token.md)."""
+    replaces it (docs/decisions/0071-single-use-bootstrap-token.md)."""
     new = RUNNER_TOKEN_PREFIX + secrets.token_urlsafe(32)
     spent = Instance.objects.filter(
         pk=instance_id, bootstrap_token_hash=hash_token(token), bootstrap_used_at=None

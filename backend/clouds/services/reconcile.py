@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 PULSE_STALE_SECONDS = 10.0
 # A launch task that left no trace for this long is enqueued again.
 LAUNCH_STUCK_SECONDS = 30.0
-TERMINATE_OVERDUE_SECONDS = 15 * 60.0  # then people are told (CLOUDS.md)
+TERMINATE_OVERDUE_SECONDS = 15 * 60.0  # then the workspace and the operator are told
 # How often the cloud's view of every live machine is asked for (one call per account).
 CLOUD_VIEW_SECONDS = 60.0
 

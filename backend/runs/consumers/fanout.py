@@ -1,11 +1,9 @@
 """One channel-layer subscription per group and process, fanned out in memory.
 
-Everyone following a run gets the same events. Subscribed one by one,
-every event crossed Redis once per follower: a group_send wrote a copy of
-the frame for each member, and the process read the copies back one round
-trip at a time. With 500 followers of a job that printed 50 lines a second,
-that was 25,000 messages a second through Redis, and the followers' frames
-were seconds late (bench/README.md).
+Everyone following a run gets the same events, so an event crosses Redis
+once per process, not once per follower: a group_send to many members
+writes a copy of the frame for each, and reads them back one round trip at
+a time (decision 0062; bench/results/2026-12-03-followers.md).
 
 Here a process joins a group once, with a channel of its own (a relay), and
 hands each event to its websockets in memory: an event crosses Redis once

@@ -51,14 +51,12 @@ CATCH_UP_IDLE_SECONDS = 1.0
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_TRY_AGAIN_LATER = 1013
-# A follower's connect reads in threads (its admission, its opening). At a
-# burst of connects (500 people opening one run's page) as many of those
-# threads as the default pool holds took the interpreter from the event
-# loop that sends the frames of those already following, and frames were
-# up to a second late. At most this many run at once in a process; the
-# other connects wait their turn on the loop, which goes on sending
-# (bench/README.md, followers: p99 376-979 ms → 135-170 ms, and the burst's
-# connects 1.7-3.3 s → 0.9-1.5 s). A lone connect does not wait.
+# A follower's connect reads in threads (its admission, its opening). At most
+# this many run at once in a process, so that a burst of connects (many people
+# opening one run's page) never takes the interpreter from the event loop
+# that sends the frames of those already following; the other connects wait
+# their turn on the loop. A lone connect does not wait (decision 0065;
+# bench/results/2026-12-04-followers-connects-gated.md).
 CONNECT_READS_AT_ONCE = 2
 
 

@@ -415,7 +415,7 @@ def _number(run: Run) -> None:
     last statement. Taking the number locks the workspace's counter until the
     commit, so the submissions to one workspace wait for each other only for
     that statement and the commit, not for each other's whole transaction
-    (they went one at a time: bench/README.md). In the same transaction, so
+    (decision 0069). In the same transaction, so
     the numbers stay gapless; they follow the order the submissions commit in."""
     with connection.cursor() as cur:
         cur.execute(

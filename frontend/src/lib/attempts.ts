@@ -1,5 +1,5 @@
 // A job's attempts as the run page shows them: marks in its one log (the
-// lines of attempt N are seqs first_seq..last_seq, docs/decisions/0010) and
+// lines of attempt N are seqs first_seq..last_seq, docs/decisions/0070) and
 // words for why each attempt ended.
 import type { Attempt, Job, TerminationReason } from "../api/types";
 import type { AttemptMark, ViewerLine } from "../components/LogViewer";

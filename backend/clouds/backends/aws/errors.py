@@ -1,8 +1,7 @@
 """EC2 and STS errors as the typed errors of ``backends/errors.py``.
 
 One function, ``compute_error``, maps every botocore failure; the table it
-follows is in ``../shared/CLOUDS.md`` ("EC2 errors") and docs/BACKENDS.md
-("The aws backend: errors"). Messages say what the user can do and never
+follows is in docs/BACKENDS.md ("The aws backend: errors"). Messages say what the user can do and never
 carry credentials: an error's own message is kept only after cutting
 ``UnauthorizedOperation``'s encoded authorization message, which is long and
 unreadable.

@@ -1,9 +1,8 @@
 """One S3 bucket of a connected account: presigned URLs, multipart uploads,
-HeadObject. The only place that talks S3 (STYLE.md 7); the storage layer
+HeadObject. The only place that talks S3 (the cloud SDK stays in its backend); the storage layer
 (backend/artifacts/s3.py) builds on it.
 
-Presigned URLs die with the credentials that signed them (CLOUDS.md, "Spot
-interruption on the runner"): a role session's credentials live an hour
+Presigned URLs die with the credentials that signed them: a role session's credentials live an hour
 whatever ``ExpiresIn`` says, so every URL is capped below what is left of
 them as well as at ``MAX_URL_SECONDS``.
 
