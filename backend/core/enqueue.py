@@ -57,7 +57,7 @@ def send(task_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return True
 
 
-def _task(task_name: str) -> Task:
+def _task(task_name: str) -> Task[..., Any]:
     """The registered task. A process that has not loaded the task's module
     (a web process) loads it: its ``shared_task`` registers itself then."""
     tasks = current_app.tasks

@@ -155,7 +155,7 @@ def _take_spare(mirror: Path, work: Path) -> bool:
 async def spare_checkout(code: CodeSpec, *, cache_dir: Path) -> None:
     """Make the spare clone of ``code``'s repository for the next job, if its
     mirror exists and it has none. Never raises: without a spare the next job
-    clones from the mirror as before."""
+    clones from the mirror."""
     if code.kind != "git" or not code.repo_url:
         return
     mirror = mirror_path(cache_dir, code.repo_url)

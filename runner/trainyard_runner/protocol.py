@@ -14,14 +14,14 @@ ordered log), the server stores lines it has not stored yet and answers
 every line above the acknowledged seq in its spool and resends from there
 after a reconnect.
 
-Fencing (v2): every message about a job names its ``attempt``. The server
+Fencing: every message about a job names its ``attempt``. The server
 listens only to the job's current attempt on the runner's own instance; to
 anything else it answers ``Refused``, and the runner stops that attempt.
 A runner starts a job's commands only after ``JobConfirmed`` (or the job
 listed in ``Welcome.confirmed`` after a reconnect), so a lost acceptance can
 never run a job twice.
 
-No secret crosses the websocket (v3): the server's side of it goes through
+No secret crosses the websocket: the server's side of it goes through
 the channel layer (Redis, written to disk). ``AssignJob.secrets`` only says
 the job has secrets or a clone credential; the runner fetches them
 (``JobSecrets``) over REST with its token, as it fetches the file lists of
@@ -29,7 +29,7 @@ the job's inputs page by page (``InputPage``), so an assignment stays small
 whatever the inputs hold. Both endpoints answer only the runner holding the
 job's current attempt (docs/RUNNER.md, "Secrets and input manifests").
 
-Log batches in the stored form (v4): a ``Logs`` frame is one chunk, the
+Log batches travel in the stored form: a ``Logs`` frame is one chunk, the
 lines' text as one string with one stream letter per line and runs of
 times, which the server stores and fans out without per-line work.
 """
@@ -47,7 +47,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 PROTOCOL_VERSION = 5
 
 # A log line in memory: [unix time in seconds, stream, text]; stream is "o"
-# (stdout) or "e" (stderr). On the wire lines travel as a ``Logs`` chunk (v4).
+# (stdout) or "e" (stderr). On the wire lines travel as a ``Logs`` chunk.
 # A line's time is a unix time: finite and not before 1970 (a NaN or a
 # negative time is a bad frame, answered by closing the connection).
 LogTime = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -238,7 +238,7 @@ class JobState(_Message):
 
 class Logs(_Message):
     """A batch of consecutive lines of one job, seqs ``first_seq`` ..
-    ``first_seq + len(streams) - 1``, in the form the server stores (v4):
+    ``first_seq + len(streams) - 1``, in the form the server stores:
     ``text`` is the lines, each followed by ``"\\n"`` (a line holds no other
     ``"\\n"``); ``streams`` one letter per line, ``o`` (stdout) or ``e``
     (stderr); ``times`` runs of ``[lines, unix time]`` in order, one per read
@@ -347,7 +347,7 @@ class CodeSpec(_Message):
     patch_url: str = ""  # signed GET url; empty when there is no patch
     archive_url: str = ""  # signed GET url; kind == "archive"
     # The repository's, when one is set (kind == "git"): never sent by the
-    # server (v3); the runner fills it in from ``JobSecrets.credential``.
+    # server; the runner fills it in from ``JobSecrets.credential``.
     credential: GitCredential | None = None
 
 
@@ -361,7 +361,7 @@ class InputFile(_Message):
 class InputArtifact(_Message):
     """An artifact of another job, placed at ``path`` (relative to the
     working directory, e.g. "./base_model") before the commands run.
-    The server sends ``file_count`` and no ``files`` (v3); the runner reads
+    The server sends ``file_count`` and no ``files``; the runner reads
     them from ``GET …/runner/jobs/<job>/inputs/?path=<path>`` page by page
     (``InputPage``) and fills ``files`` in."""
 

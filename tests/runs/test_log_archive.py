@@ -1,6 +1,6 @@
 """Archived logs (``services/logarchive.py``): a finished job's chunks
 become one object in its workspace's storage (the server's disk, or its S3
-bucket on moto), every reader gives back the same lines as before, a
+bucket on moto), every reader gives back the lines that were stored, a
 failed write loses nothing, and retention removes the object."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_an_archived_log_downloads_from_storage_and_ranges_still_stream(
     """The whole log of a job that ran once, once archived: a download is a
     redirect to its object's short-lived URL, whose bytes are the log; a
     range (or a read without download=1) is streamed by the server, from
-    the archive, as before."""
+    the archive."""
     settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}
     server = web_server.start(TRAINYARD_STORAGE_DIR=str(tmp_path))
     whole = _raw(server, member, job).content

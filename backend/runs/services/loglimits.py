@@ -77,13 +77,14 @@ def log_cap_note(cap: int, seq: int) -> str:
     return f"log limit of {human_bytes(cap)} reached at line {seq}: later output was not stored (the job ran on)"
 
 
-# Attempt.log_digest of an attempt whose tally began before protocol 5 (a
-# sum, 64 hex digits): its digest cannot be continued, so it is not checked.
+# Attempt.log_digest of an attempt whose tally is not a running CRC (a sum of
+# 64 hex digits, from an older runner): it cannot be continued, so it is not
+# checked.
 UNCHECKED = "-"
 
 
 def _continuable(tally: str) -> bool:
-    """Whether ``Attempt.log_digest`` is a protocol-5 digest (or none yet),
+    """Whether ``Attempt.log_digest`` is a running CRC (16 hex digits, or none yet),
     which a batch continues and a final state is checked against."""
     return len(tally) in (0, 16)
 

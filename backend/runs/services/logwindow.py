@@ -66,7 +66,7 @@ def log_lines_before(*, job: Job, before_seq: int | None, limit: int, max_bytes:
 
 
 def log_lines_after(*, job: Job, after_seq: int, limit: int, max_bytes: int) -> LogWindow:
-    """The first ``limit`` lines with seq > ``after_seq`` (the pages, as before)."""
+    """The first ``limit`` lines with seq > ``after_seq``, a page at a time."""
     page = job_log_page(job=job, after_seq=min(after_seq, LAST_SEQ), limit=limit, max_bytes=max_bytes)
     return LogWindow(page.lines, page.has_more)
 
