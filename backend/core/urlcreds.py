@@ -19,11 +19,6 @@ _AUTHORITY = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^
 _IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*)://(?P<userinfo>[^\s/?#'\"<>]*)@")
 
 
-def url_credentials(url: str) -> bool:
-    """Whether ``url`` carries a credential (``url_without_credentials`` changes it)."""
-    return url_without_credentials(url) != url
-
-
 def url_without_credentials(url: str) -> str:
     """``url`` without its userinfo; an SSH URL keeps its user name."""
     match = _AUTHORITY.match(url)

@@ -124,12 +124,6 @@ class RunPlanIn(RunCreateIn):
     code = PlanCodeIn()
 
 
-class PlannedInputOut(serializers.Serializer):
-    path = serializers.CharField()
-    # The API's key is "source", which is also an attribute of every DRF field.
-    source = serializers.CharField(source="from")  # type: ignore[assignment]
-
-
 class CacheHitOut(serializers.Serializer):
     run = serializers.CharField()
     job = serializers.UUIDField()

@@ -36,13 +36,8 @@ from backend.vault.masking import Masks, Span, continues, cover, end_spans, span
 Previous = Callable[[str], str | None]
 
 
-def joined_text(lines: list[LogLineWire]) -> str:
-    """The lines' texts joined by "\\n": what ``needs_masking`` searches."""
-    return "\n".join(map(itemgetter(2), lines))
-
-
 def needs_masking(text: str, lines: list[LogLineWire], masks: Masks, previous: Previous) -> bool:
-    """Whether ``lines`` (``text``: their ``joined_text``) need ``masked``.
+    """Whether ``lines`` (``text``: their texts joined by "\\n") need ``masked``.
     Nothing but C-level passes over the batch; nothing at all for a
     workspace without secrets."""
     if not masks:
