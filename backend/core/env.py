@@ -8,9 +8,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+# The exit status of a command stopped by a ConfigError (sysexits.h EX_CONFIG):
+# manage.py exits with it, and ``make run``'s supervisor tells it apart.
+EXIT_CONFIG_ERROR = 78
+
 
 class ConfigError(RuntimeError):
-    """A setting from the environment is missing or malformed."""
+    """A setting from the environment is missing, malformed or unsafe.
+
+    Its message is meant for the person starting the server: manage.py prints
+    it alone (no traceback) and exits with ``EXIT_CONFIG_ERROR``."""
 
 
 def env_str(name: str, default: str = "") -> str:

@@ -10,6 +10,10 @@
     4. Start web, worker and beat; wait for ``/api/v1/health/``; print a banner.
     5. On Ctrl-C / SIGTERM, or when a child dies, stop the children (SIGTERM,
        SIGKILL after 10 s), the local runners, then Valkey and Postgres.
+
+A configuration error stops step 3: ``manage.py`` prints its message alone
+and exits with ``EXIT_CONFIG_ERROR``, and so does ``run`` after stopping
+what it started.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from backend.core.env import EXIT_CONFIG_ERROR
 from backend.embedded.children import Child, Console, children_stop
 from backend.embedded.processes import cmdline, groups_stop, pid_alive
 from backend.embedded.runners import local_runners_kill
@@ -189,11 +194,15 @@ def _step(console: Console, stop_requested: threading.Event, env: dict[str, str]
         if stop_requested.wait(0.1):
             children_stop([child], timeout=CHILD_STOP_TIMEOUT_SECONDS)
             raise Shutdown(0)
-    if child.poll() != 0:
+    code = child.poll()
+    if code != 0:
         if not echo:
             for line in child.output().splitlines():
                 console.line("setup", line)
-        console.alert(f"`manage.py {' '.join(args)}` failed with exit code {child.poll()}")
+        if code == EXIT_CONFIG_ERROR:  # manage.py printed the message alone (no traceback): say what to do
+            console.alert("the configuration above is not valid: fix it and start again")
+            raise Shutdown(EXIT_CONFIG_ERROR)
+        console.alert(f"`manage.py {' '.join(args)}` failed with exit code {code}")
         raise Shutdown(1)
     return child.output()
 
