@@ -39,7 +39,7 @@ from backend.clouds.services.instances import (
     instance_set_idle,
     instance_set_idle_duration,
 )
-from backend.runs.events import publish_run
+from backend.runs.events import publish_on_commit
 from backend.runs.lifecycle.cachewhy import decision_reused
 from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
 from backend.runs.lifecycle.placement import Placement, waiting_since
@@ -418,7 +418,7 @@ def _run_refresh_locked(run: Run) -> Run:
     if Run.objects.filter(pk=run.pk, status=run.status).update(**updates):
         for field, value in updates.items():  # what the row now holds: no read back
             setattr(run, field, value)
-        transaction.on_commit(lambda: publish_run(str(run.pk)))
+        publish_on_commit(str(run.pk))
     return run
 
 
