@@ -12,7 +12,7 @@ from backend.clouds import api_selfhosted as selfhosted
 from backend.clouds import views as clouds_views
 from backend.core import spa
 from backend.repos import api as repos
-from backend.runs.api import runner as runs_runner
+from backend.runs.api import run_artifacts
 from backend.runs.api import views as runs
 from backend.vault import api as vault
 
@@ -33,7 +33,7 @@ urlpatterns = [
     path(f"{ws}/runs/<str:run>/", runs.RunDetailView.as_view()),
     path(f"{ws}/runs/<str:run>/stop/", runs.RunStopView.as_view()),
     path(f"{ws}/runs/<str:run>/rerun/", runs.RunRerunView.as_view()),
-    path(f"{ws}/runs/<str:run>/artifacts/", artifacts.RunArtifactsView.as_view()),
+    path(f"{ws}/runs/<str:run>/artifacts/", run_artifacts.RunArtifactsView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/raw", runs.JobRawLogView.as_view()),
     path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
@@ -53,36 +53,16 @@ urlpatterns = [
     path(f"{ws}/runners/registration-tokens/", selfhosted.RegistrationTokenListView.as_view()),
     path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),
     path(f"{ws}/runners/<uuid:runner>/revoke/", selfhosted.SelfHostedRunnerRevokeView.as_view()),
-    path("api/v1/runner/register/", selfhosted.RunnerRegisterView.as_view()),
     path(f"{ws}/backends/", clouds.BackendListView.as_view()),
     path(f"{ws}/backends/aws/setup/", clouds.AwsSetupView.as_view()),
     path(f"{ws}/backends/<str:name>/", clouds.BackendDetailView.as_view()),
     path(f"{ws}/backends/<str:name>/validate/", clouds.BackendValidateView.as_view()),
     path(f"{ws}/offers/", clouds.OfferListView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/artifacts/", artifacts.RunnerArtifactBeginView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/checkpoints/", artifacts.RunnerCheckpointBeginView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/checkpoints/done/", artifacts.RunnerCheckpointDoneView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/caches/", artifacts.RunnerCacheBeginView.as_view()),
-    path(
-        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/complete/",
-        artifacts.RunnerArtifactCompleteView.as_view(),
-    ),
+    # Every runner call but its websocket (backend/runs/api/runner_urls.py).
+    path("api/v1/runner/", include("backend.runs.api.runner_urls")),
     # The runner for machines that boot from an image (no auth: public code).
     path("runner/wheels/", clouds_views.runner_wheels_index),
     path("runner/wheels/<str:name>", clouds_views.runner_wheel),
-    path(
-        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/urls/",
-        artifacts.RunnerArtifactUploadUrlsView.as_view(),
-    ),
-    path(
-        "api/v1/runner/jobs/<uuid:job>/artifacts/<uuid:artifact>/parts/",
-        artifacts.RunnerArtifactPartsView.as_view(),
-    ),
-    path("api/v1/runner/jobs/<uuid:job>/urls/", artifacts.RunnerDownloadUrlView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/secrets/", runs_runner.RunnerJobSecretsView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/inputs/", runs_runner.RunnerJobInputsView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/environment/", runs_runner.RunnerEnvironmentView.as_view()),
-    path("api/v1/runner/jobs/<uuid:job>/environment/done/", runs_runner.RunnerEnvironmentDoneView.as_view()),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

@@ -1,17 +1,21 @@
 """REST endpoints a runner reads for the job it holds: what the assignment
-frame does not carry (secrets, input manifests; ``runs.services.delivery``).
-Authenticated like the artifact endpoints: the runner's token and the
-``?attempt=`` that must be the job's current one on that runner."""
+frame does not carry (secrets, input manifests; ``runs.services.delivery``),
+fresh download URLs for what it names, and the workspace's packed
+environments. Authenticated and fenced by ``runner_auth``: the runner's token
+and the ``?attempt=`` that must be the job's current one on that runner."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from backend.artifacts.api import RunnerAPIView
 from backend.core.errors import ApplicationError, NotFound
+from backend.runs.api.runner_auth import RunnerAPIView
+from backend.runs.lifecycle.dispatch import job_download_url
 from backend.runs.services.delivery import job_input_page, job_secrets
 from backend.runs.services.environments import (
     environment_archive_begin,
@@ -53,7 +57,7 @@ class RunnerJobSecretsView(RunnerAPIView):
 
     @extend_schema(parameters=[ATTEMPT], responses=JobSecretsOut)
     def get(self, request: Request, job: str) -> Response:
-        found = job_secrets(job=self.runner_job(request, job))
+        found = job_secrets(job=self.held.job)
         response = Response(found.model_dump(mode="json"))
         response["Cache-Control"] = "no-store"
         return response
@@ -71,12 +75,52 @@ class RunnerJobInputsView(RunnerAPIView):
         responses=InputPageOut,
     )
     def get(self, request: Request, job: str) -> Response:
-        found = self.runner_job(request, job)
+        found = self.held.job
         path = request.query_params.get("path", "")
         if not path:
             raise ApplicationError("Say which input: ?path=<its path in the assignment>.", extra={"field": "path"})
         page = job_input_page(job=found, path=path, after=request.query_params.get("after", ""))
         return Response(page.model_dump(mode="json"))
+
+
+class DownloadUrlIn(serializers.Serializer):
+    code = serializers.ChoiceField(choices=["archive", "patch"], required=False)
+    input = serializers.CharField(max_length=500, required=False)
+    checkpoint = serializers.IntegerField(min_value=1, required=False, help_text="a checkpoint version's number")
+    cache = serializers.CharField(required=False, help_text="a cache: path of the job's workflow")
+    file = serializers.CharField(max_length=1000, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        with_file = [bool(attrs.get(k) and attrs.get("file")) for k in ("input", "checkpoint", "cache")]
+        named = [bool(attrs.get("code")), *with_file]
+        if sum(named) != 1:
+            raise serializers.ValidationError(
+                'Name either "code", or "file" with "input", with "checkpoint" or with "cache".'
+            )
+        return attrs
+
+
+class DownloadUrlOut(serializers.Serializer):
+    url = serializers.CharField()
+
+
+class RunnerDownloadUrlView(RunnerAPIView):
+    """A fresh URL for the job's code or one of its input files."""
+
+    @extend_schema(request=DownloadUrlIn, responses=DownloadUrlOut)
+    def post(self, request: Request, job: str) -> Response:
+        data = DownloadUrlIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        url = job_download_url(
+            job=self.held.job,
+            code=v.get("code", ""),
+            input_path=v.get("input", ""),
+            file_path=v.get("file", ""),
+            checkpoint=v.get("checkpoint", 0),
+            cache=v.get("cache", ""),
+        )
+        return Response({"url": url})
 
 
 # ------------------------------------------------------------ environments (docs/ENVIRONMENTS.md)
@@ -113,7 +157,7 @@ class RunnerEnvironmentView(RunnerAPIView):
         responses=EnvironmentArchiveOut,
     )
     def get(self, request: Request, job: str) -> Response:
-        found = self.runner_job(request, job)
+        found = self.held.job
         data = EnvironmentKeyIn(data={"key": request.query_params.get("key", "")})
         data.is_valid(raise_exception=True)
         target = environment_archive_find(job=found, key=data.validated_data["key"])
@@ -123,7 +167,7 @@ class RunnerEnvironmentView(RunnerAPIView):
 
     @extend_schema(parameters=[ATTEMPT], request=EnvironmentPackedIn, responses=EnvironmentUploadOut)
     def post(self, request: Request, job: str) -> Response:
-        found = self.runner_job(request, job)
+        found = self.held.job
         data = EnvironmentPackedIn(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -136,7 +180,7 @@ class RunnerEnvironmentDoneView(RunnerAPIView):
 
     @extend_schema(parameters=[ATTEMPT], request=EnvironmentKeyIn, responses={204: None})
     def post(self, request: Request, job: str) -> Response:
-        found = self.runner_job(request, job)
+        found = self.held.job
         data = EnvironmentKeyIn(data=request.data)
         data.is_valid(raise_exception=True)
         problem = environment_archive_done(job=found, key=data.validated_data["key"])

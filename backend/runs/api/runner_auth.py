@@ -1,0 +1,174 @@
+"""Authentication and fencing of the runner's REST calls (``api/v1/runner/jobs/…``).
+
+A runner calls with its machine's token (``Authorization: Bearer <runner
+token>``) and names the attempt it holds (``?attempt=N``, runner protocol 2).
+``RunnerTokenAuthentication`` turns the token into the runner's ``Instance``;
+the permissions let a call through only for the job's current attempt on that
+instance (fencing: ``Job.objects.held_by``), or, for the checkpoint uploads of
+an attempt interrupted at a notice, that attempt while it winds down. Every
+endpoint refuses with the same statuses and messages (docs/API.md):
+
+- 401 ``Unknown runner token.``: no token, an unknown one, or one whose
+  instance has ended;
+- 400 ``Say which attempt: …``: no ``?attempt=N``;
+- 404 ``No such active job on this runner.``;
+- 409 ``Attempt N of this job is no longer current (attempt M is): stop it.``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from uuid import UUID
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from backend.accounts.auth import token_from_header
+from backend.clouds.models import Instance
+from backend.clouds.services.instances import instance_for_token
+from backend.core.errors import ApplicationError, NotFound
+from backend.runs.lifecycle.transitions import attempt_winding_down
+from backend.runs.models import ACTIVE_JOB, Job
+
+
+@dataclass(frozen=True)
+class RunnerPrincipal:
+    """``request.user`` of a runner's call: the runner of ``instance``.
+    Not a Django user, so no user endpoint accepts it."""
+
+    instance: Instance
+    is_authenticated: ClassVar[bool] = True
+    is_anonymous: ClassVar[bool] = False
+
+    @property
+    def pk(self) -> UUID:
+        """The runner's identity where a user's id is asked for (rate limits count by it)."""
+        return self.instance.pk
+
+
+class RunnerTokenAuthentication(BaseAuthentication):
+    """``Authorization: Bearer <runner token>`` of a live instance:
+    ``request.user`` is its ``RunnerPrincipal``, ``request.auth`` the
+    ``Instance``. The runner endpoints take no other credential, so a missing
+    or wrong one is refused here (401), not passed on to another scheme."""
+
+    def authenticate(self, request: Request) -> tuple[RunnerPrincipal, Instance]:
+        token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
+        instance = instance_for_token(token=token) if token else None
+        if instance is None:
+            raise exceptions.AuthenticationFailed("Unknown runner token.")
+        return RunnerPrincipal(instance), instance
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+class RunnerTokenScheme(OpenApiAuthenticationExtension):
+    """The runner endpoints' security scheme in the OpenAPI schema."""
+
+    target_class = RunnerTokenAuthentication
+    name = "runnerAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "A runner's own token (tyrun_…)."}
+
+
+@dataclass(frozen=True)
+class RunnerCall:
+    """Who calls and about which attempt: the runner's instance and the ``?attempt=N`` it names."""
+
+    instance: Instance
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Held:
+    """The job of the URL as the calling runner holds it: ``attempt`` is the
+    job's current attempt on the runner's instance, or (``winding_down``) one
+    interrupted there whose checkpoint the runner still syncs."""
+
+    job: Job
+    attempt: int
+    winding_down: bool
+
+
+class NamesAttempt(BasePermission):
+    """A runner (``RunnerTokenAuthentication``) naming an attempt
+    (``?attempt=N``; 400 without). Sets ``view.call``."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        _runner_view(view).call = runner_call(request)
+        return True
+
+
+class HoldsCurrentAttempt(BasePermission):
+    """The attempt named is the current one of the URL's job on the caller's
+    instance (404 if the job is not active there, 409 if another attempt is
+    current). Sets ``view.call`` and ``view.held``."""
+
+    winding_down_ok: ClassVar[bool] = False
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        runner_view = _runner_view(view)
+        runner_view.call = runner_call(request)
+        job_id = str(view.kwargs["job"])
+        runner_view.held = job_held(runner_view.call, job_id=job_id, winding_down_ok=self.winding_down_ok)
+        return True
+
+
+class HoldsCurrentOrWindingDownAttempt(HoldsCurrentAttempt):
+    """As ``HoldsCurrentAttempt``, or the attempt named was interrupted at a
+    notice on the caller's instance and may still sync the job's checkpoint
+    (until the machine's deadline: ``attempt_winding_down``)."""
+
+    winding_down_ok = True
+
+
+class RunnerAPIView(APIView):
+    """Authenticated by the runner's own token; only its active jobs."""
+
+    authentication_classes = [RunnerTokenAuthentication]
+    permission_classes = [HoldsCurrentAttempt]
+    # Set by the permissions before the handler runs.
+    call: RunnerCall
+    held: Held
+
+
+def runner_call(request: Request) -> RunnerCall:
+    """The calling runner's instance and the attempt it names; 400 without ``?attempt=N``."""
+    instance = request.auth
+    if not isinstance(instance, Instance):  # a view without RunnerTokenAuthentication
+        raise exceptions.NotAuthenticated()
+    attempt = request.query_params.get("attempt", "")
+    if not attempt.isdecimal():
+        raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
+    return RunnerCall(instance=instance, attempt=int(attempt))
+
+
+def job_held(call: RunnerCall, *, job_id: str, winding_down_ok: bool) -> Held:
+    """The job as ``call`` holds it (fencing), or the refusal: 404 when the
+    job is not active on the caller's instance, 409 when another attempt is."""
+    instance_id = str(call.instance.pk)
+    if winding_down_ok and attempt_winding_down(job_id=job_id, instance_id=instance_id, attempt=call.attempt):
+        return Held(job=Job.objects.get(pk=job_id), attempt=call.attempt, winding_down=True)
+    active = Job.objects.filter(pk=job_id, status__in=ACTIVE_JOB)
+    job = active.held_by(instance_id=call.instance.pk, attempt=call.attempt).first()
+    if job is not None:
+        return Held(job=job, attempt=call.attempt, winding_down=False)
+    current = active.filter(instance=call.instance).values_list("attempt", flat=True).first()
+    if current is None:
+        raise NotFound("No such active job on this runner.")
+    raise ApplicationError(
+        f"Attempt {call.attempt} of this job is no longer current (attempt {current} is): stop it.", status_code=409
+    )
+
+
+def _runner_view(view: APIView) -> RunnerAPIView:
+    if not isinstance(view, RunnerAPIView):
+        raise TypeError(f"{type(view).__name__}: the runner permissions guard RunnerAPIView subclasses only")
+    return view
