@@ -1,7 +1,8 @@
 """The contracts that keep ``backend.runs`` in layers, its service packages
-free of cycles and tasks reached only by name (.importlinter) each report a
-deliberately wrong import: a copy of ``backend`` with one more module is
-checked against the repository's own configuration."""
+free of cycles, tasks reached only by name and ``backend.artifacts`` below
+runs (.importlinter) each report a deliberately wrong import: a copy of
+``backend`` with one more module is checked against the repository's own
+configuration."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ CASES = {
             "backend/runs/scheduler/wrong_b.py": "from backend.runs.scheduler import wrong_a\n",
         },
         "No import cycles between the modules of a service package",
+    ),
+    "artifacts imports only runs' models": (
+        {"backend/artifacts/wrong_on_purpose.py": "from backend.runs.lifecycle import transitions\n"},
+        "backend.artifacts imports nothing of backend.runs but its models",
     ),
 }
 
