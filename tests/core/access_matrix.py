@@ -194,7 +194,7 @@ ROUTES: dict[str, dict[str, Call]] = {
     # The job's secrets and its inputs' file lists: never in the assignment frame (it crosses Redis).
     f"{RUNNER_JOB}/secrets/": {"GET": Call(runner(200), query=ATTEMPT)},
     # The world's job has no input: its own runner is told ./in does not exist (401 for users as everywhere;
-    # it is scoped to the current attempt by RunnerAPIView.runner_job, as secrets/ above: tests/runs/test_secrets.py).
+    # it is scoped to the current attempt by HoldsCurrentAttempt, as secrets/ above: tests/runs/test_secrets.py).
     f"{RUNNER_JOB}/inputs/": {"GET": Call(runner(404), query=f"{ATTEMPT}&path=./in")},
     # Nothing packed yet: GET finds none; POST hands out the upload; done: no object was put.
     f"{RUNNER_JOB}/environment/": {

@@ -4,7 +4,7 @@
 The frame goes through the channel layer (Redis, appendonly on disk) and
 must stay under the runner's frame limit, so it carries neither plaintext
 secrets nor manifests. The views call these only for the runner that holds
-the job's current attempt (``RunnerAPIView.runner_job``).
+the job's current attempt (``HoldsCurrentAttempt``, runs/api/runner_auth.py).
 """
 
 from __future__ import annotations
