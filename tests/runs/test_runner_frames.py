@@ -50,7 +50,8 @@ def test_a_runner_that_does_not_wait_for_acks_is_cut_off() -> None:
     """The log queue of one connection holds MAX_QUEUED_LOG_FRAMES frames
     waiting for the database; the next frame closes the connection (1008)
     instead of growing the web process's memory."""
-    from backend.runs.consumers.runner import MAX_QUEUED_LOG_FRAMES, RunnerConsumer
+    from backend.runs.consumers.runner import RunnerConsumer
+    from backend.runs.services.logingest import MAX_QUEUED_LOG_FRAMES
 
     consumer = RunnerConsumer()
     closed: list[int] = []
@@ -62,11 +63,13 @@ def test_a_runner_that_does_not_wait_for_acks_is_cut_off() -> None:
     frame = protocol.Logs.of(job="j", attempt=1, first_seq=1, lines=[(1.0, "o", "x")])
 
     async def flood() -> int:
-        consumer._writer = asyncio.get_running_loop().create_future()  # a writer stuck in the database
-        consumer._log_queue = asyncio.Queue()
+        # Nothing here yields to the event loop, so the writer task never
+        # takes a frame off the queue: a writer stuck in the database.
         for _ in range(MAX_QUEUED_LOG_FRAMES + 5):
             await consumer.on_logs(frame)
-        return consumer._log_queue.qsize()
+        queued = consumer.logs.queued()
+        consumer.logs.close()  # the connection closes: the writer ends before it ever ran
+        return queued
 
     queued = asyncio.run(flood())
     assert queued == MAX_QUEUED_LOG_FRAMES
