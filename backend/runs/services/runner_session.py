@@ -1,21 +1,17 @@
 """What the server does with each frame a runner sends on ``/ws/runner/``.
 
-The consumer (``consumers/runner.py``) authenticates the connection,
-validates a frame and calls the one function here that handles it; each
-returns what the consumer then does, and the consumer does nothing else.
-The rule the split keeps: the consumer alone sends on the socket and asks
-for scheduling passes, in the order ``Reply`` says; everything here is
-synchronous database work, run in one call per frame off the process's
-shared database thread (``consumers/threads.py``), except the connect's
-token lookups, which the consumer queues on that thread right after the
-accept.
-
-A reply's frames go out before its ``after_sending`` work: a runner waits
-for ``JobConfirmed`` before its commands start, so the acceptance's run
-publication and the check for jobs waiting on it come after it
-(``events.publishing_held``). A pass is asked for last, from a thread that
-is not the shared database thread: a broker that is down holds that call up
-to a minute.
+One function a frame (and ``runner_authenticate`` for the connect): each
+does the frame's database work in one synchronous call and returns what the
+consumer (``consumers/runner.py``) does next, in the order a ``Reply``
+gives: send its frames, run its ``after_sending`` work, ask for a
+scheduling pass. Nothing here sends on the socket or asks for a pass. A
+runner waits for ``JobConfirmed`` before its commands start, so what may
+follow it (the acceptance's run publication, held with
+``events.publishing_held``, and the check for jobs waiting on it) comes
+after it is sent; a pass requested while the broker is down holds its
+caller up to a minute, so the consumer asks for it last, from a thread that
+is not a database thread. Which thread runs each call is the consumer's
+choice.
 
 Log frames are stored by ``logingest.LogIngest``, not here.
 """
