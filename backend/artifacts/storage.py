@@ -39,8 +39,16 @@ _SALT = "trainyard.storage"
 # only the path; a token is 100+ characters of base64 and ":", ending in the
 # signature), the query of any other URL (presigned S3 URLs). Neither takes
 # the punctuation of the sentence around it.
+#
+# Both read text a runner sends (a job's reason) in time linear in its length
+# (docs/decisions/linear-redaction.md). A token's run of characters stops at
+# the next "/", so the tries at each "/storage/" read disjoint runs. A URL's
+# host and path run (``_URL``) is taken whole and possessively, its query
+# only when there is one: a search for "a URL followed by a query" would
+# retry at every "http://" inside a run without one (``http://http://…``),
+# each try reading the rest of the run.
 _TOKEN_IN_PATH = re.compile(r"(/storage(?:-archive)?/)[\w.:\-]{19,}[\w\-]")
-_QUERY = re.compile(r"(https?://[^\s?#'\"<>]+)\?[^\s#'\"<>]*[^\s#'\"<>:.,;!)]")
+_URL = re.compile(r"(https?://[^\s?#'\"<>]++)(\?[^\s#'\"<>]*[^\s#'\"<>:.,;!)])?")
 
 
 @dataclass(frozen=True)
@@ -295,7 +303,11 @@ def verify_token(token: str) -> SignedRequest:
 def redact_signed_urls(text: str) -> str:
     """``text`` with the credentials of every signed URL in it replaced by "…"
     (a reason that quotes a failed download must not hand out its link)."""
-    return _QUERY.sub(r"\1?…", _TOKEN_IN_PATH.sub(r"\1…", text))
+    return _URL.sub(_without_query, _TOKEN_IN_PATH.sub(r"\1…", text))
+
+
+def _without_query(match: re.Match[str]) -> str:
+    return f"{match[1]}?…" if match[2] else match[0]
 
 
 def delete_quietly(storage: Storage, keys: list[str], what: str) -> None:
