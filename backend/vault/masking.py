@@ -14,6 +14,11 @@ Every occurrence of every form is replaced by ``MASK``; occurrences that
 overlap become one mask. Forms shorter than ``MIN_LENGTH`` are not hidden:
 a short piece would hide ordinary text everywhere. ``secret_set`` refuses a
 value that short.
+
+The text comes from jobs and runners, so masking it takes time linear in its
+length, with no pattern that backtracks (docs/decisions/linear-redaction.md):
+substring searches, and one Python step per mask placed, not per
+occurrence (``spans``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ _BASE64_COLUMNS = 76  # where coreutils' base64 wraps its output
 _GRAM = 12
 _STRIDE = 48
 _DIRECT_MAX = 10
+_BLOCK = 1 << 16  # characters compared at once while measuring a run of a self-overlapping form
 _SAMPLE = re.compile(rf"(?s)(.{{{_GRAM}}}).{{0,{_STRIDE - _GRAM}}}")  # the gram at 0, _STRIDE, 2 * _STRIDE, …
 
 Span = tuple[int, int]
@@ -51,6 +57,7 @@ class Masks:
     """The forms of a workspace's secrets, built once per change of them."""
 
     forms: tuple[str, ...] = ()  # every string to hide, longest first
+    periods: tuple[int, ...] = ()  # each form's smallest period (``_period``), in the order of ``forms``
     # Every form contains a detector, so they alone decide whether a text
     # needs masking: searched for directly, or (many long ones) by grams.
     detectors: tuple[str, ...] = ()
@@ -73,11 +80,12 @@ def masks_of(values: Iterable[str]) -> Masks:
         forms |= value_forms
         detectors |= value_detectors
     ordered = tuple(sorted(forms, key=lambda f: (-len(f), f)))
+    periods = tuple(map(_period, ordered))
     long = sorted(d for d in detectors if len(d) >= _STRIDE + _GRAM - 1)
     if len(long) <= _DIRECT_MAX:
-        return Masks(ordered, tuple(sorted(detectors)))
+        return Masks(ordered, periods, tuple(sorted(detectors)))
     grams = frozenset(d[i : i + _GRAM] for d in long for i in range(_STRIDE))
-    return Masks(ordered, tuple(sorted(detectors - set(long))), grams)
+    return Masks(ordered, periods, tuple(sorted(detectors - set(long))), grams)
 
 
 def mask(text: str, masks: Masks, *, cut: bool = False) -> str:
@@ -90,14 +98,79 @@ def mask(text: str, masks: Masks, *, cut: bool = False) -> str:
 
 
 def spans(text: str, masks: Masks) -> list[Span]:
-    """Where the forms occur in ``text``, overlaps included."""
+    """Where the forms occur in ``text``. Occurrences of a form that overlap
+    come as one span, their union: ``cover`` hides them with one mask either
+    way, and a long run of them (``aaaa…`` for a form ``aaaa``) costs one step,
+    not one per occurrence."""
     found: list[Span] = []
-    for form in masks.forms:
-        start = text.find(form)
-        while start != -1:
-            found.append((start, start + len(form)))
-            start = text.find(form, start + 1)
+    periods = masks.periods or tuple(map(_period, masks.forms))
+    for form, period in zip(masks.forms, periods, strict=True):
+        found += _occurrences(text, form, period)
     return found
+
+
+def _occurrences(text: str, form: str, period: int) -> list[Span]:
+    """The spans of ``form`` in ``text``, each run of overlapping occurrences
+    as one. Two occurrences overlap only ``period`` (the form's smallest
+    period) or a multiple of it apart, inside a stretch of text that repeats
+    the form's first ``period`` characters: that stretch is measured at C
+    speed (``_repeats``), and the search goes on after its last occurrence."""
+    found: list[Span] = []
+    length = len(form)
+    start = text.find(form)
+    if period == length:  # it never overlaps itself
+        while start != -1:
+            found.append((start, start + length))
+            start = text.find(form, start + length)
+        return found
+    unit = form[:period]
+    whole, rest = divmod(length, period)  # form == unit * whole + unit[:rest]
+    while start != -1:
+        first = start
+        while True:
+            units = _repeats(text, unit, start)
+            # The occurrences from ``start`` are ``period`` apart while the
+            # units last; the last one may end in a part of a unit.
+            extra = units - whole if text.startswith(unit[:rest], start + units * period) else units - whole - 1
+            last = start + extra * period
+            start = text.find(form, last + 1)
+            if start == -1 or start >= last + length:  # the next one does not overlap this run
+                break
+        found.append((first, last + length))
+    return found
+
+
+def _repeats(text: str, unit: str, at: int) -> int:
+    """How many times ``unit`` repeats in ``text`` from ``at``: compared in
+    blocks of 1, 2, 4, … units (at most _BLOCK characters), then halving."""
+    count, size, block = 0, 1, unit
+    while text.startswith(block, at):
+        at += len(block)
+        count += size
+        if len(block) < _BLOCK:
+            size, block = size * 2, block + block
+    while size > 1:
+        size //= 2
+        block = block[: len(block) // 2]
+        if text.startswith(block, at):
+            at += len(block)
+            count += size
+    return count
+
+
+def _period(form: str) -> int:
+    """The smallest p > 0 with form[i] == form[i + p] wherever both exist
+    (``len(form)`` when the form never overlaps itself): its length less its
+    longest proper border (Knuth–Morris–Pratt's failure function)."""
+    border = [0] * len(form)
+    k = 0
+    for i in range(1, len(form)):
+        while k and form[i] != form[k]:
+            k = border[k - 1]
+        if form[i] == form[k]:
+            k += 1
+        border[i] = k
+    return len(form) - (border[-1] if form else 0)
 
 
 def end_spans(text: str, masks: Masks) -> list[Span]:
