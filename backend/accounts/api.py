@@ -21,8 +21,10 @@ from backend.accounts.auth import signed_in_user
 from backend.accounts.github import github_enabled
 from backend.accounts.models import Role, User
 from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
+from backend.accounts.services.lockout import lockout_of
 from backend.accounts.services.tokens import api_token_issue, api_token_revoke
 from backend.core.errors import ApplicationError, NotFound
+from backend.core.throttling import RateLimited
 
 DURATION = r"^[1-9][0-9]{0,6}[smhdw]$"
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -102,7 +104,11 @@ class AuthConfigView(APIView):
 
 
 class LoginView(APIView):
-    """The local password login; CSRF-checked although anonymous, so no site can sign a browser in."""
+    """The local password login; CSRF-checked although anonymous, so no site can sign a browser in.
+
+    A username or an address locked out after too many wrong passwords is
+    refused (429, with Retry-After) whatever the password
+    (backend/accounts/services/lockout.py)."""
 
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
@@ -123,6 +129,9 @@ class LoginView(APIView):
         data.is_valid(raise_exception=True)
         user = authenticate(request._request, **data.validated_data)
         if user is None:
+            locked = lockout_of(request._request)
+            if locked is not None:
+                raise RateLimited(locked)
             raise ApplicationError("Wrong username or password.")
         login(request._request, user)
         return Response(_me(user))

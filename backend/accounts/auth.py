@@ -1,5 +1,6 @@
 """DRF authentication with personal API tokens (Bearer or Token scheme), the
-signed-in user of an API request, and the local password login."""
+signed-in user of an API request, and the local password login (with its
+lockouts: backend/accounts/services/lockout.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from rest_framework.request import Request
 
 from backend.accounts.models import User
 from backend.accounts.selectors import api_token_expired_at, user_for_token
+from backend.accounts.services.lockout import (
+    SignInLocked,
+    note_lockout,
+    sign_in_attempt,
+    sign_in_failed,
+    sign_in_succeeded,
+)
+from backend.core.ratelimit import client_ip
 from backend.core.tokens import API_TOKEN_PREFIX, token_kind
 
 
@@ -71,6 +80,12 @@ class LocalLoginBackend(ModelBackend):
 
     Switching it off also ends the sessions it started. GitHub users have an
     unusable password, so this never signs them in.
+
+    Every password check here, the API's login and the Django admin's, is
+    counted against the username's and the address's lockouts: a locked one
+    raises ``SignInLocked`` (Django's ``authenticate()`` then stops and
+    answers None; ``lockout_of(request)`` says why) before the password is
+    checked, the right one too.
     """
 
     def authenticate(
@@ -78,7 +93,20 @@ class LocalLoginBackend(ModelBackend):
     ) -> User | None:
         if not settings.TRAINYARD_LOCAL_LOGIN:
             return None
-        return super().authenticate(request, username=username, password=password, **kwargs)
+        if username is None or password is None:  # not a password sign-in (social-auth's, say)
+            return super().authenticate(request, username=username, password=password, **kwargs)
+        try:
+            attempt = sign_in_attempt(username=username, address=client_ip(request) if request is not None else "")
+        except SignInLocked as locked:
+            if request is not None:
+                note_lockout(request, locked.refusal)
+            raise
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is None:
+            sign_in_failed(attempt)
+        else:
+            sign_in_succeeded(attempt)
+        return user
 
     def get_user(self, user_id: Any) -> User | None:
         if not settings.TRAINYARD_LOCAL_LOGIN:

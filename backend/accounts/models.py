@@ -137,3 +137,29 @@ class ApiToken(BaseModel):
     revoked_at = models.DateTimeField(null=True, blank=True)
     # None: never expires (chosen at creation, `expires_in`).
     expires_at = models.DateTimeField(null=True, blank=True)
+
+
+class LockoutPer(models.TextChoices):
+    USERNAME = "user", "username"
+    ADDRESS = "ip", "address"
+
+
+class SignInLockout(BaseModel):
+    """A username, or a client address, locked out of password sign-in until
+    ``locked_until`` (backend/accounts/services/lockout.py), the right password
+    too. Not tenant data: for operators, in the Django admin, where one is
+    lifted early (its action sets ``locked_until`` to now). Kept after it ends,
+    as a record; records older than ``LOCKOUT_RECORDS_KEPT`` go."""
+
+    per = models.CharField(max_length=8, choices=LockoutPer.choices)
+    identity = models.CharField(max_length=150, help_text="The username (lowercased), or the client address.")
+    failures = models.PositiveIntegerField(help_text="Wrong passwords counted within the period when it began.")
+    locked_until = models.DateTimeField()
+    last_username = models.CharField(max_length=150, blank=True, help_text="The username of the last wrong password.")
+    last_address = models.CharField(max_length=64, blank=True, help_text="The address of the last wrong password.")
+
+    class Meta:
+        indexes = [models.Index(fields=["per", "identity", "locked_until"], name="accounts_lockout_active")]
+
+    def __str__(self) -> str:
+        return f"{self.get_per_display()} {self.identity} until {self.locked_until:%Y-%m-%d %H:%M:%S} UTC"

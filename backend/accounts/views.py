@@ -8,7 +8,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from social_django import views as social_views
 
-from backend.core.throttling import client_ip, refusal_response, throttle_hit
+from backend.core.ratelimit import client_ip
+from backend.core.throttling import refusal_response, throttle_hit
 
 
 def github_begin(request: HttpRequest, backend: str) -> HttpResponse:

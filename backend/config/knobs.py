@@ -403,7 +403,9 @@ class RateLimitSettings(TypedDict):
     """Rate limits per user and per client address, counted in Redis by every
     web process together; over one, the API answers 429 with Retry-After and a
     websocket closes with 4429. A rate is `N/period` (`20/min`, `100/hour`,
-    `5/30s`) or `off`."""
+    `5/30s`, `5/15min`) or `off`. Sign-in lockouts count wrong passwords only:
+    that many within the period lock the username (or the address) out of
+    password sign-in for TRAINYARD_LOGIN_LOCKOUT_SECONDS."""
 
     RATE_LIMITS: Annotated[dict[str, dict[str, tuple[int, int] | None]], RateLimits((
         RateLimit(
@@ -445,6 +447,20 @@ class RateLimitSettings(TypedDict):
             ),
         ),
     ))]
+    # Sign-in lockouts (backend/accounts/services/lockout.py): wrong passwords, not requests.
+    LOGIN_LOCKOUT_USER: Annotated[tuple[int, int] | None, Knob(
+        "TRAINYARD_LOGIN_LOCKOUT_USER", RATE, "5/15min",
+        "Wrong passwords for one username (from any address) that lock that username out; `off`: never.",
+    )]
+    LOGIN_LOCKOUT_IP: Annotated[tuple[int, int] | None, Knob(
+        "TRAINYARD_LOGIN_LOCKOUT_IP", RATE, "5/15min",
+        "Wrong passwords from one address (for any usernames) that lock that address out; `off`: never.",
+    )]
+    LOGIN_LOCKOUT_SECONDS: Annotated[int, Knob(
+        "TRAINYARD_LOGIN_LOCKOUT_SECONDS", INTEGER, 900,
+        "How long a sign-in lockout lasts: every password sign-in of that username or address is refused "
+        "(429), the right password too. Admins see lockouts, and lift them, in the Django admin.",
+    )]
     RATE_LIMIT_PREFIX: Annotated[str, Derived(lambda v: v["TRAINYARD_CHANNEL_PREFIX"] + ":ratelimit")]
 
 

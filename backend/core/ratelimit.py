@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -54,7 +55,7 @@ class Refusal:
         who = "this account" if self.kind == "user" else "this address"
         return (
             f"Too many {SCOPE_WORDS.get(self.scope, 'requests')} from {who}: at most {self.limit} per"
-            f" {_period(self.period_seconds)}. Try again in {self.retry_after} s."
+            f" {period_words(self.period_seconds)}. Try again in {self.retry_after} s."
         )
 
     @property
@@ -131,7 +132,14 @@ def _client(url: str) -> redis.Redis:
     return shared_client(url, timeout=REDIS_TIMEOUT_SECONDS)
 
 
-def _period(seconds: int) -> str:
+def client_ip(request: Any) -> str:
+    """The client's address: ``REMOTE_ADDR`` only, never a header the client
+    sets (behind a proxy the ASGI server resolves it, for trusted proxies only)."""
+    return str(request.META.get("REMOTE_ADDR") or "")
+
+
+def period_words(seconds: int) -> str:
+    """``minute``, ``15 minutes``, ``hour``, ``90 seconds``."""
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds % size == 0:
             count = seconds // size

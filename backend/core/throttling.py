@@ -17,7 +17,7 @@ from rest_framework import exceptions
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from backend.core.ratelimit import Refusal, rate_hit
+from backend.core.ratelimit import Refusal, client_ip, rate_hit
 
 
 class RateLimited(exceptions.Throttled):
@@ -50,10 +50,6 @@ def refusal_response(refusal: Refusal) -> JsonResponse:
     """The 429 of a plain Django view (the API's own come from ``RateLimited``)."""
     body = {"message": refusal.message, "extra": refusal.extra}
     return JsonResponse(body, status=429, headers={"Retry-After": str(refusal.retry_after)})
-
-
-def client_ip(request: Any) -> str:
-    return str(request.META.get("REMOTE_ADDR") or "")
 
 
 def _user_identity(request: Request, view: Any) -> str:
