@@ -358,6 +358,12 @@ SOCIAL_AUTH_LOGIN_ERROR_URL = "/"
 SOCIAL_AUTH_INACTIVE_USER_URL = "/?auth_error=This+account+is+disabled."
 SOCIAL_AUTH_REQUESTS_TIMEOUT = 10
 SOCIAL_AUTH_REDIRECT_IS_HTTPS = PUBLIC_URL.startswith("https://")
+# The sign-in start is a POST with the CSRF token (the dashboard's button is a
+# form), so no other site can start a sign-in in a visitor's browser.
+# social-auth-app-django 6 and later require it whatever this says (its
+# `auth` view is POST-only, and backend.accounts.views wraps it); said here
+# too, for an older one and for whoever audits the settings.
+SOCIAL_AUTH_REQUIRE_POST = True
 
 # --- Trainyard ------------------------------------------------------------
 # settings.TRAINYARD: a plain dict, typed and declared in knobs.py (its

@@ -324,6 +324,27 @@ def test_sign_in_is_a_post_with_csrf(github: GithubServer) -> None:
     assert github.requests == []
 
 
+def test_social_auth_requires_post_and_the_dashboards_form_post_signs_in(github: GithubServer, settings: Any) -> None:
+    """SOCIAL_AUTH_REQUIRE_POST is on: a GET starts nothing, while the dashboard's button
+    (a form POST with the CSRF token from the ``csrftoken`` cookie) signs in end to end."""
+    github.next_user = _octo()
+    browser = Client(enforce_csrf_checks=True)
+    browser.get("/api/v1/auth/config/")  # the dashboard's first call: it sets the cookie
+    token = browser.cookies["csrftoken"].value
+
+    by_link = browser.get("/auth/login/github/")
+    begin = browser.post("/auth/login/github/", {"csrfmiddlewaretoken": token})
+    authorize = httpx.get(begin["Location"], follow_redirects=False, timeout=10)
+    callback = urlsplit(authorize.headers["location"])
+    done = browser.get(f"{callback.path}?{callback.query}")
+
+    assert settings.SOCIAL_AUTH_REQUIRE_POST is True
+    assert by_link.status_code == 405
+    assert begin.status_code == 302
+    assert done.status_code == 302 and done["Location"] == "/"
+    assert _signed_in_as(browser) == "octo"
+
+
 def test_without_a_github_app_sign_in_says_so(settings: Any) -> None:
     settings.GITHUB_CLIENT_ID = settings.GITHUB_CLIENT_SECRET = ""
 
