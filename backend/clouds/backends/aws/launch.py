@@ -1,4 +1,5 @@
-"""One RunInstances, with everything it needs found first (docs/BACKENDS.md, "Launch, describe, terminate, list_managed").
+"""One RunInstances, with everything it needs found first
+(docs/BACKENDS.md, "Launch, describe, terminate, list_managed").
 
 The ids a launch needs (the AMI and its root device, the VPC and the
 subnet of the offer's zone, the security group) are found by ``discover``
