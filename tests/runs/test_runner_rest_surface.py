@@ -89,6 +89,7 @@ def test_each_refusal_of_a_runner_call_has_its_status_and_message(team: Workspac
         "an unknown token": ("not-a-runner", "1", 401, "Unknown runner token."),
         "no attempt": (TOKEN, None, 400, which),
         "an attempt that is no number": (TOKEN, "²", 400, which),
+        "an attempt no database integer holds": (TOKEN, "1" * 5000, 400, which),
         "another runner": (OTHER, "1", 404, "No such active job on this runner."),
         "an old attempt": (TOKEN, "0", 409, "Attempt 0 of this job is no longer current (attempt 1 is): stop it."),
     }

@@ -140,12 +140,13 @@ class RunnerAPIView(APIView):
 
 
 def runner_call(request: Request) -> RunnerCall:
-    """The calling runner's instance and the attempt it names; 400 without ``?attempt=N``."""
+    """The calling runner's instance and the attempt it names; 400 without
+    ``?attempt=N`` (decimal digits, at most 9)."""
     instance = request.auth
     if not isinstance(instance, Instance):  # a view without RunnerTokenAuthentication
         raise exceptions.NotAuthenticated()
     attempt = request.query_params.get("attempt", "")
-    if not attempt.isdecimal():
+    if not attempt.isdecimal() or len(attempt) > 9:  # an attempt's number is a database integer
         raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
     return RunnerCall(instance=instance, attempt=int(attempt))
 
