@@ -43,7 +43,7 @@ from backend.runs.events import publish_on_commit
 from backend.runs.lifecycle.cachewhy import decision_reused
 from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
 from backend.runs.lifecycle.placement import Placement, waiting_since
-from backend.runs.lifecycle.redaction import job_reason_clean
+from backend.runs.lifecycle.redaction import REASON_READ_MAX, job_reason_clean
 from backend.runs.lifecycle.retry import Decision, RetryPolicy, retry_decide
 from backend.runs.models import (
     ACTIVE_JOB,
@@ -133,9 +133,13 @@ def job_awaited_running(*, job_id: str) -> bool:
 
 
 def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
-    """A progress note (``preparing the code``) from the runner running the job."""
-    reason = job_reason_clean(job_id=job_id, reason=_attempt_note(attempt, reason))[:REASON_MAX]
+    """A progress note (``preparing the code``) from the runner running the job.
+    Another runner's is not read at all; the holder's is cut to REASON_READ_MAX
+    characters before it is cleaned (docs/decisions/linear-redaction.md)."""
     running = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).held_by(instance_id=instance_id, attempt=attempt)
+    if not running.exists():
+        return
+    reason = job_reason_clean(job_id=job_id, reason=_attempt_note(attempt, reason[:REASON_READ_MAX]))[:REASON_MAX]
     if running.exclude(status_reason=reason).update(status_reason=reason):
         _after_job_change(job_id)
 
