@@ -331,6 +331,10 @@ class Agent:
         if self._gpus is None:  # nvidia-smi is slow: ask once
             self._gpus = detect_resources(self._work_dir).gpus
         resources = detect_resources(self._work_dir, gpus=self._gpus)
+        # Texts longer than the protocol's bounds are cut by the models. A
+        # runner holds one job and the finished ones it has still to report,
+        # far fewer than MAX_HELD_JOBS: the cut is a guard, never a bad frame.
+        held = [j for j in self._jobs.values() if not j.refused][: p.MAX_HELD_JOBS]
         return p.Hello(
             version=__version__,
             hostname=socket.gethostname(),
@@ -338,8 +342,7 @@ class Agent:
             resources=resources,
             running_jobs=[
                 p.HeldJob(job=j.id, attempt=j.attempt, lease=j.spec.lease, confirmed=j.confirmed, ports=j.ports)
-                for j in self._jobs.values()
-                if not j.refused
+                for j in held
             ],
             cloud=self._cloud,
         )

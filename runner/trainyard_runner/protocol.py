@@ -32,6 +32,13 @@ job's current attempt (docs/RUNNER.md, "Secrets and input manifests").
 Log batches travel in the stored form: a ``Logs`` frame is one chunk, the
 lines' text as one string with one stream letter per line and runs of
 times, which the server stores and fans out without per-line work.
+
+Everything a runner sends is bounded here (docs/RUNNER.md, "Bounds"), so the
+server never reads more of a frame than it keeps
+(docs/decisions/linear-redaction.md). Free text (a reason, a hostname, a GPU's
+name) is cut to its bound, on both sides: a long git error is not a bad frame.
+Identifiers the runner echoes (a job, a lease) and lists (held jobs, ports,
+GPUs) above their bound are a bad frame (4400): no runner reaches them.
 """
 
 from __future__ import annotations
@@ -102,6 +109,33 @@ def log_digest_hex(state: int) -> str:
     return f"{state:016x}"
 
 
+# Bounds on what a runner sends (docs/RUNNER.md, "Bounds").
+# A JobState's reason: the server keeps 1000 characters once credentials and
+# signed URLs in it are shortened, and reads no more than this of it.
+MAX_REASON_CHARS = 4096
+MAX_REJECTION_CHARS = 1000  # JobRejected.reason: the runner's own refusal ("busy with job …")
+# A name or a fact about the machine (hostname, address, version, a GPU's
+# name, cloud identity, platform facts): the server keeps 255 at most.
+MAX_NAME_CHARS = 255
+MAX_ID_CHARS = 64  # a job id or a lease, as the server sent it (36 and 32 characters; a lease column holds 64)
+MAX_HELD_JOBS = 64  # Hello.running_jobs (a runner holds one job and the finished ones it still reports)
+MAX_PORTS = 64  # JobAccepted.ports, HeldJob.ports: AssignJob.port_count at most
+MAX_GPUS = 64  # Resources.gpus
+MAX_PLATFORM_FACTS = 32  # EnvironmentReport.platform (the runner sends 5)
+# A Logs frame's text: the server's message limit (uvicorn's ws_max_size,
+# 16 MiB); the runner's batches stay under 2 MiB (logstream.MAX_BATCH_BYTES).
+MAX_LOG_TEXT_CHARS = 16 << 20
+
+
+def _cut_to(limit: int) -> BeforeValidator:
+    return BeforeValidator(lambda value: value[:limit] if isinstance(value, str) else value)
+
+
+Reason = Annotated[str, _cut_to(MAX_REASON_CHARS)]  # cut, never refused
+Name = Annotated[str, _cut_to(MAX_NAME_CHARS)]  # cut, never refused
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]  # longer: a bad frame
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -110,11 +144,11 @@ class Resources(_Message):
     cpus: int = Field(ge=1)
     memory_bytes: int = Field(ge=0)
     disk_bytes: int = Field(ge=0)
-    gpus: list[Gpu] = Field(default_factory=list)
+    gpus: list[Gpu] = Field(default_factory=list, max_length=MAX_GPUS)
 
 
 class Gpu(_Message):
-    name: str
+    name: Name
     memory_bytes: int = Field(ge=0)
 
 
@@ -124,10 +158,10 @@ class Gpu(_Message):
 class CloudIdentity(_Message):
     """Where the runner runs, when it can tell (instance metadata)."""
 
-    instance_id: str = ""
-    instance_type: str = ""
-    region: str = ""
-    zone: str = ""
+    instance_id: Name = ""
+    instance_type: Name = ""
+    region: Name = ""
+    zone: Name = ""
 
 
 class HeldJob(_Message):
@@ -135,11 +169,11 @@ class HeldJob(_Message):
     commands were allowed to start; otherwise it waits for the server's
     confirmation of its acceptance."""
 
-    job: str
+    job: Id
     attempt: int = Field(ge=1)
-    lease: str
+    lease: Id
     confirmed: bool
-    ports: list[int] = Field(default_factory=list)  # as in its JobAccepted
+    ports: list[int] = Field(default_factory=list, max_length=MAX_PORTS)  # as in its JobAccepted
 
 
 class Hello(_Message):
@@ -150,11 +184,11 @@ class Hello(_Message):
 
     type: Literal["hello"] = "hello"
     protocol: int = PROTOCOL_VERSION
-    version: str
-    hostname: str
-    address: str = ""
+    version: Name
+    hostname: Name
+    address: Name = ""
     resources: Resources
-    running_jobs: list[HeldJob] = Field(default_factory=list)
+    running_jobs: list[HeldJob] = Field(default_factory=list, max_length=MAX_HELD_JOBS)
     cloud: CloudIdentity | None = None
 
 
@@ -163,22 +197,21 @@ class JobAccepted(_Message):
     ends. It runs nothing until ``JobConfirmed``."""
 
     type: Literal["job_accepted"] = "job_accepted"
-    job: str
+    job: Id
     attempt: int = Field(ge=1)
-    lease: str
+    lease: Id
     # The free ports the runner picked for an ``AssignJob.port_count`` (the
     # job's PORT_0…), so the server can show them and give them to the jobs
     # that run after this one (``TRAINYARD_MASTER_PORT``).
-    ports: list[int] = Field(default_factory=list)
+    ports: list[int] = Field(default_factory=list, max_length=MAX_PORTS)
 
 
 class JobRejected(_Message):
     type: Literal["job_rejected"] = "job_rejected"
-    job: str
+    job: Id
     attempt: int = Field(ge=1)
-    lease: str
-    # Cut to what the server keeps (a runner's long reason is not a bad frame).
-    reason: Annotated[str, BeforeValidator(lambda v: v[:1000] if isinstance(v, str) else v)]
+    lease: Id
+    reason: Annotated[str, _cut_to(MAX_REJECTION_CHARS)]
 
 
 class EnvironmentReport(_Message):
@@ -193,7 +226,9 @@ class EnvironmentReport(_Message):
     size_bytes: int = Field(ge=0)
     lock: str = Field(max_length=2_000_000)
     packages: str = Field(max_length=2_000_000)
-    platform: dict[str, str] = Field(default_factory=dict)
+    platform: dict[Annotated[str, Field(max_length=MAX_NAME_CHARS)], Name] = Field(
+        default_factory=dict, max_length=MAX_PLATFORM_FACTS
+    )
     # The key without the platform: sha256 of the spec and its files' digests.
     recipe: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
 
@@ -224,11 +259,11 @@ class JobState(_Message):
     """
 
     type: Literal["job_state"] = "job_state"
-    job: str
+    job: Id
     attempt: int = Field(ge=1)
     state: Literal["preparing", "running", "uploading", "succeeded", "failed", "stopped", "interrupted"]
     exit_code: int | None = None
-    reason: str = ""
+    reason: Reason = ""
     interrupt_at: float | None = None
     log_lines: int | None = Field(default=None, ge=0)
     log_digest: str = Field(default="", pattern=r"^([0-9a-f]{16})?$")
@@ -247,12 +282,12 @@ class Logs(_Message):
     fans the same fields out to followers: nothing is done per line."""
 
     type: Literal["logs"] = "logs"
-    job: str
+    job: Id
     attempt: int = Field(ge=1)
     first_seq: int = Field(ge=1)
     streams: str = Field(min_length=1, max_length=MAX_FRAME_LINES)
     times: list[tuple[Annotated[int, Field(ge=1)], LogTime]] = Field(min_length=1, max_length=MAX_FRAME_LINES)
-    text: str
+    text: str = Field(max_length=MAX_LOG_TEXT_CHARS)
 
     @model_validator(mode="after")
     def _shape(self) -> Logs:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .protocol import Gpu, Resources
+from .protocol import MAX_GPUS, Gpu, Resources
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,13 @@ def detect_gpus() -> list[Gpu]:
 
 
 def parse_nvidia_smi(out: str) -> list[Gpu]:
-    """Parse ``name, memory MiB`` lines."""
+    """Parse ``name, memory MiB`` lines: the first ``MAX_GPUS`` GPUs, as many
+    as a ``Hello`` may name (a name longer than the protocol's bound is cut)."""
     result = []
     for line in out.splitlines():
         name, _, mib = line.rpartition(",")
         if name.strip() and mib.strip().isdigit():
             result.append(Gpu(name=name.strip(), memory_bytes=int(mib.strip()) * 1024 * 1024))
-    return result
+    if len(result) > MAX_GPUS:
+        log.warning("nvidia-smi lists %d GPUs: reporting the first %d", len(result), MAX_GPUS)
+    return result[:MAX_GPUS]
