@@ -6,7 +6,7 @@ password sign-in for ``TRAINYARD_LOGIN_LOCKOUT_SECONDS`` (15 minutes);
 ``TRAINYARD_LOGIN_LOCKOUT_IP`` wrong passwords from one address (for any
 usernames) lock that address out. While locked, every password sign-in of it
 is refused before the password is checked, the right one too. See
-docs/decisions/sign-in-lockout.md.
+docs/decisions/0080-sign-in-lockout.md.
 
 Every password check of ``LocalLoginBackend`` (the API's login and the Django
 admin's) goes through here:
