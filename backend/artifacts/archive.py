@@ -4,6 +4,11 @@ The API answers with a short-lived signed URL (like single files); the URL's
 view streams a zip built on the fly from storage (stored, not deflated: model
 files do not compress and CPU is better spent elsewhere). From an S3 bucket
 the bytes pass through this server (S3 cannot zip).
+
+``zip_stream`` yields the zip a block at a time; the view steps it from an
+asynchronous iterator (backend/artifacts/views.py, ``Stepped``), so at most
+a block or two of it is in memory however large the files are. Each entry
+is written with its size known, so a file over 2 GiB gets its ZIP64 fields.
 """
 
 from __future__ import annotations
@@ -38,13 +43,19 @@ def archive_name(artifact: Artifact, prefix: str) -> str:
     return f"{base}.zip"
 
 
+BLOCK = 1 << 20  # bytes read from storage at a time
+
+
 def zip_stream(artifact: Artifact, prefix: str) -> Iterator[bytes]:
     sink = _Chunks()
     storage = storage_of(artifact)
     with zipfile.ZipFile(sink, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for file in artifact.files.filter(path__startswith=prefix).order_by("path"):
-            with storage.open(artifact_file_key(artifact, file)) as src, archive.open(file.path, "w") as dst:
-                while chunk := src.read(1 << 20):
+        for file in artifact.files.filter(path__startswith=prefix).order_by("path").iterator():
+            entry = zipfile.ZipInfo(file.path)
+            entry.compress_type = zipfile.ZIP_STORED
+            entry.file_size = file.size  # ZipFile picks ZIP64 fields from it (above 2 GiB)
+            with storage.open(artifact_file_key(artifact, file)) as src, archive.open(entry, "w") as dst:
+                while chunk := src.read(BLOCK):
                     dst.write(chunk)
                     yield from sink.drain()
         # closing writes the central directory

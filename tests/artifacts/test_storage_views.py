@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
@@ -36,6 +37,11 @@ def artifact(run: Run, settings: Any, tmp_path: Any) -> Artifact:
     return artifact_complete(artifact=row)
 
 
+async def _collect(body: Any) -> bytes:
+    """A download's body: an async iterator (it streams under ASGI)."""
+    return b"".join([part async for part in body])
+
+
 def _headers(response: Any) -> dict[str, str]:
     return {name: response.headers.get(name) for name in ("Content-Disposition", *INERT)}
 
@@ -47,7 +53,7 @@ def test_an_html_artifact_downloads_as_an_inert_attachment(artifact: Artifact, v
     assert redirect.status_code == 302
     assert download.status_code == 200
     assert _headers(download) == {"Content-Disposition": 'attachment; filename="x.html"', **INERT}
-    assert b"".join(download.streaming_content) == PAGE
+    assert async_to_sync(_collect)(download.streaming_content) == PAGE
 
 
 def test_a_runners_download_link_without_a_filename_is_an_inert_attachment_of_the_keys_name(

@@ -103,7 +103,7 @@ def test_a_folder_downloads_as_a_zip_through_a_short_lived_url(artifact: Artifac
     response = viewer.client().get(f"{BASE}/artifacts/{artifact.pk}/archive/?prefix=model/")
     assert response.status_code == 302
     download = viewer.client().get(urlsplit(response["Location"]).path)
-    body = b"".join(download.streaming_content)
+    body = async_to_sync(_collect)(download.streaming_content)  # an async body: the zip streams
     names = zipfile.ZipFile(io.BytesIO(body)).namelist()
     assert download["Content-Disposition"] == 'attachment; filename="model.zip"'
     assert names == ["model/cfg.json", "model/w.bin"]
@@ -134,3 +134,7 @@ def test_the_workspace_socket_pushes_run_status_changes(team: Workspace, owner: 
     assert ready == {"type": "ready"}
     assert frame["type"] == "run" and frame["run"]["name"] == submitted["name"]
     assert closed == {"type": "websocket.close", "code": 4404}
+
+
+async def _collect(body: Any) -> bytes:
+    return b"".join([part async for part in body])
