@@ -1,19 +1,26 @@
-"""ASGI: refuse an oversized request body before it is read.
+"""ASGI: cap every request body, per route, before it is read.
 
 Django's ASGI handler reads a request's whole body (into a temporary file
 past 2.5 MB) before any view runs, so a view's own checks come after the
-bytes are on our disk. This middleware, in front of Django, decides first:
+bytes are on our disk. This middleware, in front of Django, decides first,
+for every request, signed in or not. Each route has a cap (``route_cap``):
 
-1. A PUT to a signed storage link (``/storage/<token>``): the token is
-   checked here (403 for a bad or expired one) and the body may not be
-   larger than the size the link was signed for (413 on a larger
-   Content-Length; a chunked body is cut off at that size).
-2. Any other request with a body larger than TRAINYARD_UNAUTHENTICATED_BODY_BYTES
-   (or of unknown length) must carry a valid credential: an API token, a
-   runner token or a signed-in session. Without one it is refused with 413
-   before the body is read (a chunked body is cut off at the limit). With
-   one, Django's and the view's own limits apply (TRAINYARD_MAX_BLOB_BYTES,
-   DATA_UPLOAD_MAX_MEMORY_SIZE).
+1. A PUT to a signed storage link (``/storage/<token>``): the size the link
+   was signed for (the token is checked here: 403 for a bad or expired one).
+2. ``…/blobs/`` (code archives and patches): TRAINYARD_MAX_BLOB_BYTES.
+3. Run submissions and plans (``…/runs/``, ``…/runs/plan/``: workflow files
+   inline) and a runner's file manifests (``api/v1/runner/jobs/<job>/``
+   ``artifacts/``, ``checkpoints/``, ``caches/``, ``artifacts/<id>/parts/``):
+   TRAINYARD_MAX_MANIFEST_BODY_BYTES.
+4. Every other route: TRAINYARD_MAX_BODY_BYTES.
+
+A Content-Length above the cap is refused with 413 before a byte of the body
+is read; a chunked body (or one longer than it said) is cut off once it
+passes the cap: 413, and Django is told the client went away, so it never
+spools more than the cap. On top of that, a body above
+TRAINYARD_UNAUTHENTICATED_BODY_BYTES (or of unknown length) must carry a
+valid credential (an API token, a runner token or a signed-in session);
+without one the smaller cap applies.
 
 Errors use the API's one format: ``{"message": ..., "extra": {...}}``.
 """
@@ -21,6 +28,7 @@ Errors use the API's one format: ``{"message": ..., "extra": {...}}``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,6 +50,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 STORAGE_PREFIX = "/storage/"
+_BLOBS = re.compile(r"/api/v1/workspaces/[^/]+/blobs/")
+_MANIFESTS = re.compile(
+    r"/api/v1/workspaces/[^/]+/runs/(?:plan/)?"
+    r"|/api/v1/runner/jobs/[^/]+/(?:artifacts|checkpoints|caches)/"
+    r"|/api/v1/runner/jobs/[^/]+/artifacts/[^/]+/parts/"
+)
 
 
 class BodyLimit:
@@ -61,11 +75,21 @@ class BodyLimit:
         if scope["path"].startswith(STORAGE_PREFIX) and scope["method"] == "PUT":
             refusal, cap = _storage_put(scope["path"][len(STORAGE_PREFIX) :], length)
         else:
-            refusal, cap = await _other(headers, declared)
+            refusal, cap = await _other(scope["path"], headers, declared)
         if refusal is not None:
             await _answer(send, *refusal)
             return
         await self.app(scope, receive if cap is None else _capped(receive, send, cap), send)
+
+
+def route_cap(path: str) -> int:
+    """The most bytes a request body to ``path`` may have (but a storage PUT's)."""
+    limits = settings.TRAINYARD
+    if _BLOBS.fullmatch(path):
+        return int(limits["MAX_BLOB_BYTES"])
+    if _MANIFESTS.fullmatch(path):
+        return int(limits["MAX_MANIFEST_BODY_BYTES"])
+    return int(limits["MAX_BODY_BYTES"])
 
 
 Refusal = tuple[int, str, dict[str, object]]
@@ -88,16 +112,27 @@ def _storage_put(token: str, length: str) -> tuple[Refusal | None, int | None]:
     return None, signed.size
 
 
-async def _other(headers: dict[str, str], declared: int | None) -> tuple[Refusal | None, int | None]:
-    limit = settings.TRAINYARD["UNAUTHENTICATED_BODY_BYTES"]
-    if declared is not None and declared <= limit:
-        return None, None
+async def _other(path: str, headers: dict[str, str], declared: int | None) -> tuple[Refusal | None, int | None]:
+    cap = route_cap(path)
+    if declared is not None and declared > cap:
+        return _too_large(declared, cap), None
+    anonymous = settings.TRAINYARD["UNAUTHENTICATED_BODY_BYTES"]
+    if anonymous >= cap or (declared is not None and declared <= anonymous):
+        return None, cap
     # database_sync_to_async: the connection goes back (to the pool) after the check.
     if await database_sync_to_async(_has_valid_credential)(headers):
-        return None, None
+        return None, cap
     if declared is not None:
-        return _unauthenticated(limit), None
-    return None, limit
+        return _unauthenticated(anonymous), None
+    return None, anonymous
+
+
+def _too_large(declared: int, cap: int) -> Refusal:
+    return (
+        413,
+        f"The request body declares {declared:,} bytes; this endpoint takes {cap:,} at most.",
+        {"limit_bytes": cap},
+    )
 
 
 def _unauthenticated(limit: int) -> Refusal:
@@ -131,7 +166,8 @@ def _capped(receive: Receive, send: Send, cap: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > cap:
-                await _answer(send, 413, f"The request body is larger than the {cap:,} bytes allowed here.", {})
+                refusal = f"The request body is larger than the {cap:,} bytes this endpoint takes."
+                await _answer(send, 413, refusal, {"limit_bytes": cap})
                 return {"type": "http.disconnect"}
         return message
 

@@ -392,6 +392,17 @@ class Access(TypedDict):
         "A request without a valid token or session whose body is larger is refused (413) before the body "
         "is read.",
     )]
+    MAX_BODY_BYTES: Annotated[int, Knob(
+        "TRAINYARD_MAX_BODY_BYTES", INTEGER, 1024 * 1024,
+        "Largest request body of a route not named below (JSON and form requests), from anyone: a larger "
+        "Content-Length is refused (413) before the body is read, a chunked body is cut off there.",
+    )]
+    MAX_MANIFEST_BODY_BYTES: Annotated[int, Knob(
+        "TRAINYARD_MAX_MANIFEST_BODY_BYTES", INTEGER, 64 * 1024 * 1024,
+        "Largest request body of a run submission or plan (`POST …/runs/`, `…/runs/plan/`: workflow files "
+        "inline) and of a runner's file manifests (`…/artifacts/`, `…/checkpoints/`, `…/caches/`, "
+        "`…/parts/`: up to 100,000 files). Code uploads are capped by TRAINYARD_MAX_BLOB_BYTES.",
+    )]
     RUNS_EXACT_COUNT_UP_TO: Annotated[int, Knob(
         "TRAINYARD_RUNS_EXACT_COUNT_UP_TO", INTEGER, 1000,
         "The runs list counts its matches exactly up to this many; above, it gives the planner's estimate "

@@ -89,14 +89,20 @@ CHUNK = b"x" * 65536
 @pytest.mark.django_db(transaction=True)
 def test_an_unauthenticated_10_gib_body_is_refused_before_a_byte_is_read() -> None:
     answer = _request("POST", "/api/v1/auth/login/", {"content-length": str(10 * GIB)}, [CHUNK] * 4)
+    # Within the route's cap (TRAINYARD_MAX_BODY_BYTES), above what a request without a credential may send:
+    anonymous = _request("POST", "/api/v1/auth/login/", {"content-length": "200000"}, [CHUNK] * 4)
 
-    assert answer.status == 413
+    assert (answer.status, answer.pulled) == (413, 0)
     assert answer.body == {
+        "message": "The request body declares 10,737,418,240 bytes; this endpoint takes 1,048,576 at most.",
+        "extra": {"limit_bytes": 1 << 20},
+    }
+    assert (anonymous.status, anonymous.pulled) == (413, 0)
+    assert anonymous.body == {
         "message": "A request without a valid API token, runner token or session may send at most 65,536 bytes: "
         "sign in or pass your token (Authorization: Bearer …).",
         "extra": {"limit_bytes": 65536},
     }
-    assert answer.pulled == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -150,3 +156,41 @@ def test_a_storage_put_larger_than_its_link_is_refused_before_it_is_read(setting
     assert (forged.status, forged.pulled, forged.body["message"]) == (403, 0, "This link is not valid.")
     assert fits.status == 201, fits.body
     assert get_storage().size("ws/x/m.bin") == 9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signed_in_client_is_held_to_each_routes_cap_before_a_byte_is_read(
+    team: Workspace, owner: Person, settings: Any
+) -> None:
+    """Issue 33, item 1: a credential no longer lifts the cap; each route has its own."""
+    settings.TRAINYARD = {**settings.TRAINYARD, "MAX_BLOB_BYTES": 4 * len(CHUNK)}
+    signed_in = {"authorization": f"Bearer {owner.token}"}
+
+    json_route = _request("POST", "/api/v1/tokens/", {**signed_in, "content-length": str(GIB)}, [CHUNK])
+    blobs = _request(
+        "POST", f"/api/v1/workspaces/{team.slug}/blobs/", {**signed_in, "content-length": str(GIB)}, [CHUNK]
+    )
+    chunked = _request("POST", "/api/v1/tokens/", {**signed_in, "transfer-encoding": "chunked"}, [CHUNK] * 100)
+
+    assert (json_route.status, json_route.pulled) == (413, 0)
+    assert json_route.body == {
+        "message": f"The request body declares {GIB:,} bytes; this endpoint takes 1,048,576 at most.",
+        "extra": {"limit_bytes": 1 << 20},
+    }
+    assert (blobs.status, blobs.pulled, blobs.body["extra"]) == (413, 0, {"limit_bytes": 4 * len(CHUNK)})
+    assert chunked.status == 413
+    assert chunked.pulled == (1 << 20) + len(CHUNK)  # the first chunk past 1 MiB, not the 6.5 MB sent
+
+
+def test_routes_have_their_caps(settings: Any) -> None:
+    from backend.config.body_limit import route_cap
+
+    limits = settings.TRAINYARD
+    assert route_cap("/api/v1/workspaces/acme/blobs/") == limits["MAX_BLOB_BYTES"]
+    assert route_cap("/api/v1/workspaces/acme/runs/") == limits["MAX_MANIFEST_BODY_BYTES"]
+    assert route_cap("/api/v1/workspaces/acme/runs/plan/") == limits["MAX_MANIFEST_BODY_BYTES"]
+    job = "/api/v1/runner/jobs/6f1c2a51-0000-4000-8000-000000000000"
+    for path in (f"{job}/artifacts/", f"{job}/checkpoints/", f"{job}/caches/", f"{job}/artifacts/a1/parts/"):
+        assert route_cap(path) == limits["MAX_MANIFEST_BODY_BYTES"], path
+    for path in ("/api/v1/auth/login/", "/api/v1/workspaces/acme/secrets/X/", "/api/v1/workspaces/acme/runs/r/"):
+        assert route_cap(path) == limits["MAX_BODY_BYTES"], path
