@@ -8,6 +8,9 @@ mean bytes or gigabytes, and guessing wrong costs money.
 
 Durations: whole seconds as a number, or parts like ``90s``, ``30m``, ``2h``,
 ``1d``, ``1w``, ``1h30m``; ``off`` means no limit.
+
+GPUs: ``NAME`` or ``NAME:COUNT`` (``A100``, ``A100:2``), the same words in a
+workflow's ``gpu:`` and in ``trainyard offers --gpu``; the count is at least 1.
 """
 
 from __future__ import annotations
@@ -42,6 +45,25 @@ def parse_size(value: object) -> int:
     if size <= 0:
         raise PydanticCustomError("size", "a size must be more than zero, got '{value}'", {"value": value})
     return size
+
+
+GPU_HINT = "write a name and an optional count, e.g. A10G or A10G:2"
+
+
+def parse_gpu(value: str) -> tuple[str, int]:
+    """``(name, count)`` for ``NAME`` (count 1) or ``NAME:COUNT``; raises
+    ``PydanticCustomError('gpu', …)``."""
+    name, colon, count = value.partition(":")
+    name, count = name.strip(), count.strip() if colon else "1"
+    if not name or not count.isdigit():
+        raise PydanticCustomError("gpu", GPU_HINT + ", got '{value}'", {"value": value})
+    if int(count) < 1:
+        raise PydanticCustomError(
+            "gpu_count",
+            "a gpu count must be at least 1, got {value} (to run without a GPU, leave out gpu)",
+            {"value": int(count)},
+        )
+    return name, int(count)
 
 
 def parse_duration(value: object) -> int | str:

@@ -10,8 +10,10 @@ Rules the schema enforces (see ``_units`` for sizes and durations):
 - every key is known; a misspelt key is an error that suggests the right one;
 - sizes need a unit (``512MB``, ``16GB``, ``1.5GiB``; binary units); a bare
   number is refused as ambiguous;
-- ``gpu`` is a mapping ``{name, count, memory}`` or a plain count
-  (``gpu: 2``); the count is at least 1;
+- ``gpu`` is a mapping ``{name, count, memory}``, a plain count
+  (``gpu: 2``) or ``NAME[:COUNT]`` (``gpu: A100``, ``gpu: A100:2``, also as
+  the mapping's name); the count is at least 1. The name is matched on the
+  server by exact model (docs/WORKFLOWS.md, GPU names);
 - ``env`` values are strings, numbers or booleans and are passed on as the
   text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
 - artifact and checkpoint paths are relative and stay inside the repo;
@@ -33,7 +35,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from ._messages import describe
-from ._units import parse_duration, parse_size
+from ._units import parse_duration, parse_gpu, parse_size
 
 BUILTIN_PROVIDERS = ("bash", "python", "docker")
 # dstack 0.x's dev-environment providers: accepted in a file, refused when a
@@ -94,7 +96,21 @@ def _gpu_count(value: int) -> int:
 
 
 def _gpu_shorthand(value: object) -> object:
-    return {"count": value} if isinstance(value, int) and not isinstance(value, bool) else value
+    """``gpu: 2`` (a count), ``gpu: A100`` / ``gpu: A100:2`` (``NAME[:COUNT]``),
+    and ``{name: A100:2}`` when the mapping gives no count of its own."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"count": value}
+    if isinstance(value, str):
+        name, count = parse_gpu(value)
+        return {"name": name, "count": count}
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and ":" in value["name"]:
+        if "count" in value:
+            raise PydanticCustomError(
+                "gpu", "write the count once: name '{name}' has one and so does count", {"name": value["name"]}
+            )
+        name, count = parse_gpu(value["name"])
+        return {**value, "name": name, "count": count}
+    return value
 
 
 def _env_value(value: object) -> str:

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.conf import settings
 from pydantic_core import PydanticCustomError
-from trainyard_spec._units import parse_size  # the sizes of workflow files: 16GB means 16 GiB
+from trainyard_spec._units import parse_gpu, parse_size  # as workflow files: 16GB is 16 GiB, A10G:2 two A10Gs
 
 from backend.clouds.backends.base import Offer, Requirements, SpotPolicy, shortfall
 from backend.clouds.models import LIVE_STATUSES, BackendKind, CloudAccount, Instance
@@ -64,16 +64,14 @@ def offer_requirements(
     """Requirements from the words a person types (``gpu=A10G:2``,
     ``memory=16GB``, ``cpu=8``, ``region=us-east-1,eu-west-1``);
     ``ApplicationError`` naming the bad one."""
-    name, _, count = gpu.strip().partition(":")
-    if count and not count.isdigit():
-        raise ApplicationError(f"gpu {gpu!r}: write a name and an optional count, e.g. A10G or A10G:2")
+    name, count = _gpu(gpu) if gpu.strip() else ("", 0)
     if cpu and not cpu.strip().isdigit():
         raise ApplicationError(f"cpu {cpu!r}: a whole number of CPUs, e.g. 8")
     return Requirements(
         cpu=int(cpu) if cpu else None,
         memory_bytes=_size("memory", memory) if memory else None,
         gpu_name=name,
-        gpu_count=int(count) if count else (1 if name else 0),
+        gpu_count=count,
         spot_policy=_policy(spot_policy),
         regions=tuple(r.strip() for r in regions.split(",") if r.strip()),
     )
@@ -103,6 +101,13 @@ def _policy(value: str) -> SpotPolicy:
         if value == policy:
             return policy
     raise ApplicationError(f"spot_policy {value!r}: one of {', '.join(SPOT_POLICIES)}")
+
+
+def _gpu(value: str) -> tuple[str, int]:
+    try:
+        return parse_gpu(value)
+    except PydanticCustomError as error:
+        raise ApplicationError(f"gpu {value!r}: {error}") from None
 
 
 def _size(what: str, value: str) -> int:
