@@ -265,7 +265,7 @@ def _files(artifact: Mapping[str, Any]) -> str:
     return f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}"
 
 
-PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "SPOT", "PRICE", "OFFERS"]
+PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "GPU", "SPOT", "PRICE", "OFFERS"]
 
 
 def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -274,7 +274,7 @@ def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     for job in plan:
         offer = job.get("offer") or {}
         if not offer.get("offers"):
-            rows.append([job["job"], "-", "-", "-", "-", "-", f"0 ({offer.get('reason', 'no offer')})"])
+            rows.append([job["job"], "-", "-", "-", "-", "-", "-", f"0 ({offer.get('reason', 'no offer')})"])
             continue
         rows.append(
             [
@@ -282,6 +282,7 @@ def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 offer["backend"],
                 offer["region"],
                 offer["instance_type"],
+                gpu_words(offer.get("gpus") or []) or "-",
                 "yes" if offer.get("spot") else "no",
                 f"${offer['price_per_hour']:.4f}/h",
                 str(offer["offers"]),
@@ -291,13 +292,21 @@ def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 
 def offer_words(offer: Mapping[str, Any]) -> str:
-    """``fake fake-small in r1, on-demand, $0.0500/h (cheapest of 3)`` or why there is none."""
+    """``fake fake-small in r1, on-demand, $0.0500/h (cheapest of 3)`` or why
+    there is none; a machine with GPUs names their exact model
+    (``aws g6.xlarge (1× L4) in us-east-1, …``)."""
     if not offer.get("offers"):
         return f"none: {offer.get('reason', 'no offer')}"
     market = "spot" if offer.get("spot") else "on-demand"
     price = f"${offer['price_per_hour']:.4f}/h"
-    where = f"{offer['backend']} {offer['instance_type']} in {offer['region']}"
+    gpus = gpu_words(offer.get("gpus") or [])
+    where = f"{offer['backend']} {offer['instance_type']}{f' ({gpus})' if gpus else ''} in {offer['region']}"
     return f"{where}, {market}, {price} (cheapest of {offer['offers']})"
+
+
+def gpu_words(gpus: Sequence[Mapping[str, Any]]) -> str:
+    """``8× A100-40GB`` for a planned offer's GPU models; "" without GPUs."""
+    return ", ".join(f"{g.get('count', 1)}× {g.get('model', '?')}" for g in gpus)
 
 
 def dag_rows(run: Mapping[str, Any], artifacts: Sequence[Mapping[str, Any]]) -> list[list[str]]:

@@ -57,8 +57,8 @@ def test_run_sends_the_placement_options_and_prints_the_plan_table(tiny_train: P
     assert (code, out) == (0, "brave-otter-1\n")
     assert err == (
         "Run brave-otter-1 submitted\n"
-        "JOB    BACKEND  REGION  INSTANCE    SPOT  PRICE      OFFERS\n"
-        "hello  fake     r1      fake-small  yes   $0.0500/h  3\n"
+        "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      OFFERS\n"
+        "hello  fake     r1      fake-small  -    yes   $0.0500/h  3\n"
     )
     body = json.loads(rest.requests[1].content)
     assert body["placement"] == {

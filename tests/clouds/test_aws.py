@@ -543,7 +543,9 @@ def test_the_shipped_catalog_parses_into_offers(cloud: Cloud) -> None:
     regions = {r.region for r in rows}
 
     assert (g5.cpus, g5.memory_bytes, g5.gpus, g5.price_per_hour) == (4, 16 * GIB, (Gpu("A10G", 24 * GIB),), 1.006)
-    assert p3.flags == ("previous-generation",) and p3.gpus == (Gpu("V100", 16 * GIB),) * 8
+    assert (
+        p3.flags == ("previous-generation",) and p3.gpus == (Gpu("V100-16GB", 16 * GIB),) * 8
+    )  # gpuhunt's V100, by its exact model
     assert {"us-east-1", "us-west-2", "eu-west-1"} <= regions
     for kind in ("g4dn.12xlarge", "g5.48xlarge", "g6.xlarge", "g6e.xlarge", "p4d.24xlarge", "p5.48xlarge", "c7i.large"):
         assert {(r.region, r.spot) for r in rows if r.instance_type == kind} >= {(REGION, False), (REGION, True)}

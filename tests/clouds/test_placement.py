@@ -505,6 +505,7 @@ def test_the_run_answer_has_the_plan_and_the_overrides_win_over_the_workflow(
                 "region": "r1",
                 "spot": True,
                 "price_per_hour": 0.3,
+                "gpus": [],  # the exact GPU models of the offer: none here
             },
         }
     ]

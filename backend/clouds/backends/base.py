@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
+from backend.clouds.backends.gpus import gpu_matches, gpu_model
+
 SpotPolicy = Literal["spot", "on-demand", "auto"]
 
 
@@ -35,6 +37,12 @@ class Gpu:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Gpu:
         return cls(str(data.get("name", "")), int(data.get("memory_bytes", 0) or 0))
+
+    @property
+    def model(self) -> str:
+        """The exact model (``gpus.gpu_model``): ``L40S`` for ``NVIDIA L40S``,
+        ``A100-40GB`` for a catalog's ``A100`` of 40 GiB."""
+        return gpu_model(self.name, self.memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -289,11 +297,13 @@ def in_placement(req: Requirements, offer: Offer) -> bool:
 
 
 def gpu_shortfall(req: Requirements, gpus: Sequence[Gpu]) -> str | None:
-    """None when ``gpus`` hold ``req``'s GPUs (by name and memory); else what is missing."""
+    """None when ``gpus`` hold ``req``'s GPUs (by model and memory); else
+    what is missing. The one GPU-fit rule, for a catalog's offers and for an
+    idle machine's reported GPUs alike: a name matches by ``gpu_matches``
+    (the same model, or an alias the models table declares; ``gpus.py``)."""
     if not req.gpu_count:
         return None
-    name = req.gpu_name.lower()
-    matching = [g for g in gpus if name in g.name.lower()]
+    matching = [g for g in gpus if gpu_matches(req.gpu_name, g.name, g.memory_bytes)]
     what = f"{req.gpu_count}× {req.gpu_name or 'GPU'}"
     if len(matching) < req.gpu_count:
         have = ", ".join(g.name for g in gpus) or "no GPUs"

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from backend.clouds.backends.base import Gpu
 from backend.clouds.services.offers import offers_rank
 from backend.runs.lifecycle.placement import Placement, requirements_from
 from backend.runs.models import Job
@@ -28,7 +29,9 @@ def run_offer_plan(*, run: Any) -> list[dict[str, Any]]:
 def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:
     """The cheapest offer a job would start from (``trainyard run``'s plan
     table): ``{"offers": n, "backend", "instance_type", "region", "spot",
-    "price_per_hour"}``, or ``{"offers": 0, "reason": …}``."""
+    "price_per_hour", "gpus"}``, or ``{"offers": 0, "reason": …}``.
+    ``gpus``: the exact models the machine has, ``[{"model", "count",
+    "memory_bytes"}]`` (``A100-40GB``, not the ``A100`` the job asked for)."""
     where = Placement.from_spec(placement)
     req = requirements_from(resources=resources, placement=placement)
     ranked = offers_rank(workspace_id=workspace_id, req=req, backends=where.backends)
@@ -44,4 +47,15 @@ def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Ma
         "region": offer.region,
         "spot": offer.spot,
         "price_per_hour": offer.price_per_hour,
+        "gpus": gpu_models(offer.gpus),
     }
+
+
+def gpu_models(gpus: Sequence[Gpu]) -> list[dict[str, Any]]:
+    """``[{"model": "A100-40GB", "count": 8, "memory_bytes": …}]``: each model of
+    ``gpus`` once, in the order the machine lists them."""
+    out: dict[str, dict[str, Any]] = {}
+    for gpu in gpus:
+        entry = out.setdefault(gpu.model, {"model": gpu.model, "count": 0, "memory_bytes": gpu.memory_bytes})
+        entry["count"] += 1
+    return list(out.values())

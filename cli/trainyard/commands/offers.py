@@ -15,7 +15,11 @@ from . import common, options
 
 
 @click.command()
-@click.option("--gpu", default="", help="A GPU name, with an optional count: A10G or A10G:2.")
+@click.option(
+    "--gpu",
+    default="",
+    help="A GPU model, with an optional count: L4 or A100:2 (exact; A100 is A100-40GB or A100-80GB).",
+)
 @click.option("--memory", default="", help="At least this much memory, e.g. 16GB.")
 @click.option("--cpu", default="", help="At least this many CPUs.")
 @click.option("--spot/--on-demand", "spot", default=None, help="Only spot, or only on-demand offers (default both).")

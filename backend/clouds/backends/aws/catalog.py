@@ -8,7 +8,9 @@ dropped in (config key ``catalog_file``). ``memory``, ``gpu_memory`` and
 ``disk_size`` are GB (GiB as AWS counts them); ``location`` is a region;
 ``spot`` rows hold an estimate (the account's own spot prices replace it when
 they are sane, ``facts.py``); ``flags`` are space-separated
-(``previous-generation`` marks p3). ``catalog/version`` holds the date the
+(``previous-generation`` marks p3). A GPU's name becomes its exact model
+(``gpus.gpu_model``): gpuhunt's ``A100`` of 40 GB is ``A100-40GB``, as
+``gpu_models.csv`` beside it declares (``A100`` stays its alias). ``catalog/version`` holds the date the
 prices were taken (``CATALOG_DATE``): they are approximations of public list
 prices, to be refreshed (docs/decisions/0021-aws-catalog.md).
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from backend.clouds.backends.base import Gpu
 from backend.clouds.backends.errors import InvalidConfig
+from backend.clouds.backends.gpus import gpu_model
 
 GIB = 2**30
 CATALOG_DIR = Path(__file__).with_name("catalog")
@@ -80,7 +83,9 @@ def _load(path: str) -> tuple[CatalogRow, ...]:
 def _row(path: str, number: int, row: Mapping[str, str]) -> CatalogRow:
     try:
         gpu_count = int(row["gpu_count"] or 0)
-        gpu = Gpu(name=row["gpu_name"], memory_bytes=round(float(row["gpu_memory"] or 0) * GIB))
+        memory = round(float(row["gpu_memory"] or 0) * GIB)
+        # gpuhunt's name qualified by its memory where the models table says so: A100 of 40 GB is A100-40GB.
+        gpu = Gpu(name=gpu_model(row["gpu_name"], memory), memory_bytes=memory)
         return CatalogRow(
             instance_type=_required(row, "instance_name"),
             region=_required(row, "location"),
