@@ -41,7 +41,7 @@ _SALT = "trainyard.storage"
 # the punctuation of the sentence around it.
 #
 # Both read text a runner sends (a job's reason) in time linear in its length
-# (docs/decisions/linear-redaction.md). A token's run of characters stops at
+# (docs/decisions/0081-linear-redaction.md). A token's run of characters stops at
 # the next "/", so the tries at each "/storage/" read disjoint runs. A URL's
 # host and path run (``_URL``) is taken whole and possessively, its query
 # only when there is one: a search for "a URL followed by a query" would

@@ -7,7 +7,7 @@ before it is stored, and out of any text a user sees
 SSH URL (``ssh://git@host/…``) is not a secret and is kept; its password is not.
 
 Text masked here comes from runners and git (a job's reason): every pass over
-it takes time linear in its length (docs/decisions/linear-redaction.md).
+it takes time linear in its length (docs/decisions/0081-linear-redaction.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ a short piece would hide ordinary text everywhere. ``secret_set`` refuses a
 value that short.
 
 The text comes from jobs and runners, so masking it takes time linear in its
-length, with no pattern that backtracks (docs/decisions/linear-redaction.md):
+length, with no pattern that backtracks (docs/decisions/0081-linear-redaction.md):
 substring searches, and one Python step per mask placed, not per
 occurrence (``spans``).
 """

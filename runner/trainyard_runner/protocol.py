@@ -35,7 +35,7 @@ times, which the server stores and fans out without per-line work.
 
 Everything a runner sends is bounded here (docs/RUNNER.md, "Bounds"), so the
 server never reads more of a frame than it keeps
-(docs/decisions/linear-redaction.md). Free text (a reason, a hostname, a GPU's
+(docs/decisions/0081-linear-redaction.md). Free text (a reason, a hostname, a GPU's
 name) is cut to its bound, on both sides: a long git error is not a bad frame.
 Identifiers the runner echoes (a job, a lease) and lists (held jobs, ports,
 GPUs) above their bound are a bad frame (4400): no runner reaches them.

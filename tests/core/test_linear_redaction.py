@@ -1,5 +1,5 @@
 """Redacting and masking text a runner or a client sends takes time linear in
-its length (docs/decisions/linear-redaction.md): 1 MiB of each input that
+its length (docs/decisions/0081-linear-redaction.md): 1 MiB of each input that
 made one of the patterns backtrack, or could, is done within 50 ms, and four
 times the text takes about four times as long.
 

@@ -1,5 +1,5 @@
 """Every string and list a runner sends is bounded by the protocol
-(docs/RUNNER.md, "Bounds"; docs/decisions/linear-redaction.md).
+(docs/RUNNER.md, "Bounds"; docs/decisions/0081-linear-redaction.md).
 
 Free text is cut to its bound, by the server's validation as by the models
 the runner builds its frames with, so a legitimate runner's long text (a git

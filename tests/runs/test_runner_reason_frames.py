@@ -1,4 +1,4 @@
-"""One runner frame cannot stall a web process (docs/decisions/linear-redaction.md).
+"""One runner frame cannot stall a web process (docs/decisions/0081-linear-redaction.md).
 
 A runner's reason is cut at the protocol (``MAX_REASON_CHARS``), read only
 from the runner that holds the job, and redacted in linear time: a frame with

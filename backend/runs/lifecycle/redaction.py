@@ -8,7 +8,7 @@ storage URL (a failed download). The run's reason is derived from its jobs'
 A reason is read only up to ``REASON_READ_MAX`` characters, the most a runner
 may send (``protocol.MAX_REASON_CHARS``), before anything else is done with
 it, and every pass over it is linear in its length
-(docs/decisions/linear-redaction.md).
+(docs/decisions/0081-linear-redaction.md).
 """
 
 from __future__ import annotations

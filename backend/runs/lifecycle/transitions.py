@@ -135,7 +135,7 @@ def job_awaited_running(*, job_id: str) -> bool:
 def job_set_reason(*, job_id: str, instance_id: str, attempt: int, reason: str) -> None:
     """A progress note (``preparing the code``) from the runner running the job.
     Another runner's is not read at all; the holder's is cut to REASON_READ_MAX
-    characters before it is cleaned (docs/decisions/linear-redaction.md)."""
+    characters before it is cleaned (docs/decisions/0081-linear-redaction.md)."""
     running = Job.objects.filter(pk=job_id, status=JobStatus.RUNNING).held_by(instance_id=instance_id, attempt=attempt)
     if not running.exists():
         return
