@@ -287,11 +287,16 @@ class Logs(_Message):
     first_seq: int = Field(ge=1)
     streams: str = Field(min_length=1, max_length=MAX_FRAME_LINES)
     times: list[tuple[Annotated[int, Field(ge=1)], LogTime]] = Field(min_length=1, max_length=MAX_FRAME_LINES)
-    text: str = Field(max_length=MAX_LOG_TEXT_CHARS)
+    # Bounded in ``_shape``, not by a field constraint: a constrained str is
+    # validated on another path, which refuses the lone surrogates that carry
+    # a job's undecodable bytes.
+    text: str
 
     @model_validator(mode="after")
     def _shape(self) -> Logs:
         count = len(self.streams)
+        if len(self.text) > MAX_LOG_TEXT_CHARS:
+            raise ValueError(f"text: at most {MAX_LOG_TEXT_CHARS} characters")
         if self.streams.strip("oe"):
             raise ValueError("streams: one letter per line, o or e")
         if self.text.count("\n") != count or not self.text.endswith("\n"):
