@@ -12,7 +12,8 @@ from trainyard_spec import WorkflowFileError, load_workflows_file, resolve_run_p
 PATH = ".trainyard/workflows.yaml"
 
 
-def gpu_of(gpu: str) -> tuple[str | None, int, int | None]:
+def _workflows(gpu: str) -> str:
+    """A workflows file whose one workflow asks for ``gpu``."""
     text = f"""\
         workflows:
           - name: train
@@ -21,22 +22,18 @@ def gpu_of(gpu: str) -> tuple[str | None, int, int | None]:
             resources:
               gpu: {gpu}
         """
-    wf_file = load_workflows_file(textwrap.dedent(text), path=PATH)
+    return textwrap.dedent(text)
+
+
+def gpu_of(gpu: str) -> tuple[str | None, int, int | None]:
+    wf_file = load_workflows_file(_workflows(gpu), path=PATH)
     r = resolve_run_plan(wf_file, "train", env_overrides={}).job("train").resources
     return r.gpu_name, r.gpu_count, r.gpu_memory_bytes
 
 
 def errors_of(gpu: str) -> list[str]:
-    text = f"""\
-        workflows:
-          - name: train
-            provider: bash
-            commands: [python train.py]
-            resources:
-              gpu: {gpu}
-        """
     with pytest.raises(WorkflowFileError) as info:
-        load_workflows_file(textwrap.dedent(text), path=PATH)
+        load_workflows_file(_workflows(gpu), path=PATH)
     return [str(e) for e in info.value.errors]
 
 
