@@ -5,11 +5,12 @@ connections) and the real channel layer. docs/RUNS.md, "Warm start"."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -300,11 +301,16 @@ def test_a_runner_that_finished_its_job_is_sent_the_next_pending_one_at_once_wit
     dependencies: no scheduling pass runs here (no worker does), yet the
     next assignment arrives right after the final state."""
     instance, ws = _connect_runner(team, "local-h")
+    redis_client().delete(DIRTY_KEY, QUEUED_KEY)
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         await ws.connect()
         await ws.send_to(text_data=HELLO.model_dump_json())
         await ws.receive_from(timeout=5)  # welcome
+        # The hello's own hand-over holds the runner's row until it commits; the
+        # pass it asks for last says it is over. A submission made before then
+        # would pass the runner over, and no worker runs the pass here.
+        await _until(lambda: bool(redis_client().exists(DIRTY_KEY)))
         first = await database_sync_to_async(submit)(team, owner.user, no_cache=True)
         assigned = json.loads(await ws.receive_from(timeout=5))
         await ws.send_to(
@@ -463,3 +469,11 @@ def test_a_runner_that_says_hello_idle_is_sent_the_oldest_pending_job_at_once(te
     assert (assigned["type"], assigned["job"], assigned["attempt"]) == ("assign_job", str(older.pk), 1)
     older.refresh_from_db()
     assert (older.status, older.instance_id) == (JobStatus.ASSIGNED, instance.pk)
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``check()`` holds, polling the event loop's way."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
