@@ -114,18 +114,22 @@ class Run(WorkspaceOwnedModel):
         return self.name
 
 
-def held_by(*, instance_id: UUID | str, attempt: int, via: str = "") -> Q:
+def held_by(*, instance_id: UUID | str | None, attempt: int, via: str = "") -> Q:
     """Fencing, the one place it is written: a runner's frame or REST call
     about attempt ``attempt`` of a job is listened to only while that is the
     job's current attempt and it runs on the runner's own instance. A job
     moved to another runner, retried or fenced no longer matches, so a late
     or stolen runner changes nothing. ``via``: the path to the job
-    (``"job__"`` from an attempt)."""
+    (``"job__"`` from an attempt). No instance holds nothing: a runner not
+    (or no longer) connected as an instance never matches a job whose
+    instance was cleared."""
+    if instance_id is None:
+        return Q(pk__in=[])
     return Q(**{f"{via}instance_id": instance_id, f"{via}attempt": attempt})
 
 
 class JobQuerySet(WorkspaceQuerySet):
-    def held_by(self, *, instance_id: UUID | str, attempt: int) -> JobQuerySet:
+    def held_by(self, *, instance_id: UUID | str | None, attempt: int) -> JobQuerySet:
         """The jobs whose current attempt ``attempt`` runs on ``instance_id`` (``held_by``)."""
         return self.filter(held_by(instance_id=instance_id, attempt=attempt))
 
@@ -213,7 +217,7 @@ LIVE_ATTEMPT = (AttemptStatus.ASSIGNED, AttemptStatus.RUNNING, AttemptStatus.STO
 
 
 class AttemptQuerySet(WorkspaceQuerySet):
-    def current(self, *, job_id: UUID | str, number: int, instance_id: UUID | str) -> AttemptQuerySet:
+    def current(self, *, job_id: UUID | str, number: int, instance_id: UUID | str | None) -> AttemptQuerySet:
         """Attempt ``number`` of the job, live, and the job's current one on
         ``instance_id`` (``held_by``): the attempt a runner's report may change."""
         return self.filter(job_id=job_id, number=number, status__in=LIVE_ATTEMPT).filter(
