@@ -401,6 +401,7 @@ CELERY_BEAT_SCHEDULE = {
     # Checks every minute; an account's facts are refreshed when older than FACTS_REFRESH_SECONDS.
     "facts-refresh": {"task": "backend.clouds.tasks.facts_refresh", "schedule": timedelta(seconds=60)},
     "logs-prune": {"task": "backend.runs.tasks.logs_prune", "schedule": timedelta(hours=1)},
+    "submission-keys-expire": {"task": "backend.runs.tasks.submission_keys_expire", "schedule": timedelta(hours=1)},
     "logs-archive": {"task": "backend.runs.tasks.logs_archive", "schedule": timedelta(seconds=30)},
     "storage-gc": {
         "task": "backend.artifacts.tasks.storage_gc",

@@ -284,6 +284,22 @@ class Tag(WorkspaceOwnedModel):
         constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="uniq_tag_name")]
 
 
+class SubmissionKey(WorkspaceOwnedModel):
+    """The ``Idempotency-Key`` a submission was sent with: the same key from
+    the same person in the same workspace answers with ``run`` instead of
+    making another run (``services/submissions.py``). ``digest``: the
+    SHA-256 of the submission's body, so the key cannot name another one."""
+
+    user = models.ForeignKey("accounts.User", on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    digest = models.CharField(max_length=64)
+    # Set in the transaction that claimed the key, so never empty once committed.
+    run = models.ForeignKey(Run, null=True, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workspace", "user", "key"], name="uniq_submission_key")]
+
+
 class Environment(WorkspaceOwnedModel):
     """A job environment the workspace's runners built (docs/ENVIRONMENTS.md):
     one row per key, recorded from the first attempt that reports it; the

@@ -14,6 +14,7 @@ from backend.runs.scheduler.coalesce import schedule_parked, schedule_passes
 from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
+from backend.runs.services.submissions import submission_keys_expire as submission_keys_expire_service
 from backend.runs.wakeups import schedule_request
 
 
@@ -35,6 +36,12 @@ def reconcile() -> None:
 def logs_prune() -> int:
     """Retention (TRAINYARD_LOG_RETENTION_DAYS), hourly from the beat; bounded per call."""
     return logs_prune_service()
+
+
+@shared_task(acks_late=True, time_limit=120, soft_time_limit=100, expires=3600)
+def submission_keys_expire() -> int:
+    """Idempotency keys past their window, hourly from the beat."""
+    return submission_keys_expire_service()
 
 
 @shared_task(acks_late=True, time_limit=300, soft_time_limit=270, expires=60)

@@ -12,6 +12,8 @@ answers. Every call has a timeout.
 from __future__ import annotations
 
 import hashlib
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -25,6 +27,8 @@ from . import __version__, apitypes
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
 FINISHED = ("succeeded", "failed", "stopped")
+# Seconds before each retry of a submission that got no answer or a 5xx.
+SUBMIT_RETRY_WAITS = (1.0, 3.0)
 
 
 # The SDK's names of the API's objects. Their fields are the schema's
@@ -151,7 +155,12 @@ class Client:
         return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/rerun/")))
 
     def create_run(
-        self, *, code: dict[str, Any], environment_build: bool = False, **submission: Unpack[RunSubmission]
+        self,
+        *,
+        code: dict[str, Any],
+        environment_build: bool = False,
+        idempotency_key: str | None = None,
+        **submission: Unpack[RunSubmission],
     ) -> Run:
         """Submit a run of ``workflow`` from ``workflows_files``.
         ``inherited_env``: values of the workflows' bare env names;
@@ -161,9 +170,22 @@ class Client:
         every workflow's ``backends``, ``regions``, ``spot_policy``,
         ``max_price``. ``environment_files``: the digests of the
         environments' requirements files. ``environment_build``: only build
-        the workflow's environment (``trainyard env build``)."""
+        the workflow's environment (``trainyard env build``).
+        ``idempotency_key``: names this submission (default: a new one); a
+        timeout, a lost connection or a 5xx is tried again with it
+        (``SUBMIT_RETRY_WAITS``), which makes no second run (docs/API.md)."""
         body = _run_body(code, submission) | ({"environment_build": True} if environment_build else {})
-        return cast(Run, self._request("POST", self._ws("runs/"), json=body))
+        # One key for this submission and every retry of it: a retry whose
+        # first copy did make a run is answered with that run.
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        for wait in SUBMIT_RETRY_WAITS:
+            try:
+                return cast(Run, self._request("POST", self._ws("runs/"), json=body, headers=headers))
+            except ApiError as error:
+                if not _worth_retrying(error):
+                    raise
+            time.sleep(wait)
+        return cast(Run, self._request("POST", self._ws("runs/"), json=body, headers=headers))
 
     def plan_run(self, *, code: dict[str, Any], **submission: Unpack[RunSubmission]) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
@@ -379,6 +401,11 @@ def _transport_errors(url: str) -> Iterator[None]:
         raise ApiError(f"Trainyard at {url} did not answer in time ({type(e).__name__})") from None
     except httpx.TransportError as e:
         raise ApiError(f"connection to Trainyard at {url} failed: {e}") from None
+
+
+def _worth_retrying(error: ApiError) -> bool:
+    """No answer (a timeout, a dropped connection) or the server's own failure."""
+    return error.status is None or error.status >= 500
 
 
 def _error_from(response: httpx.Response) -> ApiError:

@@ -20,7 +20,7 @@ from backend.runs import tasks
 from backend.runs.models import JobStatus, Run
 from backend.runs.scheduler.coalesce import schedule_passes
 from backend.runs.wakeups import DIRTY_KEY, QUEUED_KEY
-from tests.support.fixtures import Person, submit
+from tests.support.fixtures import WORKFLOWS, Person, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,3 +90,17 @@ def test_the_reconciler_queues_the_pass_a_lost_request_was_for(team: Workspace, 
     assert _queued_tasks() == ["backend.runs.tasks.schedule"]
     assert schedule_passes() == 1  # what that task runs
     assert run.jobs.get().status == JobStatus.ASSIGNED
+
+
+def test_a_submission_through_the_api_while_the_broker_is_down_answers_201(team: Workspace, owner: Person) -> None:
+    body = {
+        "workflow": "hello",
+        "workflows_file": {"path": ".trainyard/workflows.yaml", "text": WORKFLOWS},
+        "code": {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "a" * 40},
+    }
+    with broker_down():
+        answer = owner.client().post("/api/v1/workspaces/acme/runs/", body, format="json")
+
+    assert answer.status_code == 201, answer.content
+    run = Run.objects.get(workspace=team, name=answer.json()["name"])
+    assert run.jobs.get().status == JobStatus.PENDING

@@ -60,6 +60,7 @@ from backend.runs.services.rawlog import (
     raw_log_chunks,
 )
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
+from backend.runs.services.submissions import once_of, run_submit
 from backend.runs.services.tags import tag_delete, tag_set
 
 MAX_LOG_PAGE = 10_000
@@ -107,17 +108,32 @@ class RunListView(WorkspaceAPIView):
             }
         )
 
-    @extend_schema(request=RunCreateIn, responses={201: RunOut})
+    @extend_schema(
+        request=RunCreateIn,
+        responses={201: RunOut},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="names this submission: sent again with the same body within 24 hours, it answers "
+                "with the run the first one made (header Idempotent-Replayed: true) instead of making another; "
+                "with another body, 422",
+            )
+        ],
+    )
     def post(self, request: Request, workspace: str) -> Response:
         data = RunCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
         code = v["code"]
-        # The snapshot of the answer is the one its followers are sent: read once.
-        with publishing_held() as changed:
-            run = run_create(
+        user = signed_in_user(request)
+        once = once_of(header=request.headers.get("Idempotency-Key"), body=request.data)
+
+        def create() -> Run:
+            return run_create(
                 workspace=self.workspace,
-                user=signed_in_user(request),
+                user=user,
                 workflow=v["workflow"],
                 inputs=_plan_inputs(v),
                 code=CodeInput(
@@ -131,12 +147,19 @@ class RunListView(WorkspaceAPIView):
                 no_cache=v["no_cache"],
                 placement=dict(v["placement"]),
                 environment_build=v["environment_build"],
+                once=once,
             )
+
+        # The snapshot of the answer is the one its followers are sent: read once.
+        with publishing_held() as changed:
+            submitted = run_submit(workspace=self.workspace, user=user, once=once, create=create)
+        run = submitted.run
         shown = run_snapshot(run)
         publish_runs(changed, shown=(run, shown))
         # The plan table `trainyard run` prints: each job's cheapest offer now.
         answer = {**shown, "plan": run_offer_plan(run=run)}
-        return Response(answer, status=status.HTTP_201_CREATED)
+        headers = {"Idempotent-Replayed": "true"} if submitted.replayed else None
+        return Response(answer, status=status.HTTP_201_CREATED, headers=headers)
 
 
 class RunPlanView(WorkspaceAPIView):

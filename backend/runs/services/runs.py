@@ -23,6 +23,7 @@ from backend.runs.lifecycle.transitions import job_request_stop, run_lock, run_r
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name_stem
 from backend.runs.scheduler.handover import run_assign_on_submit
+from backend.runs.services.submissions import Once, submission_key_bind, submission_key_claim
 from backend.runs.wakeups import schedule_soon
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
@@ -95,6 +96,7 @@ def run_create(
     environment_locks: Mapping[str, str] | None = None,
     rerun_of: Run | None = None,
     environment_build: bool = False,
+    once: Once | None = None,
 ) -> Run:
     """Validate the workflows files again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
@@ -105,7 +107,9 @@ def run_create(
     ``--backend``, ``--region``, …). ``environment_locks``: by job name, the
     lock its environment installs instead of resolving its requirements
     again (a re-run; docs/ENVIRONMENTS.md). ``environment_build``: only
-    build ``workflow``'s environment (``environment_build_plan``)."""
+    build ``workflow``'s environment (``environment_build_plan``).
+    ``once``: the submission's ``Idempotency-Key``, claimed first in the
+    transaction (``KeyTaken`` if a copy of this submission made its run)."""
     inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
     # Stored on the run and the repo and shown to the whole workspace: never a credential.
     code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
@@ -118,6 +122,7 @@ def run_create(
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
     with transaction.atomic():
+        claim = submission_key_claim(workspace=workspace, user=user, once=once) if once is not None else None
         run = Run.objects.create(
             workspace=workspace,
             name=f"{UNNUMBERED}{uuid.uuid4().hex}",  # named last, by ``_number``
@@ -150,6 +155,8 @@ def run_create(
         run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
             schedule_soon()  # what no idle runner took waits for a pass
+        if claim is not None:
+            submission_key_bind(claim=claim, run=run)
         _number(run)
     return run
 

@@ -3417,7 +3417,10 @@ export interface operations {
     workspaces_runs_create: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description names this submission: sent again with the same body within 24 hours, it answers with the run the first one made (header Idempotent-Replayed: true) instead of making another; with another body, 422 */
+                "Idempotency-Key"?: string;
+            };
             path: {
                 workspace: string;
             };
