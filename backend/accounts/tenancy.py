@@ -36,9 +36,9 @@ class WorkspaceAPIView(APIView):
             raise NotFound(f"Workspace {kwargs.get('workspace')!r} not found.")
         rank = ROLE_RANK[Role(membership.role)]
         if request.method in WRITE_METHODS and rank < ROLE_RANK[self.write_role]:
+            can = "it cannot make changes" if rank == 0 else f"only {self.write_role}s can make this change"
             raise ApplicationError(
-                f"Your role in {membership.workspace.slug} is {membership.role}: it cannot make changes.",
-                status_code=403,
+                f"Your role in {membership.workspace.slug} is {membership.role}: {can}.", status_code=403
             )
         if request.method not in WRITE_METHODS and rank < ROLE_RANK[self.read_role]:
             raise ApplicationError(

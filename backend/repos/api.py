@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
+from backend.accounts.models import Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.urlcreds import url_without_credentials
@@ -72,7 +73,10 @@ class RepoListView(WorkspaceAPIView):
 
 
 class RepoCredentialView(WorkspaceAPIView):
-    """PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes it."""
+    """PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes
+    it. Admins only: the credential is handed to every job of the repo."""
+
+    write_role = Role.ADMIN
 
     @extend_schema(request=CredentialIn, responses={200: CredentialOut})
     def put(self, request: Request, workspace: str) -> Response:

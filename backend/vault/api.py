@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
+from backend.accounts.models import Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import NotFound
 from backend.vault.services import secret_delete, secret_list, secret_set
@@ -34,6 +35,11 @@ class SecretListView(WorkspaceAPIView):
 
 
 class SecretDetailView(WorkspaceAPIView):
+    """Setting or deleting a secret is an admin's: a secret's value reaches
+    every job that names it, so who sets it decides what jobs run with."""
+
+    write_role = Role.ADMIN
+
     @extend_schema(request=SecretIn, responses={200: SecretOut, 201: SecretOut})
     def put(self, request: Request, workspace: str, name: str) -> Response:
         data = SecretIn(data=request.data)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -99,11 +100,12 @@ class SecretEnv:
     unreadable: list[str]  # names of those no key opens
 
 
-def secret_env(*, workspace_id: UUID) -> SecretEnv:
-    """Every secret of the workspace, decrypted: a job's environment; the
-    ones no key opens are named apart (and logged), never raised."""
+def secret_env(*, workspace_id: UUID, names: Collection[str] | None = None) -> SecretEnv:
+    """The workspace's secrets decrypted (only ``names`` when given: a job's
+    own); the ones no key opens are named apart (and logged), never raised."""
     env, unreadable = {}, []
-    for row in Secret.objects.filter(workspace_id=workspace_id).order_by("name"):
+    rows = Secret.objects.filter(workspace_id=workspace_id).order_by("name")
+    for row in rows if names is None else rows.filter(name__in=list(names)):
         value = _plain(row)
         if value is None:
             unreadable.append(row.name)
@@ -114,8 +116,9 @@ def secret_env(*, workspace_id: UUID) -> SecretEnv:
     return SecretEnv(env, unreadable)
 
 
-def secret_exists(*, workspace_id: UUID) -> bool:
-    return Secret.objects.filter(workspace_id=workspace_id).exists()
+def secret_names(*, workspace_id: UUID) -> set[str]:
+    """The names of the workspace's secrets: what a workflow may name."""
+    return set(Secret.objects.filter(workspace_id=workspace_id).values_list("name", flat=True))
 
 
 def _plain(row: Secret | RepoCredential) -> str | None:

@@ -13,9 +13,10 @@ refused here, naming the key; other workflows of the same files run.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +27,8 @@ from .workflows import WorkflowsFile
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _VARIABLE = re.compile(r"variables\.([A-Za-z_][A-Za-z0-9_-]*)")
+_SECRET = re.compile(r"secrets\.([A-Za-z_][A-Za-z0-9_]*)")
+_SECRET_VALUE = re.compile(r"\$\{\{\s*secrets\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 ON_INTERRUPTION = ("restart_group", "job")
 _Loc = tuple[str | int, ...]
 
@@ -49,6 +52,7 @@ def resolve_run_plan(
     inherited_env: Mapping[str, str] | None = None,
     run_args: Sequence[str] = (),
     variables: Mapping[str, Mapping[str, str]] | None = None,
+    known_secrets: Collection[str] | None = None,
 ) -> RunPlan:
     """The plan of a run of ``workflow``; WorkflowFileError (file:line:key)
     for anything that keeps it from running.
@@ -57,6 +61,8 @@ def resolve_run_plan(
     taken from the submitting shell by the CLI. ``run_args``: what follows
     ``--`` on the command line, for ``${{ run.args }}``. ``variables``: per
     workflow name, ``${{ variables.NAME }}`` values (``-e NAME=…`` wins).
+    ``known_secrets``: the names of the workspace's secrets (the server's
+    check; None: not checked, as in the CLI, which cannot read them).
 
     1. the run's workflows: ``workflow`` and, recursively, those it names in
        ``deps: - workflow:``, dependencies first (a cycle or a missing
@@ -65,7 +71,10 @@ def resolve_run_plan(
        them at once;
     3. each workflow's bare env names get their inherited values and its
        commands' ``${{ run.args }}`` / ``${{ variables.NAME }}`` are
-       replaced (an unset name or undefined variable is an error);
+       replaced (an unset name or undefined variable is an error); the
+       secrets it names (``secrets:``, ``${{ secrets.NAME }}`` in commands,
+       which becomes ``${NAME}``, or as a whole env value) are its jobs'
+       ``secrets``, and a name not in ``known_secrets`` is an error;
     4. each workflow's provider makes its jobs; every job of a workflow then
        ``needs`` every job of each workflow it depends on, gets the
        workflow's tag and run deps, and the env overrides (``-e``) on top of
@@ -81,7 +90,8 @@ def resolve_run_plan(
     jobs_of: dict[str, list[JobPlan]] = {}
     taken: dict[str, str] = {}
     for wf in order:
-        jobs = _plan_workflow(file, wf, _resolved(file, wf, inputs), overrides)
+        resolved, secrets = _resolved(file, wf, inputs, known_secrets)
+        jobs = _plan_workflow(file, wf, resolved, overrides, secrets)
         for job in jobs:
             if job.name in taken:
                 raise WorkflowFileError(
@@ -133,21 +143,66 @@ class _Inputs:
     variables: Mapping[str, Mapping[str, str]]
 
 
-def _resolved(file: WorkflowsFile, wf: Workflow, inputs: _Inputs) -> Workflow:
+def _resolved(
+    file: WorkflowsFile, wf: Workflow, inputs: _Inputs, known_secrets: Collection[str] | None
+) -> tuple[Workflow, dict[str, str]]:
     """``wf`` with its bare env names filled in and its commands' ``${{ … }}``
-    replaced (errors at the env item or command that cannot be)."""
+    replaced, and the secrets it names ({variable: secret name}); errors at
+    the env item, command or ``secrets`` item that cannot be."""
     errors: list[WorkflowError] = []
+    named = _Named(file, wf, known_secrets, errors)
+    for index, name in enumerate(wf.secrets):
+        named.add(name, name, ("secrets", index))
     env: dict[str, str] = {}
     for name, value in wf.env.items():
         if value is None and name not in inputs.inherited and name not in inputs.overrides:
             message = f"'{name}' takes its value from the shell that runs trainyard, where it is not set"
             errors.append(file.error(wf, file.env_key(wf, name), message))
+        secret = _SECRET_VALUE.fullmatch(value or "")
+        if secret is not None:
+            named.add(name, secret.group(1), file.env_key(wf, name))
+            continue
+        if value is not None and "secrets." in value and _EXPRESSION.search(value):
+            message = f"a secret is a whole env value: write {name}: ${{{{ secrets.NAME }}}} (no other text)"
+            errors.append(file.error(wf, file.env_key(wf, name), message))
         env[name] = inputs.inherited.get(name, "") if value is None else value
     values = {**inputs.variables.get(wf.name, {}), **inputs.overrides}
-    commands = [_substitute(file, wf, i, c, inputs.run_args, values, errors) for i, c in enumerate(wf.commands or [])]
+    commands = [
+        _substitute(file, wf, i, c, inputs.run_args, values, errors, named) for i, c in enumerate(wf.commands or [])
+    ]
+    for variable in named.secrets:
+        if variable in env:
+            message = f"'{variable}' is both a value here and a secret the workflow names: rename one of them"
+            errors.append(file.error(wf, file.env_key(wf, variable), message))
     if errors:
         raise WorkflowFileError(errors)
-    return wf.model_copy(update={"env": env, "commands": commands if wf.commands is not None else None})
+    resolved = wf.model_copy(update={"env": env, "commands": commands if wf.commands is not None else None})
+    return resolved, named.secrets
+
+
+@dataclass
+class _Named:
+    """The secrets a workflow names, checked against the workspace's."""
+
+    file: WorkflowsFile
+    wf: Workflow
+    known: Collection[str] | None
+    errors: list[WorkflowError]
+    secrets: dict[str, str] = field(default_factory=dict)
+
+    def add(self, variable: str, secret: str, loc: str | _Loc) -> None:
+        if self.known is not None and secret not in self.known:
+            self.errors.append(self.file.error(self.wf, loc, _unknown_secret(secret, self.known)))
+        self.secrets[variable] = secret
+
+
+def _unknown_secret(name: str, known: Collection[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return (
+        f"secret '{name}' is not set in this workspace; {hint}a workspace admin sets it with"
+        f" `trainyard secrets set {name}`"
+    )
 
 
 def _substitute(
@@ -158,11 +213,17 @@ def _substitute(
     run_args: list[str],
     values: Mapping[str, str],
     errors: list[WorkflowError],
+    named: _Named,
 ) -> str:
     def one(match: re.Match[str]) -> str:
         expression = match.group(1)
         if expression == "run.args":
             return shlex.join(run_args)
+        secret = _SECRET.fullmatch(expression)
+        if secret:
+            # The value is the job's variable of that name, never planned.
+            named.add(secret.group(1), secret.group(1), ("commands", index))
+            return "${" + secret.group(1) + "}"
         variable = _VARIABLE.fullmatch(expression)
         if variable and variable.group(1) in values:
             return values[variable.group(1)]
@@ -170,7 +231,8 @@ def _substitute(
             f"undefined variable '{variable.group(1)}': define it in .trainyard/variables.yaml or pass -e "
             f"{variable.group(1)}=VALUE"
             if variable
-            else f"unknown expression '${{{{ {expression} }}}}'; known: ${{{{ run.args }}}}, ${{{{ variables.NAME }}}}"
+            else f"unknown expression '${{{{ {expression} }}}}'; known: ${{{{ run.args }}}}, ${{{{ variables.NAME }}}},"
+            " ${{ secrets.NAME }}"
         )
         errors.append(file.error(wf, ("commands", index), message))
         return match.group(0)
@@ -227,7 +289,9 @@ def _unsupported(file: WorkflowsFile, wf: Workflow) -> list[WorkflowError]:
     ]
 
 
-def _plan_workflow(file: WorkflowsFile, wf: Workflow, resolved: Workflow, overrides: dict[str, str]) -> list[JobPlan]:
+def _plan_workflow(
+    file: WorkflowsFile, wf: Workflow, resolved: Workflow, overrides: dict[str, str], secrets: dict[str, str]
+) -> list[JobPlan]:
     """The provider's jobs of ``resolved`` (``wf`` with its env and commands
     resolved; errors are placed at ``wf``'s lines), checked, in order."""
     provider = get_provider(wf.provider)
@@ -261,7 +325,14 @@ def _plan_workflow(file: WorkflowsFile, wf: Workflow, resolved: Workflow, overri
             ]
         )
     return [
-        replace(job, workflow=wf.name, env={**job.env, **overrides}, checkpoint=checkpoint, on_interruption=policy)
+        replace(
+            job,
+            workflow=wf.name,
+            env={**job.env, **overrides},
+            checkpoint=checkpoint,
+            on_interruption=policy,
+            secrets=dict(secrets),
+        )
         for job in ordered
     ]
 

@@ -89,6 +89,11 @@ class JobPlan:
     # ``environment:`` (or the python provider's ``requirements``), as the
     # runner gets it (``EnvironmentSpec.runner_spec``); None: the machine's own.
     environment: dict[str, object] | None = None
+    # The workspace secrets the job gets: {environment variable: secret name}
+    # (``secrets: [HF_TOKEN]`` is {"HF_TOKEN": "HF_TOKEN"}; ``TOKEN: ${{
+    # secrets.HF_TOKEN }}`` in env is {"TOKEN": "HF_TOKEN"}). The planner sets
+    # it; the values are fetched by the job's runner, never planned.
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
 class ProviderError(Exception):

@@ -16,6 +16,8 @@ Rules the schema enforces (see ``_units`` for sizes and durations):
   server by exact model (docs/WORKFLOWS.md, GPU names);
 - ``env`` values are strings, numbers or booleans and are passed on as the
   text written in the file (``VERSION: 1.10`` gives ``"1.10"``);
+- ``secrets`` names workspace secrets (environment variable names); a job
+  gets only the secrets its workflow names (docs/WORKFLOWS.md, Secrets);
 - artifact and checkpoint paths are relative and stay inside the repo;
 - placement (``backends``, ``regions``, ``spot_policy``, ``max_price``,
   ``max_wait``, ``idle_duration``, ``max_duration``): backend kinds among
@@ -188,6 +190,16 @@ def _artifact_path(value: str) -> str:
     if path.is_absolute() and value.strip() != "/" and ".." not in path.parts:
         return value
     return _relative_path(value)
+
+
+def _secret_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise PydanticCustomError(
+            "secret_name",
+            "a secret name is an environment variable name (letters, digits and _), got '{value}'",
+            {"value": value},
+        )
+    return value
 
 
 def _name(value: str) -> str:
@@ -427,6 +439,9 @@ class Workflow(_Model):
     env: Annotated[
         dict[str, Annotated[str | None, BeforeValidator(_env_value_or_inherited)]], BeforeValidator(_env_shorthand)
     ] = Field(default_factory=dict)
+    # The workspace secrets its jobs get, each as the variable of its name;
+    # ``${{ secrets.NAME }}`` in commands and env names one too (``planning``).
+    secrets: list[Annotated[_Str, AfterValidator(_secret_name)]] = Field(default_factory=list)
     ports: Annotated[Ports, BeforeValidator(_ports_shorthand)] = Field(default_factory=Ports)
     artifacts: list[Annotated[ArtifactSpec, BeforeValidator(_path_shorthand)]] = Field(default_factory=list)
     cache: list[Annotated[CacheSpec, BeforeValidator(_path_shorthand)]] = Field(default_factory=list)

@@ -585,7 +585,11 @@ def test_secrets_set_reads_the_value_from_stdin_without_the_trailing_newline(mon
     rest = FakeRest({("PUT", f"{WS}/secrets/WANDB_API_KEY/"): httpx.Response(200, json=stored)})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke_with_input("s3cr et\n", "secrets", "set", "WANDB_API_KEY")
-    assert (code, out, err) == (0, "", "Secret WANDB_API_KEY set; runs get it as $WANDB_API_KEY\n")
+    assert (code, out, err) == (
+        0,
+        "",
+        "Secret WANDB_API_KEY set; a job gets it as $WANDB_API_KEY when its workflow names it (secrets: [WANDB_API_KEY])\n",
+    )
     assert json.loads(rest.requests[0].content) == {"value": "s3cr et"}
 
 

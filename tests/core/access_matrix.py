@@ -149,15 +149,16 @@ ROUTES: dict[str, dict[str, Call]] = {
     # ---------------------------------------------------------- secrets and repos
     f"{WS}/secrets/": {"GET": Call(read())},
     f"{WS}/secrets/<str:name>/": {
-        "PUT": Call(write(200), body={"value": "new-value"}, params={"name": "secret_name"}),
-        "DELETE": Call(write(204), params={"name": "secret_name"}),
+        "PUT": Call(admin(200), body={"value": "new-value"}, params={"name": "secret_name"}),
+        "DELETE": Call(admin(204), params={"name": "secret_name"}),
     },
     f"{WS}/repos/": {"GET": Call(read())},
+    # Secrets and clone credentials are written by admins only; members read the names.
     f"{WS}/repos/credential/": {
         "PUT": Call(
-            write(200), body={"url": "https://example.com/acme/models.git", "kind": "https-token", "secret": "ghp_x"}
+            admin(200), body={"url": "https://example.com/acme/models.git", "kind": "https-token", "secret": "ghp_x"}
         ),
-        "DELETE": Call(write(204), query="url=https://example.com/acme/private.git"),
+        "DELETE": Call(admin(204), query="url=https://example.com/acme/private.git"),
     },
     # ---------------------------------------------------------- compute
     f"{WS}/instances/": {"GET": Call(read())},

@@ -14,12 +14,20 @@ from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.selectors import job_log_lines
 from backend.runs.services.logs import logs_store
 from backend.vault.models import Secret
-from backend.vault.services import secret_set
+from backend.vault.services import secret_env, secret_set
 from tests.support.attempts import accept, assign_frame, report, runner_get
 from tests.support.fixtures import Person, submit
 from tests.support.runners import runner_instance
 
 VALUE = "wandb-0123456789abcdef"
+# A workflow naming the secret its job needs: a job gets only those.
+NAMES_WANDB = """\
+workflows:
+  - name: hello
+    provider: bash
+    secrets: [WANDB_API_KEY]
+    commands: [echo hello]
+"""
 
 
 def test_a_secret_is_encrypted_at_rest(team: Workspace, owner: Person) -> None:
@@ -67,10 +75,9 @@ def _instance(team: Workspace, name: str = "l", token: str = RUNNER) -> Instance
     return runner_instance(team, name, token, channel_name=f"c-{name}")
 
 
-def test_secrets_reach_the_job_over_rest_not_in_the_assignment_and_are_masked(
-    team: Workspace, owner: Person, run: Run
-) -> None:
+def test_secrets_reach_the_job_over_rest_not_in_the_assignment_and_are_masked(team: Workspace, owner: Person) -> None:
     secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    run = submit(team, owner.user, text=NAMES_WANDB)
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
@@ -107,9 +114,10 @@ def test_another_workspace_neither_sees_nor_gets_the_secret(team: Workspace, own
 
 
 def test_only_the_runner_holding_the_current_attempt_gets_the_secrets(
-    team: Workspace, owner: Person, outsider: Person, run: Run
+    team: Workspace, owner: Person, outsider: Person
 ) -> None:
     secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    run = submit(team, owner.user, text=NAMES_WANDB)
     _instance(team)
     _instance(team, "other", "runner-token-of-other")
     _instance(outsider.user.personal_workspace, "theirs", "runner-token-of-theirs")
@@ -147,11 +155,12 @@ GOOD = "good-secret-value-1234"
 
 
 def test_an_unreadable_secret_is_listed_as_such_masking_goes_on_and_jobs_are_refused_their_secrets(
-    team: Workspace, owner: Person, run: Run
+    team: Workspace, owner: Person
 ) -> None:
     secret_set(workspace=team, user=owner.user, name="GOOD", value=GOOD)
     secret_set(workspace=team, user=owner.user, name="BROKEN", value="was-encrypted-with-a-removed-key")
     Secret.objects.filter(workspace=team, name="BROKEN").update(ciphertext=b"gAAAAAtampered")
+    run = submit(team, owner.user, text=NAMES_WANDB.replace("WANDB_API_KEY", "GOOD, BROKEN"))
     instance = _instance(team)
     jobs_schedule()
     job = run.jobs.get()
@@ -175,15 +184,16 @@ def test_an_unreadable_secret_is_listed_as_such_masking_goes_on_and_jobs_are_ref
 
 
 def test_one_tenants_unreadable_secret_does_not_keep_another_tenants_assignment_from_going_out(
-    team: Workspace, owner: Person, outsider: Person, run: Run
+    team: Workspace, owner: Person, outsider: Person
 ) -> None:
     """The assignments of a pass are sent after commit, one by one: one
-    tenant's broken secret used to abort the loop for every later job."""
+    tenant's broken secret must not abort the loop for every later job."""
     theirs = outsider.user.personal_workspace
     secret_set(workspace=team, user=owner.user, name="BROKEN", value="was-encrypted-with-a-removed-key")
     Secret.objects.filter(workspace=team).update(ciphertext=b"gAAAAAtampered")
     secret_set(workspace=theirs, user=outsider.user, name="THEIRS", value=GOOD)
-    later = submit(theirs, outsider.user)
+    run = submit(team, owner.user, text=NAMES_WANDB.replace("WANDB_API_KEY", "BROKEN"))
+    later = submit(theirs, outsider.user, text=NAMES_WANDB.replace("WANDB_API_KEY", "THEIRS"))
     layer = get_channel_layer()
     ours_channel, theirs_channel = (async_to_sync(layer.new_channel)() for _ in range(2))
     Instance.objects.filter(pk=_instance(team).pk).update(channel_name=ours_channel)
@@ -201,3 +211,114 @@ def test_one_tenants_unreadable_secret_does_not_keep_another_tenants_assignment_
         "theirs": (str(later.jobs.get().pk), True),
     }
     assert GOOD not in frames["theirs"].model_dump_json()
+
+
+OTHER = "hf-abcdef0123456789"
+TWO_JOBS = """\
+workflows:
+  - name: wandb
+    provider: bash
+    secrets: [WANDB_API_KEY]
+    commands: [echo wandb]
+  - name: hub
+    provider: bash
+    env:
+      TOKEN: ${{ secrets.HF_TOKEN }}
+    commands:
+      - huggingface-cli upload --token ${{ secrets.HF_TOKEN }}
+  - name: plain
+    provider: bash
+    commands: [echo plain]
+"""
+
+
+@pytest.mark.parametrize(
+    ("workflow", "env"),
+    [
+        ("wandb", {"WANDB_API_KEY": VALUE}),
+        ("hub", {"TOKEN": OTHER, "HF_TOKEN": OTHER}),
+        ("plain", None),
+    ],
+)
+def test_a_job_gets_only_the_secrets_its_workflow_names(
+    team: Workspace, owner: Person, workflow: str, env: dict[str, str] | None
+) -> None:
+    secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    secret_set(workspace=team, user=owner.user, name="HF_TOKEN", value=OTHER)
+    run = submit(team, owner.user, workflow, TWO_JOBS)
+    instance = _instance(team)
+    jobs_schedule()
+    job = run.jobs.get()
+    accept(job, instance.pk)
+
+    frame = assign_frame(job)
+    fetched = runner_get(job, RUNNER, "secrets")
+
+    assert VALUE not in frame.model_dump_json() and OTHER not in frame.model_dump_json()
+    assert frame.secrets is (env is not None)
+    assert fetched.status_code == 200
+    assert fetched.json() == {"env": env or {}, "credential": None}
+    if workflow == "hub":
+        assert frame.commands == ["huggingface-cli upload --token ${HF_TOKEN}"] and "TOKEN" not in frame.env
+
+
+def test_a_secret_the_workspace_does_not_have_is_refused_at_submission_at_its_line(
+    team: Workspace, owner: Person
+) -> None:
+    secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    text = NAMES_WANDB.replace("[WANDB_API_KEY]", "[WANDB_API_KY]")
+    answer = owner.client().post(
+        "/api/v1/workspaces/acme/runs/",
+        {
+            "workflow": "hello",
+            "workflows_files": [{"path": ".trainyard/workflows.yaml", "text": text}],
+            "code": {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "a" * 40},
+        },
+        format="json",
+    )
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["extra"]["errors"] == [
+        {
+            "file": ".trainyard/workflows.yaml",
+            "line": 4,
+            "key": "workflows[0] (hello).secrets[0]",
+            "message": "secret 'WANDB_API_KY' is not set in this workspace; did you mean 'WANDB_API_KEY'?"
+            " a workspace admin sets it with `trainyard secrets set WANDB_API_KY`",
+        }
+    ]
+    assert Run.objects.count() == 0
+
+
+def test_a_secret_deleted_after_submission_fails_the_job_naming_it(team: Workspace, owner: Person) -> None:
+    secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    run = submit(team, owner.user, text=NAMES_WANDB)
+    owner.client().delete("/api/v1/workspaces/acme/secrets/WANDB_API_KEY/")
+    instance = _instance(team)
+    jobs_schedule()
+    job = run.jobs.get()
+    accept(job, instance.pk)
+
+    refused = runner_get(job, RUNNER, "secrets")
+
+    assert refused.status_code == 409
+    assert refused.json()["message"] == (
+        "secret WANDB_API_KEY named by workflow hello is not set in the workspace any more: an admin sets it"
+        " again (`trainyard secrets set WANDB_API_KEY`)"
+    )
+
+
+def test_a_member_cannot_write_a_secret_and_reads_only_names(team: Workspace, owner: Person, member: Person) -> None:
+    secret_set(workspace=team, user=owner.user, name="WANDB_API_KEY", value=VALUE)
+    client = member.client()
+
+    put = client.put("/api/v1/workspaces/acme/secrets/WANDB_API_KEY/", {"value": "replaced-by-a-member"}, format="json")
+    new = client.put("/api/v1/workspaces/acme/secrets/NEW/", {"value": "set-by-a-member"}, format="json")
+    deleted = client.delete("/api/v1/workspaces/acme/secrets/WANDB_API_KEY/")
+    listed = client.get("/api/v1/workspaces/acme/secrets/")
+
+    denial = "Your role in acme is member: only admins can make this change."
+    assert [(a.status_code, a.json()["message"]) for a in (put, new, deleted)] == [(403, denial)] * 3
+    assert [s["name"] for s in listed.json()] == ["WANDB_API_KEY"] and VALUE not in listed.content.decode()
+    assert list(Secret.objects.values_list("name", flat=True)) == ["WANDB_API_KEY"]
+    assert secret_env(workspace_id=team.pk).env == {"WANDB_API_KEY": VALUE}

@@ -343,10 +343,10 @@ def test_an_undefined_variable_is_an_error_naming_it():
 
 
 def test_an_unknown_expression_is_an_error():
-    text = "workflows:\n  - {name: t, provider: bash, commands: ['echo ${{ secrets.X }}']}\n"
+    text = "workflows:\n  - {name: t, provider: bash, commands: ['echo ${{ github.sha }}']}\n"
     assert plan_errors(text, "t") == [
-        f"{PATH}:2: workflows[0] (t).commands[0]: unknown expression '${{{{ secrets.X }}}}'; "
-        "known: ${{ run.args }}, ${{ variables.NAME }}"
+        f"{PATH}:2: workflows[0] (t).commands[0]: unknown expression '${{{{ github.sha }}}}'; "
+        "known: ${{ run.args }}, ${{ variables.NAME }}, ${{ secrets.NAME }}"
     ]
 
 

@@ -29,7 +29,7 @@ from backend.core.errors import NotFound
 from backend.runs.events import send_to_channel
 from backend.runs.lifecycle.dag import job_inputs
 from backend.runs.models import Attempt, Job, JobStatus, Run
-from backend.vault.services import repo_credential_exists, secret_exists
+from backend.vault.services import repo_credential_exists
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
         caches=cache_specs(job=job),
         environment=protocol.EnvironmentSpec.model_validate(spec["environment"]) if spec.get("environment") else None,
-        secrets=secret_exists(workspace_id=job.workspace_id)
-        or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
+        secrets=bool(spec.get("secrets")) or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
     )
 
 

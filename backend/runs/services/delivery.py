@@ -20,12 +20,24 @@ from backend.vault.services import repo_credential_for, secret_env, secret_unrea
 
 
 def job_secrets(*, job: Job) -> protocol.JobSecrets:
-    """The workspace's secrets and the repository's clone credential.
+    """The secrets the job's workflow names (``spec["secrets"]``: {variable:
+    secret name}) and the repository's clone credential; no other secret of
+    the workspace.
 
-    A secret no key opens fails the job rather than running it without a
-    value it may need (docs/decisions/0035-unreadable-secrets.md): 409,
-    whose message the runner reports as the job's reason."""
-    found = secret_env(workspace_id=job.workspace_id)
+    A named secret no key opens, or one deleted since the submission, fails
+    the job rather than running it without a value it needs
+    (docs/decisions/0035-unreadable-secrets.md): 409, whose message the
+    runner reports as the job's reason."""
+    named: dict[str, str] = job.spec.get("secrets", {})
+    found = secret_env(workspace_id=job.workspace_id, names=set(named.values()))
+    missing = sorted(set(named.values()) - set(found.env) - set(found.unreadable))
+    if missing:
+        raise ApplicationError(
+            f"secret {missing[0]} named by workflow {job.workflow} is not set in the workspace any more: an admin"
+            f" sets it again (`trainyard secrets set {missing[0]}`)",
+            status_code=409,
+            extra={"missing": missing},
+        )
     if found.unreadable:
         first, *more = found.unreadable
         also = f" (also unreadable: {', '.join(more)})" if more else ""
@@ -35,7 +47,7 @@ def job_secrets(*, job: Job) -> protocol.JobSecrets:
     run = job.run
     credential = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
     return protocol.JobSecrets(
-        env=found.env,
+        env={variable: found.env[secret] for variable, secret in named.items()},
         credential=(
             protocol.GitCredential(kind=credential.kind, username=credential.username, secret=credential.secret)  # type: ignore[arg-type]
             if credential is not None

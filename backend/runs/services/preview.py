@@ -38,6 +38,7 @@ from backend.runs.services.runs import (
     resolve_plan,
     resolve_refs,
 )
+from backend.vault.services import secret_names
 
 
 def run_plan_preview(
@@ -51,7 +52,7 @@ def run_plan_preview(
     placement: dict[str, object] | None = None,
 ) -> dict[str, Any]:
     file = load_files(inputs.files)
-    plan = resolve_plan(file, workflow, inputs)
+    plan = resolve_plan(file, workflow, inputs, known_secrets=secret_names(workspace_id=workspace.pk))
     refs = resolve_refs(workspace, plan)
     placements = placements_of(file, placement or {})
     repo_url = url_without_credentials(repo_url.strip())  # as run_create stores it

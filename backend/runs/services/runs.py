@@ -6,7 +6,7 @@ import dataclasses
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -25,6 +25,7 @@ from backend.runs.names import run_name_stem
 from backend.runs.scheduler.handover import run_assign_on_submit
 from backend.runs.services.submissions import Once, submission_key_bind, submission_key_claim
 from backend.runs.wakeups import schedule_soon
+from backend.vault.services import secret_names
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,64}$")
 # A run's name until its submission numbers it, just before the commit: never
@@ -114,7 +115,7 @@ def run_create(
     # Stored on the run and the repo and shown to the whole workspace: never a credential.
     code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
     file = load_files(inputs.files)
-    plan = resolve_plan(file, workflow, inputs)
+    plan = resolve_plan(file, workflow, inputs, known_secrets=secret_names(workspace_id=workspace.pk))
     if environment_build:
         plan = environment_build_plan(plan)
     retries = _retry_policies(file)
@@ -272,7 +273,11 @@ def environment_build_plan(plan: RunPlan) -> RunPlan:
     return dataclasses.replace(plan, jobs=list(jobs.values()))
 
 
-def resolve_plan(file: WorkflowsFile, workflow: str, inputs: PlanInputs) -> RunPlan:
+def resolve_plan(
+    file: WorkflowsFile, workflow: str, inputs: PlanInputs, *, known_secrets: Collection[str] | None = None
+) -> RunPlan:
+    """The run's plan; ``known_secrets``: the workspace's secret names, which
+    every secret a workflow names must be one of."""
     try:
         return resolve_run_plan(
             file,
@@ -281,6 +286,7 @@ def resolve_plan(file: WorkflowsFile, workflow: str, inputs: PlanInputs) -> RunP
             inherited_env=inputs.inherited_env,
             run_args=inputs.run_args,
             variables=inputs.variables,
+            known_secrets=known_secrets,
         )
     except WorkflowFileError as exc:
         raise _file_errors(exc) from None
@@ -357,6 +363,8 @@ def job_spec(plan: JobPlan, environment_files: Mapping[str, Mapping[str, str]] |
         **({"cache": list(plan.cache)} if plan.cache else {}),
         **({"environment": dict(plan.environment)} if plan.environment else {}),
         **({"environment_files": files} if files else {}),
+        # Names, never values: the job's runner fetches them (``delivery.job_secrets``).
+        **({"secrets": dict(plan.secrets)} if plan.secrets else {}),
     }
 
 

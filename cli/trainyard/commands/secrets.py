@@ -12,7 +12,8 @@ from . import common, options
 
 @click.group(cls=common.Group)
 def secrets() -> None:
-    """Workspace secrets: set as env in every job, shown as ***** in logs."""
+    """Workspace secrets: env of the jobs whose workflow names them
+    (secrets: [NAME]), shown as ***** in logs. Admins set and remove them."""
 
 
 @secrets.command("set")
@@ -29,7 +30,7 @@ def secrets_set(name: str) -> None:
             f'pipe it: printf %s "$VALUE" | trainyard secrets set {name})'
         )
     common.client().set_secret(name, value)
-    click.echo(f"Secret {name} set; runs get it as ${name}", err=True)
+    click.echo(f"Secret {name} set; a job gets it as ${name} when its workflow names it (secrets: [{name}])", err=True)
 
 
 @secrets.command("ls")

@@ -9,7 +9,8 @@ import { useWorkspace } from "../workspace";
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 export function SecretsPage() {
-  const { slug, canWrite } = useWorkspace();
+  // Secrets are set and deleted by admins only; members and viewers see the names.
+  const { slug, isAdmin: canWrite } = useWorkspace();
   const secrets = useApiList<Secret>(slug, () => get<Secret[]>(wsPath(slug, "secrets/")));
   const [name, setName] = useState("");
   const [value, setValue] = useState("");
@@ -36,7 +37,9 @@ export function SecretsPage() {
     <>
       <PageHeader title="Secrets" />
       <p className="lede">
-        Jobs get secrets as environment variables and they are masked in logs. Values are write-only: nobody can read them back here.
+        A job gets the secrets its workflow names (<code>secrets: [NAME]</code> or <code>{"${{ secrets.NAME }}"}</code>) as environment variables, and
+        they are masked in logs. Values are write-only: nobody can read them back here.
+        {canWrite ? null : " Only workspace admins set and delete secrets."}
       </p>
       <ErrorBanner error={secrets.error ?? secrets.actionError} />
       {saved ? <Notice>Secret {saved} saved.</Notice> : null}
