@@ -693,6 +693,11 @@ class LocalBackend(TypedDict):
         Computed(lambda v: not _production(v), "on in development, off in production"),
         "Every workspace gets the shared `local` backend.",
     )]
+    SINGLE_TENANT: Annotated[bool, Knob(
+        "TRAINYARD_SINGLE_TENANT", BOOLEAN, False,
+        "The installation's users trust each other (one person or one team): production allows the local "
+        "backend only then, since local jobs run as the server's user and can read its environment and files.",
+    )]
     LOCAL_RUNNERS_MAX: Annotated[int, Knob(
         "TRAINYARD_LOCAL_RUNNERS_MAX", INTEGER, 4,
         "Local runners alive at once, shared by all workspaces.",

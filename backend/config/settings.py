@@ -387,6 +387,16 @@ if GITHUB_CLIENT_ID and TRAINYARD["LOCAL_BACKEND_ENABLED"] and not TRAINYARD_GIT
         " may sign in (GitHub logins and org:<organization>, comma-separated, e.g. alice,org:acme), or turn"
         " the local backend off (TRAINYARD_LOCAL_BACKEND=false)."
     )
+# Local jobs run as the server's OS user: they can read /proc/<server>/environ
+# (the secret keys, the database URL) and each other's files. Only an
+# installation whose users trust each other may run them in production.
+if PRODUCTION and TRAINYARD["LOCAL_BACKEND_ENABLED"] and not TRAINYARD["SINGLE_TENANT"]:
+    raise ConfigError(
+        "TRAINYARD_LOCAL_BACKEND is on in production, where jobs of every workspace would run as the server's"
+        " user on its host and could read its keys and database password. Turn it off"
+        " (TRAINYARD_LOCAL_BACKEND=false), or, if every user of this installation is trusted (one person or one"
+        " team), declare it single-tenant with TRAINYARD_SINGLE_TENANT=true."
+    )
 if PRODUCTION and not TRAINYARD["SECRET_KEYS"]:
     raise ConfigError(
         "TRAINYARD_SECRET_KEYS must be set in production: generate one with "

@@ -78,3 +78,14 @@ def test_the_dashboard_and_the_api_carry_the_content_security_policy() -> None:
     # Django's admin pages carry inline styles, never inline scripts.
     assert "style-src 'self' 'unsafe-inline';" in admin["Content-Security-Policy"]
     assert "script-src 'self';" in admin["Content-Security-Policy"]
+
+
+def test_production_refuses_the_local_backend_unless_declared_single_tenant() -> None:
+    refused = manage("check", env=production_env(TRAINYARD_LOCAL_BACKEND="true"))
+    single = manage("check", env=production_env(TRAINYARD_LOCAL_BACKEND="true", TRAINYARD_SINGLE_TENANT="true"))
+
+    assert refused.returncode != 0
+    assert "Traceback" not in refused.stderr
+    assert "TRAINYARD_LOCAL_BACKEND is on in production" in refused.stderr
+    assert "TRAINYARD_SINGLE_TENANT=true" in refused.stderr
+    assert single.returncode == 0, single.stdout + single.stderr
