@@ -63,19 +63,22 @@ $(NODE_STAMP): frontend/package.json frontend/package-lock.json
 
 # The Debian packages the end-to-end tests drive: haproxy, the load balancer in
 # front of two web processes (tests/e2e/test_scale_out.py), and chromium, the
-# browser of the dashboard tests (tests/e2e/test_dashboard.py). Installed when
-# missing and running as root (CI); otherwise a message naming the package.
+# browser of the dashboard tests (tests/e2e/test_dashboard.py); and libfaketime,
+# the clock of a worker set ahead (tests/clouds/test_clock_skew.py). Installed
+# when missing and running as root (CI); otherwise a message naming the package.
 DEBIAN_TEST_PACKAGES := haproxy chromium
+LIBFAKETIME := /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 .PHONY: test-packages
 test-packages:
 	@missing=""; for p in $(DEBIAN_TEST_PACKAGES); do \
 	  command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
+	[ -e $(LIBFAKETIME) ] || missing="$$missing libfaketime"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages the tests need:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	  else \
-	    echo "error: the tests need the Debian package(s)$$missing (the end-to-end tests run haproxy and Chromium)." >&2; \
+	    echo "error: the tests need the Debian package(s)$$missing (the end-to-end tests run haproxy and Chromium; libfaketime sets a clock ahead)." >&2; \
 	    echo "       install them as root: apt-get install$$missing" >&2; \
 	    exit 1; \
 	  fi; \

@@ -14,7 +14,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from backend.clouds.pulse import serve_lifespan  # noqa: E402
+from backend.clouds.pulse import pulse_without_lifespan, serve_lifespan  # noqa: E402
 from backend.config.body_limit import BodyLimit  # noqa: E402
 from backend.config.routing import websocket_urlpatterns  # noqa: E402
 from backend.core.origins import WebsocketOriginGuard  # noqa: E402
@@ -37,8 +37,10 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """The router, plus the lifespan: while this process serves, it writes its
     pulse (``backend.clouds.pulse``), so the reconciler can tell "a runner went
     silent" from "this server could not hear anyone", and publishes its count
-    of open websockets (``backend.ops.connections``)."""
+    of open websockets (``backend.ops.connections``). A server that sends no
+    lifespan starts them with its first request, and logs that it did."""
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send, also=[publish_forever])
         return
+    pulse_without_lifespan(also=[publish_forever])
     await router(scope, receive, send)

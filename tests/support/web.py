@@ -23,7 +23,8 @@ READY_TIMEOUT_SECONDS = 30.0
 
 
 class WebServer:
-    def __init__(self, *, data_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, *, data_dir: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> None:
+        self.args = args
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -41,7 +42,7 @@ class WebServer:
 
     def start(self) -> WebServer:
         command = [sys.executable, "-m", "uvicorn", "backend.config.asgi:application",
-                   "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
+                   "--host", "127.0.0.1", "--port", str(self.port), *self.args]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 command, cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -84,9 +85,13 @@ class WebServers:
         self.started: list[WebServer] = []
 
     def start(self, **env: str) -> WebServer:
+        return self.start_with((), **env)
+
+    def start_with(self, args: tuple[str, ...], **env: str) -> WebServer:
+        """Started with uvicorn's own ``args`` added (e.g. ``--lifespan off``)."""
         data_dir = self.data_dir / f"web-{len(self.started)}"
         data_dir.mkdir(parents=True)
-        server = WebServer(data_dir=data_dir, env=env)
+        server = WebServer(data_dir=data_dir, env=env, args=args)
         self.started.append(server)
         return server.start()
 

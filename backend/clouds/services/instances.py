@@ -36,6 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 from trainyard_runner import protocol
 
@@ -53,6 +54,7 @@ from backend.clouds.models import (
     InstanceStatus,
 )
 from backend.core.channels import send_to_channel
+from backend.core.clock import db_now
 from backend.core.counters import provisioning_observe
 from backend.core.enqueue import enqueue
 from backend.core.tokens import API_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
@@ -164,7 +166,7 @@ def instance_launched(*, instance_id: str, handle: Handle) -> bool:
     """The backend accepted the launch: remember how to find the machine."""
     changed = Instance.objects.filter(pk=instance_id, status=InstanceStatus.PROVISIONING, launched_at=None).update(
         backend_id=handle.backend_id[:200],
-        launched_at=timezone.now(),
+        launched_at=Now(),
         status_reason="starting: waiting for its runner to connect",
     )
     if changed:
@@ -277,8 +279,9 @@ def _boots_from_image(kind: str) -> bool:
 def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, busy: bool) -> bool:
     """The runner said hello. A hello never revives an instance that is
     terminating, terminated or lost (False then, and the caller refuses it),
-    except a lost self-hosted machine, whose attempts the caller has ended."""
-    now = timezone.now()
+    except a lost self-hosted machine, whose attempts the caller has ended.
+    Its liveness stamps take the database's clock (``backend.core.clock``)."""
+    now = db_now()
     with transaction.atomic():
         instance = Instance.objects.select_for_update().filter(pk=instance_id).first()
         if instance is None or not (instance.status in CONNECTABLE or _revivable(instance)):
@@ -322,11 +325,15 @@ def instance_heartbeat(*, instance_id: str, busy: bool | None = None) -> None:
     instance heard again on the connection it kept through its silence (a
     link that froze and came back within the runner's own timeouts, so it
     never said hello again) is reachable again: ``busy`` or idle as its
-    runner says. One UPDATE in the usual case."""
-    now = timezone.now()
-    if Instance.objects.filter(pk=instance_id).exclude(status=InstanceStatus.UNREACHABLE).update(last_heartbeat_at=now):
+    runner says. One UPDATE in the usual case. Stamped with the database's
+    clock, as the reconciler judges it (``backend.core.clock``)."""
+    if (
+        Instance.objects.filter(pk=instance_id)
+        .exclude(status=InstanceStatus.UNREACHABLE)
+        .update(last_heartbeat_at=Now())
+    ):
         return
-    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=now)
+    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=Now())
     if busy is None:
         return
     _transition(
@@ -336,7 +343,7 @@ def instance_heartbeat(*, instance_id: str, busy: bool | None = None) -> None:
         InstanceReason.CONNECTED,
         "runner heard again on the connection it kept",
         unreachable_since=None,
-        **({} if busy else {"idle_since": now}),
+        **({} if busy else {"idle_since": Now()}),
     )
 
 
@@ -353,7 +360,7 @@ def instance_set_idle(*, instance_id: str, message: str) -> bool:
         InstanceStatus.IDLE,
         InstanceReason.JOB_DONE,
         message,
-        idle_since=timezone.now(),
+        idle_since=Now(),
     )
 
 
@@ -364,7 +371,7 @@ def instance_mark_unreachable(*, instance_id: str, message: str) -> bool:
         InstanceStatus.UNREACHABLE,
         InstanceReason.SILENT,
         message,
-        unreachable_since=timezone.now(),
+        unreachable_since=Now(),
     )
 
 
@@ -455,7 +462,7 @@ def instance_request_termination(
         reason,
         message,
         termination_reason=reason,
-        terminate_requested_at=timezone.now(),
+        terminate_requested_at=Now(),
     )
     if changed and instance is not None:
         if instance.channel_name:

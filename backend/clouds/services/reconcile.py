@@ -60,6 +60,7 @@ from backend.clouds.services.instances import (
     instance_request_termination,
 )
 from backend.clouds.services.provisioning import launch_offer
+from backend.core.clock import db_now
 from backend.core.enqueue import enqueue
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ CLOUD_VIEW_SECONDS = 60.0
 
 
 def clouds_reconcile(*, now: datetime | None = None) -> int:
-    """One pass; returns how many instances changed in a way that may free or need capacity."""
-    now = now or timezone.now()
+    """One pass; returns how many instances changed in a way that may free or
+    need capacity. ``now``: the database's clock, by which every liveness
+    stamp was written (``backend.core.clock``), not this worker's."""
+    now = now or db_now()
     hearing_since = hearing(now=now)
     changed = 0
     _relaunch_stuck(now)
@@ -111,8 +114,9 @@ def hearing(*, now: datetime) -> datetime | None:
 
 
 def web_pulse(*, process: str, now: datetime | None = None) -> None:
-    """Called by each web process every few seconds while it serves."""
-    now = now or timezone.now()
+    """Called by each web process every few seconds while it serves; stamped
+    with the database's clock, as the reconciler reads it."""
+    now = now or db_now()
     WebPulse.objects.update_or_create(process=process, defaults={"at": now})
     WebPulse.objects.filter(at__lt=now - timedelta(hours=1)).delete()
 

@@ -39,6 +39,7 @@ from backend.clouds.services.instances import (
     instance_set_idle,
     instance_set_idle_duration,
 )
+from backend.core.clock import db_now
 from backend.runs.events import publish_on_commit
 from backend.runs.lifecycle.cachewhy import decision_reused
 from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
@@ -78,7 +79,8 @@ def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any
         number=number,
         instance=instance,
         lease=uuid.uuid4().hex,
-        lease_expires_at=timezone.now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"]),
+        # The reconciler expires it by the same clock (backend.core.clock).
+        lease_expires_at=db_now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"]),
         first_seq=job.last_seq + 1,
         offers_tried=offers_tried or [],
     )

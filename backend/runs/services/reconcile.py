@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, InstanceStatus
@@ -55,7 +56,8 @@ def reconcile() -> bool:
 
 
 def _expire_leases() -> int:
-    expired = Attempt.objects.filter(status=AttemptStatus.ASSIGNED, lease_expires_at__lt=timezone.now())
+    # Leases are written and expired by the database's clock (backend.core.clock).
+    expired = Attempt.objects.filter(status=AttemptStatus.ASSIGNED, lease_expires_at__lt=Now())
     return sum(
         attempt_end(
             attempt_id=str(a.pk),
