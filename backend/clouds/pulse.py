@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -54,9 +54,14 @@ async def serve_lifespan(
             return
 
 
-def pulse_without_lifespan(*, also: Sequence[Callable[[], Coroutine[Any, Any, None]]] = ()) -> None:
-    """Called with every request: if no lifespan started the pulse, start it now and say so."""
-    if _running:
+def pulse_without_lifespan(
+    scope: Mapping[str, Any], *, also: Sequence[Callable[[], Coroutine[Any, Any, None]]] = ()
+) -> None:
+    """Called with every request: if no lifespan started the pulse, start it
+    now and say so. Only for a request a server received (its scope names
+    the ``server``): an application called in-process (a test harness) runs
+    in event loops that end with the call, where no pulse belongs."""
+    if _running or scope.get("server") is None:
         return
     logger.warning(NO_LIFESPAN)
     _start(also)

@@ -42,5 +42,5 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
         await serve_lifespan(receive, send, also=[publish_forever])
         return
-    pulse_without_lifespan(also=[publish_forever])
+    pulse_without_lifespan(scope, also=[publish_forever])
     await router(scope, receive, send)
