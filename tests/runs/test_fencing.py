@@ -21,6 +21,7 @@ from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, LogChunk
 from backend.runs.reasons import TerminationReason
 from backend.runs.scheduler.passes import jobs_schedule
 from tests.support.attempts import accept, current_attempt
+from tests.support.fixtures import submit
 from tests.support.runners import HELLO, runner_instance, runner_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -169,3 +170,53 @@ def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Work
         protocol.CLOSE_VERSION_MISMATCH,
         "runner speaks protocol 1, server 5: upgrade trainyard-runner",
     )
+
+
+def test_welcome_acks_only_the_jobs_that_runner_holds_never_another_workspaces(
+    team: Workspace, run: Run, outsider: Any
+) -> None:
+    """A hello naming jobs it does not hold (another workspace's, or one moved
+    to another runner) learns nothing of them: ``acked`` names only the jobs
+    whose current attempt runs on this runner."""
+    job, _old, _new = _moved_to_another_runner(team, run)
+    Job.objects.filter(pk=job.pk).update(last_seq=17)
+    elsewhere = Workspace.objects.create(slug="rival", name="Rival")
+    theirs = submit(elsewhere, outsider.user).jobs.get()
+    Job.objects.filter(pk=theirs.pk).update(last_seq=42)
+    named = [
+        protocol.HeldJob(job=str(theirs.pk), attempt=1, lease="x", confirmed=True),
+        protocol.HeldJob(job=str(job.pk), attempt=1, lease="old-lease", confirmed=True),
+        protocol.HeldJob(job="not-a-uuid", attempt=1, lease="x", confirmed=True),
+    ]
+
+    async def scenario() -> dict[str, Any]:
+        ws = _connect("old-secret")
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": named}).model_dump_json())
+        welcome = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return welcome
+
+    welcome = async_to_sync(scenario)()
+
+    assert welcome["type"] == "welcome"
+    assert welcome["acked"] == {}
+    assert sorted(welcome["refused"]) == sorted([str(theirs.pk), str(job.pk), "not-a-uuid"])
+
+
+def test_welcome_acks_the_stored_seq_of_a_job_the_runner_holds(team: Workspace, run: Run) -> None:
+    job, _old, _new = _moved_to_another_runner(team, run)
+    Job.objects.filter(pk=job.pk).update(last_seq=17)
+    held = protocol.HeldJob(job=str(job.pk), attempt=2, lease=current_attempt(job).lease, confirmed=True)
+
+    async def scenario() -> dict[str, Any]:
+        ws = _connect("new-secret")
+        await ws.connect()
+        await ws.send_to(text_data=HELLO.model_copy(update={"running_jobs": [held]}).model_dump_json())
+        welcome = json.loads(await ws.receive_from(timeout=5))
+        await ws.disconnect()
+        return welcome
+
+    welcome = async_to_sync(scenario)()
+
+    assert (welcome["acked"], welcome["confirmed"]) == ({str(job.pk): 17}, [str(job.pk)])

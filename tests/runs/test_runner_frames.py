@@ -106,3 +106,54 @@ def test_a_line_time_that_is_not_a_unix_time_is_a_bad_frame(team: Workspace, ts:
 def test_a_long_rejection_reason_is_cut_not_refused() -> None:
     rejected = protocol.JobRejected(job="j", attempt=1, lease="l", reason="why " * 1000)
     assert len(rejected.reason) == 1000
+
+
+def test_a_runner_whose_job_states_pile_up_is_cut_off_with_the_limit_named() -> None:
+    """Progress states wait in one queue per connection: past
+    MAX_QUEUED_PROGRESS unhandled the connection closes (1008) and says why,
+    instead of growing the web process's memory."""
+    from backend.runs.consumers.runner import MAX_QUEUED_PROGRESS, RunnerConsumer
+
+    consumer = RunnerConsumer()
+    closed: list[tuple[int, str]] = []
+
+    async def close(code: int | None = None, reason: str | None = None) -> None:
+        closed.append((code or 0, reason or ""))
+
+    consumer.close = close  # type: ignore[method-assign]
+    state = protocol.JobState(job="j", attempt=1, state="running")
+
+    async def flood() -> int:
+        # Nothing here yields to the event loop: the handler never takes a state off the queue.
+        for _ in range(MAX_QUEUED_PROGRESS + 5):
+            await consumer.on_job_state(state)
+        waiting = consumer._progress.waiting()
+        consumer._progress.close()
+        return waiting
+
+    waiting = asyncio.run(flood())
+    assert waiting == MAX_QUEUED_PROGRESS
+    assert {code for code, _ in closed} == {protocol.CLOSE_FLOODING}
+    assert closed[0][1] == f"flooding: more than {MAX_QUEUED_PROGRESS} job states waiting to be handled"
+
+
+def test_a_hello_holding_more_jobs_than_the_protocol_allows_is_closed_with_the_limit_named(team: Workspace) -> None:
+    _runner(team, "many", "many-secret")
+    held = [{"job": f"job-{i}", "attempt": 1, "lease": "l", "confirmed": True}
+            for i in range(protocol.MAX_HELD_JOBS + 1)]  # fmt: skip
+
+    async def scenario() -> dict[str, Any]:
+        ws = _connect("many-secret")
+        await ws.connect()
+        hello = {**json.loads(HELLO.model_dump_json()), "running_jobs": held}
+        await ws.send_to(text_data=json.dumps(hello))
+        out = await ws.receive_output(timeout=5)
+        await ws.wait()
+        return dict(out)
+
+    closed = async_to_sync(scenario)()
+    assert closed["code"] == protocol.CLOSE_BAD_MESSAGE
+    assert (
+        closed["reason"]
+        == f"bad frame: hello.running_jobs: List should have at most {protocol.MAX_HELD_JOBS} items after validation, not {protocol.MAX_HELD_JOBS + 1}"
+    )

@@ -33,7 +33,7 @@ from backend.clouds.services.instances import instance_disconnected, instance_he
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.services.inorder import InOrder
-from backend.runs.services.logingest import LogIngest
+from backend.runs.services.logingest import MAX_QUEUED_LOG_FRAMES, LogIngest
 from backend.runs.services.runner_session import (
     FINAL_STATES,
     Answer,
@@ -48,6 +48,11 @@ from backend.runs.services.runner_session import (
 from backend.runs.wakeups import schedule_request
 
 logger = logging.getLogger(__name__)
+
+# Progress states waiting for their turn (``_progress``). A runner sends a
+# few per job and waits for nothing; more than this many unhandled is a
+# flood, and the connection is closed rather than the queue grown.
+MAX_QUEUED_PROGRESS = 64
 
 
 class RunnerConsumer(AsyncWebsocketConsumer):
@@ -110,7 +115,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
                 await self.close(code=protocol.CLOSE_VERSION_MISMATCH, reason=_version_advice(theirs))
                 return
             logger.warning("runner sent a bad frame: %s", exc.errors()[:1])
-            await self.close(code=protocol.CLOSE_BAD_MESSAGE)
+            await self.close(code=protocol.CLOSE_BAD_MESSAGE, reason=_bad_frame_reason(exc))
             return
         if self.instance_id is None and not isinstance(message, protocol.Hello):
             await self.close(code=protocol.CLOSE_BAD_MESSAGE)
@@ -154,6 +159,12 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def on_job_state(self, message: protocol.JobState) -> None:
         if message.state not in FINAL_STATES:
+            if self._progress.waiting() >= MAX_QUEUED_PROGRESS:
+                logger.warning("runner %s sent %d job states faster than they are handled: closing",
+                               self.instance_id, MAX_QUEUED_PROGRESS)  # fmt: skip
+                reason = f"flooding: more than {MAX_QUEUED_PROGRESS} job states waiting to be handled"
+                await self.close(code=protocol.CLOSE_FLOODING, reason=reason)
+                return
             self._progress.put((message, self.instance_id))
             return
         await self._progress.join()
@@ -167,7 +178,8 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     async def on_logs(self, message: protocol.Logs) -> None:
         if not self.logs.put(message):
-            await self.close(code=protocol.CLOSE_FLOODING)
+            reason = f"flooding: more than {MAX_QUEUED_LOG_FRAMES} log frames sent without waiting for acks"
+            await self.close(code=protocol.CLOSE_FLOODING, reason=reason)
 
     async def _answer(self, reply: Reply) -> None:
         """What a frame's use case returned, in its order (``Reply``)."""
@@ -211,6 +223,17 @@ def _hello_protocol(raw: str | bytes) -> int | None:
         return None
     version = frame.get("protocol")
     return version if isinstance(version, int) else None
+
+
+def _bad_frame_reason(exc: ValidationError) -> str:
+    """The first problem, where it is and what limit it breaks (``running_jobs:
+    List should have at most 64 items``), in the 123 bytes a close reason has."""
+    first = exc.errors(include_url=False, include_input=False)[:1]
+    if not first:
+        return "bad frame"
+    where = ".".join(str(part) for part in first[0]["loc"])
+    text = f"bad frame: {where}: {first[0]['msg']}"
+    return text.encode()[:123].decode(errors="ignore")
 
 
 def _version_advice(theirs: int) -> str:

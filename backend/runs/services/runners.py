@@ -3,15 +3,17 @@ what each side does about the difference (docs/RUNNER.md, "Reconnecting")."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Q
 from trainyard_runner import protocol
 
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
 from backend.clouds.services.instances import Facts, instance_connected, instance_refusal_for
 from backend.runs.lifecycle.transitions import attempt_end, job_accept
-from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job
+from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job, held_by
 from backend.runs.reasons import TerminationReason
 from backend.runs.services.reconcile import attempt_end_with_instance
 
@@ -83,7 +85,7 @@ def _reconcile_held(
             confirmed.append(jid)
         else:
             refused.append(jid)
-    acked = dict(Job.objects.filter(pk__in=list(held)).values_list("pk", "last_seq"))
+    acked = _acked(instance, held)
     ended = [str(a.pk) for jid, a in ours.items() if jid not in held]
     for jid, attempt in ours.items():
         if jid not in held:
@@ -91,12 +93,31 @@ def _reconcile_held(
     welcome = protocol.Welcome(
         instance=str(instance.pk),
         heartbeat_seconds=heartbeat_seconds,
-        acked={str(k): v for k, v in acked.items()},
+        acked=acked,
         cancel=cancel,
         refused=refused,
         confirmed=confirmed,
     )
     return welcome, ended
+
+
+def _acked(instance: Instance, held: dict[str, protocol.HeldJob]) -> dict[str, int]:
+    """The stored ``last_seq`` of each held job this runner holds (``held_by``:
+    its current attempt runs here, a finished one it still reports included);
+    nothing of a job it names and does not hold (moved, another workspace's)."""
+    holds = Q(pk__in=[])
+    for jid, h in held.items():
+        if _is_uuid(jid):
+            holds |= Q(pk=jid) & held_by(instance_id=instance.pk, attempt=h.attempt)
+    return {str(pk): seq for pk, seq in Job.objects.filter(holds).values_list("pk", "last_seq")}
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fence(instance: Instance) -> None:
