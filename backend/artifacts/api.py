@@ -32,6 +32,8 @@ class ArtifactFileView(WorkspaceAPIView):
 
 
 class ArtifactArchiveView(WorkspaceAPIView):
+    throttle_scopes = {"GET": "archive"}
+
     @extend_schema(responses={302: None}, parameters=[OpenApiParameter("prefix", str)])
     def get(self, request: Request, workspace: str, artifact: str) -> HttpResponseRedirect:
         found = (

@@ -39,6 +39,8 @@ from backend.artifacts.storage import (
     get_storage,
     verify_token,
 )
+from backend.core.ratelimit import client_ip, rate_hit
+from backend.core.throttling import refusal_response
 
 CHUNK = 1 << 20
 DOWNLOAD_TYPE = "application/octet-stream"
@@ -101,6 +103,11 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
 
 @_inert
 def storage_archive(request: HttpRequest, token: str) -> HttpResponseBase:
+    # Each opening zips again: a link may be opened again until it expires,
+    # so openings are counted per address as the API counts archives per user.
+    refusal = rate_hit(scope="archive", kind="ip", identity=client_ip(request))
+    if refusal is not None:
+        return refusal_response(refusal)
     try:
         artifact_id, prefix = archive_token(token)
     except signing.SignatureExpired:

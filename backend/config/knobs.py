@@ -403,6 +403,16 @@ class Access(TypedDict):
         "inline) and of a runner's file manifests (`…/artifacts/`, `…/checkpoints/`, `…/caches/`, "
         "`…/parts/`: up to 100,000 files). Code uploads are capped by TRAINYARD_MAX_BLOB_BYTES.",
     )]
+    MAX_JOBS_PER_RUN: Annotated[int, Knob(
+        "TRAINYARD_MAX_JOBS_PER_RUN", INTEGER, 1000,
+        "Most jobs one run may have: a submission or plan with more is refused (400) before anything is "
+        "written. A workflows file holds at most 1,000 workflows (fixed, checked by the CLI too).",
+    )]
+    WS_PER_USER: Annotated[int, Knob(
+        "TRAINYARD_WS_PER_USER", INTEGER, 50,
+        "Browser and CLI websockets one user may have open at once, across every web process; the one over "
+        "is closed with 4429 and the limit in its reason (0: no limit).",
+    )]
     RUNS_EXACT_COUNT_UP_TO: Annotated[int, Knob(
         "TRAINYARD_RUNS_EXACT_COUNT_UP_TO", INTEGER, 1000,
         "The runs list counts its matches exactly up to this many; above, it gives the planner's estimate "
@@ -443,6 +453,27 @@ class RateLimitSettings(TypedDict):
             "plan",
             Knob("TRAINYARD_RATE_PLAN_USER", RATE, "120/min", "Dry-run plans per user."),
             Knob("TRAINYARD_RATE_PLAN_IP", RATE, "600/min", "Dry-run plans per address."),
+        ),
+        RateLimit(
+            "logsearch",
+            Knob("TRAINYARD_RATE_LOGSEARCH_USER", RATE, "120/min", "Log searches per user."),
+            Knob("TRAINYARD_RATE_LOGSEARCH_IP", RATE, "600/min", "Log searches per address."),
+        ),
+        RateLimit(
+            "rawlog",
+            Knob(
+                "TRAINYARD_RATE_RAWLOG_USER", RATE, "300/min",
+                "Raw log reads and downloads per user (`trainyard logs` reads one per job).",
+            ),
+            Knob("TRAINYARD_RATE_RAWLOG_IP", RATE, "1200/min", "Raw log reads and downloads per address."),
+        ),
+        RateLimit(
+            "archive",
+            Knob("TRAINYARD_RATE_ARCHIVE_USER", RATE, "30/min", "Zip archives of artifacts asked for per user."),
+            Knob(
+                "TRAINYARD_RATE_ARCHIVE_IP", RATE, "150/min",
+                "Zip archives of artifacts asked for, and archive links opened, per address.",
+            ),
         ),
         RateLimit(
             "ws",
@@ -554,6 +585,11 @@ class Logs(TypedDict):
     LOG_PAGE_BYTES: Annotated[int, Knob(
         "TRAINYARD_LOG_PAGE_BYTES", INTEGER, 4 << 20,
         "Most bytes of log text in one page (REST, a follower's catch-up); a page holds at least one line.",
+    )]
+    LOG_SEARCH_BYTES: Annotated[int, Knob(
+        "TRAINYARD_LOG_SEARCH_BYTES", INTEGER, 64 << 20,
+        "Most bytes of log one search reads; past it the answer says `partial` and where it stopped, and "
+        "the viewer searches on from there when asked.",
     )]
     LOG_CAP_BYTES: Annotated[int, Knob(
         "TRAINYARD_LOG_CAP_BYTES", INTEGER, 1 << 30,

@@ -35,6 +35,9 @@ SCOPE_WORDS = {
     "run": "runs submitted",
     "blob": "uploads",
     "plan": "plans asked for",
+    "logsearch": "log searches",
+    "rawlog": "raw log reads",
+    "archive": "artifact archives",
     "ws": "websocket connections",
     "runner": "runner connections",
 }

@@ -1,6 +1,7 @@
 """DRF's throttle interface over the Redis counters of ``backend.core.ratelimit``.
 
-A view opts in per method: ``throttle_scopes = {"POST": "run"}``. Each hit
+A view opts in per method: ``throttle_scopes = {"POST": "run"}``, or by
+what the request asks with ``throttle_scope_of(request)``. Each hit
 counts once per user (the signed-in user, or what ``throttle_user(request)``
 on the view names, e.g. the username a login tries) and once per client
 address (``REMOTE_ADDR``: behind a proxy, the ASGI server sets it from
@@ -30,7 +31,7 @@ class RateLimited(exceptions.Throttled):
 
 class ScopedRedisThrottle(BaseThrottle):
     def allow_request(self, request: Request, view: Any) -> bool:
-        scope = getattr(view, "throttle_scopes", {}).get(request.method)
+        scope = _scope(request, view)
         if scope is None:
             return True
         refusal = throttle_hit(scope=scope, user=_user_identity(request, view), ip=client_ip(request))
@@ -50,6 +51,15 @@ def refusal_response(refusal: Refusal) -> JsonResponse:
     """The 429 of a plain Django view (the API's own come from ``RateLimited``)."""
     body = {"message": refusal.message, "extra": refusal.extra}
     return JsonResponse(body, status=429, headers={"Retry-After": str(refusal.retry_after)})
+
+
+def _scope(request: Request, view: Any) -> str | None:
+    """The view's ``throttle_scope_of(request)`` when it chooses by more
+    than the method (a log search, not a page), else its ``throttle_scopes``."""
+    chosen = getattr(view, "throttle_scope_of", None)
+    if chosen is not None:
+        return chosen(request)
+    return getattr(view, "throttle_scopes", {}).get(request.method)
 
 
 def _user_identity(request: Request, view: Any) -> str:

@@ -395,6 +395,14 @@ class LogSearchOut(TypedDict):
     the nearest matching line, or null
     """
     last_seq: int
+    partial: bool
+    """
+    no match before the search's byte budget ran out, short of the log's end (prev: start)
+    """
+    searched_to: int | None
+    """
+    when partial: the last seq read (for prev: the first); search again from just past it to go on
+    """
 
 
 class LoginInRequest(TypedDict):

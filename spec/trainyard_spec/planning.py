@@ -53,9 +53,14 @@ def resolve_run_plan(
     run_args: Sequence[str] = (),
     variables: Mapping[str, Mapping[str, str]] | None = None,
     known_secrets: Collection[str] | None = None,
+    max_jobs: int | None = None,
 ) -> RunPlan:
     """The plan of a run of ``workflow``; WorkflowFileError (file:line:key)
     for anything that keeps it from running.
+
+    ``max_jobs``: the most jobs a run may have (the server's
+    TRAINYARD_MAX_JOBS_PER_RUN); planning stops at the workflow whose jobs
+    pass it, before the rest are made.
 
     ``inherited_env``: the values of bare ``env`` names (``env: [HF_TOKEN]``),
     taken from the submitting shell by the CLI. ``run_args``: what follows
@@ -89,9 +94,13 @@ def resolve_run_plan(
     inputs = _Inputs(overrides, dict(inherited_env or {}), list(run_args), variables or {})
     jobs_of: dict[str, list[JobPlan]] = {}
     taken: dict[str, str] = {}
+    count = 0
     for wf in order:
         resolved, secrets = _resolved(file, wf, inputs, known_secrets)
         jobs = _plan_workflow(file, wf, resolved, overrides, secrets)
+        count += len(jobs)
+        if max_jobs is not None and count > max_jobs:
+            raise WorkflowFileError([_too_many_jobs(file, wf, max_jobs)])
         for job in jobs:
             if job.name in taken:
                 raise WorkflowFileError(
@@ -133,6 +142,16 @@ def inherited_env_names(file: WorkflowsFile, workflow: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _too_many_jobs(file: WorkflowsFile, wf: Workflow, limit: int) -> WorkflowError:
+    """A run over the jobs limit, placed at ``wf``, whose jobs went past it."""
+    return file.error(
+        wf,
+        "name",
+        f"the run would have more than {limit} jobs: at most {limit} per run (TRAINYARD_MAX_JOBS_PER_RUN "
+        "on the server); split the work into several runs",
+    )
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ from .schema import (
 WORKFLOW_FILES = (".trainyard/workflows.yaml", ".dstack/workflows.yaml")
 # dstack 0.x splits workflows over files: every *.yaml (or .yml) here is read too.
 WORKFLOW_DIRS = (".trainyard/workflows", ".dstack/workflows")
+# Workflows one file may hold: every one is validated on every plan and
+# submission, by the CLI and again by the server (docs/WORKFLOWS.md, "Limits").
+MAX_WORKFLOWS_PER_FILE = 1000
 _PROVIDER_REQUIRED = {
     "bash": ("commands", "a list of shell commands"),
     "python": ("script", "the Python file to run"),
@@ -354,6 +357,17 @@ def _top_level(tree: _yamltree.Tree, path: str, errors: list[WorkflowError]) -> 
                 f"expected a list of workflows (items starting with '- name:'), got {describe(items)}",
             )
         )
+    if isinstance(items, list) and len(items) > MAX_WORKFLOWS_PER_FILE:
+        errors.append(
+            WorkflowError(
+                path,
+                tree.lines[("workflows",)],
+                "workflows",
+                f"{len(items)} workflows in one file: at most {MAX_WORKFLOWS_PER_FILE}; split them into several "
+                "files of .trainyard/workflows/",
+            )
+        )
+        return []
     return items if isinstance(items, list) else []
 
 

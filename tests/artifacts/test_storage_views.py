@@ -117,3 +117,27 @@ def test_a_local_upload_link_takes_only_its_files_bytes_and_never_replaces_a_sto
     assert replaced.status_code == 409
     with storage.open("ws/x/model.bin") as f:
         assert f.read() == good
+
+
+def test_zip_archives_are_rate_limited_per_user_and_their_links_per_address(
+    artifact: Artifact, viewer: Person, member: Person, settings: Any
+) -> None:
+    """Every archive zips its files again: asking for archives is counted per
+    user (429 with Retry-After), and opening archive links per address."""
+    limits = {
+        **settings.TRAINYARD["RATE_LIMITS"],
+        "archive": {"user": (2, 60), "ip": (3, 60)},
+    }
+    settings.TRAINYARD = {**settings.TRAINYARD, "RATE_LIMITS": limits}
+    url = f"/api/v1/workspaces/acme/artifacts/{artifact.pk}/archive/"
+
+    asked = [viewer.client().get(url, REMOTE_ADDR="10.0.0.8") for _ in range(3)]
+
+    assert [r.status_code for r in asked] == [302, 302, 429]
+    assert int(asked[2]["Retry-After"]) >= 1
+    assert asked[2].json()["message"].startswith("Too many artifact archives from this account: at most 2 per minute.")
+    link = urlsplit(asked[0]["Location"]).path
+    opened = [member.client().get(link, REMOTE_ADDR="10.0.0.9") for _ in range(4)]
+    assert [r.status_code for r in opened] == [200, 200, 200, 429]
+    assert int(opened[3]["Retry-After"]) >= 1
+    assert opened[3].json()["message"].startswith("Too many artifact archives from this address: at most 3 per minute.")

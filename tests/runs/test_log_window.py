@@ -110,6 +110,61 @@ def test_search_reads_across_batches_of_a_long_log(run: Run, member: Person) -> 
     assert _logs(member, job, search="line 000000002", direction="prev").json()["seq"] == 3
 
 
+def test_a_search_stops_at_its_byte_budget_says_partial_and_goes_on_from_where_it_stopped(
+    run: Run, member: Person, settings: Any
+) -> None:
+    """A search reads at most TRAINYARD_LOG_SEARCH_BYTES (and the batch that
+    takes it there) per request: past it, no match yet, ``partial`` and the
+    seq it read to; asked again from just past that seq it goes on, either
+    way, until it finds the line."""
+    job = run.jobs.get()
+    _fill(job, 120_000, "line {:09d}")  # 15 bytes a line: 1.8 MB
+    budget = 200_000
+    settings.TRAINYARD = {**settings.TRAINYARD, "LOG_SEARCH_BYTES": budget}
+
+    first = _logs(member, job, search="line 000119998").json()
+    assert (first["seq"], first["partial"]) == (None, True)
+    assert 1 < first["searched_to"] < 119_999
+    answers, at = [], first
+    while at["partial"]:
+        at = _logs(member, job, search="line 000119998", from_seq=at["searched_to"] + 1).json()
+        answers.append(at)
+    assert (at["seq"], at["searched_to"]) == (119_999, None)
+    # Each answer read about the budget: the log took several of them, none stalled.
+    assert 5 <= len(answers) + 1 <= 20
+    assert all(b["searched_to"] > a["searched_to"] for a, b in zip([first, *answers[:-2]], answers[:-1], strict=True))
+
+    back = _logs(member, job, search="line 000000002", direction="prev").json()
+    assert (back["seq"], back["partial"]) == (None, True) and 3 < back["searched_to"] < 120_000
+    while back["partial"]:
+        back = _logs(member, job, search="line 000000002", direction="prev", from_seq=back["searched_to"] - 1).json()
+    assert back["seq"] == 3
+
+    whole = _logs(member, job, search="no such line").json()
+    assert whole["partial"] is True
+
+
+def test_a_search_within_its_budget_is_not_partial(job: Job, member: Person) -> None:
+    answer = _logs(member, job, search="no such text").json()
+
+    assert (answer["seq"], answer["partial"], answer["searched_to"]) == (None, False, None)
+
+
+def test_log_searches_are_rate_limited_per_user_with_retry_after_and_pages_are_not(
+    job: Job, member: Person, settings: Any
+) -> None:
+    limits = {**settings.TRAINYARD["RATE_LIMITS"], "logsearch": {"user": (3, 60), "ip": None}}
+    settings.TRAINYARD = {**settings.TRAINYARD, "RATE_LIMITS": limits}
+
+    statuses = [_logs(member, job, search="loss").status_code for _ in range(4)]
+    refused = _logs(member, job, search="loss")
+
+    assert statuses == [200, 200, 200, 429]
+    assert int(refused["Retry-After"]) >= 1
+    assert refused.json()["message"].startswith("Too many log searches from this account: at most 3 per minute.")
+    assert _logs(member, job, tail=5).status_code == 200
+
+
 def test_seqs_past_any_line_read_as_the_end_of_the_log(job: Job, member: Person) -> None:
     huge = str(10**30)
 
@@ -165,7 +220,7 @@ def test_a_match_in_a_batch_with_a_gap_gets_the_seq_of_its_line(job: Job, monkey
     from backend.runs.services.rawlog import RawBatch
 
     class GappedReader:
-        def batches(self, *, after: int, until: int, timestamps: bool) -> Any:
+        def batches(self, *, after: int, until: int, timestamps: bool, rows: int) -> Any:
             yield RawBatch(1, 7, b"alpha\nbeta\nthe \x1b[1mNeedle\x1b[0m\n")
 
     pages: list[tuple[int, int]] = []
@@ -178,6 +233,8 @@ def test_a_match_in_a_batch_with_a_gap_gets_the_seq_of_its_line(job: Job, monkey
     monkeypatch.setattr(logwindow, "log_reader_for", lambda job: GappedReader())
     monkeypatch.setattr(logwindow, "job_log_page", page)
 
-    found = logwindow.log_search(job=job, text="the needle", from_seq=1, direction="next", max_bytes=1 << 20)
+    found = logwindow.log_search(
+        job=job, text="the needle", from_seq=1, direction="next", max_bytes=1 << 20, budget_bytes=1 << 20
+    )
 
-    assert (found, pages) == (7, [(0, 3)])
+    assert (found, pages) == (logwindow.LogSearch(7), [(0, 3)])

@@ -4,6 +4,7 @@ marks, lines that are not plain ASCII, and another workspace's job a 404."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -236,3 +237,20 @@ def test_a_job_of_another_workspace_is_not_found(
     assert (through_theirs.status_code, through_theirs.json()["message"]) == (404, "Job not found.")
     assert "line 1" not in through_theirs.text and "their secret" not in through_ours.text
     assert anonymous.status_code == 401
+
+
+def test_raw_log_reads_are_rate_limited_per_user_with_a_clear_429_and_retry_after(
+    web_server: WebServers, job: Job, member: Person
+) -> None:
+    server = web_server.start(
+        TRAINYARD_RATE_RAWLOG_USER="3/min", TRAINYARD_CHANNEL_PREFIX=f"raw-{secrets.token_hex(4)}"
+    )
+
+    statuses = [_raw(server, member, job).status_code for _ in range(3)]
+    refused = _raw(server, member, job, download="1")
+
+    assert statuses == [200, 200, 200]
+    assert refused.status_code == 429
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert refused.json()["message"].startswith("Too many raw log reads from this account: at most 3 per minute.")
+    assert refused.json()["extra"]["scope"] == "rawlog"

@@ -166,3 +166,45 @@ def test_a_dependency_on_another_repos_workflow_takes_its_latest_successful_run(
     assert job.input_refs == [
         {"kind": "workflow", "name": "acme/datasets/prepare", "run_id": str(good.pk), "run_name": good.name}
     ]
+
+
+def _fan_in(count: int, path: str, prefix: str) -> dict[str, str]:
+    text = "workflows:\n" + "".join(
+        f"  - name: {prefix}{i}\n    provider: bash\n    commands: [echo {i}]\n" for i in range(count)
+    )
+    return {"path": path, "text": text}
+
+
+def test_a_run_of_more_jobs_than_the_limit_is_a_400_naming_it_and_writes_nothing(owner: Person):
+    """Tens of thousands of jobs would be one transaction and a placement
+    query each: past TRAINYARD_MAX_JOBS_PER_RUN (1,000) the plan is refused
+    before anything is written, for a submission and a dry-run plan alike."""
+    files = [_fan_in(700, f".trainyard/workflows/part{n}.yaml", f"p{n}-") for n in range(2)]
+    deps = "".join(f"      - workflow: p{n}-{i}\n" for n in range(2) for i in range(700))
+    files.append({"path": ".trainyard/workflows/all.yaml",
+                  "text": f"workflows:\n  - name: all\n    provider: bash\n    commands: [echo]\n    deps:\n{deps}"})  # fmt: skip
+    sent = {"workflow": "all", "workflows_files": files, "code": CODE}
+
+    answer = owner.client().post(f"{BASE}/runs/", sent, format="json")
+    plan = owner.client().post(f"{BASE}/runs/plan/", sent, format="json")
+
+    for refused in (answer, plan):
+        assert refused.status_code == 400, refused.json()
+        assert (
+            "the run would have more than 1000 jobs: at most 1000 per run (TRAINYARD_MAX_JOBS_PER_RUN"
+            in (refused.json()["message"])
+        )
+    assert not Run.objects.exists()
+
+
+def test_a_workflows_file_over_the_workflows_limit_is_a_400_naming_the_file_and_key(owner: Person):
+    big = _fan_in(1001, ".trainyard/workflows/big.yaml", "w")
+    answer = owner.client().post(
+        f"{BASE}/runs/", {"workflow": "w0", "workflows_files": [big], "code": CODE}, format="json"
+    )
+
+    assert answer.status_code == 400
+    (error,) = answer.json()["extra"]["errors"]
+    assert (error["file"], error["key"]) == (".trainyard/workflows/big.yaml", "workflows")
+    assert error["message"].startswith("1001 workflows in one file: at most 1000")
+    assert not Run.objects.exists()

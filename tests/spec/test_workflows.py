@@ -496,3 +496,45 @@ def test_placement_is_what_the_server_stores_with_durations_in_seconds():
         "max_duration": 7200,
     }
     assert wf.get("b").placement() == {"idle_duration": 0}
+
+
+# ------------------------------------------------------------ limits
+
+
+def _many(count: int, *, prefix: str = "w") -> str:
+    return "workflows:\n" + "".join(
+        f"  - name: {prefix}{i}\n    provider: bash\n    commands: [echo {i}]\n" for i in range(count)
+    )
+
+
+def test_a_file_of_more_workflows_than_the_limit_is_refused_naming_the_file_the_key_and_the_limit():
+    from trainyard_spec.workflows import MAX_WORKFLOWS_PER_FILE
+
+    assert MAX_WORKFLOWS_PER_FILE == 1000
+    assert len(load(_many(MAX_WORKFLOWS_PER_FILE)).workflows) == MAX_WORKFLOWS_PER_FILE
+    with pytest.raises(WorkflowFileError) as info:
+        load_workflows_file(_many(MAX_WORKFLOWS_PER_FILE + 1), path=PATH)
+    (error,) = info.value.errors
+    assert (error.file, error.line, error.key) == (PATH, 1, "workflows")
+    assert error.message == (
+        "1001 workflows in one file: at most 1000; split them into several files of .trainyard/workflows/"
+    )
+
+
+def test_a_run_of_more_jobs_than_max_jobs_is_refused_at_the_workflow_that_passes_it():
+    text = (
+        _many(5)
+        + "  - name: all\n    provider: bash\n    commands: [echo]\n    deps:\n"
+        + "".join(f"      - workflow: w{i}\n" for i in range(5))
+    )
+    file = load(text)
+
+    assert len(resolve_run_plan(file, "all", env_overrides={}, max_jobs=6).jobs) == 6
+    with pytest.raises(WorkflowFileError) as info:
+        resolve_run_plan(file, "all", env_overrides={}, max_jobs=4)
+    (error,) = info.value.errors
+    assert error.key == "workflows[4] (w4).name"
+    assert error.message == (
+        "the run would have more than 4 jobs: at most 4 per run (TRAINYARD_MAX_JOBS_PER_RUN on the server); "
+        "split the work into several runs"
+    )

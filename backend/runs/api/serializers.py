@@ -526,6 +526,14 @@ class LogSearchOut(serializers.Serializer):
     job = serializers.UUIDField()
     seq = serializers.IntegerField(allow_null=True, help_text="the nearest matching line, or null")
     last_seq = serializers.IntegerField()
+    # Output only: DRF's ``partial`` (of updates) is an attribute of instances, never read here.
+    partial = serializers.BooleanField(  # type: ignore[assignment]
+        help_text="no match before the search's byte budget ran out, short of the log's end (prev: start)"
+    )
+    searched_to = serializers.IntegerField(
+        allow_null=True,
+        help_text="when partial: the last seq read (for prev: the first); search again from just past it to go on",
+    )
 
 
 class BlobOut(serializers.Serializer):

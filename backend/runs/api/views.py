@@ -292,6 +292,11 @@ class JobLogsView(WorkspaceAPIView):
 
     serializer_class = LogPageOut
 
+    @staticmethod
+    def throttle_scope_of(request: Request) -> str | None:
+        """A search reads up to TRAINYARD_LOG_SEARCH_BYTES: counted (``logsearch``); a page is not."""
+        return "logsearch" if request.method == "GET" and "search" in request.query_params else None
+
     @extend_schema(
         responses={200: PolymorphicProxySerializer("LogPageOrSearch", [LogPageOut, LogSearchOut], None)},
         parameters=[
@@ -325,12 +330,27 @@ class JobLogsView(WorkspaceAPIView):
             raise ApplicationError(f"direction must be next or prev, not {direction!r}.")
         default = 1 if direction == "next" else max(job.last_seq, 1)
         start = _int_param(request, "from_seq", default, minimum=1)
-        seq = log_search(job=job, text=text, from_seq=start, direction=direction, max_bytes=max_bytes)  # type: ignore[arg-type]
-        return {"job": str(job.pk), "seq": seq, "last_seq": job.last_seq}
+        found = log_search(
+            job=job,
+            text=text,
+            from_seq=start,
+            direction=direction,  # type: ignore[arg-type]
+            max_bytes=max_bytes,
+            budget_bytes=settings.TRAINYARD["LOG_SEARCH_BYTES"],
+        )
+        return {
+            "job": str(job.pk),
+            "seq": found.seq,
+            "last_seq": job.last_seq,
+            "partial": found.partial,
+            "searched_to": found.searched_to,
+        }
 
 
 class JobRawLogView(WorkspaceAPIView):
     """The job's log as plain text, streamed (docs/LOGS.md, "Raw read-back")."""
+
+    throttle_scopes = {"GET": "rawlog"}
 
     @extend_schema(
         responses={(200, "text/plain"): bytes, (206, "text/plain"): bytes, 302: None, 416: None},

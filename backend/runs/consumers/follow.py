@@ -17,12 +17,14 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from trainyard_runner.protocol import chunk_fields, chunk_lines
@@ -31,11 +33,12 @@ from backend.accounts.auth import token_from_header
 from backend.accounts.models import Membership, User, Workspace
 from backend.accounts.selectors import membership_get, user_for_token
 from backend.core.ratelimit import Refusal, rate_hit
+from backend.core.socketslots import SLOT_RENEWALS, socket_slot_release, socket_slot_renew, socket_slot_take
 from backend.runs.api.listing import run_shown
 from backend.runs.consumers import fanout
 from backend.runs.consumers.limits import CLOSE_RATE_LIMITED, close_reason, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
-from backend.runs.consumers.watch import Credentials, watch
+from backend.runs.consumers.watch import Credentials, interval, watch
 from backend.runs.events import run_group, workspace_group
 from backend.runs.selectors import job_log_page, run_by_ref
 from backend.runs.services.logs import follower_frame, follower_frames
@@ -63,14 +66,17 @@ CONNECT_READS_AT_ONCE = 2
 class _MemberConsumer(AsyncJsonWebsocketConsumer):
     """Accepts, then closes 4429 over a connect rate limit (per address, then
     per user), 4401 without credentials and 4404 for a workspace the caller
-    is not a member of (the same answer as for one that does not exist).
-    Once following, ``watch`` re-checks both (consumers/watch.py)."""
+    is not a member of (the same answer as for one that does not exist), and
+    4429 again, naming the limit, when the user has TRAINYARD_WS_PER_USER
+    sockets open already (core/socketslots.py: the socket holds a slot until
+    it disconnects). Once following, ``watch`` re-checks both (consumers/watch.py)."""
 
     # No channel of its own: its groups' events come through the process's
     # relays (fanout.py). With one, each socket also kept a read of the
     # channel layer waiting, which woke for every message of the process.
     channel_layer_alias = "trainyard.no-channel"
     credentials: Credentials | None = None
+    _slot = ""  # the socket's slot among its user's open sockets (core/socketslots.py), once admitted
     _watch: asyncio.Task[None] | None = None
     _closed = False
     _inbox: fanout.Inbox | None = None
@@ -86,6 +92,9 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
         if admission.refusal is not None:
             await self.close(code=CLOSE_RATE_LIMITED, reason=close_reason(admission.refusal))
             return None
+        if admission.sockets_limit is not None:
+            await self.close(code=CLOSE_RATE_LIMITED, reason=sockets_reason(admission.sockets_limit))
+            return None
         if admission.user is None:
             await self.close(code=CLOSE_UNAUTHORIZED)
             return None
@@ -96,6 +105,7 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
         token = admission.token
         session_key = None if token is not None or session is None else session.session_key
         self.credentials = Credentials(user=admission.user, token=token, session_key=session_key, workspace_slug=slug)
+        self._slot = admission.slot
         return admission
 
     async def follow(self, group: str) -> bool:
@@ -114,7 +124,7 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_TRY_AGAIN_LATER)
             return False
         assert self.credentials is not None
-        self._watch = asyncio.create_task(watch(self, self.credentials, leave=self.leave_groups, on_tick=self.on_tick))
+        self._watch = asyncio.create_task(watch(self, self.credentials, leave=self.leave_groups, on_tick=self._ticked))
         return True
 
     async def relayed(self, event: dict[str, Any]) -> None:
@@ -143,9 +153,20 @@ class _MemberConsumer(AsyncJsonWebsocketConsumer):
     async def on_tick(self) -> None:
         """Called by the watch after each successful re-check."""
 
+    async def _ticked(self) -> None:
+        """Still open and allowed: the socket's slot lives on, then ``on_tick``."""
+        if self._slot and self.credentials is not None:
+            await _off_loop(socket_slot_renew)(
+                user_id=self.credentials.user.pk, slot=self._slot, lifetime=slot_lifetime()
+            )
+        await self.on_tick()
+
     async def disconnect(self, code: int) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        if self._slot and self.credentials is not None:
+            slot, self._slot = self._slot, ""
+            await _off_loop(socket_slot_release)(user_id=self.credentials.user.pk, slot=slot)
         await self.leave_groups()
         if self._inbox is not None:
             self._inbox.close()
@@ -330,6 +351,20 @@ async def connect_read(fn: Callable[..., T], *args: Any) -> T:
         return await off_shared_thread(fn)(*args)
 
 
+def slot_lifetime() -> float:
+    """A socket's slot outlives ``SLOT_RENEWALS`` missed re-checks, no more."""
+    return SLOT_RENEWALS * interval()
+
+
+def sockets_reason(limit: int) -> str:
+    return f"too many open websockets: at most {limit} per user (TRAINYARD_WS_PER_USER); close one and retry"
+
+
+def _off_loop(fn: Callable[..., T]) -> Callable[..., Any]:
+    # One Redis round trip of the sync client, never on the event loop nor the shared database thread.
+    return sync_to_async(fn, thread_sensitive=False)
+
+
 def _user(scope: dict[str, Any]) -> tuple[User | None, str | None]:
     """The caller and its API token (None: signed in with the session cookie)."""
     for key, value in scope.get("headers", []):
@@ -350,6 +385,8 @@ class Admission:
     token: str | None = None
     membership: Membership | None = None
     run_id: str | None = None
+    sockets_limit: int | None = None  # set: the user has that many sockets open already
+    slot: str = ""
 
 
 def _admit(scope: dict[str, Any], slug: str, run_ref: str | None) -> Admission:
@@ -365,10 +402,19 @@ def _admit(scope: dict[str, Any], slug: str, run_ref: str | None) -> Admission:
     if refusal is not None:
         return Admission(refusal=refusal)
     membership = membership_get(user=user, workspace_slug=slug)
-    if membership is None or run_ref is None:
-        return Admission(user=user, token=token, membership=membership)
-    found = run_by_ref(workspace=membership.workspace, ref=run_ref).values_list("id", flat=True).first()
-    return Admission(user=user, token=token, membership=membership, run_id=str(found) if found else None)
+    if membership is None:
+        return Admission(user=user, token=token)
+    run_id = None
+    if run_ref is not None:
+        found = run_by_ref(workspace=membership.workspace, ref=run_ref).values_list("id", flat=True).first()
+        if found is None:
+            return Admission(user=user, token=token, membership=membership)
+        run_id = str(found)
+    slot = uuid.uuid4().hex
+    limit = socket_slot_take(user_id=user.pk, slot=slot, lifetime=slot_lifetime())
+    if limit is not None:
+        return Admission(user=user, token=token, membership=membership, sockets_limit=limit)
+    return Admission(user=user, token=token, membership=membership, run_id=run_id, slot=slot)
 
 
 def _opening(

@@ -7,7 +7,8 @@ as the user scrolls, and asks where the next or previous match of a search is.
 This module reads only through two interfaces, so that the storage behind
 them can change (chunked or archived logs): ``job_log_page`` (lines with their
 seq, time and stream) and the job's ``LogReader`` (``log_reader_for``:
-``tail_start`` and raw ``batches``). It holds no SQL. The caller checked
+``tail_start`` and raw ``batches`` either way). It holds no SQL. A search
+reads at most its byte budget (TRAINYARD_LOG_SEARCH_BYTES) per request. The caller checked
 tenancy on ``job``.
 """
 
@@ -22,8 +23,9 @@ from backend.runs.selectors import LogPage, job_log_page
 from backend.runs.services.logchunks import LAST_SEQ
 from backend.runs.services.rawlog import RawBatch, log_reader_for
 
-# A backward search reads the log in spans of this many lines from its end.
-SEARCH_SPAN = 50_000
+# A search reads this many chunks (each at most CHUNK_BYTES of text) at a
+# time, and checks its byte budget between them.
+SEARCH_ROWS = 8
 # SGR and other CSI sequences: a search for "error" finds "\x1b[31merror".
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -71,49 +73,49 @@ def log_lines_after(*, job: Job, after_seq: int, limit: int, max_bytes: int) -> 
     return LogWindow(page.lines, page.has_more)
 
 
-def log_search(*, job: Job, text: str, from_seq: int, direction: Direction, max_bytes: int) -> int | None:
+@dataclass(frozen=True)
+class LogSearch:
+    """Where a search got to. ``seq``: the nearest matching line, None when
+    none was found in what was read. ``partial``: the byte budget ran out
+    before the search reached the end ("next") or the start ("prev") of the
+    log; ``searched_to`` is then the last seq it read (for "prev" the first),
+    and a search from just past it goes on where this one stopped."""
+
+    seq: int | None
+    partial: bool = False
+    searched_to: int | None = None
+
+
+def log_search(
+    *, job: Job, text: str, from_seq: int, direction: Direction, max_bytes: int, budget_bytes: int
+) -> LogSearch:
     """The seq of the nearest line containing ``text`` (case-insensitive,
     ANSI escapes ignored): the first at or after ``from_seq`` for "next", the
-    last at or before it for "prev"; None when there is none. Reads the log
-    in raw batches, so it costs about what the raw read-back of the part it
-    scans does. Attempt marks are not searched (they are not stored lines)."""
+    last at or before it for "prev". Reads the log in raw batches of at most
+    SEARCH_ROWS chunks, away from ``from_seq``, and stops after the batch
+    that takes it to ``budget_bytes`` (so it reads at most that plus one
+    batch). Attempt marks are not searched (they are not stored lines)."""
     needle = _plain(text).lower()
     if not needle:
-        return None
+        return LogSearch(None)
     from_seq = min(from_seq, LAST_SEQ)  # a seq past any stored one, in the database's range
-    if direction == "next":
-        return _search_forward(job, needle, from_seq, max_bytes)
-    return _search_backward(job, needle, from_seq, max_bytes)
-
-
-def _search_forward(job: Job, needle: str, from_seq: int, max_bytes: int) -> int | None:
-    for batch in log_reader_for(job).batches(after=max(0, from_seq - 1), until=LAST_SEQ, timestamps=False):
-        text = _plain(batch.data.decode("utf-8", "replace")).lower()
-        at = text.find(needle)
-        if at >= 0:
-            return _seq_at(job, batch, text.count("\n", 0, at), max_bytes)
-    return None
-
-
-def _search_backward(job: Job, needle: str, from_seq: int, max_bytes: int) -> int | None:
-    """Spans of SEARCH_SPAN lines from ``from_seq`` back to the start; in
-    each, the last match of its batches wins."""
     reader = log_reader_for(job)
-    until = from_seq
-    while until >= 1:
-        start = reader.tail_start(count=SEARCH_SPAN, until=until)
-        if start == 0:
-            return None
-        found: int | None = None
-        for batch in reader.batches(after=start - 1, until=until, timestamps=False):
-            text = _plain(batch.data.decode("utf-8", "replace")).lower()
-            at = text.rfind(needle)
-            if at >= 0:
-                found = _seq_at(job, batch, text.count("\n", 0, at), max_bytes)
-        if found is not None:
-            return found
-        until = start - 1
-    return None
+    if direction == "next":
+        batches = reader.batches(after=max(0, from_seq - 1), until=LAST_SEQ, timestamps=False, rows=SEARCH_ROWS)
+    else:
+        batches = reader.batches_newest_first(after=0, until=from_seq, rows=SEARCH_ROWS)
+    read = 0
+    for batch in batches:
+        plain = _plain(batch.data.decode("utf-8", "replace")).lower()
+        at = plain.find(needle) if direction == "next" else plain.rfind(needle)
+        if at >= 0:
+            return LogSearch(_seq_at(job, batch, plain.count("\n", 0, at), max_bytes))
+        read += len(batch.data)
+        if read >= budget_bytes:
+            edge = batch.last_seq if direction == "next" else batch.first_seq
+            more = edge < job.last_seq if direction == "next" else edge > 1
+            return LogSearch(None, partial=more, searched_to=edge if more else None)
+    return LogSearch(None)
 
 
 def _seq_at(job: Job, batch: RawBatch, index: int, max_bytes: int) -> int:

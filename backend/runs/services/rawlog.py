@@ -26,7 +26,15 @@ from django.db.models import Sum
 
 from backend.artifacts.locations import storage_of
 from backend.runs.models import Attempt, Job, LogArchive, LogChunk
-from backend.runs.services.logchunks import LAST_SEQ, READ_ROWS, Chunk, chunks_forward, clipped, tail_start
+from backend.runs.services.logchunks import (
+    LAST_SEQ,
+    READ_ROWS,
+    Chunk,
+    chunks_backward,
+    chunks_forward,
+    clipped,
+    tail_start,
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,14 @@ class LogReader(Protocol):
     """Reads a job's stored lines in seq order. Implementations hold no
     tenancy check: the caller already found the job in its workspace."""
 
-    def batches(self, *, after: int, until: int, timestamps: bool) -> Iterator[RawBatch]:
-        """The lines with ``after < seq <= until``, in batches in seq order."""
+    def batches(self, *, after: int, until: int, timestamps: bool, rows: int = READ_ROWS) -> Iterator[RawBatch]:
+        """The lines with ``after < seq <= until``, in batches in seq order,
+        each of at most ``rows`` chunks (of at most CHUNK_BYTES of text)."""
+        ...
+
+    def batches_newest_first(self, *, after: int, until: int, rows: int) -> Iterator[RawBatch]:
+        """The same lines without timestamps, in batches of at most ``rows``
+        chunks from the end: each batch's lines in seq order, the batches newest first."""
         ...
 
     def tail_start(self, *, count: int, until: int) -> int:
@@ -192,18 +206,28 @@ class ChunkLogReader:
     def __init__(self, *, job_id: str) -> None:
         self.job_id = job_id
 
-    def batches(self, *, after: int, until: int, timestamps: bool) -> Iterator[RawBatch]:
-        """A batch per query's worth of chunks (READ_ROWS), their texts
+    def batches(self, *, after: int, until: int, timestamps: bool, rows: int = READ_ROWS) -> Iterator[RawBatch]:
+        """A batch per query's worth of chunks (``rows``), their texts
         joined; a gap between chunks (lines past the cap are not stored)
         costs nothing."""
         pending: list[Chunk] = []
-        for chunk in chunks_forward(self.job_id, after=after, until=until):
+        for chunk in chunks_forward(self.job_id, after=after, until=until, rows=rows):
             pending.append(clipped(chunk, after=after, until=until))
-            if len(pending) == READ_ROWS:
+            if len(pending) == rows:
                 yield _batch(pending, timestamps)
                 pending = []
         if pending:
             yield _batch(pending, timestamps)
+
+    def batches_newest_first(self, *, after: int, until: int, rows: int) -> Iterator[RawBatch]:
+        pending: list[Chunk] = []
+        for chunk in chunks_backward(self.job_id, after=after, until=until, rows=rows):
+            pending.append(clipped(chunk, after=after, until=until))
+            if len(pending) == rows:
+                yield _batch(pending[::-1], timestamps=False)
+                pending = []
+        if pending:
+            yield _batch(pending[::-1], timestamps=False)
 
     def tail_start(self, *, count: int, until: int) -> int:
         return tail_start(self.job_id, count=count, until=until)

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection, transaction
 from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, WorkflowsFile, load_workflows, resolve_run_plan
 
@@ -287,6 +288,7 @@ def resolve_plan(
             run_args=inputs.run_args,
             variables=inputs.variables,
             known_secrets=known_secrets,
+            max_jobs=settings.TRAINYARD["MAX_JOBS_PER_RUN"],
         )
     except WorkflowFileError as exc:
         raise _file_errors(exc) from None

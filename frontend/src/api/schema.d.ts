@@ -1529,6 +1529,10 @@ export interface components {
             /** @description the nearest matching line, or null */
             seq: number | null;
             last_seq: number;
+            /** @description no match before the search's byte budget ran out, short of the log's end (prev: start) */
+            partial: boolean;
+            /** @description when partial: the last seq read (for prev: the first); search again from just past it to go on */
+            searched_to: number | null;
         };
         LoginInRequest: {
             username: string;
