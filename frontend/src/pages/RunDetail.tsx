@@ -413,13 +413,29 @@ function defaultJob(jobs: Job[]): Job | undefined {
   );
 }
 
-/** A job's lines and searches through the REST API (GET …/logs/; docs/API.md, "Logs"). */
+// A search request reads at most the server's byte budget and says `partial`
+// past it: the viewer asks again from where it stopped, one request at a
+// time, at most this many times (1 GiB at the default 64 MiB, a whole log at its cap).
+export const SEARCH_REQUESTS = 16;
+
+interface SearchAnswer {
+  seq: number | null;
+  partial: boolean;
+  searched_to: number | null;
+}
+
+/** A job's lines and searches through the REST API (GET …/logs/; docs/API.md, "Logs"; docs/LOGS.md, "Windows and search"). */
 export function apiLogSource(workspace: string): LogSource {
   return {
     page: (job, query) => get<WindowPage>(wsPath(workspace, `jobs/${job}/logs/`), query),
     search: async (job, text, fromSeq, direction) => {
-      const found = await get<{ seq: number | null }>(wsPath(workspace, `jobs/${job}/logs/`), { search: text, from_seq: fromSeq, direction });
-      return found.seq;
+      let from = fromSeq;
+      for (let asked = 0; asked < SEARCH_REQUESTS && from >= 1; asked += 1) {
+        const found = await get<SearchAnswer>(wsPath(workspace, `jobs/${job}/logs/`), { search: text, from_seq: from, direction });
+        if (found.seq !== null || !found.partial || found.searched_to === null) return found.seq;
+        from = direction === "next" ? found.searched_to + 1 : found.searched_to - 1;
+      }
+      return null;
     },
   };
 }
