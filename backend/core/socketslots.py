@@ -78,12 +78,6 @@ def socket_slot_release(*, user_id: object, slot: str) -> None:
         logger.warning("websocket slot of user %s not given back (Redis: %s): it expires", user_id, exc)
 
 
-def socket_slots_held(*, user_id: object) -> int:
-    """Slots ``user_id`` holds now, expired ones not counted (for tests and operators)."""
-    now = _client().time()
-    return int(_client().zcount(_key(user_id), f"({now[0] + now[1] / 1e6}", "+inf"))
-
-
 def _key(user_id: object) -> str:
     return f"{settings.TRAINYARD['RATE_LIMIT_PREFIX']}:sockets:user:{user_id}"
 
