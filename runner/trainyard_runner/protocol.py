@@ -118,6 +118,7 @@ MAX_REJECTION_CHARS = 1000  # JobRejected.reason: the runner's own refusal ("bus
 # name, cloud identity, platform facts): the server keeps 255 at most.
 MAX_NAME_CHARS = 255
 MAX_ID_CHARS = 64  # a job id or a lease, as the server sent it (36 and 32 characters; a lease column holds 64)
+MAX_IDENTITY_CHARS = 16 * 1024  # CloudIdentity.document and .signature (AWS's are about 1-2 KiB)
 MAX_HELD_JOBS = 64  # Hello.running_jobs (a runner holds one job and the finished ones it still reports)
 MAX_PORTS = 64  # JobAccepted.ports, HeldJob.ports: AssignJob.port_count at most
 MAX_GPUS = 64  # Resources.gpus
@@ -156,12 +157,18 @@ class Gpu(_Message):
 
 
 class CloudIdentity(_Message):
-    """Where the runner runs, when it can tell (instance metadata)."""
+    """Where the runner runs, when it can tell (instance metadata). On EC2
+    also the instance identity document and its RSA-2048 signature (base64
+    PKCS#7) as the metadata service serves them: the server checks them
+    against the machine it launched, and refuses a hello from one of its
+    EC2 machines without them (docs/RUNNER.md, "Machine identity")."""
 
     instance_id: Name = ""
     instance_type: Name = ""
     region: Name = ""
     zone: Name = ""
+    document: str = Field(default="", max_length=MAX_IDENTITY_CHARS)
+    signature: str = Field(default="", max_length=MAX_IDENTITY_CHARS)
 
 
 class HeldJob(_Message):
@@ -581,6 +588,10 @@ CLOSE_FLOODING = 1008  # policy violation: log frames sent without waiting for a
 CLOSE_VERSION_MISMATCH = 4409  # the close reason says which side to upgrade
 CLOSE_REPLACED = 4410  # a newer connection of the same runner took over
 CLOSE_FENCED = 4411  # the instance was declared lost: its runner must stop and exit
+# Another connection with this runner's token is live (heartbeating): this one
+# is refused and nothing changes. Not fatal: a runner back from a network blip
+# retries until its old connection has been silent past the liveness window.
+CLOSE_IN_USE = 4412
 CLOSE_RATE_LIMITED = 4429  # too many connects: retry after the wait the close reason names (not fatal)
 
 Resources.model_rebuild()

@@ -36,6 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import DurationField, ExpressionWrapper, F
 from django.db.models.functions import Now
 from django.utils import timezone
 from trainyard_runner import protocol
@@ -80,6 +81,17 @@ class Facts:
     disk_bytes: int
     gpus: list[dict[str, Any]]
     cloud_id: str = ""  # the machine's id in its cloud, from its instance metadata
+
+
+class LiveElsewhere(Exception):
+    """The instance's connection is another one, heard within the liveness
+    window (``TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS``): a second connection
+    with its token does not take it over."""
+
+    def __init__(self, heard_seconds_ago: float, window: float) -> None:
+        super().__init__(f"its last heartbeat {heard_seconds_ago:.0f}s ago")
+        self.heard_seconds_ago = heard_seconds_ago
+        self.window = window
 
 
 # ------------------------------------------------------------------ requests
@@ -280,12 +292,18 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
     """The runner said hello. A hello never revives an instance that is
     terminating, terminated or lost (False then, and the caller refuses it),
     except a lost self-hosted machine, whose attempts the caller has ended.
-    Its liveness stamps take the database's clock (``backend.core.clock``)."""
+    Its liveness stamps take the database's clock (``backend.core.clock``).
+    Nor does it displace the instance's live connection: ``LiveElsewhere``
+    while another channel was heard within the liveness window (a stolen
+    token takes over nothing); past it, the new connection takes over (a
+    runner back from a network blip whose old socket the server still has)."""
     now = db_now()
     with transaction.atomic():
         instance = Instance.objects.select_for_update().filter(pk=instance_id).first()
         if instance is None or not (instance.status in CONNECTABLE or _revivable(instance)):
             return False
+        if instance.channel_name and instance.channel_name != channel_name:
+            _refuse_if_heard(instance_id)
         new = InstanceStatus.BUSY if busy else InstanceStatus.IDLE
         Instance.objects.filter(pk=instance_id).update(
             status=new,
@@ -314,6 +332,21 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             message = f"runner {facts.runner_version} connected{words}"
             _event(instance, instance.status, new, InstanceReason.CONNECTED, message)
     return True
+
+
+def _refuse_if_heard(instance_id: str) -> None:
+    """``LiveElsewhere`` when the instance's last heartbeat is within the
+    window, measured by the database's clock (every process compares the
+    same clock)."""
+    window = float(settings.TRAINYARD["HEARTBEAT_TIMEOUT_SECONDS"])
+    age = (
+        Instance.objects.filter(pk=instance_id, last_heartbeat_at__isnull=False)
+        .annotate(age=ExpressionWrapper(Now() - F("last_heartbeat_at"), output_field=DurationField()))
+        .values_list("age", flat=True)
+        .first()
+    )
+    if age is not None and age < timedelta(seconds=window):
+        raise LiveElsewhere(max(age.total_seconds(), 0.0), window)
 
 
 def instance_disconnected(*, instance_id: str, channel_name: str) -> None:

@@ -135,6 +135,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             hello=hello,
             channel_name=self.channel_name,
             bootstrap_token=self._bootstrap_token,
+            address=scope_ip(self.scope),
         )
         self._bootstrap_token = ""  # spent, whatever the answer
         if not greeting.instance_id:

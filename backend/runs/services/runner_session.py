@@ -110,9 +110,13 @@ def runner_authenticate(*, token: str) -> Authenticated:
     return Authenticated(refusal=instance_refusal(token=token))
 
 
-def runner_hello(*, instance_id: str, hello: protocol.Hello, channel_name: str, bootstrap_token: str) -> Greeting:
+def runner_hello(
+    *, instance_id: str, hello: protocol.Hello, channel_name: str, bootstrap_token: str, address: str = ""
+) -> Greeting:
     """A bootstrap token is spent first, whatever follows (a second hello
     with it is refused); the runner then gets its own token in the Welcome.
+    A hello while another connection of the runner is live is refused
+    (``CLOSE_IN_USE``, not fatal: the runner retries).
     ``runner_connect`` reconciles what the runner holds; once the Welcome is
     sent, the idle runner takes its next job (``runner_idle``) and a pass
     is asked for."""
@@ -126,10 +130,11 @@ def runner_hello(*, instance_id: str, hello: protocol.Hello, channel_name: str, 
         hello=hello,
         channel_name=channel_name,
         heartbeat_seconds=settings.TRAINYARD["HEARTBEAT_SECONDS"],
+        address=address,
     )
     if connected.instance is None or connected.welcome is None:
         logger.warning("refusing a runner's hello: %s", connected.refusal)
-        return Greeting(close_code=protocol.CLOSE_FENCED, close_reason=connected.refusal[:120])
+        return Greeting(close_code=connected.close_code, close_reason=connected.refusal[:120])
     connected_id = str(connected.instance.pk)
     welcome = connected.welcome.model_copy(update={"token": own_token}) if own_token else connected.welcome
     return Greeting(

@@ -11,7 +11,9 @@ from django.db.models import Q
 from trainyard_runner import protocol
 
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
-from backend.clouds.services.instances import Facts, instance_connected, instance_refusal_for
+from backend.clouds.services.identity import instance_identity_problem
+from backend.clouds.services.instances import Facts, LiveElsewhere, instance_connected, instance_refusal_for
+from backend.core.security import security_event
 from backend.runs.lifecycle.transitions import attempt_end, job_accept
 from backend.runs.models import LIVE_ATTEMPT, Attempt, AttemptStatus, Job, held_by
 from backend.runs.reasons import TerminationReason
@@ -20,41 +22,67 @@ from backend.runs.services.reconcile import attempt_end_with_instance
 
 @dataclass(frozen=True)
 class Connected:
-    instance: Instance | None  # None: refused (the instance has ended)
+    instance: Instance | None  # None: refused (see ``refusal`` and ``in_use``)
     previous_channel: str = ""
     welcome: protocol.Welcome | None = None
     refusal: str = ""
     ended: list[str] = field(default_factory=list)  # attempts that ended because of this hello
+    # How a refusal closes the socket: the instance ended (fenced), the hello
+    # is not from its machine (forbidden), or another connection of the
+    # runner is live (in use: the runner may retry once that one is silent).
+    close_code: int = protocol.CLOSE_FENCED
 
 
 def runner_connect(
-    *, instance_id: str, hello: protocol.Hello, channel_name: str, heartbeat_seconds: float
+    *, instance_id: str, hello: protocol.Hello, channel_name: str, heartbeat_seconds: float, address: str = ""
 ) -> Connected:
     """1. The instance takes the connection, unless it ended (a hello never
     revives a lost or terminated instance; a lost self-hosted machine comes
-    back, its old attempts ended first). 2. Each attempt the runner holds:
+    back, its old attempts ended first), or the hello is not from the machine
+    launched for the token (``instance_identity_problem``), or another
+    connection of it is live (refused, a security event; it changes
+    nothing). 2. Each attempt the runner holds:
     confirmed when it is still current (its lost acceptance is recorded now),
     refused otherwise (being stopped: cancelled). 3. Attempts we think it runs that it does not hold
     (it restarted): ended, and retried as the reason allows."""
     instance = Instance.objects.filter(pk=instance_id).first()
     if instance is None:
         return Connected(None, refusal="unknown instance")
-    elsewhere = _machine_mismatch(instance, hello)
+    cloud = hello.cloud or protocol.CloudIdentity()
+    elsewhere = instance_identity_problem(
+        instance=instance, claimed_id=cloud.instance_id, document=cloud.document, signature=cloud.signature
+    )
     if elsewhere:
-        return Connected(None, refusal=elsewhere)
+        return Connected(None, refusal=elsewhere, close_code=protocol.CLOSE_FORBIDDEN)
     if instance.backend == BackendKind.SELF_HOSTED and instance.status == InstanceStatus.LOST:
         _fence(instance)  # its identity comes back, its old attempts do not
     previous = instance.channel_name
     ours = {str(a.job_id): a for a in Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT)}
     held = {h.job: h for h in hello.running_jobs}
     current = {jid: h for jid, h in held.items() if _is_current(ours.get(jid), h)}
-    if not instance_connected(
-        instance_id=instance_id, channel_name=channel_name, facts=_facts(hello), busy=bool(current or ours)
-    ):
+    try:
+        connected = instance_connected(
+            instance_id=instance_id, channel_name=channel_name, facts=_facts(hello), busy=bool(current or ours)
+        )
+    except LiveElsewhere as live:
+        return _in_use(instance, live, address)
+    if not connected:
         return Connected(None, refusal=_ended_refusal(instance))
     welcome, ended = _reconcile_held(instance, ours, held, current, heartbeat_seconds)
     instance.refresh_from_db()
     return Connected(instance, previous, welcome, ended=ended)
+
+
+def _in_use(instance: Instance, live: LiveElsewhere, address: str) -> Connected:
+    security_event(
+        "runner_connection_refused",
+        f"instance {instance.pk} ({instance.name}), workspace {instance.workspace_id}: "
+        f"another connection with its token is live ({live}){f' (from {address})' if address else ''}",
+    )
+    refusal = (
+        f"runner {instance.name} is connected and heartbeating elsewhere; retry after {live.window:.0f}s of its silence"
+    )
+    return Connected(None, refusal=refusal, close_code=protocol.CLOSE_IN_USE)
 
 
 def _ended_refusal(instance: Instance) -> str:
@@ -151,17 +179,6 @@ def _lost_by_runner(instance: Instance, attempt: Attempt) -> None:
 
 def _is_current(attempt: Attempt | None, held: protocol.HeldJob) -> bool:
     return attempt is not None and attempt.number == held.attempt
-
-
-def _machine_mismatch(instance: Instance, hello: protocol.Hello) -> str:
-    """A runner on a cloud machine names it (instance metadata): its token
-    works only on the machine launched for it."""
-    said = hello.cloud.instance_id if hello.cloud else ""
-    if not said or not instance.backend_id or instance.backend == BackendKind.SELF_HOSTED:
-        return ""
-    if said == instance.backend_id:
-        return ""
-    return f"this runner's token belongs to {instance.name} ({instance.backend_id}), not to machine {said}"
 
 
 def _facts(hello: protocol.Hello) -> Facts:
