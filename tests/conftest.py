@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import iid
 from tests.support.ec2boot import ec2_boot  # noqa: F401 - plays EC2's boot of moto's instances
 from tests.support.github import GithubServer
 from tests.support.moto import MotoServer, aws, moto_server  # noqa: F401 - fixtures for the AWS tests
@@ -42,6 +43,16 @@ def _own_rate_limit_counters() -> None:
     from django.conf import settings
 
     settings.TRAINYARD["RATE_LIMIT_PREFIX"] = f"test-{secrets.token_hex(4)}:ratelimit"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _trust_the_test_identity_key() -> None:
+    """EC2 identity documents in the tests are signed by the test key
+    (tests/support/iid.py), which the server trusts instead of AWS's
+    certificates; the stack's processes get it in their environment."""
+    from django.conf import settings
+
+    settings.TRAINYARD["AWS_IDENTITY_CERTIFICATES"] = iid.certificate_pem()
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +113,7 @@ def stack(
     )
     moto: MotoServer = request.getfixturevalue("moto_server")
     running.env.update(moto.env)
+    running.env["TRAINYARD_AWS_IDENTITY_CERTIFICATES"] = iid.certificate_pem()
     reported("stack", running)
     try:
         running.start_all()

@@ -698,6 +698,12 @@ class Backends(TypedDict):
         "The role or user this server runs as in AWS, which workspaces' roles trust (README, "
         "\"Connecting AWS\").",
     )]
+    AWS_IDENTITY_CERTIFICATES: Annotated[str, Knob(
+        "TRAINYARD_AWS_IDENTITY_CERTIFICATES", TEXT, "",
+        "PEM certificates that sign EC2 instance identity documents (RSA-2048), which a runner on an EC2 "
+        "machine must present. Unset: AWS's published RSA-2048 certificates of 31 regions, shipped in "
+        "backend/clouds/backends/aws/identity_certificates.pem; set it for a region not listed there.",
+    )]
     BACKEND_KINDS: Annotated[dict[str, str], Knob(
         "TRAINYARD_BACKEND_KINDS", JSON, {},
         "More backend kinds, `{\"kind\": \"package.module:ComputeClass\"}`.",

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .protocol import CloudIdentity
+from .protocol import MAX_IDENTITY_CHARS, CloudIdentity
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ IMDS_DEFAULT = "http://169.254.169.254"
 IMDS_TIMEOUT = 2.0
 IMDS_TOKEN_TTL = 21600
 POWER_OFF_TIMEOUT = 60.0
+MAX_READ = MAX_IDENTITY_CHARS  # bytes of one metadata answer (the identity document's signature is the longest)
 
 
 # ------------------------------------------------------------ the saved token
@@ -83,12 +84,14 @@ class Imds:
         self._token = ""
         self._token_until = 0.0  # monotonic time after which it is asked for again
 
-    def get(self, path: str) -> str | None:
-        """``/latest/meta-data/<path>``; None when it is not there (404)."""
-        url = f"{self.base}/latest/meta-data/{path.lstrip('/')}"
+    def get(self, path: str, *, under: str = "meta-data") -> str | None:
+        """``/latest/<under>/<path>`` (``meta-data``, or ``dynamic`` for the
+        instance identity document); None when it is not there (404)."""
+        url = f"{self.base}/latest/{under}/{path.lstrip('/')}"
         for fresh in (False, True):
             try:
-                return _imds(url, headers={"X-aws-ec2-metadata-token": self._session(fresh)}, timeout=self._timeout)
+                token = self._session(fresh)
+                return _imds(url, headers={"X-aws-ec2-metadata-token": token}, timeout=self._timeout, limit=MAX_READ)
             except urllib.error.HTTPError as e:
                 if e.code == 404:
                     return None
@@ -110,29 +113,37 @@ class Imds:
 
 
 def aws_identity(endpoint: str = "") -> CloudIdentity | None:
-    """The EC2 instance this runs on, from IMDSv2 (``Imds``). None when the
+    """The EC2 instance this runs on, from IMDSv2 (``Imds``), with its
+    instance identity document and that document's RSA-2048 signature, which
+    the server checks (without them it refuses the hello). None when the
     metadata service does not answer within 2 s per call."""
     imds = Imds(endpoint)
     try:
         values = {
-            key: imds.get(path) or ""
-            for key, path in (
-                ("instance_id", "instance-id"),
-                ("instance_type", "instance-type"),
-                ("region", "placement/region"),
-                ("zone", "placement/availability-zone"),
+            key: imds.get(path, under=under) or ""
+            for key, under, path in (
+                ("instance_id", "meta-data", "instance-id"),
+                ("instance_type", "meta-data", "instance-type"),
+                ("region", "meta-data", "placement/region"),
+                ("zone", "meta-data", "placement/availability-zone"),
+                ("document", "dynamic", "instance-identity/document"),
+                ("signature", "dynamic", "instance-identity/rsa2048"),
             )
         }
     except (OSError, urllib.error.URLError, ValueError) as e:
         log.warning("could not read the instance metadata at %s: %s", imds.base, e)
         return None
+    if not (values["document"] and values["signature"]):
+        log.warning("the instance metadata at %s has no signed instance identity document", imds.base)
     return CloudIdentity(**values)
 
 
-def _imds(url: str, *, method: str = "GET", headers: dict[str, str], timeout: float = IMDS_TIMEOUT) -> str:
+def _imds(
+    url: str, *, method: str = "GET", headers: dict[str, str], timeout: float = IMDS_TIMEOUT, limit: int = 4096
+) -> str:
     req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "PUT" else None)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return str(resp.read(4096).decode().strip())
+        return str(resp.read(limit).decode().strip())
 
 
 def cloud_identity(cloud: str) -> CloudIdentity | None:

@@ -22,6 +22,10 @@ from trainyard_runner.protocol import CloudIdentity
 from websockets.asyncio.server import ServerConnection, serve
 
 from tests.runner.test_agent import TOKEN, FakeServer, assign, start_runner, stop
+from tests.support import iid
+
+# What EC2's metadata serves under /latest/dynamic/instance-identity/ (rsa2048: a multi-line base64 PKCS#7).
+DOCUMENT, SIGNATURE = iid.signed(instance_id="i-0123456789abcdef0", instance_type="g5.xlarge", zone="us-east-1a")
 
 OWN = "own-token-after-the-exchange"
 
@@ -182,6 +186,8 @@ class Imds:
                     "/latest/meta-data/instance-type": "g5.xlarge",
                     "/latest/meta-data/placement/region": "us-east-1",
                     "/latest/meta-data/placement/availability-zone": "us-east-1a",
+                    "/latest/dynamic/instance-identity/document": DOCUMENT,
+                    "/latest/dynamic/instance-identity/rsa2048": SIGNATURE,
                 }
                 self._answer(200, values[self.path]) if self.path in values else self._answer(404, "")
 
@@ -210,7 +216,12 @@ def imds() -> Iterator[Imds]:
 def test_the_cloud_identity_comes_from_imdsv2_and_never_from_v1(imds: Imds) -> None:
     identity = machine.aws_identity(imds.url)
     assert identity == CloudIdentity(
-        instance_id="i-0123456789abcdef0", instance_type="g5.xlarge", region="us-east-1", zone="us-east-1a"
+        instance_id="i-0123456789abcdef0",
+        instance_type="g5.xlarge",
+        region="us-east-1",
+        zone="us-east-1a",
+        document=DOCUMENT,
+        signature=SIGNATURE,
     )
     assert imds.requests[0] == ("PUT", "/latest/api/token")
 
@@ -241,4 +252,6 @@ def test_the_hello_carries_the_cloud_identity_with_cloud_aws(tmp_path: Path, imd
         "instance_type": "g5.xlarge",
         "region": "us-east-1",
         "zone": "us-east-1a",
+        "document": DOCUMENT,
+        "signature": SIGNATURE,
     }

@@ -11,7 +11,8 @@ environment the script is given:
 - ``TRAINYARD_BOOT_FOREGROUND=1``: the runner in the foreground (no systemd);
 - ``AWS_EC2_METADATA_SERVICE_ENDPOINT``: this helper's instance metadata
   service (IMDSv2: a session token first; instance id, type, region, zone of
-  that instance; ``spot/instance-action`` and
+  that instance, and its instance identity document with its ``rsa2048``
+  signature by the test key the server trusts (tests/support/iid.py); ``spot/instance-action`` and
   ``events/recommendations/rebalance`` 404 until the test calls
   ``notice(instance_id, action, at)`` or ``rebalance(instance_id)``);
 - ``TRAINYARD_POWER_OFF_COMMAND``: a script that tells this helper, which
@@ -42,9 +43,13 @@ from typing import Any
 
 import pytest
 
+from tests.support import iid
 from tests.support.moto import INSTALLATION_TAG, MotoServer
 
 SESSION_TOKEN = "imds-session-token"
+# The instance identity document and its rsa2048 signature, by the test key (tests/support/iid.py).
+IDENTITY_DOCUMENT = "dynamic/instance-identity/document"
+IDENTITY_SIGNATURE = "dynamic/instance-identity/rsa2048"
 PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -149,11 +154,18 @@ class Ec2Boot:
         here.mkdir(parents=True, exist_ok=True)
         script = here / "user-data"
         script.write_bytes(base64.b64decode(encoded) if encoded else b"")
+        instance_type = instance.get("InstanceType", "")
+        zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+        document, signature = iid.signed(
+            instance_id=instance_id, region=self.region, instance_type=instance_type, zone=zone
+        )
         self.facts[instance_id] = {
             "instance-id": instance_id,
-            "instance-type": instance.get("InstanceType", ""),
+            "instance-type": instance_type,
             "placement/region": self.region,
-            "placement/availability-zone": instance.get("Placement", {}).get("AvailabilityZone", ""),
+            "placement/availability-zone": zone,
+            IDENTITY_DOCUMENT: document,
+            IDENTITY_SIGNATURE: signature,
         }
         power_off = here / "power-off"
         power_off.write_text(
@@ -264,7 +276,7 @@ class Ec2Boot:
                     self._answer(401, "")  # IMDSv2 only, as our launches require
                     return
                 facts = boot.facts.get(instance_id, {})
-                key = path.removeprefix("/latest/meta-data/")
+                key = path.removeprefix("/latest/meta-data/" if path.startswith("/latest/meta-data/") else "/latest/")
                 if key in facts:
                     self._answer(200, facts[key])
                 else:

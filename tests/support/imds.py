@@ -3,8 +3,10 @@
 ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds``
 (1..21600) gives a session token; every ``GET /latest/meta-data/…`` must
 carry one that is still valid (``X-aws-ec2-metadata-token``), else 401 — a
-v1 read (no token) is refused and recorded. The test sets what is served:
-``values`` (instance-id, placement/…), ``notice(action, at)`` for
+v1 read (no token) is refused and recorded; so must ``GET /latest/dynamic/…``
+(the instance identity document and its ``rsa2048`` signature, by the test
+key: tests/support/iid.py). The test sets what is served: ``values``
+(instance-id, placement/…, dynamic/…), ``notice(action, at)`` for
 ``spot/instance-action``, ``rebalance(at)`` for
 ``events/recommendations/rebalance``; ``expire_tokens()`` makes every token
 issued so far invalid, as IMDS does when a TTL runs out.
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support import iid
 
 NOTICE = "spot/instance-action"
 REBALANCE = "events/recommendations/rebalance"
@@ -52,11 +56,14 @@ class ImdsServer:
         region: str = "us-east-1",
         zone: str = "us-east-1a",
     ) -> None:
+        document, signature = iid.signed(instance_id=instance_id, region=region, instance_type=instance_type, zone=zone)
         self.values: dict[str, str] = {
             "instance-id": instance_id,
             "instance-type": instance_type,
             "placement/region": region,
             "placement/availability-zone": zone,
+            "dynamic/instance-identity/document": document,
+            "dynamic/instance-identity/rsa2048": signature,
         }
         self.requests: list[Request] = []
         self._tokens: dict[str, float] = {}  # token → monotonic expiry
@@ -125,7 +132,8 @@ class ImdsServer:
                 self._answer("PUT", self.path, "", 200, token)
 
             def do_GET(self) -> None:
-                path = self.path.split("?")[0].removeprefix("/latest/meta-data/")
+                path = self.path.split("?")[0]
+                path = path.removeprefix("/latest/meta-data/" if path.startswith("/latest/meta-data/") else "/latest/")
                 token = self.headers.get("X-aws-ec2-metadata-token", "")
                 with outer._lock:
                     valid = outer._tokens.get(token, 0.0) > time.monotonic()

@@ -196,6 +196,20 @@ class AccountConfig:
     credentials: Mapping[str, str] = field(default_factory=dict, hash=False, repr=False)
 
 
+@dataclass(frozen=True)
+class MachineIdentity:
+    """Who a machine is, as a document its cloud signed says: its id in the
+    cloud (``Handle.backend_id``), the cloud account and the region it runs in."""
+
+    machine_id: str
+    account: str
+    region: str
+
+
+class IdentityRefused(Exception):
+    """A machine's signed identity does not hold; the message says why."""
+
+
 class Compute(ABC):
     """A compute backend, built per account by ``registry.compute_for``.
 
@@ -215,9 +229,27 @@ class Compute(ABC):
     # is single-use (exchanged at the first hello for the runner's own).
     # False: the backend starts the runner itself with ``runner_token``.
     boots_from_image: ClassVar[bool] = False
+    # The cloud signs a document naming each machine (EC2's instance identity
+    # document), which its runner sends in its hello: ``identity_of`` checks
+    # it, and a hello from such a machine without it is refused.
+    signs_identity: ClassVar[bool] = False
 
     def __init__(self, account: AccountConfig) -> None:
         self.account = account
+
+    @classmethod
+    def identity_of(cls, *, document: str, signature: str, trusted_pem: str) -> MachineIdentity:
+        """The machine ``document`` names, once ``signature`` shows the cloud
+        signed it with a certificate of ``trusted_pem`` (PEM; "": the
+        backend's shipped ones). ``IdentityRefused`` says why not. No network
+        call. Only for backends with ``signs_identity``."""
+        raise IdentityRefused(f"{cls.kind} machines carry no signed identity")
+
+    @classmethod
+    def cloud_account_of(cls, config: Mapping[str, object]) -> str:
+        """The cloud's own id of the account an ``AccountConfig.config``
+        belongs to, as a signed identity names it ("" when not known)."""
+        return ""
 
     @abstractmethod
     def offers(self, req: Requirements) -> Iterable[Offer]:

@@ -29,6 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from backend.clouds.backends.aws.catalog import CATALOG_DATE, GIB, CatalogRow, by_key, load_catalog
 from backend.clouds.backends.aws.errors import STALE_ID_PREFIXES, compute_error, error_code, quota_key
 from backend.clouds.backends.aws.facts import SPOT_PRICE_MAX_AGE, AccountFacts, RegionFacts, fetch_facts
+from backend.clouds.backends.aws.identity import identity_verify, trusted_certificates
 from backend.clouds.backends.aws.launch import Launcher
 from backend.clouds.backends.aws.machines import (
     ACCOUNT_TAG,
@@ -50,6 +51,7 @@ from backend.clouds.backends.base import (
     Compute,
     Handle,
     LaunchSpec,
+    MachineIdentity,
     Offer,
     Requirements,
     Timings,
@@ -71,6 +73,7 @@ class AwsCompute(Compute):
     reusable_instances = True
     supports_spot = True
     boots_from_image = True  # machines run LaunchSpec.user_data at first boot
+    signs_identity = True  # the instance identity document (identity.py)
     timings = Timings(provision_timeout=PROVISION_TIMEOUT, unreachable_grace=120.0, idle_default=300.0)
     catalog_date = CATALOG_DATE
 
@@ -89,6 +92,14 @@ class AwsCompute(Compute):
         self.rows = by_key(self.catalog)
         self.facts = AccountFacts.from_json(account.config.get("facts"))
         self.launcher = Launcher(self.auth, self.options, account.installation, self.facts)
+
+    @classmethod
+    def identity_of(cls, *, document: str, signature: str, trusted_pem: str) -> MachineIdentity:
+        return identity_verify(document=document, signature=signature, trusted=trusted_certificates(trusted_pem))
+
+    @classmethod
+    def cloud_account_of(cls, config: Mapping[str, object]) -> str:
+        return str(config.get("aws_account_id") or "")
 
     @classmethod
     def warm(cls) -> None:
