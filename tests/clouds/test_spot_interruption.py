@@ -26,6 +26,7 @@ from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceReason, InstanceStatus
+from backend.clouds.services.instances import instance_disconnected
 from backend.clouds.services.provisioning import instance_terminate_run
 from backend.clouds.services.reconcile import _terminations_unconfirmed
 from backend.config.asgi import application
@@ -62,6 +63,7 @@ def test_an_interrupted_report_moves_the_job_out_of_the_zone_and_fences_the_old_
     attempt = current_attempt(job)
     reclaim_at = time.time() + 90
     held = protocol.HeldJob(job=str(job.pk), attempt=1, lease=attempt.lease, confirmed=True)
+    instance_disconnected(instance_id=str(first.pk), channel_name="c")  # the connection _running played is gone
 
     async def scenario() -> list[dict[str, Any]]:
         ws = _connect("old-secret")

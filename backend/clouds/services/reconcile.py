@@ -21,7 +21,11 @@ goes through ``instances``. Steps, each safe to run twice:
    else the backend's default): retired.
 8. Now and then, the leak sweep: a machine with our tags and no live row is terminated.
 9. Every minute, the cloud's view of each live machine (``cloud_state``),
-   recorded for people to see; it decides nothing.
+   recorded for people to see. A machine the cloud says is gone while its
+   runner still speaks for it is fenced like a gone silent one (step 4): its
+   socket closed, its token refused, its attempts ended. A runner heard
+   from a machine that is gone holds a stolen token, or its machine went
+   down under it.
 """
 
 from __future__ import annotations
@@ -257,8 +261,9 @@ def _retire_idle(now: datetime) -> int:
 def _cloud_view(now: datetime) -> None:
     """Every ``CLOUD_VIEW_SECONDS``, one batched describe per account of its
     live machines, recorded for the Instances page and ``trainyard
-    instances`` (the cloud's view next to ours). It decides nothing: only a
-    silent runner's machine is judged (``_describe_doubtful``)."""
+    instances`` (the cloud's view next to ours). A connected machine the
+    cloud says is gone is fenced (``_judge``); one that is still there is
+    left alone (only a silent runner's is judged on that: ``_describe_doubtful``)."""
     last = getattr(_cloud_view, "last", None)
     if last is not None and (now - last).total_seconds() < CLOUD_VIEW_SECONDS:
         return
@@ -271,7 +276,11 @@ def _cloud_view(now: datetime) -> None:
         .select_related("account")
     )
     for account, instances in _by_account(live[:500]).items():
-        _describe(account, instances)
+        states = _describe(account, instances)
+        for instance in instances:
+            state = states.get(instance.idempotency_key)
+            if instance.status in (InstanceStatus.IDLE, InstanceStatus.BUSY) and state in GONE:
+                _judge(instance, state, now, None)
 
 
 def _record_cloud_view(instances: list[Instance], states: Mapping[str, CloudState]) -> None:
