@@ -36,18 +36,23 @@ import json, secrets, uuid
 from django.conf import settings
 from django.utils import timezone
 from backend.accounts.models import Workspace
-from backend.clouds.models import Instance
+from backend.clouds.models import CloudAccount, Instance
 from backend.clouds.services.bootstrap import user_data
 from backend.clouds.services.instances import runner_token
 from backend.core.tokens import hash_token
 settings.TRAINYARD["RUNNER_MAX_LIFETIME_SECONDS"] = {max_lifetime}
 settings.TRAINYARD["RUNNER_POWER_OFF_AFTER_SECONDS"] = {power_off_after}
 ws, _ = Workspace.objects.get_or_create(slug="boot-tests", defaults={{"name": "Boot tests"}})
+# The runner proves its machine with the signed identity document: the row names
+# the account (moto's id, as connecting records it) and the region it was launched in.
+config = {{"regions": ["us-east-1"], "aws_account_id": "123456789012"}}
+account, _ = CloudAccount.objects.get_or_create(workspace=ws, name="aws", defaults={{"kind": "aws", "config": config}})
 pk = uuid.uuid4()
 key = f"ty-{{pk}}"
 token = runner_token(key)
 row = Instance.objects.create(
-    id=pk, workspace=ws, backend="aws", name=f"aws-{{pk.hex[:8]}}", idempotency_key=key,
+    id=pk, workspace=ws, account=account, backend="aws", region="us-east-1", name=f"aws-{{pk.hex[:8]}}",
+    idempotency_key=key,
     token_hash=hash_token(secrets.token_hex(32)), bootstrap_token_hash=hash_token(token), launched_at=timezone.now(),
 )
 script = user_data(server_url=settings.PUBLIC_URL, instance_name=row.name, bootstrap_token=token, cloud="aws")

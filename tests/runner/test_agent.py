@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainyard_runner.protocol import chunk_lines
+from trainyard_runner.protocol import CLOSE_IN_USE, chunk_lines
 from websockets.asyncio.server import ServerConnection, serve
 
 TOKEN = "runner-token"
@@ -34,6 +34,7 @@ class FakeServer:
         self.confirm = True  # answer every acceptance with job_confirmed, as the server does
         self.current: ServerConnection | None = None
         self.welcome_extra: dict[str, Any] = {}
+        self.refuse_hellos: list[tuple[int, str]] = []  # close the next hellos with these (code, reason)
 
     async def handler(self, ws: ServerConnection) -> None:
         if ws.request.headers.get("Authorization") != f"Bearer {TOKEN}":  # type: ignore[union-attr]
@@ -42,6 +43,9 @@ class FakeServer:
         self.connections += 1
         self.current = ws
         self.hellos.append(json.loads(await ws.recv()))
+        if self.refuse_hellos:
+            await ws.close(*self.refuse_hellos.pop(0))
+            return
         acked = {job: len(lines) for job, lines in self.stored.items()}
         held = [h["job"] for h in self.hellos[-1]["running_jobs"]]
         welcome = {"type": "welcome", "instance": "i-1", "heartbeat_seconds": 0.5, "acked": acked, "confirmed": held}
@@ -325,6 +329,29 @@ def test_a_refused_token_exits_with_code_2(tmp_path: Path) -> None:
     code, err = asyncio.run(go())
     assert code == 2
     assert b"trainyard-runner: server refused this runner: close code 4401 bad token; exiting" in err
+
+
+def test_a_hello_refused_because_another_connection_is_live_is_retried_not_fatal(tmp_path: Path) -> None:
+    """4412: the server still holds this runner's old socket (a network blip);
+    the runner keeps trying and gets in once that one has gone silent."""
+    reason = "runner local-x is connected and heartbeating elsewhere; retry after 15s of its silence"
+
+    async def go() -> tuple[FakeServer, int | None]:
+        server = FakeServer()
+        server.refuse_hellos = [(CLOSE_IN_USE, reason), (CLOSE_IN_USE, reason)]
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.wait_for(lambda: len(server.hellos) == 3 and server.current is not None, 20)
+                await server.wait_for(lambda: any(m["type"] == "heartbeat" for m in server.received), 10)
+            finally:
+                code = runner.returncode
+                await stop(runner)
+        return server, code
+
+    server, code = asyncio.run(go())
+    assert code is None, "the runner was still running after two refusals"
+    assert server.connections == 3
 
 
 def test_an_unreachable_server_makes_an_idle_runner_give_up(tmp_path: Path) -> None:
