@@ -19,11 +19,13 @@ from rest_framework.views import APIView
 
 from backend.accounts.auth import signed_in_user
 from backend.accounts.github import github_enabled
-from backend.accounts.models import Role, User
+from backend.accounts.models import AuditKind, Role, User
 from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
+from backend.accounts.services.audit import Actor, audit_record
 from backend.accounts.services.lockout import lockout_of
 from backend.accounts.services.tokens import api_token_issue, api_token_revoke
 from backend.core.errors import ApplicationError, NotFound
+from backend.core.ratelimit import client_ip
 from backend.core.throttling import RateLimited
 
 DURATION = r"^[1-9][0-9]{0,6}[smhdw]$"
@@ -160,16 +162,37 @@ class TokenListView(APIView):
         data = TokenIn(data=request.data)
         data.is_valid(raise_exception=True)
         fields = data.validated_data
-        issued = api_token_issue(user=signed_in_user(request), name=fields["name"], expires_in=fields.get("expires_in"))
+        user = signed_in_user(request)
+        issued = api_token_issue(user=user, name=fields["name"], expires_in=fields.get("expires_in"))
+        _audit_token(request, user, "token.api_created", issued.row.name, str(issued.row.pk))
         return Response({**TokenOut(issued.row).data, "token": issued.token}, status=201)
 
 
 class TokenDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, token_id: Any) -> Response:
-        if not api_token_revoke(user=signed_in_user(request), token_id=token_id):
+        user = signed_in_user(request)
+        if not api_token_revoke(user=user, token_id=token_id):
             raise NotFound("Token not found (or revoked already).")
+        _audit_token(request, user, "token.api_revoked", "", str(token_id))
         return Response(status=204)
+
+
+def _audit_token(request: Request, user: User, action: str, name: str, token_id: str) -> None:
+    """An API token is a person's, not a workspace's: its events go to the
+    audit log of its user's personal workspace (none for a user without one)."""
+    personal = getattr(user, "personal_workspace", None)
+    if personal is None:
+        return
+    actor = Actor(user=user, address=client_ip(request))
+    audit_record(
+        workspace_id=personal.pk,
+        kind=AuditKind.TOKEN,
+        action=action,
+        actor=actor,
+        target=name or token_id,
+        detail={"token": token_id},
+    )
 
 
 class HealthView(APIView):

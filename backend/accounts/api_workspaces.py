@@ -5,15 +5,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Membership, Role
-from backend.accounts.selectors import invitations_pending, members_of, memberships_of
+from backend.accounts.models import AuditEvent, AuditKind, Membership, Role
+from backend.accounts.selectors import audit_page, invitations_pending, members_of, memberships_of
 from backend.accounts.services.workspaces import (
     invitation_revoke,
     member_add,
@@ -22,6 +22,7 @@ from backend.accounts.services.workspaces import (
     workspace_create_team,
 )
 from backend.accounts.tenancy import WorkspaceAPIView
+from backend.core.errors import ApplicationError
 
 # GitHub logins: letters, digits and single hyphens, at most 39 characters.
 GITHUB_LOGIN = r"^[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}$"
@@ -106,7 +107,13 @@ class MemberListView(WorkspaceAPIView):
         data.is_valid(raise_exception=True)
         added = member_add(workspace=self.workspace, invited_by=signed_in_user(request), **data.validated_data)
         if added.membership is not None:
+            self.audit(
+                AuditKind.MEMBER, "member.added", added.membership.user.username, {"role": added.membership.role}
+            )
             return Response({"member": MemberOut(added.membership).data}, status=201)
+        invitation = added.invitation
+        who = invitation.github_login or invitation.email if invitation is not None else ""
+        self.audit(AuditKind.MEMBER, "member.invited", who, {"role": invitation.role if invitation is not None else ""})
         return Response({"invitation": InvitationOut(added.invitation).data}, status=202)
 
 
@@ -118,11 +125,13 @@ class MemberDetailView(WorkspaceAPIView):
         data = RoleIn(data=request.data)
         data.is_valid(raise_exception=True)
         membership = member_role_set(workspace=self.workspace, username=username, role=data.validated_data["role"])
+        self.audit(AuditKind.MEMBER, "member.role_changed", username, {"role": membership.role})
         return Response(MemberOut(membership).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, workspace: str, username: str) -> Response:
         member_remove(workspace=self.workspace, username=username)
+        self.audit(AuditKind.MEMBER, "member.removed", username)
         return Response(status=204)
 
 
@@ -142,7 +151,66 @@ class InvitationDetailView(WorkspaceAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, workspace: str, invitation: uuid.UUID) -> Response:
         invitation_revoke(workspace=self.workspace, invitation_id=invitation)
+        self.audit(AuditKind.MEMBER, "member.invitation_revoked", str(invitation))
         return Response(status=204)
+
+
+class AuditEventOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    at = serializers.DateTimeField(source="created_at")
+    kind = serializers.ChoiceField(choices=AuditKind.choices)
+    action = serializers.CharField(help_text="<kind>.<verb>: secret.created, member.removed, runner.registered …")
+    target = serializers.CharField(help_text="what it was done to: a secret's name, a login, a backend …")
+    actor = serializers.SerializerMethodField(help_text="user or runner")
+    username = serializers.CharField(help_text="the user who acted ('' when a runner did)")
+    runner = serializers.CharField(help_text="the runner that acted with its own token ('' when a user did)")
+    address = serializers.CharField(allow_null=True, help_text="the client's IP address")
+    detail = serializers.DictField()
+
+    def get_actor(self, event: AuditEvent) -> str:
+        return "runner" if event.runner else "user"
+
+
+class AuditPageOut(serializers.Serializer):
+    next = serializers.CharField(allow_null=True, help_text="the next page's URL; null on the last")
+    results = AuditEventOut(many=True)
+
+
+class AuditListView(WorkspaceAPIView):
+    """The workspace's audit log, newest first: admins only."""
+
+    read_role = Role.ADMIN
+
+    @extend_schema(
+        responses=AuditPageOut,
+        parameters=[
+            OpenApiParameter("kind", str, enum=AuditKind.values, description="only events of this kind"),
+            OpenApiParameter("cursor", str, description="the `next` link's cursor of the previous page"),
+            OpenApiParameter("page_size", int, description="events per page (default 50, at most 500)"),
+        ],
+    )
+    def get(self, request: Request, workspace: str) -> Response:
+        params = request.query_params
+        page = audit_page(
+            workspace=self.workspace,
+            kind=params.get("kind", ""),
+            cursor=params.get("cursor", ""),
+            size=_page_size(params.get("page_size", "")),
+        )
+        next_url = None
+        if page.next:
+            query = params.copy()
+            query["cursor"] = page.next
+            next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
+        return Response({"next": next_url, "results": AuditEventOut(page.events, many=True).data})
+
+
+def _page_size(text: str) -> int:
+    if not text:
+        return 50
+    if not text.isdigit() or not 1 <= int(text) <= 500:
+        raise ApplicationError("page_size is a whole number from 1 to 500.", extra={"field": "page_size"})
+    return int(text)
 
 
 def _workspace_out(membership: Membership) -> dict[str, Any]:

@@ -163,3 +163,36 @@ class SignInLockout(BaseModel):
 
     def __str__(self) -> str:
         return f"{self.get_per_display()} {self.identity} until {self.locked_until:%Y-%m-%d %H:%M:%S} UTC"
+
+
+class AuditKind(models.TextChoices):
+    SECRET = "secret"
+    CREDENTIAL = "credential"
+    MEMBER = "member"
+    BACKEND = "backend"
+    TOKEN = "token"
+    RUNNER = "runner"
+
+
+class AuditEvent(WorkspaceOwnedModel):
+    """One security-relevant change in a workspace: who (a user, or a runner
+    acting with its own token), what (``kind`` and ``action``, on ``target``),
+    when (``created_at``) and from where (the client's address). Never a
+    secret's value; written by ``services.audit.audit_record`` in the
+    change's transaction, read by the workspace's admins."""
+
+    kind = models.CharField(max_length=16, choices=AuditKind.choices)
+    action = models.CharField(max_length=64)  # "<kind>.<verb>": secret.set, member.removed …
+    target = models.CharField(max_length=300, blank=True)  # a secret's name, a login, a backend's name …
+    user = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Kept when the user is deleted: the record says who it was.
+    username = models.CharField(max_length=150, blank=True)
+    runner = models.CharField(max_length=200, blank=True)  # the runner (instance) name, when a runner acted
+    address = models.GenericIPAddressField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["workspace", "-created_at", "-id"], name="accounts_audit_page"),
+            models.Index(fields=["workspace", "kind", "-created_at", "-id"], name="accounts_audit_kind_page"),
+        ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import import_module
 from types import SimpleNamespace
@@ -10,12 +11,14 @@ from typing import cast
 
 from django.conf import settings
 from django.contrib import auth
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from backend.accounts.models import ApiToken, Invitation, Membership, User, Workspace
+from backend.accounts.models import ApiToken, AuditEvent, AuditKind, Invitation, Membership, User, Workspace
 from backend.accounts.services import hash_token
+from backend.core.cursors import Position, cursor_decode, cursor_encode
+from backend.core.errors import ApplicationError
 
 
 def user_for_token(*, token: str) -> User | None:
@@ -108,3 +111,31 @@ def access_lost(*, user: User, token: str | None, session_key: str | None, works
     if membership_get(user=current, workspace_slug=workspace_slug) is None:
         return AccessLost.NOT_A_MEMBER
     return None
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    events: list[AuditEvent]
+    next: str | None  # the cursor of the next page, None on the last
+
+
+def audit_page(*, workspace: Workspace, kind: str = "", cursor: str = "", size: int = 50) -> AuditPage:
+    """The workspace's events newest first, ``kind`` only when given, one
+    keyset page after ``cursor``."""
+    if kind and kind not in AuditKind.values:
+        raise ApplicationError(
+            f"kind {kind!r} is not an audit event kind: one of {', '.join(AuditKind.values)}.",
+            extra={"field": "kind"},
+        )
+    events: QuerySet[AuditEvent] = AuditEvent.objects.for_workspace(workspace).order_by("-created_at", "-id")
+    if kind:
+        events = events.filter(kind=kind)
+    if cursor:
+        at = cursor_decode(cursor)
+        events = events.filter(created_at__lte=at.created_at).filter(
+            Q(created_at__lt=at.created_at) | Q(created_at=at.created_at, id__lt=at.id)
+        )
+    rows = list(events.select_related("user")[: size + 1])
+    page = rows[:size]
+    more = len(rows) > size
+    return AuditPage(page, cursor_encode(Position(page[-1].created_at, page[-1].id)) if more else None)

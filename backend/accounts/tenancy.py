@@ -14,9 +14,11 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import ROLE_RANK, Membership, Role, Workspace
+from backend.accounts.models import ROLE_RANK, AuditKind, Membership, Role, Workspace
 from backend.accounts.selectors import membership_get
+from backend.accounts.services.audit import Actor, audit_record
 from backend.core.errors import ApplicationError, NotFound
+from backend.core.ratelimit import client_ip
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -47,3 +49,11 @@ class WorkspaceAPIView(APIView):
             )
         self.membership = membership
         self.workspace = membership.workspace
+
+    def audit(self, kind: AuditKind, action: str, target: str = "", detail: dict[str, Any] | None = None) -> None:
+        """Record this request's change in the workspace's audit log, naming
+        the caller and their address."""
+        actor = Actor(user=signed_in_user(self.request), address=client_ip(self.request))
+        audit_record(
+            workspace_id=self.workspace.pk, kind=kind, action=action, actor=actor, target=target, detail=detail
+        )

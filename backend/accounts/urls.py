@@ -29,4 +29,5 @@ urlpatterns = [
     path(f"{ws}/members/<str:username>/", api_workspaces.MemberDetailView.as_view()),
     path(f"{ws}/invitations/", api_workspaces.InvitationListView.as_view()),
     path(f"{ws}/invitations/<uuid:invitation>/", api_workspaces.InvitationDetailView.as_view()),
+    path(f"{ws}/audit/", api_workspaces.AuditListView.as_view()),
 ]

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Role
+from backend.accounts.models import AuditKind, Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.clouds.models import LIVE_STATUSES, CloudAccount, Instance, InstanceStatus
 from backend.clouds.services.connections import aws_connect, aws_setup, aws_validate, backend_remove
@@ -202,6 +202,7 @@ class BackendListView(WorkspaceAPIView):
         values = dict(data.validated_data)
         values.pop("kind")
         account = aws_connect(workspace=self.workspace, user=signed_in_user(request), **values)
+        self.audit(AuditKind.BACKEND, "backend.added", account.name, {"kind": account.kind})
         return Response(_backends_out([account])[0], status=201)
 
 
@@ -222,6 +223,7 @@ class BackendDetailView(WorkspaceAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, workspace: str, name: str) -> Response:
         backend_remove(account=_account(self.workspace, name))
+        self.audit(AuditKind.BACKEND, "backend.removed", name)
         return Response(status=204)
 
 

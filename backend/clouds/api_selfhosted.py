@@ -14,7 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Role
+from backend.accounts.models import AuditKind, Role
+from backend.accounts.services.audit import Actor, audit_record
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.clouds.models import Instance, InstanceReason, RunnerRegistrationToken
 from backend.clouds.services.selfhosted import (
@@ -27,6 +28,7 @@ from backend.clouds.services.selfhosted import (
     runners_list,
 )
 from backend.core.errors import NotFound
+from backend.core.ratelimit import client_ip
 
 
 class RegistrationTokenIn(serializers.Serializer[Any]):
@@ -98,6 +100,7 @@ class RegistrationTokenListView(WorkspaceAPIView):
             workspace=self.workspace, user=signed_in_user(request), note=data.validated_data["note"]
         )
         out = {**RegistrationTokenOut(issued.row).data, "token": issued.token}
+        self.audit(AuditKind.TOKEN, "token.registration_created", str(issued.row.pk), {"note": issued.row.note})
         return Response(out, status=201)
 
 
@@ -108,6 +111,7 @@ class RegistrationTokenDetailView(WorkspaceAPIView):
     def delete(self, request: Request, workspace: str, token: UUID) -> Response:
         if not registration_token_revoke(workspace=self.workspace, token_id=token):
             raise NotFound("No such registration token in this workspace.")
+        self.audit(AuditKind.TOKEN, "token.registration_revoked", str(token))
         return Response(status=204)
 
 
@@ -124,6 +128,7 @@ class SelfHostedRunnerRevokeView(WorkspaceAPIView):
     def post(self, request: Request, workspace: str, runner: UUID) -> Response:
         if not runner_revoke(workspace=self.workspace, instance_id=runner):
             raise NotFound("No such self-hosted runner in this workspace.")
+        self.audit(AuditKind.RUNNER, "runner.revoked", str(runner))
         return Response(status=204)
 
 
@@ -159,6 +164,14 @@ class RunnerRegisterView(APIView):
             hostname=data.validated_data["hostname"],
         )
         instance = registered.instance
+        audit_record(
+            workspace_id=instance.workspace_id,
+            kind=AuditKind.RUNNER,
+            action="runner.registered",
+            actor=Actor(runner=instance.name, address=client_ip(request)),
+            target=instance.name,
+            detail={"hostname": data.validated_data["hostname"][:255]},
+        )
         out = {
             "runner": str(instance.pk),
             "name": instance.name,

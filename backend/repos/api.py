@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Role
+from backend.accounts.models import AuditKind, Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.urlcreds import url_without_credentials
@@ -90,6 +90,7 @@ class RepoCredentialView(WorkspaceAPIView):
             secret=data.validated_data["secret"],
             username=data.validated_data["username"],
         )
+        self.audit(AuditKind.CREDENTIAL, "credential.set", row.repo.url, {"kind": row.kind})
         return Response(_credential_out(row))
 
     @extend_schema(parameters=[OpenApiParameter("url", str, required=True)], responses={204: None})
@@ -99,6 +100,7 @@ class RepoCredentialView(WorkspaceAPIView):
             raise ApplicationError("Say which repository: ?url=<its clone URL>.")
         if not repo_credential_delete(workspace=self.workspace, url=url):
             raise NotFound(f"No credential is set for {url} in this workspace.")
+        self.audit(AuditKind.CREDENTIAL, "credential.deleted", url_without_credentials(url.strip()))
         return Response(status=204)
 
 

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from backend.accounts.auth import signed_in_user
-from backend.accounts.models import Role
+from backend.accounts.models import AuditKind, Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import NotFound
 from backend.vault.services import secret_delete, secret_list, secret_set
@@ -47,10 +47,12 @@ class SecretDetailView(WorkspaceAPIView):
         secret, created = secret_set(
             workspace=self.workspace, user=signed_in_user(request), name=name, value=data.validated_data["value"]
         )
+        self.audit(AuditKind.SECRET, "secret.created" if created else "secret.replaced", name)
         return Response(SecretOut(secret).data, status=201 if created else 200)
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, workspace: str, name: str) -> Response:
         if not secret_delete(workspace=self.workspace, name=name):
             raise NotFound(f"Secret {name!r} not found.")
+        self.audit(AuditKind.SECRET, "secret.deleted", name)
         return Response(status=204)

@@ -59,6 +59,17 @@ AttemptOutStatusEnum: TypeAlias = Literal["assigned", "running", "stopping", "en
 """
 
 
+AuditEventOutKindEnum: TypeAlias = Literal["secret", "credential", "member", "backend", "token", "runner"]
+"""
+* `secret` - Secret
+* `credential` - Credential
+* `member` - Member
+* `backend` - Backend
+* `token` - Token
+* `runner` - Runner
+"""
+
+
 class AuthConfigOut(TypedDict):
     github: bool
     local_login: bool
@@ -762,6 +773,45 @@ class AttemptOut(TypedDict):
     the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none
     """
     created_at: str
+
+
+class AuditEventOut(TypedDict):
+    id: str
+    at: str
+    kind: AuditEventOutKindEnum
+    action: str
+    """
+    <kind>.<verb>: secret.created, member.removed, runner.registered …
+    """
+    target: str
+    """
+    what it was done to: a secret's name, a login, a backend …
+    """
+    actor: str
+    """
+    user or runner
+    """
+    username: str
+    """
+    the user who acted ('' when a runner did)
+    """
+    runner: str
+    """
+    the runner that acted with its own token ('' when a user did)
+    """
+    address: str | None
+    """
+    the client's IP address
+    """
+    detail: dict[str, Any]
+
+
+class AuditPageOut(TypedDict):
+    next: str | None
+    """
+    the next page's URL; null on the last
+    """
+    results: list[AuditEventOut]
 
 
 class BackendCreateInRequest(TypedDict):

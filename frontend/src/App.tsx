@@ -14,6 +14,7 @@ import { BackendsPage } from "./pages/Backends";
 import { OffersPage } from "./pages/Offers";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
+import { AuditPage } from "./pages/Audit";
 import { TokensPage } from "./pages/Tokens";
 import { NewWorkspacePage } from "./pages/NewWorkspace";
 
@@ -46,6 +47,7 @@ export function App() {
         <Route path="offers" element={<OffersPage />} />
         <Route path="secrets" element={<SecretsPage />} />
         <Route path="members" element={<MembersPage />} />
+        <Route path="audit" element={<AuditPage />} />
         <Route path="tokens" element={<TokensPage />} />
         <Route path="new-workspace" element={<NewWorkspacePage />} />
       </Route>

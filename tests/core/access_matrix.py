@@ -125,6 +125,8 @@ ROUTES: dict[str, dict[str, Call]] = {
     # Pending invitations (who was invited, by whom): admins only.
     f"{WS}/invitations/": {"GET": Call(admin(200))},
     f"{WS}/invitations/<uuid:invitation>/": {"DELETE": Call(admin(204))},
+    # The audit log (who changed secrets, credentials, members, backends, tokens, runners): admins only.
+    f"{WS}/audit/": {"GET": Call(admin(200))},
     # ---------------------------------------------------------- runs
     f"{WS}/runs/": {"GET": Call(read()), "POST": Call(write(201), body="run_body")},
     # A dry run changes nothing: a viewer may plan too.

@@ -30,7 +30,13 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description The local password login; CSRF-checked although anonymous, so no site can sign a browser in. */
+        /**
+         * @description The local password login; CSRF-checked although anonymous, so no site can sign a browser in.
+         *
+         *     A username or an address locked out after too many wrong passwords is
+         *     refused (429, with Retry-After) whatever the password
+         *     (backend/accounts/services/lockout.py).
+         */
         post: operations["auth_login_create"];
         delete?: never;
         options?: never;
@@ -420,6 +426,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/audit/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The workspace's audit log, newest first: admins only. */
+        get: operations["workspaces_audit_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/backends/": {
         parameters: {
             query?: never;
@@ -724,10 +747,16 @@ export interface paths {
             cookie?: never;
         };
         get?: never;
-        /** @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes it. */
+        /**
+         * @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes
+         *     it. Admins only: the credential is handed to every job of the repo.
+         */
         put: operations["workspaces_repos_credential_update"];
         post?: never;
-        /** @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes it. */
+        /**
+         * @description PUT sets (or replaces) a repo's clone credential; DELETE ?url= removes
+         *     it. Admins only: the credential is handed to every job of the repo.
+         */
         delete: operations["workspaces_repos_credential_destroy"];
         options?: never;
         head?: never;
@@ -931,10 +960,16 @@ export interface paths {
             cookie?: never;
         };
         get?: never;
-        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        /**
+         * @description Setting or deleting a secret is an admin's: a secret's value reaches
+         *     every job that names it, so who sets it decides what jobs run with.
+         */
         put: operations["workspaces_secrets_update"];
         post?: never;
-        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        /**
+         * @description Setting or deleting a secret is an admin's: a secret's value reaches
+         *     every job that names it, so who sets it decides what jobs run with.
+         */
         delete: operations["workspaces_secrets_destroy"];
         options?: never;
         head?: never;
@@ -1066,6 +1101,43 @@ export interface components {
          * @enum {string}
          */
         AttemptOutStatusEnum: "assigned" | "running" | "stopping" | "ended";
+        AuditEventOut: {
+            /** Format: uuid */
+            id: string;
+            /** Format: date-time */
+            at: string;
+            kind: components["schemas"]["AuditEventOutKindEnum"];
+            /** @description <kind>.<verb>: secret.created, member.removed, runner.registered … */
+            action: string;
+            /** @description what it was done to: a secret's name, a login, a backend … */
+            target: string;
+            /** @description user or runner */
+            readonly actor: string;
+            /** @description the user who acted ('' when a runner did) */
+            username: string;
+            /** @description the runner that acted with its own token ('' when a user did) */
+            runner: string;
+            /** @description the client's IP address */
+            address: string | null;
+            detail: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * @description * `secret` - Secret
+         *     * `credential` - Credential
+         *     * `member` - Member
+         *     * `backend` - Backend
+         *     * `token` - Token
+         *     * `runner` - Runner
+         * @enum {string}
+         */
+        AuditEventOutKindEnum: "secret" | "credential" | "member" | "backend" | "token" | "runner";
+        AuditPageOut: {
+            /** @description the next page's URL; null on the last */
+            next: string | null;
+            results: components["schemas"]["AuditEventOut"][];
+        };
         AuthConfigOut: {
             github: boolean;
             local_login: boolean;
@@ -2683,6 +2755,34 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    workspaces_audit_retrieve: {
+        parameters: {
+            query?: {
+                /** @description the `next` link's cursor of the previous page */
+                cursor?: string;
+                /** @description only events of this kind */
+                kind?: "backend" | "credential" | "member" | "runner" | "secret" | "token";
+                /** @description events per page (default 50, at most 500) */
+                page_size?: number;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditPageOut"];
+                };
             };
         };
     };

@@ -17,6 +17,9 @@ export type LogLine = Schemas["LogLineOut"];
 export type LogPage = Schemas["LogPageOut"];
 export type Tag = Schemas["TagOut"];
 export type Secret = Schemas["SecretOut"];
+export type AuditEvent = Schemas["AuditEventOut"];
+export type AuditKind = Schemas["AuditEventOutKindEnum"];
+export type AuditPage = Schemas["AuditPageOut"];
 export type ArtifactFile = Schemas["ArtifactFileOut"];
 /** Whether a re-run's artifacts match its original's (docs/ENVIRONMENTS.md, "Reproduced"). */
 export type Reproduced = Schemas["ReproducedOut"];

@@ -16,6 +16,7 @@ const NAV = [
   { to: "offers", label: "Offers" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
+  { to: "audit", label: "Audit log", adminOnly: true },
   { to: "tokens", label: "API tokens" },
 ];
 
@@ -83,7 +84,7 @@ export function Layout() {
           </label>
           <nav aria-label="Workspace">
             <ul>
-              {NAV.map((item) => (
+              {NAV.filter((item) => !("adminOnly" in item) || current?.role === "admin").map((item) => (
                 <li key={item.to}>
                   <NavLink to={`/w/${ws}/${item.to}`}>{item.label}</NavLink>
                 </li>
