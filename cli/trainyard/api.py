@@ -26,6 +26,10 @@ from . import __version__, apitypes
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
+# A download over the server's rate limit (429) waits what Retry-After says
+# (at most a minute) and asks again, this many times before it fails.
+DOWNLOAD_RATE_RETRIES = 5
+MAX_RATE_WAIT_SECONDS = 60.0
 FINISHED = ("succeeded", "failed", "stopped")
 # Seconds before each retry of a submission that got no answer or a 5xx.
 SUBMIT_RETRY_WAITS = (1.0, 3.0)
@@ -361,12 +365,22 @@ class Client:
 
     def _download(self, url: str) -> Iterator[bytes]:
         """The body of a GET of ``url`` in chunks of 1 MiB, following redirects
-        (a file's signed URL in storage)."""
-        with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as response:
-            if response.status_code >= 400:
-                response.read()
-                raise _error_from(response)
-            yield from response.iter_bytes(1 << 20)
+        (a file's signed URL in storage). Over the server's rate limit for
+        downloads (429: `trainyard logs` of a run of many jobs reads one log
+        each) it waits the ``Retry-After`` the server names and asks again,
+        at most DOWNLOAD_RATE_RETRIES times."""
+        for attempt in range(DOWNLOAD_RATE_RETRIES + 1):
+            with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as r:
+                if r.status_code == 429 and attempt < DOWNLOAD_RATE_RETRIES:
+                    r.read()
+                    wait = _retry_after(r)
+                elif r.status_code >= 400:
+                    r.read()
+                    raise _error_from(r)
+                else:
+                    yield from r.iter_bytes(1 << 20)
+                    return
+            time.sleep(wait)
 
     def _request(self, method: str, url: str, **kwargs: Any) -> Any:
         return self._request_status(method, url, **kwargs)[1]
@@ -406,6 +420,12 @@ def _transport_errors(url: str) -> Iterator[None]:
 def _worth_retrying(error: ApiError) -> bool:
     """No answer (a timeout, a dropped connection) or the server's own failure."""
     return error.status is None or error.status >= 500
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds a 429 says to wait (whole seconds), at most MAX_RATE_WAIT_SECONDS."""
+    text = response.headers.get("Retry-After", "")
+    return min(float(text), MAX_RATE_WAIT_SECONDS) if text.isdigit() else 1.0
 
 
 def _error_from(response: httpx.Response) -> ApiError:

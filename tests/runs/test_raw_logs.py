@@ -4,7 +4,9 @@ marks, lines that are not plain ASCII, and another workspace's job a 404."""
 
 from __future__ import annotations
 
+import io
 import secrets
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -254,3 +256,24 @@ def test_raw_log_reads_are_rate_limited_per_user_with_a_clear_429_and_retry_afte
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     assert refused.json()["message"].startswith("Too many raw log reads from this account: at most 3 per minute.")
     assert refused.json()["extra"]["scope"] == "rawlog"
+
+
+def test_the_cli_waits_out_the_raw_log_rate_limit_and_reads_every_log(
+    web_server: WebServers, job: Job, member: Person
+) -> None:
+    """`trainyard logs` of a run of many jobs reads one raw log each: over the
+    limit it waits the Retry-After the server names, then reads on."""
+    from trainyard.api import Client
+
+    server = web_server.start(TRAINYARD_RATE_RAWLOG_USER="5/2s", TRAINYARD_CHANNEL_PREFIX=f"raw-{secrets.token_hex(4)}")
+    client = Client(server.url, member.token, "acme")
+    started = time.monotonic()
+
+    logs = []
+    for _ in range(6):
+        out = io.BytesIO()
+        client.job_raw_log(str(job.pk), out)
+        logs.append(out.getvalue())
+
+    assert logs == [b"".join(f"line {i}\n".encode() for i in range(1, 11))] * 6
+    assert time.monotonic() - started >= 1  # the sixth waited for the window to slide
