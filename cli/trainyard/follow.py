@@ -40,6 +40,8 @@ MAX_BACKOFF = 10.0
 GIVE_UP_AFTER = 120.0  # seconds without any successful connection
 # Seconds without a frame after which the run's status is read over REST.
 STATUS_CHECK_SECONDS = float(os.environ.get("TRAINYARD_STATUS_CHECK_SECONDS") or 30.0)
+# The server's "over a limit, retry later" close: connects per minute, or open sockets per user.
+CLOSE_LIMITED = 4429
 _CLOSE_MESSAGES = {
     4401: "the server refused the websocket: no valid credentials (check TRAINYARD_TOKEN, or run `trainyard login`)",
     4403: "you have no access to this run's workspace",
@@ -76,6 +78,7 @@ class Follower:
         self.run: Run | None = None
         self.on_reused = on_reused
         self.announced: set[str] = set(announced or ())
+        self._limited = ""  # the last limit the server named when it refused the socket
 
     def follow(self) -> Run:
         """Block until the run is done; returns its final state."""
@@ -91,6 +94,8 @@ class Follower:
                 code = e.rcvd.code if e.rcvd else None
                 if code in _CLOSE_MESSAGES:
                     raise ApiError(_close_message(code, self.run_name)) from None
+                if code == CLOSE_LIMITED and e.rcvd is not None:
+                    self._note_limited(e.rcvd.reason)
                 if self.done():
                     assert self.run is not None
                     return self.run
@@ -107,6 +112,13 @@ class Follower:
                 )
             time.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _note_limited(self, reason: str) -> None:
+        """Over a server limit (too many connects, too many open sockets):
+        said once on stderr, then retried with the backoff until it clears."""
+        if reason and reason != self._limited:
+            self._limited = reason
+            self.writer.write([("e", f"trainyard: the server refused the websocket ({reason}); retrying")])
 
     def done(self) -> bool:
         run = self.run

@@ -108,9 +108,11 @@ class FakeRunSocket:
         drop_after: int = 0,
         close_code: int | None = None,
         job_of: Callable[[list[Any]], str] = lambda line: "job-1",
+        refusals: list[tuple[int, str]] | None = None,
     ) -> None:
         self.lines, self.final, self.job_of = lines, final, job_of
         self.drops, self.drop_after, self.close_code = drops, drop_after, close_code
+        self.refusals = list(refusals or [])  # the first connections are accepted, then closed with these
         self.after_seqs: list[int] = []
         self.port = 0
 
@@ -121,6 +123,9 @@ class FakeRunSocket:
             return
         if self.close_code:
             ws.close(self.close_code)
+            return
+        if self.refusals:
+            ws.close(*self.refusals.pop(0))
             return
         after = int(parse_qs(urlparse(ws.request.path).query)["after_seq"][0])
         self.after_seqs.append(after)

@@ -74,6 +74,18 @@ def test_refused_websocket_is_an_error_not_a_retry(code: int, message: str):
     assert info.value.message == message
 
 
+def test_a_socket_refused_over_a_limit_says_so_once_and_is_retried(monkeypatch: pytest.MonkeyPatch):
+    """4429 is "retry later": the server names the limit (connects per minute,
+    open sockets per user); the follower says it once on stderr and retries."""
+    monkeypatch.setattr("trainyard.follow.time.sleep", lambda s: None)
+    reason = "too many open websockets: at most 50 per user (TRAINYARD_WS_PER_USER); close one and retry"
+    socket = FakeRunSocket(lines_of(3), final=make_run("succeeded", last_seq=3), refusals=[(4429, reason)] * 2)
+    with serving(socket) as url:
+        final, out, err, _ = follow(url)
+    assert (final["status"], out) == ("succeeded", "line 1\nline 2\nline 3\n")
+    assert err == f"trainyard: the server refused the websocket ({reason}); retrying\n"
+
+
 def test_missing_lines_of_a_finished_run_are_fetched_over_rest(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr("trainyard.follow.CATCH_UP_AFTER", 0.0)
 
