@@ -73,6 +73,11 @@ class Run(WorkspaceOwnedModel):
     # every workflow's placement keys ({}: none).
     placement_overrides = models.JSONField(default=dict, blank=True)
     no_cache = models.BooleanField(default=False)
+    # The submitter's values of -e and of bare env names (``env_overrides``
+    # and ``inherited_env`` keep none since), and each job's share of them,
+    # encrypted like secrets (``services.privateenv``): they are delivered
+    # with the job's secrets and masked in its logs, never put in a frame.
+    private_inputs = models.BinaryField(null=True, blank=True)
     # ``trainyard rerun``: the run this one repeats (its recorded locks installed);
     # the run page says "reproduced" when their artifacts match (docs/ENVIRONMENTS.md).
     # {requirements file: {path: sha256}} of the jobs' environments, as the CLI

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -136,16 +136,20 @@ class _Cached:
 
 
 _mask_cache: dict[str, _Cached] = {}
+_MASK_CACHE_MAX = 2000
 
 
-def masks_for(*, workspace_id: UUID) -> Masks:
-    """What to hide of this workspace's secrets in its logs and reasons.
+def masks_for(*, workspace_id: UUID, extra_key: str = "", extra: Callable[[], list[str]] | None = None) -> Masks:
+    """What to hide of this workspace's secrets in its logs and reasons, and
+    of ``extra()`` (a run's private values, cached under ``extra_key``;
+    values under ``MIN_LENGTH`` characters are not masked: they would hide
+    ordinary text).
 
     Called for every stored log batch, so it is cached per process and
     rebuilt when the workspace's secrets change (count and latest update,
     one cheap query at most every half second).
     """
-    key = str(workspace_id)
+    key = f"{workspace_id}:{extra_key}" if extra_key else str(workspace_id)
     cached = _mask_cache.get(key)
     now = time.monotonic()
     if cached is not None and now - cached.checked < 0.5:
@@ -155,7 +159,10 @@ def masks_for(*, workspace_id: UUID) -> Masks:
     version = (stats["latest"], stats["n"], creds["latest"], creds["n"])
     if cached is None or cached.version != version:
         values = [*secret_env(workspace_id=workspace_id).env.values(), *_credential_values(workspace_id)]
+        values += [v for v in (extra() if extra is not None else []) if len(v) >= MIN_LENGTH]
         cached = _Cached(version, masks_of(values), now)
+        if len(_mask_cache) >= _MASK_CACHE_MAX:
+            _mask_cache.clear()  # a process serving many runs rebuilds rather than grows
         _mask_cache[key] = cached
     cached.checked = now
     return cached.masks

@@ -30,7 +30,8 @@ def test_run_detached_uploads_the_archive_and_prints_the_name_last(tiny_train: P
     rest = FakeRest(submit_routes())
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "hello", "-d", "-e", "GREETING=hi")
-    assert (code, out, err) == (0, "brave-otter-1\n", "Run brave-otter-1 submitted\n")
+    sent = "Sending from this shell and -e: GREETING (kept encrypted, masked in logs)\n"
+    assert (code, out, err) == (0, "brave-otter-1\n", sent + "Run brave-otter-1 submitted\n")
     body = json.loads(rest.requests[1].content)
     assert body["workflow"] == "hello" and body["env"] == {"GREETING": "hi"}
     assert {k: v for k, v in body["code"].items() if k != "patch_files"} == {
@@ -344,7 +345,10 @@ def test_dry_run_sends_the_archive_digest_prints_the_plan_and_submits_nothing(
     rest = FakeRest({("POST", f"{WS}/runs/plan/"): httpx.Response(200, json=PLAN)})
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "finetune-model", "-e", "STEPS=50", "--dry-run")
-    assert (code, err) == (0, "Nothing was submitted.\n")
+    assert (code, err) == (
+        0,
+        "Sending from this shell and -e: STEPS (kept encrypted, masked in logs)\nNothing was submitted.\n",
+    )
     assert out == textwrap.dedent("""\
         Plan for finetune-model: 2 jobs, 1 cached
 

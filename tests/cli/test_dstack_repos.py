@@ -82,7 +82,8 @@ def test_run_sends_every_file_the_bare_env_values_the_args_and_the_variables(
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "train", "-d", "-e", "lr=0.01", "--", "--epochs", "3", "--name", "it's")
     assert (code, out) == (0, "brave-otter-1\n")
-    assert err == BROKEN_WARNING + "Run brave-otter-1 submitted (2 jobs: prepare, train)\n"
+    sent = "Sending from this shell and -e: HF_TOKEN, lr (kept encrypted, masked in logs)\n"
+    assert err == BROKEN_WARNING + sent + "Run brave-otter-1 submitted (2 jobs: prepare, train)\n"
     body = json.loads(rest.requests[1].content)
     assert body["workflows_files"] == [
         {"path": ".dstack/workflows/data.yaml", "text": DATA},

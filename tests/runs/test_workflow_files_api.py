@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from backend.runs.lifecycle.privateenv import private_inputs_of
 from backend.runs.models import Run
 from backend.runs.services.runs import run_rerun
 from tests.support.fixtures import Person
@@ -52,10 +53,12 @@ def test_a_run_is_planned_from_every_file_it_is_sent_and_keeps_them(owner: Perso
     run = Run.objects.get(name=answer.json()["name"])
     jobs = {job.name: job for job in run.jobs.all()}
     assert sorted(jobs) == ["prepare", "train"]
-    assert jobs["train"].spec["env"] == {"HF_TOKEN": "hf_abc", "EPOCHS": "3"}
+    # The shell's value is private: encrypted on the run, a digest in the spec (tests/runs/test_private_env.py).
+    assert jobs["train"].spec["env"] == {"EPOCHS": "3"} and set(jobs["train"].spec["private_env"]) == {"HF_TOKEN"}
+    assert private_inputs_of(run).jobs["train"] == {"HF_TOKEN": "hf_abc"}
     assert jobs["train"].spec["commands"] == ["python train.py --epochs 'it'\"'\"'s 3' --lr 0.1"]
     assert [job.name for job in jobs["train"].needs.all()] == ["prepare"]
-    assert (run.workflows_files, run.inherited_env, run.run_args, run.variables) == (
+    assert (run.workflows_files, private_inputs_of(run).inherited_env, run.run_args, run.variables) == (
         [DATA, TRAIN],
         {"HF_TOKEN": "hf_abc"},
         ["--epochs", "it's 3"],

@@ -30,6 +30,7 @@ from trainyard_runner import protocol
 
 from backend.accounts.auth import token_from_header
 from backend.clouds.services.instances import instance_disconnected, instance_heartbeat
+from backend.core.channels import signed, verified
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
 from backend.runs.services.inorder import InOrder
@@ -143,7 +144,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             return
         self.instance_id = greeting.instance_id
         if greeting.replaced:
-            await self.channel_layer.send(greeting.replaced, {"type": "runner.replaced"})
+            await self.channel_layer.send(greeting.replaced, signed({"type": "runner.replaced"}))
         await self._answer(greeting.reply)
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
@@ -197,19 +198,41 @@ class RunnerConsumer(AsyncWebsocketConsumer):
 
     # ------------------------------------------------------- channel events
 
+    # Every event through the channel layer is signed by the server
+    # (``core.channels.signed``): one that is not (written into Redis by
+    # whoever can) is dropped and logged, never forwarded or acted on.
+
+    def _forged(self, event: dict[str, Any]) -> bool:
+        if verified(event):
+            return False
+        logger.warning(
+            "security: an unsigned %r event reached runner instance %s through the channel layer; dropped",
+            str(event.get("type"))[:40],
+            self.instance_id,
+        )
+        return True
+
     async def runner_frame(self, event: dict[str, Any]) -> None:
+        if self._forged(event):
+            return
         await self.send(text_data=event["frame"])
 
     async def runner_drop(self, event: dict[str, Any]) -> None:
+        if self._forged(event):
+            return
         # 1012 "service restart": the runner reconnects and resends.
         await self.close(code=1012)
 
     async def runner_replaced(self, event: dict[str, Any]) -> None:
+        if self._forged(event):
+            return
         self.instance_id = None  # the new connection owns the instance now
         await self.close(code=protocol.CLOSE_REPLACED)
 
     async def runner_fenced(self, event: dict[str, Any]) -> None:
         """The instance was declared lost: the runner must stop, not reconnect."""
+        if self._forged(event):
+            return
         self.instance_id = None
         await self.close(code=protocol.CLOSE_FENCED, reason=str(event.get("reason", ""))[:120])
 

@@ -165,14 +165,16 @@ def _code_reasons(old: CodeFacts, new: CodeFacts) -> list[Reason]:
 
 def _spec_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Reason]:
     reasons = []
-    old_env, new_env = dict(old.get("env") or {}), dict(new.get("env") or {})
+    # A private value is compared by its digest (``privateenv``), under its name.
+    old_env = {**(old.get("env") or {}), **(old.get("private_env") or {})}
+    new_env = {**(new.get("env") or {}), **(new.get("private_env") or {})}
     env = sorted(k for k in set(old_env) | set(new_env) if old_env.get(k) != new_env.get(k))
     if env:
         reasons.append(Reason(ReasonKind.ENV_CHANGED, f"env changed ({_some(env)})"))
     environment = _environment_changes(old, new)
     if environment:
         reasons.append(Reason(ReasonKind.ENVIRONMENT_CHANGED, f"environment changed ({_some(environment)})"))
-    own = {"env", "environment", "environment_files"}
+    own = {"env", "private_env", "environment", "environment_files"}
     keys = sorted(k for k in set(old) | set(new) if k not in own and old.get(k) != new.get(k))
     if keys:
         reasons.append(Reason(ReasonKind.SPEC_CHANGED, f"spec changed ({_some(keys)})"))

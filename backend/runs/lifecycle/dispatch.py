@@ -133,7 +133,9 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         mount_seconds=settings.TRAINYARD["MOUNT_SYNC_SECONDS"],
         caches=cache_specs(job=job),
         environment=protocol.EnvironmentSpec.model_validate(spec["environment"]) if spec.get("environment") else None,
-        secrets=bool(spec.get("secrets")) or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
+        # Secrets, the submitter's private values or a clone credential: fetched over REST.
+        secrets=bool(spec.get("secrets") or spec.get("private_env"))
+        or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
     )
 
 

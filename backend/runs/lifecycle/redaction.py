@@ -20,9 +20,9 @@ from trainyard_runner.protocol import MAX_REASON_CHARS
 
 from backend.artifacts.storage import redact_signed_urls
 from backend.core.urlcreds import redact_url_credentials
+from backend.runs.lifecycle.privateenv import job_masks
 from backend.runs.models import Job
 from backend.vault.masking import mask
-from backend.vault.services import masks_for
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,10 @@ def job_reason_clean(*, job_id: UUID | str, reason: str) -> str:
     read = reason[:REASON_READ_MAX]
     cut = len(reason) >= REASON_MAX
     text = redact_url_credentials(redact_signed_urls(read), cut=cut)
-    workspace_id = Job.objects.filter(pk=job_id).values_list("workspace_id", flat=True).first()
-    if workspace_id is None:
+    job = Job.objects.filter(pk=job_id).only("workspace_id", "run_id", "spec").first()
+    if job is None:
         return text[:REASON_MAX]
     # An unreadable secret is left out of the masks (masks_for): one that no
     # key opens cannot have reached a job started after its key went.
-    masks = masks_for(workspace_id=workspace_id)
+    masks = job_masks(job=job)
     return mask(text, masks, cut=cut)[:REASON_MAX]

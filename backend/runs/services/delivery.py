@@ -15,7 +15,9 @@ from trainyard_runner import protocol
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.lifecycle.dag import job_inputs
 from backend.runs.lifecycle.dispatch import input_url
+from backend.runs.lifecycle.privateenv import private_inputs_of
 from backend.runs.models import Job
+from backend.vault.crypto import Unreadable
 from backend.vault.services import repo_credential_for, secret_env, secret_unreadable_advice
 
 
@@ -46,14 +48,31 @@ def job_secrets(*, job: Job) -> protocol.JobSecrets:
         )
     run = job.run
     credential = repo_credential_for(workspace_id=run.workspace_id, repo_id=run.repo_id)
+    secrets = {variable: found.env[secret] for variable, secret in named.items()}
     return protocol.JobSecrets(
-        env={variable: found.env[secret] for variable, secret in named.items()},
+        # The submitter's values win over secrets, as the spec's env did.
+        env={**secrets, **_private_env(job)},
         credential=(
             protocol.GitCredential(kind=credential.kind, username=credential.username, secret=credential.secret)  # type: ignore[arg-type]
             if credential is not None
             else None
         ),
     )
+
+
+def _private_env(job: Job) -> dict[str, str]:
+    """The job's values of ``-e`` and bare env names (``privateenv``)."""
+    if not job.spec.get("private_env"):
+        return {}
+    try:
+        private = private_inputs_of(job.run)
+    except Unreadable:
+        raise ApplicationError(
+            "the values this run was submitted with (-e and bare env names) cannot be decrypted with the server's"
+            " keys (TRAINYARD_SECRET_KEYS): submit the run again",
+            status_code=409,
+        ) from None
+    return dict(private.jobs.get(job.name, {}))
 
 
 def job_input_page(*, job: Job, path: str, after: str = "", limit: int | None = None) -> protocol.InputPage:

@@ -34,6 +34,7 @@ from trainyard_runner.protocol import (
 )
 
 from backend.core.counters import log_ingested
+from backend.runs.lifecycle.privateenv import job_masks
 from backend.runs.models import ACTIVE_JOB, Attempt, Job
 from backend.runs.services.logchunks import Chunk, chunks_backward, chunks_of_text, chunks_write, stamps_encode
 from backend.runs.services.loglimits import (
@@ -45,7 +46,6 @@ from backend.runs.services.loglimits import (
 )
 from backend.runs.services.logmask import Previous, masked, needs_masking
 from backend.vault.masking import MASK, Masks
-from backend.vault.services import masks_for
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def logs_store(
         )
         batch, truncated_at = _capped(job, prepared)
         if batch is not None:
-            batch = _final(batch, masks_for(workspace_id=job.workspace_id), _previous(job))
+            batch = _final(batch, job_masks(job=job), _previous(job))
             chunks_write(job_id, batch.chunks)
             transaction.on_commit(partial(log_ingested, lines=len(batch), size=batch.size))
         _advance(job, attempt, last_seq, batch, truncated_at)

@@ -26,6 +26,7 @@ from backend.runs.lifecycle.dag import (
     ref_origin,
     run_artifacts,
 )
+from backend.runs.lifecycle.privateenv import private_names
 from backend.runs.models import Job
 from backend.runs.services.environments import environment_outlook
 from backend.runs.services.offerplan import offer_plan
@@ -62,7 +63,9 @@ def run_plan_preview(
     for planned in plan.jobs:
         needed, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
         pending = [(p, n) for n in planned.needs if hits.get(n) is None for p in artifacts_of[n]]
-        spec = job_spec(planned, inputs.environment_files)
+        spec = job_spec(
+            planned, inputs.environment_files, private_names(env=inputs.env, inherited_env=inputs.inherited_env)
+        )
         hit, decision = _decide(workspace, planned, spec, code, repo_url, no_cache, (needed, known), pending)
         hits[planned.name] = hit
         jobs.append(

@@ -20,6 +20,14 @@ from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
+from backend.runs.lifecycle.privateenv import (
+    PrivateInputs,
+    private_digest,
+    private_inputs_of,
+    private_names,
+    private_seal,
+    private_split,
+)
 from backend.runs.lifecycle.transitions import job_request_stop, run_lock, run_refresh, run_request_stop
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name_stem
@@ -123,6 +131,14 @@ def run_create(
     placements = placements_of(file, placement or {})
     refs = resolve_refs(workspace, plan)
     patch, archive = _code_blobs(workspace, code)
+    private = private_names(env=inputs.env, inherited_env=inputs.inherited_env)
+    sealed = private_seal(
+        PrivateInputs(
+            env=inputs.env,
+            inherited_env=inputs.inherited_env,
+            jobs={job.name: private_split(job.env, private)[1] for job in plan.jobs},
+        )
+    )
     with transaction.atomic():
         claim = submission_key_claim(workspace=workspace, user=user, once=once) if once is not None else None
         run = Run.objects.create(
@@ -143,8 +159,10 @@ def run_create(
             workflows_file_text=inputs.files[0].text,
             workflows_files=[{"path": f.path, "text": f.text} for f in inputs.files],
             environment_files=inputs.environment_files,
-            env_overrides=inputs.env,
-            inherited_env=inputs.inherited_env,
+            # Their values are private_inputs' (encrypted): never stored in the clear.
+            env_overrides={},
+            inherited_env={},
+            private_inputs=sealed,
             run_args=list(inputs.run_args),
             variables=inputs.variables,
             placement_overrides=placement or {},
@@ -153,7 +171,7 @@ def run_create(
             environment_build=environment_build,
             status_reason="waiting for a runner",
         )
-        _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files)
+        _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files, private)
         run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
             schedule_soon()  # what no idle runner took waits for a pass
@@ -165,6 +183,7 @@ def run_create(
 
 def run_rerun(*, run: Run, user: User) -> Run:
     """A new run of the same workflow, code, workflows files and submitted values."""
+    private = private_inputs_of(run)
     return run_create(
         workspace=run.workspace,
         user=user,
@@ -172,8 +191,8 @@ def run_rerun(*, run: Run, user: User) -> Run:
         inputs=plan_inputs(
             # A run from before workflows_files (migration 0010) has its one file only.
             files=run.workflows_files or [{"path": run.workflows_file_path, "text": run.workflows_file_text}],
-            env=dict(run.env_overrides),
-            inherited_env=dict(run.inherited_env),
+            env=private.env,
+            inherited_env=private.inherited_env,
             run_args=list(run.run_args),
             variables=dict(run.variables),
             environment_files=dict(run.environment_files),
@@ -343,16 +362,24 @@ def _repo_path(url: str) -> str:
     return "/".join(path.split("/")[-2:]).lower()
 
 
-def job_spec(plan: JobPlan, environment_files: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, object]:
+def job_spec(
+    plan: JobPlan,
+    environment_files: Mapping[str, Mapping[str, str]] | None = None,
+    private: Collection[str] = (),
+) -> dict[str, object]:
     """What a job runs, as stored and as hashed for the cache.
     ``environment_files``: ``PlanInputs.environment_files``; the digests of
     the files this job's environment names go into its spec, so a changed
-    requirements file is a cache miss that names it (``cachewhy``)."""
+    requirements file is a cache miss that names it (``cachewhy``).
+    ``private``: the variables whose values the submitter sent
+    (``privateenv``): the spec keeps a digest of each, not the value."""
     files = environment_files_of(plan.environment, environment_files or {})
+    env, hidden = private_split(plan.env, private)
     return {
         "provider": plan.provider,
         "commands": list(plan.commands),
-        "env": dict(plan.env),
+        "env": env,
+        **({"private_env": {k: private_digest(k, v) for k, v in hidden.items()}} if hidden else {}),
         "artifacts": list(plan.artifacts),
         "resources": dataclasses.asdict(plan.resources),
         "ports": list(plan.ports),
@@ -467,6 +494,7 @@ def _jobs_create(
     placements: dict[str, dict[str, object]],
     locks: Mapping[str, str],
     environment_files: Mapping[str, Mapping[str, str]],
+    private: Collection[str],
 ) -> list[Job]:
     """One Job per planned job (dependencies first), then the DAG's edges."""
     by_name: dict[str, Job] = {}
@@ -479,7 +507,7 @@ def _jobs_create(
             run=run,
             name=planned.name,
             workflow=planned.workflow,
-            spec=job_spec(planned, environment_files),
+            spec=job_spec(planned, environment_files, private),
             cpu=resources.cpu,
             memory_bytes=resources.memory_bytes,
             gpu_count=resources.gpu_count or 0,

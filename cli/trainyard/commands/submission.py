@@ -83,6 +83,10 @@ def plan_locally(request: RunRequest) -> LocalRun:
         variables=variables,
     )
     common.warn_broken(file)
+    sent = sorted({*inherited, *request.env})
+    if sent:
+        # Said before anything leaves: these values go to the server (encrypted there, masked in logs).
+        click.echo(f"Sending from this shell and -e: {', '.join(sent)} (kept encrypted, masked in logs)", err=True)
     submission: RunSubmission = {
         "workflow": workflow,
         "workflows_files": [{"path": s.path, "text": s.text} for s in sources],
