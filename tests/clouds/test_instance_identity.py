@@ -62,9 +62,13 @@ def _cloud(document: str = "", signature: str = "", instance_id: str = MACHINE) 
     )
 
 
+FROM = "203.0.113.7"  # where the hellos come from
+
+
 def _say_hello(cloud: protocol.CloudIdentity | None) -> dict[str, Any]:
     async def hello() -> dict[str, Any]:
         ws = WebsocketCommunicator(application, "/ws/runner/", headers=[(b"authorization", f"Bearer {TOKEN}".encode())])
+        ws.scope["client"] = (FROM, 50123)
         await ws.connect()
         await ws.send_to(text_data=HELLO.model_copy(update={"cloud": cloud}).model_dump_json())
         answer = dict(await ws.receive_output(timeout=5))
@@ -96,7 +100,7 @@ def test_a_hello_without_the_identity_document_from_a_cloud_machine_is_refused(
     assert (instance.status, instance.channel_name, instance.connected_at) == (InstanceStatus.PROVISIONING, "", None)
     assert _security_events(caplog) == [
         f"security event runner_identity_refused: instance {instance.pk} ({instance.name}), workspace {team.pk}: "
-        + problem
+        f"{problem} (from {FROM})"
     ]
 
 
@@ -181,7 +185,7 @@ def test_a_signed_document_that_is_not_the_machines_own_is_refused(
     assert answer == {"type": "websocket.close", "code": protocol.CLOSE_FORBIDDEN, "reason": problem[:120]}
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.PROVISIONING
-    assert len(_security_events(caplog)) == 1 and _security_events(caplog)[0].endswith(problem)
+    assert len(_security_events(caplog)) == 1 and _security_events(caplog)[0].endswith(f"{problem} (from {FROM})")
 
 
 def test_the_document_is_the_one_aws_signed_not_the_one_sent_beside_it(team: Workspace) -> None:

@@ -23,9 +23,11 @@ from backend.core.security import security_event
 logger = logging.getLogger(__name__)
 
 
-def instance_identity_problem(*, instance: Instance, claimed_id: str, document: str, signature: str) -> str:
-    """ "" when the hello may go on; else why it is refused, logged as a
-    security event.
+def instance_identity_problem(
+    *, instance: Instance, claimed_id: str, document: str, signature: str, address: str = ""
+) -> str:
+    """Why the hello is refused, logged as a security event with
+    ``address`` (where it came from); empty when it may go on.
 
     1. A self-hosted machine is the user's: nothing is claimed of it.
     2. A machine whose cloud signs identities: the signed document is
@@ -43,7 +45,8 @@ def instance_identity_problem(*, instance: Instance, claimed_id: str, document: 
     if problem:
         security_event(
             "runner_identity_refused",
-            f"instance {instance.pk} ({instance.name}), workspace {instance.workspace_id}: {problem}",
+            f"instance {instance.pk} ({instance.name}), workspace {instance.workspace_id}: {problem}"
+            + (f" (from {address})" if address else ""),
         )
     return problem
 

@@ -50,7 +50,11 @@ def runner_connect(
         return Connected(None, refusal="unknown instance")
     cloud = hello.cloud or protocol.CloudIdentity()
     elsewhere = instance_identity_problem(
-        instance=instance, claimed_id=cloud.instance_id, document=cloud.document, signature=cloud.signature
+        instance=instance,
+        claimed_id=cloud.instance_id,
+        document=cloud.document,
+        signature=cloud.signature,
+        address=address,
     )
     if elsewhere:
         return Connected(None, refusal=elsewhere, close_code=protocol.CLOSE_FORBIDDEN)
