@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from backend.clouds.services.accountpass import ACCOUNT_TASK_SECONDS
+from backend.clouds.services.accountpass import account_reconcile as account_reconcile_service
 from backend.clouds.services.facts import accounts_refresh_facts
 from backend.clouds.services.provisioning import (
     LaunchOutcome,
@@ -20,6 +22,7 @@ from backend.clouds.services.provisioning import (
     instance_terminate_run,
 )
 from backend.core.deliveries import on_park
+from backend.core.enqueue import enqueue
 
 LAUNCH_RETRIES = 3
 TERMINATE_RETRIES = 60  # a machine that takes long to go down is checked again and again
@@ -39,6 +42,18 @@ def instance_terminate(self, instance_id: str) -> str:  # type: ignore[no-untype
     if retry_after is not None:
         raise self.retry(countdown=retry_after)
     return "done"
+
+
+@shared_task(acks_late=True, time_limit=ACCOUNT_TASK_SECONDS, soft_time_limit=ACCOUNT_TASK_SECONDS - 20, expires=30)
+def account_reconcile(account_id: str, view: bool = False, sweep: bool = False) -> int:
+    """One account's cloud calls of a reconcile pass, under their own time
+    limit (``clouds.services.accountpass``); queued by every pass. A machine
+    it fences is ended by the next pass; it asks for a scheduling pass when
+    it changed something."""
+    changed = account_reconcile_service(account_id=account_id, view=view, sweep=sweep)
+    if changed:
+        enqueue("backend.runs.tasks.reconcile", after_commit=False)
+    return changed
 
 
 @shared_task(acks_late=True, time_limit=300, soft_time_limit=280, expires=300)

@@ -20,6 +20,7 @@ from backend.clouds.services.accounts import account_config, compute_of, install
 from backend.clouds.services.reconcile import clouds_reconcile
 from backend.vault.crypto import encrypt
 from tests.clouds.subjects import MOTO_SDA1_AMI
+from tests.support.accounttasks import run_account_tasks
 from tests.support.moto import MotoServer
 
 REGION = "us-east-1"
@@ -76,6 +77,7 @@ def test_the_sweep_terminates_our_orphan_and_leaves_untagged_and_foreign_instanc
 
     try:
         clouds_reconcile()
+        run_account_tasks()
 
         assert _state(ec2, orphan.backend_id) in ("shutting-down", "terminated")
         assert _state(ec2, theirs.backend_id) == "running"

@@ -44,6 +44,7 @@ from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.passes import jobs_schedule
 from backend.vault.crypto import encrypt
 from tests.clouds.subjects import MOTO_SDA1_AMI
+from tests.support.accounttasks import run_account_tasks
 from tests.support.aws_account import prepare
 from tests.support.fixtures import Person, submit
 from tests.support.moto import MotoServer
@@ -260,6 +261,7 @@ def test_an_instance_ec2_does_not_show_yet_stays_provisioning_and_is_found_when_
     hits = []
     for _ in range(3):
         clouds_reconcile()
+        run_account_tasks()
         hits.append(aws.fault_hits("DescribeInstances", "InvalidInstanceID.NotFound"))
         instance.refresh_from_db()
         assert (instance.status, instance.termination_reason) == (InstanceStatus.PROVISIONING, "")

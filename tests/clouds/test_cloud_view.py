@@ -15,6 +15,7 @@ from backend.clouds.services import reconcile as clouds
 from backend.clouds.services.instances import Facts, handle_of, instance_connected
 from backend.clouds.services.provisioning import instance_launch_run
 from backend.runs.scheduler.passes import jobs_schedule
+from tests.support.accounttasks import reconcile_with_account_tasks, run_account_tasks
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30
@@ -36,19 +37,21 @@ def test_the_reconciler_records_what_the_cloud_says_of_each_live_machine(
     instance_launch_run(instance_id=str(instance.pk))
     facts = Facts("box", "10.0.0.1", "test", 2, 4 * GIB, 50 * GIB, [])
     instance_connected(instance_id=str(instance.pk), channel_name="c", facts=facts, busy=False)
-    monkeypatch.delattr(clouds._cloud_view, "last", raising=False)
+    monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
 
     clouds.clouds_reconcile()  # a connected, idle machine: only the cloud view asks about it
+    run_account_tasks()
 
     instance.refresh_from_db()
     assert instance.cloud_state in {"pending", "running"} and instance.cloud_checked_at is not None
     from backend.clouds.services.accounts import compute_of
 
     compute_of(fake).terminate(handle_of(instance))  # gone behind our back
-    monkeypatch.delattr(clouds._cloud_view, "last", raising=False)
+    monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
     Instance.objects.filter(pk=instance.pk).update(cloud_checked_at=None)
 
     clouds.clouds_reconcile()
+    run_account_tasks()
 
     instance.refresh_from_db()
     assert instance.cloud_state in {"terminated", "not_found"}
@@ -68,7 +71,6 @@ def test_a_machine_the_cloud_reports_terminated_is_fenced_its_socket_closed_its_
     from backend.clouds.services.instances import instance_runner_token
     from backend.config.asgi import application
     from backend.runs.models import Attempt, AttemptStatus, Job
-    from backend.runs.services.reconcile import reconcile
     from tests.support.attempts import accept
 
     run = submit(team, owner.user, workflow="train", text=WORKFLOWS)
@@ -84,8 +86,8 @@ def test_a_machine_the_cloud_reports_terminated_is_fenced_its_socket_closed_its_
 
     def gone_behind_our_back() -> None:
         compute_of(fake).terminate(handle_of(instance))
-        monkeypatch.delattr(clouds._cloud_view, "last", raising=False)
-        reconcile()  # the clouds' pass, then the work's (what beat runs)
+        monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
+        reconcile_with_account_tasks()  # the clouds' pass, its account tasks, then the work's (what beat runs)
 
     def connect() -> WebsocketCommunicator:
         return WebsocketCommunicator(

@@ -14,6 +14,7 @@ from backend.clouds.models import CloudAccount
 from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.facts import accounts_refresh_facts
 from backend.vault.crypto import encrypt
+from tests.support.accounttasks import run_account_tasks
 from tests.support.moto import MotoServer
 
 
@@ -73,6 +74,7 @@ def test_refused_credentials_while_watching_machines_mark_the_account_broken(
 
     with aws.iam_auth():
         clouds_reconcile()
+        run_account_tasks()
 
     account.refresh_from_db()
     assert account.status == "broken"

@@ -308,7 +308,7 @@ def test_a_script_key_the_fake_does_not_know_is_refused(fake: FakeSubject) -> No
         fake.build().describe([Handle(key="ty-x")])
 
     assert raised.value.message.endswith(
-        "must be an object with keys among ['interrupt', 'launch_delay', 'launch_error', 'no_capacity',"
+        "must be an object with keys among ['describe_delay', 'interrupt', 'launch_delay', 'launch_error', 'no_capacity',"
         " 'no_capacity_first', 'terminate_delay', 'vanish']"
     )
     write_script(fake.script, {})

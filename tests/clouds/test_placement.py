@@ -28,6 +28,7 @@ from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.offers import choose
 from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import _end_attempts_on_ended_instances, _stop_past_max_duration
+from tests.support.accounttasks import run_account_tasks
 from tests.support.attempts import accept, report
 from tests.support.fixtures import Person, submit
 
@@ -389,6 +390,8 @@ def test_after_an_interruption_the_next_attempt_skips_that_zone_for_3_minutes(
     Instance.objects.filter(pk=first.pk).update(status=InstanceStatus.UNREACHABLE, unreachable_since=timezone.now())
 
     clouds_reconcile()
+
+    run_account_tasks()
     _end_attempts_on_ended_instances()
     second = _schedule(passes=1)
 
@@ -445,6 +448,8 @@ def test_idle_duration_keeps_the_machine_that_long_then_retires_it(
 
     clouds_reconcile()
 
+    run_account_tasks()
+
     instance.refresh_from_db()
     if retired:
         assert (instance.status, instance.termination_reason) == (
@@ -467,6 +472,7 @@ def test_idle_duration_off_never_retires_the_machine(fake_account: Any, team: Wo
         idle_since=timezone.now() - timedelta(days=3), last_heartbeat_at=timezone.now()
     )
     clouds_reconcile()
+    run_account_tasks()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.IDLE
 
 

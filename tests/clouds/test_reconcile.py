@@ -19,8 +19,8 @@ from backend.clouds.services.instances import Facts, instance_connected, instanc
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus
 from backend.runs.scheduler.passes import jobs_schedule
-from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runs import run_stop
+from tests.support.accounttasks import reconcile_with_account_tasks
 from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 
@@ -73,7 +73,7 @@ def test_an_expired_lease_ends_the_attempt_and_requeues_without_counting(
     job, instance = _running(team, owner, accepted=False)
     Attempt.objects.filter(job=job).update(lease_expires_at=_ago(1))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     job.refresh_from_db()
     attempt = Attempt.objects.get(job=job)
@@ -90,7 +90,7 @@ def test_an_unconfirmed_stop_ends_stopped_after_the_grace(
     run_stop(run=job.run, user=owner.user)
     Job.objects.filter(pk=job.pk).update(stop_requested_at=_ago(settings.TRAINYARD["STOP_GRACE_SECONDS"] + 1))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     job.refresh_from_db()
     attempt = Attempt.objects.get(job=job)
@@ -106,8 +106,8 @@ def test_a_silent_runner_whose_machine_is_gone_is_lost_and_its_job_retried(
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(6))
     script.write_text(json.dumps({"vanish": [instance.idempotency_key]}))
 
-    reconcile()  # silent → unreachable; describe: not_found → lost
-    reconcile()  # the attempt on the lost machine ends
+    reconcile_with_account_tasks()  # silent → unreachable; describe: not_found → lost
+    reconcile_with_account_tasks()  # the attempt on the lost machine ends
 
     instance.refresh_from_db()
     job.refresh_from_db()
@@ -130,7 +130,7 @@ def test_an_unreachable_runner_whose_machine_is_there_keeps_its_job_for_the_grac
     job, instance = _running(team, owner)
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(6))
 
-    reconcile()
+    reconcile_with_account_tasks()
     instance.refresh_from_db()
     job.refresh_from_db()
     assert (instance.status, job.status) == (InstanceStatus.UNREACHABLE, JobStatus.RUNNING)
@@ -138,8 +138,8 @@ def test_an_unreachable_runner_whose_machine_is_there_keeps_its_job_for_the_grac
     grace = compute_of(fake).timings.unreachable_grace  # no TRAINYARD_UNREACHABLE_GRACE_SECONDS: the backend's
     Instance.objects.filter(pk=instance.pk).update(unreachable_since=_ago(grace + 1))
     _pulse()
-    reconcile()
-    reconcile()
+    reconcile_with_account_tasks()
+    reconcile_with_account_tasks()
 
     instance.refresh_from_db()
     attempt = Attempt.objects.get(job=job)
@@ -156,11 +156,11 @@ def test_silence_while_no_web_process_could_hear_does_not_count(
     WebPulse.objects.create(process="web:1", at=_ago(60))  # frozen for a minute
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(60))
 
-    reconcile()
+    reconcile_with_account_tasks()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.BUSY
 
     WebPulse.objects.update(at=timezone.now())  # the web process is back: silence counts from now
-    reconcile()
+    reconcile_with_account_tasks()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.BUSY
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
 
@@ -171,7 +171,7 @@ def test_a_gap_in_the_reconcilers_passes_restarts_the_count(fake: CloudAccount, 
     ControlPlane.objects.create(reconciled_at=_ago(45), hearing_since=_ago(3600))  # beat or the database was down
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(45))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.BUSY
     assert ControlPlane.objects.get().hearing_since > _ago(5)
@@ -187,7 +187,7 @@ def test_an_idle_machine_is_retired_after_its_idle_time(
     idle = compute_of(fake).timings.idle_default  # a fake machine: the backend's idle time
     Instance.objects.filter(pk=instance.pk).update(idle_since=_ago(idle + 1), last_heartbeat_at=timezone.now())
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == (InstanceStatus.TERMINATING, InstanceReason.IDLE_RETIRED)
@@ -202,7 +202,7 @@ def test_a_launch_nobody_performed_is_given_up_with_a_reason(
     jobs_schedule()
     Instance.objects.update(created_at=_ago(3600))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     instance = Instance.objects.get()
     assert (instance.status, instance.termination_reason) == (InstanceStatus.TERMINATED, InstanceReason.LAUNCH_FAILED)
@@ -219,7 +219,7 @@ def test_a_machine_whose_runner_never_connects_is_terminated_after_the_timeout(
     timeout = compute_of(fake).timings.provision_timeout
     Instance.objects.filter(pk=instance.pk).update(launched_at=_ago(timeout + 1))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == (
@@ -237,7 +237,7 @@ def test_an_unreachable_runner_heard_again_on_the_connection_it_kept_is_not_fenc
     (tests/e2e/test_log_faults.py found it: the machine was fenced 120 s later)."""
     job, instance = _running(team, owner)
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=_ago(6))
-    reconcile()
+    reconcile_with_account_tasks()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.UNREACHABLE
 
     instance_heartbeat(instance_id=str(instance.pk), busy=True)
@@ -246,6 +246,6 @@ def test_an_unreachable_runner_heard_again_on_the_connection_it_kept_is_not_fenc
     assert (instance.status, instance.unreachable_since) == (InstanceStatus.BUSY, None)
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=timezone.now())
     _pulse()
-    reconcile()
+    reconcile_with_account_tasks()
     assert Instance.objects.get(pk=instance.pk).status == InstanceStatus.BUSY
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING

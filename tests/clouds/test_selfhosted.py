@@ -37,8 +37,8 @@ from backend.clouds.services.instances import (
 from backend.config.asgi import application
 from backend.runs.models import Attempt, AttemptStatus, JobStatus
 from backend.runs.scheduler.passes import jobs_schedule
-from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runners import runner_connect
+from tests.support.accounttasks import reconcile_with_account_tasks
 from tests.support.attempts import accept
 from tests.support.fixtures import Person, submit
 from tests.support.queue import enqueued
@@ -172,7 +172,7 @@ def test_the_reconciler_never_launches_times_out_or_retires_a_registered_machine
     instance_connected(instance_id=str(idle.pk), channel_name="c", facts=BIG_FACTS, busy=False)
     Instance.objects.filter(pk=idle.pk).update(idle_since=timezone.now() - timedelta(days=2))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     assert Instance.objects.get(pk=waiting.pk).status == InstanceStatus.PROVISIONING
     assert Instance.objects.get(pk=idle.pk).status == InstanceStatus.IDLE
@@ -190,10 +190,10 @@ def test_a_silent_machine_is_fenced_after_the_grace_and_a_later_hello_brings_the
     job = run.jobs.get()
     assert accept(job, instance.pk)
     Instance.objects.filter(pk=instance.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=60))
-    reconcile()  # silent → unreachable
+    reconcile_with_account_tasks()  # silent → unreachable
     Instance.objects.filter(pk=instance.pk).update(unreachable_since=timezone.now() - timedelta(seconds=60))
     with django_capture_on_commit_callbacks() as callbacks:
-        reconcile()  # unreachable past the grace → lost (fenced), not terminated
+        reconcile_with_account_tasks()  # unreachable past the grace → lost (fenced), not terminated
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == (InstanceStatus.LOST, InstanceReason.UNREACHABLE_GRACE)
     assert "backend.clouds.tasks.instance_terminate" not in enqueued(callbacks)  # no terminate task

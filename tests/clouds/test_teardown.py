@@ -23,8 +23,8 @@ from backend.clouds.services.accounts import account_config, compute_of
 from backend.clouds.services.instances import handle_of, instance_request_termination
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.runs.scheduler.passes import jobs_schedule
-from backend.runs.services.reconcile import reconcile
 from backend.runs.services.runs import run_stop
+from tests.support.accounttasks import reconcile_with_account_tasks
 from tests.support.fixtures import Person, submit
 
 GIB = 2**30
@@ -46,7 +46,7 @@ def test_stopping_a_run_while_its_machine_starts_terminates_the_machine(
     instance_launch_run(instance_id=str(instance.pk))
 
     run_stop(run=run, user=owner.user)
-    reconcile()
+    reconcile_with_account_tasks()
 
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == (
@@ -102,13 +102,13 @@ def test_a_termination_the_cloud_does_not_confirm_is_retried_and_after_15_minute
     instance = Instance.objects.get()
     instance_launch_run(instance_id=str(instance.pk))
     run_stop(run=run, user=owner.user)
-    reconcile()
+    reconcile_with_account_tasks()
     assert instance_terminate_run(instance_id=str(instance.pk)) is not None, "not yet: asked again later"
 
     long_ago = timezone.now() - timedelta(minutes=16)
     InstanceEvent.objects.filter(instance=instance, to_status=InstanceStatus.TERMINATING).update(created_at=long_ago)
     Instance.objects.filter(pk=instance.pk).update(terminate_requested_at=long_ago)
-    reconcile()
+    reconcile_with_account_tasks()
 
     instance.refresh_from_db()
     assert instance.status == InstanceStatus.TERMINATING
@@ -147,7 +147,7 @@ def test_the_leak_sweep_terminates_an_old_machine_of_ours_with_no_row_and_leaves
             assert aged is not None
             old.save(dataclasses.replace(aged, launched_at=time.time() - 601))
 
-    reconcile()
+    reconcile_with_account_tasks()
 
     alive = {h.key for h in compute.list_managed()}
     assert alive == {"ty-orphan-young"}, "the old orphan is terminated, the young one left for now"

@@ -142,10 +142,16 @@ class FakeCompute(Compute):
         return _handle(machine)
 
     def describe(self, handles: Sequence[Handle]) -> Mapping[str, CloudState]:
+        self._slow()
         now = time.time()
         with self.state.locked():
             self._sync(self._script(), now)
             return {handle.key: self._state(self.state.machine(handle.key), now) for handle in handles}
+
+    def _slow(self) -> None:
+        delay = self._script().describe_delay
+        if delay:
+            time.sleep(delay)  # outside the lock: other calls go on meanwhile
 
     def terminate(self, handle: Handle) -> None:
         """NotYetTerminated for ``terminate_delay`` seconds after the first
@@ -163,6 +169,7 @@ class FakeCompute(Compute):
     def list_managed(self) -> Sequence[Handle]:
         """Live machines of this installation and this account (two fake
         accounts on one state dir are two clouds' accounts)."""
+        self._slow()
         now = time.time()
         with self.state.locked():
             self._sync(self._script(), now)

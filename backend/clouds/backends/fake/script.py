@@ -11,7 +11,8 @@ Keys, all optional::
       "terminate_delay": 5,
       "interrupt": {"ty-…-1": 1767225600, "*": 1767225600},
       "vanish": ["ty-…-1", "fake-3f2a9c1e"],
-      "launch_delay": 10
+      "launch_delay": 10,
+      "describe_delay": 30
     }
 
 ``no_capacity``: offer ids or instance types whose launch raises NoCapacity.
@@ -27,6 +28,8 @@ machine launched by then) is INTERRUPTED and its runner SIGKILLed.
 NOT_FOUND, runner SIGKILLed. ``launch_delay``: a new machine's launch
 returns this many seconds after the machine (and its runner) started, as a
 slow cloud API would: a window in which to kill the caller.
+``describe_delay``: every ``describe`` and ``list_managed`` takes this many
+seconds, as a slow or hanging cloud API would.
 """
 
 from __future__ import annotations
@@ -55,7 +58,16 @@ LAUNCH_ERRORS: Mapping[str, type[ComputeError]] = {
     "transient": Transient,
 }
 KEYS = frozenset(
-    {"no_capacity", "no_capacity_first", "launch_error", "terminate_delay", "interrupt", "vanish", "launch_delay"}
+    {
+        "no_capacity",
+        "no_capacity_first",
+        "launch_error",
+        "terminate_delay",
+        "interrupt",
+        "vanish",
+        "launch_delay",
+        "describe_delay",
+    }
 )
 
 
@@ -69,6 +81,7 @@ class Script:
     interrupt: Mapping[str, float] = field(default_factory=dict)
     vanish: frozenset[str] = frozenset()
     launch_delay: float = 0.0
+    describe_delay: float = 0.0
 
 
 def load_script(path: Path | None) -> Script:
@@ -108,6 +121,7 @@ def _parse(raw: Mapping[str, object]) -> Script:
         interrupt={str(name): _number(at, f"interrupt[{name!r}]") for name, at in interrupt.items()},
         vanish=_names(raw.get("vanish", []), "vanish"),
         launch_delay=_number(raw.get("launch_delay", 0), "launch_delay"),
+        describe_delay=_number(raw.get("describe_delay", 0), "describe_delay"),
     )
 
 
