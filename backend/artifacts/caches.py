@@ -6,9 +6,13 @@ A saving is an ``Artifact`` of kind cache with ``cache_key``
 a checkpoint version (``cache_begin``, then the artifact endpoints): a file
 unchanged since the key's latest saving (same path, size, sha256, storage)
 is not uploaded again, its row points at the object that holds it. On
-complete (``cache_complete``) every file is verified; the key's older
-savings are then deleted with the objects no kept row points at. The next
-job of the workflow in the workspace gets the latest in its ``AssignJob``.
+complete (``cache_complete``) every file is verified and the saving becomes
+the key's latest: the next job of the workflow in the workspace gets it in
+its ``AssignJob``. A replaced saving stays until every restore URL that
+names it has expired (``DOWNLOAD_URL_SECONDS`` after it was replaced, the
+last moment one was signed for it), so a job restoring it meanwhile does
+not fail halfway; then the storage gc (``caches_replaced_delete``) deletes
+it with the objects no other saving of the key points at.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from trainyard_runner import protocol
 
 from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun, file_rows
@@ -144,27 +150,49 @@ def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Be
 
 
 def cache_complete(*, saving: Artifact) -> Artifact:
-    """Verify every file; the saving is then the key's latest, and the older
-    savings go (with the objects no kept row points at)."""
+    """Verify every file; the saving is then the key's latest. The savings it
+    replaces are deleted later (``caches_replaced_delete``)."""
     if saving.status != ArtifactStatus.COMPLETE:
         saving = artifact_complete(artifact=saving)
-    older = list(
-        Artifact.stored.filter(workspace_id=saving.workspace_id, kind=ArtifactKind.CACHE, cache_key=saving.cache_key)
-        .exclude(pk=saving.pk)
-        .filter(created_at__lt=saving.created_at)
-        .prefetch_related("files")
-    )
-    if older:
-        in_use = {artifact_file_key(saving, f) for f in saving.files.all()}
-        Artifact.stored.filter(base__in=older).update(base=None)
-        Artifact.stored.filter(pk__in=[a.pk for a in older]).delete()
-        gone: set[str] = set()
-        for old in older:
-            keys = [k for f in old.files.all() if (k := artifact_file_key(old, f)) not in in_use and k not in gone]
-            gone.update(keys)
-            try:
-                storage_of(old).delete(keys)
-            except Exception:  # the rows are gone; an object left behind only costs storage
-                log.exception("cache %r: deleting the objects of an older saving failed", saving.path)
     log.info("job %s: cache %s saved (%d files)", saving.job_id, saving.path, saving.files.count())
     return saving
+
+
+def caches_replaced_delete(*, now: datetime, limit: int = 500) -> int:
+    """Delete the cache savings a newer complete saving of their key replaced
+    more than ``DOWNLOAD_URL_SECONDS`` ago (every URL signed for them has
+    expired), with their objects that no remaining saving of the key points
+    at (a later saving carries unchanged files by pointing at them). Returns
+    how many savings went."""
+    cutoff = now - timedelta(seconds=DOWNLOAD_URL_SECONDS)
+    replaced_before_cutoff = Artifact.stored.filter(
+        workspace_id=OuterRef("workspace_id"),
+        kind=ArtifactKind.CACHE,
+        cache_key=OuterRef("cache_key"),
+        status=ArtifactStatus.COMPLETE,
+        completed_at__gt=OuterRef("completed_at"),
+        completed_at__lt=cutoff,
+    )
+    old = list(
+        Artifact.stored.filter(kind=ArtifactKind.CACHE, status=ArtifactStatus.COMPLETE)
+        .filter(Exists(replaced_before_cutoff))
+        .prefetch_related("files")[:limit]
+    )
+    for saving in old:
+        _saving_delete(saving)
+    return len(old)
+
+
+def _saving_delete(saving: Artifact) -> None:
+    with transaction.atomic():
+        siblings = Artifact.stored.filter(
+            workspace_id=saving.workspace_id, kind=ArtifactKind.CACHE, cache_key=saving.cache_key
+        ).exclude(pk=saving.pk)
+        Artifact.stored.filter(base=saving).update(base=None)
+        in_use = {artifact_file_key(a, f) for a in siblings.prefetch_related("files") for f in a.files.all()}
+        Artifact.stored.filter(pk=saving.pk).delete()
+    keys = [k for f in saving.files.all() if (k := artifact_file_key(saving, f)) not in in_use]
+    try:
+        storage_of(saving).delete(keys)
+    except Exception:  # the row is gone; an object left behind only costs storage (the gc finds local ones)
+        log.exception("cache %r: deleting the objects of a replaced saving failed", saving.path)

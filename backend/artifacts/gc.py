@@ -9,8 +9,10 @@ What goes, and only once it is older than TRAINYARD_GC_GRACE_SECONDS:
 2. Unfinished uploads (an artifact, checkpoint version or cache saving still
    ``uploading``) of a job that has finished: its attempt can never complete
    them. Their own objects go with them, never one another row points at.
-   A complete artifact, checkpoint version or cache saving is never deleted
-   here, so a trained model is never lost because an upload hiccupped.
+   A complete artifact or checkpoint version is never deleted here, so a
+   trained model is never lost because an upload hiccupped.
+2b. Cache savings replaced by a newer one once every restore URL that names
+   them has expired (``caches.caches_replaced_delete``; no grace beyond that).
 3. Local storage only: temporary files of PUTs and blob uploads that never
    finished (``.upload-*``), and files under ``workspaces/`` that no row
    points at (the rows went, deleting their objects failed). The files are
@@ -35,6 +37,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from backend.artifacts.caches import caches_replaced_delete
 from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactStatus, Blob
 from backend.artifacts.services import artifact_file_key, artifacts_discard
@@ -60,6 +63,7 @@ def storage_gc(*, grace_seconds: float) -> GcReport:
     cutoff = timezone.now() - timedelta(seconds=grace_seconds)
     blobs = _unreferenced_blobs(cutoff)
     uploads = _abandoned_uploads(cutoff)
+    caches_replaced_delete(now=timezone.now())
     local = get_storage()
     temp, orphans = _local_files(local, time.time() - grace_seconds)
     report = GcReport(blobs=blobs, uploads=uploads, temp_files=temp, orphan_files=orphans)

@@ -2,17 +2,21 @@
 real Postgres: a saving goes up like a checkpoint version (unchanged files
 carried, not uploaded), becomes what the next job of the workflow in the
 workspace restores, and replaces the older savings with their objects, but
-not the objects the new one still points at."""
+not the objects the new one still points at, and only once the restore URLs
+that name them have expired."""
 
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
-from backend.artifacts.caches import cache_begin, cache_complete, cache_latest, cache_specs
+from backend.artifacts.caches import cache_begin, cache_complete, cache_latest, cache_specs, caches_replaced_delete
+from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS
 from backend.artifacts.models import Artifact, ArtifactKind
 from backend.artifacts.services import FileIn, artifact_file_key
 from backend.artifacts.storage import get_storage
@@ -45,15 +49,35 @@ def test_a_saving_carries_unchanged_files_and_replaces_the_older_one(job: Job) -
     assert sorted(uploaded) == ["b.bin", "c.bin"], "a.bin is carried"
 
     assert cache_latest(job=job, path="./models") == second
+    [models, pip] = cache_specs(job=job)
+    assert (models.path, sorted(f.path for f in models.files)) == ("./models", ["a.bin", "b.bin", "c.bin"])
+    assert (pip.path, pip.files) == ("~/.cache/pip", [])
+
+    assert caches_replaced_delete(now=timezone.now() + timedelta(seconds=DOWNLOAD_URL_SECONDS + 1)) == 1
     assert list(Artifact.stored.filter(kind=ArtifactKind.CACHE)) == [second], "the older saving is gone"
     storage = get_storage()
     for f in second.files.all():
         assert storage.size(artifact_file_key(second, f)) == f.size, f"{f.path} is still stored"
     assert storage.size(f"{first.storage_prefix}/b.bin") is None, "the old b.bin went with the older saving"
 
-    [models, pip] = cache_specs(job=job)
-    assert (models.path, sorted(f.path for f in models.files)) == ("./models", ["a.bin", "b.bin", "c.bin"])
-    assert (pip.path, pip.files) == ("~/.cache/pip", [])
+
+def test_a_replaced_saving_stays_while_a_restore_url_may_name_it(job: Job) -> None:
+    first, _ = _save(job, {"a.bin": b"aaa", "b.bin": b"bbb"})
+    [restoring, _pip] = cache_specs(job=job)  # a job starts restoring the first saving
+    second, _ = _save(job, {"b.bin": b"BBB"})
+    storage = get_storage()
+
+    assert caches_replaced_delete(now=timezone.now()) == 0
+    assert caches_replaced_delete(now=timezone.now() + timedelta(seconds=DOWNLOAD_URL_SECONDS - 5)) == 0
+    assert set(Artifact.stored.filter(kind=ArtifactKind.CACHE)) == {first, second}
+    for f in first.files.all():  # every object the restoring job's URLs name is still there
+        assert storage.size(artifact_file_key(first, f)) == f.size
+    assert {f.path for f in restoring.files} == {"a.bin", "b.bin"}
+
+    assert caches_replaced_delete(now=timezone.now() + timedelta(seconds=DOWNLOAD_URL_SECONDS + 5)) == 1
+    assert storage.size(f"{first.storage_prefix}/a.bin") is None
+    assert storage.size(f"{first.storage_prefix}/b.bin") is None
+    assert cache_latest(job=job, path="./models") == second
 
 
 def test_only_a_cache_path_of_the_job_can_be_saved(job: Job) -> None:
