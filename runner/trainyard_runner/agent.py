@@ -41,6 +41,7 @@ from .ports import free_ports, port_env
 from .process import ShimStandby
 from .reattach import find_resumable, lock_work_dir
 from .resources import detect_resources
+from .serverwatch import ServerWatch
 from .spot import Notice, SpotWatcher
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class Agent:
         self._stopping = False  # Shutdown or SIGTERM: take no new jobs, then exit 0
         self._exit_code: int | None = None
         self._last_ack_at = time.monotonic()
+        self._server = ServerWatch()  # when the server was last heard; stops jobs cut off past its grace
         self._gpus: list[p.Gpu] | None = None
         self._lock: IO[bytes] | None = None  # flock'd for as long as this process runs
         # Set before run() with --cloud aws: calls on_notice / on_rebalance.
@@ -153,6 +155,7 @@ class Agent:
             )
         if self.spot is not None:
             self._keep(self.spot.run())
+        self._keep(self._watch_server())
         await self._standby.fill()
         delay, last_contact = BACKOFF_MIN, time.monotonic()
         while self._exit_code is None:
@@ -348,6 +351,7 @@ class Agent:
         )
 
     def _apply_welcome(self, welcome: p.Welcome) -> None:
+        self._server.welcomed(welcome)
         for job in self._jobs.values():
             job.stream.rewind(welcome.acked.get(job.id, job.stream.acked))
         for job_id in welcome.confirmed:
@@ -363,6 +367,7 @@ class Agent:
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for raw in ws:
+            self._server.heard()
             try:
                 msg = p.server_message.validate_json(raw)
             except ValidationError as e:
@@ -451,6 +456,19 @@ class Agent:
         while True:
             await asyncio.sleep(every)
             await ws.send(p.Heartbeat(state="busy" if self._busy() else "idle").model_dump_json())
+            self._keep(self._pong(ws, every))
+
+    async def _pong(self, ws: ClientConnection, within: float) -> None:
+        """A pong is the server heard, also while it has nothing to send."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(await ws.ping(), within)
+            self._server.heard()
+
+    async def _watch_server(self) -> None:
+        """Every second: stop the jobs cut off from the server past its grace (``serverwatch``)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._server.stop_cut_off(list(self._jobs.values()))
 
     async def _pump(self, ws: ClientConnection) -> None:
         """Send due log batches of every job; wake on new lines or acks, or

@@ -512,6 +512,9 @@ class AssignJob(_Message):
     # The job has secrets or a clone credential: the runner GETs ``JobSecrets``
     # before preparing (a refusal, e.g. a secret no key opens, fails the job).
     secrets: bool = False
+    # ``on_server_lost: keep-running``: the runner keeps the job running when
+    # it has lost the server for longer than the unreachable grace.
+    keep_running_server_lost: bool = False
 
 
 class JobConfirmed(_Message):
@@ -565,6 +568,10 @@ class Welcome(_Message):
     # bootstrap token: its own token from now on (the runner saves it and
     # uses it for every later connection and REST call).
     token: str = Field(default="", repr=False)
+    # After this long without the server, the server fences this runner and
+    # runs its jobs again elsewhere: the runner stops them first (but those
+    # of workflows with ``on_server_lost: keep-running``). None: never.
+    unreachable_grace_seconds: float | None = Field(default=None, gt=0)
 
 
 class Shutdown(_Message):

@@ -350,6 +350,7 @@ def _plan_workflow(
             env={**job.env, **overrides},
             checkpoint=checkpoint,
             on_interruption=policy,
+            on_server_lost=wf.on_server_lost,
             secrets=dict(secrets),
         )
         for job in ordered

@@ -76,6 +76,10 @@ class JobPlan:
     # checkpoints and the workers get the new master's address; "job" retries
     # this job alone. The planner sets it from ``Provider.on_interruption``.
     on_interruption: str = "restart_group"
+    # The workflow's ``on_server_lost``: "stop" (the runner stops the job when
+    # it has lost the server for longer than the unreachable grace, so the
+    # server's retry elsewhere is the only copy) or "keep-running".
+    on_server_lost: str = "stop"
     # ``deps: - workflow: owner/repo/name``: the artifacts of the latest
     # successful run of that workflow of another repo of the workspace (the
     # server resolves it at submission).

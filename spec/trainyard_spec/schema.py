@@ -457,6 +457,10 @@ class Workflow(_Model):
     idle_duration: _Duration | None = None
     max_duration: _Positive | None = None
     retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
+    # A self-hosted or cloud runner that has lost the server for longer than
+    # the unreachable grace stops the job ("stop"), so the server's retry
+    # elsewhere is its only copy; "keep-running" lets it run on (docs/WORKFLOWS.md).
+    on_server_lost: Literal["stop", "keep-running"] = "stop"
 
     def placement(self) -> dict[str, object]:
         """Where and how long its jobs may run, as the server stores it on

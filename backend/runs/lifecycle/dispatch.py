@@ -136,6 +136,7 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         # Secrets, the submitter's private values or a clone credential: fetched over REST.
         secrets=bool(spec.get("secrets") or spec.get("private_env"))
         or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
+        keep_running_server_lost=spec.get("on_server_lost") == "keep-running",
     )
 
 

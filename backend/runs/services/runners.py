@@ -11,6 +11,7 @@ from django.db.models import Q
 from trainyard_runner import protocol
 
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
+from backend.clouds.services.accountpass import unreachable_grace
 from backend.clouds.services.identity import instance_identity_problem
 from backend.clouds.services.instances import Facts, LiveElsewhere, instance_connected, instance_refusal_for
 from backend.core.security import security_event
@@ -129,6 +130,9 @@ def _reconcile_held(
         cancel=cancel,
         refused=refused,
         confirmed=confirmed,
+        # A self-hosted machine is never terminated by the server: its runner
+        # stops its own jobs once cut off past the grace (runner/serverwatch.py).
+        unreachable_grace_seconds=unreachable_grace(instance) if instance.backend == BackendKind.SELF_HOSTED else None,
     )
     return welcome, ended
 

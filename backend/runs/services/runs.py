@@ -387,6 +387,7 @@ def job_spec(
         # Only when set: a job without one keeps its cache key.
         **({"checkpoint": plan.checkpoint} if plan.checkpoint else {}),
         **({"on_interruption": plan.on_interruption} if plan.on_interruption != "restart_group" else {}),
+        **({"on_server_lost": plan.on_server_lost} if plan.on_server_lost != "stop" else {}),
         **({"port_count": plan.port_count} if plan.port_count else {}),
         **({"mounts": list(plan.mounts)} if plan.mounts else {}),
         **({"cache": list(plan.cache)} if plan.cache else {}),
