@@ -93,10 +93,11 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
 
 
 # A warm start's submission: its transaction (run, job, claim, attempt, the
-# run's refresh) and, once it commits, the assignment frame and the run's
-# publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
+# run's refresh), the workspace's secret names (a secret the workflow names
+# must exist), the database's clock (the attempt's lease) and, once it
+# commits, the assignment frame and the run's publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
 # a 2-core machine (bench/results/2026-12-03-warm-start-traced-and-ingest.md).
-WARM_SUBMISSION_QUERIES = 32
+WARM_SUBMISSION_QUERIES = 34
 
 
 def test_a_warm_submission_makes_a_bounded_number_of_queries(
