@@ -245,6 +245,9 @@ class Attempt(WorkspaceOwnedModel):
     )
     status = models.CharField(max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.ASSIGNED)
     lease = models.CharField(max_length=64, blank=True)
+    # sha256 of the attempt's job token (``lifecycle.jobtoken``): the runner's
+    # calls for the job carry it; "" for an attempt that never ran.
+    job_token_hash = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     termination_reason = models.CharField(max_length=32, blank=True)  # runs.reasons.TerminationReason
     termination_message = models.CharField(max_length=1000, blank=True)

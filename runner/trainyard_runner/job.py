@@ -113,6 +113,8 @@ class Job:
         standby: ShimStandby | None = None,
     ) -> None:
         self.spec = spec
+        # The job's calls carry the attempt's own token beside the runner's (AssignJob.job_token).
+        token = f"{token}.{spec.job_token}" if spec.job_token else token
         self._standby = standby  # the runner's shim started ahead, if any
         self.id = spec.job
         self._work_root = work_dir

@@ -515,6 +515,12 @@ class AssignJob(_Message):
     # ``on_server_lost: keep-running``: the runner keeps the job running when
     # it has lost the server for longer than the unreachable grace.
     keep_running_server_lost: bool = False
+    # This attempt's own credential: every call the runner makes for the job
+    # (secrets, inputs, URLs, artifacts, checkpoints, caches, environments)
+    # sends ``<runner token>.<job_token>``; the server refuses the runner's
+    # token alone for an attempt that has one, and the pair once the attempt
+    # has ended. "": a server that mints none.
+    job_token: str = ""
 
 
 class JobConfirmed(_Message):

@@ -36,7 +36,7 @@ from backend.runs.models import Attempt, JobStatus, LogChunk
 from backend.runs.scheduler.claim import claim_instance
 from backend.runs.scheduler.passes import jobs_schedule
 from tests.clouds.test_placement import _hello, _running, _schedule, offer, workflow
-from tests.support.attempts import assign_frame, current_attempt, report
+from tests.support.attempts import assign_frame, current_attempt, job_credential, report
 from tests.support.fixtures import Person, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,7 +191,7 @@ def _interrupted_with_a_checkpoint(fake_account: Any, team: Workspace, owner: Pe
     assert first is not None
     Instance.objects.filter(pk=first.pk).update(token_hash=hash_token("old-secret"))
     job = _running(job, first)
-    assert _sync_as_runner(_runner_api("old-secret"), job, 1, b'{"step": 4}').status_code == 200
+    assert _sync_as_runner(_runner_api(job_credential("old-secret", job, 1)), job, 1, b'{"step": 4}').status_code == 200
     assert job_report_final(
         job_id=str(job.pk),
         instance_id=str(first.pk),
@@ -208,7 +208,7 @@ def test_the_sync_made_at_the_notice_is_taken_and_the_next_attempt_restores_it(
     fake_account: Any, script: Path, team: Workspace, owner: Person
 ) -> None:
     job, first = _interrupted_with_a_checkpoint(fake_account, team, owner)
-    old = _runner_api("old-secret")
+    old = _runner_api(job_credential("old-secret", job, 1))
 
     # The replacement is launched at once and comes up, but the job waits for the old runner's last sync.
     second = _schedule(passes=1)

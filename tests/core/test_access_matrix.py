@@ -41,6 +41,7 @@ from backend.runs.services.environments import environment_record
 from backend.runs.services.tags import tag_set
 from backend.vault.services import repo_credential_set, secret_set
 from tests.core.access_matrix import CALLERS, ROUTES, WEBSOCKETS, WS_OPEN, Call
+from tests.support.attempts import job_credential
 from tests.support.fixtures import WORKFLOWS, Person, submit
 from tests.support.web import WebServers
 
@@ -100,11 +101,16 @@ class World:
             return {"token": issued.token, "name": "another-box"}
         return body
 
-    def client(self, caller: str) -> APIClient:
+    def client(self, caller: str, url: str = "") -> APIClient:
+        """``caller``'s client; a runner calling for a job (``/api/v1/runner/jobs/…``)
+        sends the job's attempt token beside its own, as ``AssignJob.job_token`` gives it."""
         client = APIClient()
+        runner_token = self.runner.runner_token
+        if url.startswith("/api/v1/runner/jobs/"):
+            runner_token = job_credential(runner_token, self.job)
         token = {
             "anonymous": None,
-            "runner": self.runner.runner_token,
+            "runner": runner_token,
             "other_runner": self.other_runner.runner_token,
         }.get(caller, self.people[caller].token if caller in self.people else None)
         if token:
@@ -219,7 +225,7 @@ def test_each_caller_gets_the_expected_status_and_a_denial_changes_nothing(
         settings.TRAINYARD = {**settings.TRAINYARD, "RATE_LIMIT_PREFIX": f"matrix-{secrets.token_hex(4)}:ratelimit"}
         before = _fingerprint()
         with transaction.atomic():
-            status = _request(world.client(caller), method, url, world.body(call.body))
+            status = _request(world.client(caller, url), method, url, world.body(call.body))
             changed = _fingerprint() != before
             transaction.set_rollback(True)
         if status != call.expect[caller]:

@@ -24,6 +24,7 @@ from backend.runs.api.runner_auth import (
 )
 from backend.runs.models import Run
 from backend.runs.scheduler.passes import jobs_schedule
+from tests.support.attempts import job_credential
 from tests.support.runners import runner_instance
 
 RUNNER = "api/v1/runner/"
@@ -92,10 +93,17 @@ def test_each_refusal_of_a_runner_call_has_its_status_and_message(team: Workspac
         "an attempt no database integer holds": (TOKEN, "1" * 5000, 400, which),
         "another runner": (OTHER, "1", 404, "No such active job on this runner."),
         "an old attempt": (TOKEN, "0", 409, "Attempt 0 of this job is no longer current (attempt 1 is): stop it."),
+        "the runner's token without the attempt's job token": (
+            TOKEN,
+            "1",
+            401,
+            "This attempt's job token is missing or wrong: send Authorization: Bearer <runner token>.<job token>"
+            " (AssignJob.job_token).",
+        ),
     }
     answers = {why: call(token, attempt) for why, (token, attempt, _, _) in expected.items()}
 
     assert answers == {
         why: (status, {"message": message, "extra": {}}) for why, (_, _, status, message) in expected.items()
     }
-    assert call(TOKEN, "1")[0] == 200
+    assert call(job_credential(TOKEN, job), "1")[0] == 200

@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 from trainyard_runner import protocol
 
 from backend.runs.lifecycle import dispatch
+from backend.runs.lifecycle.jobtoken import job_token
 from backend.runs.lifecycle.transitions import job_accept, job_report_final
 from backend.runs.models import Attempt, Job
 
@@ -14,6 +15,16 @@ from backend.runs.models import Attempt, Job
 def current_attempt(job: Job) -> Attempt:
     job.refresh_from_db()
     return Attempt.objects.get(job=job, number=job.attempt)
+
+
+def job_credential(token: str, job: Job, attempt: int | None = None) -> str:
+    """What a runner holding ``token`` sends for ``job``'s attempt (its
+    current one unless given): the runner's token and the attempt's job
+    token, as ``AssignJob.job_token`` gives it (``lifecycle/jobtoken.py``)."""
+    job.refresh_from_db()
+    row = Attempt.objects.filter(job=job, number=job.attempt if attempt is None else attempt).first()
+    lease = row.lease if row is not None and row.job_token_hash else ""
+    return f"{token}.{job_token(lease=lease)}" if lease else token
 
 
 def accept(job: Job, instance_id: object, *, lease: str | None = None) -> bool:
@@ -44,7 +55,7 @@ def runner_get(job: Job, token: str, what: str = "secrets", *, attempt: int | No
     (``?attempt=``: the job's current one unless given)."""
     job.refresh_from_db()
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     number = job.attempt if attempt is None else attempt
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {job_credential(token, job)}")
     answer: Response = client.get(f"/api/v1/runner/jobs/{job.pk}/{what}/", {"attempt": number, **query})
     return answer

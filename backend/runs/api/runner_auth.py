@@ -13,6 +13,9 @@ endpoint refuses with the same statuses and messages (docs/API.md):
 - 400 ``Say which attempt: …``: no ``?attempt=N``;
 - 404 ``No such active job on this runner.``;
 - 409 ``Attempt N of this job is no longer current (attempt M is): stop it.``
+- 401 ``This attempt's job token is missing or wrong: …``: an attempt that
+  has a job token (``lifecycle/jobtoken.py``) is reached only with
+  ``Bearer <runner token>.<job token>``, never with the runner's token alone.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from backend.accounts.auth import token_from_header
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_for_token
 from backend.core.errors import ApplicationError, NotFound
+from backend.runs.lifecycle.jobtoken import job_token_matches
 from backend.runs.lifecycle.transitions import attempt_winding_down
-from backend.runs.models import ACTIVE_JOB, Job
+from backend.runs.models import ACTIVE_JOB, Attempt, Job
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class RunnerPrincipal:
     Not a Django user, so no user endpoint accepts it."""
 
     instance: Instance
+    job_token: str = ""  # the attempt's token the call carries after "." ("" for none)
     is_authenticated: ClassVar[bool] = True
     is_anonymous: ClassVar[bool] = False
 
@@ -59,10 +64,12 @@ class RunnerTokenAuthentication(BaseAuthentication):
 
     def authenticate(self, request: Request) -> tuple[RunnerPrincipal, Instance]:
         token = token_from_header(request.META.get("HTTP_AUTHORIZATION", ""))
-        instance = instance_for_token(token=token) if token else None
+        # A runner token has no "." (tyrun_ and URL-safe base64): what follows one is a job token.
+        runner_token, _, job_token = (token or "").partition(".")
+        instance = instance_for_token(token=runner_token) if runner_token else None
         if instance is None:
             raise exceptions.AuthenticationFailed("Unknown runner token.")
-        return RunnerPrincipal(instance), instance
+        return RunnerPrincipal(instance, job_token[:128]), instance
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
@@ -80,10 +87,12 @@ class RunnerTokenScheme(OpenApiAuthenticationExtension):
 
 @dataclass(frozen=True)
 class RunnerCall:
-    """Who calls and about which attempt: the runner's instance and the ``?attempt=N`` it names."""
+    """Who calls and about which attempt: the runner's instance, the
+    ``?attempt=N`` it names and the job token it carries."""
 
     instance: Instance
     attempt: int
+    job_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,9 @@ def runner_call(request: Request) -> RunnerCall:
     attempt = request.query_params.get("attempt", "")
     if not attempt.isdecimal() or len(attempt) > 9:  # an attempt's number is a database integer
         raise ApplicationError("Say which attempt: ?attempt=N (runner protocol 2).", status_code=400)
-    return RunnerCall(instance=instance, attempt=int(attempt))
+    principal = request.user
+    job_token = principal.job_token if isinstance(principal, RunnerPrincipal) else ""
+    return RunnerCall(instance=instance, attempt=int(attempt), job_token=job_token)
 
 
 def job_held(call: RunnerCall, *, job_id: str, winding_down_ok: bool) -> Held:
@@ -156,16 +167,29 @@ def job_held(call: RunnerCall, *, job_id: str, winding_down_ok: bool) -> Held:
     job is not active on the caller's instance, 409 when another attempt is."""
     instance_id = str(call.instance.pk)
     if winding_down_ok and attempt_winding_down(job_id=job_id, instance_id=instance_id, attempt=call.attempt):
+        _check_job_token(call, job_id)
         return Held(job=Job.objects.get(pk=job_id), attempt=call.attempt, winding_down=True)
     active = Job.objects.filter(pk=job_id, status__in=ACTIVE_JOB)
     job = active.held_by(instance_id=call.instance.pk, attempt=call.attempt).first()
     if job is not None:
+        _check_job_token(call, job_id)
         return Held(job=job, attempt=call.attempt, winding_down=False)
     current = active.filter(instance=call.instance).values_list("attempt", flat=True).first()
     if current is None:
         raise NotFound("No such active job on this runner.")
     raise ApplicationError(
         f"Attempt {call.attempt} of this job is no longer current (attempt {current} is): stop it.", status_code=409
+    )
+
+
+def _check_job_token(call: RunnerCall, job_id: str) -> None:
+    """An attempt with a job token is reached only with it (401 otherwise)."""
+    stored = Attempt.objects.filter(job_id=job_id, number=call.attempt).values_list("job_token_hash", flat=True).first()
+    if not stored or job_token_matches(stored_hash=stored, presented=call.job_token):
+        return
+    raise exceptions.AuthenticationFailed(
+        "This attempt's job token is missing or wrong: send Authorization: Bearer <runner token>.<job token>"
+        " (AssignJob.job_token)."
     )
 
 

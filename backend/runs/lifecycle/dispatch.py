@@ -28,6 +28,7 @@ from backend.clouds.models import Instance
 from backend.core.errors import NotFound
 from backend.runs.events import send_to_channel
 from backend.runs.lifecycle.dag import job_inputs
+from backend.runs.lifecycle.jobtoken import job_token
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.vault.services import repo_credential_exists
 
@@ -137,6 +138,8 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         secrets=bool(spec.get("secrets") or spec.get("private_env"))
         or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
         keep_running_server_lost=spec.get("on_server_lost") == "keep-running",
+        # Only for an attempt that stores its hash (one assigned before the job token has none).
+        job_token=job_token(lease=attempt.lease) if attempt.job_token_hash else "",
     )
 
 

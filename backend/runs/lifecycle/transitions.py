@@ -43,6 +43,7 @@ from backend.core.clock import db_now
 from backend.runs.events import publish_on_commit
 from backend.runs.lifecycle.cachewhy import decision_reused
 from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
+from backend.runs.lifecycle.jobtoken import job_token_hash
 from backend.runs.lifecycle.placement import Placement, waiting_since
 from backend.runs.lifecycle.redaction import REASON_READ_MAX, job_reason_clean
 from backend.runs.lifecycle.retry import Decision, RetryPolicy, retry_decide
@@ -73,12 +74,14 @@ def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any
     """pending → assigned: a new attempt on ``instance`` under a fresh lease.
     Its log lines continue the job's: they start after ``job.last_seq``."""
     number = job.attempt + 1
+    lease = uuid.uuid4().hex
     attempt = Attempt.objects.create(
         workspace_id=job.workspace_id,
         job=job,
         number=number,
         instance=instance,
-        lease=uuid.uuid4().hex,
+        lease=lease,
+        job_token_hash=job_token_hash(lease=lease),
         # The reconciler expires it by the same clock (backend.core.clock).
         lease_expires_at=db_now() + timedelta(seconds=settings.TRAINYARD["LEASE_SECONDS"]),
         first_seq=job.last_seq + 1,
