@@ -1,18 +1,22 @@
 """A workflow's ``cache:`` paths (dstack 0.x): restored before the commands,
-saved after them, per workspace and workflow (docs/STORAGE.md, "Caches").
+saved after them, per workspace, code scope (the run's repository:
+``Run.code_scope``) and workflow (docs/STORAGE.md, "Caches"): a member's run
+of one repository never writes what another repository's jobs restore.
 
 A saving is an ``Artifact`` of kind cache with ``cache_key``
-"<workflow>\\n<path>", belonging to the job that saved it. It goes up like
+"<code scope>\\n<workflow>\\n<path>", belonging to the job that saved it
+(its run names the member who submitted it). It goes up like
 a checkpoint version (``cache_begin``, then the artifact endpoints): a file
 unchanged since the key's latest saving (same path, size, sha256, storage)
 is not uploaded again, its row points at the object that holds it. On
 complete (``cache_complete``) every file is verified and the saving becomes
-the key's latest: the next job of the workflow in the workspace gets it in
-its ``AssignJob``. A replaced saving stays until every restore URL that
-names it has expired (``DOWNLOAD_URL_SECONDS`` after it was replaced, the
-last moment one was signed for it), so a job restoring it meanwhile does
-not fail halfway; then the storage gc (``caches_replaced_delete``) deletes
-it with the objects no other saving of the key points at.
+the key's latest: the next job of the workflow and code scope in the
+workspace gets it in its ``AssignJob``. A replaced saving stays until every
+restore URL that names it has expired (``DOWNLOAD_URL_SECONDS`` after it
+was replaced, the last moment one was signed for it), so a job restoring it
+meanwhile does not fail halfway; then the storage gc
+(``caches_replaced_delete``) deletes it with the objects no other saving of
+the key points at.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from trainyard_runner import protocol
 from backend.artifacts.checkpoints import DOWNLOAD_URL_SECONDS, Begun, file_rows
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus
-from backend.artifacts.quota import quota_check
+from backend.artifacts.quota import charged, quota_check
 from backend.artifacts.services import (
     UPLOAD_URL_SECONDS,
     FileIn,
@@ -47,11 +51,11 @@ log = logging.getLogger(__name__)
 
 
 def cache_key(job: Job, path: str) -> str:
-    return f"{job.workflow}\n{path}"
+    return f"{job.run.code_scope}\n{job.workflow}\n{path}"
 
 
 def cache_latest(*, job: Job, path: str) -> Artifact | None:
-    """The workspace's latest complete saving of ``path`` for the job's workflow."""
+    """The workspace's latest complete saving of ``path`` for the job's workflow and code scope."""
     return (
         Artifact.stored.filter(
             workspace_id=job.workspace_id,
@@ -120,7 +124,10 @@ def cache_begin(*, job: Job, attempt: int, path: str, files: list[FileIn]) -> Be
         artifacts_discard(
             Artifact.stored.filter(job=job, kind=ArtifactKind.CACHE, path=path, status=ArtifactStatus.UPLOADING)
         )
-        quota_check(workspace_id=job.workspace_id, requested=sum(f.size for f in files if f.path not in carried))
+        quota_check(
+            workspace_id=job.workspace_id,
+            requested=charged(f.size for f in files if f.path not in carried) if files else charged([0]),
+        )
         saving: Artifact = Artifact.stored.create(
             workspace_id=job.workspace_id,
             run_id=job.run_id,

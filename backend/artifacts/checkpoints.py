@@ -27,7 +27,7 @@ from trainyard_runner import protocol
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, CheckpointLatest
-from backend.artifacts.quota import quota_check
+from backend.artifacts.quota import charged, quota_check
 from backend.artifacts.services import (
     UPLOAD_URL_SECONDS,
     FileIn,
@@ -115,7 +115,7 @@ def _create_version(
         try:
             with transaction.atomic():
                 # Only the files not carried from the base version take room.
-                new_bytes = sum(f.size for f in files if f.path not in carried)
+                new_bytes = charged(f.size for f in files if f.path not in carried)
                 quota_check(workspace_id=job.workspace_id, requested=new_bytes)
                 version: Artifact = Artifact.stored.create(
                     workspace_id=job.workspace_id,

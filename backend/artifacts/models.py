@@ -72,7 +72,8 @@ class Artifact(StoredModel):
     number = models.PositiveIntegerField(default=0)
     base = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     completed_at = models.DateTimeField(null=True, blank=True)
-    # kind cache: "<workflow>\n<path>"; the workspace's latest complete one of a key is restored.
+    # kind cache: "<code scope>\n<workflow>\n<path>" (``Run.code_scope``: the run's repository);
+    # the workspace's latest complete one of a key is restored.
     cache_key = models.CharField(max_length=700, blank=True)
 
     class Meta:

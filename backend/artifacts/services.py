@@ -28,7 +28,7 @@ from django.utils import timezone
 from backend.accounts.models import User, Workspace
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob
-from backend.artifacts.quota import Usage, over_quota, quota_check, storage_usage
+from backend.artifacts.quota import Usage, charged, over_quota, quota_check, storage_usage
 from backend.artifacts.storage import Part, Storage, Target, delete_after_commit
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.models import Job
@@ -91,7 +91,7 @@ def blob_create(*, workspace: Workspace, user: User, chunks: Iterator[bytes], de
     size = storage.write(key, hashed())
     try:
         with transaction.atomic():
-            quota_check(workspace_id=workspace.pk, requested=size)  # another upload may have taken the room
+            quota_check(workspace_id=workspace.pk, requested=charged([size]))  # another upload may have taken the room
             return Blob.objects.create(
                 id=blob_id,
                 workspace=workspace,
@@ -132,7 +132,7 @@ def artifact_begin(*, job: Job, path: str, files: list[FileIn]) -> tuple[Artifac
         # complete one stays until this one is complete (``artifact_complete``):
         # a failed upload loses nothing.
         artifacts_discard(Artifact.objects.filter(job=job, path=path, status=ArtifactStatus.UPLOADING))
-        quota_check(workspace_id=job.workspace_id, requested=sum(f.size for f in files))
+        quota_check(workspace_id=job.workspace_id, requested=charged(f.size for f in files) if files else charged([0]))
         artifact = Artifact.objects.create(
             workspace_id=job.workspace_id,
             run_id=job.run_id,

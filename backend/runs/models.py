@@ -118,6 +118,14 @@ class Run(WorkspaceOwnedModel):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def code_scope(self) -> str:
+        """Which code a run's caches and packed environments belong to: its
+        connected repository's id, or "" for code uploaded without one. A job
+        restores only what a job of the same scope saved, so no member's run
+        of one repository feeds another repository's jobs."""
+        return str(self.repo_id) if self.repo_id else ""
+
 
 def held_by(*, instance_id: UUID | str | None, attempt: int, via: str = "") -> Q:
     """Fencing, the one place it is written: a runner's frame or REST call
@@ -342,14 +350,21 @@ class EnvironmentArchive(StoredModel):
     server saw the object at its announced size."""
 
     key = models.CharField(max_length=24)  # the environment's key
+    # ``Run.code_scope`` of the job that packed it: only jobs of that scope restore it.
+    code_scope = models.CharField(max_length=36, blank=True, default="")
     storage_key = models.CharField(max_length=500)
     size = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)
     complete = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who packed it: the job (and the member who submitted its run).
+    saved_by_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    saved_by = models.ForeignKey("accounts.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["workspace", "key"], name="uniq_environment_archive")]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "code_scope", "key"], name="uniq_environment_archive_scope")
+        ]
 
 
 class LogChunk(models.Model):

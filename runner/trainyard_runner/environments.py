@@ -46,7 +46,6 @@ import platform
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
@@ -420,24 +419,16 @@ def _pack(path: Path, dest: Path) -> tuple[int, str]:
 
 
 def _unpack(archive: Path, dest: Path, executable: str) -> None:
-    """Every member is checked with Python's ``data`` filter (no absolute
-    path, nothing outside ``dest``, no device) before GNU tar, four times
-    faster than ``tarfile`` here, extracts them; without a ``tar`` command,
-    ``tarfile`` does both."""
+    """Extract with the parser that checked it: Python's ``tarfile`` under
+    its ``data`` filter (no absolute path, nothing outside ``dest``, no
+    link out of it, no device, no set-id bits), member by member as it
+    writes them. A second parser for the writing (GNU tar) could read the
+    same bytes as other members than the ones checked
+    (docs/decisions/draft-one-tar-parser.md). A refused member raises
+    ``tarfile.FilterError``; the caller removes ``dest``."""
     dest.mkdir(parents=True)
     with tarfile.open(archive, "r:") as tar:
-        gnu_tar = shutil.which("tar")
-        if gnu_tar is None:
-            tar.extractall(dest, filter="data")
-        else:
-            for member in tar:
-                tarfile.data_filter(member, str(dest))
-    if gnu_tar is not None:
-        subprocess.run(
-            [gnu_tar, "-xf", str(archive), "-C", str(dest), "--no-same-owner", "--no-same-permissions"],
-            check=True,
-            capture_output=True,
-        )
+        tar.extractall(dest, filter="data")
     link = dest / "bin" / "python"
     link.unlink(missing_ok=True)
     link.symlink_to(executable)

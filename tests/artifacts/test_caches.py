@@ -83,3 +83,40 @@ def test_a_replaced_saving_stays_while_a_restore_url_may_name_it(job: Job) -> No
 def test_only_a_cache_path_of_the_job_can_be_saved(job: Job) -> None:
     with pytest.raises(ApplicationError, match="is not a cache: path of this job"):
         cache_begin(job=job, attempt=1, path="./elsewhere", files=[])
+
+
+def _job_of(person: Any, workspace: Any, repo_url: str, settings_cache: list[str]) -> Job:
+    from backend.runs.services.runs import CodeInput, run_create
+    from tests.support.fixtures import WORKFLOWS
+
+    run = run_create(
+        workspace=workspace,
+        user=person.user,
+        workflow="hello",
+        workflows_file_path=".trainyard/workflows.yaml",
+        workflows_file_text=WORKFLOWS,
+        code=CodeInput(kind="git", repo_url=repo_url, commit="b" * 40),
+        env={},
+    )
+    found: Job = run.jobs.get()
+    found.spec = {**found.spec, "cache": settings_cache}
+    found.attempt = 1
+    found.save(update_fields=["spec", "attempt"])
+    return found
+
+
+def test_a_cache_saved_for_one_repository_is_not_restored_for_another(job: Job, member: Any, team: Any) -> None:
+    other_repo = _job_of(member, team, "https://example.com/mallory/other.git", ["./models"])
+    saved, _ = _save(other_repo, {"model.bin": b"poisoned"})
+
+    assert [f.path for f in cache_specs(job=other_repo)[0].files] == ["model.bin"]
+    assert cache_specs(job=job)[0].files == [], "a job of acme/models restores nothing saved by other.git"
+    assert cache_latest(job=job, path="./models") is None
+
+    same_repo = _job_of(member, team, "https://example.com/mallory/other.git", ["./models"])
+    assert cache_latest(job=same_repo, path="./models") == saved
+    assert saved.job.run.submitted_by == member.user  # who saved it
+
+    mine, _ = _save(job, {"model.bin": b"honest"})
+    assert cache_latest(job=job, path="./models") == mine
+    assert cache_latest(job=same_repo, path="./models") == saved, "saving for acme/models replaces nothing of other.git"

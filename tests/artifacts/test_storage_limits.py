@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, Blob
-from backend.artifacts.quota import storage_usage
+from backend.artifacts.quota import MIN_OBJECT_BYTES, storage_usage
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete
 from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance
@@ -66,16 +66,16 @@ def _stored(job: Job, files: dict[str, bytes]) -> Artifact:
 
 
 def test_a_begin_over_the_workspace_quota_is_413_with_used_quota_and_requested(job: Job, runner: APIClient) -> None:
-    _stored(job, {"w.bin": b"x" * 6_000})
+    _stored(job, {"w.bin": b"x" * 5_000})
 
-    answer = _begin(runner, job, {"big.bin": b"y" * 5_000})
+    answer = _begin(runner, job, {"big.bin": b"y" * 6_000})
 
     assert answer.status_code == 413, answer.content
     body = answer.json()
-    assert body["extra"] == {"used_bytes": 6_000, "quota_bytes": 10_000, "requested_bytes": 5_000}
-    assert body["message"].startswith("This workspace's storage quota is full: 5.9 KiB (6,000 bytes) of 9.8 KiB")
+    assert body["extra"] == {"used_bytes": 5_000, "quota_bytes": 10_000, "requested_bytes": 6_000}
+    assert body["message"].startswith("This workspace's storage quota is full: 4.9 KiB (5,000 bytes) of 9.8 KiB")
     assert Artifact.objects.filter(job=job, path="./output").count() == 0
-    assert _begin(runner, job, {"small.bin": b"y" * 4_000}).status_code == 201  # what fits, fits
+    assert _begin(runner, job, {"small.bin": b"y" * 4_500}).status_code == 201  # what fits, fits
 
 
 def test_a_workspace_override_replaces_the_installation_quota(job: Job, runner: APIClient, team: Workspace) -> None:
@@ -108,6 +108,68 @@ def test_a_code_blob_over_the_quota_is_413_before_it_is_stored(job: Job, owner: 
     assert answer.json()["extra"] == {"used_bytes": 9_000, "quota_bytes": 10_000, "requested_bytes": 2_000}
     assert not Blob.objects.exists()
     assert not list((get_storage().root / "workspaces" / str(team.pk) / "blobs").glob("*"))
+
+
+# ------------------------------------------------- every kind of stored byte
+
+
+def test_empty_files_and_an_empty_artifact_each_count_the_minimum(job: Job, runner: APIClient) -> None:
+    _stored(job, {"a": b""})
+    assert storage_usage(workspace_id=job.workspace_id).used == MIN_OBJECT_BYTES
+
+    empty = _begin(runner, job, {}, path="./nothing")
+    assert empty.status_code == 201, empty.content
+    assert storage_usage(workspace_id=job.workspace_id).used == 2 * MIN_OBJECT_BYTES
+
+    more = _begin(runner, job, {"e": b""}, path="./empties")  # 0 bytes, but 3 * 4 KiB > 10,000
+    assert more.status_code == 413, more.content
+    assert more.json()["extra"] == {
+        "used_bytes": 2 * MIN_OBJECT_BYTES,
+        "quota_bytes": 10_000,
+        "requested_bytes": MIN_OBJECT_BYTES,
+    }
+    assert not Artifact.objects.filter(job=job, path="./empties").exists()
+
+
+def _environment(runner: APIClient, job: Job, size: int, key: str = "0" * 24) -> Any:
+    body = {"key": key, "size": size, "sha256": "a" * 64}
+    return runner.post(f"/api/v1/runner/jobs/{job.pk}/environment/?attempt=1", body, format="json")
+
+
+def test_a_packed_environment_counts_from_its_begin_and_one_over_the_quota_is_refused(
+    job: Job, runner: APIClient
+) -> None:
+    from backend.runs.models import EnvironmentArchive
+
+    assert _environment(runner, job, 6_000).status_code == 200
+    assert storage_usage(workspace_id=job.workspace_id).used == 6_000
+    assert _begin(runner, job, {"big.bin": b"y" * 5_000}).status_code == 413  # the archive took the room
+
+    refused = _environment(runner, job, 5_000, key="1" * 24)
+
+    assert refused.status_code == 413, refused.content
+    assert refused.json()["message"].startswith("This workspace's storage quota is full: 5.9 KiB (6,000 bytes)")
+    assert refused.json()["extra"]["requested_bytes"] == 5_000
+    assert list(EnvironmentArchive.objects.values_list("key", flat=True)) == ["0" * 24]
+
+
+def test_an_archived_log_counts_and_leaves_less_room_for_uploads(job: Job, runner: APIClient) -> None:
+    from datetime import UTC, datetime
+
+    from backend.runs.services.logarchive import log_archive_job
+    from backend.runs.services.logchunks import chunks_of, chunks_write
+
+    text = "x" * 99
+    chunks_write(str(job.pk), chunks_of(1, [(datetime.now(UTC).timestamp(), "o", text) for _ in range(60)]))
+    assert storage_usage(workspace_id=job.workspace_id).used == 0  # lines in the database: the log cap's
+
+    archive = log_archive_job(job_id=str(job.pk))
+
+    assert archive is not None and archive.size == 6_000
+    assert storage_usage(workspace_id=job.workspace_id).used == 6_000
+    refused = _begin(runner, job, {"big.bin": b"y" * 5_000})
+    assert refused.status_code == 413
+    assert refused.json()["extra"]["used_bytes"] == 6_000
 
 
 # ------------------------------------------------------- PUT bound to size
@@ -161,7 +223,8 @@ def test_re_beginning_an_artifact_removes_the_files_of_the_abandoned_attempt(
     assert again.status_code == 201
     assert not Artifact.objects.filter(pk=first["id"]).exists()
     assert not on_disk.exists()
-    assert storage_usage(workspace_id=job.workspace_id).used == 200  # the new manifest only
+    # The new manifest only: two files of 100 bytes, each counted at the minimum.
+    assert storage_usage(workspace_id=job.workspace_id).used == 2 * MIN_OBJECT_BYTES
 
 
 def test_the_cli_shows_the_quota_message_of_a_refused_code_upload(

@@ -286,3 +286,40 @@ def test_a_packed_environment_restores_on_another_machine_and_a_bad_one_is_built
     )
     assert again.built
     assert any("could not restore it from storage (the packed environment does not match" in s for s in log.said())
+
+
+def _escaping_archive(path: Path) -> None:
+    """Members each harmless read one by one against an empty folder, but
+    extracted in order they write outside it: ``s`` links to ``.``, so
+    ``s/up -> ..`` lands as ``up`` pointing above the folder, and
+    ``up/escaped`` goes through it."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, target in (("s", "."), ("s/up", "..")):
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, target
+            tar.addfile(link)
+        data = b"written outside\n"
+        member = tarfile.TarInfo("up/escaped")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+
+
+def test_a_packed_environment_is_checked_by_the_parser_that_extracts_it(tmp_path: Path) -> None:
+    import tarfile
+
+    from trainyard_runner.environments import _unpack
+
+    archive = tmp_path / "evil.tar"
+    _escaping_archive(archive)
+    dest = tmp_path / "box" / "env"
+    dest.parent.mkdir()
+
+    with pytest.raises(tarfile.FilterError, match="outside the destination"):
+        _unpack(archive, dest, "/usr/bin/python3")
+
+    assert not (tmp_path / "box" / "escaped").exists()
+    assert not (tmp_path / "escaped").exists()
+    assert not (dest / "up").exists()

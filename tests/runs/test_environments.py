@@ -211,3 +211,46 @@ def test_the_outlook_finds_an_environment_by_its_recipe_in_this_workspace_only(
     # Another workspace with the very same recipe has built nothing.
     theirs = environment_outlook(workspace_id=other.pk, workflow="train", environment=environment, files=files)
     assert theirs is not None and theirs["state"] == "to build" and theirs["build_seconds"] is None
+
+
+def test_a_packed_environment_is_restored_only_by_jobs_of_the_repository_that_packed_it(
+    team: Workspace, owner: Person, member: Person, settings: object, tmp_path: object
+) -> None:
+    import hashlib
+
+    from backend.artifacts.storage import get_storage
+    from backend.runs.services.environments import (
+        environment_archive_begin,
+        environment_archive_done,
+        environment_archive_find,
+    )
+
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_DIR": tmp_path}  # type: ignore[attr-defined]
+
+    def job_of(person: Person, repo_url: str) -> Job:
+        return run_create(
+            workspace=team,
+            user=person.user,
+            workflow="hello",
+            workflows_file_path=".trainyard/workflows.yaml",
+            workflows_file_text=submit(team, person.user).workflows_file_text,
+            code=CodeInput(kind="git", repo_url=repo_url, commit="b" * 40),
+            env={},
+        ).jobs.get()
+
+    theirs = job_of(member, "https://example.com/mallory/other.git")
+    packed = b"a packed environment"
+    digest = hashlib.sha256(packed).hexdigest()
+    assert environment_archive_begin(job=theirs, key=KEY, size=len(packed), sha256=digest) is not None
+    row = EnvironmentArchive.objects.get()
+    get_storage().write(row.storage_key, iter([packed]))
+    assert environment_archive_done(job=theirs, key=KEY) == ""
+
+    ours = job_of(owner, "https://example.com/acme/models.git")
+    assert environment_archive_find(job=ours, key=KEY) is None
+    assert environment_archive_find(job=job_of(member, "https://example.com/mallory/other.git"), key=KEY) is not None
+    assert (row.saved_by, row.saved_by_job) == (member.user, theirs)
+
+    # Ours packs its own under the same key: a row of its own, the other repository's stays.
+    assert environment_archive_begin(job=ours, key=KEY, size=len(packed), sha256=digest) is not None
+    assert EnvironmentArchive.objects.filter(key=KEY).count() == 2

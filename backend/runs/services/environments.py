@@ -11,7 +11,10 @@ A runner that built an environment packs it into the workspace's storage
 (``environment_archive_begin`` / ``_done``: a signed PUT, then the object
 checked at its size and sha256); a runner on another machine that meets the
 key restores it from there (``environment_archive_find``) instead of
-building it.
+building it. Archives are keyed by workspace, the run's code scope (its
+repository: ``Run.code_scope``) and environment key, and record the job and
+member that packed them; an archive counts against the workspace's storage
+quota from the moment its upload begins.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 from trainyard_runner import protocol
 from trainyard_spec.environments import recipe_of
 
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
+from backend.artifacts.quota import charged, quota_check
 from backend.artifacts.storage import Target, delete_after_commit
 from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job
 
@@ -85,8 +89,9 @@ class ArchiveTarget:
 
 
 def environment_archive_find(*, job: Job, key: str) -> ArchiveTarget | None:
-    """A signed GET of the workspace's packed environment ``key``, if one is complete."""
-    found = EnvironmentArchive.objects.for_workspace(job.workspace).filter(key=key, complete=True).first()
+    """A signed GET of the packed environment ``key`` of the job's workspace
+    and code scope, if one is complete."""
+    found = _archives_of(job).filter(key=key, complete=True).first()
     if found is None:
         return None
     url = storage_of(found).signed_url(found.storage_key, method="GET")
@@ -96,13 +101,15 @@ def environment_archive_find(*, job: Job, key: str) -> ArchiveTarget | None:
 def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> Target | None:
     """Where the runner PUTs ``key`` packed (``size`` bytes, ``sha256``) in
     the workspace's storage; None when it is there already or another runner
-    is uploading it."""
+    is uploading it. Raises 413 (nothing recorded) when the workspace's
+    storage quota has no room for it."""
     workspace_id = job.workspace_id
     with transaction.atomic():
-        found = EnvironmentArchive.objects.select_for_update().filter(workspace_id=workspace_id, key=key).first()
+        found = _archives_of(job).select_for_update().filter(key=key).first()
         stale = timezone.now() - timedelta(seconds=ARCHIVE_UPLOAD_SECONDS)
         if found is not None and (found.complete or found.created_at > stale):
             return None
+        quota_check(workspace_id=workspace_id, requested=charged([size]) - (charged([found.size]) if found else 0))
         storage = storage_for_new(workspace_id=workspace_id)
         storage_key = f"{storage.key_root(workspace_id)}/environments/{key}-{uuid.uuid4().hex[:12]}.tar"
         if found is not None:
@@ -110,7 +117,10 @@ def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> 
             delete_after_commit(storage_of(found), [found.storage_key], "a replaced environment archive")
         EnvironmentArchive.objects.create(
             workspace_id=workspace_id,
+            code_scope=job.run.code_scope,
             key=key,
+            saved_by_job=job,
+            saved_by_id=job.run.submitted_by_id,
             storage_key=storage_key,
             size=size,
             sha256=sha256,
@@ -122,7 +132,7 @@ def environment_archive_begin(*, job: Job, key: str, size: int, sha256: str) -> 
 def environment_archive_done(*, job: Job, key: str) -> str:
     """The runner finished the upload: "" when the object is there as
     announced (the archive is complete from now on), else what is wrong."""
-    found = EnvironmentArchive.objects.for_workspace(job.workspace).filter(key=key, complete=False).first()
+    found = _archives_of(job).filter(key=key, complete=False).first()
     if found is None:
         return "no upload of this environment is under way"
     problem = storage_of(found).verify(found.storage_key, size=found.size, sha256=found.sha256, part_sha256s=[])
@@ -190,3 +200,8 @@ def environment_outlook(
         "stored": False,
         "build_seconds": last.build_seconds if last is not None else None,
     }
+
+
+def _archives_of(job: Job) -> QuerySet[EnvironmentArchive]:
+    """The packed environments a job may restore or pack: its workspace's, of its run's code scope."""
+    return EnvironmentArchive.objects.for_workspace(job.workspace).filter(code_scope=job.run.code_scope)
