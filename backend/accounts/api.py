@@ -23,12 +23,12 @@ from backend.accounts.models import AuditKind, Role, User
 from backend.accounts.selectors import api_tokens_of, default_workspace, memberships_of
 from backend.accounts.services.audit import Actor, audit_record
 from backend.accounts.services.lockout import lockout_of
-from backend.accounts.services.tokens import api_token_issue, api_token_revoke
+from backend.accounts.services.tokens import api_token_default_lifetime, api_token_issue, api_token_revoke
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.ratelimit import client_ip
 from backend.core.throttling import RateLimited
 
-DURATION = r"^[1-9][0-9]{0,6}[smhdw]$"
+DURATION = r"^(?:[1-9][0-9]{0,6}[smhdw]|never)$"
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -61,13 +61,18 @@ class TokenIn(serializers.Serializer):
         DURATION,
         required=False,
         allow_blank=True,
-        help_text="The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never.",
-        error_messages={"invalid": "Say how long the token lives as a number and a unit: 30d, 12h, 90m or 2w."},
+        help_text="Lifetime: 30d, 12h, 90m, 2w (at most 3650d), or never. "
+        "Absent or empty: TRAINYARD_API_TOKEN_DAYS (90).",
+        error_messages={
+            "invalid": "Say how long the token lives as a number and a unit (30d, 12h, 90m or 2w), or never."
+        },
     )
 
     def validate_expires_in(self, value: str) -> timedelta | None:
-        if not value:
+        if value == "never":
             return None
+        if not value:
+            return api_token_default_lifetime()
         lifetime = timedelta(seconds=int(value[:-1]) * DURATION_UNITS[value[-1]])
         if not timedelta(minutes=1) <= lifetime <= timedelta(days=3650):
             raise serializers.ValidationError("A token lives between 1 minute and 3650 days.")
@@ -163,7 +168,8 @@ class TokenListView(APIView):
         data.is_valid(raise_exception=True)
         fields = data.validated_data
         user = signed_in_user(request)
-        issued = api_token_issue(user=user, name=fields["name"], expires_in=fields.get("expires_in"))
+        lifetime = fields["expires_in"] if "expires_in" in fields else api_token_default_lifetime()
+        issued = api_token_issue(user=user, name=fields["name"], expires_in=lifetime)
         _audit_token(request, user, "token.api_created", issued.row.name, str(issued.row.pk))
         return Response({**TokenOut(issued.row).data, "token": issued.token}, status=201)
 

@@ -43,11 +43,20 @@ class WorkspaceOut(serializers.Serializer):
 class MemberIn(serializers.Serializer):
     github_login = serializers.RegexField(GITHUB_LOGIN, required=False, allow_blank=True)
     email = serializers.EmailField(required=False, allow_blank=True)
+    github_id = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=2**53,
+        help_text="GitHub's numeric id of github_login: only that account matches (GitHub recycles logins).",
+    )
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if bool(attrs.get("github_login")) == bool(attrs.get("email")):
             raise serializers.ValidationError("Give either github_login or email.")
+        if attrs.get("github_id") is not None and not attrs.get("github_login"):
+            raise serializers.ValidationError("github_id goes with the github_login it belongs to.")
         return attrs
 
 
@@ -65,6 +74,7 @@ class MemberOut(serializers.Serializer):
 class InvitationOut(serializers.Serializer):
     id = serializers.UUIDField()
     github_login = serializers.CharField()
+    github_id = serializers.IntegerField(allow_null=True, help_text="null: matched by the login")
     email = serializers.CharField()
     role = serializers.ChoiceField(choices=Role.choices)
     created_at = serializers.DateTimeField()

@@ -13,7 +13,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from backend.accounts.models import User
-from backend.accounts.selectors import api_token_expired_at, user_for_token
+from backend.accounts.selectors import api_token_expired_at, api_token_refused_account_at, user_for_token
 from backend.accounts.services.lockout import (
     SignInLocked,
     note_lockout,
@@ -65,6 +65,13 @@ def _refusal(token: str) -> str:
         return (
             f"This is a {kind} token ({token[:6]}…), not a personal API token ({API_TOKEN_PREFIX}…): make one"
             " on the dashboard's API tokens page or with `trainyard token create`."
+        )
+    refused = api_token_refused_account_at(token=token)
+    if refused is not None:
+        return (
+            f"Since {refused:%Y-%m-%d %H:%M} UTC this token's GitHub account is no longer allowed on this server"
+            " (TRAINYARD_GITHUB_ALLOW: a login, an id or an organization it is an active member of). Once it is"
+            " again, sign in in the browser: the account and its tokens then work again."
         )
     expired = api_token_expired_at(token=token)
     if expired is not None:

@@ -17,7 +17,7 @@ from social_core.backends.oauth import BaseOAuth2PKCE
 from social_core.exceptions import AuthConfigurationError, SocialAuthBaseException
 
 from backend.accounts.models import User
-from backend.accounts.services.users import allowlist_orgs
+from backend.accounts.services.users import allowlist_orgs, github_allowed_without_orgs
 
 
 def github_enabled() -> bool:
@@ -70,14 +70,15 @@ class GithubOAuth2PKCE(GithubOAuth2, BaseOAuth2PKCE):
         data["verified_emails"] = [email for email, _ in verified]
         primary = [email for email, is_primary in verified if is_primary]
         data["email"] = (primary or data["verified_emails"] or [""])[0]
-        data["allowed_orgs"] = self._allowlist_memberships(access_token, str(data.get("login") or ""))
+        github_id = data.get("id") if isinstance(data.get("id"), int) else None
+        data["allowed_orgs"] = self._allowlist_memberships(access_token, str(data.get("login") or ""), github_id)
         return data
 
-    def _allowlist_memberships(self, access_token: str, login: str) -> list[str]:
+    def _allowlist_memberships(self, access_token: str, login: str, github_id: int | None) -> list[str]:
         """The allowlist's organizations the user is an active member of
-        (none asked for when the login itself is listed)."""
+        (none asked for when the login or the id itself is listed)."""
         allow = settings.TRAINYARD_GITHUB_ALLOW
-        if login.lower() in allow:
+        if github_allowed_without_orgs(allow, login=login, github_id=github_id):
             return []
         return [org for org in allowlist_orgs(allow) if self._active_member(access_token, org)]
 

@@ -26,6 +26,15 @@ class User(AbstractUser):
     github_id = models.BigIntegerField(null=True, blank=True, unique=True)
     github_login = models.CharField(max_length=39, blank=True, db_index=True)
     avatar_url = models.URLField(max_length=500, blank=True)
+    # The re-check of TRAINYARD_GITHUB_ALLOW's organizations
+    # (backend/accounts/services/allowlist.py): the GitHub token of the last
+    # sign-in, encrypted (backend/vault/crypto.py), kept only while the
+    # allowlist names organizations; when the account was last found
+    # allowed; when a re-check found it no longer allowed (the account is
+    # then inactive until a sign-in the allowlist lets through).
+    github_token = models.BinaryField(null=True, blank=True, editable=False)
+    allow_checked_at = models.DateTimeField(null=True, blank=True)
+    allow_refused_at = models.DateTimeField(null=True, blank=True)
 
 
 class Workspace(BaseModel):
@@ -43,6 +52,9 @@ class Workspace(BaseModel):
     # code blobs); None: the installation's TRAINYARD_STORAGE_QUOTA_BYTES.
     # Set by an installation admin (Django admin), not by the workspace.
     storage_quota_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # Who made a team workspace (None: a personal one, or its maker is gone):
+    # what TRAINYARD_MAX_WORKSPACES_PER_USER counts.
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return self.slug
@@ -94,9 +106,13 @@ class Invitation(WorkspaceOwnedModel):
 
     Exactly one of ``github_login`` / ``email`` is set, stored lower-cased;
     an email invitation is only ever matched against a GitHub-verified email.
+    ``github_id``, when the inviter names it, is what a login invitation
+    matches (GitHub gives a freed login to someone else): only the account
+    with that id takes it up, whatever its login is by then.
     """
 
     github_login = models.CharField(max_length=39, blank=True)
+    github_id = models.BigIntegerField(null=True, blank=True)
     email = models.EmailField(blank=True)
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     invited_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -7,7 +7,13 @@ from typing import Any
 from django.conf import settings
 from social_core.exceptions import AuthPolicyError, AuthResponseError
 
-from backend.accounts.services.users import GithubProfile, github_allowed_by, github_sign_in
+from backend.accounts.services.users import (
+    GithubProfile,
+    allowlist_orgs,
+    github_allowed_by,
+    github_allowed_without_orgs,
+    github_sign_in,
+)
 
 
 class NotOnAllowlist(AuthPolicyError):
@@ -16,15 +22,19 @@ class NotOnAllowlist(AuthPolicyError):
 
 def github_allowed(backend: Any, response: dict[str, Any], *args: Any, **kwargs: Any) -> None:
     """Refuses a GitHub account that ``TRAINYARD_GITHUB_ALLOW`` does not name
-    (by login, or by an organization GitHub says it is an active member of)."""
+    (by login, by id, or by an organization GitHub says it is an active member of)."""
     login = response.get("login")
     orgs = response.get("allowed_orgs") or []
-    if not github_allowed_by(settings.TRAINYARD_GITHUB_ALLOW, login=str(login or ""), orgs=orgs):
+    github_id = response.get("id") if isinstance(response.get("id"), int) else None
+    if not github_allowed_by(settings.TRAINYARD_GITHUB_ALLOW, login=str(login or ""), orgs=orgs, github_id=github_id):
         raise NotOnAllowlist(backend, "not on TRAINYARD_GITHUB_ALLOW", code="not_allowed", stage="pipeline")
 
 
 def github_user(backend: Any, uid: str, response: dict[str, Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Finds or creates the user by GitHub's numeric id; never links by email or by the session's user."""
+    """Finds or creates the user by GitHub's numeric id; never links by email
+    or by the session's user. Keeps the sign-in's GitHub token (encrypted)
+    when only an organization let the account in: the periodic re-check
+    (services/allowlist.py) asks GitHub with it."""
     login = response.get("login")
     if not isinstance(login, str) or not login or not uid.isdigit():
         raise AuthResponseError(backend, code="missing_claim", claim="login", stage="pipeline")
@@ -35,7 +45,10 @@ def github_user(backend: Any, uid: str, response: dict[str, Any], *args: Any, **
         verified_emails=tuple(response.get("verified_emails") or ()),
         primary_email=str(response.get("email") or ""),
     )
-    signed_in = github_sign_in(profile=profile)
+    allow = settings.TRAINYARD_GITHUB_ALLOW
+    by_org = bool(allowlist_orgs(allow)) and not github_allowed_without_orgs(allow, login=login, github_id=int(uid))
+    token = response.get("access_token")
+    signed_in = github_sign_in(profile=profile, org_token=token if by_org and isinstance(token, str) else "")
     return {"user": signed_in.user, "is_new": signed_in.created}
 
 

@@ -47,6 +47,20 @@ def api_token_expired_at(*, token: str) -> datetime | None:
     )
 
 
+def api_token_refused_account_at(*, token: str) -> datetime | None:
+    """When the allowlist's re-check refused the account of this (live) API token; None otherwise."""
+    return (
+        ApiToken.objects.filter(
+            token_hash=hash_token(token),
+            revoked_at__isnull=True,
+            user__is_active=False,
+            user__allow_refused_at__isnull=False,
+        )
+        .values_list("user__allow_refused_at", flat=True)
+        .first()
+    )
+
+
 def membership_get(*, user: User, workspace_slug: str) -> Membership | None:
     return Membership.objects.select_related("workspace").filter(user=user, workspace__slug=workspace_slug).first()
 

@@ -88,13 +88,13 @@ def _env_log_format(name: str, default: str) -> str:
     return value
 
 
-_GITHUB_NAME = re.compile(r"^(org:)?[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){0,38}$")
+_GITHUB_NAME = re.compile(r"^(?:(org:)?[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){0,38}|id:[1-9][0-9]{0,15})$")
 
 
 def _env_github_names(name: str, default: list[str]) -> list[str]:
     names = [entry.lower() for entry in env_list(name, default)]
     if bad := [entry for entry in names if not _GITHUB_NAME.match(entry)]:
-        raise ConfigError(f"{name}: {bad[0]!r} is not a GitHub login or org:<organization>.")
+        raise ConfigError(f"{name}: {bad[0]!r} is not a GitHub login, org:<organization> or id:<GitHub user id>.")
     return names
 
 
@@ -362,8 +362,16 @@ class SignIn(TypedDict):
     )]
     TRAINYARD_GITHUB_ALLOW: Annotated[list[str], Knob(
         "TRAINYARD_GITHUB_ALLOW", GITHUB_NAMES, [],
-        "Who may sign in with GitHub: logins and `org:<organization>` (its active members), e.g. "
-        "`alice,org:acme`; empty: everyone. Required with a GitHub app while the local backend is on.",
+        "Who may sign in with GitHub: logins, `id:<GitHub user id>` (stays theirs when GitHub gives a "
+        "freed login to someone else) and `org:<organization>` (its active members), e.g. "
+        "`alice,id:583231,org:acme`; empty: everyone. Required with a GitHub app while the local backend is on. "
+        "Re-checked for every account each TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS.",
+    )]
+    TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS", NUMBER, 3600.0,
+        "How often every GitHub account is checked against TRAINYARD_GITHUB_ALLOW again (organization "
+        "membership asked of GitHub with the account's token of its last sign-in): one no longer allowed is "
+        "signed out and its API tokens refused within this time, until a sign-in the allowlist lets through.",
     )]
 
 
@@ -377,6 +385,16 @@ class Access(TypedDict):
         "TRAINYARD_SECRET_KEYS", LIST, [],
         "Fernet keys for secrets at rest, newest first: the first encrypts, all decrypt (`manage.py "
         "rotate_secret_keys` re-encrypts). Required in production; unset, one derives from DJANGO_SECRET_KEY.",
+    )]
+    MAX_WORKSPACES_PER_USER: Annotated[int, Knob(
+        "TRAINYARD_MAX_WORKSPACES_PER_USER", INTEGER, 10,
+        "Team workspaces one user may create (each has its own storage quota), besides their personal "
+        "one; installation admins (superusers) are exempt. 0: no cap. One more is refused with 403.",
+    )]
+    API_TOKEN_DAYS: Annotated[float, Knob(
+        "TRAINYARD_API_TOKEN_DAYS", NUMBER, 90.0,
+        "A new API token whose creator names no lifetime expires after this many days (`never` names "
+        "none). 0: such tokens never expire.",
     )]
     INVITATION_DAYS: Annotated[float, Knob(
         "TRAINYARD_INVITATION_DAYS", NUMBER, 7.0,

@@ -335,11 +335,15 @@ GITHUB_API_URL = _sign_in["GITHUB_API_URL"]
 # The local password login (user `admin`, see ensure_admin): the embedded
 # default's way in when no GitHub app is configured.
 TRAINYARD_LOCAL_LOGIN = _sign_in["TRAINYARD_LOCAL_LOGIN"]
-# Who may sign in with GitHub: logins and `org:<name>` (active members of that
-# organization; asks GitHub for read:org), lowercased. Empty: every GitHub
-# user. Checked at each sign-in (backend/accounts/pipeline.py); required at
+# Who may sign in with GitHub: logins, `id:<GitHub user id>` and `org:<name>`
+# (active members of that organization; asks GitHub for read:org),
+# lowercased. Empty: every GitHub user. Checked at each sign-in
+# (backend/accounts/pipeline.py) and re-checked periodically; required at
 # start while the local backend is on (see the end of this file).
 TRAINYARD_GITHUB_ALLOW = _sign_in["TRAINYARD_GITHUB_ALLOW"]
+# Every GitHub account is checked against it again this often (a beat task,
+# backend/accounts/services/allowlist.py): leaving the organization ends access.
+TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS = _sign_in["TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS"]
 
 SOCIAL_AUTH_PIPELINE = (
     "social_core.pipeline.social_auth.social_details",
@@ -416,5 +420,11 @@ CELERY_BEAT_SCHEDULE = {
     "storage-gc": {
         "task": "backend.artifacts.tasks.storage_gc",
         "schedule": timedelta(seconds=TRAINYARD["GC_EVERY_SECONDS"]),
+    },
+    # A pass every half interval re-checks the accounts not checked for half
+    # of one: none goes a whole interval unchecked.
+    "github-allow-recheck": {
+        "task": "backend.accounts.tasks.github_allow_recheck",
+        "schedule": timedelta(seconds=max(60.0, TRAINYARD_GITHUB_ALLOW_RECHECK_SECONDS / 2)),
     },
 }

@@ -299,7 +299,8 @@ class Client:
         self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
 
     def create_token(self, name: str, *, expires_in: str = "") -> NewApiToken:
-        """A new API token of the caller (``expires_in``: 30d, 12h, …; empty: never). Shown once."""
+        """A new API token of the caller (``expires_in``: 30d, 12h, …, never; empty: the
+        server's default). Shown once."""
         body = {"name": name, "expires_in": expires_in}
         return cast(NewApiToken, self._request("POST", "/api/v1/tokens/", json=body))
 

@@ -658,7 +658,7 @@ class TokenInRequest(TypedDict):
     name: str
     expires_in: NotRequired[str]
     """
-    The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never.
+    Lifetime: 30d, 12h, 90m, 2w (at most 3650d), or never. Absent or empty: TRAINYARD_API_TOKEN_DAYS (90).
     """
 
 
@@ -921,6 +921,10 @@ class InstanceOut(TypedDict):
 class InvitationOut(TypedDict):
     id: str
     github_login: str
+    github_id: int | None
+    """
+    null: matched by the login
+    """
     email: str
     role: Role
     created_at: str
@@ -966,6 +970,10 @@ class MeOut(TypedDict):
 class MemberInRequest(TypedDict):
     github_login: NotRequired[str]
     email: NotRequired[str]
+    github_id: NotRequired[int | None]
+    """
+    GitHub's numeric id of github_login: only that account matches (GitHub recycles logins).
+    """
     role: NotRequired[Role]
 
 

@@ -271,3 +271,69 @@ def test_only_admins_see_pending_invitations(
     assert refused.json() == {"message": f"Your role in acme is {who}: only admins see this.", "extra": {}}
     assert b"secret.hire" not in refused.content
     assert owner.client().get(f"{WS}/invitations/").json()[0]["email"] == "secret.hire@example.com"
+
+
+# ------------------------------------------------------------------ identity by GitHub id
+
+
+def test_an_invitation_naming_a_github_id_is_taken_up_by_that_account_only(team: Workspace, owner: Person) -> None:
+    made = owner.client().post(
+        f"{WS}/members/", {"github_login": "newbie", "github_id": 303, "role": "viewer"}, format="json"
+    )
+    assert made.status_code == 202, made.content
+    assert made.json()["invitation"]["github_id"] == 303
+
+    recycled = _github_user("newbie", 999)  # GitHub gave the freed login to someone else
+    assert not Membership.objects.filter(workspace=team, user=recycled).exists()
+
+    renamed = _github_user("newbie-renamed", 303)  # the person invited, under a new login
+    assert Membership.objects.get(workspace=team, user=renamed).role == Role.VIEWER
+
+
+def test_adding_by_github_id_finds_the_account_whatever_its_login_now(team: Workspace, owner: Person) -> None:
+    person = _github_user("renamed-since", 404)
+
+    added = owner.client().post(f"{WS}/members/", {"github_login": "old-name", "github_id": 404}, format="json")
+
+    assert added.status_code == 201, added.content
+    assert Membership.objects.get(workspace=team, user=person).role == Role.MEMBER
+
+
+def test_a_github_id_without_a_login_is_a_400(team: Workspace, owner: Person) -> None:
+    answer = owner.client().post(f"{WS}/members/", {"email": "x@example.com", "github_id": 404}, format="json")
+
+    assert answer.status_code == 400
+    assert "github_id goes with the github_login" in answer.json()["message"]
+    assert not Invitation.objects.exists()
+
+
+# ------------------------------------------------------------------ workspaces per user
+
+
+def test_one_account_may_make_only_so_many_workspaces(outsider: Person, settings: object) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "MAX_WORKSPACES_PER_USER": 2}  # type: ignore[attr-defined]
+    client = outsider.client()
+    made = [client.post("/api/v1/workspaces/", {"name": f"Team {n}"}, format="json").status_code for n in (1, 2)]
+
+    refused = client.post("/api/v1/workspaces/", {"name": "Team 3"}, format="json")
+
+    assert made == [201, 201]  # the personal workspace is not counted
+    assert refused.status_code == 403
+    assert refused.json() == {
+        "message": "You have made 2 workspaces, the most one account may make on this server "
+        "(TRAINYARD_MAX_WORKSPACES_PER_USER=2): work in one you are a member of, or ask the installation's "
+        "admin to raise the limit.",
+        "extra": {"workspaces": 2, "limit": 2},
+    }
+    assert not Workspace.objects.filter(name="Team 3").exists()
+
+
+def test_installation_admins_are_not_capped(outsider: Person, settings: object) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "MAX_WORKSPACES_PER_USER": 1}  # type: ignore[attr-defined]
+    User.objects.filter(pk=outsider.user.pk).update(is_superuser=True)
+
+    codes = [
+        outsider.client().post("/api/v1/workspaces/", {"name": f"T{n}"}, format="json").status_code for n in (1, 2)
+    ]
+
+    assert codes == [201, 201]

@@ -62,19 +62,48 @@ def test_a_token_made_to_expire_works_until_then_and_is_refused_after_with_a_cle
     assert "trainyard token create" in refused.json()["message"]
 
 
-def test_a_token_without_expires_in_never_expires_and_lists_its_expiry(owner: Person) -> None:
-    made = owner.client().post("/api/v1/tokens/", {"name": "forever"}, format="json").json()
+def test_a_token_without_expires_in_expires_after_the_default_90_days(owner: Person) -> None:
+    absent = owner.client().post("/api/v1/tokens/", {"name": "plain"}, format="json").json()
+    empty = owner.client().post("/api/v1/tokens/", {"name": "empty", "expires_in": ""}, format="json").json()
     listed = {t["name"]: t for t in owner.client().get("/api/v1/tokens/").json()}
 
-    assert made["expires_at"] is None
-    assert listed["forever"]["expires_at"] is None
-    assert "token" not in listed["forever"]
+    for made in (absent, empty):
+        expires_at = ApiToken.objects.get(pk=made["id"]).expires_at
+        assert expires_at is not None
+        assert abs(expires_at - (timezone.now() + timedelta(days=90))) < timedelta(minutes=1)
+        assert listed[made["name"]]["expires_at"] == made["expires_at"]
+        assert "token" not in listed[made["name"]]
+
+
+def test_the_default_lifetime_is_a_setting_and_never_is_asked_for_by_name(owner: Person, settings: Any) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "API_TOKEN_DAYS": 7}
+    week = owner.client().post("/api/v1/tokens/", {"name": "week"}, format="json").json()
+    forever = owner.client().post("/api/v1/tokens/", {"name": "forever", "expires_in": "never"}, format="json")
+
+    assert abs(ApiToken.objects.get(pk=week["id"]).expires_at - (timezone.now() + timedelta(days=7))) < timedelta(
+        minutes=1
+    )
+    assert forever.status_code == 201
+    assert forever.json()["expires_at"] is None
+
+
+def test_the_cli_says_when_a_new_token_expires(live_server: Any, transactional_db: None, owner: Person) -> None:
+    from click.testing import CliRunner
+    from trainyard.cli import cli
+
+    env = {"TRAINYARD_URL": live_server.url, "TRAINYARD_TOKEN": owner.token}
+    made = CliRunner().invoke(cli, ["token", "create", "--name", "laptop"], env=env)
+
+    assert made.exit_code == 0, made.output
+    row = ApiToken.objects.get(name="laptop")
+    assert row.expires_at is not None
+    assert f"(laptop) expires {row.expires_at:%Y-%m-%dT%H:%M}" in made.stderr
 
 
 @pytest.mark.parametrize(
     ("expires_in", "message"),
     [
-        ("soon", "Say how long the token lives as a number and a unit: 30d, 12h, 90m or 2w."),
+        ("soon", "Say how long the token lives as a number and a unit (30d, 12h, 90m or 2w), or never."),
         ("30s", "A token lives between 1 minute and 3650 days."),
         ("3651d", "A token lives between 1 minute and 3650 days."),
     ],

@@ -18,6 +18,10 @@ else form-encoded, errors as GitHub gives them: HTTP 200 with ``error``),
 ``GET <api prefix>/user``, ``GET <api prefix>/user/emails`` and
 ``GET <api prefix>/user/memberships/orgs/<org>`` (200 for each of the user's
 ``orgs``, else 404) with ``Authorization: token|Bearer <access token>``.
+A user's ``orgs`` may change between requests (they left an organization);
+``server.revoke_tokens_of(user)`` makes their tokens answer 401 (they took
+back the app's access); ``server.api_failing = True`` answers every API
+request 502 (GitHub having a bad day).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class GithubServer:
         self.mode = "approve"
         self.next_user: GithubUser | None = None
         self.requests: list[Recorded] = []
+        self.api_failing = False
         self._codes: dict[str, _Grant] = {}
         self._tokens: dict[str, GithubUser] = {}
         self._lock = threading.Lock()
@@ -118,6 +123,10 @@ class GithubServer:
 
     def requests_to(self, path: str) -> list[Recorded]:
         return [r for r in self.requests if r.path == path]
+
+    def revoke_tokens_of(self, user: GithubUser) -> None:
+        with self._lock:
+            self._tokens = {token: u for token, u in self._tokens.items() if u is not user}
 
     # --- endpoints (return status, headers, body) -----------------------------
     def authorize(self, query: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -152,6 +161,8 @@ class GithubServer:
         return 200, {"Content-Type": "application/x-www-form-urlencoded"}, urlencode(body).encode()
 
     def api(self, path: str, authorization: str) -> tuple[int, dict[str, str], bytes]:
+        if self.api_failing:
+            return _json(502, {"message": "Server Error"})
         scheme, _, token = authorization.partition(" ")
         user = self._tokens.get(token) if scheme.lower() in {"token", "bearer"} else None
         if user is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -31,6 +32,13 @@ def api_token_issue(*, user: User, name: str = "cli", expires_in: timedelta | No
         user=user, name=name, token_hash=hash_token(token), prefix=token[:14], expires_at=expires_at
     )
     return IssuedToken(row=row, token=token)
+
+
+def api_token_default_lifetime() -> timedelta | None:
+    """How long a token lives when its creator names no lifetime
+    (TRAINYARD_API_TOKEN_DAYS; None: never expires)."""
+    days = settings.TRAINYARD["API_TOKEN_DAYS"]
+    return timedelta(days=days) if days > 0 else None
 
 
 def api_token_create(*, user: User, name: str = "cli", expires_in: timedelta | None = None) -> str:

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -35,13 +36,17 @@ def workspace_create_personal(*, user: User) -> Workspace:
 
 
 def workspace_create_team(*, user: User, name: str, slug: str = "") -> Workspace:
-    """A team workspace with ``user`` as its admin; ``slug`` from the name when not given."""
+    """A team workspace with ``user`` as its admin; ``slug`` from the name when
+    not given. Refused (403) when ``user`` has made
+    TRAINYARD_MAX_WORKSPACES_PER_USER already (each workspace has its own
+    storage quota: the cap keeps one account from multiplying it)."""
     if slug and slugify(slug) != slug:
         raise ApplicationError(f"{slug!r} is not a valid slug: use lower-case letters, digits and hyphens.")
     chosen = slug or _free_slug(slugify(name) or "team")
     try:
         with transaction.atomic():
-            workspace = Workspace.objects.create(slug=chosen, name=name)
+            _workspace_cap_check(user)
+            workspace = Workspace.objects.create(slug=chosen, name=name, created_by=user)
             Membership.objects.create(workspace=workspace, user=user, role=Role.ADMIN)
     except IntegrityError:
         raise ApplicationError(f"The workspace slug {chosen!r} is taken: choose another.") from None
@@ -50,21 +55,31 @@ def workspace_create_team(*, user: User, name: str, slug: str = "") -> Workspace
 
 @transaction.atomic
 def member_add(
-    *, workspace: Workspace, invited_by: User, role: Role, github_login: str = "", email: str = ""
+    *,
+    workspace: Workspace,
+    invited_by: User,
+    role: Role,
+    github_login: str = "",
+    email: str = "",
+    github_id: int | None = None,
 ) -> MemberAdded:
     """Adds the person with this GitHub login or verified email, or invites them.
 
     An email matches only an account whose email came verified from GitHub;
     anyone else gets an invitation, taken up when they sign in with that
-    login or a verified email. Inviting again changes the pending role.
+    login or a verified email. With ``github_id`` (GitHub's numeric id of
+    the login) only the account of that id matches, now or at its sign-in:
+    GitHub gives freed logins to others. Inviting again changes the pending role.
     """
     github_login, email = github_login.strip().lower(), email.strip().lower()
     if bool(github_login) == bool(email):
         raise ApplicationError("Give either a GitHub login or an email.")
+    if github_id is not None and not github_login:
+        raise ApplicationError("A GitHub id goes with the GitHub login it belongs to.")
     _lock(workspace)
-    user = _account_for(github_login=github_login, email=email)
+    user = _account_for(github_login=github_login, email=email, github_id=github_id)
     if user is None:
-        return MemberAdded(invitation=_invite(workspace, invited_by, role, github_login, email))
+        return MemberAdded(invitation=_invite(workspace, invited_by, role, github_login, email, github_id))
     existing = Membership.objects.for_workspace(workspace).filter(user=user).first()
     if existing is not None:
         raise ApplicationError(
@@ -102,13 +117,17 @@ def invitation_revoke(*, workspace: Workspace, invitation_id: uuid.UUID) -> None
 def invitations_accept(*, user: User, github_login: str, verified_emails: Sequence[str]) -> list[Membership]:
     """Turns the pending invitations for this login or these (verified) emails into memberships.
 
-    Expired invitations are ignored. Where one workspace invited the person twice, the higher role wins; an
-    existing membership keeps its role. Each invitation is claimed with a
+    A login invitation that names a GitHub id is the account's with that id
+    only (a recycled login does not take it up). Expired invitations are
+    ignored. Where one workspace invited the person twice, the higher role
+    wins; an existing membership keeps its role. Each invitation is claimed with a
     compare-and-set, so it is accepted once.
     """
     match = Q(email__in=[e.lower() for e in verified_emails if e])
+    if user.github_id is not None:
+        match |= Q(github_id=user.github_id)
     if github_login:
-        match |= Q(github_login=github_login.lower())
+        match |= Q(github_login=github_login.lower(), github_id__isnull=True)
     pending = list(Invitation.objects.filter(match, accepted_at__isnull=True, expires_at__gt=timezone.now()))
     pending.sort(key=lambda inv: ROLE_RANK[Role(inv.role)], reverse=True)
     joined = []
@@ -151,24 +170,45 @@ def _keep_an_admin(workspace: Workspace, membership: Membership, action: str) ->
         )
 
 
-def _account_for(*, github_login: str, email: str) -> User | None:
+def _account_for(*, github_login: str, email: str, github_id: int | None) -> User | None:
     accounts = User.objects.filter(github_id__isnull=False, is_active=True)
+    if github_id is not None:
+        return accounts.filter(github_id=github_id).first()
     if github_login:
         return accounts.filter(github_login=github_login).first()
     # Only GitHub accounts: their email is one GitHub reported verified.
     return accounts.filter(email__iexact=email).order_by("-last_login").first()
 
 
-def _invite(workspace: Workspace, invited_by: User, role: Role, github_login: str, email: str) -> Invitation:
+def _invite(
+    workspace: Workspace, invited_by: User, role: Role, github_login: str, email: str, github_id: int | None
+) -> Invitation:
     invitation, _ = Invitation.objects.update_or_create(
         workspace=workspace,
         github_login=github_login,
         email=email,
         accepted_at=None,
-        # Inviting again (an expired invitation too) renews it.
-        defaults={"role": role, "invited_by": invited_by, "expires_at": invitation_expiry()},
+        # Inviting again (an expired invitation too) renews it, and sets or clears its id.
+        defaults={"role": role, "invited_by": invited_by, "expires_at": invitation_expiry(), "github_id": github_id},
     )
     return invitation
+
+
+def _workspace_cap_check(user: User) -> None:
+    cap = settings.TRAINYARD["MAX_WORKSPACES_PER_USER"]
+    if not cap or user.is_superuser:
+        return
+    # The user's row locked: two creations at once cannot both take the last place.
+    User.objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True).first()
+    made = Workspace.objects.filter(created_by=user).count()
+    if made >= cap:
+        raise ApplicationError(
+            f"You have made {made} workspaces, the most one account may make on this server "
+            f"(TRAINYARD_MAX_WORKSPACES_PER_USER={cap}): work in one you are a member of, or ask the "
+            "installation's admin to raise the limit.",
+            status_code=403,
+            extra={"workspaces": made, "limit": cap},
+        )
 
 
 def _free_slug(base: str) -> str:

@@ -16,7 +16,12 @@ def token() -> None:
 
 @token.command("create")
 @click.option("--name", default="cli", show_default=True, help="A label to tell the token apart.")
-@click.option("--expires-in", default="", help="It stops working after this long: 30d, 12h, 90m, 2w (default: never).")
+@click.option(
+    "--expires-in",
+    default="",
+    help="It stops working after this long: 30d, 12h, 90m, 2w, or never"
+    " (default: the server's, 90 days unless configured).",
+)
 def token_create(name: str, expires_in: str) -> None:
     """Make a new API token and print it (shown this once: store it now)."""
     made = common.client().create_token(name, expires_in=expires_in)

@@ -1496,6 +1496,8 @@ export interface components {
             /** Format: uuid */
             id: string;
             github_login: string;
+            /** @description null: matched by the login */
+            github_id: number | null;
             email: string;
             role: components["schemas"]["Role"];
             /** Format: date-time */
@@ -1622,6 +1624,11 @@ export interface components {
         MemberInRequest: {
             github_login?: string;
             email?: string;
+            /**
+             * Format: int64
+             * @description GitHub's numeric id of github_login: only that account matches (GitHub recycles logins).
+             */
+            github_id?: number | null;
             /** @default member */
             role: components["schemas"]["Role"];
         };
@@ -2072,7 +2079,7 @@ export interface components {
         };
         TokenInRequest: {
             name: string;
-            /** @description The token stops working after this long: 30d, 12h, 90m, 2w (at most 3650d). Absent or empty: never. */
+            /** @description Lifetime: 30d, 12h, 90m, 2w (at most 3650d), or never. Absent or empty: TRAINYARD_API_TOKEN_DAYS (90). */
             expires_in?: string;
         };
         TokenOut: {

@@ -37,10 +37,12 @@ export function TokensPage() {
         <label>
           Expires
           <select value={expiresIn} onChange={(e) => setExpiresIn(e.target.value)}>
-            <option value="">never</option>
+            <option value="">the server's default (90 days unless configured)</option>
             <option value="7d">in 7 days</option>
             <option value="30d">in 30 days</option>
             <option value="90d">in 90 days</option>
+            <option value="365d">in 365 days</option>
+            <option value="never">never</option>
           </select>
         </label>
         <button type="submit" className="btn btn-primary">

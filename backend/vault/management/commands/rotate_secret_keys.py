@@ -1,5 +1,6 @@
-"""`manage.py rotate_secret_keys`: re-encrypt every secret with the first key
-of TRAINYARD_SECRET_KEYS, so older keys can then be removed."""
+"""`manage.py rotate_secret_keys`: re-encrypt every secret (and every kept
+GitHub sign-in token) with the first key of TRAINYARD_SECRET_KEYS, so older
+keys can then be removed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from backend.accounts.models import User
 from backend.vault.crypto import Unreadable, rotate
 from backend.vault.models import Secret
 
@@ -29,3 +31,21 @@ class Command(BaseCommand):
         self.stdout.write(f"re-encrypted {count} secret(s)")
         if unreadable:
             self.stderr.write(f"no key opens {len(unreadable)} secret(s), left as they are: {', '.join(unreadable)}")
+        self.stdout.write(f"re-encrypted {_github_tokens()} kept GitHub sign-in token(s)")
+
+
+def _github_tokens() -> int:
+    """The GitHub tokens kept for the allowlist's re-check
+    (backend/accounts/services/allowlist.py); one no key opens is dropped:
+    the next re-check then finds none, and that person signs in again."""
+    count = 0
+    with transaction.atomic():
+        for user in User.objects.select_for_update().filter(github_token__isnull=False).only("pk", "github_token"):
+            try:
+                token = rotate(user.github_token)
+            except Unreadable:
+                User.objects.filter(pk=user.pk).update(github_token=None)
+                continue
+            User.objects.filter(pk=user.pk).update(github_token=token)
+            count += 1
+    return count
