@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("accounts", "0006_sign_in_lockout"),
         ("clouds", "0008_instance_cloud_view"),
-        ("runs", "0017_rerun_of_and_recipe"),
+        ("runs", "0018_submission_keys"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
