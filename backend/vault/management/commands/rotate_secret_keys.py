@@ -42,7 +42,7 @@ def _github_tokens() -> int:
     with transaction.atomic():
         for user in User.objects.select_for_update().filter(github_token__isnull=False).only("pk", "github_token"):
             try:
-                token = rotate(user.github_token)
+                token = rotate(user.github_token or b"")
             except Unreadable:
                 User.objects.filter(pk=user.pk).update(github_token=None)
                 continue
