@@ -120,3 +120,18 @@ def test_a_cache_saved_for_one_repository_is_not_restored_for_another(job: Job, 
     mine, _ = _save(job, {"model.bin": b"honest"})
     assert cache_latest(job=job, path="./models") == mine
     assert cache_latest(job=same_repo, path="./models") == saved, "saving for acme/models replaces nothing of other.git"
+
+
+def test_a_saving_over_the_storage_quota_is_413_and_carried_files_take_no_room(job: Job, settings: Any) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "STORAGE_QUOTA_BYTES": 20_000}
+    _save(job, {"big.bin": b"b" * 12_000})
+
+    with pytest.raises(ApplicationError) as refused:
+        _save(job, {"big.bin": b"B" * 12_000})  # changed: 12,000 more bytes would be stored
+
+    assert refused.value.status_code == 413
+    assert refused.value.extra == {"used_bytes": 12_000, "quota_bytes": 20_000, "requested_bytes": 12_000}
+    assert str(refused.value).startswith("This workspace's storage quota is full")
+    assert Artifact.stored.filter(kind=ArtifactKind.CACHE).count() == 1, "nothing of the refused saving is recorded"
+    _, uploaded = _save(job, {"big.bin": b"b" * 12_000, "small.bin": b"s" * 5_000})
+    assert uploaded == ["small.bin"]  # big.bin is carried: only 5,000 more bytes

@@ -87,7 +87,10 @@ export function MembersPage() {
             columns={["Invited", "Role", "Sent", ACTIONS_COLUMN]}
             renderRow={(invitation) => (
               <tr key={invitation.id}>
-                <td>{invitation.github_login ? `@${invitation.github_login}` : invitation.email}</td>
+                <td>
+                  {invitation.github_login ? `@${invitation.github_login}` : invitation.email}
+                  {invitation.github_id != null ? <span className="muted"> (GitHub id {invitation.github_id})</span> : null}
+                </td>
                 <td>{invitation.role}</td>
                 <td>
                   <Time iso={invitation.created_at} />
