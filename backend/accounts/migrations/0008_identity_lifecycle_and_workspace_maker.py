@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("accounts", "0006_sign_in_lockout"),
+        ("accounts", "0007_audit_event"),
     ]
 
     operations = [
