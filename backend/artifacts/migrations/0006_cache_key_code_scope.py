@@ -25,7 +25,7 @@ def _unscope_cache_keys(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("artifacts", "0005_replace_on_complete_and_caches"),
-        ("runs", "0020_environment_archive_code_scope"),
+        ("runs", "0021_environment_archive_code_scope"),
     ]
 
     operations = [migrations.RunPython(_scope_cache_keys, _unscope_cache_keys)]

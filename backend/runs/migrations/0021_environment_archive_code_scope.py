@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("accounts", "0006_sign_in_lockout"),
         ("clouds", "0008_instance_cloud_view"),
-        ("runs", "0019_run_private_inputs"),
+        ("runs", "0020_attempt_job_token"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
