@@ -7,11 +7,16 @@ tells a network problem or a 5xx (worth retrying) from a refusal (4xx).
 query is a credential (the server's ``/storage/<token>``, a presigned S3
 query): their errors name only the URL's origin, so a job's reason never
 hands out the link. ``post_json`` and ``get_json`` errors name the API path.
+
+A call that carries the runner's token never follows a redirect
+(``_TokenStaysHere``): urllib would resend the ``Authorization`` header to
+wherever a redirect points, another origin included.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import shutil
 import urllib.error
@@ -21,6 +26,24 @@ from typing import Any
 from urllib.parse import urlsplit
 
 TIMEOUT = 30.0
+
+
+class _TokenStaysHere(urllib.request.HTTPRedirectHandler):
+    """Refuses to follow a redirect of a request with an ``Authorization``
+    header; other requests (signed URLs, which carry no header) follow them."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> urllib.request.Request | None:
+        if req.has_header("Authorization"):
+            where = urlsplit(newurl).netloc or "another path"
+            said = f"redirected to {where}: a call carrying the runner's token does not follow redirects"
+            body = io.BytesIO(json.dumps({"message": said}).encode())
+            raise urllib.error.HTTPError(req.full_url, code, said, headers, body)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_TokenStaysHere)
 
 
 class HttpError(Exception):
@@ -123,7 +146,7 @@ def same_origin(a: str, b: str) -> bool:
 def _open(req: urllib.request.Request, timeout: float, *, signed: bool = False) -> Any:
     shown = _shown(req.full_url, signed=signed)
     try:
-        return urllib.request.urlopen(req, timeout=timeout)
+        return _OPENER.open(req, timeout=timeout)
     except urllib.error.HTTPError as e:
         detail = e.read(2000).decode("utf-8", errors="replace").strip()
         detail = _scrubbed(detail, req.full_url) if signed else detail
