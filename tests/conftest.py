@@ -37,6 +37,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _interpreter_reachable_by_jobs() -> None:
+    """A root runner runs each job as a user of its own (docs/RUNNER.md, "The
+    job's user"); the suite's jobs call this interpreter, which on the
+    development machines lives under a private ``/root`` (pyenv): its
+    folders are made searchable (``o+x``, never readable), as a system
+    python's are."""
+    from trainyard_runner.jobuser import isolating, make_reachable
+
+    if isolating():
+        make_reachable(Path(sys.executable).resolve().parent)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _own_rate_limit_counters() -> None:
     """Rate-limit counters of this session only: a re-run within the same
     minute starts from zero instead of inheriting the last run's hits."""

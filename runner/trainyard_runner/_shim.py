@@ -49,6 +49,8 @@ import time
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MARK_VAR = "TRAINYARD_JOB_MARK"
+UID_VAR = "TRAINYARD_JOB_UID"  # the job's own uid (and gid), "" to run as the shim's user; not passed on
+PR_SET_NO_NEW_PRIVS = 38
 CGROUP_ROOT = "/sys/fs/cgroup"
 SWEEP_ROUNDS = 20  # a job forking while it is killed: kill again, this many times at most
 
@@ -61,15 +63,18 @@ def main() -> int:
         job_dir, outlive, argv = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
     if os.getsid(0) != os.getpid():
         os.setsid()
+    uid = int(os.environ.pop(UID_VAR, "") or 0)
 
     def on_term(signum: int, frame: object) -> None:
         if not outlive and os.getppid() != runner:  # orphaned: the runner is gone, and the job with it
+            _kill_uid(uid)
             os.killpg(0, signal.SIGKILL)
 
     signal.signal(signal.SIGTERM, on_term)
     if not outlive:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != runner:  # the runner died before prctl took effect
+            _kill_uid(uid)
             os.killpg(0, signal.SIGKILL)
     me = os.getpid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -83,23 +88,66 @@ def main() -> int:
         os.dup2(out, 1)
         os.dup2(err, 2)
         try:
-            os.execvp(argv[0], argv)
+            if uid:
+                _become(uid)
+            _exec(argv)
         except OSError as e:
             os.write(2, f"cannot run {argv[0]}: {e.strerror}\n".encode())
         os._exit(127)
     os.close(out)
     os.close(err)
     # Written while the child starts: the job's first line does not wait for it.
-    record = {"pid": me, "start": start_ticks(me), "boot": boot_id(), "mark": os.environ.get(MARK_VAR, "")}
+    record = {"pid": me, "start": start_ticks(me), "boot": boot_id(), "mark": os.environ.get(MARK_VAR, ""), "uid": uid}
     _write(job_dir, "shim.json", {**record, "cgroup": cgroup})
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None
     code = 128 + sig if sig is not None else code
     _write(job_dir, "exit.json", {"code": code, "signal": sig, "ended_at": time.time()})
-    _contain_end(cgroup)
+    _contain_end(cgroup, uid)
     os.killpg(0, signal.SIGKILL)
     return code
+
+
+def _exec(argv: list[str]) -> None:
+    """``execvp`` without its lazy ``import warnings``, which the job's user
+    may not be able to read (the interpreter under a private folder)."""
+    if "/" in argv[0]:
+        os.execv(argv[0], argv)
+    error: OSError = FileNotFoundError(2, "No such file or directory")
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execv(os.path.join(folder or ".", argv[0]), argv)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            error = error if isinstance(error, PermissionError) else e
+        except PermissionError as e:
+            error = e
+    raise error
+
+
+def _become(uid: int) -> None:
+    """The job's user: its uid and gid, no supplementary group, and no way
+    back up (``no_new_privs``: a setuid program runs with the job's uid)."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of the job's uid: ``kill(-1)`` from a child
+    that became the uid reaches them all at once (a job forking meanwhile
+    included), wherever they went (``setsid``, a cleared environment)."""
+    if not uid:
+        return
+    child = os.fork()
+    if child == 0:
+        try:
+            _become(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
 
 
 def _wait_for_job() -> tuple[str, bool, list[str]]:
@@ -144,12 +192,13 @@ def _enter_cgroup(mark: str) -> str:
     return path
 
 
-def _contain_end(cgroup: str) -> None:
-    """SIGKILL every process of the job but this one: the cgroup's, and every
-    descendant (orphans were re-parented here: we are their subreaper); reap
-    them, until none is left."""
+def _contain_end(cgroup: str, uid: int) -> None:
+    """SIGKILL every process of the job but this one: the job uid's, the
+    cgroup's, and every descendant (orphans were re-parented here: we are
+    their subreaper); reap them, until none is left."""
     me = os.getpid()
     for _ in range(SWEEP_ROUNDS):
+        _kill_uid(uid)
         doomed = (_cgroup_pids(cgroup) | _descendants(me)) - {me}
         for pid in doomed:
             try:  # noqa: SIM105 - contextlib is not imported: start time

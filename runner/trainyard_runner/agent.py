@@ -33,13 +33,14 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from . import __version__, kept
+from . import __version__, jobuser, kept
 from . import protocol as p
-from .job import Job, Lifecycle, Resumed
-from .machine import save_token
+from .job import Job, Lifecycle, Resumed, environments_dir
+from .machine import TOKEN_FILE, save_token
 from .ports import free_ports, port_env
 from .process import ShimStandby
 from .reattach import find_resumable, lock_work_dir
+from .register import CONFIG_NAME
 from .resources import detect_resources
 from .serverwatch import ServerWatch
 from .spot import Notice, SpotWatcher
@@ -140,6 +141,12 @@ class Agent:
 
     async def _run(self) -> int:
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        if jobuser.isolating():
+            jobuser.prepare_work_dir(
+                self._work_dir,
+                private=[self._work_dir / TOKEN_FILE, self._work_dir / CONFIG_NAME, self._work_dir / kept.KEPT_DIR],
+                shared=[environments_dir(self._work_dir)],
+            )
         self._lock = await lock_work_dir(self._work_dir)
         if self._lock is None:
             log.error("another runner process uses %s; exiting", self._work_dir)

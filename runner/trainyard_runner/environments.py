@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from . import http
+from . import http, jobuser
+from .jobuser import JobUser
 from .protocol import EnvironmentReport, EnvironmentSpec
 
 READY_FILE = "trainyard-env.json"
@@ -236,10 +237,13 @@ async def prepare_environment(
     env: Mapping[str, str],
     say: Say,
     store: Store | None = None,
+    user: JobUser | None = None,
 ) -> Environment:
     """The environment of ``spec`` for a job whose code is in ``checkout``,
     restored from ``store`` or built under ``root`` if it is not there yet
-    (module docstring)."""
+    (module docstring). ``user``: the job's own user, who runs the build
+    (the requirements' build scripts and the setup commands are the job's
+    code); the environment is then made root's, read-only for every job."""
     python = interpreter(spec, env)
     facts, executable = await platform_of(python)
     files = files_of(spec, checkout)
@@ -263,6 +267,7 @@ async def prepare_environment(
                 env=env,
                 say=say,
                 restore=None if store is None else functools.partial(_restore, store, executable=executable),
+                user=user,
             )
             if built is not None:
                 built.lock_fd, built.recipe = use_fd, recipe
@@ -292,6 +297,7 @@ async def _build_once(
     env: Mapping[str, str],
     say: Say,
     restore: Callable[..., Awaitable[Environment | None]] | None,
+    user: JobUser | None = None,
 ) -> Environment | None:
     """Build ``key`` holding ``<key>.build`` (restored from storage when
     ``restore`` finds it packed); None when another job made it meanwhile."""
@@ -306,7 +312,9 @@ async def _build_once(
             restored = await restore(key=key, facts=facts, root=root, say=say)
             if restored is not None:
                 return restored
-        return await _build(spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say)
+        return await _build(
+            spec, key=key, python=python, facts=facts, root=root, checkout=checkout, env=env, say=say, user=user
+        )
     finally:
         os.close(build_fd)
 
@@ -504,18 +512,25 @@ async def _build(
     checkout: Path,
     env: Mapping[str, str],
     say: Say,
+    user: JobUser | None = None,
 ) -> Environment:
     started = time.monotonic()
     building = root / f"{key}.building"
     shutil.rmtree(building, ignore_errors=True)  # a build that died halfway
     uv = uv_binary()
     base = dict(env)
-    base.setdefault("UV_CACHE_DIR", str(root / CACHE_DIR))  # per folder: a workspace's setup cannot touch another's
+    if user is None:
+        base.setdefault("UV_CACHE_DIR", str(root / CACHE_DIR))  # per folder: a workspace's setup cannot touch another's
+    else:
+        # The job's own (in its home, unless it sets one): a cache shared by
+        # every job's user would let one job plant wheels for the next.
+        building.mkdir()
+        jobuser.give(building, user.uid, user.gid)
     base["UV_PYTHON_DOWNLOADS"] = "never"
     base["UV_NO_PROGRESS"] = "1"
     base.pop("VIRTUAL_ENV", None)
     await say("o", [f"[trainyard] environment {key}: building (python {spec.python or 'python3'})"])
-    step = functools.partial(_step, say, base, checkout)
+    step = functools.partial(_step, say, base, checkout, user=user)
     try:
         await step(
             "creating the virtual environment",
@@ -535,6 +550,7 @@ async def _build(
         elif inputs:
             tmp = root / f"{key}.building.in"
             tmp.write_text(inputs, encoding="utf-8")
+            tmp.chmod(0o644)  # read by the job's user
             try:
                 lock_path = building / "trainyard-lock.txt"
                 await step(
@@ -570,8 +586,11 @@ async def _build(
                 checkout,
                 "running the setup commands",
                 ["bash", "-c", "set -e\n" + "\n".join(spec.setup) + "\n"],
+                user=user,
             )
-        packages = await _output(base, checkout, [uv, "pip", "freeze", "--python", venv_python])
+        packages = await _output(base, checkout, [uv, "pip", "freeze", "--python", venv_python], user=user)
+        if user is not None:  # shared from now on: no later job's user may change it
+            await asyncio.to_thread(jobuser.take_back, building)
         seconds = round(time.monotonic() - started, 3)
         size = _size_of(building)
         record = {
@@ -611,8 +630,10 @@ def _requirements_in(spec: EnvironmentSpec, checkout: Path) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-async def _step(say: Say, env: Mapping[str, str], cwd: Path, what: str, argv: list[str]) -> None:
-    """Run one build step, its output (both streams) into the job's log."""
+async def _step(
+    say: Say, env: Mapping[str, str], cwd: Path, what: str, argv: list[str], *, user: JobUser | None = None
+) -> None:
+    """Run one build step (as ``user`` if given), its output (both streams) into the job's log."""
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -620,6 +641,9 @@ async def _step(say: Say, env: Mapping[str, str], cwd: Path, what: str, argv: li
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        user=_uid(user),
+        group=_uid(user),
+        extra_groups=None if user is None else [],
     )
     assert proc.stdout is not None
     tail: list[str] = []
@@ -637,9 +661,16 @@ async def _step(say: Say, env: Mapping[str, str], cwd: Path, what: str, argv: li
         )
 
 
-async def _output(env: Mapping[str, str], cwd: Path, argv: list[str]) -> str:
+async def _output(env: Mapping[str, str], cwd: Path, argv: list[str], *, user: JobUser | None = None) -> str:
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=dict(env), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv,
+        cwd=cwd,
+        env=dict(env),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        user=_uid(user),
+        group=_uid(user),
+        extra_groups=None if user is None else [],
     )
     out, err = await proc.communicate()
     if proc.returncode != 0:
@@ -681,3 +712,8 @@ def _touch(path: Path) -> None:
     """Mark the environment used now (eviction goes by last use)."""
     with contextlib.suppress(OSError):
         os.utime(path / READY_FILE)
+
+
+def _uid(user: JobUser | None) -> int | None:
+    """The uid (and gid) a build step runs as; None: the runner's."""
+    return None if user is None else user.uid

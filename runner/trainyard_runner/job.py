@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlencode
 
-from . import docker, kept
+from . import docker, jobuser, kept
 from .artifacts import ArtifactError, upload_artifacts
 from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
@@ -43,6 +43,7 @@ from .docker import DockerError
 from .environments import Environment, EnvironmentBuildError, prepare_environment, share
 from .http import HttpError, get_json, post_json
 from .inputs import InputError, fetch_inputs, fetch_manifests
+from .jobuser import JobUser, NoJobUser
 from .logstream import LogStream
 from .ports import ports_of
 from .process import Execution, ShimLost, ShimRecord, ShimStandby, job_env, script
@@ -66,6 +67,7 @@ REPORT_DRAIN = 2.0
 # (a docker job sees the folder read-only at docker.INTERRUPT_MOUNT).
 INTERRUPT_DIR, INTERRUPT_FILE = "interrupt", "interrupt.env"
 INTERRUPT_FILE_VAR = "TRAINYARD_INTERRUPT_FILE"
+HOME_DIR = "home"  # <job dir>/home: HOME of a job with a user of its own
 SECRETS_ATTEMPTS = 3  # GETs of the job's secrets, for network errors and 5xx
 
 
@@ -122,9 +124,7 @@ class Job:
         self.dir = work_dir / "jobs" / spec.job
         self._cache_dir = work_dir / "git-cache"
         self._pip_cache_dir = work_dir / "pip-cache"
-        # Shared by the jobs of every runner given the same folder (the local
-        # backend: one per workspace on the server's host).
-        self._environments_dir = Path(os.environ.get(ENVIRONMENTS_VAR) or work_dir / "environments")
+        self._environments_dir = environments_dir(work_dir)
         self.environment: Environment | None = None
         self._sharing: asyncio.Task[bool] | None = None
         self._token = token
@@ -157,6 +157,8 @@ class Job:
         self._wind_down_task: asyncio.Task[None] | None = None
         self._interrupted_before_start = False
         self._secrets = JobSecrets()  # fetched while preparing (AssignJob.secrets); in memory only
+        # The job's own uid when the runner is root (jobuser.py); None: the runner's user.
+        self.user: JobUser | None = None
         self._checkpoint = (
             CheckpointSync(
                 spec.checkpoint,
@@ -189,7 +191,11 @@ class Job:
         if resumed is not None:  # its commands were confirmed and started by an earlier runner process
             self._confirmed.set()
             self.phase = Lifecycle.RUNNING
-            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets)
+            if resumed.shim.uid:
+                self.user = jobuser.take(resumed.shim.uid)
+                if self.user is None:
+                    log.warning("job %s: its uid %d is held by another runner", self.id, resumed.shim.uid)
+            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets, user=self.user)
 
     @property
     def executing(self) -> bool:
@@ -221,6 +227,18 @@ class Job:
                 self._sharing.cancel()
             if self.environment is not None:
                 self.environment.release()
+            self._release_user()
+
+    def _release_user(self) -> None:
+        """Kill every process of the job's uid and free it; a job left
+        running for a later runner (``detachable``) keeps its processes."""
+        user, self.user = self.user, None
+        if user is None:
+            return
+        if self._execution is not None and not self._execution.over:
+            user.unlock()
+        else:
+            user.release()
 
     async def _run(self) -> JobState:
         """1. preparing: docker engine check, working directory, code, inputs;
@@ -235,7 +253,7 @@ class Job:
         except CheckpointError as e:
             # Not the job's fault: another attempt may well restore it (retried as an interruption).
             return await self._finish("interrupted", None, str(e))
-        except (CodeError, InputError, DockerError, ShimLost, SecretsError, EnvironmentBuildError) as e:
+        except (CodeError, InputError, DockerError, ShimLost, SecretsError, EnvironmentBuildError, NoJobUser) as e:
             if self._notice is not None:  # the machine going away broke the setup: not the job's fault
                 return await self._interrupted_final(None)
             return await self._finish("failed", None, str(e))
@@ -259,6 +277,8 @@ class Job:
                 attempt=self.attempt,
                 api_url=self.spec.api_url,
                 token=self._token,
+                user=self.user,
+                home=self._home,
             )
         return await self._upload(code)
 
@@ -438,8 +458,11 @@ class Job:
             await docker.remove_container(self.id)
         if self.spec.secrets:
             self._secrets = await asyncio.to_thread(self._fetch_secrets)
+        if not self.docker and jobuser.isolating():
+            self.user = await asyncio.to_thread(jobuser.claim)
+            self._enclose()
         tmp = self.dir / "tmp"
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)
         work = self.dir / "work"
         code = self.spec.code
         if self._secrets.credential is not None:
@@ -447,6 +470,7 @@ class Job:
         await prepare_code(code, work=work, cache_dir=self._cache_dir, tmp_dir=tmp, fresh_url=self._fresh_code_url)
         log.debug("job %s: code ready in %.0f ms", self.id, (time.monotonic() - started) * 1000)
         if self.spec.inputs:
+            self._check_input_paths()
             inputs = await asyncio.to_thread(fetch_manifests, self.spec.inputs, self._input_page)
             await fetch_inputs(
                 inputs,
@@ -460,7 +484,10 @@ class Job:
             await self._checkpoint.restore()
         if any(c.files for c in self.spec.caches):
             await self._state("preparing", "restoring the cache")
-            await restore_caches(self.spec.caches, work, fresh_url=self._fresh_cache_url, job=self.id)
+            await restore_caches(self.spec.caches, work, fresh_url=self._fresh_cache_url, job=self.id, home=self._home)
+        if self.user is not None:  # everything above was the runner's doing; from here on the job's
+            await asyncio.to_thread(self.user.give, work)
+            await asyncio.to_thread(self.user.give, self.dir / HOME_DIR)
         if self.spec.environment is not None:
             await self._state("preparing", "preparing the environment")
             self.environment = await prepare_environment(
@@ -470,9 +497,36 @@ class Job:
                 env=self._job_env(),
                 say=self._say,
                 store=self,
+                user=self.user,
             )
             if self.environment.built:  # for runners on other machines; awaited before the final state
                 self._sharing = asyncio.create_task(share(self.environment, self, say=self._say_while_open))
+
+    def _check_input_paths(self) -> None:
+        """The runner (root) writes the inputs: for a job with a user of its
+        own, only inside its working directory, never where that user could
+        not write."""
+        absolute = next((i.path for i in self.spec.inputs if i.path.startswith("/")), None)
+        if self.user is not None and absolute is not None:
+            raise InputError(
+                f"could not fetch input {absolute}: a job runs as a user of its own on this machine (its runner is"
+                " root) and gets its inputs inside its working directory only; use a relative path"
+            )
+
+    @property
+    def _home(self) -> Path | None:
+        """The job's home when it has a user of its own (``HOME``, ``~`` of its caches)."""
+        return self.dir / HOME_DIR if self.user is not None else None
+
+    def _enclose(self) -> None:
+        """The job's folder is root's, and only its own user may pass through
+        it (group = the job's gid, 0710): not another job's. Its home is its
+        own, with a private temporary folder."""
+        assert self.user is not None
+        os.chown(self.dir, 0, self.user.gid)
+        os.chmod(self.dir, 0o710)
+        (self.dir / HOME_DIR / "tmp").mkdir(parents=True, mode=0o700)
+        os.chmod(self.dir / HOME_DIR, 0o700)
 
     async def make_spare(self) -> None:
         """A clone of this job's repository made ahead for the next job (code.spare_checkout)."""
@@ -579,7 +633,7 @@ class Job:
 
     async def _start(self, env_file: Path) -> Execution:
         work = self.dir / "work"
-        _make_artifact_folders(work, self.spec.artifacts)
+        _make_artifact_folders(work, self.spec.artifacts, self.user)
         interrupt_dir = self.dir / INTERRUPT_DIR
         interrupt_dir.mkdir(exist_ok=True)
         job_vars = self._job_vars()
@@ -596,6 +650,7 @@ class Job:
                 stream=self.stream,
                 outlive=self._outlive,
                 standby=self._standby,
+                user=self.user,
             )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
@@ -661,7 +716,13 @@ class Job:
         return {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3
 
     def _job_env(self) -> dict[str, str]:
-        return job_env(self._job_vars(), pip_cache_dir=self._pip_cache_dir)
+        if self.user is None:
+            return job_env(self._job_vars(), pip_cache_dir=self._pip_cache_dir)
+        # A cache shared by jobs of different users would let one plant files for the next:
+        # pip's goes in the job's home.
+        home = self.dir / HOME_DIR
+        own = {"HOME": str(home), "USER": jobuser.JOB_NAME, "LOGNAME": jobuser.JOB_NAME, "TMPDIR": str(home / "tmp")}
+        return job_env({**own, **self._job_vars()})
 
     def _stop_execution(self) -> None:
         if self._stopper is None:
@@ -680,8 +741,10 @@ class Job:
         await self._drain()
         self.phase = Lifecycle.UPLOADING
         await self._state("uploading")
+        reading = self.user.reading if self.user is not None else _call
         try:
             await asyncio.to_thread(
+                reading,
                 upload_artifacts,
                 [a.path for a in self.spec.artifacts],
                 work=self.dir / "work",
@@ -755,20 +818,33 @@ def _write_interrupt_file(path: Path, notice: Notice) -> None:
         log.error("could not write %s: %s", path, e)
 
 
+def environments_dir(work_dir: Path) -> Path:
+    """Shared by the jobs of every runner given the same folder (the local
+    backend: one per workspace on the server's host)."""
+    return Path(os.environ.get(ENVIRONMENTS_VAR) or work_dir / "environments")
+
+
+def _call(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    return fn(*args, **kwargs)
+
+
 def _reset_dir(path: Path) -> None:
     # A job id seen again (re-assigned after a runner restart) starts clean.
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
 
 
-def _make_artifact_folders(work: Path, artifacts: list[ArtifactSpec]) -> None:
+def _make_artifact_folders(work: Path, artifacts: list[ArtifactSpec], user: JobUser | None = None) -> None:
     """An artifact path that names a folder (its last part has no ``.``:
     ``./output``, not ``./model.pt``) exists, empty, before the commands
     start, as in dstack 0.x (whose examples write ``output/hello.txt`` at
-    once). A path that is already there is left as it is."""
+    once), the job's user's. A path that is already there is left as it is."""
     for artifact in artifacts:
         folder = work / artifact.path
         if "." in PurePosixPath(artifact.path).name or folder.exists() or folder.is_symlink():
             continue
         if folder.resolve().is_relative_to(work.resolve()):
+            top = next(p for p in reversed([folder, *folder.parents]) if not p.exists())
             folder.mkdir(parents=True, exist_ok=True)
+            if user is not None:
+                user.give(top)

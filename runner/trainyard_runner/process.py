@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import jobuser
+from .jobuser import JobUser
 from .logstream import LogStream
 from .protocol import MAX_LINE_BYTES
 
@@ -45,6 +47,7 @@ OUTPUT_FILES = {"o": "stdout.log", "e": "stderr.log"}
 SHIM_FILE, EXIT_FILE, SHIM_LOG = "shim.json", "exit.json", "shim.log"
 TOKEN_VARS = ("TRAINYARD_RUNNER_TOKEN", "TRAINYARD_RUNNER_TOKEN_FILE")
 MARK_VAR = "TRAINYARD_JOB_MARK"  # the same name in _shim.py
+UID_VAR = "TRAINYARD_JOB_UID"  # the same name in _shim.py
 SWEEP_ROUNDS = 20  # a job forking while it is swept: sweep again, this many times at most
 
 
@@ -118,6 +121,7 @@ class ShimRecord:
     boot: str
     mark: str = ""  # TRAINYARD_JOB_MARK of the job's processes ("" for a shim of an older runner)
     cgroup: str = ""  # the job's cgroup v2, "" for none
+    uid: int = 0  # the job's own uid (jobuser.py), 0 when it runs as the runner's user
 
     @classmethod
     def load(cls, job_dir: Path) -> ShimRecord | None:
@@ -129,6 +133,7 @@ class ShimRecord:
                 boot=str(raw["boot"]),
                 mark=str(raw.get("mark") or ""),
                 cgroup=str(raw.get("cgroup") or ""),
+                uid=int(raw.get("uid") or 0),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -213,6 +218,7 @@ class Execution:
         proc: asyncio.subprocess.Process | None = None,
         record: ShimRecord | None = None,
         offsets: Mapping[str, int] | None = None,
+        user: JobUser | None = None,
     ) -> None:
         self.job_dir = job_dir
         self.pid = pid  # the shim's: also the process group id
@@ -220,6 +226,7 @@ class Execution:
         self._record = record
         self.mark = record.mark if record is not None else ""
         self.cgroup = record.cgroup if record is not None else ""
+        self.user = user  # the job's uid, held by this runner: every process of it is killed at the end
         self._stream = stream
         self.terminated = False
         self._killed = False  # we SIGKILLed the group: a missing exit file means 128 + 9
@@ -245,10 +252,12 @@ class Execution:
         argv: list[str] | None = None,
         outlive: bool = False,
         standby: ShimStandby | None = None,
+        user: JobUser | None = None,
     ) -> Execution:
         """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under
         the shim: ``standby``'s waiting one if it has one, else a new one.
-        ``outlive``: the job keeps running if the runner dies."""
+        ``outlive``: the job keeps running if the runner dies. ``user``: the
+        commands run as that uid (the shim stays the runner's user)."""
         for name in (SHIM_FILE, EXIT_FILE, *OUTPUT_FILES.values()):
             (job_dir / name).unlink(missing_ok=True)
         for name in OUTPUT_FILES.values():
@@ -256,6 +265,8 @@ class Execution:
         mark = f"{job_dir.name}.{secrets.token_hex(6)}"
         argv = argv or ["bash", "-c", script(commands)]
         env = {**env, MARK_VAR: mark}
+        if user is not None:
+            env[UID_VAR] = str(user.uid)
         job = {"job_dir": str(job_dir), "outlive": outlive, "argv": argv, "cwd": str(cwd), "env": env}
         proc = await standby.hand(job) if standby is not None else None
         if proc is None:
@@ -272,14 +283,27 @@ class Execution:
                     stderr=shim_log,
                     start_new_session=True,
                 )
-        execution = cls(job_dir, stream, proc.pid, proc=proc)
+        execution = cls(job_dir, stream, proc.pid, proc=proc, user=user)
         execution.mark = mark
         return execution
 
     @classmethod
-    def attach(cls, job_dir: Path, record: ShimRecord, stream: LogStream, offsets: Mapping[str, int]) -> Execution:
+    def attach(
+        cls,
+        job_dir: Path,
+        record: ShimRecord,
+        stream: LogStream,
+        offsets: Mapping[str, int],
+        user: JobUser | None = None,
+    ) -> Execution:
         """Follow a shim started by an earlier runner process, its output from ``offsets``."""
-        return cls(job_dir, stream, record.pid, record=record, offsets=offsets)
+        return cls(job_dir, stream, record.pid, record=record, offsets=offsets, user=user)
+
+    @property
+    def over(self) -> bool:
+        """The job's commands ended (or their shim is gone); not when this
+        runner stopped following them (a job left running for the next one)."""
+        return self._result.done() and not self._result.cancelled()
 
     async def wait(self) -> int:
         """Wait for the job to end, read its output to the end and close the
@@ -333,6 +357,8 @@ class Execution:
         # The cgroup is known only once the shim wrote shim.json.
         record = self._record or ShimRecord.load(self.job_dir)
         sweep(self.mark, record.cgroup if record is not None else self.cgroup)
+        if self.user is not None and self.user.lock_fd is not None:
+            jobuser.kill_all(self.user.uid)
 
     def _shim_alive(self) -> bool:
         if self._proc is not None:

@@ -27,6 +27,20 @@ def git() -> Callable[..., str]:
 
 
 @pytest.fixture
+def drop(tmp_path: Path) -> Path:
+    """A folder every job may write to (1777), for the marks a test's jobs
+    leave: a root runner's jobs run as users of their own (docs/RUNNER.md,
+    "The job's user"), who may not write in ``tmp_path``."""
+    from trainyard_runner.jobuser import make_reachable
+
+    path = tmp_path / "drop"
+    path.mkdir()
+    path.chmod(0o1777)
+    make_reachable(tmp_path)
+    return path
+
+
+@pytest.fixture
 def repo(tmp_path: Path) -> tuple[Path, str]:
     """A git repository with one commit; returns (path, commit)."""
     path = tmp_path / "repo"

@@ -40,9 +40,9 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 def test_a_sigkilled_runner_restarted_on_its_work_dir_finishes_the_job_with_every_line_once(
-    tmp_path: Path, repo: tuple[Path, str]
+    tmp_path: Path, repo: tuple[Path, str], drop: Path
 ) -> None:
-    marker, n = tmp_path / "marker", 60
+    marker, n = drop / "marker", 60
 
     async def go() -> tuple[FakeServer, int, bool]:
         server = FakeServer()
@@ -78,9 +78,9 @@ def test_a_sigkilled_runner_restarted_on_its_work_dir_finishes_the_job_with_ever
 
 
 def test_a_job_that_ended_while_no_runner_ran_is_reported_by_the_next_one(
-    tmp_path: Path, repo: tuple[Path, str]
+    tmp_path: Path, repo: tuple[Path, str], drop: Path
 ) -> None:
-    marker = tmp_path / "marker"
+    marker = drop / "marker"
 
     async def go() -> FakeServer:
         server = FakeServer()
@@ -145,9 +145,9 @@ def test_a_refused_reattached_job_has_its_process_group_killed_and_its_files_rem
 
 
 def test_sigterm_with_outlive_leaves_the_job_running_and_the_next_runner_finishes_it(
-    tmp_path: Path, repo: tuple[Path, str]
+    tmp_path: Path, repo: tuple[Path, str], drop: Path
 ) -> None:
-    marker = tmp_path / "marker"
+    marker = drop / "marker"
 
     async def go() -> tuple[FakeServer, int | None]:
         server = FakeServer()

@@ -108,10 +108,11 @@ async def _wait(server: FakeServer, predicate: Any, timeout: float) -> None:
 
 
 def test_a_notice_reports_interrupted_at_once_sigterms_the_job_and_kills_it_at_t_minus_10(
-    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer
+    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer, drop: Path
 ) -> None:
-    mark = tmp_path / "mark"
+    mark = drop / "mark"
     mark.mkdir()
+    mark.chmod(0o777)
     job = assign("j", TRAPPING_JOB, repo)
     job["env"] = {"MARK": str(mark)}
 
@@ -168,10 +169,11 @@ def test_a_notice_reports_interrupted_at_once_sigterms_the_job_and_kills_it_at_t
 
 
 def test_a_job_that_exits_on_sigterm_is_synced_and_reported_with_its_exit_code(
-    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer
+    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer, drop: Path
 ) -> None:
-    mark = tmp_path / "mark"
+    mark = drop / "mark"
     mark.mkdir()
+    mark.chmod(0o777)
     script = [
         "trap 'echo saved > \"$MARK/checkpoint\"; exit 0' TERM",
         'while true; do date +%s.%N > "$MARK/alive" || true; sleep 0.1 || true; done',
@@ -206,10 +208,11 @@ def test_a_job_that_exits_on_sigterm_is_synced_and_reported_with_its_exit_code(
 
 
 def test_a_rebalance_recommendation_only_syncs_and_the_job_goes_on_with_imdsv2_only(
-    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer
+    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer, drop: Path
 ) -> None:
-    mark = tmp_path / "mark"
+    mark = drop / "mark"
     mark.mkdir()
+    mark.chmod(0o777)
     job = assign("j", ['for i in $(seq 60); do date +%s.%N > "$MARK/alive"; sleep 0.1 || true; done'], repo)
     job["env"] = {"MARK": str(mark)}
 
@@ -252,12 +255,13 @@ def test_a_rebalance_recommendation_only_syncs_and_the_job_goes_on_with_imdsv2_o
 
 
 def test_a_notice_during_the_setup_is_an_interruption_not_a_failure(
-    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer, file_server: Any
+    tmp_path: Path, repo: tuple[Path, str], imds: ImdsServer, file_server: Any, drop: Path
 ) -> None:
     url, size, sha = file_server.add("/big", b"x" * 200_000)  # 10 s at the "slow" rate
     file_server.faults["/big"] = ["slow"]
-    mark = tmp_path / "mark"
+    mark = drop / "mark"
     mark.mkdir()
+    mark.chmod(0o777)
     job = assign("j", ['touch "$MARK/ran"'], repo)
     job["env"] = {"MARK": str(mark)}
     file_server.serve_input(job, "in", [{"path": "big", "size": size, "sha256": sha, "url": url}])

@@ -147,6 +147,10 @@ class Stack:
     def resume(self, name: str) -> None:
         os.killpg(self._processes[name].pid, signal.SIGCONT)
 
+    def pid(self, name: str) -> int:
+        """The pid of one running process (web, worker or beat)."""
+        return self._processes[name].pid
+
     def running(self, name: str) -> bool:
         process = self._processes.get(name)
         return process is not None and process.poll() is None

@@ -62,6 +62,9 @@ sys.exit(1)
 log "making $INSTANCE_NAME a runner of $SERVER_URL in $ROOT"
 umask 077
 mkdir -p "$ROOT/wheels" "$ROOT/work"
+# Jobs run as users of their own (docs/RUNNER.md, "The job's user"): they pass
+# through $ROOT to their folders and run $ROOT/bin's python, nothing else here.
+chmod 711 "$ROOT"
 
 PY=$(find_python) || {
   log "no python3 >= 3.11 with venv; trying the package manager"
@@ -88,6 +91,7 @@ rm -rf "$ROOT/venv"
 # Jobs call `python` (stock Ubuntu has only python3): the one found above,
 # unless the machine has its own.
 mkdir -p "$ROOT/bin"
+chmod 755 "$ROOT/bin"
 command -v python >/dev/null 2>&1 || ln -sf "$PY" "$ROOT/bin/python"
 JOB_PATH="$ROOT/bin:$PATH"
 

@@ -315,6 +315,7 @@ def kill_shims(work_dir: Path) -> list[int]:
                 os.killpg(pid, signal.SIGKILL)
                 killed.append(pid)
     _kill_marked(work_dir)
+    _kill_job_users(work_dir)
     return killed
 
 
@@ -341,6 +342,44 @@ def _kill_marked(work_dir: Path) -> None:
         if any(needle in environ for needle in needles):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _kill_job_users(work_dir: Path) -> None:
+    """SIGKILL every process of the uids the work dir's jobs ran as (the
+    ``uid`` of each ``shim.json``; a root runner gives each job one of its
+    own, docs/RUNNER.md "The job's user"): what left the group and cleared
+    its environment too. A uid with live processes is never given to
+    another job, so they are this job's."""
+    uids = set()
+    for record in (work_dir / "jobs").glob("*/shim.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            uids.add(int(json.loads(record.read_text()).get("uid") or 0))
+    uids.discard(0)
+    for _ in range(20):  # a job forking while it is killed: again, this many times at most
+        doomed = [pid for pid, owners in _process_uids() if owners & uids]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not doomed:
+            return
+        time.sleep(0.01)
+
+
+def _process_uids() -> list[tuple[int, set[int]]]:
+    """(pid, its real, effective, saved and filesystem uids) of every live process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if "\nState:\tZ" in status:
+            continue
+        line = next((line for line in status.splitlines() if line.startswith("Uid:")), "")
+        found.append((int(entry.name), {int(v) for v in line.split()[1:]}))
+    return found
 
 
 def ws_url(server_url: str) -> str:
