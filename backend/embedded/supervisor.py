@@ -95,6 +95,12 @@ def test(pytest_args: list[str]) -> int:
     try:
         services = _services_for_env(data_dir, TEST_VALKEY_PORT_DEFAULT, "TRAINYARD_TEST_VALKEY_PORT")
         env = _child_env(data_dir)
+        # pytest makes its temporary root (``pytest-of-<user>``) private at every
+        # session's start; a root runner's jobs (users of their own) pass through
+        # it to their folders, so a session never shares it with another data dir's.
+        temproot = data_dir / "tmp"
+        temproot.mkdir(parents=True, exist_ok=True)
+        env.setdefault("PYTEST_DEBUG_TEMPROOT", str(temproot))
         if services is not None:
             services.start()
             env.update(_service_env(services))

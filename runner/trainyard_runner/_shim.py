@@ -31,7 +31,10 @@ the job in a cgroup of its own (``trainyard-<mark>`` under its current one,
 recorded in ``shim.json``) and kills the cgroup's every process at the end.
 Every process of the job inherits ``TRAINYARD_JOB_MARK`` in its environment:
 the runner's sweep (process.sweep) finds what is left by it when the shim
-itself was SIGKILLed.
+itself was SIGKILLed. With ``TRAINYARD_JOB_UID`` (a root runner: the job's
+own uid, jobuser.py) the shim stays root and its child becomes that uid
+(no groups, ``no_new_privs``) before it execs; at the end every process of
+the uid is killed, wherever it went and whatever its environment.
 
 A SIGTERM to the group is a cancel: the job handles it, the shim ignores it
 and keeps waiting. With OUTLIVE "0" the shim also sets PR_SET_PDEATHSIG, so

@@ -296,10 +296,16 @@ def _put_timeout(path: Path) -> float:
 
 
 def _entry(full: Path, rel: str) -> FileEntry:
+    """``rel``'s size and sha256; a file the reader may not read (a link to
+    what only root may read, for a job with a user of its own) is an
+    ``ArtifactError`` naming it."""
     digest = hashlib.sha256()
     size = 0
-    with full.open("rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-            size += len(block)
+    try:
+        with full.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+                size += len(block)
+    except PermissionError as e:
+        raise ArtifactError(f"cannot read {rel}: {e.strerror}") from e
     return FileEntry(path=rel, size=size, sha256=digest.hexdigest())

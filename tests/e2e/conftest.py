@@ -126,6 +126,20 @@ class User:
         )
 
 
+@pytest.fixture(autouse=True)
+def _scratch_open_to_jobs(tmp_path: Path) -> None:
+    """A test's scratch folder is where it and its jobs exchange marks (a
+    control file a job waits for, a marker a job appends to). The local
+    backend's root runners run each job as a user of its own (docs/RUNNER.md,
+    "The job's user"), so the folder is open to every user (1777) and
+    reachable from /."""
+    from trainyard_runner.jobuser import isolating, make_reachable
+
+    if isolating():
+        tmp_path.chmod(0o1777)
+        make_reachable(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def alice(stack: Stack) -> User:
     return User("alice", stack.issue_token("alice"), stack)

@@ -6,14 +6,24 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from websockets.asyncio.server import serve
 
 from tests.runner.test_agent import TOKEN, FakeServer, assign, start_runner, stop
+from tests.runner.test_upload_outage import _run
+from tests.support.flaky_storage import FlakyStorage
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a job gets a user of its own only under a root runner")
+
+
+@pytest.fixture
+def storage() -> Iterator[FlakyStorage]:
+    server = FlakyStorage().start()
+    yield server
+    server.stop()
 
 
 def _lines(server: FakeServer, job: str) -> list[str]:
@@ -141,3 +151,21 @@ def test_a_job_that_runs_setsid_env_i_sleep_leaves_nothing_behind(tmp_path: Path
 
     assert left_after_end == []
     assert left_after_stop == []
+
+
+def test_an_artifact_that_links_to_the_runners_token_is_not_uploaded(
+    tmp_path: Path, repo: tuple[Path, str], storage: FlakyStorage
+) -> None:
+    """The runner (root) reads a job's artifacts as the job's user: a link to
+    its token fails the upload instead of sending it."""
+    work = tmp_path / "rd"
+    work.mkdir()
+    (work / "runner-token").write_text(TOKEN + "\n")
+    commands = ["mkdir -p model", "echo weights > model/w.bin", f"ln -s {work / 'runner-token'} model/token"]
+    job = {**assign("j", commands, repo), "artifacts": [{"path": "./model"}], "api_url": storage.api_url}
+
+    final = _run(work, job)
+
+    assert final["state"] == "failed"
+    assert final["reason"].startswith("cannot read token: Permission denied; the job's files are kept on ")
+    assert storage.stored == {}
