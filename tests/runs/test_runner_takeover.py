@@ -19,7 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 from trainyard_runner import protocol
 
-from backend.accounts.models import Workspace
+from backend.accounts.models import AuditEvent, Workspace
 from backend.accounts.services import hash_token
 from backend.clouds.models import Instance, InstanceStatus
 from backend.config.asgi import application
@@ -101,6 +101,9 @@ def test_a_second_connection_with_a_live_runners_token_is_refused_and_the_first_
         f"security event runner_connection_refused: instance {instance.pk} ({instance.name}), workspace {team.pk}: "
         "another connection with its token is live (its last heartbeat 0s ago)"
     ]
+    # and in the workspace's audit log, for its admins
+    audited = list(AuditEvent.objects.for_workspace(team).values_list("action", "runner", "target"))
+    assert audited == [("runner.connection_refused", instance.name, instance.name)]
 
 
 def test_a_connection_whose_previous_holder_went_silent_takes_over(team: Workspace, run: Run) -> None:

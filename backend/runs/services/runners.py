@@ -10,6 +10,8 @@ from django.db import transaction
 from django.db.models import Q
 from trainyard_runner import protocol
 
+from backend.accounts.models import AuditKind
+from backend.accounts.services.audit import Actor, audit_record
 from backend.clouds.models import BackendKind, Instance, InstanceStatus
 from backend.clouds.services.accountpass import unreachable_grace
 from backend.clouds.services.identity import instance_identity_problem
@@ -83,6 +85,14 @@ def _in_use(instance: Instance, live: LiveElsewhere, address: str) -> Connected:
         "runner_connection_refused",
         f"instance {instance.pk} ({instance.name}), workspace {instance.workspace_id}: "
         f"another connection with its token is live ({live}){f' (from {address})' if address else ''}",
+    )
+    audit_record(
+        workspace_id=instance.workspace_id,
+        kind=AuditKind.RUNNER,
+        action="runner.connection_refused",
+        actor=Actor(runner=instance.name, address=address),
+        target=instance.name,
+        detail={"why": f"another connection with its token is live ({live})"},
     )
     refusal = (
         f"runner {instance.name} is connected and heartbeating elsewhere; retry after {live.window:.0f}s of its silence"
