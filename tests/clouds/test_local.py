@@ -396,6 +396,70 @@ def test_stopping_a_machine_kills_what_its_jobs_setsid_out_of_their_process_grou
         shim.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job gets a user of its own only under a root runner")
+def test_stopping_a_machine_kills_what_its_jobs_moved_out_of_their_group_and_environment(tmp_path: Path) -> None:
+    """A job of a root runner runs as a uid of its own (docs/RUNNER.md, "The
+    job's user"): ``setsid env -i`` leaves its group and its mark, not its
+    uid, and kill_shims kills every process of the uid its shim.json names."""
+    import subprocess
+    import sys
+
+    from trainyard_runner import jobuser
+    from trainyard_runner.process import MARK_VAR, SHIM, UID_VAR
+
+    from backend.clouds.backends.local.process import kill_shims
+
+    job_dir = tmp_path / "jobs" / "j"
+    job_dir.mkdir(parents=True)
+    user = jobuser.claim(tmp_path / "uid-locks")
+    escaped = b"sleep\x001234.9\x00"
+
+    def sleepers() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                live = entry.name.isdigit() and (entry / "cmdline").read_bytes() == escaped
+                if live and (entry / "stat").read_text().split(")")[-1].split()[0] != "Z":
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    shim = subprocess.Popen(  # as Execution.start starts it, without a runner that would sweep afterwards
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(SHIM),
+            str(job_dir),
+            "1",
+            "bash",
+            "-c",
+            "setsid env -i sleep 1234.9 & sleep 1000",
+        ],
+        env={**os.environ, MARK_VAR: "j.test-mark", UID_VAR: str(user.uid)},
+        cwd="/",
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not (sleepers() and (job_dir / "shim.json").exists()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = sleepers()
+
+        kill_shims(tmp_path)
+
+        deadline = time.monotonic() + 3
+        while sleepers() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(before) == 1
+        assert sleepers() == []
+    finally:
+        shim.kill()
+        shim.wait()
+        user.release()
+
+
 def test_stopping_a_machine_kills_a_job_that_runs_in_a_standby_shim(tmp_path: Path) -> None:
     """A standby shim's command line names only the jobs directory
     (``_shim.py <work>/jobs/ standby``): kill_shims finds it all the same."""
