@@ -147,6 +147,9 @@ class Instance(WorkspaceOwnedModel):
     # Seconds it may stay idle for reuse, from its last job's ``idle_duration``:
     # None: the backend's default; IDLE_FOREVER: ``idle_duration: off``.
     idle_duration = models.IntegerField(null=True, blank=True)
+    # Until when its runner keeps the files of a job whose upload failed
+    # (its latest heartbeat; None: nothing kept): not retired for being idle before then.
+    kept_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "status"], name="instance_ws_status")]

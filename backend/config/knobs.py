@@ -907,6 +907,12 @@ OTHER_PROGRAMS: tuple[tuple[str, str, tuple[Elsewhere, ...]], ...] = (
                 "runner/trainyard_runner",
             ),
             Elsewhere(
+                "TRAINYARD_RUNNER_KEPT_RETRY_SECONDS",
+                "30",
+                "First pause between tries of uploading kept files again (doubling to 10 minutes).",
+                "runner/trainyard_runner",
+            ),
+            Elsewhere(
                 "TRAINYARD_ENVIRONMENTS_MAX_BYTES",
                 "21474836480",
                 "Built environments a machine keeps, at most this many bytes (least recently used go first).",

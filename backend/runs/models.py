@@ -182,6 +182,11 @@ class Job(WorkspaceOwnedModel):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Failed because its artifacts could not be uploaded, its files kept on
+    # its instance until then: that instance's runner may still upload this
+    # attempt's artifacts (runs.api.runner_auth). None once they are
+    # uploaded or removed, or when nothing was kept.
+    kept_until = models.DateTimeField(null=True, blank=True)
     # Highest log seq stored: the de-duplication watermark (see runs.services.logs).
     last_seq = models.PositiveBigIntegerField(default=0)
     # Bytes of output stored (as the runner shipped it), against the
@@ -216,6 +221,8 @@ class Job(WorkspaceOwnedModel):
             models.Index(fields=["status", "created_at"], name="job_status_created"),
             # The log archive's and retention's passes walk jobs by when they ended.
             models.Index(fields=["finished_at"], name="job_finished_at", condition=models.Q(finished_at__isnull=False)),
+            # The reconciler's pass over jobs whose files are kept (runs.lifecycle.kept).
+            models.Index(fields=["kept_until"], name="job_kept_until", condition=models.Q(kept_until__isnull=False)),
         ]
 
 

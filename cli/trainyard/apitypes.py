@@ -443,6 +443,13 @@ class OffersOut(TypedDict):
     accounts: int
 
 
+OutcomeEnum: TypeAlias = Literal["uploaded", "removed"]
+"""
+* `uploaded` - uploaded
+* `removed` - removed
+"""
+
+
 class PartInRequest(TypedDict):
     number: int
     sha256: str
@@ -929,6 +936,10 @@ class InvitationOut(TypedDict):
     role: Role
     created_at: str
     expires_at: str
+
+
+class KeptInRequest(TypedDict):
+    outcome: OutcomeEnum
 
 
 class LogLineOut(TypedDict):

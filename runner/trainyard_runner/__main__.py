@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs_outlive_runner=args.jobs_outlive_runner,
         absolute_paths=args.absolute_paths,
         keep_failed_seconds=args.keep_failed_seconds,
+        kept_retry_seconds=args.kept_retry_seconds,
     )
     retry.configure(seconds=args.retry_seconds)
     if args.cloud == "aws":
@@ -225,6 +226,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=float(env("TRAINYARD_RUNNER_KEEP_FAILED_SECONDS", str(kept.KEEP_SECONDS))),
         help="how long the files of a job whose artifacts could not be uploaded are kept (under <work dir>/kept/)",
+    )
+    p.add_argument(
+        "--kept-retry-seconds",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_KEPT_RETRY_SECONDS", str(kept.RETRY_FIRST))),
+        help="first pause between the tries of uploading kept files again (doubling to 10 minutes)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p

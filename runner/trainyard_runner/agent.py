@@ -87,6 +87,7 @@ class Agent:
         jobs_outlive_runner: bool = False,
         absolute_paths: bool = False,
         keep_failed_seconds: float = kept.KEEP_SECONDS,
+        kept_retry_seconds: float = kept.RETRY_FIRST,
     ) -> None:
         self.url = runner_ws_url(server_url)
         self._address = address  # empty: worked out on every connection (default_address)
@@ -118,6 +119,7 @@ class Agent:
         self.spot: SpotWatcher | None = None
         self._notice: Notice | None = None  # the machine is being reclaimed: no new jobs
         self._background: set[asyncio.Task[object]] = set()
+        self._kept = kept.Uploader(work_dir, lambda: self._token, first=kept_retry_seconds)
 
     @property
     def stopping(self) -> bool:
@@ -151,7 +153,6 @@ class Agent:
         if self._lock is None:
             log.error("another runner process uses %s; exiting", self._work_dir)
             return 2
-        kept.sweep(self._work_dir)
         for resumed in find_resumable(self._work_dir):
             self._new_job(resumed.spec, resumed)
             log.info(
@@ -163,6 +164,7 @@ class Agent:
         if self.spot is not None:
             self._keep(self.spot.run())
         self._keep(self._watch_server())
+        self._keep(self._kept.run())
         await self._standby.fill()
         delay, last_contact = BACKOFF_MIN, time.monotonic()
         while self._exit_code is None:
@@ -462,7 +464,10 @@ class Agent:
     async def _heartbeat(self, ws: ClientConnection, every: float) -> None:
         while True:
             await asyncio.sleep(every)
-            await ws.send(p.Heartbeat(state="busy" if self._busy() else "idle").model_dump_json())
+            kept_until = kept.latest_until(self._work_dir)
+            beat = p.Heartbeat(state="busy" if self._busy() else "idle", kept_until=kept_until)
+            # kept_until only when something is kept: a server of the previous release refuses fields it does not know.
+            await ws.send(beat.model_dump_json(exclude_none=True))
             self._keep(self._pong(ws, every))
 
     async def _pong(self, ws: ClientConnection, within: float) -> None:
@@ -520,7 +525,8 @@ class Agent:
         log.info("job %s %s (exit code %s) %s", job.id, final.state, final.exit_code, final.reason)
         self._states.pop(job.id, None)
         self._finals[job.id] = final
-        kept.sweep(self._work_dir)
+        if final.kept_until is not None:
+            self._kept.wake()  # a first retry of its upload starts the backoff
         await self._deliver_finals()
         self._maybe_exit()
         if not self._stopping:

@@ -755,15 +755,20 @@ class Job:
                 token=self._token,
             )
         except ArtifactError as e:
-            where = kept.keep(
+            where, until = kept.keep(
                 self._work_root,
                 self.dir,
                 job=self.id,
                 attempt=self.attempt,
                 seconds=self._keep_failed_seconds,
                 why=str(e),
+                artifacts=[a.path for a in self.spec.artifacts],
+                api_url=self.spec.api_url,
+                job_token=self.spec.job_token,
+                uid=self.user.uid if self.user is not None else None,
             )
-            return self.final("failed", None, f"{e}; {where}" if where else str(e))
+            final = self.final("failed", None, f"{e}; {where}" if where else str(e))
+            return final.model_copy(update={"kept_until": until})
         return self.final("succeeded", code)
 
     async def _finish(self, state: str, code: int | None, reason: str) -> JobState:

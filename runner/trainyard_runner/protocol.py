@@ -122,6 +122,8 @@ MAX_IDENTITY_CHARS = 16 * 1024  # CloudIdentity.document and .signature (AWS's a
 MAX_HELD_JOBS = 64  # Hello.running_jobs (a runner holds one job and the finished ones it still reports)
 MAX_PORTS = 64  # JobAccepted.ports, HeldJob.ports: AssignJob.port_count at most
 MAX_GPUS = 64  # Resources.gpus
+# Heartbeat.kept_until and JobState.kept_until: the server holds a machine for kept files at most this long ahead.
+MAX_KEPT_SECONDS = 7 * 24 * 3600
 MAX_PLATFORM_FACTS = 32  # EnvironmentReport.platform (the runner sends 5)
 # A Logs frame's text: the server's message limit (uvicorn's ws_max_size,
 # 16 MiB); the runner's batches stay under 2 MiB (logstream.MAX_BATCH_BYTES).
@@ -276,6 +278,9 @@ class JobState(_Message):
     log_digest: str = Field(default="", pattern=r"^([0-9a-f]{16})?$")
     # The job's environment, once it is ready (``running`` and final states).
     environment: EnvironmentReport | None = None
+    # ``failed`` because its artifacts could not be uploaded: the unix time
+    # its files are kept on the machine until (runner/kept.py), else None.
+    kept_until: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class Logs(_Message):
@@ -350,8 +355,14 @@ def chunk_lines(streams: str, times: Iterable[tuple[int, float]], text: str) -> 
 
 
 class Heartbeat(_Message):
+    """Every ``Welcome.heartbeat_seconds``. ``kept_until``: the latest unix
+    time until which the machine keeps a job's files whose upload failed
+    (None: it keeps none); the server does not retire the idle machine
+    before then (at most ``MAX_KEPT_SECONDS`` from when it hears it)."""
+
     type: Literal["heartbeat"] = "heartbeat"
     state: Literal["idle", "busy"]
+    kept_until: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 RunnerMessage = Annotated[

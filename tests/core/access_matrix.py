@@ -206,6 +206,9 @@ ROUTES: dict[str, dict[str, Call]] = {
     },
     f"{RUNNER_JOB}/environment/done/": {"POST": Call(runner(409), body={"key": "e" * 24}, query=ATTEMPT)},
     f"{RUNNER_JOB}/caches/": {"POST": Call(runner(400), body={"path": "./cache", "files": [FILE]}, query=ATTEMPT)},
+    # Only a failed job whose files the caller's machine keeps: the world's job runs, so its own
+    # runner is told there is none too (the kept flow and its refusals: tests/clouds/test_kept_files.py).
+    f"{RUNNER_JOB}/kept/": {"POST": Call(runner(404), body={"outcome": "uploaded"}, query=ATTEMPT)},
     f"{RUNNER_JOB}/artifacts/<uuid:artifact>/complete/": {
         "POST": Call(runner(400), query=ATTEMPT, params={"artifact": "uploading_artifact"})
     },

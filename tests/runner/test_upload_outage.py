@@ -1,7 +1,9 @@
 """A real runner process uploads a job's artifact through a server outage
 (tests/support/flaky_storage.py answers 503 for a while): it keeps trying
 with backoff and the upload succeeds; when the outage outlasts the retry
-budget, the job fails and its files are kept where its reason says."""
+budget, the job fails and its files are kept where its reason says, the
+heartbeats say until when, and they are uploaded once storage answers again
+(or removed once their time is up), and the server is told which."""
 
 from __future__ import annotations
 
@@ -118,3 +120,50 @@ def test_kept_files_are_removed_once_their_time_is_up(
 
     assert again["state"] == "succeeded", again["reason"]
     assert not kept.exists()
+    assert [(q.split("?")[0], body) for q, body in flaky.kept_reports] == [
+        ("/api/v1/runner/jobs/j/kept/", {"outcome": "removed"})
+    ]
+
+
+def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_say_until_when(
+    tmp_path: Path, repo: tuple[Path, str], flaky: FlakyStorage
+) -> None:
+    flaky.fail_for(3600)
+    work = tmp_path / "rd"
+    kept = work / "kept" / "j.1"
+
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            flags = ("--retry-seconds", "1", "--kept-retry-seconds", "1")
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            try:
+                await server.to_send.put(_job(repo, flaky.api_url))
+                await server.wait_for(lambda: bool(_finals(server, "j")), 60)
+                await server.wait_for(lambda: bool(_beats(server)) and _beats(server)[-1].get("kept_until"), 10)
+                assert (kept / "work" / "model" / "w.bin").read_bytes() == MODEL
+                held = _beats(server)[-1:]  # a heartbeat while the files are kept
+                flaky.fail_until = 0  # storage answers again
+                await server.wait_for(lambda: bool(flaky.kept_reports), 60)
+                seen = len(server.received)
+                await server.wait_for(lambda: any(m["type"] == "heartbeat" for m in server.received[seen:]), 10)
+                after = [m for m in server.received[seen:] if m["type"] == "heartbeat"]
+            finally:
+                await stop(runner)
+        return _finals(server, "j")[0], held + after
+
+    final, beats = asyncio.run(go())
+
+    assert final["state"] == "failed" and "the job's files are kept on" in final["reason"]
+    assert abs(final["kept_until"] - (time.time() + 24 * 3600)) < 120
+    assert beats[0]["kept_until"] == final["kept_until"]  # the machine says it holds them
+    assert flaky.stored == {"a1/w.bin": MODEL}
+    assert flaky.completed == ["a1"]
+    path, body = flaky.kept_reports[0]
+    assert (path, body) == ("/api/v1/runner/jobs/j/kept/?attempt=1", {"outcome": "uploaded"})
+    assert not kept.exists()
+    assert "kept_until" not in beats[-1]  # nothing kept: the machine may be retired
+
+
+def _beats(server: FakeServer) -> list[dict[str, Any]]:
+    return [m for m in server.received if m["type"] == "heartbeat"]

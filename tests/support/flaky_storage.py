@@ -1,5 +1,5 @@
 """A real HTTP server with the runner's artifact endpoints (docs/API.md,
-"Runner endpoints": begin, urls, complete) and a PUT target for the files,
+"Runner endpoints": begin, urls, complete, kept) and a PUT target for the files,
 that answers 503 the way a server in an outage does: for the first
 ``fail_first`` upload requests, or until ``fail_until`` (time.monotonic()).
 
@@ -24,6 +24,7 @@ class FlakyStorage:
         self.stored: dict[str, bytes] = {}
         self.completed: list[str] = []
         self.manifests: dict[str, list[dict[str, Any]]] = {}
+        self.kept_reports: list[tuple[str, dict[str, Any]]] = []  # (path?query, body) of POST …/kept/
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -67,6 +68,9 @@ def _handler(state: FlakyStorage) -> type[BaseHTTPRequestHandler]:
             if state.failing():
                 return self._json(503, {"message": "Service unavailable (the test's outage).", "extra": {}})
             path = self.path.split("?")[0]
+            if path.endswith("/kept/"):
+                state.kept_reports.append((self.path, json.loads(raw or b"{}")))
+                return self._json(204, {})
             if path.endswith("/complete/"):
                 artifact = path.rstrip("/").split("/")[-2]
                 missing = [

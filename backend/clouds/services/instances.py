@@ -30,13 +30,13 @@ import logging
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import DurationField, ExpressionWrapper, F
+from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 from trainyard_runner import protocol
@@ -218,6 +218,25 @@ def instance_launch_failed(*, instance_id: str, reason: InstanceReason, message:
     return changed
 
 
+def instance_keep_until(*, instance_id: str, kept_until: float) -> None:
+    """Its runner kept a job's files until ``kept_until`` (unix time, bounded
+    by ``kept_bound``): recorded before the machine goes idle, so idle
+    retirement never sees it without."""
+    kept = kept_bound(kept_until)
+    Instance.objects.filter(pk=instance_id).filter(Q(kept_until__isnull=True) | Q(kept_until__lt=kept)).update(
+        kept_until=kept
+    )
+
+
+def kept_bound(kept_until: float | None) -> datetime | None:
+    """A runner's kept-until time as stored: at most ``MAX_KEPT_SECONDS``
+    ahead, so no runner holds a machine (or an upload right) for longer."""
+    if kept_until is None:
+        return None
+    latest = timezone.now() + timedelta(seconds=protocol.MAX_KEPT_SECONDS)
+    return min(datetime.fromtimestamp(kept_until, UTC), latest)
+
+
 def instance_set_idle_duration(*, instance_id: str, seconds: int | None) -> None:
     """How long the machine may stay idle after its job (its job's
     ``idle_duration``; None: the backend's default; IDLE_FOREVER: off)."""
@@ -353,20 +372,22 @@ def instance_disconnected(*, instance_id: str, channel_name: str) -> None:
     Instance.objects.filter(pk=instance_id, channel_name=channel_name).update(channel_name="")
 
 
-def instance_heartbeat(*, instance_id: str, busy: bool | None = None) -> None:
+def instance_heartbeat(*, instance_id: str, busy: bool | None = None, kept_until: float | None = None) -> None:
     """A heartbeat from the instance's current connection. An ``unreachable``
     instance heard again on the connection it kept through its silence (a
     link that froze and came back within the runner's own timeouts, so it
     never said hello again) is reachable again: ``busy`` or idle as its
-    runner says. One UPDATE in the usual case. Stamped with the database's
-    clock, as the reconciler judges it (``backend.core.clock``)."""
+    runner says. ``kept_until`` (unix time; None: nothing kept) is recorded,
+    bounded (``kept_bound``). One UPDATE in the usual case. Stamped with the
+    database's clock, as the reconciler judges it (``backend.core.clock``)."""
+    kept = kept_bound(kept_until)
     if (
         Instance.objects.filter(pk=instance_id)
         .exclude(status=InstanceStatus.UNREACHABLE)
-        .update(last_heartbeat_at=Now())
+        .update(last_heartbeat_at=Now(), kept_until=kept)
     ):
         return
-    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=Now())
+    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=Now(), kept_until=kept)
     if busy is None:
         return
     _transition(

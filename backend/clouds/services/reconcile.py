@@ -216,9 +216,15 @@ def _tell_if_overdue(instance: Instance, now: datetime) -> None:
 
 def _retire_idle(now: datetime) -> int:
     """Idle past the backend's idle time (the local pool's: TRAINYARD_LOCAL_RUNNER_IDLE_SECONDS).
-    A self-hosted machine is the user's and costs us nothing idle: never retired."""
+    A self-hosted machine is the user's and costs us nothing idle: never retired.
+    Nor is one whose runner keeps a job's files (``kept_until``) before their
+    time is up: retiring it would destroy them."""
     count = 0
-    idle = Instance.objects.filter(status=InstanceStatus.IDLE).exclude(backend=BackendKind.SELF_HOSTED)
+    idle = (
+        Instance.objects.filter(status=InstanceStatus.IDLE)
+        .exclude(backend=BackendKind.SELF_HOSTED)
+        .exclude(kept_until__gt=now)
+    )
     for instance in idle.select_related("account"):
         idle_for = _idle_time(instance)
         if idle_for is None or instance.idle_since is None or now - instance.idle_since < timedelta(seconds=idle_for):

@@ -23,8 +23,17 @@ from backend.artifacts.services import (
     path_problem,
 )
 from backend.artifacts.storage import Part
-from backend.core.errors import NotFound
-from backend.runs.api.runner_auth import Held, HoldsCurrentOrWindingDownAttempt, NamesAttempt, RunnerAPIView
+from backend.core.errors import ApplicationError, NotFound
+from backend.runs.api.runner_auth import (
+    Held,
+    HoldsCurrentOrKeptAttempt,
+    HoldsCurrentOrWindingDownAttempt,
+    HoldsKeptAttempt,
+    HoldsUploadingAttempt,
+    NamesAttempt,
+    RunnerAPIView,
+)
+from backend.runs.lifecycle.kept import RUNNER_OUTCOMES, job_kept_end
 from backend.runs.lifecycle.transitions import attempt_wind_down_end
 
 
@@ -108,18 +117,27 @@ class CheckpointBeginOut(ArtifactBeginOut):
 
 def _uploading(held: Held, artifact_id: str) -> Artifact:
     """An artifact of the held job being uploaded; an attempt winding down
-    reaches only its own checkpoint versions."""
+    reaches only its own checkpoint versions, a kept one only artifacts."""
     row = Artifact.stored.filter(pk=artifact_id, job=held.job).first()
     if row is None or (held.winding_down and (row.kind != ArtifactKind.CHECKPOINT or row.attempt != held.attempt)):
+        raise NotFound("No such artifact for this job.")
+    if held.kept and row.kind != ArtifactKind.OUTPUT:
         raise NotFound("No such artifact for this job.")
     return row
 
 
 class RunnerArtifactBeginView(RunnerAPIView):
+    """One artifact of the job: the manifest of every file. The runner that
+    keeps a failed job's files may begin only the job's declared artifacts."""
+
+    permission_classes = [HoldsCurrentOrKeptAttempt]
+
     @extend_schema(request=ArtifactBeginIn, responses={201: ArtifactBeginOut})
     def post(self, request: Request, job: str) -> Response:
         data = ArtifactBeginIn(data=request.data)
         data.is_valid(raise_exception=True)
+        if self.held.kept and data.validated_data["path"] not in self.held.job.spec.get("artifacts", []):
+            raise ApplicationError("Only the job's declared artifacts are uploaded from kept files.", status_code=400)
         files = [FileIn(**f) for f in data.validated_data["files"]]
         artifact, uploads = artifact_begin(job=self.held.job, path=data.validated_data["path"], files=files)
         body = {
@@ -135,7 +153,7 @@ class RunnerArtifactBeginView(RunnerAPIView):
 class RunnerArtifactUploadUrlsView(RunnerAPIView):
     """Fresh upload URLs for one file: the whole file, or a batch of parts."""
 
-    permission_classes = [HoldsCurrentOrWindingDownAttempt]
+    permission_classes = [HoldsUploadingAttempt]
 
     @extend_schema(request=UploadUrlsIn, responses=UploadUrlsOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
@@ -156,7 +174,7 @@ class RunnerArtifactUploadUrlsView(RunnerAPIView):
 class RunnerArtifactPartsView(RunnerAPIView):
     """A file uploaded in parts is assembled from them."""
 
-    permission_classes = [HoldsCurrentOrWindingDownAttempt]
+    permission_classes = [HoldsUploadingAttempt]
 
     @extend_schema(request=PartsDoneIn, responses={204: None})
     def post(self, request: Request, job: str, artifact: str) -> Response:
@@ -169,7 +187,7 @@ class RunnerArtifactPartsView(RunnerAPIView):
 
 
 class RunnerArtifactCompleteView(RunnerAPIView):
-    permission_classes = [HoldsCurrentOrWindingDownAttempt]
+    permission_classes = [HoldsUploadingAttempt]
 
     @extend_schema(request=None, responses=ArtifactCompleteOut)
     def post(self, request: Request, job: str, artifact: str) -> Response:
@@ -245,3 +263,27 @@ class RunnerCacheBeginView(RunnerAPIView):
             ],
         }
         return Response(body, status=status.HTTP_201_CREATED)
+
+
+class KeptIn(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=RUNNER_OUTCOMES)
+
+
+class RunnerKeptView(RunnerAPIView):
+    """The runner that kept a failed job's files uploaded them as the job's
+    artifacts (``uploaded``) or removed them, their time up (``removed``):
+    the job's reason says so and its attempt admits no more uploads."""
+
+    permission_classes = [HoldsKeptAttempt]
+
+    @extend_schema(request=KeptIn, responses={204: None})
+    def post(self, request: Request, job: str) -> Response:
+        data = KeptIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        job_kept_end(
+            job_id=str(job),
+            instance_id=str(self.call.instance.pk),
+            attempt=self.call.attempt,
+            outcome=data.validated_data["outcome"],
+        )
+        return Response(status=status.HTTP_204_NO_CONTENT)

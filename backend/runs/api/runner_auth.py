@@ -5,8 +5,10 @@ token>``) and names the attempt it holds (``?attempt=N``, runner protocol 2).
 ``RunnerTokenAuthentication`` turns the token into the runner's ``Instance``;
 the permissions let a call through only for the job's current attempt on that
 instance (fencing: ``Job.objects.held_by``), or, for the checkpoint uploads of
-an attempt interrupted at a notice, that attempt while it winds down. Every
-endpoint refuses with the same statuses and messages (docs/API.md):
+an attempt interrupted at a notice, that attempt while it winds down; for
+the artifact uploads of a job that failed because its upload failed, the
+attempt whose files the caller's machine keeps (``Job.kept_until`` in the
+future, ``runs.lifecycle.kept``). Every endpoint refuses with the same statuses and messages (docs/API.md):
 
 - 401 ``Unknown runner token.``: no token, an unknown one, or one whose
   instance has ended;
@@ -36,6 +38,7 @@ from backend.clouds.models import Instance
 from backend.clouds.services.instances import instance_for_token
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.lifecycle.jobtoken import job_token_matches
+from backend.runs.lifecycle.kept import job_kept
 from backend.runs.lifecycle.transitions import attempt_winding_down
 from backend.runs.models import ACTIVE_JOB, Attempt, Job
 
@@ -99,11 +102,14 @@ class RunnerCall:
 class Held:
     """The job of the URL as the calling runner holds it: ``attempt`` is the
     job's current attempt on the runner's instance, or (``winding_down``) one
-    interrupted there whose checkpoint the runner still syncs."""
+    interrupted there whose checkpoint the runner still syncs, or (``kept``)
+    the failed job's last attempt, whose files the runner keeps and may
+    still upload as its artifacts."""
 
     job: Job
     attempt: int
     winding_down: bool
+    kept: bool = False
 
 
 class NamesAttempt(BasePermission):
@@ -121,12 +127,15 @@ class HoldsCurrentAttempt(BasePermission):
     current). Sets ``view.call`` and ``view.held``."""
 
     winding_down_ok: ClassVar[bool] = False
+    kept_ok: ClassVar[bool] = False
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         runner_view = _runner_view(view)
         runner_view.call = runner_call(request)
         job_id = str(view.kwargs["job"])
-        runner_view.held = job_held(runner_view.call, job_id=job_id, winding_down_ok=self.winding_down_ok)
+        runner_view.held = job_held(
+            runner_view.call, job_id=job_id, winding_down_ok=self.winding_down_ok, kept_ok=self.kept_ok
+        )
         return True
 
 
@@ -136,6 +145,38 @@ class HoldsCurrentOrWindingDownAttempt(HoldsCurrentAttempt):
     (until the machine's deadline: ``attempt_winding_down``)."""
 
     winding_down_ok = True
+
+
+class HoldsCurrentOrKeptAttempt(HoldsCurrentAttempt):
+    """As ``HoldsCurrentAttempt``, or the attempt named is the failed job's
+    last one on the caller's instance, whose files that runner keeps
+    (``job_kept``): it may upload that attempt's declared artifacts."""
+
+    kept_ok = True
+
+
+class HoldsUploadingAttempt(HoldsCurrentAttempt):
+    """Any attempt that may be uploading on the caller's instance: current,
+    winding down or kept (the views narrow what each may reach)."""
+
+    winding_down_ok = True
+    kept_ok = True
+
+
+class HoldsKeptAttempt(BasePermission):
+    """Only an attempt whose files the caller's instance keeps, or kept
+    until a time now past (404 otherwise)."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        runner_view = _runner_view(view)
+        call = runner_view.call = runner_call(request)
+        job_id = str(view.kwargs["job"])
+        job = job_kept(job_id=job_id, instance_id=str(call.instance.pk), attempt=call.attempt, expired_ok=True)
+        if job is None:
+            raise NotFound("No job whose files this runner keeps.")
+        _check_job_token(call, job_id)
+        runner_view.held = Held(job=job, attempt=runner_view.call.attempt, winding_down=False, kept=True)
+        return True
 
 
 class RunnerAPIView(APIView):
@@ -162,13 +203,16 @@ def runner_call(request: Request) -> RunnerCall:
     return RunnerCall(instance=instance, attempt=int(attempt), job_token=job_token)
 
 
-def job_held(call: RunnerCall, *, job_id: str, winding_down_ok: bool) -> Held:
+def job_held(call: RunnerCall, *, job_id: str, winding_down_ok: bool, kept_ok: bool = False) -> Held:
     """The job as ``call`` holds it (fencing), or the refusal: 404 when the
     job is not active on the caller's instance, 409 when another attempt is."""
     instance_id = str(call.instance.pk)
     if winding_down_ok and attempt_winding_down(job_id=job_id, instance_id=instance_id, attempt=call.attempt):
         _check_job_token(call, job_id)
         return Held(job=Job.objects.get(pk=job_id), attempt=call.attempt, winding_down=True)
+    if kept_ok and (kept := job_kept(job_id=job_id, instance_id=instance_id, attempt=call.attempt)) is not None:
+        _check_job_token(call, job_id)
+        return Held(job=kept, attempt=call.attempt, winding_down=False, kept=True)
     active = Job.objects.filter(pk=job_id, status__in=ACTIVE_JOB)
     job = active.held_by(instance_id=call.instance.pk, attempt=call.attempt).first()
     if job is not None:

@@ -29,4 +29,5 @@ urlpatterns: list[URLPattern] = [
     path(f"{job}/checkpoints/", runner_artifacts.RunnerCheckpointBeginView.as_view()),
     path(f"{job}/checkpoints/done/", runner_artifacts.RunnerCheckpointDoneView.as_view()),
     path(f"{job}/caches/", runner_artifacts.RunnerCacheBeginView.as_view()),
+    path(f"{job}/kept/", runner_artifacts.RunnerKeptView.as_view()),
 ]

@@ -148,7 +148,9 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self._answer(greeting.reply)
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        await off_shared_thread(instance_heartbeat)(instance_id=self.instance_id, busy=message.state == "busy")
+        await off_shared_thread(instance_heartbeat)(
+            instance_id=self.instance_id, busy=message.state == "busy", kept_until=message.kept_until
+        )
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         # Off the shared database thread: a submission's request still

@@ -22,6 +22,7 @@ from backend.clouds.models import ENDED_STATUSES, Instance, InstanceReason, Inst
 from backend.clouds.services.instances import instance_request_termination
 from backend.clouds.services.reconcile import clouds_reconcile
 from backend.runs.lifecycle.groups import groups_restart
+from backend.runs.lifecycle.kept import jobs_kept_expire
 from backend.runs.lifecycle.placement import Placement
 from backend.runs.lifecycle.transitions import attempt_end, attempts_wind_down_expire, job_stop_by_server, run_refresh
 from backend.runs.models import (
@@ -49,6 +50,7 @@ def reconcile() -> bool:
     _finish_unconfirmed_stops()
     _retire_unwanted_launches()
     attempts_wind_down_expire()
+    jobs_kept_expire()
     restarted = groups_restart()
     runs_repair_finished()
     pending = Job.objects.filter(status=JobStatus.PENDING).exists()

@@ -30,10 +30,12 @@ from backend.clouds.services.instances import (
     instance_bootstrap_exchange,
     instance_for_bootstrap_token,
     instance_for_token,
+    instance_keep_until,
     instance_refusal,
 )
 from backend.core.testhooks import file_hook_fires
 from backend.runs.events import publish_runs, publishing_held
+from backend.runs.lifecycle.kept import job_keep
 from backend.runs.lifecycle.transitions import (
     attempt_end,
     job_accept,
@@ -216,6 +218,9 @@ def runner_job_state(*, instance_id: str, message: protocol.JobState) -> Reply:
         reason = message.reason or PROGRESS[message.state]
         job_set_reason(job_id=message.job, instance_id=instance_id, attempt=message.attempt, reason=reason)
         return Reply()
+    kept = message.kept_until if message.state == "failed" else None
+    if kept is not None:  # before the attempt's end makes the machine idle
+        instance_keep_until(instance_id=instance_id, kept_until=kept)
     reported = job_report_final(
         job_id=message.job,
         instance_id=instance_id,
@@ -227,6 +232,8 @@ def runner_job_state(*, instance_id: str, message: protocol.JobState) -> Reply:
     )
     if not reported:
         return Reply((stale(message.job, message.attempt),), ask_for_a_pass=True)
+    if kept is not None:
+        job_keep(job_id=message.job, instance_id=instance_id, attempt=message.attempt, kept_until=kept)
     if message.state != "interrupted":
         runner_idle(instance_id=instance_id)
     if message.log_lines is not None:

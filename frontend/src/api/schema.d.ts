@@ -105,7 +105,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description Authenticated by the runner's own token; only its active jobs. */
+        /**
+         * @description One artifact of the job: the manifest of every file. The runner that
+         *     keeps a failed job's files may begin only the job's declared artifacts.
+         */
         post: operations["runner_jobs_artifacts_create"];
         delete?: never;
         options?: never;
@@ -280,6 +283,27 @@ export interface paths {
         get: operations["runner_jobs_inputs_retrieve"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/kept/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description The runner that kept a failed job's files uploaded them as the job's
+         *     artifacts (``uploaded``) or removed them, their time up (``removed``):
+         *     the job's reason says so and its attempt admits no more uploads.
+         */
+        post: operations["runner_jobs_kept_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1565,6 +1589,9 @@ export interface components {
             /** @description the repository's clone credential, if one is set */
             credential: components["schemas"]["RunnerCredentialOut"] | null;
         };
+        KeptInRequest: {
+            outcome: components["schemas"]["OutcomeEnum"];
+        };
         /**
          * @description * `git` - git
          *     * `archive` - archive
@@ -1663,6 +1690,12 @@ export interface components {
             shortfall: string;
             accounts: number;
         };
+        /**
+         * @description * `uploaded` - uploaded
+         *     * `removed` - removed
+         * @enum {string}
+         */
+        OutcomeEnum: "uploaded" | "removed";
         PartInRequest: {
             number: number;
             sha256: string;
@@ -2533,6 +2566,32 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["InputPageOut"];
                 };
+            };
+        };
+    };
+    runner_jobs_kept_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["KeptInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["KeptInRequest"];
+                "multipart/form-data": components["schemas"]["KeptInRequest"];
+            };
+        };
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
