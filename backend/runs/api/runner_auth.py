@@ -163,7 +163,7 @@ class HoldsUploadingAttempt(HoldsCurrentAttempt):
     kept_ok = True
 
 
-class HoldsKeptAttempt(BasePermission):
+class HoldsKeptAttempt(NamesAttempt):
     """Only an attempt whose files the caller's instance keeps, or kept
     until a time now past (404 otherwise)."""
 
