@@ -169,3 +169,38 @@ def test_an_artifact_that_links_to_the_runners_token_is_not_uploaded(
     assert final["state"] == "failed"
     assert final["reason"].startswith("cannot read token: Permission denied; the job's files are kept on ")
     assert storage.stored == {}
+
+
+def test_kept_files_are_the_runners_and_their_later_upload_reads_them_as_the_jobs_user(
+    tmp_path: Path, repo: tuple[Path, str], storage: FlakyStorage
+) -> None:
+    """Kept for a later upload, the files stay out of other jobs' reach, the
+    record (with the attempt's token) is root's alone, and the retry, storage
+    answering, reads them as the job's user too: the link is never sent."""
+    work = tmp_path / "rd"
+    work.mkdir()
+    (work / "runner-token").write_text(TOKEN + "\n")
+    commands = ["mkdir -p model", "echo weights > model/w.bin", f"ln -s {work / 'runner-token'} model/token"]
+    job = {**assign("j", commands, repo), "artifacts": [{"path": "./model"}], "api_url": storage.api_url}
+    assert _run(work, job)["state"] == "failed"
+    kept = work / "kept" / "j.1"
+
+    async def a_later_runner() -> None:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, "--kept-retry-seconds", "1")
+            try:
+                await asyncio.sleep(4)  # its start and a few retries, storage answering
+            finally:
+                await stop(runner)
+
+    asyncio.run(a_later_runner())
+
+    assert storage.stored == {}
+    assert storage.kept_reports == []
+    assert (kept / "work" / "model" / "token").is_symlink()
+    info = (kept / "kept.json").stat()
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o600)
+    folder = kept.stat()
+    assert (folder.st_uid, folder.st_mode & 0o777) == (0, 0o710)
+    assert folder.st_gid == (kept / "work").stat().st_uid != 0  # the job's own group only

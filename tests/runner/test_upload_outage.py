@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.server import serve
 
-from tests.runner.test_agent import FakeServer, assign, start_runner, stop
+from tests.runner.test_agent import TOKEN, FakeServer, assign, start_runner, stop
 from tests.support.flaky_storage import FlakyStorage
 
 MODEL = b"trained weights " * 1000
@@ -138,7 +138,7 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
             flags = ("--retry-seconds", "1", "--kept-retry-seconds", "1")
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
             try:
-                await server.to_send.put(_job(repo, flaky.api_url))
+                await server.to_send.put({**_job(repo, flaky.api_url), "job_token": "attempt-token"})
                 await server.wait_for(lambda: bool(_finals(server, "j")), 60)
                 await server.wait_for(lambda: bool(_beats(server)) and _beats(server)[-1].get("kept_until"), 10)
                 assert (kept / "work" / "model" / "w.bin").read_bytes() == MODEL
@@ -161,6 +161,7 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
     assert flaky.completed == ["a1"]
     path, body = flaky.kept_reports[0]
     assert (path, body) == ("/api/v1/runner/jobs/j/kept/?attempt=1", {"outcome": "uploaded"})
+    assert set(flaky.authorizations) == {f"Bearer {TOKEN}.attempt-token"}  # the kept attempt's own credential
     assert not kept.exists()
     assert "kept_until" not in beats[-1]  # nothing kept: the machine may be retired
 

@@ -25,6 +25,7 @@ class FlakyStorage:
         self.completed: list[str] = []
         self.manifests: dict[str, list[dict[str, Any]]] = {}
         self.kept_reports: list[tuple[str, dict[str, Any]]] = []  # (path?query, body) of POST …/kept/
+        self.authorizations: list[str] = []  # the Authorization header of every POST
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -65,6 +66,7 @@ def _handler(state: FlakyStorage) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            state.authorizations.append(self.headers.get("Authorization", ""))
             if state.failing():
                 return self._json(503, {"message": "Service unavailable (the test's outage).", "extra": {}})
             path = self.path.split("?")[0]
