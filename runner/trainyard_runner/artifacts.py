@@ -49,7 +49,14 @@ T = TypeVar("T")
 
 
 class ArtifactError(Exception):
-    """An artifact could not be uploaded; the message says which and why."""
+    """An artifact could not be uploaded; the message says which and why.
+    ``unanswered``: the server or storage did not answer (network errors,
+    5xx, 429 past the retry budget), so a later try may succeed; otherwise
+    the same try fails the same way (a missing path, a refusal)."""
+
+    def __init__(self, message: str, *, unanswered: bool = False) -> None:
+        super().__init__(message)
+        self.unanswered = unanswered
 
 
 class _Expired(Exception):
@@ -274,7 +281,7 @@ def _retry(call: Callable[[], T], *, expired_ok: bool = False) -> T:
             recoverable = not isinstance(e, HttpError) or e.recoverable
             pause = backoff.pause() if recoverable else None
             if pause is None:
-                raise ArtifactError(f"artifact upload failed: {e}") from e
+                raise ArtifactError(f"artifact upload failed: {e}", unanswered=recoverable) from e
             log.warning("artifact upload: %s (retrying in %.1fs)", e, pause)
             time.sleep(pause)
 

@@ -766,6 +766,7 @@ class Job:
                 api_url=self.spec.api_url,
                 job_token=self.spec.job_token,
                 uid=self.user.uid if self.user is not None else None,
+                retry=e.unanswered,
             )
             final = self.final("failed", None, f"{e}; {where}" if where else str(e))
             return final.model_copy(update={"kept_until": until})

@@ -54,6 +54,8 @@ class Kept:
     api_url: str = ""
     job_token: str = field(default="", repr=False)  # the attempt's (AssignJob.job_token): its calls carry it
     uid: int | None = None  # the job's own user (jobuser.py): the files are read as it, never as root
+    # Another try may succeed (storage did not answer): retried, and the machine is held for it.
+    retry: bool = True
 
 
 def keep(
@@ -68,10 +70,14 @@ def keep(
     api_url: str = "",
     job_token: str = "",
     uid: int | None = None,
+    retry: bool = True,
 ) -> tuple[str, float | None]:
     """Move ``job_dir/work`` under ``work_dir/kept``; returns the sentence for
     the job's reason and the unix time the files are kept until (``("",
-    None)`` when there was nothing to keep or the move failed)."""
+    None)`` when there was nothing to keep or the move failed). ``retry``:
+    the upload failed because storage did not answer, so it is tried again
+    (``Uploader``) and the machine held until then (``latest_until``); a
+    failure that would fail again (a missing path, a refusal) is not."""
     source = job_dir / "work"
     if not source.is_dir() or seconds <= 0:
         return "", None
@@ -92,11 +98,9 @@ def keep(
             "api_url": api_url,
             "job_token": job_token,
             "uid": uid,
+            "retry": retry,
         }
-        # The runner's alone (it holds the attempt's token): no job's user reads it.
-        fd = os.open(target / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(info))
+        _write_info(target, info)
     except OSError as e:
         log.error("job %s: could not keep its files in %s: %s", job, target, e)
         return "", None
@@ -113,8 +117,8 @@ def pending(work_dir: Path) -> list[Kept]:
 
 
 def latest_until(work_dir: Path) -> float | None:
-    """Until when this machine holds kept files (None: it holds none)."""
-    return max((k.until for k in pending(work_dir)), default=None)
+    """Until when this machine holds kept files it may still upload (None: none)."""
+    return max((k.until for k in pending(work_dir) if k.retry and k.api_url), default=None)
 
 
 def sweep(work_dir: Path, *, now: float | None = None) -> list[Kept]:
@@ -195,11 +199,15 @@ class Uploader:
             report(gone, "removed", token=token)
         failed = 0
         for kept in pending(self._work_dir):
-            if not kept.api_url:  # kept by an older runner: no record of where to upload
+            if not kept.api_url or not kept.retry:  # no record of where to upload, or it would fail again
                 continue
             try:
                 upload(kept, token=token)
             except (ArtifactError, HttpError, OSError) as e:
+                if _answered(e):
+                    log.warning("the kept files of job %s are not uploaded and not tried again: %s", kept.job, e)
+                    _stop_retrying(kept)
+                    continue
                 log.warning("the kept files of job %s are still not uploaded: %s", kept.job, e)
                 failed += 1
                 continue
@@ -247,6 +255,29 @@ def _private(target: Path, uid: int | None) -> None:
         os.chmod(target, 0o700)
 
 
+def _answered(e: Exception) -> bool:
+    """The server or storage answered, and refused: the same try fails again."""
+    if isinstance(e, ArtifactError):
+        return not e.unanswered
+    return isinstance(e, HttpError) and not e.recoverable
+
+
+def _stop_retrying(kept: Kept) -> None:
+    """Kept until their time, not tried again: the machine is no longer held for them."""
+    try:
+        info = json.loads((kept.dir / INFO_FILE).read_text())
+        _write_info(kept.dir, {**info, "retry": False})
+    except (OSError, ValueError) as e:
+        log.error("could not record that job %s's kept files are not retried: %s", kept.job, e)
+
+
+def _write_info(target: Path, info: dict[str, object]) -> None:
+    # The runner's alone (it holds the attempt's token): no job's user reads it.
+    fd = os.open(target / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info))
+
+
 def _credential(token: str, kept: Kept) -> str:
     """The runner's token with the kept attempt's own, as the job's calls sent them."""
     return f"{token}.{kept.job_token}" if kept.job_token else token
@@ -268,6 +299,7 @@ def _read(entry: Path) -> Kept:
             api_url=str(info.get("api_url", "")),
             job_token=str(info.get("job_token", "")),
             uid=int(info["uid"]) if info.get("uid") is not None else None,
+            retry=bool(info.get("retry", True)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         # No readable record (a move cut short): its own age decides, nothing to upload.

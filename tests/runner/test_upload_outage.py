@@ -8,6 +8,7 @@ heartbeats say until when, and they are uploaded once storage answers again
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import time
@@ -168,3 +169,38 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
 
 def _beats(server: FakeServer) -> list[dict[str, Any]]:
     return [m for m in server.received if m["type"] == "heartbeat"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file its job's user cannot read needs a root runner")
+def test_files_kept_after_a_failure_that_would_fail_again_are_not_retried_nor_hold_the_machine(
+    tmp_path: Path, repo: tuple[Path, str], flaky: FlakyStorage
+) -> None:
+    """A file of the artifact the job's user cannot read: trying again cannot
+    help, so the machine is not held for the files (they stay until their time)."""
+    work = tmp_path / "rd"
+    commands = ["mkdir -p model", "printf w > model/w.bin", "chmod 000 model/w.bin"]
+    job = {**assign("j", commands, repo), "artifacts": [{"path": "./model"}]}
+    job["api_url"] = flaky.api_url
+
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            flags = ("--kept-retry-seconds", "1")
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            try:
+                await server.to_send.put(job)
+                await server.wait_for(lambda: bool(_finals(server, "j")), 60)
+                seen = len(server.received)
+                await asyncio.sleep(2.5)  # heartbeats every 0.5 s, and the uploader's next rounds
+                after = [m for m in server.received[seen:] if m["type"] == "heartbeat"]
+            finally:
+                await stop(runner)
+        return _finals(server, "j")[0], after
+
+    final, beats = asyncio.run(go())
+
+    assert final["reason"].startswith("cannot read w.bin: Permission denied; the job's files are kept on "), final
+    assert final["kept_until"] is not None  # the server still learns where they are, and until when
+    assert beats and all("kept_until" not in b for b in beats)
+    assert (work / "kept" / "j.1" / "work").is_dir()
+    assert flaky.manifests == {} and flaky.kept_reports == []
