@@ -141,7 +141,11 @@ def test_a_kept_model_survives_idle_retirement_and_is_uploaded_when_storage_retu
     # Storage answers again: the runner uploads the kept model and says so.
     done = _upload(runner, job, 1)
     assert done.status_code == 200, done.content
-    assert runner.post(f"/api/v1/runner/jobs/{job.pk}/kept/?attempt=1", {"outcome": "uploaded"}).status_code == 204
+    kept = f"/api/v1/runner/jobs/{job.pk}/kept/?attempt=1"
+    for bad in ({"outcome": "gone"}, {"outcome": ["uploaded"]}, {}):  # "gone" is the server's word only
+        refused = runner.post(kept, bad, format="json")
+        assert refused.status_code == 400 and "outcome" in refused.json()["extra"]["fields"], refused.content
+    assert runner.post(kept, {"outcome": "uploaded"}, format="json").status_code == 204
 
     listed = owner.client().get(f"/api/v1/workspaces/{team.slug}/runs/{job.run.name}/artifacts/")
     assert listed.status_code == 200, listed.content
