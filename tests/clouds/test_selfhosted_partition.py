@@ -100,7 +100,10 @@ def _job_running(server: WebServer, owner: Person, runner: Runner, tmp_path: Pat
     runner.register(server.url, made.json()["token"])
     runner.start()
     _until(lambda: Instance.objects.filter(status=InstanceStatus.IDLE).exists(), "the runner's hello", 60)
-    pid_file = tmp_path / "job.pid"
+    drop = tmp_path / "drop"  # the job runs as a user of its own (docs/RUNNER.md): a folder it may write to
+    drop.mkdir()
+    drop.chmod(0o1777)
+    pid_file = drop / "job.pid"
     repo = make_repo(tmp_path / "repo")
     (repo / ".trainyard" / "workflows.yaml").write_text(SLEEPER.format(pid_file=pid_file, extra=extra))
     env = {**os.environ, "TRAINYARD_URL": server.url, "TRAINYARD_TOKEN": owner.token, "TRAINYARD_WORKSPACE": "acme"}
