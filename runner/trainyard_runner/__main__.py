@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import kept, machine, register, retry
+from . import http, kept, machine, register, retry
 from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
 from .spot import NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher
@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("%s is not valid Resources JSON: %s", RESOURCES_VAR, e)
         return 2
+    try:
+        pinned = http.pin_token_origin(args.api_origin or server)
+    except ValueError as e:
+        log.error("--api-origin / --server: %s", e)
+        return 2
+    log.debug("the runner's token goes only to %s", pinned)
     identity = machine.cloud_identity(args.cloud)
     agent = Agent(
         server_url=server,
@@ -131,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
         "--server",
         default=env("TRAINYARD_SERVER_URL"),
         help="server base URL, e.g. ws://127.0.0.1:8000 [TRAINYARD_SERVER_URL]",
+    )
+    p.add_argument(
+        "--api-origin",
+        default=env("TRAINYARD_RUNNER_API_ORIGIN", ""),
+        help="the only origin the runner sends its token to over REST, e.g. https://trainyard.example.com;"
+        " default: --server's [TRAINYARD_RUNNER_API_ORIGIN]",
     )
     p.add_argument(
         "--token",

@@ -10,7 +10,9 @@ hands out the link. ``post_json`` and ``get_json`` errors name the API path.
 
 A call that carries the runner's token never follows a redirect
 (``_TokenStaysHere``): urllib would resend the ``Authorization`` header to
-wherever a redirect points, another origin included.
+wherever a redirect points, another origin included. Nor is it sent to any
+origin but the pinned one (``pin_token_origin``: the server the runner
+connected to, or ``--api-origin``), whatever URL an assignment names.
 """
 
 from __future__ import annotations
@@ -44,6 +46,22 @@ class _TokenStaysHere(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_TokenStaysHere)
+
+# The one origin a call carrying the runner's token may go to; "" until the
+# agent pins it (the functions used on their own, as tools and tests do).
+_token_origin = ""
+
+
+def pin_token_origin(url: str) -> str:
+    """From now on, send the runner's token only to ``url``'s origin
+    (``ws``/``wss`` taken as ``http``/``https``); returns that origin."""
+    global _token_origin
+    parts = urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) or ws(s) URL: {url!r}")
+    _token_origin = f"{scheme}://{parts.netloc}"
+    return _token_origin
 
 
 class HttpError(Exception):
@@ -145,6 +163,12 @@ def same_origin(a: str, b: str) -> bool:
 
 def _open(req: urllib.request.Request, timeout: float, *, signed: bool = False) -> Any:
     shown = _shown(req.full_url, signed=signed)
+    if _token_origin and req.has_header("Authorization") and not same_origin(req.full_url, _token_origin):
+        raise HttpError(
+            f"{req.get_method()} {shown}: refused here: the runner sends its token only to {_token_origin} "
+            "(the server it connected to, or --api-origin), and this call names another origin",
+            status=0,  # refused before anything was sent: not worth retrying
+        )
     try:
         return _OPENER.open(req, timeout=timeout)
     except urllib.error.HTTPError as e:

@@ -102,6 +102,10 @@ class FakeServer:
                 await asyncio.wait_for(self.changed.wait(), min(left, 0.2))
 
 
+# No server answers there: a job that calls the API says so.
+DEAD_API = "http://127.0.0.1:9/api/v1"
+
+
 def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, Any]:
     path, commit = repo
     return {
@@ -117,15 +121,17 @@ def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, A
         "env": {"LINES": "100000"},
         "code": {"kind": "git", "repo_url": str(path), "commit": commit},
         "artifacts": [],
-        "api_url": "http://127.0.0.1:9/api/v1",
+        "api_url": DEAD_API,
     }
 
 
 async def start_runner(
-    port: int, work: Path, *extra: str, token: str = TOKEN, outlive: bool = False
+    port: int, work: Path, *extra: str, token: str = TOKEN, outlive: bool = False, api_url: str = ""
 ) -> asyncio.subprocess.Process:
     """A real runner; by default its jobs die with it (``--no-jobs-outlive-runner``,
-    as the local backend starts it), so a test that kills it leaves nothing behind."""
+    as the local backend starts it), so a test that kills it leaves nothing behind.
+    ``api_url``: where its jobs' REST calls go when that is not the fake
+    server (a file server): the only origin it then sends its token to."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -135,6 +141,7 @@ async def start_runner(
         "--work-dir",
         str(work),
         "--jobs-outlive-runner" if outlive else "--no-jobs-outlive-runner",
+        *(("--api-origin", api_url) if api_url else ()),
         *extra,
         env={**os.environ, "TRAINYARD_RUNNER_TOKEN": token},
         stderr=asyncio.subprocess.PIPE,
@@ -443,7 +450,8 @@ def _run_jobs(tmp_path: Path, *jobs: dict[str, Any], extra: tuple[str, ...] = ()
     async def go() -> FakeServer:
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd", *extra)
+            api_url = next((job["api_url"] for job in jobs if job["api_url"] != DEAD_API), "")
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd", *extra, api_url=api_url)
             try:
                 for job in jobs:
                     await server.to_send.put(job)
@@ -560,7 +568,7 @@ def test_a_cancel_while_fetching_inputs_stops_the_job(tmp_path: Path, repo: tupl
     async def go() -> FakeServer:
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd", api_url=job["api_url"])
             try:
                 await server.to_send.put(job)
                 await server.wait_for(lambda: len(server.states("j")) == 2, 20)

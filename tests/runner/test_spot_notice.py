@@ -270,7 +270,9 @@ def test_a_notice_during_the_setup_is_an_interruption_not_a_failure(
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             port = ws_server.sockets[0].getsockname()[1]
-            runner = await _runner(port, tmp_path / "rd", imds, "--spot-poll-seconds", "0.5")
+            runner = await _runner(
+                port, tmp_path / "rd", imds, "--spot-poll-seconds", "0.5", "--api-origin", job["api_url"]
+            )
             try:
                 await server.to_send.put(job)
                 await _wait(server, lambda: len(_states(server, "j")) == 2, 20)  # fetching inputs

@@ -49,7 +49,7 @@ def _run(work: Path, job: dict[str, Any], *flags: str, timeout: float = 60) -> d
     async def go() -> dict[str, Any]:
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags, api_url=job["api_url"])
             try:
                 await server.to_send.put(job)
                 await server.wait_for(lambda: bool(_finals(server, job["job"])), timeout)
