@@ -56,6 +56,7 @@ class Kept:
     uid: int | None = None  # the job's own user (jobuser.py): the files are read as it, never as root
     # Another try may succeed (storage did not answer): retried, and the machine is held for it.
     retry: bool = True
+    uploaded: bool = False  # uploaded; the server has still to hear it
 
 
 def keep(
@@ -118,7 +119,7 @@ def pending(work_dir: Path) -> list[Kept]:
 
 def latest_until(work_dir: Path) -> float | None:
     """Until when this machine holds kept files it may still upload (None: none)."""
-    return max((k.until for k in pending(work_dir) if k.retry and k.api_url), default=None)
+    return max((k.until for k in pending(work_dir) if (k.retry and k.api_url) or k.uploaded), default=None)
 
 
 def sweep(work_dir: Path, *, now: float | None = None) -> list[Kept]:
@@ -151,17 +152,22 @@ def upload(kept: Kept, *, token: str) -> None:
     )
 
 
-def report(kept: Kept, outcome: str, *, token: str) -> None:
+def report(kept: Kept, outcome: str, *, token: str) -> bool:
     """Tell the server ``kept``'s files were ``uploaded`` or ``removed``
-    (blocking; a server that does not answer is logged, the reason it shows
-    then stays as it was)."""
+    (blocking); False when it did not answer (logged). A refusal is an
+    answer: the server keeps no record of these files to correct."""
     if not kept.api_url:
-        return
+        return True
     url = f"{kept.api_url.rstrip('/')}/runner/jobs/{kept.job}/kept/?{urlencode({'attempt': kept.attempt})}"
     try:
         post_json(url, {"outcome": outcome}, token=_credential(token, kept))
-    except (HttpError, OSError) as e:
+    except HttpError as e:
+        log.warning("the server refused the news that job %s's kept files were %s: %s", kept.job, outcome, e)
+        return not e.recoverable
+    except OSError as e:
         log.warning("could not tell the server that job %s's kept files were %s: %s", kept.job, outcome, e)
+        return False
+    return True
 
 
 class Uploader:
@@ -199,6 +205,9 @@ class Uploader:
             report(gone, "removed", token=token)
         failed = 0
         for kept in pending(self._work_dir):
+            if kept.uploaded:  # only the server's word is missing: the reason it shows says "kept" until then
+                failed += self._reported(kept, token)
+                continue
             if not kept.api_url or not kept.retry:  # no record of where to upload, or it would fail again
                 continue
             try:
@@ -212,9 +221,16 @@ class Uploader:
                 failed += 1
                 continue
             log.info("uploaded the kept files of job %s attempt %d", kept.job, kept.attempt)
-            report(kept, "uploaded", token=token)
-            shutil.rmtree(kept.dir, ignore_errors=True)
+            _update(kept, uploaded=True)
+            failed += self._reported(kept, token)
         return failed
+
+    def _reported(self, kept: Kept, token: str) -> int:
+        """Report an upload and remove the files once the server heard it; 1 if it did not."""
+        if not report(kept, "uploaded", token=token):
+            return 1
+        shutil.rmtree(kept.dir, ignore_errors=True)
+        return 0
 
 
 async def _in_daemon_thread(work: Callable[[], int]) -> int:
@@ -264,11 +280,15 @@ def _answered(e: Exception) -> bool:
 
 def _stop_retrying(kept: Kept) -> None:
     """Kept until their time, not tried again: the machine is no longer held for them."""
+    _update(kept, retry=False)
+
+
+def _update(kept: Kept, **changes: object) -> None:
     try:
         info = json.loads((kept.dir / INFO_FILE).read_text())
-        _write_info(kept.dir, {**info, "retry": False})
+        _write_info(kept.dir, {**info, **changes})
     except (OSError, ValueError) as e:
-        log.error("could not record that job %s's kept files are not retried: %s", kept.job, e)
+        log.error("could not record %s for job %s's kept files: %s", changes, kept.job, e)
 
 
 def _write_info(target: Path, info: dict[str, object]) -> None:
@@ -300,6 +320,7 @@ def _read(entry: Path) -> Kept:
             job_token=str(info.get("job_token", "")),
             uid=int(info["uid"]) if info.get("uid") is not None else None,
             retry=bool(info.get("retry", True)),
+            uploaded=bool(info.get("uploaded", False)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         # No readable record (a move cut short): its own age decides, nothing to upload.

@@ -145,6 +145,7 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
                 assert (kept / "work" / "model" / "w.bin").read_bytes() == MODEL
                 held = _beats(server)[-1:]  # a heartbeat while the files are kept
                 flaky.fail_until = 0  # storage answers again
+                flaky.refuse_kept = 1  # but the first word of it is lost: the files wait for the next one
                 await server.wait_for(lambda: bool(flaky.kept_reports), 60)
                 seen = len(server.received)
                 await server.wait_for(lambda: any(m["type"] == "heartbeat" for m in server.received[seen:]), 10)
@@ -159,7 +160,8 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
     assert abs(final["kept_until"] - (time.time() + 24 * 3600)) < 120
     assert beats[0]["kept_until"] == final["kept_until"]  # the machine says it holds them
     assert flaky.stored == {"a1/w.bin": MODEL}
-    assert flaky.completed == ["a1"]
+    assert flaky.completed == ["a1"]  # uploaded once: only the report was tried again
+    assert flaky.refuse_kept == 0 and len(flaky.kept_reports) == 1
     path, body = flaky.kept_reports[0]
     assert (path, body) == ("/api/v1/runner/jobs/j/kept/?attempt=1", {"outcome": "uploaded"})
     assert set(flaky.authorizations) == {f"Bearer {TOKEN}.attempt-token"}  # the kept attempt's own credential

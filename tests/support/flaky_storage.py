@@ -26,6 +26,7 @@ class FlakyStorage:
         self.manifests: dict[str, list[dict[str, Any]]] = {}
         self.kept_reports: list[tuple[str, dict[str, Any]]] = []  # (path?query, body) of POST …/kept/
         self.authorizations: list[str] = []  # the Authorization header of every POST
+        self.refuse_kept = 0  # answer this many more POST …/kept/ with 503
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -71,6 +72,9 @@ def _handler(state: FlakyStorage) -> type[BaseHTTPRequestHandler]:
                 return self._json(503, {"message": "Service unavailable (the test's outage).", "extra": {}})
             path = self.path.split("?")[0]
             if path.endswith("/kept/"):
+                if state.refuse_kept > 0:
+                    state.refuse_kept -= 1
+                    return self._json(503, {"message": "Service unavailable (the test's outage).", "extra": {}})
                 state.kept_reports.append((self.path, json.loads(raw or b"{}")))
                 return self._json(204, {})
             if path.endswith("/complete/"):
