@@ -188,7 +188,8 @@ def test_kept_files_are_the_runners_and_their_later_upload_reads_them_as_the_job
     async def a_later_runner() -> None:
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, "--kept-retry-seconds", "1")
+            port = ws_server.sockets[0].getsockname()[1]
+            runner = await start_runner(port, work, "--kept-retry-seconds", "1", api_url=storage.api_url)
             try:
                 await asyncio.sleep(4)  # its start and a few retries, storage answering
             finally:

@@ -137,7 +137,7 @@ def test_kept_files_are_uploaded_once_storage_answers_again_and_the_heartbeats_s
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             flags = ("--retry-seconds", "1", "--kept-retry-seconds", "1")
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags, api_url=flaky.api_url)
             try:
                 await server.to_send.put({**_job(repo, flaky.api_url), "job_token": "attempt-token"})
                 await server.wait_for(lambda: bool(_finals(server, "j")), 60)
@@ -188,7 +188,7 @@ def test_files_kept_after_a_failure_that_would_fail_again_are_not_retried_nor_ho
         server = FakeServer()
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             flags = ("--kept-retry-seconds", "1")
-            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags)
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], work, *flags, api_url=flaky.api_url)
             try:
                 await server.to_send.put(job)
                 await server.wait_for(lambda: bool(_finals(server, "j")), 60)
