@@ -22,6 +22,7 @@ SECRET = "PlainProbe0xC0FFEE77redisWatch"
 PROBE = """workflows:
   - name: probe
     provider: bash
+    secrets: [PROBE_SECRET]
     commands:
       - printf '%s' "$PROBE_SECRET" | sha256sum | cut -c1-64
 """

@@ -69,11 +69,13 @@ def test_logs_prints_a_finished_runs_whole_log(alice: User, repo: Path) -> None:
     assert "about to fail" in result.stdout + result.stderr
 
 
-def test_env_override_reaches_the_job(alice: User, repo: Path) -> None:
+def test_env_override_reaches_the_job_and_is_masked_in_its_log(alice: User, repo: Path) -> None:
     (repo / ".trainyard" / "workflows.yaml").write_text(
-        "workflows:\n  - name: greet\n    provider: bash\n    commands: ['echo \"hi $WHO\"']\n    env: {WHO: file}\n"
+        "workflows:\n  - name: greet\n    provider: bash\n"
+        '    commands: [\'test "$WHO" = override && echo "hi $WHO"\']\n    env: {WHO: file}\n'
     )
     result = alice.cli(repo, "run", "greet", "-e", "WHO=override")
 
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "hi override"
+    assert result.returncode == 0, result.stderr  # the job had the override, not the file's value
+    assert result.stdout.strip() == "hi *****"  # an -e value is treated as a secret (docs/WORKFLOWS.md)
+    assert "Sending from this shell and -e: WHO (kept encrypted, masked in logs)" in result.stderr
