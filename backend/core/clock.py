@@ -7,7 +7,7 @@ worker whose clock ran ahead of the web hosts' by more than a pulse's
 staleness saw every pulse as stale and counted no runner's silence: failure
 detection was off, silently. So every liveness stamp (heartbeats, pulses,
 unreachable-since, leases, the reconciler's own passes) is written with
-Postgres's clock, and compared with it (decision draft-database-clock).
+Postgres's clock, and compared with it (decision 0086).
 ``Now()`` in a query is ``statement_timestamp()``; ``db_now()`` reads the
 same clock into Python when a value is needed there.
 """

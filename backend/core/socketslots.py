@@ -1,5 +1,5 @@
 """How many browser and CLI websockets a user has open, counted in Redis by
-every web process together (docs/decisions/draft-websocket-slots.md).
+every web process together (docs/decisions/0087-websocket-slots.md).
 
 Each open socket holds a slot: a member of the user's sorted set whose score
 is when it expires, by Redis's own clock (the web hosts' clocks never

@@ -432,7 +432,7 @@ def _unpack(archive: Path, dest: Path, executable: str) -> None:
     link out of it, no device, no set-id bits), member by member as it
     writes them. A second parser for the writing (GNU tar) could read the
     same bytes as other members than the ones checked
-    (docs/decisions/draft-one-tar-parser.md). A refused member raises
+    (docs/decisions/0093-one-tar-parser.md). A refused member raises
     ``tarfile.FilterError``; the caller removes ``dest``."""
     dest.mkdir(parents=True)
     with tarfile.open(archive, "r:") as tar:

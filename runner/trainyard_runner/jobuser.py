@@ -1,4 +1,4 @@
-"""The user a job runs as (docs/RUNNER.md "The job's user"; decision draft-job-user).
+"""The user a job runs as (docs/RUNNER.md "The job's user"; decision 0092).
 
 A runner started as root runs each bash job under a uid of its own, taken
 from a reserved range (``TRAINYARD_RUNNER_JOB_UIDS``, default

@@ -1,5 +1,5 @@
 """TRAINYARD_GITHUB_ALLOW re-checked for accounts that signed in already
-(Celery beat: ``github-allow-recheck``; docs/decisions/draft-allowlist-recheck.md).
+(Celery beat: ``github-allow-recheck``; docs/decisions/0094-allowlist-recheck.md).
 
 Sign-in checks the allowlist once; someone taken off it, or who left a
 listed organization, must lose access to what they signed in to as well:

@@ -5,7 +5,7 @@ log) could say hello with it from anywhere. On a cloud whose machines carry
 a document the cloud signed (EC2's instance identity document,
 ``Compute.signs_identity``), the hello must carry it, and it must name the
 machine the server launched for that token: its id, its account and its
-region (docs/decisions/draft-instance-identity.md).
+region (docs/decisions/0088-instance-identity.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ within ``KEY_WINDOW`` answers with the run the first submission made; the
 same key with another body is refused. The key is claimed in the
 submission's own transaction under a unique constraint, so two copies sent
 at once make one run: the second waits for the first to commit, then
-answers with its run (decision draft-idempotency-keys; docs/API.md,
+answers with its run (decision 0085; docs/API.md,
 "Sending a submission again").
 """
 

@@ -11,7 +11,7 @@ AWS publishes one RSA-2048 certificate per region ("AWS public certificates
 for instance identity document signatures", EC2 user guide);
 ``identity_certificates.pem`` ships them. cryptography has no public PKCS#7
 verification: asn1crypto reads the structure, cryptography checks the RSA
-signature (docs/decisions/draft-instance-identity.md).
+signature (docs/decisions/0088-instance-identity.md).
 """
 
 from __future__ import annotations
