@@ -11,7 +11,7 @@ import re
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from backend.clouds.models import ENDED_STATUSES
@@ -35,7 +35,7 @@ def job_keep(*, job_id: str, instance_id: str, attempt: int, kept_until: float) 
     """The runner of ``attempt`` failed it and kept its files until
     ``kept_until`` (unix time, bounded by ``kept_bound``). Only a failed job
     whose current attempt that is, on that instance."""
-    failed = Job.objects.filter(pk=job_id, status=JobStatus.FAILED, attempt=attempt, instance_id=instance_id)
+    failed = _failed_held_by(job_id=job_id, instance_id=instance_id, attempt=attempt)
     return bool(failed.update(kept_until=kept_bound(kept_until)))
 
 
@@ -43,7 +43,7 @@ def job_kept(*, job_id: str, instance_id: str, attempt: int, expired_ok: bool = 
     """The job, if its files of ``attempt`` are kept on ``instance_id``: now
     (uploads are admitted until their time is up), or with ``expired_ok``
     still recorded as kept (their removal may be reported after it)."""
-    kept = Job.objects.filter(pk=job_id, status=JobStatus.FAILED, attempt=attempt, instance_id=instance_id)
+    kept = _failed_held_by(job_id=job_id, instance_id=instance_id, attempt=attempt)
     if expired_ok:
         return kept.filter(kept_until__isnull=False).first()
     return kept.filter(kept_until__gt=timezone.now()).first()
@@ -53,10 +53,15 @@ def job_kept_end(*, job_id: str, instance_id: str, attempt: int, outcome: str) -
     """The runner uploaded (``uploaded``) or removed (``removed``) the kept
     files: the job no longer admits its uploads, and its reason says what
     became of them. Idempotent: False when nothing was kept."""
-    job = Job.objects.filter(
-        pk=job_id, status=JobStatus.FAILED, attempt=attempt, instance_id=instance_id, kept_until__isnull=False
-    ).first()
+    kept = _failed_held_by(job_id=job_id, instance_id=instance_id, attempt=attempt)
+    job = kept.filter(kept_until__isnull=False).first()
     return job is not None and _end(job, outcome)
+
+
+def _failed_held_by(*, job_id: str, instance_id: str, attempt: int) -> QuerySet[Job]:
+    """The job, failed, whose last attempt ``attempt`` ran on ``instance_id``
+    (``held_by``: a job retried or moved since keeps nothing of this runner's)."""
+    return Job.objects.held_by(instance_id=instance_id, attempt=attempt).filter(pk=job_id, status=JobStatus.FAILED)
 
 
 def jobs_kept_expire() -> int:
