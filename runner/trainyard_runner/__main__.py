@@ -55,11 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s is not valid Resources JSON: %s", RESOURCES_VAR, e)
         return 2
     try:
-        pinned = http.pin_token_origin(args.api_origin or server)
+        http.pin_token_origin(args.api_origin or server)
     except ValueError as e:
         log.error("--api-origin / --server: %s", e)
         return 2
-    log.debug("the runner's token goes only to %s", pinned)
     identity = machine.cloud_identity(args.cloud)
     agent = Agent(
         server_url=server,
@@ -74,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         absolute_paths=args.absolute_paths,
         keep_failed_seconds=args.keep_failed_seconds,
         kept_retry_seconds=args.kept_retry_seconds,
+        api_origin_fixed=bool(args.api_origin),
     )
     retry.configure(seconds=args.retry_seconds)
     if args.cloud == "aws":
@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         "--api-origin",
         default=env("TRAINYARD_RUNNER_API_ORIGIN", ""),
         help="the only origin the runner sends its token to over REST, e.g. https://trainyard.example.com;"
-        " default: --server's [TRAINYARD_RUNNER_API_ORIGIN]",
+        " default: the one the server names in its welcome, else --server's [TRAINYARD_RUNNER_API_ORIGIN]",
     )
     p.add_argument(
         "--token",

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from . import __version__, jobuser, kept
+from . import __version__, http, jobuser, kept
 from . import protocol as p
 from .job import Job, Lifecycle, Resumed, environments_dir
 from .machine import TOKEN_FILE, save_token
@@ -88,8 +88,10 @@ class Agent:
         absolute_paths: bool = False,
         keep_failed_seconds: float = kept.KEEP_SECONDS,
         kept_retry_seconds: float = kept.RETRY_FIRST,
+        api_origin_fixed: bool = False,
     ) -> None:
         self.url = runner_ws_url(server_url)
+        self._api_origin_fixed = api_origin_fixed  # --api-origin: the welcome does not move it
         self._address = address  # empty: worked out on every connection (default_address)
         self._token = token
         self._work_dir = work_dir
@@ -289,6 +291,11 @@ class Agent:
             log.info("connected to %s as instance %s", self.url, welcome.instance)
             if welcome.token:
                 self._take_token(welcome.token)
+            if welcome.api_origin and not self._api_origin_fixed:
+                try:
+                    log.debug("the runner's token goes only to %s", http.pin_token_origin(welcome.api_origin))
+                except ValueError as e:
+                    log.warning("ignoring the welcome's API origin: %s", e)
             self._apply_welcome(welcome)
             for state in list(self._states.values()):
                 job = self._jobs.get(state.job)

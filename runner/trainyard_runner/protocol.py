@@ -589,6 +589,10 @@ class Welcome(_Message):
     # runs its jobs again elsewhere: the runner stops them first (but those
     # of workflows with ``on_server_lost: keep-running``). None: never.
     unreachable_grace_seconds: float | None = Field(default=None, gt=0)
+    # The origin of the server's REST API (its public URL's): said here, on
+    # the runner's own connection, so no frame that crossed the channel layer
+    # can move where the runner sends its token. "": the origin it connected to.
+    api_origin: str = Field(default="", max_length=MAX_NAME_CHARS)
 
 
 class Shutdown(_Message):

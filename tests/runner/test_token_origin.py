@@ -1,13 +1,15 @@
-"""The runner sends its token to one origin only: the server it connected to
-(or ``--api-origin``). An assignment naming another API origin (written into
-Redis, or by a misconfigured server) gets its calls refused before a byte
-leaves the machine."""
+"""The runner sends its token to one origin only: the one the server names
+in its welcome (on the runner's own connection), else the one it connected
+to, or ``--api-origin``. An assignment naming another API origin (written
+into Redis, or by a misconfigured server) gets its calls refused before a
+byte leaves the machine."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Iterator
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from trainyard_runner import http
 from trainyard_runner.http import HttpError, get_json, pin_token_origin
 from websockets.asyncio.server import serve
 
-from tests.runner.test_agent import FakeServer, assign, start_runner, stop
+from tests.runner.test_agent import FakeServer, _ended, assign, start_runner, stop
 
 
 class _Recording:
@@ -105,3 +107,39 @@ def test_an_assignment_naming_another_api_origin_fails_the_job_and_that_origin_s
     assert "refused here: the runner sends its token only to http://127.0.0.1:" in final["reason"]
     assert recording.seen == []
     assert "j" not in server.stored  # the commands never ran
+
+
+def test_the_origin_the_welcome_names_is_the_one_the_token_goes_to(
+    tmp_path: Path, repo: tuple[Path, str], recording: _Recording
+) -> None:
+    """A runner that reaches the server by another address (a proxy, a
+    private name) than the server's public URL: the welcome names the API's
+    origin, and the job's calls go there; an assignment naming a third
+    origin is still refused."""
+    good = {**assign("good", ["echo ran"], repo), "secrets": True, "api_url": f"{recording.url}/api/v1"}
+    elsewhere = _Recording()
+    bad = {**assign("bad", ["echo never"], repo), "secrets": True, "api_url": f"{elsewhere.url}/api/v1"}
+
+    async def go() -> FakeServer:
+        server = FakeServer()
+        server.welcome_extra = {"api_origin": recording.url}
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                for job in (good, bad):
+                    await server.to_send.put(job)
+                    await server.wait_for(partial(_ended, server, job["job"]), 20)
+            finally:
+                await stop(runner)
+        return server
+
+    try:
+        server = asyncio.run(go())
+    finally:
+        elsewhere.httpd.shutdown()
+
+    assert server.states("good")[-1] == ("succeeded", 0)
+    assert [t for _, _, t in server.stored["good"]] == ["ran"]
+    assert [h.get("Authorization", "").split(".")[0] for h in recording.seen] == ["Bearer runner-token"]
+    assert server.states("bad")[-1] == ("failed", None)
+    assert elsewhere.seen == []

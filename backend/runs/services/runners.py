@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from trainyard_runner import protocol
@@ -143,8 +145,14 @@ def _reconcile_held(
         # A self-hosted machine is never terminated by the server: its runner
         # stops its own jobs once cut off past the grace (runner/serverwatch.py).
         unreachable_grace_seconds=unreachable_grace(instance) if instance.backend == BackendKind.SELF_HOSTED else None,
+        api_origin=_origin(settings.PUBLIC_URL),
     )
     return welcome, ended
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _acked(instance: Instance, held: dict[str, protocol.HeldJob]) -> dict[str, int]:
