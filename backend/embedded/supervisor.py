@@ -18,11 +18,13 @@ what it started.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -97,8 +99,12 @@ def test(pytest_args: list[str]) -> int:
         env = _child_env(data_dir)
         # pytest makes its temporary root (``pytest-of-<user>``) private at every
         # session's start; a root runner's jobs (users of their own) pass through
-        # it to their folders, so a session never shares it with another data dir's.
-        temproot = data_dir / "tmp"
+        # it to their folders, so a session never shares it with another data
+        # dir's. It stays in the system's temp dir: outside any git work tree
+        # (the data dir may be in the checkout; tests make repos and non-repos
+        # there) and short (a unix socket's path has at most ~100 bytes).
+        tag = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:8]
+        temproot = Path(tempfile.gettempdir()) / f"trainyard-test-{tag}"
         temproot.mkdir(parents=True, exist_ok=True)
         env.setdefault("PYTEST_DEBUG_TEMPROOT", str(temproot))
         if services is not None:
