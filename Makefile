@@ -64,21 +64,28 @@ $(NODE_STAMP): frontend/package.json frontend/package-lock.json
 # The Debian packages the end-to-end tests drive: haproxy, the load balancer in
 # front of two web processes (tests/e2e/test_scale_out.py), and chromium, the
 # browser of the dashboard tests (tests/e2e/test_dashboard.py); and libfaketime,
-# the clock of a worker set ahead (tests/clouds/test_clock_skew.py). Installed
-# when missing and running as root (CI); otherwise a message naming the package.
+# the clock of a worker set ahead (tests/clouds/test_clock_skew.py); the stock
+# OpenSSH client (openssh-client: ssh, scp, sftp) and rsync, which the tests of
+# SSH into a job drive (tests/runner/test_sessions_ssh.py); and a font with
+# CJK glyphs, for the browser terminal's screenshots (tests/e2e/test_access_terminal.py).
+# Installed when missing and running as root (CI); otherwise a message naming the package.
 DEBIAN_TEST_PACKAGES := haproxy chromium
 LIBFAKETIME := /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+CJK_FONT := /usr/share/fonts/truetype/droid/DroidSansFallbackFull.ttf
 .PHONY: test-packages
 test-packages:
 	@missing=""; for p in $(DEBIAN_TEST_PACKAGES); do \
 	  command -v $$p >/dev/null 2>&1 || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
 	[ -e $(LIBFAKETIME) ] || missing="$$missing libfaketime"; \
+	for c in ssh scp sftp; do command -v $$c >/dev/null 2>&1 || { missing="$$missing openssh-client"; break; }; done; \
+	command -v rsync >/dev/null 2>&1 || missing="$$missing rsync"; \
+	[ -e $(CJK_FONT) ] || missing="$$missing fonts-droid-fallback"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages the tests need:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	  else \
-	    echo "error: the tests need the Debian package(s)$$missing (the end-to-end tests run haproxy and Chromium; libfaketime sets a clock ahead)." >&2; \
+	    echo "error: the tests need the Debian package(s)$$missing (the end-to-end tests run haproxy and Chromium; libfaketime sets a clock ahead; the SSH tests run ssh, scp, sftp and rsync; the terminal's screenshots show CJK text)." >&2; \
 	    echo "       install them as root: apt-get install$$missing" >&2; \
 	    exit 1; \
 	  fi; \

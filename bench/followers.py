@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
-from bench.lib import Api, free_port, log, percentile
+from bench.lib import Api, log, percentile, second_web
 from tests.support.frames import frame_span
 from tests.support.stack import Stack
 
@@ -56,32 +53,8 @@ def bench_followers(api: Api, stack: Stack, followers: int) -> dict[str, Any]:
 
 
 def _with_second_web(api: Api, stack: Stack, followers: int) -> dict[str, Any]:
-    port = free_port()
-    second = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "backend.config.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, **stack.env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        _wait_up(f"http://127.0.0.1:{port}/healthz")
-        return _measure(api, [api.ws_url, f"ws://127.0.0.1:{port}"], followers)
-    finally:
-        second.terminate()
-        try:
-            second.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            second.kill()
+    with second_web(stack) as url:
+        return _measure(api, [api.ws_url, url.replace("http", "ws", 1)], followers)
 
 
 def _measure(api: Api, ws_urls: list[str], followers: int) -> dict[str, Any]:
@@ -170,20 +143,6 @@ def _follow(ws_urls: list[str], path: str, token: str, count: int, offset: int, 
         return out
 
     return asyncio.run(main())
-
-
-def _wait_up(url: str) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the second web process did not answer {url} within 60 s")
 
 
 def follower_rows(result: dict[str, Any], row: Any) -> None:

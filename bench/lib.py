@@ -258,3 +258,45 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
     return ordered[rank - 1]
+
+
+@contextlib.contextmanager
+def second_web(stack: Stack) -> Iterator[str]:
+    """A second web process on the stack's database and channel layer; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "backend.config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        # Its own public URL: the grants it makes name its own client end.
+        env={**os.environ, **stack.env, "TRAINYARD_PUBLIC_URL": url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the second web process did not answer {url} within 60 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

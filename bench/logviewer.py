@@ -18,16 +18,12 @@ deleted afterwards.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.lib import REPO_ROOT, Api, log
+from bench import browser
+from bench.lib import Api, log
 from tests.support.logfill import NOISY_TEXT, empty_job_log, fill_job_log
 
-CHROMIUM = Path("/usr/bin/chromium")
-# The dashboard the web process serves (without it: a help page, and no log to wait for).
-DASHBOARD = REPO_ROOT / "frontend" / "dist" / "index.html"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 VIEWER_REPEATS = 3
 VIEWER_TIMEOUT_MS = 120_000
 # frontend/src/lib/logwindow.ts WINDOW_LINES: the most lines the page holds per job.
@@ -38,10 +34,8 @@ TARGET_HEAP_MB = 50.0
 
 def bench_log_viewer(api: Api, database_url: str, lines: int) -> dict[str, Any]:
     log(f"(8) log viewer: the run page of a finished job of {lines:,} lines (COPY), in Chromium")
-    if not CHROMIUM.exists():
-        return {"error": f"{CHROMIUM} is missing (apt-get install chromium)"}
-    if not DASHBOARD.exists():
-        return {"error": f"the dashboard is not built ({DASHBOARD.relative_to(REPO_ROOT)}): run `make frontend`"}
+    if (why := browser.missing()) is not None:
+        return {"error": why}
     run = api.wait_finished(api.submit("hello")["id"])
     job = run["jobs"][0]["id"]
     fill_job_log(database_url, job, lines)
@@ -88,45 +82,28 @@ def viewer_rows(viewer: dict[str, Any], row: Any) -> None:
 
 
 def _measure(api: Api, path: str, lines: int) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     last_line = f'[role="log"] [data-seq="{lines}"]'
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(
-                viewport={"width": 1280, "height": 800},
-                base_url=api.url,
-                extra_http_headers={"Authorization": f"Bearer {api.token}"},
-            )
-            # Timed in the page, at the first frame that shows the line: Playwright's
-            # wait polls at up to 500 ms, which would be most of what is measured.
-            context.add_init_script(_SEEN_JS.replace("SELECTOR", last_line))
-            page = context.new_page()
-            seconds = []
-            for _ in range(VIEWER_REPEATS + 1):
-                page.goto(path)
-                page.locator(last_line).wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
-                page.wait_for_function("() => window.__lastLineShownAt !== undefined", timeout=VIEWER_TIMEOUT_MS)
-                seconds.append(page.evaluate("() => window.__lastLineShownAt") / 1000)
-            requests = page.evaluate(_REQUESTS_JS)
-            cdp = context.new_cdp_session(page)
-            cdp.send("HeapProfiler.collectGarbage")
-            heap = cdp.send("Runtime.getHeapUsage")
-            held = int(page.locator('[role="log"]').get_attribute("data-held") or "0")
-            started = time.perf_counter()
-            page.locator('[role="log"]').evaluate("el => { el.scrollTop = 0; }")
-            page.locator('[role="log"] [data-seq="1"]').wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
-            top = time.perf_counter() - started
-            full_held, full_heap = _scrolled_to_the_bound(page, cdp)
-        finally:
-            browser.close()
-    counted = seconds[1:]
+
+    def shown(page: Any) -> float:
+        page.locator(last_line).wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
+        page.wait_for_function("() => window.__lastLineShownAt !== undefined", timeout=VIEWER_TIMEOUT_MS)
+        return float(page.evaluate("() => window.__lastLineShownAt"))
+
+    with browser.signed_page(api, height=800, init_script=_SEEN_JS.replace("SELECTOR", last_line)) as (context, page):
+        cold, counted = browser.visits(page, path, VIEWER_REPEATS, shown)
+        requests = browser.requests_ms(page)
+        heap = browser.heap_bytes(context, page)
+        held = int(page.locator('[role="log"]').get_attribute("data-held") or "0")
+        started = time.perf_counter()
+        page.locator('[role="log"]').evaluate("el => { el.scrollTop = 0; }")
+        page.locator('[role="log"] [data-seq="1"]').wait_for(state="visible", timeout=VIEWER_TIMEOUT_MS)
+        top = time.perf_counter() - started
+        full_held, full_heap = _scrolled_to_the_bound(page, context)
     return {
         "visible_seconds": [round(s, 3) for s in counted],
         "visible_seconds_best": round(min(counted), 3),
-        "cold_seconds": round(seconds[0], 3),
-        "heap_mb": round(heap["usedSize"] / 1e6, 1),
+        "cold_seconds": round(cold, 3),
+        "heap_mb": round(heap / 1e6, 1),
         "held_lines": held,
         "top_seconds": round(top, 3),
         "requests_ms": requests,
@@ -147,7 +124,7 @@ def _search_times(api: Api, job: str, lines: int) -> dict[str, float]:
     return times
 
 
-def _scrolled_to_the_bound(page: Any, cdp: Any) -> tuple[int, float]:
+def _scrolled_to_the_bound(page: Any, context: Any) -> tuple[int, float]:
     """Scroll down from the top until the page holds WINDOW_LINES (or stops
     growing): the heap at the most the viewer keeps. (held lines, heap bytes)"""
     log_el = page.locator('[role="log"]')
@@ -160,8 +137,7 @@ def _scrolled_to_the_bound(page: Any, cdp: Any) -> tuple[int, float]:
         held = int(log_el.get_attribute("data-held") or "0")
         if held >= WINDOW_LINES:
             break
-    cdp.send("HeapProfiler.collectGarbage")
-    return held, cdp.send("Runtime.getHeapUsage")["usedSize"]
+    return held, browser.heap_bytes(context, page)
 
 
 # Sets window.__lastLineShownAt (ms after the navigation started) at the first
@@ -182,8 +158,3 @@ _SEEN_JS = """(() => {
   };
   requestAnimationFrame(tick);
 })();"""
-
-# The last visit's requests: [path, start, end] in ms after the navigation started.
-_REQUESTS_JS = """() => performance.getEntriesByType("resource").map(
-  (e) => [new URL(e.name).pathname.replace(/[0-9a-f-]{36}/g, "<id>") + new URL(e.name).search.slice(0, 24),
-          Math.round(e.startTime), Math.round(e.responseEnd)])"""

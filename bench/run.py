@@ -7,8 +7,11 @@ web processes (`--only followers`, bench/followers.py), the raw read-back of a
 finished job's log (`--only raw-logs`), the run page of such a job in Chromium
 (`--only log-viewer`, bench/logviewer.py) and the runs list of a workspace of a
 million runs (`--only runs-list`, bench/runs_list.py) and a scikit-learn
-environment built once and reused (`--only environments`, bench/environments.py)
-— measured in one run on
+environment built once and reused (`--only environments`, bench/environments.py),
+and a job's metrics (`--only metrics`, bench/metrics.py and
+bench/metrics_runners.py): their storage per job-day, a 7-day 8-GPU job read
+back and its Metrics tab in Chromium, the sampler's cost to a CPU-bound job,
+and 500 simulated runners against one web process — measured in one run on
 the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
@@ -16,8 +19,9 @@ runners).
                                   [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
                                   [--viewer-lines 2000000] [--list-runs 1000000] [--followers 500]
                                   [--parallel-jobs 10] [--parallel-lines 100000]
+                                  [--metrics-runners 500] [--metrics-seconds 60] [--metrics-pyspy PATH]
                                   [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
-                                          log-viewer|runs-list|environments ...]
+                                          log-viewer|runs-list|environments|access|metrics ...]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -42,7 +46,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.access import access_rows, bench_access
 from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
+from bench.data import bench_data, data_rows
 from bench.environments import bench_environments, environment_rows
 from bench.followers import bench_followers, follower_rows
 from bench.ingest import bench_parallel_ingest, ingest_rows
@@ -58,6 +64,8 @@ from bench.lib import (
     sigterm_as_interrupt,
 )
 from bench.logviewer import bench_log_viewer, viewer_rows
+from bench.metrics import bench_metrics, metrics_rows
+from bench.metrics_runners import bench_metrics_runners, metrics_runner_rows
 from bench.rawlogs import bench_raw_logs, raw_rows
 from bench.runs_list import TARGET_MS as TARGET_LIST_MS
 from bench.runs_list import TARGET_QUERIES as TARGET_LIST_QUERIES
@@ -550,10 +558,18 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         ingest_rows(results["ingest_parallel"], row)
     if "followers" in results:
         follower_rows(results["followers"], row)
+    if "access" in results:
+        access_rows(results["access"], row)
     if results.get("log_viewer"):
         viewer_rows(results["log_viewer"], row)
     if "environments" in results:
         environment_rows(results["environments"], row)
+    if "data" in results:
+        data_rows(results["data"], row)
+    if "metrics" in results:
+        metrics_rows(results["metrics"], row)
+    if "metrics_runners" in results:
+        metrics_runner_rows(results["metrics_runners"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -590,6 +606,9 @@ PARTS = [
     "log-viewer",
     "runs-list",
     "environments",
+    "data",
+    "access",
+    "metrics",
 ]
 
 
@@ -609,6 +628,14 @@ def main() -> int:
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
+    parser.add_argument("--shells", type=int, default=100, help="terminal sessions at once on one job (access)")
+    parser.add_argument("--scp-mb", type=int, default=1024, help="size of the file scp copies each way (access)")
+    parser.add_argument(
+        "--metrics-runners", type=int, default=500, help="simulated runners against one web process (metrics)"
+    )
+    parser.add_argument("--metrics-seconds", type=float, default=60, help="the window the web's CPU is taken over")
+    parser.add_argument("--metrics-pyspy", help="py-spy's path: profile the web process over that window (metrics)")
+    parser.add_argument("--data-rounds", type=int, default=2, help="downloads of the dataset by each side (data)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
@@ -621,7 +648,7 @@ def main() -> int:
     try:
         with (
             sigterm_as_interrupt(),
-            bench_environment(keep=args.keep, moto=bool(parts & {"aws", "spot"})) as (stack, tmp, info),
+            bench_environment(keep=args.keep, moto=bool(parts & {"aws", "spot", "data"})) as (stack, tmp, info),
         ):
             results["services"] = info["services"]
             token = stack.issue_token("bench").strip().splitlines()[-1]
@@ -674,11 +701,27 @@ def main() -> int:
                     results["raw_logs"] = bench_raw_logs(api, stack, args.raw_lines, tmp)
                 if "log-viewer" in parts:
                     results["log_viewer"] = bench_log_viewer(api, stack.database_url, args.viewer_lines)
+                if "access" in parts:
+                    results["access"] = bench_access(api, stack, tmp, shells=args.shells, scp_bytes=args.scp_mb << 20)
                 if "environments" in parts:
                     results["environments"] = bench_environments(api, stack.data_dir)
-                if "runs-list" in parts:  # last: it sets Django up in this process
+                if "data" in parts:
+                    results["data"] = bench_data(info["moto"].url, tmp, rounds=args.data_rounds)
+                if parts & {"metrics", "runs-list"}:  # last: they set Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))
+                if "metrics" in parts:
+                    results["metrics"] = bench_metrics(api, stack.database_url)
+                    # After the storage rows: its load's metrics would be in the tables they measure.
+                    results["metrics_runners"] = bench_metrics_runners(
+                        api,
+                        stack,
+                        tmp,
+                        runners=args.metrics_runners,
+                        seconds=args.metrics_seconds,
+                        pyspy=args.metrics_pyspy,
+                    )
+                if "runs-list" in parts:
                     results["runs_list"] = bench_runs_list(api, stack.database_url, args.list_runs, args.samples)
             finally:
                 api.close()

@@ -108,7 +108,7 @@ def stack(
         # With GitHub sign-in and the local backend on, the server refuses to
         # start without an allowlist or with the built-in secret key: the
         # browser tests' people (tests/e2e/test_dashboard.py).
-        TRAINYARD_GITHUB_ALLOW="dana,vic,ellen,frank,gina,hana,iris,june",
+        TRAINYARD_GITHUB_ALLOW="dana,vic,ellen,frank,gina,hana,iris,june,kim,lena,tess,uma,nora,otto,pia",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(32),
     )
     # Fast timeouts, so a dead runner is noticed in seconds, not minutes.
@@ -116,7 +116,13 @@ def stack(
         TRAINYARD_HEARTBEAT_SECONDS="1",
         TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS="5",
         TRAINYARD_RECONCILE_SECONDS="1",
+        # Dev environments idle past a few seconds' inactivity_duration stop within a second.
+        TRAINYARD_DEV_IDLE_CHECK_SECONDS="1",
+        # Guards (utilization_policy, stall) fire within a second of their window.
+        TRAINYARD_GUARD_CHECK_SECONDS="1",
         TRAINYARD_LOCAL_RUNNERS_MAX="4",
+        # Webhook receivers the tests start listen on loopback (tests/e2e/test_notify.py).
+        TRAINYARD_NOTIFY_PRIVATE_NETWORKS="127.0.0.0/8",
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
         # Each line here makes the server lose one log batch it acknowledges (tests/e2e/test_log_faults.py).

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from backend.accounts.models import ApiToken, Invitation, Membership, SignInLockout, User, Workspace
+from backend.accounts.models import ApiToken, Invitation, Membership, SignInLockout, SshKey, User, Workspace
 from backend.accounts.services import lockout
 
 admin.site.register(User, UserAdmin)
@@ -31,6 +31,12 @@ class MembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("token_hash", "prefix")
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ("user", "name", "fingerprint", "created_at", "last_used_at")
+    readonly_fields = ("public_key", "fingerprint")
 
 
 @admin.register(Invitation)

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.accounts.auth import signed_in_user
+from backend.accounts.guards import guard_defaults_written
 from backend.accounts.models import AuditEvent, AuditKind, Membership, Role
 from backend.accounts.selectors import audit_page, invitations_pending, members_of, memberships_of
 from backend.accounts.services.workspaces import (
@@ -20,6 +21,7 @@ from backend.accounts.services.workspaces import (
     member_remove,
     member_role_set,
     workspace_create_team,
+    workspace_guard_defaults_set,
 )
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import ApplicationError
@@ -213,6 +215,62 @@ class AuditListView(WorkspaceAPIView):
             query["cursor"] = page.next
             next_url = request.build_absolute_uri(f"{request.path}?{query.urlencode()}")
         return Response({"next": next_url, "results": AuditEventOut(page.events, many=True).data})
+
+
+_DURATION = "a duration as in a workflow: 30m, 2h, 1h30m, 1d"
+
+
+class UtilizationPolicyDefault(serializers.Serializer):
+    min_gpu_utilization = serializers.IntegerField(
+        min_value=1, max_value=100, help_text="percent: every GPU below it for the whole window stops the job"
+    )
+    time_window = serializers.CharField(help_text=_DURATION)
+
+
+class StallPolicyDefault(serializers.Serializer):
+    timeout = serializers.CharField(help_text=f"no new log line and no new metric value for this long; {_DURATION}")
+    action = serializers.ChoiceField(
+        choices=[("stop", "stop"), ("restart", "restart")],
+        default="stop",
+        help_text="stop the job, or end the attempt and start the next from its last checkpoint",
+    )
+
+
+class GuardDefaultsIn(serializers.Serializer):
+    utilization_policy = UtilizationPolicyDefault(
+        required=False, allow_null=True, help_text="left out or null: no default"
+    )
+    stall = StallPolicyDefault(required=False, allow_null=True, help_text="left out or null: no default")
+
+
+class GuardDefaultsOut(serializers.Serializer):
+    utilization_policy = UtilizationPolicyDefault(allow_null=True, help_text="null: no default")
+    stall = StallPolicyDefault(allow_null=True, help_text="null: no default")
+
+
+class GuardDefaultsView(WorkspaceAPIView):
+    """The guards a run of this workspace gets where its workflow has no key
+    of its own (docs/WORKFLOWS.md, "Guards"): every member and viewer
+    reads them, admins replace them. Written as in a workflow and checked as
+    a workflow's keys are; a change applies to runs submitted after it."""
+
+    write_role = Role.ADMIN
+
+    @extend_schema(responses=GuardDefaultsOut)
+    def get(self, request: Request, workspace: str) -> Response:
+        return Response(guard_defaults_written(self.workspace.guard_defaults))
+
+    @extend_schema(request=GuardDefaultsIn, responses=GuardDefaultsOut)
+    def put(self, request: Request, workspace: str) -> Response:
+        change = workspace_guard_defaults_set(workspace=self.workspace, value=request.data)
+        if change.changed:
+            self.audit(
+                AuditKind.WORKSPACE,
+                "workspace.guards_set",
+                self.workspace.slug,
+                {"before": change.before, "after": change.after},
+            )
+        return Response(change.after)
 
 
 def _page_size(text: str) -> int:

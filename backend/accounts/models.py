@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -55,9 +56,22 @@ class Workspace(BaseModel):
     # Who made a team workspace (None: a personal one, or its maker is gone):
     # what TRAINYARD_MAX_WORKSPACES_PER_USER counts.
     created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The guards a workflow of this workspace gets when it has no key of its
+    # own (``utilization_policy``, ``stall``; docs/WORKFLOWS.md, "Guards"),
+    # written as in a workflow: {"stall": {"timeout": "20m", "action": "restart"}}.
+    # {}: none. Set by the workspace's admins (API, `trainyard guards set`) or
+    # an installation admin (Django admin); read at submission.
+    guard_defaults = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        from backend.accounts.guards import guard_defaults_problems
+
+        problems = guard_defaults_problems(self.guard_defaults)
+        if problems:
+            raise ValidationError({"guard_defaults": problems})
 
 
 class WorkspaceQuerySet(models.QuerySet):
@@ -155,6 +169,23 @@ class ApiToken(BaseModel):
     expires_at = models.DateTimeField(null=True, blank=True)
 
 
+class SshKey(BaseModel):
+    """An SSH public key of a user: what the runner's SSH server lets that
+    user in with, in every workspace where the user may open a session
+    (backend/accounts/services/ssh_keys.py parses and checks it).
+    ``public_key`` is one OpenSSH line, ``<type> <base64>``, as parsed (no
+    comment, no options); ``fingerprint`` is what ``ssh-keygen -l`` prints."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=64)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "fingerprint"], name="uniq_ssh_key_per_user")]
+
+
 class LockoutPer(models.TextChoices):
     USERNAME = "user", "username"
     ADDRESS = "ip", "address"
@@ -188,6 +219,9 @@ class AuditKind(models.TextChoices):
     BACKEND = "backend"
     TOKEN = "token"
     RUNNER = "runner"
+    SSH_KEY = "ssh_key", "SSH key"
+    SESSION = "session"  # a session into a running job (ssh, terminal, port): its start and its end
+    WORKSPACE = "workspace"  # a setting of the workspace its admins change (its default guards)
 
 
 class AuditEvent(WorkspaceOwnedModel):

@@ -15,7 +15,16 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from backend.accounts.models import ApiToken, AuditEvent, AuditKind, Invitation, Membership, User, Workspace
+from backend.accounts.models import (
+    ApiToken,
+    AuditEvent,
+    AuditKind,
+    Invitation,
+    Membership,
+    SshKey,
+    User,
+    Workspace,
+)
 from backend.accounts.services import hash_token
 from backend.core.cursors import Position, cursor_decode, cursor_encode
 from backend.core.errors import ApplicationError
@@ -92,6 +101,16 @@ def invitations_pending(*, workspace: Workspace) -> list[Invitation]:
 def api_tokens_of(*, user: User) -> list[ApiToken]:
     """The user's live tokens, newest first."""
     return list(ApiToken.objects.filter(user=user, revoked_at__isnull=True).order_by("-created_at"))
+
+
+def ssh_keys_of(*, user: User) -> list[SshKey]:
+    """The user's SSH public keys, oldest first."""
+    return list(SshKey.objects.filter(user=user).order_by("created_at", "id"))
+
+
+def ssh_public_keys(user: User) -> list[str]:
+    """The OpenSSH lines (``<type> <base64>``) the runner's SSH server lets ``user`` in with."""
+    return [key.public_key for key in ssh_keys_of(user=user)]
 
 
 class AccessLost(enum.Enum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from backend.accounts import api, api_workspaces, views
+from backend.accounts import api, api_ssh_keys, api_workspaces, views
 
 ws = "api/v1/workspaces/<slug:workspace>"
 
@@ -24,10 +24,14 @@ urlpatterns = [
     path("api/v1/auth/logout/", api.LogoutView.as_view()),
     path("api/v1/tokens/", api.TokenListView.as_view()),
     path("api/v1/tokens/<uuid:token_id>/", api.TokenDetailView.as_view()),
+    path("api/v1/me/ssh-keys/", api_ssh_keys.SshKeyListView.as_view()),
+    # A fingerprint's base64 may hold "/".
+    path("api/v1/me/ssh-keys/<path:key>/", api_ssh_keys.SshKeyDetailView.as_view()),
     path("api/v1/workspaces/", api_workspaces.WorkspaceListView.as_view()),
     path(f"{ws}/members/", api_workspaces.MemberListView.as_view()),
     path(f"{ws}/members/<str:username>/", api_workspaces.MemberDetailView.as_view()),
     path(f"{ws}/invitations/", api_workspaces.InvitationListView.as_view()),
     path(f"{ws}/invitations/<uuid:invitation>/", api_workspaces.InvitationDetailView.as_view()),
     path(f"{ws}/audit/", api_workspaces.AuditListView.as_view()),
+    path(f"{ws}/guards/", api_workspaces.GuardDefaultsView.as_view()),
 ]

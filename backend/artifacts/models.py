@@ -127,3 +127,49 @@ class ArtifactFile(BaseModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["artifact", "path"], name="uniq_artifact_file")]
+
+
+class ExportStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for a worker (first time, or its next retry at ``next_attempt_at``)
+    COPYING = "copying"
+    DONE = "done"
+    FAILED = "failed"  # every attempt failed; ``error`` says why
+
+
+class ArtifactExport(WorkspaceOwnedModel):
+    """The copy of one output path of one job to the place its workflow
+    names (``artifacts: - to:``). It belongs to the job of this run, not to
+    the stored artifact: a job reused from the cache copies its source's
+    artifact to its own run's destination. ``artifact``: the stored upload
+    copied (the job's own, or its source's); a newer upload of the path
+    points it at the new one and starts over. The stored artifact is only
+    read, never changed."""
+
+    run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="exports")
+    job = models.ForeignKey("runs.Job", on_delete=models.CASCADE, related_name="exports")
+    path = models.CharField(max_length=500)
+    artifact = models.ForeignKey(Artifact, null=True, on_delete=models.SET_NULL, related_name="exports")
+    # s3://bucket/prefix/ with its variables filled in.
+    destination = models.CharField(max_length=1100)
+    status = models.CharField(max_length=16, choices=ExportStatus.choices, default=ExportStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.CharField(max_length=1000, blank=True)
+    # A pending export is due then; a copying one was claimed then (the sweep
+    # takes back one whose worker died: ``exports.exports_due``).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+    objects_copied = models.PositiveIntegerField(default=0)
+    bytes_copied = models.PositiveBigIntegerField(default=0)
+    # "server-side" (CopyObject within S3) or "streamed" (read from storage, written to the destination).
+    method = models.CharField(max_length=16, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "path"], name="uniq_export_job_path")]
+        indexes = [
+            models.Index(
+                fields=["status", "next_attempt_at"],
+                condition=models.Q(status__in=["pending", "copying"]),
+                name="export_due",
+            )
+        ]

@@ -26,6 +26,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from backend.accounts.models import User, Workspace
+from backend.artifacts.exports import export_begin
 from backend.artifacts.locations import location_of, storage_for_new, storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob
 from backend.artifacts.quota import Usage, charged, over_quota, quota_check, storage_usage
@@ -252,7 +253,9 @@ def artifact_complete(*, artifact: Artifact) -> Artifact:
         if artifact.kind == ArtifactKind.OUTPUT:
             _replace_older(artifact)
         Artifact.stored.filter(pk=artifact.pk).update(status=ArtifactStatus.COMPLETE, completed_at=timezone.now())
-    artifact.refresh_from_db()
+        artifact.refresh_from_db()
+        if artifact.kind == ArtifactKind.OUTPUT:
+            export_begin(job=artifact.job, artifact=artifact)
     return artifact
 
 

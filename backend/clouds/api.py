@@ -6,7 +6,8 @@ Serializers never include credentials: an account's keys go in through
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 from django.db.models import Count
 from django.utils import timezone
@@ -18,6 +19,7 @@ from rest_framework.response import Response
 from backend.accounts.auth import signed_in_user
 from backend.accounts.models import AuditKind, Role
 from backend.accounts.tenancy import WorkspaceAPIView
+from backend.billing.rules import billed_machine, machine_cost, machine_seconds
 from backend.clouds.models import LIVE_STATUSES, CloudAccount, Instance, InstanceStatus
 from backend.clouds.services.connections import aws_connect, aws_setup, aws_validate, backend_remove
 from backend.clouds.services.offers import Candidate, catalog_date, offer_requirements, offers_rank
@@ -36,6 +38,12 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
     price_per_hour = serializers.FloatField()
     current_job = serializers.SerializerMethodField()
     uptime_seconds = serializers.SerializerMethodField()
+    billed_seconds = serializers.SerializerMethodField(
+        help_text="from its first hello to its termination (else now), whole seconds, at least 60 (docs/COST.md)"
+    )
+    cost = serializers.SerializerMethodField(
+        help_text="USD, a decimal string: price x billed seconds (its attempts' shares and its idle time)"
+    )
 
     class Meta:
         model = Instance
@@ -50,6 +58,12 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
             "zone",
             "spot",
             "price_per_hour",
+            "price_source",
+            "market",
+            "running_at",
+            "terminated_at",
+            "billed_seconds",
+            "cost",
             "status",
             "status_reason",
             "hostname",
@@ -75,6 +89,16 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
         """The name of the backend (cloud account) it runs in."""
         return instance.account.name if instance.account else None
 
+    def get_billed_seconds(self, instance: Instance) -> int:
+        return machine_seconds(billed_machine(instance), self._now())
+
+    def get_cost(self, instance: Instance) -> str:
+        return str(machine_cost(billed_machine(instance), self._now()))
+
+    def _now(self) -> datetime:
+        """The view's one "now" (all rows accrue to the same moment)."""
+        return cast(datetime, self.context.get("now") or timezone.now())
+
     def get_uptime_seconds(self, instance: Instance) -> float:
         end = instance.terminated_at or timezone.now()
         return round((end - instance.created_at).total_seconds(), 1)
@@ -89,7 +113,8 @@ class InstanceListView(WorkspaceAPIView):
         shown = list(instances[:200])
         active = Job.objects.filter(instance__in=shown, status__in=ACTIVE_JOB).select_related("run")
         current = {job.instance_id: job for job in active}
-        return Response(InstanceOut(shown, many=True, context={"current": current}).data)
+        context = {"current": current, "now": timezone.now()}
+        return Response(InstanceOut(shown, many=True, context=context).data)
 
 
 # ------------------------------------------------------------------ backends
@@ -206,11 +231,23 @@ class BackendListView(WorkspaceAPIView):
         return Response(_backends_out([account])[0], status=201)
 
 
+# The setup's query: the artifact bucket, and the named buckets of inputs: and to:.
+SETUP_BUCKETS = ("bucket", "data_bucket", "output_bucket")
+
+
 class AwsSetupView(WorkspaceAPIView):
-    @extend_schema(responses=AwsSetupOut, parameters=[OpenApiParameter("bucket", str)])
+    @extend_schema(
+        responses=AwsSetupOut,
+        parameters=[
+            OpenApiParameter("bucket", str),
+            OpenApiParameter("data_bucket", str, description="the bucket (or pattern) of `inputs:` to read"),
+            OpenApiParameter("output_bucket", str, description="the bucket (or pattern) artifacts' `to:` write"),
+        ],
+    )
     def get(self, request: Request, workspace: str) -> Response:
-        bucket = request.query_params.get("bucket", "").strip()[:63]
-        return Response(AwsSetupOut(aws_setup(workspace=self.workspace, bucket=bucket)).data)
+        bucket, data, output = (request.query_params.get(k, "").strip()[:63] for k in SETUP_BUCKETS)
+        setup = aws_setup(workspace=self.workspace, bucket=bucket, data_bucket=data, output_bucket=output)
+        return Response(AwsSetupOut(setup).data)
 
 
 class BackendDetailView(WorkspaceAPIView):

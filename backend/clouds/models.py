@@ -113,6 +113,12 @@ class Instance(WorkspaceOwnedModel):
     zone = models.CharField(max_length=64, blank=True)
     spot = models.BooleanField(default=False)
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    # Where the price came from ("catalog 20261101", "spot price history at
+    # launch", "workspace price for self-hosted") and the market it was bought
+    # on ("spot", "on-demand"; "" for a machine nobody sells): what the cost
+    # of its time rests on (docs/COST.md).
+    price_source = models.CharField(max_length=100, blank=True)
+    market = models.CharField(max_length=16, blank=True)
     # The job it was started for (it may take others afterwards).
     requested_for = models.ForeignKey(
         "runs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="requested_instances"
@@ -127,6 +133,10 @@ class Instance(WorkspaceOwnedModel):
     # Where other jobs of a run reach this machine's jobs (Hello.address).
     address = models.CharField(max_length=255, blank=True)
     runner_version = models.CharField(max_length=50, blank=True)
+    # From the runner's hello: the sessions it serves (0: none, an older
+    # runner) and its SSH host key (one OpenSSH public key line).
+    relay_version = models.PositiveIntegerField(default=0)
+    ssh_host_key = models.CharField(max_length=1024, blank=True)
     cpus = models.PositiveIntegerField(default=0)
     memory_bytes = models.PositiveBigIntegerField(default=0)
     disk_bytes = models.PositiveBigIntegerField(default=0)
@@ -138,6 +148,9 @@ class Instance(WorkspaceOwnedModel):
     unreachable_since = models.DateTimeField(null=True, blank=True)
     launched_at = models.DateTimeField(null=True, blank=True)
     connected_at = models.DateTimeField(null=True, blank=True)  # first hello
+    # Billing starts here (the first hello) and ends at ``terminated_at``
+    # (else now: a live machine's cost accrues); backend.billing reads both.
+    running_at = models.DateTimeField(null=True, blank=True)
     terminate_requested_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
     # The cloud's own view of the machine (a CloudState), as the reconciler
@@ -150,6 +163,10 @@ class Instance(WorkspaceOwnedModel):
     # Until when its runner keeps the files of a job whose upload failed
     # (its latest heartbeat; None: nothing kept): not retired for being idle before then.
     kept_until = models.DateTimeField(null=True, blank=True)
+    # The data snapshots (``DataInput.snapshot``) its runner's cache holds in
+    # full, as its latest heartbeat said (at most 256): the dry run says an
+    # input is cached on the machine it would pick.
+    data_cached = models.JSONField(default=list, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["workspace", "status"], name="instance_ws_status")]
@@ -232,3 +249,64 @@ class WebPulse(models.Model):
 
     process = models.CharField(max_length=100, primary_key=True)  # hostname:pid
     at = models.DateTimeField()
+
+
+class VolumeStatus(models.TextChoices):
+    CREATING = "creating"  # row committed; the backend asked (or about to be)
+    AVAILABLE = "available"  # made, attached to no machine
+    ATTACHED = "attached"  # attached to ``attached_instance`` (for ``attached_job`` when it runs one)
+    DELETING = "deleting"  # delete requested, not confirmed by the backend yet
+    DELETED = "deleted"
+    FAILED = "failed"  # the backend refused to make it (``status_reason`` says why)
+
+
+LIVE_VOLUME_STATUSES = (VolumeStatus.CREATING, VolumeStatus.AVAILABLE, VolumeStatus.ATTACHED, VolumeStatus.DELETING)
+
+
+class Volume(WorkspaceOwnedModel):
+    """A persistent volume of the workspace (docs/DATA.md, "Volumes"): an
+    EBS volume in one zone of an AWS account, or a folder on the local host
+    or on one self-hosted machine. Mounted by the jobs whose workflow names
+    it, one running job at a time; it outlives runs and machines.
+
+    ``clouds/services/volumes.py`` is the only code that writes its status."""
+
+    name = models.CharField(max_length=63)
+    backend = models.CharField(max_length=32, choices=BackendKind.choices)
+    account = models.ForeignKey(CloudAccount, null=True, blank=True, on_delete=models.PROTECT, related_name="volumes")
+    region = models.CharField(max_length=64, blank=True)
+    zone = models.CharField(max_length=64, blank=True)  # the zone's name (us-east-1a); "" where zones do not exist
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    backend_id = models.CharField(max_length=200, blank=True)  # vol-…; the folder's id for a directory
+    status = models.CharField(max_length=16, choices=VolumeStatus.choices, default=VolumeStatus.CREATING)
+    status_reason = models.CharField(max_length=1000, blank=True)
+    # A self-hosted volume is a folder of this machine: its jobs run there only.
+    machine = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    attached_instance = models.ForeignKey(
+        Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="attached_volumes"
+    )
+    # The job the volume is held for: set when a job is assigned with it,
+    # cleared when its attempt ends (the next job may take it then).
+    attached_job = models.ForeignKey(
+        "runs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="attached_volumes"
+    )
+    device = models.CharField(max_length=32, blank=True)  # the name it is attached as (/dev/sdf)
+    created_by = models.ForeignKey("accounts.User", null=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "name"],
+                condition=~models.Q(status="deleted"),
+                name="uniq_volume_name_live",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def where(self) -> str:
+        """``aws us-east-1a``, ``local``, ``self-hosted gpu-box``: where it lives, for messages."""
+        if self.backend == BackendKind.SELF_HOSTED:
+            return f"self-hosted {self.machine.name if self.machine else '(machine gone)'}"
+        return " ".join(filter(None, (self.backend, self.zone or self.region)))

@@ -21,6 +21,8 @@ from backend.clouds.services.provisioning import (
     instance_launch_run,
     instance_terminate_run,
 )
+from backend.clouds.services.volumes import volumes_reconcile as volumes_reconcile_service
+from backend.clouds.services.volumes import volumes_release as volumes_release_service
 from backend.core.deliveries import on_park
 from backend.core.enqueue import enqueue
 
@@ -61,6 +63,23 @@ def facts_refresh(account_id: str | None = None) -> int:
     """Account facts older than TRAINYARD_FACTS_REFRESH_SECONDS (or one
     account's, right after it was connected); from Celery beat."""
     return accounts_refresh_facts(account_id=account_id)
+
+
+@shared_task(acks_late=True, time_limit=180, soft_time_limit=160)
+def volumes_release(job_id: str) -> int:
+    """Detach the volumes of a job whose attempt ended (``volumes.volumes_release``), then ask for a pass."""
+    detached = volumes_release_service(job_id=job_id)
+    enqueue("backend.runs.tasks.schedule", after_commit=False)
+    return detached
+
+
+@shared_task(acks_late=True, time_limit=300, soft_time_limit=280, expires=60)
+def volumes_reconcile() -> int:
+    """The volumes' pass (``volumes.volumes_reconcile``); from Celery beat."""
+    changed = volumes_reconcile_service()
+    if changed:
+        enqueue("backend.runs.tasks.schedule", after_commit=False)
+    return changed
 
 
 on_park("backend.clouds.tasks.instance_launch")(instance_launch_parked)

@@ -1,4 +1,5 @@
-"""ASGI entry: HTTP through Django, websockets through Channels."""
+"""ASGI entry: HTTP through Django, websockets through Channels; the apps
+domain's requests through the apps proxy (backend/access/webapps/proxy.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from backend.access.webapps.proxy import apps_application, serves_apps  # noqa: E402
 from backend.clouds.pulse import pulse_without_lifespan, serve_lifespan  # noqa: E402
 from backend.config.body_limit import BodyLimit  # noqa: E402
 from backend.config.routing import websocket_urlpatterns  # noqa: E402
@@ -43,4 +45,9 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await serve_lifespan(receive, send, also=[publish_forever])
         return
     pulse_without_lifespan(scope, also=[publish_forever])
+    if serves_apps(scope):
+        # The apps domain (TRAINYARD_APPS_URL) is jobs' web apps': the apps
+        # proxy answers it, never Django, and it answers nothing else.
+        await apps_application(scope, receive, send)
+        return
     await router(scope, receive, send)

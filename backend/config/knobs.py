@@ -20,6 +20,7 @@ evaluated once, when its class is made, so every ``Knob`` exists once.
 
 import argparse
 import copy
+import ipaddress
 import json
 import re
 import sys
@@ -98,6 +99,16 @@ def _env_github_names(name: str, default: list[str]) -> list[str]:
     return names
 
 
+def _env_networks(name: str, default: list[str]) -> list[str]:
+    networks = env_list(name, default)
+    for entry in networks:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"{name}: {entry!r} is not a network such as 10.20.0.0/16 or fd00::/8.") from None
+    return networks
+
+
 TEXT = Type("text", env_str, from_file=True)
 URL_TEXT = Type("text: a URL", _env_url_text, from_file=True)
 PATH = Type("path", _env_path, from_file=True)
@@ -110,6 +121,7 @@ SECONDS_OR_UNSET = Type("number (0: unset)", _env_seconds_or_unset)
 BOOLEAN = Type("boolean", env_bool)
 LIST = Type("comma-separated list", env_list)
 GITHUB_NAMES = Type("comma-separated list", _env_github_names)
+NETWORKS = Type("comma-separated list of networks (CIDR)", _env_networks)
 JSON = Type("JSON", env_json)
 RATE = Type("rate", env_rate)
 
@@ -316,6 +328,17 @@ class Web(TypedDict):
         "The header a TLS-terminating proxy sets to `https` (and overwrites); empty: trust only the "
         "connection itself.",
     )]
+    APPS_URL: Annotated[str, Knob(
+        "TRAINYARD_APPS_URL", URL_TEXT,
+        Computed(
+            lambda v: "" if _production(v) or _https(v) else f"http://{{app}}.apps.localhost:{v['TRAINYARD_PORT']}",
+            "`http://{app}.apps.localhost:<TRAINYARD_PORT>` in development over plain HTTP; empty in production and"
+            " over HTTPS (the apps' domain needs a certificate of its own)",
+        ),
+        "Where jobs' web apps (their ports) open in the browser: a URL whose first host label is `{app}`, "
+        "e.g. `https://{app}.apps.example.com` (a wildcard DNS name and certificate, docs/DEPLOY.md); each app "
+        "gets an origin of its own, never the dashboard's. Empty: apps are not served.",
+    )]
 
 
 class Operations(TypedDict):
@@ -454,8 +477,8 @@ class RateLimitSettings(TypedDict):
         ),
         RateLimit(
             "token",
-            Knob("TRAINYARD_RATE_TOKEN_USER", RATE, "20/min", "API tokens made per user."),
-            Knob("TRAINYARD_RATE_TOKEN_IP", RATE, "60/min", "API tokens made per address."),
+            Knob("TRAINYARD_RATE_TOKEN_USER", RATE, "20/min", "API tokens made and SSH keys added per user."),
+            Knob("TRAINYARD_RATE_TOKEN_IP", RATE, "60/min", "API tokens made and SSH keys added per address."),
         ),
         RateLimit(
             "run",
@@ -574,10 +597,86 @@ class Storage(TypedDict):
         "It deletes an unreferenced blob, an abandoned upload or a stale temporary file only once it is "
         "older than this.",
     )]
+    DATA_PRIVATE_NETWORKS: Annotated[list[str], Knob(
+        "TRAINYARD_DATA_PRIVATE_NETWORKS", NETWORKS, [],
+        "Networks an `https://` data input's host may resolve to although they are not public, for datasets "
+        "on an internal web server (`10.20.0.0/16`; `0.0.0.0/0,::/0` allows every address). Empty: the "
+        "server reads only URLs whose every address is public, so a workflow cannot make it probe its own "
+        "network (loopback, private, link-local such as the cloud metadata address, …).",
+    )]
+    EXPORT_ATTEMPTS: Annotated[int, Knob(
+        "TRAINYARD_EXPORT_ATTEMPTS", INTEGER, 5,
+        "Attempts at copying an artifact to its `to:` destination before it is shown failed.",
+    )]
+    EXPORT_RETRY_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_EXPORT_RETRY_SECONDS", NUMBER, 30.0,
+        "Wait before the second attempt at an artifact's copy; each later wait is 4 times the one before "
+        "(at most an hour).",
+    )]
+    EXPORT_SWEEP_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_EXPORT_SWEEP_SECONDS", NUMBER, 15.0,
+        "How often Celery beat's `artifact-exports-sweep` sends the copies that are due (retries, and those "
+        "a worker dropped).",
+    )]
+
+
+class Email(TypedDict):
+    """Email: where Django's email backend sends (notifications by email)."""
+
+    EMAIL_HOST: Annotated[str, Knob(
+        "TRAINYARD_EMAIL_HOST", TEXT, "",
+        "SMTP server that sends notification emails. Empty: email subscriptions are refused.",
+    )]
+    EMAIL_PORT: Annotated[int, Knob(
+        "TRAINYARD_EMAIL_PORT", INTEGER, 587,
+        "Its port.",
+    )]
+    EMAIL_HOST_USER: Annotated[str, Knob(
+        "TRAINYARD_EMAIL_USER", TEXT, "",
+        "User name to sign in to it (empty: no sign-in).",
+    )]
+    EMAIL_HOST_PASSWORD: Annotated[str, Knob(
+        "TRAINYARD_EMAIL_PASSWORD", TEXT, "",
+        "That user's password.",
+    )]
+    EMAIL_USE_TLS: Annotated[bool, Knob(
+        "TRAINYARD_EMAIL_TLS", BOOLEAN, True,
+        "STARTTLS before signing in and sending.",
+    )]
+    DEFAULT_FROM_EMAIL: Annotated[str, Knob(
+        "TRAINYARD_EMAIL_FROM", TEXT, "trainyard@localhost",
+        "The sender of notification emails.",
+    )]
+
+
+class Sessions(TypedDict):
+    """Sessions into a running job: SSH, terminals and ports through the relay (docs/ACCESS.md)."""
+
+    SESSIONS_PER_USER: Annotated[int, Knob(
+        "TRAINYARD_SESSIONS_PER_USER", INTEGER, 20,
+        "Live sessions one user may hold at once, in all workspaces; a grant past it is refused (429).",
+    )]
+    APP_STREAMS_PER_USER: Annotated[int, Knob(
+        "TRAINYARD_APP_STREAMS_PER_USER", INTEGER, 64,
+        "Connections the apps proxy may hold into jobs for one user at once (a browser tab on a job's web app"
+        " holds several); counted apart from TRAINYARD_SESSIONS_PER_USER.",
+    )]
+    SESSIONS_PER_JOB: Annotated[int, Knob(
+        "TRAINYARD_SESSIONS_PER_JOB", INTEGER, 128,
+        "Live sessions into one job at once; a grant past it is refused (429).",
+    )]
+    SESSION_IDLE_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_SESSION_IDLE_SECONDS", NUMBER, 1800.0,
+        "A session that moved no byte for this long is ended.",
+    )]
+    TERMINAL_GRACE: Annotated[float, Knob(
+        "TRAINYARD_TERMINAL_GRACE", NUMBER, 30.0,
+        "A terminal whose client's socket dropped keeps its shell this long for the client to reconnect.",
+    )]
 
 
 class Jobs(TypedDict):
-    """Files a running job moves: checkpoints, mounted artifacts, inputs."""
+    """Files a running job moves: checkpoints, mounted artifacts, inputs; dev environments' idle time."""
 
     CHECKPOINT_SYNC_SECONDS: Annotated[float, Knob(
         "TRAINYARD_CHECKPOINT_SYNC_SECONDS", NUMBER, 300.0,
@@ -594,6 +693,15 @@ class Jobs(TypedDict):
     INPUT_PAGE_FILES: Annotated[int, Knob(
         "TRAINYARD_INPUT_PAGE_FILES", INTEGER, 1000,
         "Files per page of an input's manifest, which the runner reads page by page.",
+    )]
+    DEV_INACTIVITY_SECONDS: Annotated[int, Knob(
+        "TRAINYARD_DEV_INACTIVITY_SECONDS", INTEGER, 3600,
+        "A dev environment (`provider: code`, `lab`, `notebook`) with no session into it for this long is "
+        "stopped, unless its workflow's `inactivity_duration` says otherwise.",
+    )]
+    DEV_IDLE_CHECK_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_DEV_IDLE_CHECK_SECONDS", NUMBER, 30.0,
+        "How often Celery beat looks for dev environments idle past their `inactivity_duration`.",
     )]
 
 
@@ -624,12 +732,30 @@ class Logs(TypedDict):
     )]
 
 
+class JobMetrics(TypedDict):
+    """Jobs' system samples and training values (docs/METRICS.md)."""
+
+    METRICS_RAW_HOURS: Annotated[float, Knob(
+        "TRAINYARD_METRICS_RAW_HOURS", NUMBER, 6.0,
+        "A job's system samples are kept as sampled this many hours, then as min/mean/max per minute.",
+    )]
+    METRICS_COMPACT_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_METRICS_COMPACT_SECONDS", NUMBER, 60.0,
+        "How often Celery beat packs the metrics frames received into blocks and downsamples old ones.",
+    )]
+
+
 class Scheduling(TypedDict):
     """The reconciler, job assignment and the Celery tasks behind them."""
 
     RECONCILE_SECONDS: Annotated[float, Knob(
         "TRAINYARD_RECONCILE_SECONDS", NUMBER, 2.0,
         "How often Celery beat runs the reconciler (leases, silent runners, timeouts, idle machines).",
+    )]
+    GUARD_CHECK_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_GUARD_CHECK_SECONDS", NUMBER, 15.0,
+        "How often Celery beat looks at the running jobs with a guard (`utilization_policy`, `stall`): a "
+        "guard fires at most this long after its window or timeout.",
     )]
     ASSIGN_ON_SUBMIT: Annotated[bool, Knob(
         "TRAINYARD_ASSIGN_ON_SUBMIT", BOOLEAN, True,
@@ -780,6 +906,40 @@ class LocalBackend(TypedDict):
 # --- settings.TRAINYARD: test hooks, refused in production ------------------------
 
 
+class Notifications(TypedDict):
+    """Notifications: webhooks, Slack and email about runs (docs/COST.md)."""
+
+    NOTIFY_PRIVATE_NETWORKS: Annotated[list[str], Knob(
+        "TRAINYARD_NOTIFY_PRIVATE_NETWORKS", NETWORKS, [],
+        "Networks a webhook's or Slack URL's host may resolve to although they are not public (an "
+        "installation whose receivers are internal: `10.0.0.0/8`). Empty: only URLs whose every address is "
+        "public, so a subscription cannot make the server probe its own network.",
+    )]
+    NOTIFY_TIMEOUT_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_TIMEOUT_SECONDS", NUMBER, 10.0,
+        "How long one delivery waits for its receiver to connect and answer.",
+    )]
+    NOTIFY_RETRY_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_RETRY_SECONDS", NUMBER, 30.0,
+        "Wait before a failed delivery's second try; each later wait is 4 times the one before (at most an "
+        "hour).",
+    )]
+    NOTIFY_RETRY_HOURS: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_RETRY_HOURS", NUMBER, 24.0,
+        "A delivery is retried until this long after its event, then shown failed.",
+    )]
+    NOTIFY_DISABLE_AFTER_DAYS: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_DISABLE_AFTER_DAYS", NUMBER, 3.0,
+        "A subscription none of whose deliveries got through for this long is disabled (with an audit "
+        "entry for the workspace's admins).",
+    )]
+    NOTIFY_SWEEP_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_SWEEP_SECONDS", NUMBER, 15.0,
+        "How often Celery beat's `notify-sweep` sends the deliveries that are due (retries, and those a "
+        "worker dropped).",
+    )]
+
+
 class TestHooks(TypedDict):
     """Each makes the server fail one thing on purpose, for the tests that
     check it recovers. Off unless set; with TRAINYARD_ENV=production, setting
@@ -803,7 +963,19 @@ class TestHooks(TypedDict):
 
 
 class TrainyardSettings(
-    Access, RateLimitSettings, Storage, Jobs, Logs, Scheduling, Runners, Backends, LocalBackend, TestHooks
+    Access,
+    RateLimitSettings,
+    Storage,
+    Jobs,
+    Sessions,
+    Logs,
+    JobMetrics,
+    Scheduling,
+    Runners,
+    Backends,
+    LocalBackend,
+    Notifications,
+    TestHooks,
 ):
     """``settings.TRAINYARD``: the production topics from ``Access`` on, and the test hooks."""
 
@@ -819,11 +991,15 @@ SERVER_TOPICS: tuple[tuple[str, Any], ...] = (
     ("Rate limits", RateLimitSettings),
     ("Storage", Storage),
     ("Files of a running job", Jobs),
+    ("Sessions into jobs", Sessions),
     ("Job logs", Logs),
+    ("Job metrics", JobMetrics),
     ("Scheduling", Scheduling),
     ("Runners", Runners),
     ("Cloud backends", Backends),
     ("Local backend", LocalBackend),
+    ("Email", Email),
+    ("Notifications", Notifications),
 )
 TEST_HOOKS_TOPIC: tuple[str, Any] = ("Test hooks", TestHooks)
 
@@ -922,6 +1098,19 @@ OTHER_PROGRAMS: tuple[tuple[str, str, tuple[Elsewhere, ...]], ...] = (
                 "TRAINYARD_ENVIRONMENTS_MAX_AGE_DAYS",
                 "30",
                 "A built environment unused this many days is deleted.",
+                "runner/trainyard_runner",
+            ),
+            Elsewhere(
+                "TRAINYARD_DATA_CACHE_MAX_BYTES",
+                "",
+                "Data inputs' files a machine keeps cached, at most this many bytes (least recently used go first;"
+                " empty: half the work dir's disk).",
+                "runner/trainyard_runner",
+            ),
+            Elsewhere(
+                "TRAINYARD_DATA_CACHE_MAX_AGE_DAYS",
+                "30",
+                "A data input's cached file unused this many days is deleted.",
                 "runner/trainyard_runner",
             ),
         ),

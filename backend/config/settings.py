@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from backend.access.webapps.origin import apps_origin_check, apps_origin_parse
 from backend.config import knobs
 from backend.core.env import ConfigError, read_env_file
 
@@ -50,6 +51,8 @@ CSRF_TRUSTED_ORIGINS = _web["CSRF_TRUSTED_ORIGINS"]
 
 # The address runners and signed URLs use to reach this server.
 PUBLIC_URL = _web["PUBLIC_URL"]
+# Where jobs' web apps are served, each on an origin of its own (None: not served).
+APPS = apps_origin_parse(_web["APPS_URL"])
 
 # --- HTTPS and browser hardening (docs/decisions/0041-https-and-csp.md) -----
 # On in production: the site is served over HTTPS, directly or by a proxy that
@@ -60,6 +63,8 @@ if HTTPS and not PUBLIC_URL.startswith("https://"):
         f"TRAINYARD_PUBLIC_URL is {PUBLIC_URL}, but the site is served over HTTPS (TRAINYARD_HTTPS, on in "
         "production): set TRAINYARD_PUBLIC_URL=https://<host>, or TRAINYARD_HTTPS=false to serve plain HTTP."
     )
+if APPS is not None:
+    apps_origin_check(APPS, public_url=PUBLIC_URL, https=HTTPS, trusted_origins=CSRF_TRUSTED_ORIGINS)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS
@@ -98,6 +103,10 @@ INSTALLED_APPS = [
     "backend.runs.apps.RunsConfig",
     "backend.artifacts",
     "backend.vault",
+    "backend.access.apps.AccessConfig",
+    "backend.metrics.apps.MetricsConfig",
+    "backend.data.apps.DataConfig",
+    "backend.notify.apps.NotifyConfig",
 ]
 
 MIDDLEWARE = [
@@ -277,6 +286,10 @@ SPECTACULAR_SETTINGS = {
         "BackendEnum": "backend.clouds.models.BackendKind",
         "KindEnum": [("git", "git"), ("archive", "archive")],
         "ConnectableKindEnum": [("aws", "aws")],
+        "StallActionEnum": [("stop", "stop"), ("restart", "restart")],
+        "RunOutStatusEnum": "backend.runs.models.RunStatus",
+        "JobOutStatusEnum": "backend.runs.models.JobStatus",
+        "NotificationKindEnum": "backend.notify.models.Kind",
     },
 }
 
@@ -369,6 +382,16 @@ SOCIAL_AUTH_REDIRECT_IS_HTTPS = PUBLIC_URL.startswith("https://")
 # too, for an older one and for whoever audits the settings.
 SOCIAL_AUTH_REQUIRE_POST = True
 
+# Django's email backend (SMTP): notifications by email (backend/notify).
+_email = _env.read(knobs.Email)
+EMAIL_HOST = _email["EMAIL_HOST"]
+EMAIL_PORT = _email["EMAIL_PORT"]
+EMAIL_HOST_USER = _email["EMAIL_HOST_USER"]
+EMAIL_HOST_PASSWORD = _email["EMAIL_HOST_PASSWORD"]
+EMAIL_USE_TLS = _email["EMAIL_USE_TLS"]
+DEFAULT_FROM_EMAIL = _email["DEFAULT_FROM_EMAIL"]
+EMAIL_TIMEOUT = 10
+
 # --- Trainyard ------------------------------------------------------------
 # settings.TRAINYARD: a plain dict, typed and declared in knobs.py (its
 # production topics and, apart, its test hooks, which production refuses).
@@ -415,11 +438,39 @@ CELERY_BEAT_SCHEDULE = {
     # Checks every minute; an account's facts are refreshed when older than FACTS_REFRESH_SECONDS.
     "facts-refresh": {"task": "backend.clouds.tasks.facts_refresh", "schedule": timedelta(seconds=60)},
     "logs-prune": {"task": "backend.runs.tasks.logs_prune", "schedule": timedelta(hours=1)},
+    "data-snapshots-prune": {"task": "backend.data.tasks.snapshots_prune", "schedule": timedelta(hours=1)},
+    # Volumes left attached to a machine that ended or a job that is over; deletes not confirmed; lost ones.
+    "volumes-reconcile": {"task": "backend.clouds.tasks.volumes_reconcile", "schedule": timedelta(seconds=30)},
+    # Expired grants, terminals not reattached within the grace, idle sessions.
+    "sessions-sweep": {"task": "backend.access.tasks.sessions_sweep", "schedule": timedelta(seconds=5)},
     "submission-keys-expire": {"task": "backend.runs.tasks.submission_keys_expire", "schedule": timedelta(hours=1)},
     "logs-archive": {"task": "backend.runs.tasks.logs_archive", "schedule": timedelta(seconds=30)},
+    "metrics-compact": {
+        "task": "backend.metrics.tasks.metrics_compact",
+        "schedule": timedelta(seconds=TRAINYARD["METRICS_COMPACT_SECONDS"]),
+    },
+    # Jobs whose GPUs stayed idle (utilization_policy) or that stopped printing (stall).
+    "jobs-guard": {
+        "task": "backend.runs.tasks.jobs_guard",
+        "schedule": timedelta(seconds=TRAINYARD["GUARD_CHECK_SECONDS"]),
+    },
+    "dev-environments-idle": {
+        "task": "backend.access.tasks.dev_environments_idle",
+        "schedule": timedelta(seconds=TRAINYARD["DEV_IDLE_CHECK_SECONDS"]),
+    },
     "storage-gc": {
         "task": "backend.artifacts.tasks.storage_gc",
         "schedule": timedelta(seconds=TRAINYARD["GC_EVERY_SECONDS"]),
+    },
+    # Artifact copies to a workflow's ``to:`` that are due: retries, and those a worker dropped.
+    "artifact-exports-sweep": {
+        "task": "backend.artifacts.tasks.artifact_exports_sweep",
+        "schedule": timedelta(seconds=TRAINYARD["EXPORT_SWEEP_SECONDS"]),
+    },
+    # Notification deliveries that are due: retries, and those a worker dropped.
+    "notify-sweep": {
+        "task": "backend.notify.tasks.deliveries_sweep",
+        "schedule": timedelta(seconds=TRAINYARD["NOTIFY_SWEEP_SECONDS"]),
     },
     # A pass every half interval re-checks the accounts not checked for half
     # of one: none goes a whole interval unchecked.

@@ -4,13 +4,20 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from backend.access import api as access
+from backend.access.webapps import views as apps_views
 from backend.accounts.api import HealthView, MeView
 from backend.artifacts import api as artifacts
 from backend.artifacts.views import storage_archive, storage_object
+from backend.billing import api as billing
 from backend.clouds import api as clouds
 from backend.clouds import api_selfhosted as selfhosted
+from backend.clouds import api_volumes as volumes
 from backend.clouds import views as clouds_views
 from backend.core import spa
+from backend.data import api as data
+from backend.metrics import api as metrics
+from backend.notify import api as notify
 from backend.repos import api as repos
 from backend.runs.api import run_artifacts
 from backend.runs.api import views as runs
@@ -34,6 +41,14 @@ urlpatterns = [
     path(f"{ws}/runs/<str:run>/stop/", runs.RunStopView.as_view()),
     path(f"{ws}/runs/<str:run>/rerun/", runs.RunRerunView.as_view()),
     path(f"{ws}/runs/<str:run>/artifacts/", run_artifacts.RunArtifactsView.as_view()),
+    path(f"{ws}/runs/<str:run>/exports/", run_artifacts.RunExportsView.as_view()),
+    path(f"{ws}/runs/<str:run>/sessions/", access.SessionGrantView.as_view()),
+    path(f"{ws}/runs/<str:run>/metrics/", metrics.RunMetricsView.as_view()),
+    path(f"{ws}/runs/<str:run>/metrics/series/", metrics.JobSeriesView.as_view()),
+    path(f"{ws}/metrics/compare/", metrics.CompareView.as_view()),
+    path(f"{ws}/costs/", billing.CostReportView.as_view()),
+    path(f"{ws}/sessions/", access.SessionListView.as_view()),
+    path(f"{ws}/sessions/<uuid:session>/end/", access.SessionEndView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/raw", runs.JobRawLogView.as_view()),
     path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
@@ -54,15 +69,24 @@ urlpatterns = [
     path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),
     path(f"{ws}/runners/<uuid:runner>/revoke/", selfhosted.SelfHostedRunnerRevokeView.as_view()),
     path(f"{ws}/backends/", clouds.BackendListView.as_view()),
+    path(f"{ws}/data/endpoint/", data.DataEndpointView.as_view()),
+    path(f"{ws}/notifications/", notify.NotificationsView.as_view()),
+    path(f"{ws}/notifications/<uuid:pk>/", notify.NotificationView.as_view()),
+    path(f"{ws}/notifications/<uuid:pk>/test/", notify.NotificationTestView.as_view()),
+    path(f"{ws}/notifications/<uuid:pk>/deliveries/", notify.NotificationDeliveriesView.as_view()),
     path(f"{ws}/backends/aws/setup/", clouds.AwsSetupView.as_view()),
     path(f"{ws}/backends/<str:name>/", clouds.BackendDetailView.as_view()),
     path(f"{ws}/backends/<str:name>/validate/", clouds.BackendValidateView.as_view()),
     path(f"{ws}/offers/", clouds.OfferListView.as_view()),
+    path(f"{ws}/volumes/", volumes.VolumeListView.as_view()),
+    path(f"{ws}/volumes/<str:name>/", volumes.VolumeDetailView.as_view()),
     # Every runner call but its websocket (backend/runs/api/runner_urls.py).
     path("api/v1/runner/", include("backend.runs.api.runner_urls")),
     # The runner for machines that boot from an image (no auth: public code).
     path("runner/wheels/", clouds_views.runner_wheels_index),
     path("runner/wheels/<str:name>", clouds_views.runner_wheel),
+    # A job's port in the browser: grants, then redirects to the app's own origin (backend/access/webapps).
+    path("open/<slug:workspace>/<str:run>/<str:job>/<int:port>/", apps_views.open_app),
     # Last: `/` and every client-side route of the web dashboard.
     spa.urlpattern,
 ]

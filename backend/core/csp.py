@@ -1,7 +1,8 @@
 """The Content-Security-Policy header (docs/decisions/0041-https-and-csp.md).
 
 The dashboard (frontend/dist) loads only its own hashed files: no inline
-script or style, no other origin but the avatars' images. So every response
+script or ``<style>`` element, no other origin but the avatars' images (style
+attributes are allowed: the terminal's renderer sets them). So every response
 gets a policy that allows scripts, styles, fonts and connections (websockets
 included: ``'self'`` covers ws/wss of this host) from this origin only, and
 cannot be framed. Django's admin, the API docs and the help page carry
@@ -30,6 +31,10 @@ def policy(*, inline_styles: bool = False) -> str:
         "default-src": "'self'",
         "script-src": "'self'",
         "style-src": styles,
+        # Style attributes, not <style> elements: the run page's terminal (xterm.js)
+        # colours its cells with them. An attribute holds no selector, so it cannot
+        # read the page the way an injected stylesheet can (decision 0103-browser-terminal).
+        "style-src-attr": "'unsafe-inline'",
         # Avatars come from GitHub (or GitHub Enterprise): images only, any https host;
         # artifact previews are blob: URLs of bytes the app fetched.
         "img-src": "'self' data: blob: https:",

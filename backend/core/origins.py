@@ -9,7 +9,8 @@ no browser can set that header) need none.
 
 Allowed: the origin of the request's own ``Host`` (same origin), the origin of
 ``TRAINYARD_PUBLIC_URL``, ``CSRF_TRUSTED_ORIGINS`` (``https://*.example.com``
-patterns too) and the hosts of ``ALLOWED_HOSTS`` except ``*``.
+patterns too) and the hosts of ``ALLOWED_HOSTS`` except ``*``. Never an
+origin on the apps domain (TRAINYARD_APPS_URL): a job's page is untrusted.
 """
 
 from __future__ import annotations
@@ -27,11 +28,19 @@ logger = logging.getLogger(__name__)
 ASGIApp = Any
 
 
+def scope_ip(scope: dict[str, Any]) -> str:
+    """The client's address (the ASGI server resolved trusted proxies' X-Forwarded-For)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
 def websocket_origin_allowed(*, origin: str, host: str) -> bool:
     """``origin`` is the Origin header (``scheme://host[:port]``), ``host`` the Host header."""
     parts = urlsplit(origin)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         return False
+    if settings.APPS is not None and settings.APPS.covers(parts.netloc):
+        return False  # a job's web app is never trusted by the dashboard
     if parts.netloc == host or origin == _origin(settings.PUBLIC_URL):
         return True
     if any(_trusted(origin, parts.netloc, pattern) for pattern in settings.CSRF_TRUSTED_ORIGINS):

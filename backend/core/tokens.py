@@ -13,6 +13,7 @@ import hashlib
 API_TOKEN_PREFIX = "trainyard_"  # a person's API token (CLI, SDK, scripts)
 RUNNER_TOKEN_PREFIX = "tyrun_"  # one machine's runner
 REGISTRATION_TOKEN_PREFIX = "tyreg_"  # single use: registers a self-hosted machine
+SESSION_TOKEN_PREFIX = "tyses_"  # one session into a job (its client's websocket), short-lived
 
 
 def hash_token(token: str) -> str:
@@ -25,6 +26,7 @@ def token_kind(token: str) -> str:
         ("api", API_TOKEN_PREFIX),
         ("runner", RUNNER_TOKEN_PREFIX),
         ("registration", REGISTRATION_TOKEN_PREFIX),
+        ("session", SESSION_TOKEN_PREFIX),
     ):
         if token.startswith(prefix):
             return kind

@@ -17,7 +17,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from backend.core import counters
-from backend.ops.selectors import dangerously_all_workspaces_gauges
+from backend.ops.selectors import (
+    dangerously_all_workspaces_cost_rates,
+    dangerously_all_workspaces_gauges,
+    dangerously_all_workspaces_job_gauges,
+)
 
 
 class TrainyardCollector(Collector):
@@ -26,6 +30,8 @@ class TrainyardCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         yield from _database_metrics()
+        yield from _job_metrics()
+        yield from _cost_metrics()
         yield from _redis_metrics()
 
 
@@ -53,6 +59,52 @@ def _database_metrics() -> Iterable[Metric]:
         "Age of the oldest runner heartbeat among running jobs; 0 when nothing runs.",
         value=_age(now, gauges.oldest_heartbeat),
     )
+
+
+# Per running job (docs/METRICS.md, "Prometheus"): its current attempt's
+# latest sample. Labels are bounded: workspace, run and job (a few per
+# running job, gone when it ends) and the GPU's index.
+JOB_LABELS = ["workspace", "run", "job"]
+JOB_GAUGES = (
+    ("trainyard_job_cpu_percent", "CPU of the job's process tree, in percent of one core.", "cpu"),
+    ("trainyard_job_memory_bytes", "Resident memory of the job's process tree.", "memory"),
+)
+GPU_GAUGES = (
+    ("trainyard_job_gpu_utilization_percent", "Utilisation of each of the job's GPUs.", "util"),
+    ("trainyard_job_gpu_memory_used_bytes", "Memory used on each of the job's GPUs.", "memory"),
+    ("trainyard_job_gpu_memory_total_bytes", "Memory of each of the job's GPUs.", "memory_total"),
+)
+
+
+def _job_metrics() -> Iterable[Metric]:
+    jobs = dangerously_all_workspaces_job_gauges()
+    for name, text, series in JOB_GAUGES:
+        family = GaugeMetricFamily(name, text, labels=JOB_LABELS)
+        for job in jobs:
+            if series in job.last:
+                family.add_metric([job.workspace, job.run, job.job], job.last[series]["value"])
+        yield family
+    for name, text, metric in GPU_GAUGES:
+        family = GaugeMetricFamily(name, text, labels=[*JOB_LABELS, "gpu"])
+        for job in jobs:
+            for series, entry in job.last.items():
+                gpu, _, which = series.partition(".")
+                if gpu.startswith("gpu") and gpu[3:].isdigit() and which == metric:
+                    family.add_metric([job.workspace, job.run, job.job, gpu[3:]], entry["value"])
+        yield family
+
+
+def _cost_metrics() -> Iterable[Metric]:
+    """What each workspace's running machines cost an hour (USD; docs/COST.md):
+    a workspace with none has no series."""
+    family = GaugeMetricFamily(
+        "trainyard_running_cost_per_hour",
+        "USD an hour: the summed price of the workspace's machines that are running (connected at least once).",
+        labels=["workspace"],
+    )
+    for workspace, rate in sorted(dangerously_all_workspaces_cost_rates().items()):
+        family.add_metric([workspace], float(rate))
+    yield family
 
 
 def _redis_metrics() -> Iterable[Metric]:

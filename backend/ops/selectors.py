@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, Greatest
 
+from backend.billing.selectors import dangerously_all_workspaces_running_cost_per_hour
+from backend.metrics.selectors import JobGauges, dangerously_all_workspaces_running_job_gauges
 from backend.runs.models import Attempt, AttemptStatus, Job, JobStatus, Run, RunStatus
 
 # A scrape that would wait longer on a busy database answers an error instead.
@@ -40,6 +43,22 @@ def dangerously_all_workspaces_gauges() -> Gauges:
             oldest_ready_since=_schedulable(pending).aggregate(oldest=Min("ready_since"))["oldest"],
             oldest_heartbeat=heartbeat["oldest"],
         )
+
+
+def dangerously_all_workspaces_job_gauges() -> list[JobGauges]:
+    """Running jobs' latest system sample, under the same statement timeout."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        return dangerously_all_workspaces_running_job_gauges()
+
+
+def dangerously_all_workspaces_cost_rates() -> dict[str, Decimal]:
+    """Each workspace's running machines' price per hour, under the same statement timeout."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        return dangerously_all_workspaces_running_cost_per_hour()
 
 
 def _schedulable(pending: QuerySet[Job]) -> QuerySet[Job]:

@@ -13,5 +13,7 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         from backend.runs import events
         from backend.runs.api.listing import run_snapshot
+        from backend.runs.scheduler.volumes import volumes_release_after
 
         events.snapshot_with(run_snapshot)
+        events.on_attempt_end(volumes_release_after)

@@ -32,6 +32,7 @@ then (a process without the app registry) nothing is published.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -43,7 +44,11 @@ from django.db import transaction
 from backend.core.channels import publish, send_to_channel
 from backend.runs.models import Run
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
+    "attempt_ended_on_commit",
+    "on_attempt_end",
     "publish",
     "publish_on_commit",
     "publish_runs",
@@ -142,6 +147,34 @@ def _publish_run(run_id: str) -> None:
 def _publish(run: Run, data: dict[str, Any]) -> None:
     publish(run_group(run.pk), {"type": "run.status", "run": data})
     publish(workspace_group(run.workspace_id), {"type": "run.status", "run": data})
+
+
+# Who is told when an attempt ends, after its transaction commits: the access
+# app (it ends the attempt's sessions), plugged in by its ``AppConfig.ready``
+# so that nothing of ``backend.runs`` imports it. Called with the attempt's
+# id, its termination reason and message.
+AttemptEndListener = Callable[[str, str, str], None]
+_attempt_end_listeners: list[AttemptEndListener] = []
+
+
+def on_attempt_end(listener: AttemptEndListener) -> None:
+    if listener not in _attempt_end_listeners:
+        _attempt_end_listeners.append(listener)
+
+
+def attempt_ended_on_commit(*, attempt_id: str, reason: str, message: str) -> None:
+    """Tell every listener that the attempt ended, once the current
+    transaction commits (never if it rolls back). A listener's failure is
+    logged: the attempt's end stands whatever it does."""
+    for listener in _attempt_end_listeners:
+        transaction.on_commit(partial(_tell, listener, attempt_id, reason, message))
+
+
+def _tell(listener: AttemptEndListener, attempt_id: str, reason: str, message: str) -> None:
+    try:
+        listener(attempt_id, reason, message)
+    except Exception:
+        logger.exception("telling %s that attempt %s ended failed", getattr(listener, "__name__", listener), attempt_id)
 
 
 def run_group(run_id: object) -> str:

@@ -215,6 +215,10 @@ class Job(WorkspaceOwnedModel):
     # (train.py)", "reasons": [{"kind", "text"}]}; None before the decision
     # (nullable: a web process of the previous release still inserts jobs).
     cache_decision = models.JSONField(null=True, blank=True, default=None)
+    # A Jupyter dev environment's token, encrypted (runs.lifecycle.devenvs); None for other jobs.
+    app_token = models.BinaryField(null=True, blank=True)
+    # When its Jupyter last saw activity, as its runner's heartbeats say (runs.services.devenvs).
+    app_active_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -290,6 +294,9 @@ class Attempt(WorkspaceOwnedModel):
     wind_down_until = models.DateTimeField(null=True, blank=True, db_index=True)
     # The key of the environment its commands ran in (``Environment``), "" for none.
     environment_key = models.CharField(max_length=24, blank=True, default="")
+    # When the server last stored a log line of this attempt (set with the
+    # tally of each stored batch, no write of its own): what ``stall`` reads.
+    last_output_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number")]

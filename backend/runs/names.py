@@ -123,3 +123,9 @@ ANIMALS = [
 def run_name_stem() -> str:
     """A run's name without its number: ``adjective-animal``."""
     return f"{random.choice(ADJECTIVES)}-{random.choice(ANIMALS)}"
+
+
+def ssh_host_alias(run_name: str, job_name: str, *, jobs_in_run: int) -> str:
+    """The ``Host`` that ``trainyard ssh-config`` writes for a job:
+    ``trainyard-<run>`` for a run of one job, ``trainyard-<run>-<job>`` otherwise."""
+    return f"trainyard-{run_name}" if jobs_in_run == 1 else f"trainyard-{run_name}-{job_name}"

@@ -24,6 +24,13 @@ class TerminationReason(models.TextChoices):
     # Another job of its group (a master, a worker) was interrupted or lost:
     # stopped so the whole group resumes together; not counted as a retry.
     GROUP_RESTART = "group_restart", "restarted with its group"
+    # Guards (docs/WORKFLOWS.md, "Guards"): the server stopped the job because
+    # its GPUs all stayed below ``utilization_policy``'s threshold for the
+    # window, or because it printed nothing and reported no training value for
+    # ``stall``'s timeout. Each is its own retry event; ``stall: {action:
+    # restart}`` is retried whatever ``on_events`` says (``lifecycle.retry``).
+    LOW_GPU_UTILIZATION = "low_gpu_utilization", "the GPUs stayed idle (utilization_policy)"
+    STALLED = "stalled", "no output for the stall timeout (stall)"
 
     def to_status(self) -> JobStatus:
         """The job's status when this attempt is its last."""
@@ -56,4 +63,9 @@ _EVENT = {
     # Fenced after the grace while its machine was still there: the job may be
     # stuck on a machine we cannot reach; treated like a lost machine.
     TerminationReason.UNREACHABLE: "instance_lost",
+    TerminationReason.LOW_GPU_UTILIZATION: "low_gpu_utilization",
+    TerminationReason.STALLED: "stalled",
 }
+# The server stops a job for these and the retry policy then decides, as
+# for an attempt that ended on its own (``max_duration`` is never retried).
+GUARD_REASONS = (TerminationReason.LOW_GPU_UTILIZATION, TerminationReason.STALLED)

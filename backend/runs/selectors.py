@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
@@ -21,13 +23,15 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    TextField,
 )
-from django.db.models.functions import Coalesce, JSONObject
+from django.db.models.functions import Cast, Coalesce, JSONObject
 
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus, CheckpointLatest
 from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
+from backend.data.models import DataSnapshot
 from backend.runs.lifecycle.dag import ref_origin
 from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job, Run, Tag
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
@@ -77,10 +81,15 @@ def with_shown(runs: QuerySet[Run]) -> QuerySet[Run]:
 def job_attempts(job: Job) -> list[Attempt]:
     """The job's attempts, oldest first, with their instances (unsaved: for
     showing only): from ``with_shown``'s array column, else a query."""
-    rows = getattr(job, "attempt_rows", None)
-    if rows is None:
-        return list(job.attempts.select_related("instance").order_by("number"))
-    return [_attempt_of(row) for row in rows]
+    shown = getattr(job, "_attempts_shown", None)
+    if shown is None:
+        rows = getattr(job, "attempt_rows", None)
+        if rows is None:
+            shown = list(job.attempts.select_related("instance").order_by("number"))
+        else:
+            shown = [_attempt_of(row) for row in rows]
+        job._attempts_shown = shown  # type: ignore[attr-defined]
+    return list(shown)
 
 
 # What AttemptOut shows of an attempt and its instance, as one JSON object per attempt.
@@ -89,8 +98,12 @@ _ATTEMPT_SHOWN = {
     **{f: f for f in ("started_at", "finished_at", "first_seq", "last_seq", "offers_tried")},
     **{f: f for f in ("restored_checkpoint", "environment_key", "created_at", "instance_id")},
     **{f"instance_{f}": f"instance__{f}" for f in ("name", "backend", "instance_type", "region", "zone", "spot")},
+    **{f"instance_{f}": f"instance__{f}" for f in ("running_at", "terminated_at")},
+    # As text: a JSON number would come back a float, and money is exact.
+    "instance_price_per_hour": Cast("instance__price_per_hour", output_field=TextField()),
 }
 _DATES = ("started_at", "finished_at", "created_at")
+_INSTANCE_DATES = ("running_at", "terminated_at")
 
 
 def _attempt_of(row: dict[str, Any]) -> Attempt:
@@ -102,6 +115,9 @@ def _attempt_of(row: dict[str, Any]) -> Attempt:
         fields = {
             k.removeprefix("instance_"): v for k, v in row.items() if k.startswith("instance_") and k != "instance_id"
         }
+        for name in _INSTANCE_DATES:
+            fields[name] = datetime.fromisoformat(fields[name]) if fields[name] else None
+        fields["price_per_hour"] = Decimal(fields["price_per_hour"] or 0)
         attempt.instance = Instance(id=row["instance_id"], **fields)
     return attempt
 
@@ -169,11 +185,13 @@ def run_page(*, runs: QuerySet[Run], cursor: str, size: int) -> RunPage:
     return RunPage(rows, after_last, count, estimated)
 
 
-def run_row(*, runs: QuerySet[Run]) -> RunRow | None:
+def run_row(*, runs: QuerySet[Run], detail: bool = False) -> RunRow | None:
     """The newest run of ``runs`` (one, in practice: a run by id or name) as
     ``run_page`` reads it, in one query: what the run page, its followers and
-    the published snapshots show, without a prefetch or a model per row."""
-    rows = _page_rows(runs.values("id", "created_at")[:1], 1, counted=None)
+    the published snapshots show, without a prefetch or a model per row.
+    ``detail``: each job also holds its spec's ``data`` and ``volumes`` items
+    (``job_data`` shows them; a page of the list does not read them)."""
+    rows = _page_rows(runs.values("id", "created_at")[:1], 1, counted=None, detail=detail)
     return rows[0] if rows else None
 
 
@@ -197,6 +215,7 @@ SELECT r.id, r.workspace_id, r.name, r.workflow, r.help, r.status, r.status_reas
       j.placement, j.on_demand_since, j.placement_note, j.started_at, j.finished_at, j.last_seq,
       j.log_bytes, j.log_note, j.input_refs,
       COALESCE(j.spec -> 'provider', '"bash"') AS provider, j.spec -> 'checkpoint' AS checkpoint_path,
+      j.spec -> 'dev_environment' AS dev_environment,{detail}
       i.name AS instance_name, cr.name AS cached_from_run,
       ARRAY(SELECT n.name FROM runs_job_needs e JOIN runs_job n ON n.id = e.to_job_id
             WHERE e.from_job_id = j.id) AS need_names,
@@ -221,7 +240,8 @@ SELECT r.id, r.workspace_id, r.name, r.workflow, r.help, r.status, r.status_reas
            a.finished_at, a.first_seq, a.last_seq, a.offers_tried, a.restored_checkpoint, a.environment_key,
            a.created_at, ai.name AS instance_name, ai.backend AS instance_backend,
            ai.instance_type AS instance_instance_type, ai.region AS instance_region,
-           ai.zone AS instance_zone, ai.spot AS instance_spot
+           ai.zone AS instance_zone, ai.spot AS instance_spot, ai.price_per_hour::text AS instance_price_per_hour,
+           ai.running_at AS instance_running_at, ai.terminated_at AS instance_terminated_at
          FROM runs_attempt a LEFT JOIN clouds_instance ai ON ai.id = a.instance_id
          WHERE a.job_id = j.id) a_shown) AS attempts
     FROM runs_job j
@@ -234,11 +254,16 @@ FROM (SELECT id, created_at FROM matches ORDER BY created_at DESC, id DESC LIMIT
   LEFT JOIN accounts_user u ON u.id = r.submitted_by_id
 ORDER BY page.created_at DESC, page.id DESC
 """
+# What only one run's page reads of each job (``run_row(detail=True)``).
+_DETAIL_SQL = """
+      COALESCE(j.spec -> 'data', '[]') AS data, COALESCE(j.spec -> 'volumes', '[]') AS volumes,"""
 _JOB_DATES = ("created_at", "on_demand_since", "started_at", "finished_at")
-_ATTEMPT_DATES = ("created_at", "started_at", "finished_at")
+_ATTEMPT_DATES = ("created_at", "started_at", "finished_at", "instance_running_at", "instance_terminated_at")
 
 
-def _page_rows(matches: QuerySet[Any], size: int, *, counted: QuerySet[Any] | None) -> list[RunRow]:
+def _page_rows(
+    matches: QuerySet[Any], size: int, *, counted: QuerySet[Any] | None, detail: bool = False
+) -> list[RunRow]:
     """The first ``size + 1`` of ``matches`` (ids and creation times, newest
     first) as ``RunRow``s, each also holding ``counted``: how many rows the
     bounded query ``counted`` has (None: ``matches`` has)."""
@@ -247,7 +272,9 @@ def _page_rows(matches: QuerySet[Any], size: int, *, counted: QuerySet[Any] | No
     if counted is not None:
         inner, counted_params = counted.query.sql_with_params()
         counted_sql = f"SELECT count(*) FROM ({inner}) counted"
-    sql = _PAGE_SQL.format(matches=matches_sql, counted=counted_sql, size=int(size) + 1)
+    sql = _PAGE_SQL.format(
+        matches=matches_sql, counted=counted_sql, size=int(size) + 1, detail=_DETAIL_SQL if detail else ""
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, (*params, *counted_params))
         names = [column.name for column in cursor.description]
@@ -330,6 +357,54 @@ def job_extras(*, jobs: list[Job]) -> JobExtras:
             found.setdefault(artifact.job_id, []).append(artifact)
     inputs = {pk: _inputs(j, by_job[pk], run_sources, found) for pk, j in ((j.pk, j) for j in jobs)}
     return JobExtras(inputs, _checkpoints(jobs))
+
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class JobData:
+    """What a job reads from its ``inputs:`` URIs and which volumes it mounts, as the run page shows them."""
+
+    inputs: list[dict[str, Any]]  # uri, path, read_only, file_count, total_size, versioned
+    volumes: list[dict[str, Any]]  # name, path, read_only
+
+
+def job_data(*, workspace_id: uuid.UUID | str, specs: Mapping[K, Mapping[str, Any]]) -> dict[K, JobData]:
+    """Each job's data inputs with their listings' sizes and its volumes, from
+    the ``data`` and ``volumes`` items of its spec (``specs``: job key ->
+    spec, or any mapping holding those two keys). The snapshots of all the
+    jobs are read in one query, only ``workspace_id``'s, and none when no job
+    names one; an input whose snapshot is not found shows no counts."""
+    digests = {str(i.get("snapshot")) for spec in specs.values() for i in spec.get("data") or [] if i.get("snapshot")}
+    found = {}
+    if digests:
+        rows = DataSnapshot.objects.filter(workspace_id=workspace_id, digest__in=digests)
+        found = {
+            d: (n, size, v) for d, n, size, v in rows.values_list("digest", "file_count", "total_size", "versioned")
+        }
+    return {key: _job_data(spec, found) for key, spec in specs.items()}
+
+
+def _job_data(spec: Mapping[str, Any], found: Mapping[str, tuple[int, int, bool]]) -> JobData:
+    inputs = []
+    for item in spec.get("data") or []:
+        count, size, versioned = found.get(str(item.get("snapshot") or ""), (None, None, False))
+        inputs.append(
+            {
+                "uri": str(item.get("uri", "")),
+                "path": str(item.get("path", "")),
+                "read_only": bool(item.get("read_only", True)),
+                "file_count": count,
+                "total_size": size,
+                "versioned": versioned,
+            }
+        )
+    volumes = [
+        {"name": str(v.get("name", "")), "path": str(v.get("path", "")), "read_only": bool(v.get("read_only", False))}
+        for v in spec.get("volumes") or []
+    ]
+    return JobData(inputs, volumes)
 
 
 def run_get(*, workspace: Workspace, ref: str) -> Run | None:

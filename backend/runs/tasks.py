@@ -11,6 +11,7 @@ from celery import shared_task
 
 from backend.core.deliveries import on_park
 from backend.runs.scheduler.coalesce import schedule_parked, schedule_passes
+from backend.runs.services.guards import jobs_guard as jobs_guard_service
 from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
 from backend.runs.services.reconcile import reconcile as reconcile_service
@@ -30,6 +31,12 @@ def schedule(flagged: bool = False) -> int:
 def reconcile() -> None:
     if reconcile_service():
         schedule_request()
+
+
+@shared_task(acks_late=True, time_limit=120, soft_time_limit=100, expires=30)
+def jobs_guard() -> int:
+    """Jobs past a guard (``utilization_policy``, ``stall``) are stopped; bounded per call."""
+    return jobs_guard_service()
 
 
 @shared_task(acks_late=True, time_limit=600, soft_time_limit=540, expires=3600)

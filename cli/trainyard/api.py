@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, Required, TypeAlias, TypedDict, Unpack, cast
@@ -46,14 +46,20 @@ PlannedJob: TypeAlias = apitypes.PlannedJobOut
 LogLine: TypeAlias = apitypes.LogLineOut
 LogPage: TypeAlias = apitypes.LogPageOut
 Artifact: TypeAlias = apitypes.ArtifactOut
+Export: TypeAlias = apitypes.ExportOut
 ArtifactFile: TypeAlias = apitypes.ArtifactFileOut
 WorkflowsFileText: TypeAlias = apitypes.WorkflowsFileInRequest
 Environment: TypeAlias = apitypes.EnvironmentDetailOut
 EnvironmentSummary: TypeAlias = apitypes.EnvironmentOut
 Tag: TypeAlias = apitypes.TagOut
 Secret: TypeAlias = apitypes.SecretOut
+Subscription: TypeAlias = apitypes.SubscriptionOut
+SubscriptionCreated: TypeAlias = apitypes.SubscriptionCreatedOut
+Delivery: TypeAlias = apitypes.DeliveryOut
+Volume: TypeAlias = apitypes.VolumeOut
 ApiToken: TypeAlias = apitypes.TokenOut
 NewApiToken: TypeAlias = apitypes.TokenCreatedOut
+SshKey: TypeAlias = apitypes.SshKeyOut
 RepoCredential: TypeAlias = apitypes.CredentialOut
 Blob: TypeAlias = apitypes.BlobOut
 Backend: TypeAlias = apitypes.BackendOut
@@ -62,6 +68,15 @@ Offers: TypeAlias = apitypes.OffersOut
 Instance: TypeAlias = apitypes.InstanceOut
 Me: TypeAlias = apitypes.MeOut
 ServerInfo: TypeAlias = apitypes.Health
+RunMetrics: TypeAlias = apitypes.RunMetricsOut
+CostReport: TypeAlias = apitypes.CostReportOut
+JobMetrics: TypeAlias = apitypes.JobMetricsOut
+JobSeries: TypeAlias = apitypes.JobSeriesOut
+MetricSeries: TypeAlias = apitypes.MetricSeriesOut
+Comparison: TypeAlias = apitypes.CompareOut
+GuardDefaults: TypeAlias = apitypes.GuardDefaultsOut
+DataEndpoint: TypeAlias = apitypes.DataEndpointOut
+Rerun: TypeAlias = apitypes.RerunOut
 
 
 class RunSubmission(TypedDict, total=False):
@@ -155,8 +170,10 @@ class Client:
                 return cast(Blob, self._blob(f, size))
         return cast(Blob, self._blob(data, len(data)))
 
-    def rerun(self, name: str) -> Run:
-        return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/rerun/")))
+    def rerun(self, name: str) -> Rerun:
+        """A new run of the same workflow, code and values; ``notices``: what it reads
+        differently (a data input whose bucket keeps no versions)."""
+        return cast(Rerun, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/rerun/")))
 
     def create_run(
         self,
@@ -255,8 +272,45 @@ class Client:
                 chunk, start = _prefixed(chunk, marker, start)
             out.write(chunk)
 
+    def cost_report(self, *, since: str | None, until: str | None, by: str) -> CostReport:
+        """The workspace's costs over a window, grouped (docs/API.md, "Costs")."""
+        params = {k: v for k, v in {"since": since, "until": until, "by": by}.items() if v}
+        return cast(CostReport, self._request("GET", self._ws("costs/"), params=params))
+
+    def run_metrics(self, run: str) -> RunMetrics:
+        """Each job's series names, last values and counters (docs/API.md, "Metrics")."""
+        return cast(RunMetrics, self._request("GET", self._ws(f"runs/{quote(run, safe='')}/metrics/")))
+
+    def job_series(
+        self,
+        run: str,
+        job: str,
+        *,
+        names: list[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        points: int | None = None,
+    ) -> JobSeries:
+        """One job's series over its attempts, at most ``points`` each (the server's default: 1000)."""
+        params: dict[str, Any] = {"job": job}
+        if names:
+            params["names"] = ",".join(names)
+        for key, value in (("since", since), ("until", until), ("points", points)):
+            if value is not None:
+                params[key] = value
+        url = self._ws(f"runs/{quote(run, safe='')}/metrics/series/")
+        return cast(JobSeries, self._request("GET", url, params=params))
+
+    def compare_runs(self, runs: list[str], *, names: list[str] | None = None) -> Comparison:
+        params = {"runs": ",".join(runs), **({"names": ",".join(names)} if names else {})}
+        return cast(Comparison, self._request("GET", self._ws("metrics/compare/"), params=params))
+
     def list_artifacts(self, run: str) -> list[Artifact]:
         return cast(list[Artifact], self._request("GET", self._ws(f"runs/{quote(run, safe='')}/artifacts/")))
+
+    def list_exports(self, run: str) -> list[Export]:
+        """The copies of the run's artifacts to their ``to:`` (a reused job's too)."""
+        return cast(list[Export], self._request("GET", self._ws(f"runs/{quote(run, safe='')}/exports/")))
 
     def download_artifact_file(self, artifact_id: str, path: str, out: BinaryIO) -> tuple[int, str]:
         """Stream one file into ``out`` (following the redirect to its signed
@@ -292,11 +346,67 @@ class Client:
         logs show it as *****."""
         return cast(Secret, self._request("PUT", self._ws(f"secrets/{quote(name, safe='')}/"), json={"value": value}))
 
+    def create_volume(self, body: Mapping[str, str]) -> Volume:
+        return cast(Volume, self._request("POST", self._ws("volumes/"), json=dict(body)))
+
+    def list_volumes(self) -> list[Volume]:
+        return cast(list[Volume], self._request("GET", self._ws("volumes/")))
+
+    def delete_volume(self, name: str) -> None:
+        self._request("DELETE", self._ws(f"volumes/{quote(name, safe='')}/"))
+
     def list_secrets(self) -> list[Secret]:
         return cast(list[Secret], self._request("GET", self._ws("secrets/")))
 
     def remove_secret(self, name: str) -> None:
         self._request("DELETE", self._ws(f"secrets/{quote(name, safe='')}/"))
+
+    def create_notification(self, body: Mapping[str, Any]) -> SubscriptionCreated:
+        """A new subscription; a webhook's ``secret`` is in this answer only."""
+        return cast(SubscriptionCreated, self._request("POST", self._ws("notifications/"), json=dict(body)))
+
+    def list_notifications(self) -> list[Subscription]:
+        return cast(list[Subscription], self._request("GET", self._ws("notifications/")))
+
+    def remove_notification(self, subscription_id: str) -> None:
+        self._request("DELETE", self._ws(f"notifications/{quote(subscription_id, safe='')}/"))
+
+    def test_notification(self, subscription_id: str) -> Delivery:
+        """Queue a ``test`` event for the subscription; its delivery."""
+        return cast(Delivery, self._request("POST", self._ws(f"notifications/{quote(subscription_id, safe='')}/test/")))
+
+    def notification_deliveries(self, subscription_id: str) -> list[Delivery]:
+        url = self._ws(f"notifications/{quote(subscription_id, safe='')}/deliveries/")
+        return cast(list[Delivery], self._request("GET", url))
+
+    def guard_defaults(self) -> GuardDefaults:
+        """The workspace's default guards (``stall``, ``utilization_policy``;
+        null where there is none), as a workflow writes them."""
+        return cast(GuardDefaults, self._request("GET", self._ws("guards/")))
+
+    def set_guard_defaults(self, defaults: Mapping[str, Any]) -> GuardDefaults:
+        """Replace the workspace's default guards (admins only); a key left
+        out or null is no default. Runs submitted from now on get them."""
+        return cast(GuardDefaults, self._request("PUT", self._ws("guards/"), json=dict(defaults)))
+
+    def data_endpoint(self) -> DataEndpoint:
+        """The workspace's S3-compatible endpoint for ``s3://`` inputs (never its secret)."""
+        return cast(DataEndpoint, self._request("GET", self._ws("data/endpoint/")))
+
+    def set_data_endpoint(
+        self, endpoint_url: str, *, region: str = "", access_key_id: str = "", secret_access_key: str = ""
+    ) -> DataEndpoint:
+        """Set the workspace's S3-compatible endpoint (admins only)."""
+        body = {
+            "endpoint_url": endpoint_url,
+            "region": region,
+            "access_key_id": access_key_id,
+            "secret_access_key": secret_access_key,
+        }
+        return cast(DataEndpoint, self._request("PUT", self._ws("data/endpoint/"), json=body))
+
+    def remove_data_endpoint(self) -> None:
+        self._request("DELETE", self._ws("data/endpoint/"))
 
     def create_token(self, name: str, *, expires_in: str = "") -> NewApiToken:
         """A new API token of the caller (``expires_in``: 30d, 12h, …, never; empty: the
@@ -310,6 +420,26 @@ class Client:
     def revoke_token(self, token_id: str) -> None:
         self._request("DELETE", f"/api/v1/tokens/{quote(token_id, safe='')}/")
 
+    def list_ssh_keys(self) -> list[SshKey]:
+        """The caller's SSH public keys (a person's, not a workspace's)."""
+        return cast(list[SshKey], self._request("GET", "/api/v1/me/ssh-keys/"))
+
+    def add_ssh_key(self, public_key: str, *, name: str = "") -> SshKey:
+        """Registers one OpenSSH public key line (``name``: else the key's comment)."""
+        body = {"public_key": public_key, "name": name}
+        return cast(SshKey, self._request("POST", "/api/v1/me/ssh-keys/", json=body))
+
+    def remove_ssh_key(self, ref: str) -> None:
+        """Removes the caller's key named by its id, fingerprint (SHA256:…) or name."""
+        self._request("DELETE", f"/api/v1/me/ssh-keys/{quote(ref, safe=':')}/")
+
+    def create_session(self, run: str, *, kind: str, job: str | None = None, port: int | None = None) -> dict[str, Any]:
+        """A grant to open a session into a running job (docs/ACCESS.md):
+        ``token`` and ``url`` of the client websocket (connect within a
+        minute), ``host_alias`` and ``host_key`` for ssh."""
+        body: dict[str, Any] = {"kind": kind, **({"job": job} if job else {}), **({"port": port} if port else {})}
+        return cast(dict[str, Any], self._request("POST", self._ws(f"runs/{quote(run, safe='')}/sessions/"), json=body))
+
     def set_repo_credential(self, url: str, *, kind: str, secret: str, username: str = "") -> RepoCredential:
         """Set (or replace) the credential runners clone ``url`` with."""
         body = {"url": url, "kind": kind, "secret": secret, "username": username}
@@ -321,9 +451,11 @@ class Client:
     def list_backends(self) -> list[Backend]:
         return cast(list[Backend], self._request("GET", self._ws("backends/")))
 
-    def aws_setup(self, *, bucket: str = "") -> AwsSetup:
-        """The workspace's external id and the policies its AWS role needs."""
-        params = {"bucket": bucket} if bucket else {}
+    def aws_setup(self, *, bucket: str = "", data_bucket: str = "", output_bucket: str = "") -> AwsSetup:
+        """The workspace's external id and the policies its AWS role needs
+        (with the named buckets' statements for those given)."""
+        named = {"bucket": bucket, "data_bucket": data_bucket, "output_bucket": output_bucket}
+        params = {k: v for k, v in named.items() if v}
         return cast(AwsSetup, self._request("GET", self._ws("backends/aws/setup/"), params=params))
 
     def add_backend(self, body: dict[str, Any]) -> Backend:
@@ -435,11 +567,11 @@ def _error_from(response: httpx.Response) -> ApiError:
         body = response.json()
     except ValueError:
         body = None
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
+    if isinstance(body, dict) and isinstance(body.get("message") or body.get("detail"), str):
         extra = body.get("extra")
         listed = extra.get("errors") if isinstance(extra, dict) else None
         errors = listed if isinstance(listed, list) else []
-        message = body["message"]
+        message = body.get("message") or body["detail"]
     else:
         errors, message = (
             [],

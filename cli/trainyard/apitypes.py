@@ -59,7 +59,9 @@ AttemptOutStatusEnum: TypeAlias = Literal["assigned", "running", "stopping", "en
 """
 
 
-AuditEventOutKindEnum: TypeAlias = Literal["secret", "credential", "member", "backend", "token", "runner"]
+AuditEventOutKindEnum: TypeAlias = Literal[
+    "secret", "credential", "member", "backend", "token", "runner", "ssh_key", "session", "workspace"
+]
 """
 * `secret` - Secret
 * `credential` - Credential
@@ -67,6 +69,9 @@ AuditEventOutKindEnum: TypeAlias = Literal["secret", "credential", "member", "ba
 * `backend` - Backend
 * `token` - Token
 * `runner` - Runner
+* `ssh_key` - SSH key
+* `session` - Session
+* `workspace` - Workspace
 """
 
 
@@ -119,6 +124,15 @@ class BlobOut(TypedDict):
     id: str
     size: int
     sha256: str
+
+
+ByEnum: TypeAlias = Literal["user", "workflow", "backend", "day"]
+"""
+* `user` - user
+* `workflow` - workflow
+* `backend` - backend
+* `day` - day
+"""
 
 
 class CacheHitOut(TypedDict):
@@ -174,6 +188,17 @@ ConnectableKindEnum: TypeAlias = Literal["aws"]
 """
 
 
+class CostRowOut(TypedDict):
+    key: str
+    """
+    the user, workflow, backend or UTC day (YYYY-MM-DD)
+    """
+    cost: str
+    """
+    USD, a decimal string
+    """
+
+
 CredentialKind: TypeAlias = Literal["https-token", "ssh-key"]
 """
 * `https-token` - Https Token
@@ -191,6 +216,76 @@ class CurrentJobOut(TypedDict):
     run: str
     job: str
     job_name: str
+
+
+class DataEndpointInRequest(TypedDict):
+    endpoint_url: str
+    region: NotRequired[str]
+    access_key_id: NotRequired[str]
+    secret_access_key: NotRequired[str]
+
+
+class DataEndpointOut(TypedDict):
+    endpoint_url: str
+    region: str
+    access_key_id: str
+    has_secret: bool
+    created_at: str
+    updated_at: str
+
+
+class DataFileOut(TypedDict):
+    path: str
+    """
+    relative to the input's path; "" for a one-file input
+    """
+    size: int
+    url: str
+    """
+    GET URL (presigned for s3://, pinned to the listed version)
+    """
+    etag: str
+    sha256: str
+    identity: str
+    """
+    what the machine's cache keeps the bytes under
+    """
+
+
+class DataPageOut(TypedDict):
+    path: str
+    files: list[DataFileOut]
+    next: str
+    """
+    the "after" of the next page; "" after the last
+    """
+
+
+class DataUrlInRequest(TypedDict):
+    path: str
+    """
+    the data input's path, as in the assignment
+    """
+    file: str
+    """
+    the file's path within it
+    """
+
+
+DeliveryOutStatusEnum: TypeAlias = Literal["pending", "delivered", "failed"]
+"""
+* `pending` - Pending
+* `delivered` - Delivered
+* `failed` - Failed
+"""
+
+
+DevEnvironmentOutKindEnum: TypeAlias = Literal["code", "lab", "notebook"]
+"""
+* `code` - code
+* `lab` - lab
+* `notebook` - notebook
+"""
 
 
 class DonePartInRequest(TypedDict):
@@ -330,6 +425,39 @@ class EnvironmentUploadOut(TypedDict):
     """
 
 
+EventsEnum: TypeAlias = Literal[
+    "run.succeeded",
+    "run.failed",
+    "run.stopped",
+    "attempt.interrupted",
+    "attempt.resumed",
+    "job.waiting_capacity",
+    "guard.fired",
+    "budget.80",
+    "budget.100",
+]
+"""
+* `run.succeeded` - run.succeeded
+* `run.failed` - run.failed
+* `run.stopped` - run.stopped
+* `attempt.interrupted` - attempt.interrupted
+* `attempt.resumed` - attempt.resumed
+* `job.waiting_capacity` - job.waiting_capacity
+* `guard.fired` - guard.fired
+* `budget.80` - budget.80
+* `budget.100` - budget.100
+"""
+
+
+ExportOutStatusEnum: TypeAlias = Literal["pending", "copying", "done", "failed"]
+"""
+* `pending` - Pending
+* `copying` - Copying
+* `done` - Done
+* `failed` - Failed
+"""
+
+
 class FileInRequest(TypedDict):
     path: str
     size: int
@@ -339,6 +467,31 @@ class FileInRequest(TypedDict):
 class GpuOut(TypedDict):
     name: str
     memory_bytes: int
+
+
+class GrantOut(TypedDict):
+    id: str
+    token: str
+    """
+    the client's credential (Authorization: Bearer), shown once
+    """
+    url: str
+    """
+    the client's websocket
+    """
+    expires_at: str
+    """
+    the first connect must come before
+    """
+    run: str
+    job: str
+    attempt: int
+    kind: str
+    host_alias: str
+    host_key: str
+    """
+    the runner's SSH host key (kind ssh)
+    """
 
 
 class Health(TypedDict):
@@ -380,6 +533,27 @@ InstanceStatus: TypeAlias = Literal["provisioning", "idle", "busy", "unreachable
 """
 
 
+class JobDataInputOut(TypedDict):
+    uri: str
+    path: str
+    """
+    where it is placed in the job's working directory
+    """
+    read_only: bool
+    file_count: int | None
+    """
+    null: its listing is not known
+    """
+    total_size: int | None
+    """
+    bytes; null: its listing is not known
+    """
+    versioned: bool
+    """
+    every object has a version id (a re-run reads these again)
+    """
+
+
 JobOutStatusEnum: TypeAlias = Literal["pending", "assigned", "running", "stopping", "succeeded", "failed", "stopped"]
 """
 * `pending` - Pending
@@ -392,11 +566,27 @@ JobOutStatusEnum: TypeAlias = Literal["pending", "assigned", "running", "stoppin
 """
 
 
+class JobVolumeOut(TypedDict):
+    name: str
+    path: str
+    read_only: bool
+
+
 KindEnum: TypeAlias = Literal["git", "archive"]
 """
 * `git` - git
 * `archive` - archive
 """
+
+
+class LastValueOut(TypedDict):
+    value: float
+    step: int | None
+    t: str
+    """
+    ISO 8601, UTC
+    """
+    attempt: int
 
 
 class LogSearchOut(TypedDict):
@@ -419,6 +609,52 @@ class LogSearchOut(TypedDict):
 class LoginInRequest(TypedDict):
     username: str
     password: str
+
+
+class MetricPointsOut(TypedDict):
+    x: list[float]
+    """
+    step, or Unix seconds
+    """
+    y: list[float]
+    """
+    the value (system: the mean)
+    """
+    min: NotRequired[list[float]]
+    """
+    system series
+    """
+    max: NotRequired[list[float]]
+    """
+    system series
+    """
+    attempt: list[int]
+    t: NotRequired[list[float]]
+    """
+    training series: each value's Unix time
+    """
+
+
+MetricSeriesOutKindEnum: TypeAlias = Literal["system", "training"]
+"""
+* `system` - system
+* `training` - training
+"""
+
+
+class MetricsAttemptOut(TypedDict):
+    number: int
+    started_at: str | None
+    finished_at: str | None
+    termination_reason: str
+
+
+NotificationKindEnum: TypeAlias = Literal["webhook", "slack", "email"]
+"""
+* `webhook` - Webhook
+* `slack` - Slack
+* `email` - Email
+"""
 
 
 class OfferOut(TypedDict):
@@ -460,6 +696,11 @@ class PartsDoneInRequest(TypedDict):
     parts: list[DonePartInRequest]
 
 
+class PatchedSubscriptionChangeInRequest(TypedDict):
+    events: NotRequired[list[EventsEnum]]
+    enabled: NotRequired[bool]
+
+
 class PlanCodeInRequest(TypedDict):
     kind: KindEnum
     repo_url: NotRequired[str]
@@ -469,6 +710,29 @@ class PlanCodeInRequest(TypedDict):
     patch_files: NotRequired[dict[str, str] | None]
     patch_sha256: NotRequired[str]
     archive_sha256: NotRequired[str]
+
+
+class PlannedDataOut(TypedDict):
+    uri: str
+    path: str
+    file_count: int
+    total_size: int
+    size: str
+    """
+    total_size in words (1.2 GiB)
+    """
+    versioned: bool
+    """
+    every object has a version id (a re-run reads these again)
+    """
+    snapshot: str
+    """
+    the listing's digest (part of the job's cache key)
+    """
+    cached_on: list[str]
+    """
+    idle machines of the workspace whose cache holds it
+    """
 
 
 PlannedEnvironmentOutStateEnum: TypeAlias = Literal["ready", "to build", "unknown"]
@@ -563,6 +827,13 @@ RunnerCredentialOutKindEnum: TypeAlias = Literal["https-token", "ssh-key"]
 """
 
 
+ScopeEnum: TypeAlias = Literal["workspace", "mine"]
+"""
+* `workspace` - Workspace
+* `mine` - Mine
+"""
+
+
 class SecretInRequest(TypedDict):
     value: str
 
@@ -599,6 +870,47 @@ class SelfHostedRunnerOut(TypedDict):
     last_heartbeat_at: str | None
 
 
+SessionInKindEnum: TypeAlias = Literal["ssh", "terminal", "port"]
+"""
+* `ssh` - Ssh
+* `terminal` - Terminal
+* `port` - Port
+"""
+
+
+class SessionInRequest(TypedDict):
+    job: NotRequired[str]
+    """
+    the job's name
+    """
+    kind: SessionInKindEnum
+    port: NotRequired[int | None]
+    client: NotRequired[str]
+    """
+    e.g. "cli ssh"
+    """
+
+
+class SessionOut(TypedDict):
+    id: str
+    user: str
+    run: str
+    job: str
+    attempt: int
+    kind: str
+    port: int | None
+    state: str
+    client_address: str | None
+    client_label: str
+    created_at: str
+    started_at: str | None
+    ended_at: str | None
+    end_reason: str
+    bytes_up: int
+    bytes_down: int
+    last_activity_at: str | None
+
+
 SpotPolicyEnum: TypeAlias = Literal["spot", "on-demand", "auto"]
 """
 * `spot` - spot
@@ -607,11 +919,100 @@ SpotPolicyEnum: TypeAlias = Literal["spot", "on-demand", "auto"]
 """
 
 
+class SshKeyInRequest(TypedDict):
+    public_key: str
+    name: NotRequired[str]
+
+
+class SshKeyOut(TypedDict):
+    id: str
+    name: str
+    public_key: str
+    """
+    One OpenSSH line: <type> <base64>.
+    """
+    fingerprint: str
+    """
+    SHA256:…, as `ssh-keygen -l` prints it.
+    """
+    created_at: str
+    last_used_at: str | None
+
+
+StallActionEnum: TypeAlias = Literal["stop", "restart"]
+"""
+* `stop` - stop
+* `restart` - restart
+"""
+
+
+class StallPolicyDefault(TypedDict):
+    timeout: str
+    """
+    no new log line and no new metric value for this long; a duration as in a workflow: 30m, 2h, 1h30m, 1d
+    """
+    action: NotRequired[StallActionEnum]
+    """
+    stop the job, or end the attempt and start the next from its last checkpoint
+
+    * `stop` - stop
+    * `restart` - restart
+    """
+
+
+class StallPolicyDefaultRequest(TypedDict):
+    timeout: str
+    """
+    no new log line and no new metric value for this long; a duration as in a workflow: 30m, 2h, 1h30m, 1d
+    """
+    action: NotRequired[StallActionEnum]
+    """
+    stop the job, or end the attempt and start the next from its last checkpoint
+
+    * `stop` - stop
+    * `restart` - restart
+    """
+
+
 StreamEnum: TypeAlias = Literal["o", "e"]
 """
 * `o` - o
 * `e` - e
 """
+
+
+class SubscriptionCreatedOut(TypedDict):
+    id: str
+    kind: NotificationKindEnum
+    scope: ScopeEnum
+    target: str
+    events: Any
+    enabled: bool
+    failing_since: str | None
+    disabled_reason: str
+    created_by: str
+    created_at: str
+    secret: str
+
+
+class SubscriptionInRequest(TypedDict):
+    kind: NotificationKindEnum
+    target: str
+    events: list[EventsEnum]
+    scope: NotRequired[ScopeEnum]
+
+
+class SubscriptionOut(TypedDict):
+    id: str
+    kind: NotificationKindEnum
+    scope: ScopeEnum
+    target: str
+    events: Any
+    enabled: bool
+    failing_since: str | None
+    disabled_reason: str
+    created_by: str
+    created_at: str
 
 
 class TagInRequest(TypedDict):
@@ -708,6 +1109,68 @@ class UploadUrlsOut(TypedDict):
     targets: list[TargetOut]
 
 
+class UtilizationPolicyDefault(TypedDict):
+    min_gpu_utilization: int
+    """
+    percent: every GPU below it for the whole window stops the job
+    """
+    time_window: str
+    """
+    a duration as in a workflow: 30m, 2h, 1h30m, 1d
+    """
+
+
+class UtilizationPolicyDefaultRequest(TypedDict):
+    min_gpu_utilization: int
+    """
+    percent: every GPU below it for the whole window stops the job
+    """
+    time_window: str
+    """
+    a duration as in a workflow: 30m, 2h, 1h30m, 1d
+    """
+
+
+class VolumeAttachedOut(TypedDict):
+    run: str
+    job: str
+    job_name: str
+    job_status: str
+
+
+VolumeCreateInBackendEnum: TypeAlias = Literal["aws", "local", "self-hosted"]
+"""
+* `aws` - aws
+* `local` - local
+* `self-hosted` - self-hosted
+"""
+
+
+class VolumeCreateInRequest(TypedDict):
+    name: str
+    size: str
+    backend: VolumeCreateInBackendEnum
+    region: NotRequired[str]
+    zone: NotRequired[str]
+    machine: NotRequired[str]
+
+
+class VolumeHolderOut(TypedDict):
+    job: str
+    run: str
+
+
+VolumeOutStatusEnum: TypeAlias = Literal["creating", "available", "attached", "deleting", "deleted", "failed"]
+"""
+* `creating` - Creating
+* `available` - Available
+* `attached` - Attached
+* `deleting` - Deleting
+* `deleted` - Deleted
+* `failed` - Failed
+"""
+
+
 class WorkflowsFileInRequest(TypedDict):
     path: str
     text: str
@@ -731,6 +1194,13 @@ class WorkspaceRefOut(TypedDict):
     role: Role
 
 
+XEnum: TypeAlias = Literal["step", "time"]
+"""
+* `step` - step
+* `time` - time
+"""
+
+
 class ArtifactBeginInRequest(TypedDict):
     path: str
     files: list[FileInRequest]
@@ -739,16 +1209,6 @@ class ArtifactBeginInRequest(TypedDict):
 class ArtifactBeginOut(TypedDict):
     id: str
     uploads: list[UploadOut]
-
-
-class ArtifactOut(TypedDict):
-    id: str
-    job: str
-    path: str
-    status: ArtifactOutStatusEnum
-    total_size: int
-    files: list[ArtifactFileOut]
-    created_at: str
 
 
 class AttemptOut(TypedDict):
@@ -778,6 +1238,18 @@ class AttemptOut(TypedDict):
     environment: str
     """
     the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none
+    """
+    cost: str | None
+    """
+    USD, a decimal string ("0.7010"): price_per_hour x billed_seconds; null: it held no machine
+    """
+    price_per_hour: str | None
+    """
+    USD, its machine's price; null: no machine
+    """
+    billed_seconds: int | None
+    """
+    the whole seconds it held its machine (until now while it runs); null: no machine
     """
     created_at: str
 
@@ -889,11 +1361,104 @@ class CodeInRequest(TypedDict):
     patch_files: NotRequired[dict[str, str] | None]
 
 
+class ComparedSeriesOut(TypedDict):
+    name: str
+    job: str
+    x: XEnum
+    points: MetricPointsOut
+
+
+class CostReportOut(TypedDict):
+    currency: str
+    """
+    always "USD"
+    """
+    since: str
+    until: str
+    by: ByEnum
+    total: str
+    """
+    USD: the rows' sum and the idle line
+    """
+    idle: str
+    """
+    USD: what the machines that started in the window cost while no job held them
+    """
+    rows: list[CostRowOut]
+    """
+    the costliest first (by day: in date order)
+    """
+
+
 class CredentialInRequest(TypedDict):
     url: str
     kind: CredentialKind
     secret: str
     username: NotRequired[str]
+
+
+class DeliveryOut(TypedDict):
+    id: str
+    event_id: str
+    event_type: str
+    status: DeliveryOutStatusEnum
+    attempts: int
+    last_status_code: int | None
+    last_error: str
+    next_at: str | None
+    delivered_at: str | None
+    created_at: str
+
+
+class DevEnvironmentOut(TypedDict):
+    kind: DevEnvironmentOutKindEnum
+    inactivity_seconds: int | None
+    """
+    stopped after this long with no session into it; null: never
+    """
+    app_port: int | None
+    """
+    the port Jupyter serves on (lab, notebook), once the job runs; else null
+    """
+
+
+class ExportOut(TypedDict):
+    id: str
+    job: str
+    job_name: str
+    path: str
+    artifact: str | None
+    destination: str
+    status: ExportOutStatusEnum
+    attempts: int
+    error: str
+    next_attempt_at: str | None
+    done_at: str | None
+    objects_copied: int
+    bytes_copied: int
+    method: str
+
+
+class GuardDefaultsInRequest(TypedDict):
+    utilization_policy: NotRequired[UtilizationPolicyDefaultRequest | None]
+    """
+    left out or null: no default
+    """
+    stall: NotRequired[StallPolicyDefaultRequest | None]
+    """
+    left out or null: no default
+    """
+
+
+class GuardDefaultsOut(TypedDict):
+    utilization_policy: UtilizationPolicyDefault | None
+    """
+    null: no default
+    """
+    stall: StallPolicyDefault | None
+    """
+    null: no default
+    """
 
 
 class InstanceOut(TypedDict):
@@ -910,6 +1475,18 @@ class InstanceOut(TypedDict):
     zone: str
     spot: bool
     price_per_hour: float
+    price_source: str
+    market: str
+    running_at: str | None
+    terminated_at: str | None
+    billed_seconds: int
+    """
+    from its first hello to its termination (else now), whole seconds, at least 60 (docs/COST.md)
+    """
+    cost: str
+    """
+    USD, a decimal string: price x billed seconds (its attempts' shares and its idle time)
+    """
     status: InstanceStatus
     status_reason: str
     hostname: str
@@ -936,6 +1513,32 @@ class InvitationOut(TypedDict):
     role: Role
     created_at: str
     expires_at: str
+
+
+class JobMetricsOut(TypedDict):
+    job: str
+    attempts: list[MetricsAttemptOut]
+    system: list[str]
+    """
+    cpu, memory, …, gpu0.util, …
+    """
+    training: list[str]
+    last: dict[str, LastValueOut]
+    """
+    each series' latest value
+    """
+    dropped: int
+    """
+    training values over the per-minute cap
+    """
+    malformed: int
+    """
+    lines of the metrics file skipped
+    """
+    frames_dropped: int
+    """
+    frames the server dropped (faster than its cap)
+    """
 
 
 class KeptInRequest(TypedDict):
@@ -999,6 +1602,18 @@ class MemberOut(TypedDict):
     joined_at: str
 
 
+class MetricSeriesOut(TypedDict):
+    name: str
+    kind: MetricSeriesOutKindEnum
+    x: XEnum
+    unit: str
+    resolution: NotRequired[str]
+    """
+    system series: "raw", "1m" or "<n>s"
+    """
+    points: MetricPointsOut
+
+
 class PatchedRoleInRequest(TypedDict):
     role: NotRequired[Role]
 
@@ -1037,6 +1652,21 @@ class PlannedEnvironmentOut(TypedDict):
     """
 
 
+class PlannedVolumeOut(TypedDict):
+    name: str
+    path: str
+    read_only: bool
+    where: str
+    """
+    aws <region> <zone>, machine <name> (self-hosted) or local
+    """
+    size_bytes: int
+    held_by: VolumeHolderOut | None
+    """
+    the job (and its run) holding it now; null: free
+    """
+
+
 class ReproducedOut(TypedDict):
     state: ReproducedOutStateEnum
     detail: str
@@ -1067,6 +1697,10 @@ class RunCreateInRequest(TypedDict):
     """
 
 
+class RunMetricsOut(TypedDict):
+    jobs: list[JobMetricsOut]
+
+
 class RunPlanInRequest(TypedDict):
     workflow: str
     workflows_file: NotRequired[WorkflowsFileInRequest]
@@ -1094,6 +1728,41 @@ class RunnerCredentialOut(TypedDict):
     secret: str
 
 
+class VolumeOut(TypedDict):
+    id: str
+    name: str
+    backend: BackendEnum
+    account: str | None
+    region: NotRequired[str]
+    zone: NotRequired[str]
+    size_bytes: NotRequired[int]
+    backend_id: NotRequired[str]
+    status: NotRequired[VolumeOutStatusEnum]
+    status_reason: NotRequired[str]
+    machine: str | None
+    """
+    The self-hosted machine the volume is a folder of.
+    """
+    attached_machine: str | None
+    """
+    The machine it is attached to now.
+    """
+    attached_to: VolumeAttachedOut | None
+    device: NotRequired[str]
+    created_at: str
+
+
+class ArtifactOut(TypedDict):
+    id: str
+    job: str
+    path: str
+    status: ArtifactOutStatusEnum
+    total_size: int
+    files: list[ArtifactFileOut]
+    created_at: str
+    export: ExportOut | None
+
+
 class CacheDecisionOut(TypedDict):
     reused: bool
     text: str
@@ -1111,7 +1780,24 @@ class CacheDecisionOut(TypedDict):
     reasons: list[CacheReasonOut]
 
 
-class JobOut(TypedDict):
+class ComparedRunOut(TypedDict):
+    run: str
+    workflow: str
+    status: str
+    commit: str
+    params: dict[str, str]
+    """
+    "-e NAME": a digest of its value (values are secrets); "var NAME"
+    """
+    cost: str | None
+    """
+    USD, where the machines' prices are known
+    """
+    last: dict[str, float]
+    series: list[ComparedSeriesOut]
+
+
+class JobDetailOut(TypedDict):
     id: str
     name: str
     workflow: str
@@ -1121,6 +1807,10 @@ class JobOut(TypedDict):
     exit_code: int | None
     attempt: int
     attempts: list[AttemptOut]
+    cost: str | None
+    """
+    USD, a decimal string: the sum of its attempts' costs; null: none held a machine
+    """
     instance: NotRequired[str | None]
     ports: Any
     resources: dict[str, Any]
@@ -1139,6 +1829,44 @@ class JobOut(TypedDict):
     last_seq: int
     log_bytes: int
     log_note: str
+    dev_environment: DevEnvironmentOut | None
+    data_inputs: list[JobDataInputOut]
+    volumes: list[JobVolumeOut]
+
+
+class JobOut(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    provider: NotRequired[str]
+    status: JobOutStatusEnum
+    status_reason: str
+    exit_code: int | None
+    attempt: int
+    attempts: list[AttemptOut]
+    cost: str | None
+    """
+    USD, a decimal string: the sum of its attempts' costs; null: none held a machine
+    """
+    instance: NotRequired[str | None]
+    ports: Any
+    resources: dict[str, Any]
+    needs: list[str]
+    after_running: list[str]
+    cached_from: dict[str, str] | None
+    cache_decision: CacheDecisionOut | None
+    inputs: list[dict[str, str]]
+    checkpoint: CheckpointOut | None
+    placement: Any
+    on_demand_since: str | None
+    placement_note: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    last_seq: int
+    log_bytes: int
+    log_note: str
+    dev_environment: DevEnvironmentOut | None
 
 
 class JobSecretsOut(TypedDict):
@@ -1150,6 +1878,12 @@ class JobSecretsOut(TypedDict):
     """
     the repository's clone credential, if one is set
     """
+
+
+class JobSeriesOut(TypedDict):
+    job: str
+    attempts: list[MetricsAttemptOut]
+    series: list[MetricSeriesOut]
 
 
 LogPageOrSearch: TypeAlias = LogPageOut | LogSearchOut
@@ -1167,12 +1901,92 @@ class PlannedJobOut(TypedDict):
     after_running: list[str]
     resources: dict[str, Any]
     inputs: list[dict[str, Any]]
+    data_inputs: list[PlannedDataOut]
+    """
+    its inputs: (docs/DATA.md), as listed now
+    """
+    volumes: list[PlannedVolumeOut]
+    """
+    its volumes (docs/DATA.md), where each is and who holds it now
+    """
     cache: CacheHitOut | None
     cache_decision: CacheDecisionOut
     commands: list[str]
     environment: PlannedEnvironmentOut | None
     placement: dict[str, Any]
+    guards: NotRequired[list[str]]
+    """
+    its guards (utilization_policy, stall; the workflow's or the workspace's default) in words
+    """
     offer: dict[str, Any]
+
+
+class RerunOut(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    help: str
+    status: RunOutStatusEnum
+    status_reason: str
+    exit_code: int | None
+    submitted_by: NotRequired[str | None]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    cost: str | None
+    """
+    USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
+    """
+    no_cache: bool
+    environment_build: bool
+    tags: list[str]
+    code: dict[str, Any]
+    rerun_of: str | None
+    """
+    a re-run: the original run's name
+    """
+    reproduced: ReproducedOut | None
+    """
+    a re-run: whether its artifacts match the original's
+    """
+    jobs: list[JobDetailOut]
+    notices: list[str]
+    """
+    e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it
+    """
+
+
+class RunDetailOut(TypedDict):
+    id: str
+    name: str
+    workflow: str
+    help: str
+    status: RunOutStatusEnum
+    status_reason: str
+    exit_code: int | None
+    submitted_by: NotRequired[str | None]
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    duration_seconds: float | None
+    cost: str | None
+    """
+    USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
+    """
+    no_cache: bool
+    environment_build: bool
+    tags: list[str]
+    code: dict[str, Any]
+    rerun_of: str | None
+    """
+    a re-run: the original run's name
+    """
+    reproduced: ReproducedOut | None
+    """
+    a re-run: whether its artifacts match the original's
+    """
+    jobs: list[JobDetailOut]
 
 
 class RunOut(TypedDict):
@@ -1188,6 +2002,10 @@ class RunOut(TypedDict):
     started_at: str | None
     finished_at: str | None
     duration_seconds: float | None
+    cost: str | None
+    """
+    USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
+    """
     no_cache: bool
     environment_build: bool
     tags: list[str]
@@ -1227,3 +2045,7 @@ class RunPlanOut(TypedDict):
     workflow: str
     help: str
     jobs: list[PlannedJobOut]
+
+
+class CompareOut(TypedDict):
+    runs: list[ComparedRunOut]

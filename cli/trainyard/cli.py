@@ -1,5 +1,7 @@
 """The ``trainyard`` command: the group that holds every command of
-``trainyard.commands`` (one module each), and ``main``, the console script.
+``trainyard.commands`` (one module each), and ``main``, which runs it
+(the console script, ``trainyard.console``, starts ``ssh`` and ``ssh-proxy``
+without loading the others).
 
 Exit codes: 0 success; 1 an error (bad workflow file, server error, server
 unreachable, missing token, a failed or stopped run without an exit code);
@@ -20,10 +22,16 @@ from .commands import (
     artifacts,
     backend,
     common,
+    cost,
+    data,
     env,
+    forward,
+    guards,
     instances,
     login,
     logs,
+    metrics,
+    notify,
     offers,
     ps,
     repo,
@@ -31,19 +39,30 @@ from .commands import (
     run,
     secrets,
     show,
+    ssh,
+    ssh_config,
+    ssh_key,
+    ssh_proxy,
     stop,
     tag,
     token,
+    volume,
     workflows,
 )
 
 COMMANDS: list[click.Command] = [
     artifacts.artifacts,
     backend.backend,
+    cost.cost,
+    data.data,
     env.env,
+    forward.forward,
+    guards.guards,
     instances.instances,
     login.login,
     logs.logs,
+    metrics.metrics,
+    notify.notify,
     offers.offers,
     ps.ps,
     repo.repo,
@@ -51,9 +70,14 @@ COMMANDS: list[click.Command] = [
     run.run,
     secrets.secrets,
     show.show,
+    ssh.ssh,
+    ssh_config.ssh_config,
+    ssh_key.ssh_key,
+    ssh_proxy.ssh_proxy,
     stop.stop,
     tag.tag,
     token.token,
+    volume.volume,
     workflows.workflows,
 ]
 
@@ -73,6 +97,7 @@ for _command in COMMANDS:
 
 
 def main() -> None:
+    """Every command (the console script is ``trainyard.console.main``)."""
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")  # a job's odd bytes must not crash the CLI

@@ -61,6 +61,11 @@ def save_config(*, url: str, token: str, workspace: str | None, env: Mapping[str
     return path
 
 
+def saved_login(env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What ``trainyard login`` saved (url, token, workspace); {} when nothing is."""
+    return _read_saved(config_path(env))
+
+
 def _read_saved(path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())

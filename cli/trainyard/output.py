@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -148,6 +149,36 @@ def age(value: str | None, *, now: datetime | None = None) -> str:
     return f"{_span(seconds, parts=1)} ago"
 
 
+def money(amount: str | None) -> str:
+    """``$12.35`` for the API's decimal USD string, ``<$0.01`` below a cent
+    (but not nothing), ``-`` if unknown; rounded here, only for display."""
+    if amount is None:
+        return "-"
+    value = Decimal(amount)
+    if 0 < value < Decimal("0.01"):
+        return "<$0.01"
+    return f"${value.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
+
+
+def cost_lines(run: Mapping[str, Any]) -> list[str]:
+    """``trainyard show``'s costs: each job's, then each of its attempts' as
+    its machine's price x the time it held it."""
+    lines = []
+    for job in run.get("jobs") or []:
+        if job.get("cost") is None:
+            continue
+        lines.append(f"  {job['name']}: {money(job['cost'])}")
+        for a in job.get("attempts") or []:
+            if a.get("cost") is None:
+                continue
+            price = Decimal(a["price_per_hour"]).normalize()
+            held = duration(a.get("billed_seconds"))
+            lines.append(
+                f"    attempt {a['number']}: {money(a['cost'])} = ${price:f}/h x {held} on {a.get('instance') or '-'}"
+            )
+    return lines
+
+
 def duration(seconds: float | None) -> str:
     """``1m 5s`` for a number of seconds; ``-`` if unknown."""
     return "-" if seconds is None else _span(int(seconds), parts=2)
@@ -200,9 +231,12 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         if waits:
             out.append(f"   needs: {waits}")
         out += [f"   input: {i['path']} from {i['from']}" for i in job.get("inputs") or []]
+        out += [f"   data: {data_words(d)}" for d in job.get("data_inputs") or []]
+        out += [f"   volume: {planned_volume_words(v)}" for v in job.get("volumes") or []]
         out.append(f"   resources: {resources(job.get('resources') or {})}")
         if job.get("offer"):
             out.append(f"   offer: {offer_words(job['offer'])}")
+        out += [f"   guard: {words}" for words in job.get("guards") or []]
         cache = job.get("cache")
         decision = (job.get("cache_decision") or {}).get("text")
         if decision or cache:  # a server older than cache decisions sends only the hit
@@ -212,6 +246,67 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
                 out.append(f"   environment: {environment_words(job['environment'])}")
             out += ["   commands:", *[f"     {command}" for command in job.get("commands") or []]]
     return out
+
+
+def data_words(item: Mapping[str, Any]) -> str:
+    """A planned data input (``PlannedDataOut``): ``s3://acme-data/imagenet/ →
+    imagenet: 200 files, 1.8 GiB; cached on idle machine local-1``."""
+    holders = list(item.get("cached_on") or [])
+    where = f"cached on idle machine {', '.join(holders)}" if holders else "not cached on any idle machine: downloaded"
+    return f"{data_listing(item)}; {where}"
+
+
+def data_listing(item: Mapping[str, Any]) -> str:
+    """A data input and its listing: ``s3://acme-data/imagenet/ → imagenet:
+    200 files, 1.8 GiB``; ``… → imagenet: listing not known`` without one."""
+    if item.get("file_count") is None:
+        return f"{item['uri']} → {item['path']}: listing not known"
+    count = int(item["file_count"])
+    return f"{item['uri']} → {item['path']}: {count:,} file{'s' * (count != 1)}, {size(item.get('total_size'))}"
+
+
+def data_lines(run: Mapping[str, Any]) -> list[str]:
+    """``  train: data s3://acme-data/imagenet/ → imagenet: 200 files, 1.8 GiB
+    (versioned)`` for each data input and ``  train: volume ckpt at /data``
+    for each volume of each job (``trainyard show``)."""
+    lines = []
+    for job in run.get("jobs") or []:
+        for item in job.get("data_inputs") or []:
+            notes = [
+                n for n, on in (("versioned", item.get("versioned")), ("writable", not item.get("read_only"))) if on
+            ]
+            lines.append(f"  {job['name']}: data {data_listing(item)}" + (f" ({', '.join(notes)})" if notes else ""))
+        for volume in job.get("volumes") or []:
+            mode = " (read-only)" if volume.get("read_only") else ""
+            lines.append(f"  {job['name']}: volume {volume['name']} at {volume['path']}{mode}")
+    return lines
+
+
+def planned_volume_words(item: Mapping[str, Any]) -> str:
+    """A planned volume (``PlannedVolumeOut``): ``ckpt at ./ckpt (aws us-east-1
+    us-east-1b, 1.0 GiB): held by job train of run r-12, the job waits for it``."""
+    holder = item.get("held_by")
+    state = f"held by job {holder['job']} of run {holder['run']}, the job waits for it" if holder else "free"
+    mode = ", read-only" if item.get("read_only") else ""
+    return f"{item['name']} at {item['path']} ({item['where']}, {size(item.get('size_bytes'))}{mode}): {state}"
+
+
+def guard_lines(run: Mapping[str, Any]) -> list[str]:
+    """``  train: stall: restarted from its last checkpoint after 20m without output``
+    for each guard on a job's placement (``trainyard show``)."""
+    lines = []
+    for job in run.get("jobs") or []:
+        placement = job.get("placement") or {}
+        util, stall = placement.get("utilization_policy"), placement.get("stall")
+        if isinstance(util, Mapping):
+            lines.append(
+                f"  {job['name']}: utilization_policy: stopped when every GPU stays below "
+                f"{util.get('min_gpu_utilization')}% for {duration(util.get('time_window'))}"
+            )
+        if isinstance(stall, Mapping):
+            what = "restarted from its last checkpoint" if stall.get("action") == "restart" else "stopped"
+            lines.append(f"  {job['name']}: stall: {what} after {duration(stall.get('timeout'))} without output")
+    return lines
 
 
 def environment_words(outlook: Mapping[str, Any]) -> str:
@@ -258,6 +353,23 @@ def reused_artifact_lines(run: Mapping[str, Any], artifacts: Mapping[str, Sequen
         stored = ", ".join(f"{a['path']} ({_files(a)})" for a in found) or "no artifacts"
         lines.append(f"  {job['name']}: {reused_words(cache['run'])}: {stored}")
     return lines
+
+
+def export_state(export: Mapping[str, Any]) -> str:
+    """``copied``, ``copying``, ``pending``, ``failed: <reason>, retrying`` or ``failed: <reason>``."""
+    status = export.get("status")
+    if status == "done":
+        return "copied"
+    if status == "failed":
+        return f"failed: {export.get('error') or 'no reason recorded'}"
+    if export.get("error"):
+        return f"failed: {export['error']}, retrying"
+    return str(status)
+
+
+def export_lines(exports: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``  train ./model → s3://acme-models/brave-otter-3/ (copied)`` for each export."""
+    return [f"  {e['job_name']} {e['path']} → {e['destination']} ({export_state(e)})" for e in exports]
 
 
 def _files(artifact: Mapping[str, Any]) -> str:
@@ -496,3 +608,77 @@ def _seconds(job: Mapping[str, Any]) -> float | None:
         return None
     end = parse_time(job.get("finished_at")) or datetime.now(UTC)
     return max(0.0, (end - start).total_seconds())
+
+
+# ---------------------------------------------------------------- metrics
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 24) -> str:
+    """``values`` (the last ``width`` of them) as block characters, lowest to highest."""
+    shown = [v for v in values if v == v][-width:]  # NaN never equals itself
+    if not shown:
+        return ""
+    low, high = min(shown), max(shown)
+    if high == low:
+        return SPARKS[3] * len(shown)
+    return "".join(SPARKS[min(7, int((v - low) / (high - low) * 8))] for v in shown)
+
+
+def metric_value(value: float | None, unit: str = "") -> str:
+    """A metric's value for people: bytes as sizes, rates per second, percents, 4 significant digits."""
+    if value is None or value != value:
+        return "-"
+    if unit == "B":
+        return size(int(value))
+    if unit == "B/s":
+        return f"{size(int(value))}/s"
+    if unit == "%":
+        return f"{value:.0f}%"
+    if unit in ("W", "°C"):
+        return f"{value:.0f} {unit}"
+    return f"{value:.4g}"
+
+
+METRIC_UNITS = {"cpu": "%", "memory": "B", "disk_used": "B", "disk_total": "B", "net_rx": "B/s", "net_tx": "B/s",
+                "util": "%", "memory_total": "B", "power": "W", "temperature": "°C"}  # fmt: skip
+
+
+def metric_unit(name: str) -> str:
+    """The unit of a system series by its name (``gpu0.power``: W); a training metric has none."""
+    if name in METRIC_UNITS:
+        return METRIC_UNITS[name]
+    if name.startswith("gpu") and "." in name and name[3 : name.index(".")].isdigit():
+        return METRIC_UNITS.get(name.split(".", 1)[1], "")
+    return ""
+
+
+def last_metrics_lines(jobs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``show``'s Metrics section: per job its training metrics' last values
+    (with their step), then CPU, memory and each GPU's utilisation and memory."""
+    lines = []
+    for job in jobs:
+        last = job.get("last") or {}
+        parts = []
+        for name in job.get("training") or []:
+            entry = last.get(name)
+            if entry:
+                step = f" (step {entry['step']})" if entry.get("step") is not None else ""
+                parts.append(f"{name} {metric_value(entry['value'])}{step}")
+        for name in ("cpu", "memory"):
+            if name in last:
+                parts.append(f"{name} {metric_value(last[name]['value'], metric_unit(name))}")
+        gpus = sorted({n.split(".")[0] for n in last if n.startswith("gpu") and n.endswith(".util")})
+        for gpu in gpus:
+            util = metric_value(last[f"{gpu}.util"]["value"], "%")
+            used, total = last.get(f"{gpu}.memory"), last.get(f"{gpu}.memory_total")
+            memory = (
+                f" {metric_value(used['value'], 'B')}/{metric_value(total['value'], 'B')}" if used and total else ""
+            )
+            parts.append(f"{gpu} {util}{memory}")
+        counted = [f"{job[k]} {k}" for k in ("dropped", "malformed") if job.get(k)]
+        if parts or counted:
+            tail = f" ({', '.join(counted)})" if counted else ""
+            lines.append(f"  {job['job']}: {', '.join(parts) or 'no values'}{tail}")
+    return lines

@@ -6,16 +6,20 @@ import { Layout } from "./pages/Layout";
 import { SignInPage } from "./pages/SignIn";
 import { RunsPage } from "./pages/Runs";
 import { RunPage } from "./pages/RunDetail";
+import { ComparePage } from "./pages/Compare";
 import { TagsPage } from "./pages/Tags";
+import { VolumesPage } from "./pages/Volumes";
 import { ReposPage } from "./pages/Repos";
 import { InstancesPage } from "./pages/Instances";
 import { SelfHostedPage } from "./pages/SelfHosted";
+import { SessionsPage } from "./pages/Sessions";
 import { BackendsPage } from "./pages/Backends";
 import { OffersPage } from "./pages/Offers";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
 import { AuditPage } from "./pages/Audit";
 import { TokensPage } from "./pages/Tokens";
+import { SshKeysPage } from "./pages/SshKeys";
 import { NewWorkspacePage } from "./pages/NewWorkspace";
 
 export function App() {
@@ -39,9 +43,12 @@ export function App() {
         <Route index element={<Navigate to="runs" replace />} />
         <Route path="runs" element={<RunsPage />} />
         <Route path="runs/:run" element={<RunPage />} />
+        <Route path="compare" element={<ComparePage />} />
         <Route path="tags" element={<TagsPage />} />
+        <Route path="volumes" element={<VolumesPage />} />
         <Route path="repos" element={<ReposPage />} />
         <Route path="instances" element={<InstancesPage />} />
+        <Route path="sessions" element={<SessionsPage />} />
         <Route path="self-hosted" element={<SelfHostedPage />} />
         <Route path="backends" element={<BackendsPage />} />
         <Route path="offers" element={<OffersPage />} />
@@ -49,6 +56,7 @@ export function App() {
         <Route path="members" element={<MembersPage />} />
         <Route path="audit" element={<AuditPage />} />
         <Route path="tokens" element={<TokensPage />} />
+        <Route path="ssh-keys" element={<SshKeysPage />} />
         <Route path="new-workspace" element={<NewWorkspacePage />} />
       </Route>
       <Route path="*" element={<HomeRedirect />} />

@@ -33,16 +33,18 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from . import __version__, http, jobuser, kept
+from . import __version__, data, http, jobuser, kept
 from . import protocol as p
-from .job import Job, Lifecycle, Resumed, environments_dir
+from .job import Job, Lifecycle, NoSession, Resumed, environments_dir
 from .machine import TOKEN_FILE, save_token
 from .ports import free_ports, port_env
 from .process import ShimStandby
 from .reattach import find_resumable, lock_work_dir
 from .register import CONFIG_NAME
+from .relay import Relays, host_key_line
 from .resources import detect_resources
 from .serverwatch import ServerWatch
+from .sessions.context import SessionContext
 from .spot import Notice, SpotWatcher
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ ACK_TIMEOUT = 30.0  # batches in flight without any ack: the connection is dead
 MAX_FRAME = 16 << 20
 STOP_TIMEOUT = 20.0
 EXIT_POWER_OFF = 3
+SPOT_ENDING = "the machine is being reclaimed (spot); the job resumes elsewhere — start a new session then"
 # Worth retrying: network errors, timeouts, server restarts, a bad welcome.
 RECOVERABLE = (OSError, TimeoutError, WebSocketException, ValueError)
 
@@ -122,6 +125,14 @@ class Agent:
         self._notice: Notice | None = None  # the machine is being reclaimed: no new jobs
         self._background: set[asyncio.Task[object]] = set()
         self._kept = kept.Uploader(work_dir, lambda: self._token, first=kept_retry_seconds)
+        self.relays = Relays(
+            main_url=self.url,
+            token=lambda: self._token,
+            work_dir=work_dir,
+            job_context=self._context,
+            job_ending=self._ending,
+        )
+        self._host_key: str | None = None  # read once, at the first hello
 
     @property
     def stopping(self) -> bool:
@@ -354,6 +365,8 @@ class Agent:
         # runner holds one job and the finished ones it has still to report,
         # far fewer than MAX_HELD_JOBS: the cut is a guard, never a bad frame.
         held = [j for j in self._jobs.values() if not j.refused][: p.MAX_HELD_JOBS]
+        if self._host_key is None:
+            self._host_key = host_key_line(self._work_dir)
         return p.Hello(
             version=__version__,
             hostname=socket.gethostname(),
@@ -364,7 +377,30 @@ class Agent:
                 for j in held
             ],
             cloud=self._cloud,
+            relay=p.RELAY_VERSION,
+            ssh_host_key=self._host_key,
         )
+
+    def _context(self, job_id: str) -> SessionContext | str:
+        """The ``SessionContext`` of a job this runner holds and still runs, else why not."""
+        job = self._jobs.get(job_id)
+        if job is None or job.finished or job.refused:
+            return "the job is not running on this runner"
+        try:
+            return job.session_context()
+        except NoSession as e:
+            return str(e)
+
+    def _ending(self, job_id: str) -> str:
+        """Why a job's sessions end while it is ending, else ""."""
+        job = self._jobs.get(job_id)
+        if job is not None and job.interrupted:
+            return SPOT_ENDING
+        if job is None or job.finished:
+            return "the job ended: its session ends with it"
+        if job.cancel_reason:
+            return f"the job is being stopped ({job.cancel_reason}): its session ends with it"
+        return ""
 
     def _apply_welcome(self, welcome: p.Welcome) -> None:
         self._server.welcomed(welcome)
@@ -411,6 +447,10 @@ class Agent:
             job = self._jobs.get(msg.job)
             if job is not None and msg.attempt in (0, job.attempt):  # unknown jobs: nothing to stop
                 job.cancel(msg.reason or "cancelled")
+        elif isinstance(msg, p.OpenRelay):
+            self.relays.open(msg)
+        elif isinstance(msg, p.CloseRelay):
+            self.relays.close(msg.session, msg.reason)
         elif isinstance(msg, p.Shutdown):
             log.info("server asked the runner to shut down: %s", msg.reason or "no reason given")
             self._stopping = True
@@ -472,9 +512,16 @@ class Agent:
         while True:
             await asyncio.sleep(every)
             kept_until = kept.latest_until(self._work_dir)
-            beat = p.Heartbeat(state="busy" if self._busy() else "idle", kept_until=kept_until)
-            # kept_until only when something is kept: a server of the previous release refuses fields it does not know.
-            await ws.send(beat.model_dump_json(exclude_none=True))
+            idle = [s for j in self._jobs.values() if (s := j.app_idle_seconds) is not None]
+            beat = p.Heartbeat(
+                state="busy" if self._busy() else "idle",
+                kept_until=kept_until,
+                app_idle_seconds=min(idle) if idle else None,
+                data_cached=await asyncio.to_thread(data.cached, self._work_dir),
+            )
+            # Optional fields only when set: a server of the previous release refuses fields it does not know.
+            unset = None if beat.data_cached else {"data_cached"}
+            await ws.send(beat.model_dump_json(exclude_none=True, exclude=unset))
             self._keep(self._pong(ws, every))
 
     async def _pong(self, ws: ClientConnection, within: float) -> None:
@@ -513,6 +560,10 @@ class Agent:
                         "text": text,
                     }
                     await ws.send(json.dumps(frame, ensure_ascii=False))
+                metrics = job.metrics
+                if metrics is not None and not job.refused and (metrics_frame := metrics.frame()) is not None:
+                    await ws.send(metrics_frame.model_dump_json())
+                    metrics.sent(metrics_frame)
                 due = stream.seconds_until_due()
                 if due is not None:
                     timeout = min(timeout, due)
@@ -530,6 +581,9 @@ class Agent:
             log.exception("job %s crashed", job.id)
             final = job.final("failed", None, f"runner error: {e}")
         log.info("job %s %s (exit code %s) %s", job.id, final.state, final.exit_code, final.reason)
+        self.relays.close_job(
+            job.id, SPOT_ENDING if final.state == "interrupted" else f"the job {final.state}: its session ends with it"
+        )
         self._states.pop(job.id, None)
         self._finals[job.id] = final
         if final.kept_until is not None:
@@ -542,12 +596,34 @@ class Agent:
 
     async def _report(self, state: p.JobState) -> None:
         """Send a job's intermediate state now if connected; it is re-sent after
-        every reconnect until the job ends."""
+        every reconnect until the job ends. Before ``interrupted``, after
+        which the server stores nothing more of the attempt, its last
+        metrics frame; no more are sent."""
         self._states[state.job] = state
+        job = self._jobs.get(state.job)
+        if state.state == "interrupted" and job is not None and job.metrics is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await self._send_last_metrics(job)
+            job.metrics.abandon()
         if self._ws is None:
             return
         with contextlib.suppress(ConnectionClosed):  # re-sent after the reconnect
             await self._ws.send(state.model_dump_json())
+
+    async def _send_last_metrics(self, job: Job) -> None:
+        """The job's metrics still to send, in one frame, once the server
+        takes another frame of the job (``metrics.END_GAP``); nothing when
+        disconnected (kept for the next connection). Raises ``ConnectionClosed``."""
+        metrics = job.metrics
+        if metrics is None or not metrics.pending():
+            return
+        await asyncio.sleep(metrics.seconds_until_final())
+        ws = self._ws
+        frame = metrics.frame(final=True)
+        if ws is None or frame is None:
+            return
+        await ws.send(frame.model_dump_json())
+        metrics.sent(frame)
 
     async def _deliver_finals(self) -> None:
         for job_id, final in list(self._finals.items()):
@@ -560,6 +636,10 @@ class Agent:
             if self._ws is None:
                 return
             try:
+                if job is not None:  # the attempt's last metrics go before its final state
+                    await self._send_last_metrics(job)
+                if self._ws is None:
+                    return
                 await self._ws.send(final.model_dump_json())
             except ConnectionClosed:
                 return

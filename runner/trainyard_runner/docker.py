@@ -2,8 +2,8 @@
 
 The runner checks for an engine (``docker info``) while preparing, then runs
 ``docker run --rm --network host --name trainyard-<job> -v <work>:/workdir -w
-/workdir -v <interrupt folder>:/run/trainyard:ro --env-file <file> <image> bash
--c <script>`` under the reaper, like
+/workdir -v <interrupt folder>:/run/trainyard:ro -v <metrics folder>:/run/trainyard-metrics
+--env-file <file> <image> bash -c <script>`` under the reaper, like
 bash for the other providers. The job's environment goes through a 0600 file
 (never the command line), deleted when the job's process ends; a value with a
 line break, which an env file cannot hold, is passed as ``-e NAME`` with the
@@ -27,6 +27,7 @@ ENGINE_TIMEOUT = 10.0
 KILL_TIMEOUT = 30.0
 WORKDIR = "/workdir"
 INTERRUPT_MOUNT = "/run/trainyard"  # the job's interrupt folder, read-only (docs/RUNNER.md, "Spot interruption")
+METRICS_MOUNT = "/run/trainyard-metrics"  # the folder of the job's metrics file (docs/RUNNER.md, "Metrics")
 NO_ENGINE = "the docker provider needs a Docker engine on the runner's machine; `docker info` failed: "
 
 
@@ -56,15 +57,19 @@ def run_argv(
     script: str,
     pass_env: Sequence[str] = (),
     interrupt_dir: Path | None = None,
+    metrics_dir: Path | None = None,
 ) -> list[str]:
     """The ``docker run`` command line of a job (``pass_env``: names given as
     ``-e NAME``, their values taken from the client's environment;
     ``interrupt_dir``: the folder of the job's interrupt file, mounted
-    read-only at ``INTERRUPT_MOUNT``)."""
+    read-only at ``INTERRUPT_MOUNT``; ``metrics_dir``: the folder of its
+    metrics file, at ``METRICS_MOUNT``)."""
     argv = ["docker", "run", "--rm", "--network", "host", "--name", container_name(job)]
     argv += ["-v", f"{work}:{WORKDIR}", "-w", WORKDIR]
     if interrupt_dir is not None:
         argv += ["-v", f"{interrupt_dir}:{INTERRUPT_MOUNT}:ro"]
+    if metrics_dir is not None:
+        argv += ["-v", f"{metrics_dir}:{METRICS_MOUNT}"]
     argv += ["--env-file", str(env_file)]
     for name in pass_env:
         argv += ["-e", name]

@@ -25,10 +25,10 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 from .http import HttpError, open_get
 from .protocol import InputArtifact, InputFile, InputPage
@@ -67,6 +67,20 @@ FreshUrl = Callable[[str, str], str]
 
 # (InputArtifact.path, the previous page's next or "") -> that page of its files.
 FetchPage = Callable[[str, str], InputPage]
+_F = TypeVar("_F")
+_F_co = TypeVar("_F_co", covariant=True)
+
+
+class Paged(Protocol[_F_co]):
+    """A page of an input's files (``InputPage``, ``DataPage``)."""
+
+    @property
+    def files(self) -> Sequence[_F_co]: ...
+
+    @property
+    def next(self) -> str: ...
+
+
 MANIFEST_ATTEMPTS = 3  # per page, for network errors and 5xx
 
 
@@ -74,26 +88,32 @@ def fetch_manifests(inputs: list[InputArtifact], page: FetchPage) -> list[InputA
     """The inputs with their ``files`` filled in, read page by page (protocol
     3: the assignment names only each input's ``file_count``). Blocking;
     raises ``InputError`` naming the input."""
-    filled = []
-    for artifact in inputs:
-        files: list[InputFile] = []
-        after = ""
-        while artifact.file_count:
-            got = _page(page, artifact.path, after)
-            files += got.files
-            if not got.next:
-                break
-            if got.next == after or len(files) > artifact.file_count:  # a server that never ends its pages
-                raise InputError(f"could not list input {artifact.path}: the server's pages do not end")
-            after = got.next
-        if len(files) != artifact.file_count:
-            listed = f"{len(files)} of {artifact.file_count} files listed"
-            raise InputError(f"could not list input {artifact.path}: {listed}")
-        filled.append(artifact.model_copy(update={"files": files}))
-    return filled
+    return [
+        artifact.model_copy(update={"files": read_pages(page, artifact.path, artifact.file_count)})
+        for artifact in inputs
+    ]
 
 
-def _page(page: FetchPage, path: str, after: str) -> InputPage:
+def read_pages(page: Callable[[str, str], Paged[_F]], path: str, count: int) -> list[_F]:
+    """Every file of the input at ``path``, read page by page: exactly
+    ``count`` of them, or ``InputError`` naming the input (a server whose
+    pages do not end, or list more or fewer, is refused)."""
+    files: list[_F] = []
+    after = ""
+    while count:
+        got = _page(page, path, after)
+        files += got.files
+        if not got.next:
+            break
+        if got.next == after or len(files) > count:  # a server that never ends its pages
+            raise InputError(f"could not list input {path}: the server's pages do not end")
+        after = got.next
+    if len(files) != count:
+        raise InputError(f"could not list input {path}: {len(files)} of {count} files listed")
+    return files
+
+
+def _page(page: Callable[[str, str], Paged[_F]], path: str, after: str) -> Paged[_F]:
     for attempt in range(1, MANIFEST_ATTEMPTS + 1):
         try:
             return page(path, after)
@@ -136,7 +156,7 @@ def plan(inputs: list[InputArtifact], work: Path, *, absolute_ok: bool = False) 
 def describe(planned: list[PlannedFile]) -> str:
     """``fetching inputs (N files, X MB)``: the progress reason."""
     n = len(planned)
-    return f"fetching inputs ({n} file{'' if n == 1 else 's'}, {_mb(sum(p.file.size for p in planned))})"
+    return f"fetching inputs ({n} file{'' if n == 1 else 's'}, {mb(sum(p.file.size for p in planned))})"
 
 
 async def fetch_inputs(
@@ -159,9 +179,19 @@ async def fetch_inputs(
     total = sum(p.file.size for p in planned)
     if report is not None:
         await report(reason)
-    progress = _Progress()
     started = time.monotonic()
-    fut = _in_daemon_thread(fetch_all, planned, progress, fresh_url)
+    await with_progress(lambda progress: fetch_all(planned, progress, fresh_url), reason, total, report)
+    log.info("%s done in %.1fs", reason, time.monotonic() - started)
+
+
+async def with_progress(
+    work: Callable[[Progress], None], reason: str, total: int, report: Callable[[str], Awaitable[None]] | None
+) -> None:
+    """Run ``work`` (blocking) in a daemon thread, reporting ``reason: N%``
+    of ``total`` bytes every ``PROGRESS_EVERY`` seconds. Cancelling sets
+    ``Progress.stop``: the thread stops at its next chunk."""
+    progress = Progress()
+    fut = in_daemon_thread(work, progress)
     try:
         while True:
             done, _ = await asyncio.wait({fut}, timeout=PROGRESS_EVERY)
@@ -171,13 +201,12 @@ async def fetch_inputs(
                 await report(f"{reason}: {min(progress.bytes * 100 // total, 99)}%")
         fut.result()
     except asyncio.CancelledError:
-        progress.stop.set()  # the thread stops at its next chunk; its outcome is ignored
+        progress.stop.set()  # its outcome is ignored
         fut.cancel()
         raise
-    log.info("%s done in %.1fs", reason, time.monotonic() - started)
 
 
-def _in_daemon_thread(fn: Callable[..., None], *args: object) -> asyncio.Future[None]:
+def in_daemon_thread(fn: Callable[..., None], *args: object) -> asyncio.Future[None]:
     """Run ``fn`` in a daemon thread: unlike the default executor, a download
     stuck in a socket read cannot hold up the runner's exit."""
     loop = asyncio.get_running_loop()
@@ -204,13 +233,19 @@ def _in_daemon_thread(fn: Callable[..., None], *args: object) -> asyncio.Future[
     return fut
 
 
-class _Progress:
+class Progress:
     def __init__(self) -> None:
-        self.bytes = 0  # written by the download thread, read by the loop
+        self.bytes = 0  # written by the download threads, read by the loop
         self.stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        """Count ``n`` bytes more (or fewer), from any of several threads."""
+        with self._lock:
+            self.bytes += n
 
 
-def fetch_all(planned: list[PlannedFile], progress: _Progress, fresh_url: FreshUrl | None = None) -> None:
+def fetch_all(planned: list[PlannedFile], progress: Progress, fresh_url: FreshUrl | None = None) -> None:
     """Download every file; one whose content (sha256) was already fetched
     is copied from there instead (inputs with many identical files)."""
     fetched: dict[str, Path] = {}
@@ -226,7 +261,7 @@ def fetch_all(planned: list[PlannedFile], progress: _Progress, fresh_url: FreshU
         fetched.setdefault(p.file.sha256.lower(), p.dest)
 
 
-def _copied(source: Path | None, p: PlannedFile, progress: _Progress) -> bool:
+def _copied(source: Path | None, p: PlannedFile, progress: Progress) -> bool:
     """Copy ``source`` (a verified file with the same sha256) to ``p.dest``;
     False when there is none or it cannot be copied: the file is then downloaded."""
     if source is None or progress.stop.is_set():
@@ -248,7 +283,7 @@ def fetch_file(
     f: InputFile,
     dest: Path,
     *,
-    progress: _Progress,
+    progress: Progress,
     stop: threading.Event,
     fresh: Callable[[], str] | None = None,
 ) -> None:
@@ -291,7 +326,7 @@ def fetch_file(
 class _Download:
     """The partial file and its running digest, kept across attempts."""
 
-    def __init__(self, out: BinaryIO, progress: _Progress, url: str, fresh: Callable[[], str] | None) -> None:
+    def __init__(self, out: BinaryIO, progress: Progress, url: str, fresh: Callable[[], str] | None) -> None:
         self.out = out
         self.progress = progress
         self.digest = hashlib.sha256()
@@ -349,7 +384,7 @@ def _get(f: InputFile, state: _Download, stop: threading.Event) -> None:
             raise _Retry(str(e)) from e
         raise InputError(str(e)) from e
     with resp:
-        if state.have and not _resumes_at(resp, state.have):
+        if state.have and not resumes_at(resp, state.have):
             state.restart()  # the server sent the whole file again
         while True:
             if stop.is_set():
@@ -367,13 +402,13 @@ def _get(f: InputFile, state: _Download, stop: threading.Event) -> None:
         raise _Retry(f"download ended after {state.have} of {f.size} bytes")
 
 
-def _resumes_at(resp: http.client.HTTPResponse, offset: int) -> bool:
+def resumes_at(resp: http.client.HTTPResponse, offset: int) -> bool:
     if resp.status != 206:
         return False
     m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
     return m is not None and int(m.group(1)) == offset
 
 
-def _mb(size: int) -> str:
+def mb(size: int) -> str:
     mb = size / 1e6
     return f"{mb:.1f} MB" if mb < 10 else f"{mb:.0f} MB"

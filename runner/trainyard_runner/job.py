@@ -34,20 +34,27 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlencode
 
-from . import docker, jobuser, kept
+from . import docker, jobuser, kept, volumes
+from .appwatch import TOKEN_VARIABLE as APP_TOKEN_VARIABLE
+from .appwatch import AppWatch
 from .artifacts import ArtifactError, upload_artifacts
 from .caches import restore_caches, save_caches
 from .checkpoints import CheckpointError, CheckpointSync
 from .code import CodeError, prepare_code, spare_checkout
+from .data import CACHE_DIR as DATA_CACHE_DIR
+from .data import Hold as DataHold
+from .data import fetch_data
 from .docker import DockerError
 from .environments import Environment, EnvironmentBuildError, prepare_environment, share
 from .http import HttpError, get_json, post_json
 from .inputs import InputError, fetch_inputs, fetch_manifests
 from .jobuser import JobUser, NoJobUser
 from .logstream import LogStream
+from .metrics import METRICS_DIR, METRICS_FILE, METRICS_FILE_VAR, JobMetrics, job_metrics_env
 from .ports import ports_of
-from .process import Execution, ShimLost, ShimRecord, ShimStandby, job_env, script
-from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, InputPage, JobSecrets, JobState
+from .process import MARK_VAR, Execution, ShimLost, ShimRecord, ShimStandby, job_env, script
+from .protocol import ArtifactSpec, AssignJob, CheckpointSpec, CodeSpec, DataPage, InputPage, JobSecrets, JobState
+from .sessions.context import SessionContext
 from .spot import Notice
 
 log = logging.getLogger(__name__)
@@ -69,6 +76,10 @@ INTERRUPT_DIR, INTERRUPT_FILE = "interrupt", "interrupt.env"
 INTERRUPT_FILE_VAR = "TRAINYARD_INTERRUPT_FILE"
 HOME_DIR = "home"  # <job dir>/home: HOME of a job with a user of its own
 SECRETS_ATTEMPTS = 3  # GETs of the job's secrets, for network errors and 5xx
+
+
+class NoSession(Exception):
+    """No session can get into this job now; the message says why."""
 
 
 class SecretsError(Exception):
@@ -126,6 +137,7 @@ class Job:
         self._pip_cache_dir = work_dir / "pip-cache"
         self._environments_dir = environments_dir(work_dir)
         self.environment: Environment | None = None
+        self._data_hold: DataHold | None = None  # the job's data snapshots, kept from eviction until it ends
         self._sharing: asyncio.Task[bool] | None = None
         self._token = token
         self._report = report
@@ -157,8 +169,12 @@ class Job:
         self._wind_down_task: asyncio.Task[None] | None = None
         self._interrupted_before_start = False
         self._secrets = JobSecrets()  # fetched while preparing (AssignJob.secrets); in memory only
+        self._app_watch: AppWatch | None = None  # a Jupyter dev environment's activity (appwatch)
         # The job's own uid when the runner is root (jobuser.py); None: the runner's user.
         self.user: JobUser | None = None
+        self._volumes: list[volumes.Mounted] = []  # mounted while preparing, unmounted at the end (volumes.py)
+        # Its metrics (metrics.py) from the start of its commands; the agent sends their frames.
+        self.metrics: JobMetrics | None = None
         self._checkpoint = (
             CheckpointSync(
                 spec.checkpoint,
@@ -195,7 +211,10 @@ class Job:
                 self.user = jobuser.take(resumed.shim.uid)
                 if self.user is None:
                     log.warning("job %s: its uid %d is held by another runner", self.id, resumed.shim.uid)
-            self._execution = Execution.attach(self.dir, resumed.shim, self.stream, self.stream.offsets, user=self.user)
+            self.metrics = self._new_metrics()
+            self._execution = Execution.attach(
+                self.dir, resumed.shim, self.stream, self.stream.offsets, user=self.user, tap=self._tap
+            )
 
     @property
     def executing(self) -> bool:
@@ -227,7 +246,12 @@ class Job:
                 self._sharing.cancel()
             if self.environment is not None:
                 self.environment.release()
+            if self._data_hold is not None:
+                self._data_hold.release()
             self._release_user()
+            if self._volumes and (self._execution is None or self._execution.over):
+                # Its processes are gone: unmounted before the final state, so the server may detach.
+                await asyncio.to_thread(volumes.unmount_all, self._volumes)
 
     def _release_user(self) -> None:
         """Kill every process of the job's uid and free it; a job left
@@ -253,7 +277,16 @@ class Job:
         except CheckpointError as e:
             # Not the job's fault: another attempt may well restore it (retried as an interruption).
             return await self._finish("interrupted", None, str(e))
-        except (CodeError, InputError, DockerError, ShimLost, SecretsError, EnvironmentBuildError, NoJobUser) as e:
+        except (
+            CodeError,
+            InputError,
+            DockerError,
+            ShimLost,
+            SecretsError,
+            EnvironmentBuildError,
+            NoJobUser,
+            volumes.VolumeError,
+        ) as e:
             if self._notice is not None:  # the machine going away broke the setup: not the job's fault
                 return await self._interrupted_final(None)
             return await self._finish("failed", None, str(e))
@@ -304,6 +337,18 @@ class Job:
         return ports_of(self.spec.env, self.spec.port_count)
 
     @property
+    def app_idle_seconds(self) -> float | None:
+        """How long ago its Jupyter last saw activity (a dev environment; ``appwatch``), None if unknown."""
+        return self._app_watch.idle_seconds() if self._app_watch is not None else None
+
+    def _watch_app(self) -> asyncio.Task[None] | None:
+        token = self._secrets.env.get(APP_TOKEN_VARIABLE)
+        if not token or not self.ports:
+            return None
+        self._app_watch = AppWatch(self.ports[0], token)
+        return asyncio.create_task(self._app_watch.run())
+
+    @property
     def confirmed(self) -> bool:
         return self._confirmed.is_set()
 
@@ -317,6 +362,8 @@ class Job:
         winding down until the cloud's deadline."""
         self.refused = True
         self.stream.abandon()
+        if self.metrics is not None:
+            self.metrics.abandon()
         if self._notice is not None:
             return
         self.cancel(f"refused by the server: {reason}")
@@ -324,6 +371,11 @@ class Job:
     @property
     def interrupted(self) -> bool:
         return self._notice is not None
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the job is being stopped (``cancel``), None while it is not."""
+        return self._cancel_reason
 
     def interrupt(self, notice: Notice) -> None:
         """A spot interruption notice: wind the job down by the cloud's
@@ -479,6 +531,16 @@ class Job:
                 fresh_url=self._fresh_input_url,
                 absolute_ok=self._absolute_paths,
             )
+        if self.spec.volumes:
+            await self._state("preparing", "mounting volumes")
+            self._volumes = await asyncio.to_thread(
+                volumes.mount_all,
+                self.spec.volumes,
+                work_root=self._work_root,
+                work=work,
+                user=self.user,
+                absolute_ok=self._absolute_paths,
+            )
         if self._checkpoint is not None and self._checkpoint.spec.version:
             await self._state("preparing", f"restoring checkpoint {self._checkpoint.spec.version}")
             await self._checkpoint.restore()
@@ -488,6 +550,16 @@ class Job:
         if self.user is not None:  # everything above was the runner's doing; from here on the job's
             await asyncio.to_thread(self.user.give, work)
             await asyncio.to_thread(self.user.give, self.dir / HOME_DIR)
+        if self.spec.data:  # placed by the runner, read-only inputs staying root's (data.py)
+            self._data_hold = await fetch_data(
+                self.spec.data,
+                work,
+                cache_root=self._work_root / DATA_CACHE_DIR,
+                page=self._data_page,
+                fresh_url=self._fresh_data_url,
+                report=lambda reason: self._state("preparing", reason),
+                user=self.user,
+            )
         if self.spec.environment is not None:
             await self._state("preparing", "preparing the environment")
             self.environment = await prepare_environment(
@@ -553,6 +625,14 @@ class Job:
         query = {"path": path, **({"after": after} if after else {})}
         return InputPage.model_validate(get_json(self._job_url("inputs", query), token=self._token))
 
+    def _data_page(self, path: str, after: str) -> DataPage:
+        query = {"path": path, **({"after": after} if after else {})}
+        return DataPage.model_validate(get_json(self._job_url("data", query), token=self._token))
+
+    def _fresh_data_url(self, path: str, file: str) -> str:
+        body = {"path": path, "file": file}
+        return str(post_json(self._job_url("data/url"), body, token=self._token)["url"])
+
     def _fresh_code_url(self, what: str) -> str:
         return self._fresh_url({"code": what})
 
@@ -571,6 +651,7 @@ class Job:
     async def _execute(self) -> int:
         if self._execution is not None:  # re-attached
             log.info("job %s: re-attached to its commands (shim pid %d)", self.id, self._execution.pid)
+            self._start_metrics(self._execution)
             await self._state("running")
             return await self._wait_execution(self._execution)
         if not self._confirmed.is_set():
@@ -582,6 +663,7 @@ class Job:
         try:
             self._save_spec()
             self._execution = await self._start(env_file)
+            self._start_metrics(self._execution)
             if self._cancel_reason is not None:  # cancelled while the process was starting
                 self._stop_execution()
             if self._interrupted_before_start:  # a notice while the process was starting
@@ -597,7 +679,14 @@ class Job:
             self._checkpoint.start_periodic()
         for mount in self._mounts:
             mount.start_periodic()
-        code = await execution.wait()
+        watching = self._watch_app()
+        try:
+            code = await execution.wait()
+        finally:
+            if watching is not None:
+                watching.cancel()
+            if self.metrics is not None:  # the file read to its end before the last frame
+                await self.metrics.finish()
         log.info("job %s: process exited with %d", self.id, code)
         for mount in self._mounts:  # the final upload (a succeeded job) is the usual one
             await mount.stop_periodic()
@@ -636,21 +725,23 @@ class Job:
         _make_artifact_folders(work, self.spec.artifacts, self.user)
         interrupt_dir = self.dir / INTERRUPT_DIR
         interrupt_dir.mkdir(exist_ok=True)
+        metrics_dir = self.dir / METRICS_DIR
+        metrics_dir.mkdir(mode=0o700, exist_ok=True)
+        if self.user is not None:
+            self.user.give(metrics_dir)
+        self.metrics = self._new_metrics()  # before the output is read: its first lines are matched too
         job_vars = self._job_vars()
         if not self.docker:
-            env = self._job_env()
-            if self.environment is not None:
-                env = self.environment.activate(env)
-            env[INTERRUPT_FILE_VAR] = str(interrupt_dir / INTERRUPT_FILE)
             return await Execution.start(
                 self.spec.commands,
                 job_dir=self.dir,
                 cwd=work,
-                env=env,
+                env=self._commands_env(),
                 stream=self.stream,
                 outlive=self._outlive,
                 standby=self._standby,
                 user=self.user,
+                tap=self._tap,
             )
         # The container gets the job's variables only, not the runner's
         # (its PATH, HOME, … belong to the host).
@@ -658,6 +749,7 @@ class Job:
             **job_vars,
             "PYTHONUNBUFFERED": "1",
             INTERRUPT_FILE_VAR: f"{docker.INTERRUPT_MOUNT}/{INTERRUPT_FILE}",
+            METRICS_FILE_VAR: f"{docker.METRICS_MOUNT}/{METRICS_FILE}",
         }
         pass_env = docker.write_env_file(env_file, env)
         argv = docker.run_argv(
@@ -668,6 +760,7 @@ class Job:
             script=script(self.spec.commands),
             pass_env=pass_env,
             interrupt_dir=interrupt_dir,
+            metrics_dir=metrics_dir,
         )
         return await Execution.start(
             self.spec.commands,
@@ -678,7 +771,54 @@ class Job:
             argv=argv,
             outlive=self._outlive,
             standby=self._standby,
+            tap=self._tap,
         )
+
+    def _commands_env(self) -> dict[str, str]:
+        """The environment a bash job's commands get (its variables and
+        secrets, PORT_n, the activated Python environment, the interrupt file)."""
+        env = self._job_env()
+        if self.environment is not None:
+            env = self.environment.activate(env)
+        env[INTERRUPT_FILE_VAR] = str(self.dir / INTERRUPT_DIR / INTERRUPT_FILE)
+        env[METRICS_FILE_VAR] = str(self.dir / METRICS_DIR / METRICS_FILE)
+        return env
+
+    def _new_metrics(self) -> JobMetrics:
+        return JobMetrics(
+            self.spec, metrics_file=self.dir / METRICS_DIR / METRICS_FILE, work=self.dir / "work", user=self.user
+        )
+
+    def _start_metrics(self, execution: Execution) -> None:
+        """Sample the commands' process tree and follow their metrics file from now on."""
+        if self.metrics is not None:
+            self.metrics.start(execution.pid)
+
+    def _tap(self, texts: list[str]) -> None:
+        if self.metrics is not None:
+            self.metrics.lines(texts)
+
+    def session_context(self) -> SessionContext:
+        """What a session into the job (SSH, a terminal) runs with: the
+        job's working tree, the environment its commands got, and its user.
+        The session's processes carry the job's mark, so they end with it
+        (``process.sweep``; on a root runner every process of its uid goes).
+        Raises ``NoSession`` when the job is not running bash commands."""
+        if self.docker:
+            raise NoSession(f"job {self.id} runs in a container: sessions into docker jobs are not supported yet")
+        if self._execution is None or self.phase != Lifecycle.RUNNING:
+            raise NoSession(f"job {self.id} is not running (it is {self.phase.value})")
+        if self._resumed is not None:  # its job.json kept no variable: they are read from its process
+            env = commands_environ(self._execution.pid)
+            if env is None:
+                raise NoSession(f"job {self.id}: the environment of its commands cannot be read")
+        else:
+            env = {**self._commands_env(), MARK_VAR: self._execution.mark}
+        if self.user is None:
+            if jobuser.isolating():  # a root runner never lets a session run as root
+                raise NoSession(f"job {self.id}: its user is held by another runner process")
+            return SessionContext(cwd=self.dir / "work", env=env)
+        return SessionContext(cwd=self.dir / "work", env=env, uid=self.user.uid, gid=self.user.gid)
 
     async def _say(self, stream: str, lines: list[str]) -> None:
         await self.stream.put(stream, lines)
@@ -713,7 +853,8 @@ class Job:
         await asyncio.to_thread(post_json, self._job_url("environment/done"), {"key": key}, token=self._token)
 
     def _job_vars(self) -> dict[str, str]:
-        return {**self._secrets.env, **self.spec.env}  # the workflow's env wins, as on the server before v3
+        # The workflow's env wins, as on the server before v3; both win over the trackers' run ids.
+        return {**job_metrics_env(self.id), **self._secrets.env, **self.spec.env}
 
     def _job_env(self) -> dict[str, str]:
         if self.user is None:
@@ -822,6 +963,17 @@ def _write_interrupt_file(path: Path, notice: Notice) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.error("could not write %s: %s", path, e)
+
+
+def commands_environ(shim_pid: int) -> dict[str, str] | None:
+    """The environment the job's commands started with: that of the shim's
+    child (bash), as /proc shows it; None when it is gone or unreadable."""
+    try:
+        child = int(Path(f"/proc/{shim_pid}/task/{shim_pid}/children").read_text().split()[0])
+        raw = Path(f"/proc/{child}/environ").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 def environments_dir(work_dir: Path) -> Path:

@@ -30,8 +30,6 @@ import logging
 import os
 import random
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,24 +154,15 @@ def pids_of(uid: int) -> set[int]:
 def kill_all(uid: int) -> int:
     """SIGKILL every process of ``uid`` until none is left; returns how many
     there were. ``kill(-1)`` from a process of the uid reaches all of them at
-    once, so a job that forks while it is killed does not get away."""
+    once, so a job that forks while it is killed does not get away. That
+    process is a fork that becomes the uid, not a program it would have to
+    reach: the runner's own interpreter may sit where the uid cannot pass."""
     doomed = pids_of(uid)
     count = len(doomed)
     for _ in range(KILL_ROUNDS):
         if not doomed:
             break
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", "import os; os.kill(-1, 9)"],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-            timeout=30,
-        )
+        _kill_as(uid)
         for pid in doomed:  # not the uid's any more by now, or a zombie nobody reaps
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -181,6 +170,21 @@ def kill_all(uid: int) -> int:
     if count:
         log.info("killed %d process(es) of job uid %d", count, uid)
     return count
+
+
+def _kill_as(uid: int) -> None:
+    """``kill(-1, SIGKILL)`` as ``uid`` (its gid, no other group) from a
+    forked child that does nothing else before it exits."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
 
 
 def give(path: Path, uid: int, gid: int) -> None:

@@ -21,7 +21,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,9 @@ MARK_VAR = "TRAINYARD_JOB_MARK"  # the same name in _shim.py
 UID_VAR = "TRAINYARD_JOB_UID"  # the same name in _shim.py
 SWEEP_ROUNDS = 20  # a job forking while it is swept: sweep again, this many times at most
 
+
+# Given every batch of a job's output lines as they are read (its metrics' patterns).
+Tap = Callable[[list[str]], None]
 
 _SHIM_ARGV = (sys.executable, "-I", "-S", str(SHIM))
 # A standby's own environment (what /proc shows for it, also once it is a
@@ -219,6 +222,7 @@ class Execution:
         record: ShimRecord | None = None,
         offsets: Mapping[str, int] | None = None,
         user: JobUser | None = None,
+        tap: Tap | None = None,
     ) -> None:
         self.job_dir = job_dir
         self.pid = pid  # the shim's: also the process group id
@@ -235,7 +239,7 @@ class Execution:
         offsets = offsets or {}
         self._readers = [
             asyncio.ensure_future(
-                _follow(job_dir / OUTPUT_FILES[name], name, stream, offsets.get(name, 0), self._ended)
+                _follow(job_dir / OUTPUT_FILES[name], name, stream, offsets.get(name, 0), self._ended, tap)
             )
             for name in OUTPUT_FILES
         ]
@@ -253,11 +257,13 @@ class Execution:
         outlive: bool = False,
         standby: ShimStandby | None = None,
         user: JobUser | None = None,
+        tap: Tap | None = None,
     ) -> Execution:
         """Start ``bash -c SCRIPT`` (or ``argv``, e.g. ``docker run …``) under
         the shim: ``standby``'s waiting one if it has one, else a new one.
         ``outlive``: the job keeps running if the runner dies. ``user``: the
-        commands run as that uid (the shim stays the runner's user)."""
+        commands run as that uid (the shim stays the runner's user).
+        ``tap``: also given every batch of the job's output lines."""
         for name in (SHIM_FILE, EXIT_FILE, *OUTPUT_FILES.values()):
             (job_dir / name).unlink(missing_ok=True)
         for name in OUTPUT_FILES.values():
@@ -283,7 +289,7 @@ class Execution:
                     stderr=shim_log,
                     start_new_session=True,
                 )
-        execution = cls(job_dir, stream, proc.pid, proc=proc, user=user)
+        execution = cls(job_dir, stream, proc.pid, proc=proc, user=user, tap=tap)
         execution.mark = mark
         return execution
 
@@ -295,9 +301,10 @@ class Execution:
         stream: LogStream,
         offsets: Mapping[str, int],
         user: JobUser | None = None,
+        tap: Tap | None = None,
     ) -> Execution:
         """Follow a shim started by an earlier runner process, its output from ``offsets``."""
-        return cls(job_dir, stream, record.pid, record=record, offsets=offsets, user=user)
+        return cls(job_dir, stream, record.pid, record=record, offsets=offsets, user=user, tap=tap)
 
     @property
     def over(self) -> bool:
@@ -418,7 +425,9 @@ def _cgroup_pids(cgroup: str) -> set[int]:
         return set()
 
 
-async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, ended: asyncio.Event) -> None:
+async def _follow(
+    path: Path, stream_name: str, stream: LogStream, offset: int, ended: asyncio.Event, tap: Tap | None = None
+) -> None:
     """Read ``path`` from byte ``offset`` as it grows, handing complete lines
     to ``stream`` with the offset after them (the spool keeps it, so a later
     runner resumes there), until ``ended`` is set and the file is read to its
@@ -465,9 +474,14 @@ async def _follow(path: Path, stream_name: str, stream: LogStream, offset: int, 
             texts = _split_long(texts)
             if texts:
                 start += len(data) - len(rest)
+                if tap is not None:
+                    tap(texts)
                 await stream.put(stream_name, texts, offset=start)
     if rest:
-        await stream.put(stream_name, [rest.decode("utf-8", errors="replace")], offset=start + len(rest))
+        texts = [rest.decode("utf-8", errors="replace")]
+        if tap is not None:
+            tap(texts)
+        await stream.put(stream_name, texts, offset=start + len(rest))
 
 
 def _boundary(data: bytes) -> int:

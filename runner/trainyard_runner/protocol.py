@@ -51,7 +51,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 7
 
 # A log line in memory: [unix time in seconds, stream, text]; stream is "o"
 # (stdout) or "e" (stderr). On the wire lines travel as a ``Logs`` chunk.
@@ -128,6 +128,15 @@ MAX_PLATFORM_FACTS = 32  # EnvironmentReport.platform (the runner sends 5)
 # A Logs frame's text: the server's message limit (uvicorn's ws_max_size,
 # 16 MiB); the runner's batches stay under 2 MiB (logstream.MAX_BATCH_BYTES).
 MAX_LOG_TEXT_CHARS = 16 << 20
+MAX_HOST_KEY_CHARS = 1024  # Hello.ssh_host_key: one OpenSSH public key line (an ed25519 one is about 100)
+# A Metrics frame (docs/METRICS.md): the runner sends one every few seconds.
+MAX_SYSTEM_SAMPLES = 120  # Metrics.system: ten minutes of 5 s samples kept while the server was away
+MAX_TRAINING_VALUES = 2000  # Metrics.training: the per-minute cap's worth and then some
+MAX_METRIC_PATTERNS = 32  # AssignJob.metrics
+MAX_METRIC_REGEX_CHARS = 500
+# A training metric's name: letters, digits, "_", ".", "/", "-", starting
+# with a letter or "_" (wandb's and TensorBoard's names, "train/loss", fit).
+METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"
 
 
 def _cut_to(limit: int) -> BeforeValidator:
@@ -199,6 +208,11 @@ class Hello(_Message):
     resources: Resources
     running_jobs: list[HeldJob] = Field(default_factory=list, max_length=MAX_HELD_JOBS)
     cloud: CloudIdentity | None = None
+    # The sessions this runner serves (``OpenRelay``): RELAY_VERSION, or 0
+    # for none; and its SSH host key (one OpenSSH public key line), which
+    # clients pin for the job's ``ssh`` sessions.
+    relay: int = Field(default=0, ge=0, le=1000)
+    ssh_host_key: str = Field(default="", max_length=MAX_HOST_KEY_CHARS)
 
 
 class JobAccepted(_Message):
@@ -354,19 +368,109 @@ def chunk_lines(streams: str, times: Iterable[tuple[int, float]], text: str) -> 
     return list(zip(chunk_times(times), streams, text.split("\n")[:-1], strict=True))  # type: ignore[arg-type]
 
 
+MAX_DATA_INPUTS = 32  # a workflow's ``inputs:`` items
+MAX_VOLUMES = 8  # a workflow's ``volumes:`` items
+MAX_DATA_CACHED = 256  # Heartbeat.data_cached entries
+DATA_IDENTITY_PATTERN = r"^[0-9a-f]{64}$"
+
+
 class Heartbeat(_Message):
     """Every ``Welcome.heartbeat_seconds``. ``kept_until``: the latest unix
     time until which the machine keeps a job's files whose upload failed
     (None: it keeps none); the server does not retire the idle machine
-    before then (at most ``MAX_KEPT_SECONDS`` from when it hears it)."""
+    before then (at most ``MAX_KEPT_SECONDS`` from when it hears it).
+    ``app_idle_seconds``: how long ago the running job's Jupyter (a dev
+    environment) last saw activity, a kernel busy now being activity now
+    (None: no such job, or not asked yet); a duration, so no clock of the
+    machine's is compared with the server's."""
 
     type: Literal["heartbeat"] = "heartbeat"
     state: Literal["idle", "busy"]
     kept_until: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    app_idle_seconds: float | None = Field(default=None, ge=0, le=365 * 86400, allow_inf_nan=False)
+    # The ``DataInput.snapshot``s whose every file this machine's cache holds
+    # (the newest ``MAX_DATA_CACHED``): ``--dry-run`` says an input is cached there.
+    data_cached: list[Annotated[str, Field(pattern=DATA_IDENTITY_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_DATA_CACHED
+    )
+
+
+# ---------------------------------------------------------------- metrics
+
+# The series the server keeps of a job's ``SystemSample``s, by name; a
+# training metric may not take one of these names (docs/METRICS.md).
+SYSTEM_METRICS = ("cpu", "memory", "disk_used", "disk_total", "net_rx", "net_tx")
+GPU_METRICS = ("util", "memory", "memory_total", "power", "temperature")  # as "gpu<index>.<metric>"
+SYSTEM_METRIC_PATTERN = r"^(cpu|memory|disk_used|disk_total|net_rx|net_tx|gpu[0-9]+\.[a-z_]+)$"
+
+MetricValue = Annotated[float, Field(allow_inf_nan=False)]
+Percent = Annotated[float, Field(ge=0, le=100_000, allow_inf_nan=False)]  # of one core: 250 is 2.5 cores
+Bytes = Annotated[int, Field(ge=0)]
+
+
+class GpuSample(_Message):
+    """One GPU at one sample: ``util`` in percent, memory in bytes, power in
+    watts and temperature in °C (None where the driver does not say)."""
+
+    index: int = Field(ge=0, lt=MAX_GPUS)
+    util: float = Field(ge=0, le=100, allow_inf_nan=False)
+    mem_used: Bytes
+    mem_total: Bytes
+    power_w: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    temp_c: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class SystemSample(_Message):
+    """The job at unix time ``t``: ``cpu`` (percent of one core, its whole
+    process tree), ``rss`` (bytes resident, its process tree), the job's
+    working directory's filesystem (``disk_used``/``disk_total``, bytes),
+    the machine's network (``net_rx``/``net_tx``, bytes per second since the
+    previous sample) and each GPU."""
+
+    t: LogTime
+    cpu: Percent
+    rss: Bytes
+    disk_used: Bytes = 0
+    disk_total: Bytes = 0
+    net_rx: float = Field(default=0, ge=0, allow_inf_nan=False)
+    net_tx: float = Field(default=0, ge=0, allow_inf_nan=False)
+    gpus: list[GpuSample] = Field(default_factory=list, max_length=MAX_GPUS)
+
+
+class TrainingValue(_Message):
+    """One value of a training metric: matched in a log line by one of
+    ``AssignJob.metrics`` (``source`` "log") or read from a JSON line of the
+    job's ``$TRAINYARD_METRICS_FILE`` (``source`` "file"). ``step`` keys the
+    curve where the job gave one (None: keyed by ``t``)."""
+
+    name: str = Field(pattern=METRIC_NAME_PATTERN)
+    value: MetricValue
+    step: int | None = Field(default=None, ge=0)
+    t: LogTime
+    source: Literal["log", "file"]
+
+
+class Metrics(_Message):
+    """A batch of one attempt's metrics, every few seconds while it runs and
+    once at its end. Not acknowledged: the runner keeps what it could not
+    send while the server was away (up to the bounds) and sends it after the
+    reconnect; the server keeps a system sample only if it is later than the
+    attempt's last one, and a training value only if its (name, step or t)
+    is new for the attempt. ``dropped``: training values over the job's
+    per-minute cap since the previous frame; ``malformed``: lines of the
+    metrics file that were not a JSON object of numbers, skipped."""
+
+    type: Literal["metrics"] = "metrics"
+    job: Id
+    attempt: int = Field(ge=1)
+    system: list[SystemSample] = Field(default_factory=list, max_length=MAX_SYSTEM_SAMPLES)
+    training: list[TrainingValue] = Field(default_factory=list, max_length=MAX_TRAINING_VALUES)
+    dropped: int = Field(default=0, ge=0)
+    malformed: int = Field(default=0, ge=0)
 
 
 RunnerMessage = Annotated[
-    Hello | JobAccepted | JobRejected | JobState | Logs | Heartbeat,
+    Hello | JobAccepted | JobRejected | JobState | Logs | Heartbeat | Metrics,
     Field(discriminator="type"),
 ]
 runner_message = TypeAdapter(RunnerMessage)
@@ -437,6 +541,71 @@ class InputPage(_Message):
     next: str = ""
 
 
+class DataFile(_Message):
+    """One object of a data input (docs/DATA.md). ``url``: where to GET it
+    (a presigned S3 URL pinned to the listed version where the bucket keeps
+    versions; the ``https://`` input's own URL). ``etag``: the ETag the
+    listing saw, quotes stripped ("" unknown): a response with another ETag is
+    a changed object, never written into place. ``sha256``: its content's
+    digest where the server knows it (an ``https://`` input's ``sha256:``
+    pin; "" for S3 objects, whose listing carries no checksum), checked
+    before the file is used.
+    ``identity``: a digest of the workspace, source, bucket, key and
+    version/ETag/size: the machine's cache keeps the bytes under it."""
+
+    path: str  # relative to the input's path; "" for a single-file input placed at the path itself
+    size: int = Field(ge=0)
+    url: str
+    etag: str = ""
+    sha256: str = ""
+    identity: str = Field(pattern=DATA_IDENTITY_PATTERN)
+
+
+class DataInput(_Message):
+    """A workflow's ``inputs:`` item from outside Trainyard (``s3://…``,
+    ``https://…``), as the server listed it when the run was submitted,
+    placed at ``path`` (relative to the working directory) before the
+    commands run, complete or not at all. The server sends ``file_count``,
+    ``total_size`` and no ``files``; the runner reads them from ``GET
+    …/runner/jobs/<job>/data/?path=<path>&after=<next>`` page by page
+    (``DataPage``). ``snapshot``: the listing's digest; a machine that holds
+    every file of it says so in ``Heartbeat.data_cached``."""
+
+    uri: str
+    path: str
+    snapshot: str = Field(pattern=DATA_IDENTITY_PATTERN)
+    file_count: int = Field(ge=0)
+    total_size: int = Field(ge=0)
+    read_only: bool = True
+    files: list[DataFile] = Field(default_factory=list)
+
+
+class DataPage(_Message):
+    """One page of a data input's files (REST): ``next`` is the ``after`` of
+    the next page, "" after the last one."""
+
+    path: str
+    files: list[DataFile]
+    next: str = ""
+
+
+class VolumeMount(_Message):
+    """A workflow's ``volumes:`` item: the workspace's volume ``name``,
+    mounted at ``path`` (an absolute path, or relative to the working
+    directory) for the job. ``kind`` "ebs": the server attached the EBS
+    volume ``volume_id`` to this machine before assigning the job; the runner
+    finds its block device, makes a filesystem on it when it has none
+    (``fresh``) and mounts it. ``kind`` "directory": a folder of the machine
+    (local and self-hosted machines), ``<work dir>/volumes/<volume_id>``."""
+
+    name: str
+    volume_id: str
+    kind: Literal["ebs", "directory"]
+    path: str
+    device: str = ""  # the device name the server attached it as ("/dev/sdf"); "" for a directory
+    read_only: bool = False
+
+
 class JobSecrets(_Message):
     """The job's secrets (REST ``GET …/runner/jobs/<job>/secrets/``, not a
     websocket frame): the workspace's secrets as environment variables (the
@@ -487,6 +656,15 @@ class EnvironmentSpec(_Message):
     lock: str = Field(default="", max_length=2_000_000)
 
 
+class MetricPattern(_Message):
+    """A training metric read off the job's log lines: ``regex`` (Python's
+    ``re``) is searched in every line; its group ``value`` (or its first
+    group) is the value, its group ``step``, where it has one, the step."""
+
+    name: str = Field(pattern=METRIC_NAME_PATTERN)
+    regex: str = Field(min_length=1, max_length=MAX_METRIC_REGEX_CHARS)
+
+
 class AssignJob(_Message):
     """An attempt of a job for the runner. It must answer ``JobAccepted`` with
     the same lease within ``lease_seconds`` or the server takes the job back.
@@ -532,6 +710,15 @@ class AssignJob(_Message):
     # token alone for an attempt that has one, and the pair once the attempt
     # has ended. "": a server that mints none.
     job_token: str = ""
+    # Training metrics from the log (docs/METRICS.md); system samples every
+    # ``metrics_interval`` seconds; at most ``metrics_per_minute`` training
+    # values a minute (the rest are counted in ``Metrics.dropped``).
+    metrics: list[MetricPattern] = Field(default_factory=list, max_length=MAX_METRIC_PATTERNS)
+    metrics_interval: float = Field(default=5.0, ge=1, le=3600)
+    metrics_per_minute: int = Field(default=600, ge=1, le=100_000)
+    # Inputs from the user's buckets and URLs (docs/DATA.md), and volumes.
+    data: list[DataInput] = Field(default_factory=list, max_length=MAX_DATA_INPUTS)
+    volumes: list[VolumeMount] = Field(default_factory=list, max_length=MAX_VOLUMES)
 
 
 class JobConfirmed(_Message):
@@ -602,8 +789,47 @@ class Shutdown(_Message):
     reason: str = ""
 
 
+# Sessions into a running job (docs/ACCESS.md). The runner serves one by
+# dialling out a websocket of its own per session, never on this one, so a
+# session's bytes cannot delay the log stream:
+#   GET /ws/runner/relay/<session>/ with ``Authorization: Bearer <runner token>``
+#   and ``RELAY_KEY_HEADER: <relay_key>``.
+# On it, binary frames are the session's bytes (at most MAX_RELAY_FRAME
+# each) and text frames JSON control messages: ``{"type": "resize", "cols",
+# "rows"}`` and ``{"type": "end", "reason"}`` from the server,
+# ``{"type": "end", "reason"}`` from the runner.
+RELAY_VERSION = 1
+RELAY_KEY_HEADER = "X-Trainyard-Relay-Key"
+MAX_RELAY_FRAME = 256 << 10
+MAX_SESSION_KEYS = 32
+
+
+class OpenRelay(_Message):
+    """Serve session ``session`` into ``job``: dial the relay websocket with
+    ``relay_key`` and hand its bytes to a handler of ``kind``: ``port``
+    (connect to 127.0.0.1:``port``), ``ssh`` (an SSH server accepting
+    ``keys``, the grantee's OpenSSH public keys) or ``terminal`` (a shell on
+    a PTY)."""
+
+    type: Literal["open_relay"] = "open_relay"
+    session: str
+    job: str
+    kind: Literal["ssh", "terminal", "port"]
+    port: int | None = Field(default=None, ge=1, le=65535)
+    keys: list[str] = Field(default_factory=list, max_length=MAX_SESSION_KEYS)
+    relay_key: str = Field(repr=False)
+
+
+class CloseRelay(_Message):
+    """End session ``session`` if the runner still serves it."""
+
+    type: Literal["close_relay"] = "close_relay"
+    session: str
+    reason: str = ""
+
+
 ServerMessage = Annotated[
-    AssignJob | JobConfirmed | CancelJob | Refused | LogAck | Welcome | Shutdown,
+    AssignJob | JobConfirmed | CancelJob | Refused | LogAck | Welcome | Shutdown | OpenRelay | CloseRelay,
     Field(discriminator="type"),
 ]
 server_message = TypeAdapter(ServerMessage)

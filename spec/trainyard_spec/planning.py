@@ -20,8 +20,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .providers import RUNNER_PROVIDERS, JobPlan, ProviderError, get_provider
-from .schema import DEV_ENVIRONMENT_PROVIDERS, NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileError
+from .providers import JUPYTER_PACKAGES, RUNNER_PROVIDERS, JobPlan, ProviderError, get_provider
+from .schema import NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileError
 from .workflows import WorkflowsFile
 
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -352,9 +352,24 @@ def _plan_workflow(
             on_interruption=policy,
             on_server_lost=wf.on_server_lost,
             secrets=dict(secrets),
+            volumes=[{"name": v.name, "path": v.path, "read_only": v.read_only} for v in wf.volumes],
+            exports=wf.exports,
+            **_metrics_of(wf),
+            data=[item.planned() for item in wf.inputs],
         )
         for job in ordered
     ]
+
+
+def _metrics_of(wf: Workflow) -> dict[str, Any]:
+    """The JobPlan fields of the workflow's ``metrics:`` (every job of it reads the same)."""
+    if wf.metrics is None:
+        return {}
+    return {
+        "metrics": [{"name": p.name, "regex": p.regex} for p in wf.metrics.patterns],
+        "metrics_interval": wf.metrics.interval if isinstance(wf.metrics.interval, int) else None,
+        "metrics_per_minute": wf.metrics.per_minute,
+    }
 
 
 def _check_jobs(wf: Workflow, jobs: Any) -> str:
@@ -402,10 +417,13 @@ def _unique(items: Iterable[str | None]) -> list[str]:
 # ---------------------------------------------------------------- not built yet
 
 
-def _dev_environment(wf: Workflow) -> list[tuple[_Loc, str]]:
-    if wf.provider not in DEV_ENVIRONMENT_PROVIDERS:
+def _version(wf: Workflow) -> list[tuple[_Loc, str]]:
+    if wf.version is None:
         return []
-    return [(("provider",), f"the {wf.provider} provider (a dev environment); bash, python and docker workflows run")]
+    pinned = {"code": "VS Code is the one on your machine, over Remote-SSH"}.get(
+        wf.provider, f"{wf.provider} runs {JUPYTER_PACKAGES.get(wf.provider, '')}"
+    )
+    return [(("version",), f"version: {wf.version} ({pinned}); remove it to run the workflow")]
 
 
 def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
@@ -416,6 +434,6 @@ def _ssh(wf: Workflow) -> list[tuple[_Loc, str]]:
 # with where it is in a workflow and what it is: refused when a run uses the
 # workflow ("not supported yet: …"). Remove an entry when its feature is built.
 NOT_BUILT_YET: dict[str, Callable[[Workflow], list[tuple[_Loc, str]]]] = {
-    "dev environments": _dev_environment,
+    "version": _version,
     "ssh": _ssh,
 }

@@ -40,6 +40,11 @@ ENTRY_POINT_GROUP = "trainyard.providers"
 # What a job plan's provider may be: what the runner knows how to execute.
 RUNNER_PROVIDERS = ("bash", "python", "docker")
 VENV = ".trainyard-venv"
+# What a lab or notebook job's environment gets besides the workflow's own:
+# pinned, so every job of a workflow builds (and then reuses) one environment.
+JUPYTER_PACKAGES = {"lab": "jupyterlab==4.6.6", "notebook": "notebook==7.6.5"}
+# The variable the server's per-job token reaches a Jupyter job in (Jupyter reads it).
+JUPYTER_TOKEN_VARIABLE = "JUPYTER_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,26 @@ class JobPlan:
     # secrets.HF_TOKEN }}`` in env is {"TOKEN": "HF_TOKEN"}). The planner sets
     # it; the values are fetched by the job's runner, never planned.
     secrets: dict[str, str] = field(default_factory=dict)
+    # A dev environment's provider ("code", "lab", "notebook"; "" for other
+    # jobs) and its ``inactivity_duration`` (seconds, "off", or None: the
+    # workspace's default).
+    dev_environment: str = ""
+    inactivity_duration: int | str | None = None
+    # The workflow's ``metrics:``: [{"name", "regex"}] searched in every log
+    # line, the sampling interval (seconds; None: the runner's 5 s) and the
+    # training values kept a minute (None: the runner's 600).
+    metrics: list[dict[str, str]] = field(default_factory=list)
+    metrics_interval: int | None = None
+    metrics_per_minute: int | None = None
+    # The workflow's ``inputs:``: [{"uri", "path", "read_only", "sha256"}]
+    # (``InputSpec.planned``), listed by the server when the run is submitted.
+    data: list[dict[str, object]] = field(default_factory=list)
+    # The workflow's ``volumes:``: [{"name", "path", "read_only"}], mounted for the job.
+    volumes: list[dict[str, object]] = field(default_factory=list)
+    # The workflow's ``artifacts: - to:``: {artifact path: destination as
+    # written, its ``${{ … }}`` unfilled}; the server copies each uploaded
+    # artifact there (``schema.export_destination``).
+    exports: dict[str, str] = field(default_factory=dict)
 
 
 class ProviderError(Exception):
@@ -281,30 +306,101 @@ def python_commands(*, script: str, requirements: str | None, version: str | Non
 
 
 class DevEnvironmentProvider(Provider, ABC):
-    """dstack 0.x's ``code``, ``lab`` and ``notebook``: accepted in a file
-    (``setup`` commands, ``python``), not built yet: planning refuses a run of
-    one before its jobs are asked for (planning.NOT_BUILT_YET)."""
+    """dstack 0.x's ``code``, ``lab`` and ``notebook``: one job that stays up
+    until it is stopped or idle for its ``inactivity_duration``
+    (docs/decisions/0104-dev-environments.md). Its ``setup`` commands run
+    first, in the workflow's environment (``environment:``, ``python``,
+    ``requirements``) when it has one."""
 
     workflow_keys = PROVIDER_KEYS["code"]
+    # Whether it serves an app on PORT_0 (Jupyter) or only stays up (code).
+    app: ClassVar[bool] = False
 
     def jobs(self, wf: Workflow, *, env: dict[str, str], options: BaseModel | None) -> list[JobPlan]:
-        raise ProviderError(f"not supported yet: the {self.name} provider (a dev environment)")
+        environment = self.environment(wf)
+        commands = [*(wf.setup or []), *self.commands(wf)]
+        return [
+            job_plan(
+                wf,
+                commands=commands,
+                env=env,
+                environment=environment,
+                # The app's port is PORT_0; the workflow's own ``ports: N`` follow it.
+                port_count=wf.ports.count + (1 if self.app else 0),
+                dev_environment=self.name,
+                inactivity_duration=wf.inactivity_duration,
+            )
+        ]
+
+    def environment(self, wf: Workflow) -> dict[str, object] | None:
+        """The workflow's environment; ``python:`` alone is one too (a dev
+        environment runs in an environment of that Python, not beside it)."""
+        return environment_of(wf, requirements=wf.requirements) or ({"python": wf.python} if wf.python else None)
+
+    @abstractmethod
+    def commands(self, wf: Workflow) -> list[str]:
+        """What runs after the ``setup`` commands, for as long as the job runs."""
+
+
+class CodeProvider(DevEnvironmentProvider):
+    """A machine that stays up in the workflow's environment, for VS Code's
+    Remote-SSH (``trainyard ssh-config``)."""
+
+    name = "code"
+
+    def commands(self, wf: Workflow) -> list[str]:
+        # TRAINYARD_SSH_HOST: the job's ``ssh-config`` host (the server sets it for a dev environment).
+        return [
+            'echo "Ready for VS Code over SSH: trainyard ssh-config $TRAINYARD_RUN_NAME, then:'
+            ' code --remote ssh-remote+$TRAINYARD_SSH_HOST $PWD"',
+            "exec sleep infinity",
+        ]
+
+
+class JupyterProvider(DevEnvironmentProvider, ABC):
+    """JupyterLab or Jupyter Notebook on 127.0.0.1:$PORT_0, installed into
+    the workflow's environment (``JUPYTER_PACKAGES``, pinned), with the token
+    the server made for the job (``JUPYTER_TOKEN``, delivered with its
+    secrets) and idle kernels culled after ``inactivity_duration``."""
+
+    app = True
+    command: ClassVar[str]
+
+    def environment(self, wf: Workflow) -> dict[str, object] | None:
+        spec = super().environment(wf) or {}
+        pip = list(spec.get("pip") or [])  # type: ignore[call-overload]
+        return {**spec, "pip": [*pip, JUPYTER_PACKAGES[self.name]]}
+
+    def commands(self, wf: Workflow) -> list[str]:
+        options = [
+            "--no-browser",
+            # A job runs as root on a machine whose runner is root without a job user.
+            "--allow-root",
+            "--ip=127.0.0.1",
+            '--port="$PORT_0"',
+            "--ServerApp.port_retries=0",
+            # Reached only through the server's app proxy, whose Host is the apps origin's.
+            "--ServerApp.allow_remote_access=True",
+            '--ServerApp.root_dir="$PWD"',
+        ]
+        idle = wf.inactivity_duration
+        if isinstance(idle, int):
+            options += [f"--MappingKernelManager.cull_idle_timeout={idle}", "--MappingKernelManager.cull_interval=60"]
+        return [f"exec jupyter {self.command} {' '.join(options)}"]
+
+
+class LabProvider(JupyterProvider):
+    name = "lab"
+    command = "lab"
+
+
+class NotebookProvider(JupyterProvider):
+    name = "notebook"
+    command = "notebook"
 
 
 _BUILTINS: dict[str, Provider] = {p.name: p for p in (BashProvider(), PythonProvider(), DockerProvider())}
 assert tuple(_BUILTINS) == BUILTIN_PROVIDERS
-
-
-class CodeProvider(DevEnvironmentProvider):
-    name = "code"
-
-
-class LabProvider(DevEnvironmentProvider):
-    name = "lab"
-
-
-class NotebookProvider(DevEnvironmentProvider):
-    name = "notebook"
 
 
 _BUILTINS |= {p.name: p for p in (CodeProvider(), LabProvider(), NotebookProvider())}

@@ -464,7 +464,7 @@ def _plugin(name: str) -> Provider | None:
 
 
 def _check_workflow(wf: Workflow, where: _Where, errors: list[WorkflowError]) -> None:
-    def add(key: str | tuple[str, ...], message: str) -> None:
+    def add(key: str | tuple[str | int, ...], message: str) -> None:
         loc: tuple[str | int, ...] = ("workflows", where.index, *((key,) if isinstance(key, str) else key))
         errors.append(WorkflowError(where.path, where.tree.line_of(loc), key_path(loc, where.tree.data), message))
 
@@ -482,6 +482,36 @@ def _check_workflow(wf: Workflow, where: _Where, errors: list[WorkflowError]) ->
             add(key, _not_for(key, wf.provider))
     for keys, problem in _contradictions(wf):
         add(keys, problem)
+    for index, problem in wf.input_clashes():
+        written = (
+            where.tree.data["workflows"][where.index]["inputs"][index] if isinstance(where.tree.data, dict) else None
+        )
+        add(
+            ("inputs", index, "path") if isinstance(written, dict) and "path" in written else ("inputs", index), problem
+        )
+    if wf.metrics is not None:
+        for index in wf.metrics.duplicates():
+            name = wf.metrics.patterns[index].name
+            first = next(i for i, p in enumerate(wf.metrics.patterns) if p.name == name)
+            add(
+                (*_metrics_loc(where), index, "name"),
+                f"metric '{name}' is declared twice (first as item {first}): give each pattern a name of its own",
+            )
+
+
+def _input_path_loc(where: _Where, index: int) -> tuple[str | int, ...]:
+    """Where an input's path is written: its ``path`` key, else the item (the shorthand)."""
+    item = where.tree.data["workflows"][where.index] if isinstance(where.tree.data, dict) else None
+    written = item.get("inputs") if isinstance(item, dict) else None
+    entry = written[index] if isinstance(written, list) and index < len(written) else None
+    return ("inputs", index, "path") if isinstance(entry, dict) and "path" in entry else ("inputs", index)
+
+
+def _metrics_loc(where: _Where) -> tuple[str, ...]:
+    """Where the patterns are: ``metrics`` itself (the list form) or ``metrics.patterns``."""
+    item = where.tree.data["workflows"][where.index] if isinstance(where.tree.data, dict) else None
+    written = item.get("metrics") if isinstance(item, dict) else None
+    return ("metrics",) if isinstance(written, list) else ("metrics", "patterns")
 
 
 def _contradictions(wf: Workflow) -> list[tuple[tuple[str, ...], str]]:

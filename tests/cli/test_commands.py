@@ -161,7 +161,7 @@ def test_ps_plain_table_with_reason_and_json(monkeypatch: pytest.MonkeyPatch):
     code, out, _ = invoke("ps")
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION", "REASON"]
+    assert header.split() == ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION", "COST", "REASON"]
     assert first.split()[:3] == ["a-1", "hello", "pending"] and first.endswith(
         "waiting for a runner: no runner has 8 CPUs free…"
     )
@@ -397,6 +397,14 @@ def test_a_dependency_cycle_is_refused_before_anything_is_uploaded(pipeline: Pat
     )
 
 
+EXPORTS = [
+    {"job_name": "download-base-model", "path": "./base_model", "destination": "s3://acme-models/brave-otter-4/",
+     "status": "done", "error": ""},
+    {"job_name": "finetune-model", "path": "./checkpoint", "destination": "s3://acme-models/ckpt/",
+     "status": "pending", "error": "S3 refused PutObject: AccessDenied"},
+]  # fmt: skip
+
+
 def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.MonkeyPatch):
     jobs = [
         make_job("succeeded", id="j1", name="download-base-model", cached_from={"run": "brave-otter-3", "job": "old-j"}),
@@ -419,6 +427,8 @@ def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.Monkey
                 200, json=make_run("running", name="brave-otter-4", jobs=jobs)
             ),
             ("GET", f"{WS}/runs/brave-otter-4/artifacts/"): httpx.Response(200, json=artifacts),
+            ("GET", f"{WS}/runs/brave-otter-4/metrics/"): httpx.Response(200, json={"jobs": METRICS_JOBS}),
+            ("GET", f"{WS}/runs/brave-otter-4/exports/"): httpx.Response(200, json=EXPORTS),
         }
     )
     use(monkeypatch, "http://fake", rest)
@@ -457,7 +467,33 @@ def test_show_prints_the_dag_with_cache_and_artifacts(monkeypatch: pytest.Monkey
         "-",
         "-",
     ]
-    assert lines[5:] == ["", "Inputs:", "  finetune-model  ./base_model from job download-base-model"]
+    assert lines[5:] == [
+        "",
+        "Metrics (trainyard metrics RUN):",
+        "  finetune-model: loss 0.3125 (step 500), cpu 97%, memory 1.5 GiB, gpu0 85% 12.0 GiB/16.0 GiB (3 malformed)",
+        "",
+        "Inputs:",
+        "  finetune-model  ./base_model from job download-base-model",
+        "",
+        "Exports:",
+        "  download-base-model ./base_model → s3://acme-models/brave-otter-4/ (copied)",
+        "  finetune-model ./checkpoint → s3://acme-models/ckpt/ (failed: S3 refused PutObject: AccessDenied, retrying)",
+    ]
+
+
+def _last(value: float, step: int | None = None) -> dict[str, object]:
+    return {"value": value, "step": step, "t": "2026-01-01T00:10:00Z", "attempt": 1}
+
+
+# What GET …/metrics/ answers for brave-otter-4: the running job's last values; the others have none.
+METRICS_JOBS = [
+    {"job": "download-base-model", "attempts": [], "system": [], "training": [], "last": {}, "dropped": 0,
+     "malformed": 0, "frames_dropped": 0},
+    {"job": "finetune-model", "attempts": [], "system": ["cpu", "memory", "gpu0.util", "gpu0.memory",
+     "gpu0.memory_total"], "training": ["loss"], "dropped": 0, "malformed": 3, "frames_dropped": 0,
+     "last": {"loss": _last(0.3125, 500), "cpu": _last(97.0), "memory": _last(1.5 * 2**30),
+              "gpu0.util": _last(85.0), "gpu0.memory": _last(12 * 2**30), "gpu0.memory_total": _last(16 * 2**30)}},
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -485,6 +521,9 @@ def test_show_says_whether_a_rerun_reproduced_its_original(
         {
             ("GET", f"{WS}/runs/brave-otter-5/"): httpx.Response(200, json=run),
             ("GET", f"{WS}/runs/brave-otter-5/artifacts/"): httpx.Response(200, json=[]),
+            # A server without metrics: show says nothing of them.
+            ("GET", f"{WS}/runs/brave-otter-5/metrics/"): httpx.Response(404, json={"message": "Not found."}),
+            ("GET", f"{WS}/runs/brave-otter-5/exports/"): httpx.Response(404, json={"message": "Not found."}),
         }
     )
     use(monkeypatch, "http://fake", rest)

@@ -17,9 +17,10 @@ COMMAND_MODULES = sorted({m.name for m in pkgutil.iter_modules(commands.__path__
 
 
 def test_each_command_of_trainyard_is_the_module_of_its_name():
-    assert sorted(cli.commands) == COMMAND_MODULES
+    assert sorted(cli.commands) == sorted(name.replace("_", "-") for name in COMMAND_MODULES)
     for name in COMMAND_MODULES:
-        assert cli.commands[name] is getattr(importlib.import_module(f"trainyard.commands.{name}"), name)
+        command = getattr(importlib.import_module(f"trainyard.commands.{name}"), name)
+        assert cli.commands[name.replace("_", "-")] is command
 
 
 def test_a_command_module_imports_only_the_shared_modules_of_its_package():

@@ -46,6 +46,7 @@ workflows:
   - name: ide
     provider: code
     setup: [pip install -r requirements.txt]
+    version: 1.67.2
   - name: broken
     provider: bash
     comands: [echo broken]
@@ -57,7 +58,7 @@ variables:
 """
 BROKEN_WARNING = (
     "warning: workflow 'broken' cannot be run:\n"
-    "  .dstack/workflows/train.yaml:23: workflows[2] (broken).comands: unknown key 'comands'; did you mean 'commands'?\n"
+    "  .dstack/workflows/train.yaml:24: workflows[2] (broken).comands: unknown key 'comands'; did you mean 'commands'?\n"
 )
 
 
@@ -128,18 +129,20 @@ def test_running_the_broken_workflow_prints_its_errors(repo: Path, monkeypatch: 
     code, _, err = invoke("run", "broken")
     assert (code, err) == (
         1,
-        ".dstack/workflows/train.yaml:23: workflows[2] (broken).comands: unknown key 'comands'; "
+        ".dstack/workflows/train.yaml:24: workflows[2] (broken).comands: unknown key 'comands'; "
         "did you mean 'commands'?\n",
     )
 
 
-def test_running_a_dev_environment_says_it_is_not_supported_yet(repo: Path, monkeypatch: pytest.MonkeyPatch):
+def test_running_a_dev_environment_with_a_version_says_that_key_is_not_supported(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+):
     use(monkeypatch, "http://fake", FakeRest({}))
     code, _, err = invoke("run", "ide")
     assert (code, err) == (
         1,
-        ".dstack/workflows/train.yaml:19: workflows[1] (ide).provider: not supported yet: the code provider "
-        "(a dev environment); bash, python and docker workflows run\n",
+        ".dstack/workflows/train.yaml:21: workflows[1] (ide).version: not supported yet: version: 1.67.2 (VS Code "
+        "is the one on your machine, over Remote-SSH); remove it to run the workflow\n",
     )
 
 

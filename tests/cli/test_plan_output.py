@@ -33,3 +33,21 @@ def test_the_plan_shows_it_for_a_job_that_runs_not_for_a_cached_one_or_one_witho
     }
     lines = plan_lines(plan)
     assert [line for line in lines if "environment:" in line] == ["   environment: to be built (never built before)"]
+
+
+def test_the_plan_and_show_name_a_jobs_guards() -> None:
+    from trainyard.output import guard_lines
+
+    guards = ["stall: restarted from its last checkpoint after 20m without output"]
+    job = {"name": "train", "provider": "bash", "resources": {}, "commands": ["python train.py"], "guards": guards}
+    assert "   guard: stall: restarted from its last checkpoint after 20m without output" in plan_lines(
+        {"workflow": "train", "jobs": [job]}
+    )
+    placement = {
+        "utilization_policy": {"min_gpu_utilization": 10, "time_window": 1800},
+        "stall": {"timeout": 1200, "action": "stop"},
+    }
+    assert guard_lines({"jobs": [{"name": "train", "placement": placement}, {"name": "eval", "placement": {}}]}) == [
+        "  train: utilization_policy: stopped when every GPU stays below 10% for 30m",
+        "  train: stall: stopped after 20m without output",
+    ]

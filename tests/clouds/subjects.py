@@ -71,6 +71,22 @@ def runner_pids(root: Path, key: str = "") -> list[int]:
     return found
 
 
+def runner_roots(root: Path, key: str = "") -> list[int]:
+    """``runner_pids`` whose parent is not one of them: one per running
+    runner, whatever short-lived children it has at the moment (they
+    inherit its environment)."""
+    pids = runner_pids(root, key)
+    return [pid for pid in pids if _parent_of(pid) not in pids]
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state, past the command's parentheses
+
+
 def signals_of(pid: int, field: str) -> set[signal.Signals]:
     """The signals a process ignores ("SigIgn") or catches ("SigCgt"), from /proc."""
     try:
@@ -207,7 +223,7 @@ class LocalSubject(Subject):
         wait_for(lambda: signal.SIGTERM in signals_of(pid, "SigIgn") and _exec_done(pid), what="SIGTERM ignored")
 
     def machines_for(self, key: str) -> int:
-        return len(runner_pids(self.root / "runners", key))
+        return len(runner_roots(self.root / "runners", key))
 
 
 class FakeSubject(Subject):
@@ -253,7 +269,7 @@ class FakeWithRunnerSubject(FakeSubject):
         return {**super().config(), "run_runner": True}
 
     def machines_for(self, key: str) -> int:
-        processes = len(runner_pids(self.runners_dir, key))
+        processes = len(runner_roots(self.runners_dir, key))
         assert super().machines_for(key) == processes, "every live fake machine has exactly one runner"
         return processes
 

@@ -51,6 +51,26 @@ def test_the_deploy_files_are_generated_from_the_python_source() -> None:
     regenerate = "regenerate with: python -m backend.clouds.backends.aws.policy"
     assert (ROOT / "deploy/aws/policy.json").read_text() == policy.policy_json(), regenerate
     assert (ROOT / "deploy/aws/role.yaml").read_text() == policy.role_template(), regenerate
+    assert (ROOT / "deploy/aws/role.tf.json").read_text() == policy.terraform_json(), regenerate
+
+
+def test_the_terraform_role_carries_the_same_documents_with_a_variable_for_each_parameter() -> None:
+    config = json.loads((ROOT / "deploy/aws/role.tf.json").read_text())
+    template = yaml.safe_load((ROOT / "deploy/aws/role.yaml").read_text())
+    role = config["resource"]["aws_iam_role"]["trainyard"]
+    permissions = config["resource"]["aws_iam_role_policy"]["trainyard"]
+
+    def as_parameters(text: str) -> object:
+        for name, var in policy.TERRAFORM_VARIABLES.items():
+            text = text.replace("${var." + var + "}", "${" + name + "}")
+        return json.loads(text)
+
+    assert as_parameters(permissions["policy"]) == policy.PERMISSION_POLICY
+    assert as_parameters(role["assume_role_policy"]) == policy.TRUST_POLICY
+    assert permissions["role"] == "${aws_iam_role.trainyard.id}"
+    used = set(re.findall(r"\$\{var\.(\w+)\}", json.dumps(config)))
+    assert used == set(config["variable"]) == {policy.TERRAFORM_VARIABLES[p] for p in template["Parameters"]}
+    assert "${DataBucket}" not in json.dumps(config)
 
 
 def test_the_cloudformation_role_carries_the_same_documents() -> None:
@@ -82,8 +102,10 @@ def test_terminate_and_tagging_are_limited_to_our_machines_and_to_launch() -> No
         "StringEquals": {"aws:ResourceTag/trainyard:installation": "${InstallationId}"}
     }
     assert by_sid["TagOnlyAtCreation"]["Condition"] == {
-        "StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup"]}
+        "StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup", "CreateVolume"]}
     }
+    for sid in ("AttachAndDeleteOnlyOurVolumes", "AttachToOurMachines"):
+        assert by_sid[sid]["Condition"] == by_sid["TerminateOnlyOurMachines"]["Condition"]
     rendered = policy.permission_policy(bucket="b-1", prefix="trainyard/", installation="ty-abc")
     assert "${" not in json.dumps(rendered)
-    assert json.dumps(rendered).count("ty-abc") == 4
+    assert json.dumps(rendered).count("ty-abc") == 7

@@ -6,7 +6,8 @@ A workspace has an aws account (the row as the connect flow writes it: its
 config names the regions, the bucket and an AMI; its keys encrypted) and a
 job that needs a small CPU machine on spot. The launch task's work
 (``instance_launch_run``) runs in the test; a runner's hello is played with
-``instance_connected``. Every test terminates what it launched, and the
+``instance_connected``. A job with a volume the cloud will not attach ends
+its attempt at once with why. Every test terminates what it launched, and the
 ``aws`` fixture fails it if anything of ours is left running in moto."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from backend.clouds.models import (
     OfferBlock,
 )
 from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.facts import accounts_refresh_facts
 from backend.clouds.services.instances import (
     Facts,
     handle_of,
@@ -39,13 +41,14 @@ from backend.clouds.services.instances import (
 from backend.clouds.services.offers import offers_rank
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.clouds.services.reconcile import clouds_reconcile
+from backend.clouds.services.volumes import volume_create
 from backend.runs.lifecycle.placement import requirements_of
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.passes import jobs_schedule
 from backend.vault.crypto import encrypt
 from tests.clouds.subjects import MOTO_SDA1_AMI
 from tests.support.accounttasks import run_account_tasks
-from tests.support.aws_account import prepare
+from tests.support.aws_account import admin, prepare
 from tests.support.fixtures import Person, submit
 from tests.support.moto import MotoServer
 
@@ -271,3 +274,69 @@ def test_an_instance_ec2_does_not_show_yet_stays_provisioning_and_is_found_when_
 
     assert _in_moto(instance) == CloudState.RUNNING
     assert [i["InstanceId"] for i in aws.our_instances()] == [instance.backend_id]
+
+
+def _volume_job(team: Workspace, owner: Person) -> tuple[Job, Instance]:
+    """A job with volume ``ckpt`` (made in moto) and the machine launched for it, not connected yet."""
+    accounts_refresh_facts()  # the account's zones: a job with a volume runs in its zone
+    volume_create(
+        workspace=team, user=owner.user, name="ckpt", size="1GB", backend="aws", region=REGION, zone="us-east-1b"
+    )
+    job = submit(team, owner.user, workflow="train", text=SMALL_CPU + "    volumes: [ckpt:./ckpt]\n").jobs.get()
+    jobs_schedule()
+    job.refresh_from_db()
+    assert _launch_all() == ["launched"], job.status_reason
+    return job, Instance.objects.get(requested_for=job)
+
+
+def test_a_volume_the_cloud_will_not_attach_yet_ends_the_attempt_at_once_and_the_job_waits_again(
+    aws: MotoServer,
+    connect: Callable[..., CloudAccount],
+    team: Workspace,
+    owner: Person,
+) -> None:
+    connect()
+    job, instance = _volume_job(team, owner)
+    aws.fault("AttachVolume", "RequestLimitExceeded", times=3)
+
+    _hello(instance)
+
+    jobs_schedule()
+
+    job.refresh_from_db()
+    [attempt] = Attempt.objects.filter(job=job)
+    assert aws.fault_hits("AttachVolume", "RequestLimitExceeded") == 3
+    assert attempt.status == "ended" and attempt.termination_reason == "rejected"
+    assert attempt.termination_message.startswith("could not attach volume ckpt: "), attempt.termination_message
+    assert job.status == JobStatus.PENDING, "back to pending now, not when the lease runs out"
+
+    jobs_schedule()  # the cloud attaches it now: the next attempt is sent
+
+    job.refresh_from_db()
+    assert (job.status, job.attempt) == (JobStatus.ASSIGNED, 2)
+    [attached] = admin(aws, "ec2").describe_volumes(Filters=[{"Name": "tag-key", "Values": ["trainyard:volume"]}])[
+        "Volumes"
+    ]
+    assert [a["InstanceId"] for a in attached["Attachments"]] == [instance.backend_id]
+
+
+def test_a_volume_the_account_may_not_attach_fails_the_job_with_the_reason(
+    aws: MotoServer,
+    connect: Callable[..., CloudAccount],
+    team: Workspace,
+    owner: Person,
+) -> None:
+    connect()
+    job, instance = _volume_job(team, owner)
+    aws.fault("AttachVolume", "UnauthorizedOperation", message="not allowed: ec2:AttachVolume", times=5)
+
+    _hello(instance)
+
+    jobs_schedule()
+
+    job.refresh_from_db()
+    [attempt] = Attempt.objects.filter(job=job)
+    assert (attempt.status, attempt.termination_reason) == ("ended", "error")
+    assert job.status == JobStatus.FAILED
+    assert "could not attach volume ckpt: " in job.status_reason, job.status_reason
+    assert "AttachVolume" in job.status_reason, job.status_reason

@@ -148,6 +148,19 @@ def test_setup_returns_the_external_id_and_both_policies(owner: Person, settings
     assert first["trust_policy"]["Statement"][0]["Condition"]["StringEquals"]["sts:ExternalId"] == first["external_id"]
     assert "arn:aws:s3:::my-artifacts/trainyard/*" in json.dumps(first["permission_policy"])
     assert "arn:aws:s3:::${BucketName}/trainyard/*" in json.dumps(again["permission_policy"])
+    sids = {st["Sid"] for st in again["permission_policy"]["Statement"]}
+    assert not sids & {"ReadNamedDataBuckets", "ReadNamedDataObjects", "WriteOutputsToNamedBuckets"}
+
+
+def test_setup_adds_the_statements_of_the_named_data_and_output_buckets(owner: Person) -> None:
+    query = "bucket=my-artifacts&data_bucket=acme-data&output_bucket=acme-models-*"
+    setup = owner.client().get(f"{WS}/backends/aws/setup/?{query}").json()
+
+    by_sid = {st["Sid"]: st for st in setup["permission_policy"]["Statement"]}
+    assert by_sid["ReadNamedDataBuckets"]["Resource"] == ["arn:aws:s3:::acme-data"]
+    assert by_sid["ReadNamedDataObjects"]["Resource"] == ["arn:aws:s3:::acme-data/*"]
+    assert by_sid["WriteOutputsToNamedBuckets"]["Resource"] == ["arn:aws:s3:::acme-models-*/*"]
+    assert "${" not in json.dumps(setup["permission_policy"])
 
 
 # ------------------------------------------------------------------ tenancy

@@ -30,6 +30,7 @@ from tests.clouds.subjects import (
     FakeSubject,
     FakeWithRunnerSubject,
     runner_pids,
+    runner_roots,
     states,
     terminate_fully,
     wait_for,
@@ -171,7 +172,7 @@ def test_an_interruption_at_a_time_reclaims_the_machine_and_kills_its_runner(
 
     assert states(compute, spared) == [CloudState.RUNNING]
     assert runner_pids(fake_runner.runners_dir, doomed.key) == []  # SIGKILLed, as a reclaimed machine dies
-    assert len(runner_pids(fake_runner.runners_dir, spared.key)) == 1
+    assert len(runner_roots(fake_runner.runners_dir, spared.key)) == 1
     assert [h.key for h in compute.list_managed()] == [spared.key]
     write_script(fake_runner.script, {})  # from then on: the script changing does not bring it back
     assert states(compute, doomed) == [CloudState.INTERRUPTED]

@@ -7,10 +7,12 @@ workers, given the new master's address. A provider that says
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from backend.accounts.models import Workspace
 from backend.clouds.models import Instance, InstanceStatus
@@ -20,6 +22,7 @@ from backend.runs.lifecycle.groups import groups_restart
 from backend.runs.lifecycle.transitions import job_accept
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.passes import jobs_schedule
+from backend.runs.services.guards import jobs_guard
 from tests.clouds.test_placement import offer
 from tests.support.attempts import accept, assign_frame, report
 from tests.support.fixtures import Person, submit
@@ -158,3 +161,26 @@ def test_ports_the_runner_picked_are_the_jobs_and_its_workers_master_port(
     assert master.ports == [40001, 40002]
     _run_until_running(workers, "10.0.2")
     assert {assign_frame(w).env["TRAINYARD_MASTER_PORT"] for w in workers} == {"40001"}
+
+
+def test_a_worker_a_stall_guard_restarts_restarts_its_group(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    fake_account([offer("a", 0.1, zone="r1a")])
+    text = CLUSTER + "    stall: {timeout: 1m, action: restart}\n"
+    jobs = {j.name: j for j in submit(team, owner.user, workflow="train", text=text).jobs.all()}
+    master, workers = jobs["train-master"], [jobs["train-worker-1"], jobs["train-worker-2"]]
+    _run_until_running([master], "10.0.1")
+    _run_until_running(workers, "10.0.2")
+    now = timezone.now()
+    Attempt.objects.filter(job__run=master.run).update(last_output_at=now)
+    Attempt.objects.filter(job=workers[0]).update(last_output_at=now - timedelta(minutes=2))
+
+    assert jobs_guard() == 1
+    assert report(workers[0], workers[0].instance_id, "stopped", exit_code=143)
+    workers[0].refresh_from_db()
+    assert workers[0].status == JobStatus.PENDING
+    assert groups_restart() == 2
+    for job in _fresh([master, workers[1]]):
+        assert (job.status, job.stop_reason) == (JobStatus.STOPPING, "group_restart")
+        assert "train-worker-1's attempt 1 ended: no output for the stall timeout (stall)" in job.status_reason

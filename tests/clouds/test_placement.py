@@ -16,7 +16,17 @@ import pytest
 from django.utils import timezone
 
 from backend.accounts.models import Workspace
-from backend.clouds.models import AccountStatus, CloudAccount, Instance, InstanceReason, InstanceStatus, OfferBlock
+from backend.clouds.models import (
+    AccountStatus,
+    BackendKind,
+    CloudAccount,
+    Instance,
+    InstanceReason,
+    InstanceStatus,
+    OfferBlock,
+    Volume,
+    VolumeStatus,
+)
 from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.blocks import Blocks
 from backend.clouds.services.instances import Facts, instance_connected
@@ -25,7 +35,7 @@ from backend.clouds.services.provisioning import instance_launch_run, instance_t
 from backend.clouds.services.reconcile import clouds_reconcile
 from backend.runs.lifecycle.placement import requirements_of
 from backend.runs.models import Attempt, Job, JobStatus
-from backend.runs.scheduler.offers import choose
+from backend.runs.scheduler.offers import back_in_zone, choose, idle_instances_allowed
 from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.reconcile import _end_attempts_on_ended_instances, _stop_past_max_duration
 from tests.support.accounttasks import run_account_tasks
@@ -405,6 +415,49 @@ def test_after_an_interruption_the_next_attempt_skips_that_zone_for_3_minutes(
     assert [c.offer.zone for c in now.open] == ["r1b"]
     assert now.blocked[0].startswith("zone r1a skipped 1") and now.blocked[0].endswith("s more (interrupted there)")
     assert [c.offer.zone for c in later.open] == ["r1a", "r1b"]  # 3 minutes on, r1a is back
+
+
+def test_a_job_pinned_by_its_volume_to_the_zone_it_was_interrupted_in_goes_back_to_it_saying_why(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    fake = fake_account([offer("a", 0.1, zone="r1a", spot=True), offer("b", 0.2, zone="r1b", spot=True)])
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="spot")).jobs.get()
+    first = _schedule(passes=1)
+    assert first is not None and first.zone == "r1a"
+    job = _running(job, first)
+    script.write_text(json.dumps({"interrupt": {first.idempotency_key: 0}}))
+    compute_of(fake).sync()
+    Instance.objects.filter(pk=first.pk).update(status=InstanceStatus.UNREACHABLE, unreachable_since=timezone.now())
+    clouds_reconcile()
+    run_account_tasks()
+    _end_attempts_on_ended_instances()
+    job.refresh_from_db()
+    assert Attempt.objects.get(job=job, number=1).termination_reason == "interrupted"
+    ranked = offers_rank(workspace_id=team.pk, req=requirements_of(job)).candidates
+    pinned = [c for c in ranked if c.offer.zone == "r1a"]  # what capacity() leaves it: offers where the volume is
+
+    # The volume "keep" is in r1a: the only zone the job can run in.
+    Volume.objects.create(
+        workspace=team,
+        name="keep",
+        backend=BackendKind.AWS,
+        account=first.account,
+        region="r1",
+        zone="r1a",
+        size_bytes=GIB,
+        backend_id="vol-0123456789abcdef0",
+        status=VolumeStatus.AVAILABLE,
+    )
+    Job.objects.filter(pk=job.pk).update(spec={**job.spec, "volumes": [{"name": "keep", "path": "/keep"}]})
+    job.refresh_from_db()
+    back = choose(job=job, candidates=pinned, tried=set(), blocks=Blocks({}))
+
+    assert [c.offer.zone for c in back.open] == ["r1a"] and back.blocked == []
+    assert back.note == "back in zone r1a, where it was interrupted: its volume keep is there"
+    assert back_in_zone(job, account_id=str(first.account_id), region="r1", zone="r1a") == back.note
+    other = choose(job=job, candidates=ranked, tried=set(), blocks=Blocks({}))
+    assert [c.offer.zone for c in other.open] == ["r1a", "r1b"]  # r1a is not skipped for it
+    assert Instance.objects.filter(idle_instances_allowed(job), pk=first.pk).exists()  # nor its idle machines
 
 
 def test_max_duration_stops_the_job_and_fails_it_with_the_reason(

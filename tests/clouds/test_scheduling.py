@@ -6,6 +6,7 @@ a test plays the runner's hello with ``instance_connected``."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,20 @@ def test_local_shapes_are_offers_and_a_gpu_job_gets_the_gpu_shape(
 
     requested = {i.requested_for_id: i.instance_type for i in Instance.objects.all()}
     assert requested == {gpu.jobs.get().pk: "gpu-box", cpu.jobs.get().pk: "cpu-box"}
+
+
+def test_a_machine_records_its_price_market_and_source_and_is_billed_from_its_first_hello(
+    fake: CloudAccount, team: Workspace, owner: Person
+) -> None:
+    submit(team, owner.user, workflow="train", text=workflows())
+    instance = _schedule_until_launched()
+    assert instance is not None
+    assert (instance.price_per_hour, instance.market, instance.running_at) == (Decimal("0.1"), "on-demand", None)
+    assert instance.price_source == "the offer's price"
+    _hello(instance)
+    instance.refresh_from_db()
+    assert instance.running_at is not None and instance.running_at == instance.connected_at
+    first = instance.running_at
+    _hello(instance)  # a reconnect does not restart billing
+    instance.refresh_from_db()
+    assert instance.running_at == first

@@ -85,6 +85,7 @@ def runner(ok: int) -> Expect:
 WS = "api/v1/workspaces/<slug:workspace>"
 RUNNER_JOB = "api/v1/runner/jobs/<uuid:job>"
 ATTEMPT = "attempt=1"
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJMosvMnzmUDrCYsmfaOAJ/tWsrFUC+Qv/Uz3T2Q78YS laptop"
 FILE = {"path": "w.bin", "size": 3, "sha256": "a" * 64}
 
 ROUTES: dict[str, dict[str, Call]] = {
@@ -101,6 +102,11 @@ ROUTES: dict[str, dict[str, Call]] = {
     "auth/complete/<str:backend>/": {"GET": Call(everyone(302), params={"backend": "github"})},
     "runner/wheels/": {"GET": Call(everyone(200))},
     "runner/wheels/<str:name>": {"GET": Call(everyone(404), params={"name": "nothing.whl"})},
+    # A job's port in the browser: a signed-in browser session only (a token is no session): everyone
+    # here is sent to sign in; who may open it is tests/access/test_apps_grants.py's.
+    "open/<slug:workspace>/<str:run>/<str:job>/<int:port>/": {
+        "GET": Call(everyone(302), params={"job": "train", "port": "8888"})
+    },
     # The dashboard: every client-side route is the app's page.
     "^(?!(?:api/|ws/|admin/|storage|auth/|static/|app\\-assets/)).*$": {"GET": Call(everyone(200))},
     # Signed links: the token is the permission, whoever holds it.
@@ -111,6 +117,11 @@ ROUTES: dict[str, dict[str, Call]] = {
     "api/v1/tokens/": {"GET": Call(signed_in(200)), "POST": Call(signed_in(201), body={"name": "laptop"})},
     "api/v1/tokens/<uuid:token_id>/": {
         "DELETE": Call(only("member", 204, others=404), params={"token_id": "member_token_id"})
+    },
+    # SSH public keys are a person's: each caller adds and lists their own; another's is not found.
+    "api/v1/me/ssh-keys/": {"GET": Call(signed_in(200)), "POST": Call(signed_in(201), body={"public_key": SSH_KEY})},
+    "api/v1/me/ssh-keys/<path:key>/": {
+        "DELETE": Call(only("member", 204, others=404), params={"key": "member_ssh_key_fingerprint"})
     },
     "api/v1/workspaces/": {"GET": Call(signed_in(200)), "POST": Call(signed_in(201), body={"name": "New Team"})},
     # ---------------------------------------------------------- members
@@ -127,6 +138,11 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/invitations/<uuid:invitation>/": {"DELETE": Call(admin(204))},
     # The audit log (who changed secrets, credentials, members, backends, tokens, runners): admins only.
     f"{WS}/audit/": {"GET": Call(admin(200))},
+    # The workspace's default guards: everyone in it reads them, admins replace them.
+    f"{WS}/guards/": {
+        "GET": Call(read()),
+        "PUT": Call(admin(200), body={"stall": {"timeout": "20m", "action": "restart"}, "utilization_policy": None}),
+    },
     # ---------------------------------------------------------- runs
     f"{WS}/runs/": {"GET": Call(read()), "POST": Call(write(201), body="run_body")},
     # A dry run changes nothing: a viewer may plan too.
@@ -135,6 +151,18 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/runs/<str:run>/stop/": {"POST": Call(write(202))},
     f"{WS}/runs/<str:run>/rerun/": {"POST": Call(write(201))},
     f"{WS}/runs/<str:run>/artifacts/": {"GET": Call(read())},
+    f"{WS}/runs/<str:run>/exports/": {"GET": Call(read())},
+    # Sessions into a job (members and admins): the world's job is assigned, not running yet: told to wait (409).
+    f"{WS}/runs/<str:run>/sessions/": {"POST": Call(write(409), body={"kind": "port", "port": 8888})},
+    # Everyone sees their own sessions, an admin every one of the workspace.
+    f"{WS}/sessions/": {"GET": Call(read())},
+    # A run's metrics: read as the run is (members and viewers); another workspace's run is not found.
+    f"{WS}/runs/<str:run>/metrics/": {"GET": Call(read())},
+    f"{WS}/runs/<str:run>/metrics/series/": {"GET": Call(read(), query="job=hello&names=loss,cpu")},
+    f"{WS}/metrics/compare/": {"GET": Call(read(), query="runs=<run>,<done_run>&names=loss")},
+    f"{WS}/costs/": {"GET": Call(read(), query="since=30d&by=user")},
+    # The member's own session: they and an admin may end it.
+    f"{WS}/sessions/<uuid:session>/end/": {"POST": Call(write(200))},
     f"{WS}/jobs/<uuid:job>/logs/": {"GET": Call(read())},
     f"{WS}/jobs/<uuid:job>/logs/raw": {"GET": Call(read())},
     f"{WS}/blobs/": {"POST": Call(write(201), body=b"patch bytes")},
@@ -178,6 +206,43 @@ ROUTES: dict[str, dict[str, Call]] = {
         "DELETE": Call(admin(409), params={"name": "backend_name"}),
     },
     f"{WS}/backends/<str:name>/validate/": {"POST": Call(admin(400), params={"name": "backend_name"})},
+    # The workspace's S3-compatible data endpoint: members see it (never its secret), admins set it;
+    # the world has none, so reading and removing it find nothing.
+    f"{WS}/data/endpoint/": {
+        "GET": Call(read(404)),
+        "PUT": Call(
+            admin(200),
+            body={"endpoint_url": "https://minio.example.com", "access_key_id": "k", "secret_access_key": "s"},
+        ),
+        "DELETE": Call(admin(404)),
+    },
+    # Notifications: admins subscribe for the workspace, members for their own runs (viewers read an
+    # empty list); a member sees and manages only their own (the admin's is not found for them).
+    f"{WS}/notifications/": {
+        "GET": Call(read()),
+        "POST": Call(write(201), body={"kind": "slack", "target": "https://1.1.1.1/hook", "events": ["run.failed"]}),
+    },
+    f"{WS}/notifications/<uuid:pk>/": {
+        "GET": Call({**read(200), "viewer": 404}, params={"pk": "member_subscription"}),
+        "PATCH": Call(write(200), body={"enabled": False}, params={"pk": "member_subscription"}),
+        "DELETE": Call({**admin(204), "member": 404}, params={"pk": "workspace_subscription"}),
+    },
+    f"{WS}/notifications/<uuid:pk>/test/": {
+        "POST": Call({**admin(202), "member": 404}, params={"pk": "workspace_subscription"}),
+    },
+    f"{WS}/notifications/<uuid:pk>/deliveries/": {
+        "GET": Call({**read(200), "viewer": 404}, params={"pk": "member_subscription"}),
+    },
+    # Volumes: everyone of the workspace lists them, members make and delete them (acme's "scratch"
+    # is a folder of its registered machine "box": no cloud call).
+    f"{WS}/volumes/": {
+        "GET": Call(read()),
+        "POST": Call(write(201), body={"name": "fresh", "size": "1GB", "backend": "self-hosted", "machine": "box"}),
+    },
+    f"{WS}/volumes/<str:name>/": {
+        "GET": Call(read(), params={"name": "volume_name"}),
+        "DELETE": Call(write(204), params={"name": "volume_name"}),
+    },
     f"{WS}/runners/": {"GET": Call(read())},
     # Listed with their prefix and state only (the token is shown once, to the admin who made it).
     f"{WS}/runners/registration-tokens/": {"GET": Call(read(200)), "POST": Call(admin(201), body={"note": "box"})},
@@ -199,6 +264,9 @@ ROUTES: dict[str, dict[str, Call]] = {
     # The world's job has no input: its own runner is told ./in does not exist (401 for users as everywhere;
     # it is scoped to the current attempt by HoldsCurrentAttempt, as secrets/ above: tests/runs/test_secrets.py).
     f"{RUNNER_JOB}/inputs/": {"GET": Call(runner(404), query=f"{ATTEMPT}&path=./in")},
+    # The job's data inputs (inputs: s3://…): the world's job has none, so its holder finds none.
+    f"{RUNNER_JOB}/data/": {"GET": Call(runner(404), query=f"{ATTEMPT}&path=imagenet")},
+    f"{RUNNER_JOB}/data/url/": {"POST": Call(runner(404), body={"path": "imagenet", "file": "a.bin"}, query=ATTEMPT)},
     # Nothing packed yet: GET finds none; POST hands out the upload; done: no object was put.
     f"{RUNNER_JOB}/environment/": {
         "GET": Call(runner(404), query=f"{ATTEMPT}&key={'e' * 24}"),
@@ -232,6 +300,15 @@ ROUTES: dict[str, dict[str, Call]] = {
 WS_OPEN = 1000
 WEBSOCKETS: dict[str, Expect] = {
     "ws/runner/": {"anonymous": 4401, **dict.fromkeys(USERS, 4401), "runner": WS_OPEN, "other_runner": WS_OPEN},
+    # A session's ends: the runner's takes its runner token and the session's relay key (none here: 4401;
+    # another runner is told the session does not exist), the client's only the session's own token.
+    "ws/runner/relay/<uuid:session>/": {
+        "anonymous": 4401,
+        **dict.fromkeys(USERS, 4401),
+        "runner": 4401,
+        "other_runner": 4404,
+    },
+    "ws/v1/relay/<uuid:session>/": dict.fromkeys(CALLERS, 4401),
     "ws/v1/workspaces/<slug:workspace>/runs/": {
         **read(WS_OPEN),
         "anonymous": 4401,

@@ -16,6 +16,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,24 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 from rest_framework.test import APIClient
 from trainyard_runner.protocol import EnvironmentReport
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from backend.access.models import AccessSession
 from backend.accounts.models import Invitation, Role, Workspace
+from backend.accounts.services.ssh_keys import ssh_key_add
 from backend.artifacts.archive import archive_url
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import FileIn, artifact_begin, artifact_complete, artifact_file_key
 from backend.artifacts.storage import get_storage
 from backend.clouds.services.selfhosted import Registered, registration_token_create, runner_register
+from backend.clouds.services.volumes import volume_create
 from backend.config.routing import websocket_urlpatterns
+from backend.core.tokens import hash_token
+from backend.notify.models import Scope, Subscription
 from backend.runs.lifecycle.transitions import job_assign
 from backend.runs.models import Job, Run, RunStatus
 from backend.runs.services.environments import environment_record
@@ -46,6 +53,7 @@ from tests.support.fixtures import WORKFLOWS, Person, submit
 from tests.support.web import WebServers
 
 ENVIRONMENT_KEY = "e" * 24
+MEMBER_SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBtOe0TxQVSC5KoermSUTLy0wfYWTO+ew2aN8Sfk9jsd member"
 CODE = {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "c" * 40}
 # Columns a request may touch without changing anything (a token's last use).
 IGNORED_COLUMNS = {"accounts_apitoken": ("last_used_at",)}
@@ -63,6 +71,7 @@ class World:
     other_runner: Registered
     invitation: Invitation
     registration_token_id: str
+    session: str = ""  # the member's session into the run's job
 
     def value(self, name: str) -> str:
         """A URL parameter's value: a name from ``Call.params``, or the parameter's own name."""
@@ -76,12 +85,18 @@ class World:
             "invitation": str(self.invitation.pk),
             "runner": str(self.runner.instance.pk),
             "registration_token_id": self.registration_token_id,
+            "session": self.session,
             "member_token_id": str(self.people["member"].user.api_tokens.get().pk),
             "member_username": self.people["member"].user.username,
+            "member_ssh_key_fingerprint": self.people["member"].user.ssh_keys.get().fingerprint,
             "tag_name": "best",
+            "done_run": Run.objects.get(workspace=self.team, status=RunStatus.SUCCEEDED).name,
             "environment_key": ENVIRONMENT_KEY,
             "secret_name": "HF_TOKEN",
             "backend_name": self.runner.instance.account.name,
+            "volume_name": "scratch",
+            "member_subscription": str(Subscription.objects.get(workspace=self.team, scope=Scope.MINE).pk),
+            "workspace_subscription": str(Subscription.objects.get(workspace=self.team, scope=Scope.WORKSPACE).pk),
             "file_path": "w.bin",
             "storage_token": _token_of(
                 storage.signed_url(artifact_file_key(self.artifact, self.artifact.files.get()), method="GET"),
@@ -144,6 +159,18 @@ def world(
         key=ENVIRONMENT_KEY, built=True, build_seconds=1.5, size_bytes=10, lock="x==1\n", packages="x==1\n"
     )
     assert environment_record(job_id=str(job.pk), instance_id=str(runner.instance.pk), attempt=1, report=report)
+    # A volume: a folder of the registered machine (a self-hosted volume; no cloud call).
+    volume_create(workspace=team, user=owner.user, name="scratch", size="1GB", backend="self-hosted", machine="box")
+    # Notification subscriptions: the workspace's (an admin's) and the member's own.
+    for who, scope in ((owner, Scope.WORKSPACE), (member, Scope.MINE)):
+        Subscription.objects.create(
+            workspace=team,
+            created_by=who.user,
+            kind="slack",
+            scope=scope,
+            target="https://1.1.1.1/hook",
+            events=["run.failed"],
+        )
     # The outsider's own workspace, with a run, a secret and a runner of its own.
     theirs = outsider.user.personal_workspace
     submit(theirs, outsider.user)
@@ -152,9 +179,22 @@ def world(
     invitation = Invitation.objects.create(
         workspace=team, github_login="someone", role=Role.MEMBER, invited_by=owner.user
     )
+    ssh_key_add(user=member.user, public_key=MEMBER_SSH_KEY)
     people = {"outsider": outsider, "viewer": viewer, "member": member, "admin": owner}
     job.refresh_from_db()
-    return World(people, team, run, job, artifact, uploading, runner, other, invitation, str(issued.row.pk))
+    session = _session(job, member.user)
+    return World(people, team, run, job, artifact, uploading, runner, other, invitation, str(issued.row.pk), session)
+
+
+def _session(job: Job, user: Any) -> str:
+    """A session of ``user`` into ``job`` as a grant writes it (its client has not connected)."""
+    return str(
+        AccessSession.objects.create(
+            workspace=job.workspace, user=user, job=job, attempt=job.attempts.get(), instance=job.instance,
+            kind="port", port=8888, token_hash=hash_token("tyses_x"), relay_key_hash=hash_token("key"),
+            grant_expires_at=timezone.now() + timedelta(seconds=60),
+        ).pk
+    )  # fmt: skip
 
 
 def _artifact(job: Job, data: bytes) -> Artifact:
@@ -271,7 +311,8 @@ def _url(route: str, call: Call, world: World) -> str:
         return world.value(call.params.get(name, name))
 
     path = "/" + re.sub(r"<(?:\w+:)?(\w+)>", fill, route)
-    return f"{path}?{call.query}" if call.query else path
+    query = re.sub(r"<(\w+)>", fill, call.query)  # a query may name the world's values too
+    return f"{path}?{query}" if query else path
 
 
 def _request(client: APIClient, method: str, url: str, body: Any) -> int:

@@ -73,6 +73,8 @@ def test_the_dashboard_and_the_api_carry_the_content_security_policy() -> None:
 
     strict = page["Content-Security-Policy"]
     assert "script-src 'self';" in strict and "style-src 'self';" in strict
+    # Style attributes only (the terminal's cell colours), never <style> elements.
+    assert "style-src-attr 'unsafe-inline';" in strict and "style-src-elem" not in strict
     assert "frame-ancestors 'none'" in strict and "object-src 'none'" in strict
     assert api["Content-Security-Policy"] == strict
     # Django's admin pages carry inline styles, never inline scripts.

@@ -83,13 +83,16 @@ def test_each_end_to_end_file_signs_in_users_of_its_own_on_the_shared_stack() ->
 
 def _fixtures_starting_a_stack(source: str) -> set[str]:
     """The functions of ``source`` that call a ``…Stack(…)`` of their own
-    (``Stack``, ``BalancedStack``): each starts servers with a database of its own."""
+    (``Stack``, ``BalancedStack``) or ``balanced_stack(…)``: each starts
+    servers with a database of its own."""
     return {
         node.name
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.FunctionDef)
         and any(
-            isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id.endswith("Stack")
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and (call.func.id.endswith("Stack") or call.func.id == "balanced_stack")
             for call in ast.walk(node)
         )
     }
@@ -98,9 +101,11 @@ def _fixtures_starting_a_stack(source: str) -> set[str]:
 def test_the_private_stack_rule_needs_a_fixture_that_starts_the_stack() -> None:
     starts = "def ops_stack(tmp):\n    stack = Stack(database_url='x')\n    yield stack\n"
     balanced = "def scaled(tmp):\n    yield BalancedStack(database_url='x')\n"
+    helper = "def scaled(tmp):\n    with balanced_stack(tmp, 'x') as stack:\n        yield stack\n"
     mentions = "def ops_stack(stack):\n    return stack  # not a Stack( of its own\n"
     assert _fixtures_starting_a_stack(starts) == {"ops_stack"}
     assert _fixtures_starting_a_stack(balanced) == {"scaled"}
+    assert _fixtures_starting_a_stack(helper) == {"scaled"}
     assert _fixtures_starting_a_stack(mentions) == set()
 
 

@@ -12,15 +12,17 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Browser
 
 from tests.support.aws_account import prepare
+from tests.support.chromium import chromium
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
 
@@ -148,6 +150,13 @@ def alice(stack: Stack) -> User:
 @pytest.fixture(scope="session")
 def bob(stack: Stack) -> User:
     return User("bob", stack.issue_token("bob"), stack)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Chromium for a module's browser tests (each test opens its own contexts)."""
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ is terminated: nothing of ours is left running (the ``aws`` fixture)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.e2e.conftest import User, commit_all, connect_aws
 from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
+from tests.support.waiting import wait_for as _wait
 
 pytestmark = pytest.mark.slow
 
@@ -53,16 +53,6 @@ def _bucket_objects() -> dict[str, bytes]:
     s3 = boto3.client("s3", region_name="us-east-1")
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
     return {k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
-
-
-def _wait(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @pytest.fixture

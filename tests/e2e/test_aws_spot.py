@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,44 @@ WORKFLOW = f"""
 
 
 @pytest.fixture
-def dave(stack: Stack) -> User:
-    return User("dave", stack.issue_token("dave"), stack)
+def dave(stack: Stack, aws: MotoServer) -> Iterator[User]:
+    user = User("dave", stack.issue_token("dave"), stack)
+    yield user
+    _disconnect_aws(user, aws)
+
+
+def _all_terminated(user: User, aws: MotoServer) -> None:
+    """Every machine of ours gone from moto: retired after ``IDLE_SECONDS`` idle, or stopped."""
+    _wait(
+        "every machine to be terminated",
+        lambda: not aws.our_instances(),
+        IDLE_SECONDS + 120,
+        explain=lambda: [
+            {
+                k: i.get(k)
+                for k in ("name", "status", "status_reason", "current_job", "cloud_state", "last_heartbeat_at")
+            }
+            for i in _instances(user)
+        ],
+    )
+
+
+def _disconnect_aws(user: User, aws: MotoServer) -> None:
+    """What a test that failed half-way left: its runs are stopped, its
+    machines terminated and the backend removed, so the next test of the file
+    connects ``aws`` afresh instead of failing on "already exists"."""
+    backends = user.api("GET", f"/api/v1/workspaces/{user.workspace}/backends/").json()
+    if not any(b["name"] == "aws" for b in backends):
+        return
+    for run in user.runs():
+        if run["status"] not in ("succeeded", "failed", "stopped"):
+            user.api("POST", f"/api/v1/workspaces/{user.workspace}/runs/{run['name']}/stop/")
+    _all_terminated(user, aws)
+    _wait(
+        "the aws backend to be removed",
+        lambda: user.api("DELETE", f"/api/v1/workspaces/{user.workspace}/backends/aws/").status_code == 204,
+        60,
+    )
 
 
 def _job(user: User, run: str) -> dict[str, Any]:
@@ -100,9 +137,37 @@ def test_a_spot_notice_moves_the_job_to_a_second_machine_in_another_zone(
     # The first machine: terminating from the report on, terminated from T on (not before).
     _wait("the first machine to be terminated in moto", lambda: first["backend_id"] in ec2_boot.ended, 90)
     assert time.time() >= deadline - 1
-    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    _all_terminated(dave, aws)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr
+
+
+LOSS_PATTERN = """\
+    metrics:
+      - name: loss
+        regex: 'step (?P<step>[0-9]+)/[0-9]+ loss (?P<value>[0-9.]+)'
+"""
+
+
+def _assert_one_loss_curve(user: User, run: str, *, resumed_at: int) -> None:
+    """Attempt 1's values from step 1 to its checkpoint (or the few steps it
+    ran past it before it stopped), then attempt 2's from ``resumed_at + 1``
+    to 60: one curve over every step, the boundary where attempt 2 starts."""
+    answer = user.api(
+        "GET",
+        f"/api/v1/workspaces/{user.workspace}/runs/{run}/metrics/series/",
+        params={"job": "finetune-model", "names": "loss"},
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    (series,) = body["series"]
+    assert series["x"] == "step"
+    steps: dict[int, list[int]] = {1: [], 2: []}
+    for step, attempt in zip(series["points"]["x"], series["points"]["attempt"], strict=True):
+        steps[attempt].append(step)
+    assert steps[1] == list(range(1, len(steps[1]) + 1)) and len(steps[1]) >= resumed_at, steps
+    assert steps[2] == list(range(resumed_at + 1, 61)), steps
+    assert [(a["number"], a["termination_reason"]) for a in body["attempts"]] == [(1, "interrupted"), (2, "done")]
 
 
 def _log_lines(user: User, repo: Path, name: str) -> list[str]:
@@ -117,12 +182,14 @@ def test_tiny_train_noticed_at_step_10_finishes_all_60_steps_on_a_second_machine
     ~10, long before any periodic sync (every 5 minutes): the sync made at
     the notice is the one attempt 2 restores. train.py prints "resuming from
     step k" once with k >= 10, the next step is k + 1, and final.json holds
-    all 60 steps and resumed >= 1."""
+    all 60 steps and resumed >= 1. Its ``loss``, read off the log, is one
+    curve over steps 1..60 that crosses from attempt 1 to attempt 2 once."""
     connect_aws(dave, repo, aws, bucket=BUCKET)
     workflows = repo / ".trainyard" / "workflows.yaml"
     text = workflows.read_text()
     for anchor in ("      - ./base_model\n", "    checkpoint: ./checkpoint\n"):  # both jobs' machines go soon after
         text = text.replace(anchor, f"{anchor}    idle_duration: {IDLE_SECONDS}s\n")
+    text = text.replace("    checkpoint: ./checkpoint\n", f"    checkpoint: ./checkpoint\n{LOSS_PATTERN}", 1)
     workflows.write_text(text)
     commit_all(repo, "tiny-train's machines stop soon after their jobs")
     submitted = dave.cli(
@@ -163,9 +230,10 @@ def test_tiny_train_noticed_at_step_10_finishes_all_60_steps_on_a_second_machine
     assert downloaded.returncode == 0, downloaded.stderr
     final = json.loads(next(out.rglob("final.json")).read_text())
     assert final["steps"] == 60 and final["resumed"] >= 1
+    _assert_one_loss_curve(dave, name, resumed_at=k)
 
     _wait("the first machine to be terminated in moto", lambda: first["backend_id"] in ec2_boot.ended, 90)
-    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    _all_terminated(dave, aws)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr
 
@@ -219,7 +287,7 @@ def test_no_spot_capacity_with_spot_policy_auto_falls_back_to_on_demand_after_ma
     machines = [i for i in _instances(dave) if not i["spot"]]
     assert machines, _instances(dave)
 
-    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    _all_terminated(dave, aws)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr
 
@@ -271,6 +339,6 @@ def test_a_rebalance_recommendation_syncs_a_checkpoint_at_once_and_the_job_stays
     assert [(a["number"], a["reason"], a["instance"]) for a in job["attempts"]] == [(1, "done", machine["name"])]
     assert not any(line.startswith("resuming from step") for line in _log_lines(dave, repo, name))
 
-    _wait("every machine to be terminated", lambda: not aws.our_instances(), IDLE_SECONDS + 120)
+    _all_terminated(dave, aws)
     removed = dave.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr

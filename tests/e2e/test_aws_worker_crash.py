@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,6 +26,7 @@ from tests.e2e.conftest import User, commit_all, connect_aws, run_name_of
 from tests.support.ec2boot import Ec2Boot
 from tests.support.moto import MotoServer
 from tests.support.stack import Stack
+from tests.support.waiting import wait_for as _wait
 
 pytestmark = pytest.mark.slow
 
@@ -65,16 +64,6 @@ for account in CloudAccount.objects.filter(workspace__slug={slug!r}, kind="aws")
             break
         time.sleep(0.5)
 """
-
-
-def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _rows(stack: Stack, user: User) -> list[list[str]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.e2e.conftest import FINISHED, User, make_repo, run_name_of
 from tests.e2e.test_lifecycle import _kill_the_runner_of, _sleeps
@@ -41,16 +41,6 @@ from tests.support.moto import MotoServer
 from tests.support.screenshots import assert_background_reaches_the_bottom
 from tests.support.stack import REPO_ROOT, Stack
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 VIEWPORT = {"width": 1280, "height": 800}
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
 TIMEOUT_MS = 30_000
@@ -98,22 +88,6 @@ AVATAR_SVG = (
 
 
 # --- browser -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: install Debian's browser packages "
-            "(apt-get install chromium chromium-driver); .ci/run does this in CI",
-            pytrace=False,
-        )
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
 
 
 def new_context(browser: Browser, stack: Stack) -> BrowserContext:

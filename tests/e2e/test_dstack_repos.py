@@ -267,10 +267,11 @@ workflows:
   - name: dstack-notebook
     provider: notebook
     setup: [pip install jupyterlab]
+    version: 6.5.4
 """
 
 
-def test_a_tag_written_as_a_bare_reference_is_a_dependency_and_a_dev_environment_refuses_alone(
+def test_a_tag_written_as_a_bare_reference_is_a_dependency_and_a_dev_environments_version_refuses_alone(
     alice: User, repo: Path
 ) -> None:
     (repo / ".dstack").mkdir()
@@ -287,4 +288,6 @@ def test_a_tag_written_as_a_bare_reference_is_a_dependency_and_a_dev_environment
 
     refused = alice.cli(repo, "run", "dstack-notebook")
     assert refused.returncode != 0
-    assert "provider: not supported yet: the notebook provider (a dev environment)" in refused.stderr, refused.stderr
+    assert "version: not supported yet: version: 6.5.4 (notebook runs notebook==7.6.5)" in refused.stderr, (
+        refused.stderr
+    )

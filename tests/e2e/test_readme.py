@@ -91,6 +91,20 @@ def show_jobs(step: Step, walk: Walk) -> None:
     assert "make-data" in step.out and "train" in step.out, step.out
 
 
+def show_last_loss(step: Step, walk: Walk) -> None:
+    show_jobs(step, walk)
+    metrics = step.out.split("Metrics (trainyard metrics RUN):", 1)[1]
+    assert re.search(r"^  train: loss [0-9.e-]+ \(step 40\)", metrics, re.MULTILINE), step.out
+
+
+def loss_per_epoch(step: Step, walk: Walk) -> None:
+    ok(step, walk)
+    rows = [line.split() for line in step.out.splitlines()]
+    [loss] = [row for row in rows if row[:2] == ["train", "loss"]]
+    assert loss[3:5] == ["step", "40"] and set(loss[-1]) <= set("▁▂▃▄▅▆▇█"), step.out
+    assert float(loss[6]) <= float(loss[5]) <= float(loss[7]), step.out  # min ≤ last ≤ max
+
+
 def artifacts_listed(step: Step, walk: Walk) -> None:
     ok(step, walk)
     assert "./data" in step.out and "./model" in step.out, step.out
@@ -143,6 +157,25 @@ def plan_reruns_make_data(step: Step, walk: Walk) -> None:
     assert "input ./data from make-data, which runs first" in step.out, step.out
 
 
+def shell_submitted(step: Step, walk: Walk) -> None:
+    ok(step, walk)
+    assert walk.run(step)["workflow"] == "shell", step.output
+    assert step.run in step.output, step.output
+
+
+def ssh_ran_inside(step: Step, walk: Walk) -> None:
+    ok(step, walk)
+    name, cwd = step.out.splitlines()[-2:]
+    assert name == step.run, step.output  # the job's own variable, read inside the job
+    assert cwd.endswith("/work"), step.output  # its working tree on the runner, not this shell's directory
+
+
+def stopped(step: Step, walk: Walk) -> None:
+    ok(step, walk)
+    run = walk.user.wait(step.run, lambda r: r["status"] in ("stopped", "failed", "succeeded"))
+    assert run["status"] == "stopped", run
+
+
 # The walkthrough's lines as written, each with the check of what its comment promises.
 PROMISES: dict[str, Check] = {
     "cp -r examples/quickstart /tmp/quickstart && cd /tmp/quickstart": ok,
@@ -152,7 +185,9 @@ PROMISES: dict[str, Check] = {
     'trainyard run hello # streams "hello from …" and exits 0': hello,
     "trainyard run train # runs make-data first, then train with ./data in place": train_after_make_data,
     "trainyard ps # recent runs: name, workflow, status, age, duration": ps_lists,
-    "trainyard show <run> # the run's jobs, their dependencies and timing": show_jobs,
+    "trainyard show <run> # the run's jobs, their dependencies and timing, and train's last loss": show_last_loss,
+    "trainyard metrics <run> # train's loss, one value an epoch (the workflow's `metrics:` reads it off the log):"
+    " its last value at step 40, min, max and a sparkline": loss_per_epoch,
     "trainyard artifacts list <run> # ./data and ./model, with sizes and sha256": artifacts_listed,
     "trainyard artifacts download <run> -o out/ # into ./out, which it adds to .git/info/exclude": (
         downloaded_and_excluded
@@ -169,6 +204,12 @@ PROMISES: dict[str, Check] = {
     ' "runs: code changed (make_data.py)"; train also says "input ./data from make-data, which runs first"': (
         plan_reruns_make_data
     ),
+    "trainyard run shell -d # a job that stays up for you (provider: code): prints its name and returns": (
+        shell_submitted
+    ),
+    "trainyard ssh <run> --wait -- 'echo $TRAINYARD_RUN_NAME; pwd' # once it runs: its name and working tree, from"
+    " a command run inside it through the server (no port is open on its machine)": ssh_ran_inside,
+    "trainyard stop <run> # it would stop by itself after 10 minutes without a session (inactivity_duration)": stopped,
 }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import threading
 import time
@@ -25,11 +24,9 @@ from typing import Any
 import pytest
 import websockets
 
-from backend.embedded.services import EmbeddedServices
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
-from tests.support.balanced import WEBS, BalancedStack
+from tests.support.balanced import WEBS, BalancedStack, balanced_stack
 from tests.support.frames import frame_lines
-from tests.support.stack import _free_port, reported
 
 TICKER = """
 import os, sys, time
@@ -57,26 +54,17 @@ TICKS = 120
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BalancedStack]:
     """The suite's Postgres (a database of its own) and a Redis of its own
     (it must not share queues with the session's stack)."""
-    root = tmp_path_factory.mktemp("scale-out")
-    redis = EmbeddedServices(data_dir=root / "valkey", postgres=False, valkey_port=_free_port())
-    redis.start()
-    assert redis.urls.redis_url
-    stack = BalancedStack(database_url=os.environ["DATABASE_URL"], redis_url=redis.urls.redis_url, data_dir=root)
-    stack.env.update(
+    with balanced_stack(
+        tmp_path_factory.mktemp("scale-out"),
+        "scaled",
         TRAINYARD_HEARTBEAT_SECONDS="1",
         TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS="5",
         TRAINYARD_RECONCILE_SECONDS="1",
         # One runner: haproxy's count of websockets per web process is then the runner's.
         TRAINYARD_LOCAL_RUNNERS_MAX="1",
         TRAINYARD_WS_RECHECK_SECONDS="60",
-    )
-    reported("scaled", stack)
-    try:
-        stack.start_all()
+    ) as stack:
         yield stack
-    finally:
-        stack.close()
-        redis.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainyard_runner.protocol import CLOSE_IN_USE, chunk_lines
+from trainyard_runner.protocol import CLOSE_IN_USE, PROTOCOL_VERSION, chunk_lines
 from websockets.asyncio.server import ServerConnection, serve
 
 TOKEN = "runner-token"
@@ -126,12 +126,19 @@ def assign(job: str, commands: list[str], repo: tuple[Path, str]) -> dict[str, A
 
 
 async def start_runner(
-    port: int, work: Path, *extra: str, token: str = TOKEN, outlive: bool = False, api_url: str = ""
+    port: int,
+    work: Path,
+    *extra: str,
+    token: str = TOKEN,
+    outlive: bool = False,
+    api_url: str = "",
+    env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """A real runner; by default its jobs die with it (``--no-jobs-outlive-runner``,
     as the local backend starts it), so a test that kills it leaves nothing behind.
     ``api_url``: where its jobs' REST calls go when that is not the fake
-    server (a file server): the only origin it then sends its token to."""
+    server (a file server): the only origin it then sends its token to.
+    ``env``: variables over this process's (a PATH with a stand-in nvidia-smi)."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -143,7 +150,7 @@ async def start_runner(
         "--jobs-outlive-runner" if outlive else "--no-jobs-outlive-runner",
         *(("--api-origin", api_url) if api_url else ()),
         *extra,
-        env={**os.environ, "TRAINYARD_RUNNER_TOKEN": token},
+        env={**os.environ, **(env or {}), "TRAINYARD_RUNNER_TOKEN": token},
         stderr=asyncio.subprocess.PIPE,
     )
 
@@ -301,7 +308,7 @@ def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> No
     server, code = asyncio.run(go())
     assert code == 0
     assert {json.dumps(m) for m in server.received} == {'{"type": "heartbeat", "state": "idle"}'}
-    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == 5
+    assert server.hellos[0]["type"] == "hello" and server.hellos[0]["protocol"] == PROTOCOL_VERSION
 
 
 def test_a_clone_failure_fails_the_job_with_the_reason(tmp_path: Path) -> None:
@@ -644,24 +651,33 @@ def test_a_docker_job_runs_through_the_client_with_its_env_file_and_is_killed_on
     work = tmp_path / "rd" / "jobs" / "d1" / "work"
     env_file = tmp_path / "rd" / "jobs" / "d1" / "tmp" / "docker.env"
     interrupt = tmp_path / "rd" / "jobs" / "d1" / "interrupt"
+    metrics = tmp_path / "rd" / "jobs" / "d1" / "metrics"
     lines = calls.read_text().splitlines()
     assert lines[:6] == [
         "info --format {{.ServerVersion}}",
         "rm -f trainyard-d1",
         f"run --rm --network host --name trainyard-d1 -v {work}:/workdir -w /workdir"
-        f" -v {interrupt}:/run/trainyard:ro --env-file {env_file} -- python:3.12-slim bash -c set -e",
+        f" -v {interrupt}:/run/trainyard:ro -v {metrics}:/run/trainyard-metrics"
+        f" --env-file {env_file} -- python:3.12-slim bash -c set -e",
         'echo "steps=$STEPS"',
         "",
         "600",
     ]
-    assert lines[6:9] == ["STEPS=20", "PYTHONUNBUFFERED=1", "TRAINYARD_INTERRUPT_FILE=/run/trainyard/interrupt.env"]
+    assert lines[6:12] == [
+        "WANDB_RUN_ID=d1",
+        "WANDB_RESUME=allow",
+        "STEPS=20",
+        "PYTHONUNBUFFERED=1",
+        "TRAINYARD_INTERRUPT_FILE=/run/trainyard/interrupt.env",
+        "TRAINYARD_METRICS_FILE=/run/trainyard-metrics/metrics.jsonl",
+    ]
     assert lines[-1] == "kill trainyard-d2"
 
 
 def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upgrade(tmp_path: Path) -> None:
     async def go() -> tuple[int, str]:
         server = FakeServer()
-        server.welcome_extra = {"protocol": 6}
+        server.welcome_extra = {"protocol": PROTOCOL_VERSION + 1}
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
@@ -673,7 +689,9 @@ def test_a_server_of_a_newer_protocol_makes_the_runner_exit_2_saying_what_to_upg
 
     code, stderr = asyncio.run(go())
     assert code == 2
-    assert "server speaks protocol 6, runner 5: upgrade trainyard-runner" in stderr
+    assert (
+        f"server speaks protocol {PROTOCOL_VERSION + 1}, runner {PROTOCOL_VERSION}: upgrade trainyard-runner" in stderr
+    )
 
 
 def _standby_of(runner_pid: int) -> int | None:

@@ -153,6 +153,31 @@ def test_a_job_that_runs_setsid_env_i_sleep_leaves_nothing_behind(tmp_path: Path
     assert left_after_stop == []
 
 
+def test_what_a_job_left_is_killed_when_the_runners_interpreter_is_out_of_the_job_users_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine's runner may live under a folder its jobs' users cannot pass
+    (``/root/...``, a 0700 home): killing what a job left must not need that
+    user to start the runner's interpreter."""
+    import subprocess
+    import sys
+
+    from trainyard_runner import jobuser
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(sys, "executable", str(private / "venv" / "bin" / "python"))
+    user = jobuser.claim(tmp_path / "uid-locks")
+    left = subprocess.Popen(["sleep", "1000.5"], user=user.uid, group=user.gid, extra_groups=[])
+    try:
+        assert jobuser.kill_all(user.uid) == 1
+        assert left.wait(timeout=10) == -9
+        assert jobuser.pids_of(user.uid) == set()
+    finally:
+        left.kill()
+        left.wait()
+
+
 def test_an_artifact_that_links_to_the_runners_token_is_not_uploaded(
     tmp_path: Path, repo: tuple[Path, str], storage: FlakyStorage
 ) -> None:

@@ -33,6 +33,8 @@ FRAMES: dict[str, dict[str, Any]] = {
         "resources": {"cpus": 2, "memory_bytes": 1, "disk_bytes": 1, "gpus": [{"name": "A100", "memory_bytes": 1}]},
         "running_jobs": [{"job": "j", "attempt": 1, "lease": "l", "confirmed": True, "ports": [5000]}],
         "cloud": {"instance_id": "i-0abc", "instance_type": "g5.xlarge", "region": "eu-west-1", "zone": "eu-west-1a"},
+        "relay": 1,
+        "ssh_host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx3 trainyard-runner",
     },
     "job_accepted": {"type": "job_accepted", "job": "j", "attempt": 1, "lease": "l", "ports": [5000]},
     "job_rejected": {"type": "job_rejected", "job": "j", "attempt": 1, "lease": "l", "reason": "busy"},

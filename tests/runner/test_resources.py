@@ -49,3 +49,20 @@ def test_the_runner_refuses_to_start_with_an_invalid_shape(tmp_path: Path) -> No
 
     assert result.returncode == 2
     assert f"{RESOURCES_VAR} is not valid Resources JSON" in result.stderr
+
+
+def test_a_stand_in_nvidia_smi_on_the_path_is_what_the_runner_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.gpus import gpu, stand_in_nvidia_smi
+
+    stand_in_nvidia_smi(tmp_path / "bin", [gpu("NVIDIA H100 80GB HBM3", mem_total_mib=81559), gpu()])
+    monkeypatch.delenv(RESOURCES_VAR, raising=False)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+
+    resources = detect_resources(tmp_path)
+
+    assert resources.gpus == [
+        Gpu(name="NVIDIA H100 80GB HBM3", memory_bytes=81559 * 2**20),
+        Gpu(name="NVIDIA A10G", memory_bytes=23028 * 2**20),
+    ]

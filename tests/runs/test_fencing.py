@@ -168,7 +168,7 @@ def test_a_runner_of_another_protocol_version_is_told_what_to_upgrade(team: Work
 
     assert (closed["code"], closed["reason"]) == (
         protocol.CLOSE_VERSION_MISMATCH,
-        "runner speaks protocol 1, server 5: upgrade trainyard-runner",
+        f"runner speaks protocol 1, server {protocol.PROTOCOL_VERSION}: upgrade trainyard-runner",
     )
 
 

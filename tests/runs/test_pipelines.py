@@ -14,6 +14,8 @@ from backend.artifacts.storage import get_storage
 from backend.clouds.models import Instance, InstanceStatus
 from backend.core.errors import ApplicationError
 from backend.core.tokens import hash_token
+from backend.runs.lifecycle.cachewhy import _spec_reasons
+from backend.runs.lifecycle.dag import cache_key
 from backend.runs.models import Job, JobStatus, Run, RunStatus
 from backend.runs.scheduler.passes import jobs_schedule
 from backend.runs.services.tags import tag_set
@@ -158,6 +160,17 @@ def test_an_identical_job_is_reused_from_cache_and_no_cache_forces_a_run(team: W
     jobs_schedule()
     assert forced.jobs.get().cached_from_id is None
     assert forced.jobs.get().status == JobStatus.ASSIGNED
+
+
+def test_declaring_metrics_keeps_the_cache_key_and_is_no_reason_for_a_miss() -> None:
+    """Metric patterns read a job's log; they change nothing it makes."""
+    spec: dict[str, object] = {"commands": ["python train.py"], "artifacts": [{"path": "./model"}]}
+    watched = {**spec, "metrics": {"patterns": [{"name": "loss", "regex": "loss ([0-9.]+)"}]}}
+    changed = {**spec, "commands": ["python train.py --fast"]}
+
+    assert cache_key(spec=watched, code="git:abc+", inputs=[]) == cache_key(spec=spec, code="git:abc+", inputs=[])
+    assert cache_key(spec=changed, code="git:abc+", inputs=[]) != cache_key(spec=spec, code="git:abc+", inputs=[])
+    assert _spec_reasons(spec, watched) == []
 
 
 def test_other_code_is_not_a_cache_hit(team: Workspace, owner: Person) -> None:

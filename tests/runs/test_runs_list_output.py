@@ -17,8 +17,9 @@ from django.utils import timezone
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Artifact, ArtifactFile, ArtifactKind, ArtifactStatus, Blob, CheckpointLatest
 from backend.clouds.models import Instance
+from backend.data.models import DataSnapshot, pack_entries
 from backend.runs.api.listing import run_shown, runs_shown
-from backend.runs.api.serializers import run_to_dict
+from backend.runs.api.serializers import RunOut, run_to_dict
 from backend.runs.models import Attempt, Job, Run
 from backend.runs.selectors import run_list, run_page
 from backend.runs.services.runs import run_rerun
@@ -34,7 +35,7 @@ def test_the_list_shows_every_run_exactly_as_run_out_does(team: Workspace, owner
 
     listed = owner.client().get(f"{BASE}/runs/?page_size=50").json()["results"]
 
-    expected = [run_to_dict(Run.objects.get(pk=run.pk)) for run in runs]
+    expected = [run_to_dict(Run.objects.get(pk=run.pk), shape=RunOut) for run in runs]
     assert [r["name"] for r in listed] == [r["name"] for r in expected]
     for got, want in zip(listed, expected, strict=True):
         assert list(got) == list(want)
@@ -49,9 +50,14 @@ def test_one_run_is_shown_exactly_as_run_out_shows_it(team: Workspace, owner: Pe
     """``run_shown``: the run page, its followers and the published snapshots."""
     runs = _every_kind_of_run(team, owner)
 
-    for run in runs:
-        assert run_shown(Run.objects.filter(pk=run.pk)) == run_to_dict(Run.objects.get(pk=run.pk)), run.name
+    shown = [run_shown(Run.objects.filter(pk=run.pk)) for run in runs]
+
+    for run, one in zip(runs, shown, strict=True):
+        assert one == run_to_dict(Run.objects.get(pk=run.pk)), run.name
     assert run_shown(Run.objects.filter(name="no-such-run")) is None
+    jobs = [j for one in shown if one for j in one["jobs"]]
+    assert {(d["file_count"], d["versioned"]) for j in jobs for d in j["data_inputs"]} == {(200, True), (None, False)}
+    assert [v for j in jobs for v in j["volumes"]] == [{"name": "ckpt", "path": "/data", "read_only": False}]
 
 
 def test_the_list_shows_dates_in_the_current_time_zone_as_run_out_does(team: Workspace, owner: Person) -> None:
@@ -60,7 +66,7 @@ def test_the_list_shows_dates_in_the_current_time_zone_as_run_out_does(team: Wor
     with timezone.override(ZoneInfo("America/Sao_Paulo")):
         rows = run_page(runs=run_list(workspace=team), cursor="", size=50).rows
         listed = json.loads(json.dumps(runs_shown(rows)))
-        expected = [run_to_dict(Run.objects.get(pk=run.pk)) for run in runs]
+        expected = [run_to_dict(Run.objects.get(pk=run.pk), shape=RunOut) for run in runs]
 
     assert listed == expected
     assert listed[0]["created_at"].endswith("-03:00")
@@ -85,7 +91,7 @@ def _assert_every_kind_is_shown(shown: list[dict[str, Any]]) -> None:
 
 def _every_kind_of_run(team: Workspace, owner: Person) -> list[Run]:
     """Newest first: a re-run whose artifacts differ, a run reading a tag's
-    artifacts with a checkpoint, a failed run with attempts and a cached job,
+    artifacts with a checkpoint, data inputs and a volume, a failed run with attempts and a cached job,
     an environment build by a deleted user, and the tagged original."""
     original = submit(team, owner.user, workflow="train")
     _succeeded(original, b"one")
@@ -99,6 +105,7 @@ def _every_kind_of_run(team: Workspace, owner: Person) -> list[Run]:
     builder.delete()
     reader = submit(team, owner.user, workflow="evaluate")
     _checkpoints(team, reader.jobs.get())
+    _data(team, reader.jobs.get())
     again = run_rerun(run=original, user=owner.user)
     _succeeded(again, b"two")
     Run.objects.filter(pk=original.pk).update(repo_url="https://token:secret@example.com/acme/private.git")
@@ -164,6 +171,21 @@ def _checkpoints(team: Workspace, job: Job) -> None:
     train = Job.objects.filter(run__workspace=team, name="train").order_by("created_at").first()
     assert train is not None
     Job.objects.filter(pk=train.pk).update(spec={**train.spec, "checkpoint": "./state"})
+
+
+def _data(team: Workspace, job: Job) -> None:
+    """``job`` reads a listed, versioned prefix and an input whose listing is gone, and mounts ckpt at /data."""
+    DataSnapshot.objects.create(
+        workspace=team, digest="d" * 64, uri="s3://acme-data/imagenet/", root="s3://acme-data/imagenet/",
+        source="anonymous", file_count=200, total_size=2**31, versioned=True, listed_at=AT,
+        entries_packed=pack_entries([]),
+    )  # fmt: skip
+    data = [
+        {"uri": "s3://acme-data/imagenet/", "path": "imagenet", "read_only": True, "sha256": "", "snapshot": "d" * 64},
+        {"uri": "https://example.com/v.txt", "path": "v.txt", "read_only": True, "sha256": "", "snapshot": "e" * 64},
+    ]
+    volumes = [{"name": "ckpt", "path": "/data", "read_only": False}]
+    Job.objects.filter(pk=job.pk).update(spec={**Job.objects.get(pk=job.pk).spec, "data": data, "volumes": volumes})
 
 
 def _blob(team: Workspace) -> Blob:

@@ -385,6 +385,12 @@ DEV = """\
       - name: train
         provider: bash
         commands: [python train.py]
+      - name: pinned
+        provider: lab
+        version: 3.6.3
+      - name: old-ide
+        provider: code
+        version: 1.67.2
     """
 
 
@@ -394,17 +400,29 @@ def test_dev_environments_and_ssh_parse_and_another_workflow_runs():
     assert [j.name for j in resolve_run_plan(file, "train", env_overrides={}).jobs] == ["train"]
 
 
+def test_dstack_dev_environments_run():
+    file = load(DEV)
+    [ide] = resolve_run_plan(file, "ide", env_overrides={}).jobs
+    [lab] = resolve_run_plan(file, "notebook", env_overrides={}).jobs
+    assert (ide.dev_environment, ide.environment, ide.commands[0]) == (
+        "code",
+        {"python": "3.10"},
+        "pip install -r requirements.txt",
+    )
+    assert (lab.dev_environment, lab.environment, lab.port_count) == ("lab", {"pip": ["jupyterlab==4.6.6"]}, 1)
+
+
 @pytest.mark.parametrize(
     ("workflow", "error"),
     [
-        ("ide", f"{PATH}:3: workflows[0] (ide).provider: not supported yet: the code provider (a dev environment); "
-         "bash, python and docker workflows run"),
-        ("notebook", f"{PATH}:8: workflows[1] (notebook).provider: not supported yet: the lab provider "
-         "(a dev environment); bash, python and docker workflows run"),
         ("debug", f"{PATH}:11: workflows[2] (debug).ssh: not supported yet: ssh: true (an SSH server in the job)"),
+        ("pinned", f"{PATH}:18: workflows[4] (pinned).version: not supported yet: version: 3.6.3 (lab runs "
+         "jupyterlab==4.6.6); remove it to run the workflow"),
+        ("old-ide", f"{PATH}:21: workflows[5] (old-ide).version: not supported yet: version: 1.67.2 (VS Code is the "
+         "one on your machine, over Remote-SSH); remove it to run the workflow"),
     ],
 )  # fmt: skip
-def test_a_run_of_a_dev_environment_or_ssh_is_refused(workflow: str, error: str):
+def test_a_key_a_dev_environment_cannot_apply_or_ssh_is_refused_alone(workflow: str, error: str):
     assert plan_errors(DEV, workflow) == [error]
 
 
@@ -518,7 +536,7 @@ def test_port_counts_mounts_and_cache_are_planned_on_the_jobs():
 
 
 def test_the_late_refusals_are_one_table():
-    assert list(NOT_BUILT_YET) == ["dev environments", "ssh"]
+    assert list(NOT_BUILT_YET) == ["version", "ssh"]
 
 
 def test_a_bad_port_count_and_a_bad_port_are_errors_at_their_lines():

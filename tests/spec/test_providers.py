@@ -302,7 +302,8 @@ def test_environment_keys_not_built_yet_or_wrong_are_refused_at_their_line(line:
 def test_the_docker_provider_does_not_read_an_environment():
     text = "workflows:\n  - {name: a, provider: docker, image: x, commands: [y], environment: {pip: [z]}}\n"
     assert load_errors(text) == [
-        f"{PATH}:2: workflows[0] (a).environment: 'environment' is for the bash and python provider, not docker"
+        f"{PATH}:2: workflows[0] (a).environment: 'environment' is for the bash, python, code, lab and notebook providers,"
+        " not docker"
     ]
 
 

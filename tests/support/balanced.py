@@ -12,12 +12,16 @@ open to it.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.stack import REPO_ROOT, Stack, _free_port, _http_ok
+from backend.embedded.services import EmbeddedServices
+from tests.support.stack import REPO_ROOT, Stack, _free_port, _http_ok, reported
 
 HAPROXY_CONFIG = REPO_ROOT / "deploy" / "haproxy.cfg"
 WEBS = ("web-1", "web-2")
@@ -120,3 +124,22 @@ class BalancedStack(Stack):
             except OSError:  # the stats socket is not there yet
                 return False
         return super()._ready(name, log_path, offset)
+
+
+@contextlib.contextmanager
+def balanced_stack(root: Path, name: str, **env: str) -> Iterator[BalancedStack]:
+    """A started ``BalancedStack`` on the suite's Postgres (a database of its
+    own) and a Redis of its own (it must not share queues with the session's
+    stack), with ``env`` added; reported as ``name``; stopped at the end."""
+    redis = EmbeddedServices(data_dir=root / "valkey", postgres=False, valkey_port=_free_port())
+    redis.start()
+    assert redis.urls.redis_url
+    stack = BalancedStack(database_url=os.environ["DATABASE_URL"], redis_url=redis.urls.redis_url, data_dir=root)
+    stack.env.update(env)
+    reported(name, stack)
+    try:
+        stack.start_all()
+        yield stack
+    finally:
+        stack.close()
+        redis.stop()

@@ -21,7 +21,17 @@ environment the script is given:
 
 When moto says an instance is no longer running (terminated by the server,
 by the power-off, or by the test), the helper kills everything its boot
-started. ``start()`` / ``stop()``; ``booted``, ``powered_off``, ``log(id)``.
+started.
+
+EBS volumes (``Volumes``): each volume of ours moto has is a sparse file;
+while moto says it is attached to a booted instance, the file is a loop
+device (``losetup``), linked in that instance's device folder as
+``nvme-Amazon_Elastic_Block_Store_vol<hex>`` (the runner's
+``TRAINYARD_RUNNER_DEVICE_DIR``), as a Nitro machine's udev links it. When
+the volume is detached or its instance ends, the link goes and the loop
+device is freed; one still mounted then is a fault of the runner (its job's
+end unmounts it first): it is unmounted and recorded in ``volume_faults``.
+Not played: a real NVMe device, real zones (moto places anything anywhere). ``start()`` / ``stop()``; ``booted``, ``powered_off``, ``log(id)``.
 The ``ec2_boot`` fixture (registered in tests/conftest.py) wraps it. Only
 instances in us-east-1 (``region``) are booted.
 """
@@ -71,6 +81,7 @@ class Ec2Boot:
         self._imds_thread = threading.Thread(target=self._imds.serve_forever, daemon=True)
         self.imds_url = f"http://127.0.0.1:{self._imds.server_address[1]}"
         self.errors: list[str] = []
+        self.volumes = Volumes(root / "ebs")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -87,12 +98,17 @@ class Ec2Boot:
             self._watcher.join(15)
         for instance_id in list(self.booted):
             self._kill(instance_id)
+        self.volumes.release_all()
         self._imds.shutdown()
         self._imds.server_close()
 
     def log(self, instance_id: str) -> str:
         path = self.root / instance_id / "boot.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def device_dir(self, instance_id: str) -> Path:
+        """The instance's /dev/disk/by-id (TRAINYARD_RUNNER_DEVICE_DIR)."""
+        return self.root / instance_id / "dev-by-id"
 
     def home(self, instance_id: str) -> Path:
         """The instance's TRAINYARD_BOOT_ROOT (its /opt/trainyard)."""
@@ -145,6 +161,8 @@ class Ec2Boot:
         for instance_id in list(self.booted):
             if instance_id not in states and instance_id not in self.ended:
                 self._kill(instance_id)  # gone from moto altogether (a reset)
+        live = {i for i in self.booted if i not in self.ended}
+        self.volumes.follow(ec2, {i: self.device_dir(i) for i in live})
 
     def _boot(self, ec2: Any, instance: dict[str, Any]) -> None:
         instance_id = instance["InstanceId"]
@@ -152,6 +170,7 @@ class Ec2Boot:
         encoded = attribute.get("UserData", {}).get("Value", "")
         here = self.root / instance_id
         here.mkdir(parents=True, exist_ok=True)
+        self.device_dir(instance_id).mkdir(exist_ok=True)
         script = here / "user-data"
         script.write_bytes(base64.b64decode(encoded) if encoded else b"")
         instance_type = instance.get("InstanceType", "")
@@ -182,6 +201,7 @@ class Ec2Boot:
             "TRAINYARD_BOOT_FOREGROUND": "1",
             "TRAINYARD_POWER_OFF_COMMAND": str(power_off),
             "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"{self.imds_url}/{instance_id}",
+            "TRAINYARD_RUNNER_DEVICE_DIR": str(self.device_dir(instance_id)),
             **self.extra_env,
         }
         with open(here / "boot.log", "ab") as log:
@@ -295,6 +315,84 @@ class Ec2Boot:
         return Handler
 
 
+class Volumes:
+    """Moto's EBS volumes of ours as sparse files and loop devices (see the module's docstring)."""
+
+    NVME = "nvme-Amazon_Elastic_Block_Store_"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.loops: dict[str, tuple[str, str, Path]] = {}  # volume id → (instance id, loop device, link)
+        self.volume_faults: list[str] = []
+        self.attached: list[tuple[str, str]] = []  # (volume id, instance id), every attachment seen
+
+    def follow(self, ec2: Any, devices: Mapping[str, Path]) -> None:
+        """One look at moto: a loop device and a link for each volume attached
+        to a live instance of ``devices``; the others freed."""
+        found = ec2.describe_volumes(Filters=[{"Name": "tag-key", "Values": ["trainyard:volume"]}])["Volumes"]
+        wanted: dict[str, str] = {}
+        for volume in found:
+            for attachment in volume.get("Attachments", []):
+                if attachment.get("State") in ("attaching", "attached") and attachment["InstanceId"] in devices:
+                    wanted[volume["VolumeId"]] = attachment["InstanceId"]
+        for volume_id, (instance_id, _, _) in list(self.loops.items()):
+            if wanted.get(volume_id) != instance_id:
+                self.release(volume_id, machine_gone=instance_id not in devices)
+        sizes = {v["VolumeId"]: int(v.get("Size", 1)) for v in found}
+        for volume_id, instance_id in wanted.items():
+            if volume_id not in self.loops:
+                self._attach(volume_id, sizes[volume_id], instance_id, devices[instance_id])
+        for image in self.root.glob("vol-*.img") if self.root.exists() else ():
+            if image.stem not in sizes and image.stem not in self.loops:
+                image.unlink()  # deleted in moto
+
+    def _attach(self, volume_id: str, size_gib: int, instance_id: str, devices: Path) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        image = self.root / f"{volume_id}.img"
+        if not image.exists():
+            with open(image, "wb") as f:
+                f.truncate(size_gib * 2**30)  # sparse: nothing is written until the job writes
+        loop = subprocess.run(
+            ["losetup", "--find", "--show", str(image)], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+        devices.mkdir(parents=True, exist_ok=True)
+        link = devices / f"{self.NVME}{volume_id.replace('-', '')}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(loop)
+        self.loops[volume_id] = (instance_id, loop, link)
+        self.attached.append((volume_id, instance_id))
+
+    def release(self, volume_id: str, *, machine_gone: bool = True) -> None:
+        """The volume detached, or its machine is gone: link removed, nothing
+        mounted (a detach from a live machine while mounted is a fault), loop device freed."""
+        instance_id, loop, link = self.loops.pop(volume_id)
+        link.unlink(missing_ok=True)
+        for target in mounts_of(loop):
+            if not machine_gone:
+                self.volume_faults.append(f"{volume_id} was detached from {instance_id} still mounted at {target}")
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False, timeout=30)
+        subprocess.run(["losetup", "-d", loop], capture_output=True, check=False, timeout=30)
+
+    def release_all(self) -> None:
+        for volume_id in list(self.loops):
+            self.release(volume_id)
+
+    def leftovers(self) -> list[str]:
+        """Loop devices still backed by one of our files, and mounts of them."""
+        listed = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=False, timeout=30).stdout
+        return [line for line in listed.splitlines() if str(self.root) in line]
+
+
+def mounts_of(device: str) -> list[str]:
+    """Where ``device`` is mounted (/proc/self/mounts)."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == device:
+            found.append(parts[1].replace("\\040", " "))
+    return found
+
+
 def _kill_leftovers(root: Path) -> None:
     """Processes started from the instance's folder that escaped its process group (its jobs)."""
     import psutil
@@ -320,6 +418,8 @@ def ec2_boot(aws: MotoServer, tmp_path: Path) -> Iterator[Ec2Boot]:
         if left:
             boot._ec2().terminate_instances(InstanceIds=left)
         boot.stop()
+    leftovers = boot.volumes.leftovers()
+    assert not leftovers, f"loop devices of the test's EBS volumes are left: {leftovers}"
 
 
 __all__ = ["Ec2Boot", "ec2_boot"]

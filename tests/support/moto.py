@@ -193,8 +193,10 @@ class MotoServer:
         self.behaviour_file.write_text(json.dumps({"terminate_delay": seconds}))
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
-        """The EC2 calls moto got (with ``log_requests``), oldest first: action,
-        region, ``received`` / ``answered`` (epoch seconds), error code or ""."""
+        """The EC2 calls and presigned S3 requests moto got (with
+        ``log_requests``), oldest first: action ("RunInstances", "presigned
+        GET"), region, ``received`` / ``answered`` (epoch seconds), error code
+        or "", and a presigned request's ``path`` (/bucket/key)."""
         if self.requests_file is None:
             raise RuntimeError("this MotoServer was started without log_requests=True")
         lines = self.requests_file.read_text().splitlines() if self.requests_file.exists() else []

@@ -39,7 +39,9 @@ With ``$TRAINYARD_MOTO_REQUEST_LOG`` set (``MotoServer(log_requests=True)``),
 each call of an EC2 action above appends one JSON line to that file:
 action, region, ``received`` and ``answered`` (``time.time()`` on arrival at
 moto and when its answer was ready) and the error code, if any. The
-benchmark times the launch from it (bench/README.md).
+benchmark times the launch from it (bench/README.md). Every presigned S3
+request is logged too, as action ``presigned GET`` (or PUT…) with its
+``path`` (``/bucket/key``): what a runner downloaded.
 
 Everything else is moto.
 """
@@ -76,6 +78,7 @@ ACTIONS = (
     "DescribeSubnets",
     "DescribeImages",
     "CreateTags",
+    "AttachVolume",
 )
 
 _lock = threading.Lock()
@@ -155,11 +158,11 @@ def _wrap(action: str) -> None:
     setattr(EC2Response, name, handler)
 
 
-def _log_request(action: str, region: str, received: float, error: str) -> None:
+def _log_request(action: str, region: str, received: float, error: str, **more: str) -> None:
     path = os.environ.get("TRAINYARD_MOTO_REQUEST_LOG")
     if not path:
         return
-    line = {"action": action, "region": region, "received": received, "answered": time.time(), "error": error}
+    line = {"action": action, "region": region, "received": received, "answered": time.time(), "error": error, **more}
     with _lock, open(path, "a") as file:
         file.write(json.dumps(line) + "\n")
 
@@ -208,6 +211,7 @@ def _enforce_presigned_expiry() -> None:
             _drain(environ)
             return _answer(start_response, "400 Bad Request", _TWO_AUTHS)
         facts = {"method": environ.get("REQUEST_METHOD", ""), "part": "yes" if "partNumber=" in query else "no"}
+        _log_request(f"presigned {facts['method']}", "", time.time(), "", path=environ.get("PATH_INFO", ""))
         if _expired(query) or _matching_fault("PresignedRequest", facts.get) is not None:
             _drain(environ)  # a client still sending its body must read the answer, not a reset
             return _answer(start_response, "403 Forbidden", _EXPIRED)

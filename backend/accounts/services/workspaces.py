@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
+from backend.accounts.guards import guard_defaults_parse, guard_defaults_written
 from backend.accounts.models import ROLE_RANK, Invitation, Membership, Role, User, Workspace, invitation_expiry
 from backend.core.errors import ApplicationError, NotFound
 
@@ -105,6 +106,46 @@ def member_remove(*, workspace: Workspace, username: str) -> None:
     membership = _membership(workspace, username)
     _keep_an_admin(workspace, membership, "remove")
     membership.delete()
+
+
+@dataclass(frozen=True)
+class GuardDefaultsChange:
+    """A workspace's default guards before and after a change, as written
+    (``guard_defaults_written``): what the API answers and the audit records."""
+
+    before: dict[str, dict[str, object] | None]
+    after: dict[str, dict[str, object] | None]
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+# The problems a refusal lists (each names its key and what a good value
+# looks like): a body of a thousand unknown keys gets a message of a few lines.
+GUARD_PROBLEMS_SHOWN = 10
+
+
+@transaction.atomic
+def workspace_guard_defaults_set(*, workspace: Workspace, value: object) -> GuardDefaultsChange:
+    """Replaces the workspace's default guards with ``value``, written as in
+    a workflow (``{"stall": {"timeout": "20m", "action": "restart"},
+    "utilization_policy": null}``; a key left out or null: no default), and
+    checked as the Django admin checks them (``accounts.guards``). Stored
+    as written, durations normalised (``90m`` → ``1h30m``). Runs submitted
+    from now on get them; runs already submitted keep theirs."""
+    problems = guard_defaults_parse(value)[1]
+    if problems:
+        shown = problems[:GUARD_PROBLEMS_SHOWN]
+        more = f"; and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
+        raise ApplicationError(f"Guard defaults not changed: {'; '.join(shown)}{more}", extra={"problems": shown})
+    _lock(workspace)
+    before = guard_defaults_written(Workspace.objects.values_list("guard_defaults", flat=True).get(pk=workspace.pk))
+    after = guard_defaults_written(value)
+    stored = {key: written for key, written in after.items() if written is not None}
+    Workspace.objects.filter(pk=workspace.pk).update(guard_defaults=stored, updated_at=timezone.now())
+    workspace.guard_defaults = stored
+    return GuardDefaultsChange(before=before, after=after)
 
 
 def invitation_revoke(*, workspace: Workspace, invitation_id: uuid.UUID) -> None:

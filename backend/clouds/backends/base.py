@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
+from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.gpus import gpu_matches, gpu_model
 
 SpotPolicy = Literal["spot", "on-demand", "auto"]
@@ -206,6 +207,39 @@ class MachineIdentity:
     region: str
 
 
+VolumeState = Literal["creating", "available", "in-use", "deleting", "deleted", "not_found"]
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    """A persistent volume to make. ``key`` (the Volume row's id) tags it:
+    a second ``volume_create`` with the same key finds the first volume.
+    ``zone``: the zone's name (us-east-1a); "" lets the backend pick one."""
+
+    key: str
+    name: str
+    region: str
+    zone: str
+    size_bytes: int
+    tags: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A volume as the backend sees it. ``attached_to``: the ``backend_id``
+    of the machine it is attached to ("" when none); ``device``: the name it
+    is attached as."""
+
+    key: str
+    backend_id: str
+    region: str = ""
+    zone: str = ""
+    size_bytes: int = 0
+    state: VolumeState = "available"
+    attached_to: str = ""
+    device: str = ""
+
+
 class IdentityRefused(Exception):
     """A machine's signed identity does not hold; the message says why."""
 
@@ -281,6 +315,45 @@ class Compute(ABC):
     def list_managed(self) -> Sequence[Handle]:
         """Every live machine this installation launched in this account (the
         leak sweep), found by tag or name, not from our own rows."""
+
+    # Persistent volumes (docs/DATA.md, "Volumes"): "ebs", a block device
+    # the server attaches to a machine; "directory", a folder of the machine
+    # the runner makes (``<volumes dir>/<backend_id>``); "": none.
+    volume_kind: ClassVar[str] = ""
+
+    def volume_create(self, spec: VolumeSpec) -> VolumeInfo:
+        """Make the volume. Idempotent on ``spec.key``. ``InvalidConfig``
+        for a region or zone the account cannot use. Default (directory
+        kinds): nothing to make; the runner makes the folder."""
+        if not self.volume_kind:
+            raise InvalidConfig(f"{self.kind} machines have no persistent volumes", code="NoVolumes")
+        return VolumeInfo(key=spec.key, backend_id=spec.key, region=spec.region, zone=spec.zone)
+
+    def volume_attach(self, volume: VolumeInfo, machine: Handle) -> str:
+        """Attach ``volume`` to ``machine``; the device name it is attached
+        as ("" for a directory). Idempotent: already attached there is
+        success. ``Transient`` while it is attached elsewhere or busy."""
+        return ""
+
+    def volume_detach(self, volume: VolumeInfo, machine: Handle) -> None:
+        """Detach it from ``machine``. Idempotent: not attached there (or the
+        machine gone) is success."""
+        return None
+
+    def volume_delete(self, volume: VolumeInfo) -> None:
+        """Delete it for good. Idempotent: already gone is success;
+        ``Transient`` while it is still attached."""
+        return None
+
+    def volume_describe(self, volumes: Sequence[VolumeInfo]) -> Mapping[str, VolumeInfo]:
+        """Each volume as the backend sees it now, keyed by ``key``; one it
+        does not know has state ``not_found``."""
+        return {v.key: v for v in volumes}
+
+    def volumes_managed(self) -> Sequence[VolumeInfo]:
+        """Every volume this installation made in this account, found by
+        tag, not from our rows (the reconciler finds lost ones with it)."""
+        return ()
 
     def provision_timeout_for(self, offer: Offer) -> float:
         """Launch → the runner's hello for a machine of ``offer`` (a backend

@@ -34,6 +34,8 @@ from backend.clouds.models import (
     CloudAccount,
     Instance,
     InstanceStatus,
+    Volume,
+    VolumeStatus,
 )
 from backend.clouds.services.accounts import LOCAL_ACCOUNT_NAME, account_config, account_mark_broken, installation
 from backend.core.enqueue import enqueue
@@ -76,9 +78,11 @@ def aws_external_id(*, workspace: Workspace) -> str:
         return str(AwsExternalId.objects.get(workspace=workspace).value)
 
 
-def aws_setup(*, workspace: Workspace, bucket: str = "") -> AwsSetup:
+def aws_setup(*, workspace: Workspace, bucket: str = "", data_bucket: str = "", output_bucket: str = "") -> AwsSetup:
     """The external id, the trust policy naming the server's principal, and
-    the permission policy for ``bucket`` (``${BucketName}`` when not given)."""
+    the permission policy for ``bucket`` (``${BucketName}`` when not given),
+    with the statements of the named ``data_bucket`` (read by ``inputs:``)
+    and ``output_bucket`` (written by ``to:``) when given."""
     external_id = aws_external_id(workspace=workspace)
     principal = settings.TRAINYARD["AWS_PRINCIPAL_ARN"]
     return AwsSetup(
@@ -88,7 +92,11 @@ def aws_setup(*, workspace: Workspace, bucket: str = "") -> AwsSetup:
         prefix=DEFAULT_PREFIX,
         trust_policy=trust_policy(principal=principal or "${TrustedPrincipalArn}", external_id=external_id),
         permission_policy=permission_policy(
-            bucket=bucket or "${BucketName}", prefix=DEFAULT_PREFIX, installation=installation()
+            bucket=bucket or "${BucketName}",
+            prefix=DEFAULT_PREFIX,
+            installation=installation(),
+            data_bucket=data_bucket,
+            output_bucket=output_bucket,
         ),
     )
 
@@ -180,8 +188,22 @@ def backend_remove(*, account: CloudAccount) -> None:
                 extra={"instances": [n for n, _ in live]},
                 status_code=409,
             )
-        # Ended instances keep their history without the account.
+        kept = list(
+            Volume.objects.filter(account=account)
+            .exclude(status=VolumeStatus.DELETED)
+            .order_by("name")
+            .values_list("name", flat=True)
+        )
+        if kept:
+            raise ApplicationError(
+                f"Backend {account.name!r} still has {len(kept)} volume(s): {', '.join(kept[:10])}. "
+                "Delete them first (trainyard volume delete NAME): their data would be nobody's.",
+                extra={"volumes": kept},
+                status_code=409,
+            )
+        # Ended instances and deleted volumes keep their history without the account.
         Instance.objects.filter(account=account).update(account=None)
+        Volume.objects.filter(account=account).update(account=None)
         CloudAccount.objects.filter(pk=account.pk).delete()
 
 

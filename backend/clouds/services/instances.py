@@ -81,6 +81,8 @@ class Facts:
     disk_bytes: int
     gpus: list[dict[str, Any]]
     cloud_id: str = ""  # the machine's id in its cloud, from its instance metadata
+    relay_version: int = 0  # the sessions its runner serves (0: none)
+    ssh_host_key: str = ""  # its runner's SSH host key, one OpenSSH public key line
 
 
 class LiveElsewhere(Exception):
@@ -124,6 +126,8 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
         zone=offer.zone,
         spot=offer.spot,
         price_per_hour=Decimal(str(offer.price_per_hour)),
+        price_source=price_source(offer),
+        market="" if account.kind == BackendKind.LOCAL else ("spot" if offer.spot else "on-demand"),
         requested_for_id=job_id,
         status_reason=reason_text,
         backend_data={"offer": offer.to_data()},
@@ -147,11 +151,26 @@ def instance_register(*, account: CloudAccount, name: str, token_hash: str, mess
         idempotency_key=f"ty-{pk}",
         token_hash=token_hash,
         instance_type="self-hosted",
+        price_source=SELF_HOSTED_PRICE_SOURCE,
         status=InstanceStatus.PROVISIONING,
         status_reason="registered: waiting for its runner to connect",
     )
     _event(instance, "", InstanceStatus.PROVISIONING, InstanceReason.REGISTERED, message)
     return instance
+
+
+SELF_HOSTED_PRICE_SOURCE = "workspace price for self-hosted"
+
+
+def price_source(offer: Offer) -> str:
+    """What an offer's price rests on, in words: the catalog of a date, the
+    spot price history at launch, or a machine nobody sells (price 0)."""
+    source = offer.data.get("price_source", "")
+    if source == "spot-history":
+        return "spot price history at launch"
+    if source == "catalog":
+        return f"catalog {offer.data.get('catalog_date', '')}".strip()
+    return source[:100] or ("none: a machine nobody sells" if not offer.price_per_hour else "the offer's price")
 
 
 def runner_token(idempotency_key: str) -> str:
@@ -330,6 +349,8 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             hostname=facts.hostname[:255],
             address=facts.address[:255],
             runner_version=facts.runner_version[:50],
+            relay_version=facts.relay_version,
+            ssh_host_key=facts.ssh_host_key,
             cpus=facts.cpus,
             memory_bytes=facts.memory_bytes,
             disk_bytes=facts.disk_bytes,
@@ -340,6 +361,7 @@ def instance_connected(*, instance_id: str, channel_name: str, facts: Facts, bus
             last_heartbeat_at=now,
             unreachable_since=None,
             connected_at=instance.connected_at or now,
+            running_at=instance.running_at or now,
             idle_since=None if busy else (instance.idle_since or now),
             **({"termination_reason": "", "terminated_at": None} if _revivable(instance) else {}),
         )
@@ -372,22 +394,29 @@ def instance_disconnected(*, instance_id: str, channel_name: str) -> None:
     Instance.objects.filter(pk=instance_id, channel_name=channel_name).update(channel_name="")
 
 
-def instance_heartbeat(*, instance_id: str, busy: bool | None = None, kept_until: float | None = None) -> None:
+def instance_heartbeat(
+    *,
+    instance_id: str,
+    busy: bool | None = None,
+    kept_until: float | None = None,
+    data_cached: list[str] | None = None,
+) -> None:
     """A heartbeat from the instance's current connection. An ``unreachable``
     instance heard again on the connection it kept through its silence (a
     link that froze and came back within the runner's own timeouts, so it
     never said hello again) is reachable again: ``busy`` or idle as its
     runner says. ``kept_until`` (unix time; None: nothing kept) is recorded,
     bounded (``kept_bound``). One UPDATE in the usual case. Stamped with the
-    database's clock, as the reconciler judges it (``backend.core.clock``)."""
+    database's clock, as the reconciler judges it (``backend.core.clock``).
+    ``data_cached``: the data snapshots its cache holds, when they changed
+    (None: as before)."""
     kept = kept_bound(kept_until)
-    if (
-        Instance.objects.filter(pk=instance_id)
-        .exclude(status=InstanceStatus.UNREACHABLE)
-        .update(last_heartbeat_at=Now(), kept_until=kept)
-    ):
+    values: dict[str, Any] = {"last_heartbeat_at": Now(), "kept_until": kept}
+    if data_cached is not None:
+        values["data_cached"] = list(data_cached)[: protocol.MAX_DATA_CACHED]
+    if Instance.objects.filter(pk=instance_id).exclude(status=InstanceStatus.UNREACHABLE).update(**values):
         return
-    Instance.objects.filter(pk=instance_id).update(last_heartbeat_at=Now(), kept_until=kept)
+    Instance.objects.filter(pk=instance_id).update(**values)
     if busy is None:
         return
     _transition(

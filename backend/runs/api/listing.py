@@ -1,23 +1,29 @@
-"""The runs list's results as plain dicts: what ``RunOut`` shows of each run,
-built from ``run_page``'s rows by plain functions instead of DRF's nested
-serializers, which cost more per page than its query
-(docs/decisions/0057-runs-list-page-in-sql.md). ``RunOut`` stays the
-definition (the schema, the run page, websockets); tests/runs/test_runs_list.py
-holds the two to the same output, field by field."""
+"""The runs list's results as plain dicts: what ``RunOut`` shows of each run
+(and ``RunDetailOut`` of one run), built from ``run_page``'s rows by plain
+functions instead of DRF's nested serializers, which cost more per page than
+its query (docs/decisions/0057-runs-list-page-in-sql.md). The serializers
+stay the definition (the schema, the run page, websockets);
+tests/runs/test_runs_list_output.py holds the two to the same output, field
+by field."""
 
 from __future__ import annotations
 
 from datetime import datetime, tzinfo
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from backend.billing.rules import AttemptBill, Machine, attempt_bill
+from backend.billing.selectors import bills_total
+from backend.billing.selectors import shown as money_shown
 from backend.core.urlcreds import url_without_credentials
 from backend.runs.api.serializers import ReproducedOut
 from backend.runs.lifecycle.dag import ref_origin
+from backend.runs.lifecycle.devenvs import dev_environment_shown
 from backend.runs.models import Run
-from backend.runs.selectors import RunRow, run_row
+from backend.runs.selectors import RunRow, job_data, run_row
 from backend.runs.services.reproduced import rerun_verdicts
 
 
@@ -30,24 +36,34 @@ def runs_shown(rows: list[RunRow]) -> list[dict[str, Any]]:
         if r["rerun_of_id"] is not None
     ]
     verdicts = rerun_verdicts(runs=reruns)
-    zone = timezone.get_current_timezone()
+    zone, now = timezone.get_current_timezone(), timezone.now()
     shown = []
     for row in rows:
         run = _run(row, zone)
         verdict = verdicts.get(row["id"])
         run["rerun_of"] = verdict.original if verdict is not None else None
         run["reproduced"] = dict(ReproducedOut(verdict).data) if verdict is not None else None
-        run["jobs"] = [_job(job, zone) for job in row["jobs"]]
+        jobs = [_job(job, zone, now) for job in row["jobs"]]
+        run["jobs"] = [job for job, _ in jobs]
+        costs = [cost for _, cost in jobs if cost is not None]
+        run["cost"] = money_shown(sum(costs, Decimal(0)) if costs else None)
         shown.append(run)
     return shown
 
 
 def run_shown(runs: QuerySet[Run]) -> dict[str, Any] | None:
-    """The run of ``runs`` (by id or name) as ``RunOut`` shows it, JSON-ready,
-    in one query (two for a re-run): the run's published snapshots, its
+    """The run of ``runs`` (by id or name) as ``RunDetailOut`` shows it,
+    JSON-ready, in one query (two for a re-run, one more when a job reads
+    data inputs): the run page, the run's published snapshots, its
     followers' and the submission's answer."""
-    row = run_row(runs=runs)
-    return runs_shown([row])[0] if row is not None else None
+    row = run_row(runs=runs, detail=True)
+    if row is None:
+        return None
+    shown = runs_shown([row])[0]
+    data = job_data(workspace_id=row["workspace_id"], specs={job["id"]: job for job in row["jobs"]})
+    for job in shown["jobs"]:
+        job["data_inputs"], job["volumes"] = data[job["id"]].inputs, data[job["id"]].volumes
+    return shown
 
 
 def run_snapshot(run: Run) -> dict[str, Any]:
@@ -73,6 +89,7 @@ def _run(row: RunRow, zone: tzinfo) -> dict[str, Any]:
         "started_at": _when(started, zone),
         "finished_at": _when(finished, zone),
         "duration_seconds": duration,
+        "cost": None,  # runs_shown sums the jobs'
         "no_cache": row["no_cache"],
         "environment_build": row["environment_build"],
         "tags": sorted(row["tag_names"]),
@@ -86,8 +103,11 @@ def _run(row: RunRow, zone: tzinfo) -> dict[str, Any]:
     }
 
 
-def _job(job: dict[str, Any], zone: tzinfo) -> dict[str, Any]:
+def _job(job: dict[str, Any], zone: tzinfo, now: datetime) -> tuple[dict[str, Any], Decimal | None]:
+    """The job as ``JobOut`` shows it, and its cost (None: unknown)."""
     source = job["cached_from_id"]
+    bills = [(a["started_at"], _bill(a, now)) for a in job["attempts"]]
+    cost = bills_total(bills)
     return {
         "id": job["id"],
         "name": job["name"],
@@ -97,7 +117,8 @@ def _job(job: dict[str, Any], zone: tzinfo) -> dict[str, Any]:
         "status_reason": job["status_reason"],
         "exit_code": job["exit_code"],
         "attempt": job["attempt"],
-        "attempts": [_attempt(a, zone) for a in job["attempts"]],
+        "attempts": [_attempt(a, zone, bill) for a, (_, bill) in zip(job["attempts"], bills, strict=True)],
+        "cost": money_shown(cost),
         "instance": job["instance_name"],
         "ports": job["ports"],
         "resources": {k: job[k] for k in ("cpu", "memory_bytes", "gpu_count", "gpu_name")},
@@ -116,10 +137,19 @@ def _job(job: dict[str, Any], zone: tzinfo) -> dict[str, Any]:
         "last_seq": job["last_seq"],
         "log_bytes": job["log_bytes"],
         "log_note": job["log_note"],
-    }
+        "dev_environment": dev_environment_shown({"dev_environment": job["dev_environment"]}, job["ports"]),
+    }, cost
 
 
-def _attempt(attempt: dict[str, Any], zone: tzinfo) -> dict[str, Any]:
+def _bill(attempt: dict[str, Any], now: datetime) -> AttemptBill | None:
+    if attempt["instance_name"] is None:
+        return None
+    price = Decimal(attempt["instance_price_per_hour"])
+    machine = Machine(price, attempt["instance_running_at"], attempt["instance_terminated_at"])
+    return attempt_bill(attempt["started_at"], attempt["finished_at"], machine, now)
+
+
+def _attempt(attempt: dict[str, Any], zone: tzinfo, bill: AttemptBill | None) -> dict[str, Any]:
     return {
         "number": attempt["number"],
         "status": attempt["status"],
@@ -135,6 +165,9 @@ def _attempt(attempt: dict[str, Any], zone: tzinfo) -> dict[str, Any]:
         "offers_tried": attempt["offers_tried"],
         "restored_checkpoint": attempt["restored_checkpoint"],
         "environment": attempt["environment_key"],
+        "cost": money_shown(bill.cost) if bill is not None else None,
+        "price_per_hour": str(bill.price_per_hour) if bill is not None else None,
+        "billed_seconds": bill.seconds if bill is not None else None,
         "created_at": _when(attempt["created_at"], zone),
     }
 

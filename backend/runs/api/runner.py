@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.api.runner_auth import RunnerAPIView
 from backend.runs.lifecycle.dispatch import job_download_url
+from backend.runs.services.datainputs import job_data_page, job_data_url
 from backend.runs.services.delivery import job_input_page, job_secrets
 from backend.runs.services.environments import (
     environment_archive_begin,
@@ -83,6 +84,66 @@ class RunnerJobInputsView(RunnerAPIView):
         return Response(page.model_dump(mode="json"))
 
 
+class DownloadUrlOut(serializers.Serializer):
+    url = serializers.CharField()
+
+
+class DataFileOut(serializers.Serializer):
+    path = serializers.CharField(help_text='relative to the input\'s path; "" for a one-file input')
+    size = serializers.IntegerField()
+    url = serializers.CharField(help_text="GET URL (presigned for s3://, pinned to the listed version)")
+    etag = serializers.CharField()
+    sha256 = serializers.CharField()
+    identity = serializers.CharField(help_text="what the machine's cache keeps the bytes under")
+
+
+class DataPageOut(serializers.Serializer):
+    path = serializers.CharField()
+    files = DataFileOut(many=True)
+    next = serializers.CharField(help_text='the "after" of the next page; "" after the last')
+
+
+class RunnerJobDataView(RunnerAPIView):
+    """One page (at most 1,000 files) of one of the job's data inputs, as
+    listed at submission (runner protocol 7)."""
+
+    @extend_schema(
+        parameters=[
+            ATTEMPT,
+            OpenApiParameter("path", str, required=True, description="the data input's path, as in the assignment"),
+            OpenApiParameter("after", str, description="the previous page's next; absent for the first page"),
+        ],
+        responses=DataPageOut,
+    )
+    def get(self, request: Request, job: str) -> Response:
+        path = request.query_params.get("path", "")[:1024]
+        if not path:
+            raise ApplicationError("Say which input: ?path=<its path in the assignment>.", extra={"field": "path"})
+        after = request.query_params.get("after", "")[:2048]
+        page = job_data_page(job=self.held.job, path=path, after=after)
+        response = Response(page.model_dump(mode="json"))
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class DataUrlIn(serializers.Serializer):
+    path = serializers.CharField(max_length=1024, help_text="the data input's path, as in the assignment")
+    file = serializers.CharField(max_length=2048, allow_blank=True, help_text="the file's path within it")
+
+
+class RunnerJobDataUrlView(RunnerAPIView):
+    """A fresh URL for one file of a data input, after its presigned URL expired."""
+
+    @extend_schema(parameters=[ATTEMPT], request=DataUrlIn, responses=DownloadUrlOut)
+    def post(self, request: Request, job: str) -> Response:
+        data = DataUrlIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        url = job_data_url(job=self.held.job, path=data.validated_data["path"], file=data.validated_data["file"])
+        response = Response({"url": url})
+        response["Cache-Control"] = "no-store"
+        return response
+
+
 class DownloadUrlIn(serializers.Serializer):
     code = serializers.ChoiceField(choices=["archive", "patch"], required=False)
     input = serializers.CharField(max_length=500, required=False)
@@ -98,10 +159,6 @@ class DownloadUrlIn(serializers.Serializer):
                 'Name either "code", or "file" with "input", with "checkpoint" or with "cache".'
             )
         return attrs
-
-
-class DownloadUrlOut(serializers.Serializer):
-    url = serializers.CharField()
 
 
 class RunnerDownloadUrlView(RunnerAPIView):

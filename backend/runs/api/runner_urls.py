@@ -20,6 +20,8 @@ urlpatterns: list[URLPattern] = [
     path(f"{job}/secrets/", runner.RunnerJobSecretsView.as_view()),
     path(f"{job}/inputs/", runner.RunnerJobInputsView.as_view()),
     path(f"{job}/urls/", runner.RunnerDownloadUrlView.as_view()),
+    path(f"{job}/data/", runner.RunnerJobDataView.as_view()),
+    path(f"{job}/data/url/", runner.RunnerJobDataUrlView.as_view()),
     path(f"{job}/environment/", runner.RunnerEnvironmentView.as_view()),
     path(f"{job}/environment/done/", runner.RunnerEnvironmentDoneView.as_view()),
     path(f"{job}/artifacts/", runner_artifacts.RunnerArtifactBeginView.as_view()),

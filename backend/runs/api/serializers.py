@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, ClassVar, cast
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from trainyard_spec.schema import BACKEND_KINDS
 
+from backend.billing.rules import AttemptBill
+from backend.billing.selectors import attempt_bill_of, bills_total, run_costs, shown
 from backend.core.urlcreds import url_without_credentials
 from backend.runs.lifecycle.cachewhy import ReasonKind
+from backend.runs.lifecycle.devenvs import dev_environment_shown
 from backend.runs.models import Attempt, Job, Run
-from backend.runs.selectors import JobExtras, job_attempts, job_extras, with_shown
+from backend.runs.selectors import JobData, JobExtras, job_attempts, job_data, job_extras, with_shown
 from backend.runs.services.reproduced import ReproducedState, RerunVerdict, rerun_verdict
 
 
@@ -161,6 +168,34 @@ class PlannedEnvironmentOut(serializers.Serializer):
     )
 
 
+class PlannedDataOut(serializers.Serializer):
+    uri = serializers.CharField()
+    path = serializers.CharField()
+    file_count = serializers.IntegerField()
+    total_size = serializers.IntegerField()
+    size = serializers.CharField(help_text="total_size in words (1.2 GiB)")
+    versioned = serializers.BooleanField(help_text="every object has a version id (a re-run reads these again)")
+    snapshot = serializers.CharField(help_text="the listing's digest (part of the job's cache key)")
+    cached_on = serializers.ListField(
+        child=serializers.CharField(), help_text="idle machines of the workspace whose cache holds it"
+    )
+
+
+class VolumeHolderOut(serializers.Serializer):
+    job = serializers.CharField()
+    run = serializers.CharField()
+
+
+class PlannedVolumeOut(serializers.Serializer):
+    name = serializers.CharField()
+    path = serializers.CharField()
+    # The key as the workflow spells it; DRF takes the name off the class, as for every field.
+    read_only = serializers.BooleanField()  # type: ignore[assignment]
+    where = serializers.CharField(help_text="aws <region> <zone>, machine <name> (self-hosted) or local")
+    size_bytes = serializers.IntegerField()
+    held_by = VolumeHolderOut(allow_null=True, help_text="the job (and its run) holding it now; null: free")
+
+
 class PlannedJobOut(serializers.Serializer):
     name = serializers.CharField()
     workflow = serializers.CharField()
@@ -169,11 +204,18 @@ class PlannedJobOut(serializers.Serializer):
     after_running = serializers.ListField(child=serializers.CharField())
     resources = serializers.DictField()
     inputs = serializers.ListField(child=serializers.DictField())
+    data_inputs = PlannedDataOut(many=True, help_text="its inputs: (docs/DATA.md), as listed now")
+    volumes = PlannedVolumeOut(many=True, help_text="its volumes (docs/DATA.md), where each is and who holds it now")
     cache = CacheHitOut(allow_null=True)
     cache_decision = CacheDecisionOut()
     commands = serializers.ListField(child=serializers.CharField())
     environment = PlannedEnvironmentOut(allow_null=True)
     placement = serializers.DictField()  # the job's placement keys, overrides included
+    guards = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="its guards (utilization_policy, stall; the workflow's or the workspace's default) in words",
+    )
     # The cheapest offer it would start from: {offers, backend, instance_type,
     # region, spot, price_per_hour}, or {offers: 0, reason}.
     offer = serializers.DictField()
@@ -243,6 +285,13 @@ class AttemptOut(serializers.ModelSerializer):
         read_only=True,
         help_text="the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none",
     )
+    cost = serializers.SerializerMethodField(
+        help_text='USD, a decimal string ("0.7010"): price_per_hour x billed_seconds; null: it held no machine'
+    )
+    price_per_hour = serializers.SerializerMethodField(help_text="USD, its machine's price; null: no machine")
+    billed_seconds = serializers.SerializerMethodField(
+        help_text="the whole seconds it held its machine (until now while it runs); null: no machine"
+    )
 
     class Meta:
         model = Attempt
@@ -265,9 +314,37 @@ class AttemptOut(serializers.ModelSerializer):
             "offers_tried",
             "restored_checkpoint",
             "environment",
+            "cost",
+            "price_per_hour",
+            "billed_seconds",
             "created_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_cost(self, attempt: Attempt) -> str | None:
+        bill = self._bill(attempt)
+        return shown(bill.cost) if bill is not None else None
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_price_per_hour(self, attempt: Attempt) -> str | None:
+        bill = self._bill(attempt)
+        return str(bill.price_per_hour) if bill is not None else None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_billed_seconds(self, attempt: Attempt) -> int | None:
+        bill = self._bill(attempt)
+        return bill.seconds if bill is not None else None
+
+    def _bill(self, attempt: Attempt) -> AttemptBill | None:
+        return attempt_bill_of(attempt, shown_now(self.context))
+
+
+def shown_now(context: Mapping[str, Any]) -> datetime:
+    """The one "now" a response's live costs accrue to (set on first use)."""
+    if isinstance(context, dict):
+        return cast(datetime, context.setdefault("now", timezone.now()))
+    return cast(datetime, context.get("now") or timezone.now())
 
 
 class CheckpointVersionOut(serializers.Serializer):
@@ -283,6 +360,18 @@ class CheckpointOut(serializers.Serializer):
     latest = CheckpointVersionOut(allow_null=True, help_text="the version an interrupted job resumes from")
 
 
+class DevEnvironmentOut(serializers.Serializer):
+    """A dev environment (``provider: code | lab | notebook``; docs/ACCESS.md)."""
+
+    kind = serializers.ChoiceField(choices=["code", "lab", "notebook"])
+    inactivity_seconds = serializers.IntegerField(
+        allow_null=True, help_text="stopped after this long with no session into it; null: never"
+    )
+    app_port = serializers.IntegerField(
+        allow_null=True, help_text="the port Jupyter serves on (lab, notebook), once the job runs; else null"
+    )
+
+
 class JobOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, allow_null=True)
     attempts = serializers.SerializerMethodField()
@@ -294,6 +383,10 @@ class JobOut(serializers.ModelSerializer):
     inputs = serializers.SerializerMethodField()
     checkpoint = serializers.SerializerMethodField()
     provider = serializers.CharField(source="spec.provider", default="bash")
+    dev_environment = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField(
+        help_text="USD, a decimal string: the sum of its attempts' costs; null: none held a machine"
+    )
 
     class Meta:
         model = Job
@@ -307,6 +400,7 @@ class JobOut(serializers.ModelSerializer):
             "exit_code",
             "attempt",
             "attempts",
+            "cost",
             "instance",
             "ports",
             "resources",
@@ -325,8 +419,17 @@ class JobOut(serializers.ModelSerializer):
             "last_seq",
             "log_bytes",
             "log_note",
+            "dev_environment",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_cost(self, job: Job) -> str | None:
+        return shown(job_cost(job, shown_now(self.context)))
+
+    @extend_schema_field(DevEnvironmentOut(allow_null=True))
+    def get_dev_environment(self, job: Job) -> dict[str, Any] | None:
+        return dev_environment_shown(job.spec, job.ports)
 
     def get_resources(self, job: Job) -> dict[str, Any]:
         return {"cpu": job.cpu, "memory_bytes": job.memory_bytes, "gpu_count": job.gpu_count, "gpu_name": job.gpu_name}
@@ -335,7 +438,7 @@ class JobOut(serializers.ModelSerializer):
     def get_attempts(self, job: Job) -> list[dict[str, Any]]:
         # One AttemptOut for every job: building a serializer's fields costs more than using them.
         if not hasattr(self, "_attempt_out"):
-            self._attempt_out = AttemptOut()
+            self._attempt_out = AttemptOut(context=self.context)
         return [self._attempt_out.to_representation(a) for a in job_attempts(job)]
 
     def get_needs(self, job: Job) -> list[str]:
@@ -382,6 +485,56 @@ class JobOut(serializers.ModelSerializer):
         return cast(JobExtras, extras) if extras is not None else job_extras(jobs=[job])
 
 
+class JobDataInputOut(serializers.Serializer):
+    """A data input of a job (its workflow's ``inputs:``), as listed when the run was submitted."""
+
+    uri = serializers.CharField()
+    path = serializers.CharField(help_text="where it is placed in the job's working directory")
+    # Output only: DRF's ``read_only`` (of a field) is an attribute of instances, never read here.
+    read_only = serializers.BooleanField()  # type: ignore[assignment]
+    file_count = serializers.IntegerField(allow_null=True, help_text="null: its listing is not known")
+    total_size = serializers.IntegerField(allow_null=True, help_text="bytes; null: its listing is not known")
+    versioned = serializers.BooleanField(help_text="every object has a version id (a re-run reads these again)")
+
+
+class JobVolumeOut(serializers.Serializer):
+    """A volume of the workspace the job mounts (its workflow's ``volumes:``)."""
+
+    name = serializers.CharField()
+    path = serializers.CharField()
+    read_only = serializers.BooleanField()  # type: ignore[assignment]  # as JobDataInputOut's
+
+
+class JobDetailOut(JobOut):
+    """A job as its run's page shows it: also the data it reads and the volumes it mounts."""
+
+    data_inputs = serializers.SerializerMethodField()
+    volumes = serializers.SerializerMethodField()
+
+    class Meta(JobOut.Meta):
+        fields = [*JobOut.Meta.fields, "data_inputs", "volumes"]
+        read_only_fields = fields
+
+    @extend_schema_field(JobDataInputOut(many=True))
+    def get_data_inputs(self, job: Job) -> list[dict[str, Any]]:
+        return self._data(job).inputs
+
+    @extend_schema_field(JobVolumeOut(many=True))
+    def get_volumes(self, job: Job) -> list[dict[str, Any]]:
+        return self._data(job).volumes
+
+    def _data(self, job: Job) -> JobData:
+        """The batch a run passed in its context (``job_data``), else this job's own."""
+        batch = self.context.get("job_data")
+        if batch is not None:
+            return cast(dict[Any, JobData], batch)[job.pk]
+        return job_data(workspace_id=job.workspace_id, specs={job.pk: job.spec})[job.pk]
+
+
+def job_cost(job: Job, now: datetime) -> Decimal | None:
+    return bills_total((a.started_at, attempt_bill_of(a, now)) for a in job_attempts(job))
+
+
 class ArtifactDifferenceOut(serializers.Serializer):
     job = serializers.CharField()
     path = serializers.CharField(help_text="the artifact's path (./model)")
@@ -413,6 +566,10 @@ class RunOut(serializers.ModelSerializer):
     tags = serializers.SerializerMethodField()
     rerun_of = serializers.SerializerMethodField()
     reproduced = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField(
+        help_text="USD, a decimal string: the sum over every attempt of every job (live while one runs); "
+        "null: none held a machine"
+    )
 
     class Meta:
         model = Run
@@ -429,6 +586,7 @@ class RunOut(serializers.ModelSerializer):
             "started_at",
             "finished_at",
             "duration_seconds",
+            "cost",
             "no_cache",
             "environment_build",
             "tags",
@@ -445,6 +603,15 @@ class RunOut(serializers.ModelSerializer):
         if run.finished_at is None:
             return None
         return round((run.finished_at - run.started_at).total_seconds(), 3)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_cost(self, run: Run) -> str | None:
+        """From the jobs ``with_shown`` prefetched, else one query."""
+        now = shown_now(self.context)
+        if "jobs" not in getattr(run, "_prefetched_objects_cache", {}):
+            return shown(run_costs([run.pk], now).get(run.pk))
+        costs = [cost for job in run.jobs.all() if (cost := job_cost(job, now)) is not None]
+        return shown(sum(costs, Decimal(0))) if costs else None
 
     def get_tags(self, run: Run) -> list[str]:
         names = getattr(run, "tag_names", None)  # selectors.with_shown: an array column
@@ -481,6 +648,8 @@ class RunOut(serializers.ModelSerializer):
             own = self._own_verdict = (run.pk, rerun_verdict(run=run))
         return cast(RerunVerdict | None, own[1])
 
+    job_out: ClassVar[type[JobOut]] = JobOut
+
     @extend_schema_field(JobOut(many=True))
     def get_jobs(self, run: Run) -> list[dict[str, Any]]:
         """The jobs ``with_shown`` prefetched (a list passes ``job_extras`` for
@@ -490,12 +659,43 @@ class RunOut(serializers.ModelSerializer):
             run = with_shown(Run.objects.filter(pk=run.pk)).get()
         jobs = sorted(run.jobs.all(), key=lambda j: (j.created_at, str(j.pk)))
         if "job_extras" not in self.context:
-            shown = JobOut(jobs, many=True, context={"job_extras": job_extras(jobs=jobs)})
+            shown = self.job_out(jobs, many=True, context=self._jobs_context(run, jobs))
             return cast(list[dict[str, Any]], shown.data)
         # One JobOut for every run of a page: building a serializer's fields costs more than using them.
         if not hasattr(self, "_job_out"):
-            self._job_out = JobOut(context=self.context)
+            self._job_out = self.job_out(context=self.context)
         return [self._job_out.to_representation(j) for j in jobs]
+
+    def _jobs_context(self, run: Run, jobs: list[Job]) -> dict[str, Any]:
+        return {"job_extras": job_extras(jobs=jobs)}
+
+
+class RunDetailOut(RunOut):
+    """One run as its page, its followers and the answers about it show it:
+    each job also with the data it reads and the volumes it mounts."""
+
+    job_out = JobDetailOut
+
+    @extend_schema_field(JobDetailOut(many=True))
+    def get_jobs(self, run: Run) -> list[dict[str, Any]]:
+        return super().get_jobs(run)
+
+    def _jobs_context(self, run: Run, jobs: list[Job]) -> dict[str, Any]:
+        specs = {job.pk: job.spec for job in jobs}
+        return {**super()._jobs_context(run, jobs), "job_data": job_data(workspace_id=run.workspace_id, specs=specs)}
+
+
+class RerunOut(RunDetailOut):
+    """A re-run as made: the run, and what it reads differently from the one it repeats."""
+
+    notices = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it",
+    )
+
+    class Meta(RunDetailOut.Meta):
+        fields = [*RunDetailOut.Meta.fields, "notices"]
+        read_only_fields = fields
 
 
 class RunPageOut(serializers.Serializer):
@@ -542,10 +742,11 @@ class BlobOut(serializers.Serializer):
     sha256 = serializers.CharField()
 
 
-def run_to_dict(run: Run) -> dict[str, Any]:
-    """The run as the API shows it, JSON-ready (also sent on websockets)."""
+def run_to_dict(run: Run, *, shape: type[RunOut] = RunDetailOut) -> dict[str, Any]:
+    """The run as the API shows it, JSON-ready: as its page and websockets
+    do (``RunDetailOut``), or as the runs list does (``shape=RunOut``)."""
     import json
 
     from rest_framework.utils.encoders import JSONEncoder
 
-    return json.loads(json.dumps(RunOut(run).data, cls=JSONEncoder))
+    return json.loads(json.dumps(shape(run).data, cls=JSONEncoder))

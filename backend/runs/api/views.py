@@ -27,8 +27,9 @@ from backend.runs.api.serializers import (
     EnvironmentOut,
     LogPageOut,
     LogSearchOut,
+    RerunOut,
     RunCreateIn,
-    RunOut,
+    RunDetailOut,
     RunPageOut,
     RunPlanIn,
     RunPlanOut,
@@ -47,6 +48,7 @@ from backend.runs.selectors import (
     run_list,
     run_page,
 )
+from backend.runs.services.datainputs import rerun_notices
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.offerplan import run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
@@ -110,7 +112,7 @@ class RunListView(WorkspaceAPIView):
 
     @extend_schema(
         request=RunCreateIn,
-        responses={201: RunOut},
+        responses={201: RunDetailOut},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
@@ -263,7 +265,7 @@ def _environment_or_404(workspace: Workspace, key: str) -> Environment:
 
 
 class RunDetailView(WorkspaceAPIView):
-    @extend_schema(responses=RunOut)
+    @extend_schema(responses=RunDetailOut)
     def get(self, request: Request, workspace: str, run: str) -> Response:
         shown = run_shown(run_by_ref(workspace=self.workspace, ref=run))
         if shown is None:
@@ -274,14 +276,15 @@ class RunDetailView(WorkspaceAPIView):
 class RunRerunView(WorkspaceAPIView):
     throttle_scopes = {"POST": "run"}
 
-    @extend_schema(request=None, responses={201: RunOut})
+    @extend_schema(request=None, responses={201: RerunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
-        return Response(run_snapshot(again), status=status.HTTP_201_CREATED)
+        notices = rerun_notices(again)
+        return Response({**run_snapshot(again), "notices": notices}, status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):
-    @extend_schema(request=None, responses={202: RunOut})
+    @extend_schema(request=None, responses={202: RunDetailOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
         stopped = run_stop(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
         return Response(run_snapshot(stopped), status=status.HTTP_202_ACCEPTED)

@@ -3,11 +3,10 @@ with ``CLOSE_RATE_LIMITED`` (4429) and the wait in the close reason."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from asgiref.sync import sync_to_async
 from trainyard_runner.protocol import CLOSE_RATE_LIMITED
 
+from backend.core.origins import scope_ip
 from backend.core.ratelimit import Refusal, rate_hit, rate_over
 
 __all__ = ["CLOSE_RATE_LIMITED", "close_reason", "connect_hit", "connect_over", "scope_ip"]
@@ -20,12 +19,6 @@ async def connect_hit(*, scope: str, kind: str, identity: str) -> Refusal | None
 
 async def connect_over(*, scope: str, kind: str, identity: str) -> Refusal | None:
     return await sync_to_async(rate_over, thread_sensitive=False)(scope=scope, kind=kind, identity=identity)
-
-
-def scope_ip(scope: dict[str, Any]) -> str:
-    """The client's address (the ASGI server resolved trusted proxies' X-Forwarded-For)."""
-    client = scope.get("client")
-    return str(client[0]) if client else ""
 
 
 def close_reason(refusal: Refusal) -> str:

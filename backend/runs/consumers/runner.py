@@ -5,9 +5,11 @@ one use case of ``services/runner_session.py`` that handles it, and does
 what that returns (``Reply``): sends its frames, then its work that must
 follow them, then asks for a pass. Log frames go to the connection's
 ``LogIngest`` (``services/logingest.py``), which stores, acknowledges and
-publishes them. Messages for the runner from other processes (assignments,
-cancels) arrive through the channel layer as ``runner.frame`` events
-addressed to this consumer's channel name, which the instance row records.
+publishes them. Metrics frames go to ``backend.metrics``' ingestion, in
+order, by a task of their own, under a rate cap (``FrameCap``). Messages
+for the runner from other processes (assignments, cancels) arrive through
+the channel layer as ``runner.frame`` events addressed to this consumer's
+channel name, which the instance row records.
 
 Where each call runs is chosen here: the connect's token lookups in the
 process's shared database thread, queued right after the accept; every
@@ -31,8 +33,10 @@ from trainyard_runner import protocol
 from backend.accounts.auth import token_from_header
 from backend.clouds.services.instances import instance_disconnected, instance_heartbeat
 from backend.core.channels import signed, verified
+from backend.metrics.services.ingest import FrameCap, record_metrics
 from backend.runs.consumers.limits import close_reason, connect_hit, connect_over, scope_ip
 from backend.runs.consumers.threads import off_shared_thread
+from backend.runs.services.devenvs import dev_environment_active
 from backend.runs.services.inorder import InOrder
 from backend.runs.services.logingest import MAX_QUEUED_LOG_FRAMES, LogIngest
 from backend.runs.services.runner_session import (
@@ -54,6 +58,9 @@ logger = logging.getLogger(__name__)
 # few per job and waits for nothing; more than this many unhandled is a
 # flood, and the connection is closed rather than the queue grown.
 MAX_QUEUED_PROGRESS = 64
+# Metrics frames waiting to be stored (``_metrics``); past this many a frame
+# is dropped and counted (metrics are not acknowledged: the runner goes on).
+MAX_QUEUED_METRICS = 16
 
 
 class RunnerConsumer(AsyncWebsocketConsumer):
@@ -74,6 +81,12 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         self._progress: InOrder[tuple[protocol.JobState, str | None]] = InOrder(
             self._progress_state, failed=lambda item: f"handling job {item[0].job}'s state {item[0].state} failed"
         )
+        self._metrics: InOrder[tuple[protocol.Metrics, str | None, int]] = InOrder(
+            self._store_metrics, failed=lambda item: f"storing job {item[0].job}'s metrics failed"
+        )
+        self._metrics_cap = FrameCap()
+        # What the last heartbeat said the machine's data cache holds (None: nothing heard yet).
+        self._data_cached: list[str] | None = None
 
     async def connect(self) -> None:
         """Rate limits: per runner (its instance), and per address only for
@@ -103,6 +116,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         self.logs.close()
         self._progress.close()  # the states received are still handled (a final one is sent once)
+        self._metrics.close()
         if self.instance_id:
             await off_shared_thread(instance_disconnected)(instance_id=self.instance_id, channel_name=self.channel_name)
 
@@ -148,9 +162,20 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         await self._answer(greeting.reply)
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
+        # The machine's cached data snapshots are written when they change (up to 16 kB).
+        cached = list(message.data_cached)
+        changed = cached != self._data_cached
+        self._data_cached = cached
         await off_shared_thread(instance_heartbeat)(
-            instance_id=self.instance_id, busy=message.state == "busy", kept_until=message.kept_until
+            instance_id=self.instance_id,
+            busy=message.state == "busy",
+            kept_until=message.kept_until,
+            data_cached=cached if changed else None,
         )
+        if message.app_idle_seconds is not None:
+            await off_shared_thread(dev_environment_active)(
+                instance_id=self.instance_id, idle_seconds=message.app_idle_seconds
+            )
 
     async def on_job_accepted(self, message: protocol.JobAccepted) -> None:
         # Off the shared database thread: a submission's request still
@@ -172,6 +197,7 @@ class RunnerConsumer(AsyncWebsocketConsumer):
             self._progress.put((message, self.instance_id))
             return
         await self._progress.join()
+        await self._metrics.join()  # the attempt's last metrics frame, sent before its end, is stored first
         await self._answer(await off_shared_thread(runner_job_state)(instance_id=self.instance_id, message=message))
 
     async def _progress_state(self, item: tuple[protocol.JobState, str | None]) -> None:
@@ -184,6 +210,23 @@ class RunnerConsumer(AsyncWebsocketConsumer):
         if not self.logs.put(message):
             reason = f"flooding: more than {MAX_QUEUED_LOG_FRAMES} log frames sent without waiting for acks"
             await self.close(code=protocol.CLOSE_FLOODING, reason=reason)
+
+    async def on_metrics(self, message: protocol.Metrics) -> None:
+        """Stored in order by a task of its own, off the database thread; a
+        job's frames faster than the cap (``FrameCap``) or past
+        MAX_QUEUED_METRICS waiting are dropped and counted, never an error
+        to the runner."""
+        if not self._metrics_cap.admit(message.job):
+            return
+        if self._metrics.waiting() >= MAX_QUEUED_METRICS:
+            self._metrics_cap.drop(message.job)
+            return
+        self._metrics.put((message, self.instance_id, self._metrics_cap.take_dropped(message.job)))
+
+    async def _store_metrics(self, item: tuple[protocol.Metrics, str | None, int]) -> None:
+        message, instance_id, dropped = item
+        if instance_id is not None:
+            await off_shared_thread(record_metrics)(instance_id=instance_id, message=message, frames_dropped=dropped)
 
     async def _answer(self, reply: Reply) -> None:
         """What a frame's use case returned, in its order (``Reply``)."""

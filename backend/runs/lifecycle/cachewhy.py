@@ -12,7 +12,9 @@ repository, in the workspace. In order:
    differ (when both runs' patch file lists are known), else the commits.
 4. The spec differs: ``env`` by variable name, other keys by name.
 5. An input's files differ (named by path and origin); in a dry run, an
-   input from a job that runs first.
+   input from a job that runs first. A data input (``inputs:``) whose
+   listing differs is named with what changed in it ("input
+   s3://acme-data/imagenet/ changed: 3 objects added, 1 changed").
 6. Nothing of that differs (the previous job lost its artifacts): "no
    earlier run with this key".
 
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from backend.runs.lifecycle.dag import InputArtifact, code_identity, job_inputs
+from backend.data.models import DataSnapshot, Entry
+from backend.data.services import snapshot_change
+from backend.runs.lifecycle.dag import WATCH_ONLY_KEYS, InputArtifact, code_identity, job_inputs
 from backend.runs.models import Job, JobStatus, Run
 
 FILES_SHOWN = 3  # changed files named in a reason; the rest are counted
@@ -81,6 +85,8 @@ class Subject:
     inputs: Sequence[InputArtifact] | None
     pending: Sequence[tuple[str, str]] = ()  # (artifact path, job name)
     before: datetime | None = None
+    # A dry run's data listings, not stored: snapshot digest → its entries.
+    listed: Mapping[str, Sequence[Entry]] = field(default_factory=dict)
 
 
 def decision_reused(source: Job) -> dict[str, Any]:
@@ -99,8 +105,12 @@ def decision_runs(reasons: Sequence[Reason], *, compared_with: str = "") -> dict
 
 
 def not_cacheable_reason(*, spec: Mapping[str, Any], after_running: bool) -> Reason:
+    if spec.get("dev_environment"):
+        return Reason(ReasonKind.NOT_CACHEABLE, "never reused (a dev environment)")
     if after_running or spec.get("ports"):
         return Reason(ReasonKind.NOT_CACHEABLE, "never reused (part of a live cluster: it has ports or a master)")
+    if spec.get("volumes") and spec.get("artifacts"):
+        return Reason(ReasonKind.NOT_CACHEABLE, "never reused (it mounts a volume: what it makes may be there)")
     return Reason(ReasonKind.NOT_CACHEABLE, "never reused (no artifacts to reuse)")
 
 
@@ -117,6 +127,7 @@ def decision_missed(subject: Subject) -> dict[str, Any]:
         *_code_reasons(code_facts(previous.run), subject.code),
         *_spec_reasons(previous.spec, subject.spec),
         *_input_reasons(previous, subject),
+        *_data_reasons(previous.spec, subject.spec, subject.workspace_id, subject.listed),
     ]
     return decision_runs(reasons or [NO_EARLIER], compared_with=previous.run.name)
 
@@ -174,7 +185,7 @@ def _spec_reasons(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Reason
     environment = _environment_changes(old, new)
     if environment:
         reasons.append(Reason(ReasonKind.ENVIRONMENT_CHANGED, f"environment changed ({_some(environment)})"))
-    own = {"env", "private_env", "environment", "environment_files"}
+    own = {"env", "private_env", "environment", "environment_files", "data", *WATCH_ONLY_KEYS}
     keys = sorted(k for k in set(old) | set(new) if k not in own and old.get(k) != new.get(k))
     if keys:
         reasons.append(Reason(ReasonKind.SPEC_CHANGED, f"spec changed ({_some(keys)})"))
@@ -206,6 +217,44 @@ def _input_reasons(previous: Job, subject: Subject) -> list[Reason]:
     changed = sorted(p for p in set(old) | set(new) if old.get(p, (None, None))[1] != new.get(p, (None, None))[1])
     named = [f"{p} from {(new.get(p) or old[p])[0]}" for p in changed]
     return [*pending, *(Reason(ReasonKind.INPUT_CHANGED, f"input changed ({n})") for n in named)]
+
+
+def _data_reasons(
+    old: Mapping[str, Any], new: Mapping[str, Any], workspace_id: UUID | str, listed: Mapping[str, Sequence[Entry]]
+) -> list[Reason]:
+    """What differs between two jobs' data inputs, by path: the item as
+    written, else the objects its listing holds."""
+    before = {str(i["path"]): i for i in old.get("data") or []}
+    after = {str(i["path"]): i for i in new.get("data") or []}
+    reasons: list[Reason] = []
+    digests = {str(i.get("snapshot", "")) for i in [*before.values(), *after.values()]}
+    entries: dict[str, Sequence[Entry]] = {
+        s.digest: s.entries
+        for s in DataSnapshot.objects.filter(workspace_id=workspace_id, digest__in=sorted(digests - set(listed)))
+    }
+    entries.update(listed)
+    for path in sorted(set(before) | set(after)):
+        was, now = before.get(path), after.get(path)
+        if was is None or now is None:
+            item = now or was
+            assert item is not None
+            reasons.append(
+                Reason(ReasonKind.INPUT_CHANGED, f"input {item['uri']} {'added' if was is None else 'removed'}")
+            )
+            continue
+        written = {k: v for k, v in now.items() if k != "snapshot"}
+        if written != {k: v for k, v in was.items() if k != "snapshot"}:
+            reasons.append(Reason(ReasonKind.SPEC_CHANGED, f"spec changed (inputs: {path})"))
+            continue
+        if was.get("snapshot") == now.get("snapshot"):
+            continue
+        first, second = entries.get(str(was.get("snapshot"))), entries.get(str(now.get("snapshot")))
+        change = snapshot_change(first, second) if first is not None and second is not None else None
+        words = change.text() if change else "its objects differ"
+        named = [*change.added, *change.changed, *change.removed] if change else []
+        shown = f" ({_some([n or path for n in named])})" if named else ""
+        reasons.append(Reason(ReasonKind.INPUT_CHANGED, f"input {now['uri']} changed: {words}{shown}"))
+    return reasons
 
 
 def _by_path(inputs: Sequence[InputArtifact]) -> dict[str, tuple[str, frozenset[tuple[str, str]]]]:

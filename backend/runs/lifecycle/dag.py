@@ -94,16 +94,27 @@ def code_identity(run: Run) -> str:
     return f"git:{run.commit}+{patch}"
 
 
+# Spec keys that never change what a job makes: what watches it (its log
+# lines and samples read into metrics) and where its outputs are copied
+# afterwards (``exports``: a reused job's artifacts are copied to the new
+# run's destination). A change to them reuses the cached job all the same,
+# and a miss never names them.
+WATCH_ONLY_KEYS = frozenset({"metrics", "exports"})
+
+
 def cache_key(*, spec: dict[str, object], code: str, inputs: list[InputArtifact]) -> str:
     files = sorted((i.artifact.path, f.path, f.sha256) for i in inputs for f in i.artifact.files.all())
-    payload = json.dumps({"spec": spec, "code": code, "inputs": files}, sort_keys=True)
+    made_by = {k: v for k, v in spec.items() if k not in WATCH_ONLY_KEYS}
+    payload = json.dumps({"spec": made_by, "code": code, "inputs": files}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def cacheable(*, spec: dict[str, object], after_running: bool) -> bool:
     """Only outputs are reused: a job without artifacts (``hello``) always
-    runs, and parts of a live cluster (ports, workers) are never reused."""
-    return bool(spec.get("artifacts")) and not spec.get("ports") and not after_running
+    runs, and parts of a live cluster (ports, workers) and dev environments
+    are never reused; nor is a job with volumes (what it makes may be on them)."""
+    live = spec.get("ports") or spec.get("dev_environment")
+    return bool(spec.get("artifacts")) and not live and not after_running and not spec.get("volumes")
 
 
 def cached_source(*, workspace_id: UUID | str, key: str, exclude: UUID | str | None = None) -> Job | None:

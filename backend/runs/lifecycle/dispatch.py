@@ -12,6 +12,7 @@ runner fetches secrets over its authenticated REST calls
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -25,11 +26,14 @@ from backend.artifacts.locations import storage_of
 from backend.artifacts.models import Artifact, ArtifactFile, Blob
 from backend.artifacts.services import artifact_file_key
 from backend.clouds.models import Instance
+from backend.clouds.services.volumes import VolumeNotAttached, volumes_attach_for
 from backend.core.errors import NotFound
+from backend.data.models import DataSnapshot
 from backend.runs.events import send_to_channel
 from backend.runs.lifecycle.dag import job_inputs
 from backend.runs.lifecycle.jobtoken import job_token
 from backend.runs.models import Attempt, Job, JobStatus, Run
+from backend.runs.names import ssh_host_alias
 from backend.vault.services import repo_credential_exists
 
 logger = logging.getLogger(__name__)
@@ -38,21 +42,19 @@ logger = logging.getLogger(__name__)
 DOWNLOAD_URL_SECONDS = 6 * 3600
 
 
-def assignments_send(attempts: list[Attempt]) -> None:
-    """Each attempt's ``AssignJob`` to its runner, one failure not stopping the others."""
-    for attempt in attempts:
-        assignment_send_isolated(attempt)
-
-
-def assignment_send_isolated(attempt: Attempt) -> None:
+def assignment_send_isolated(attempt: Attempt) -> VolumeNotAttached | None:
     """One assignment that cannot be built or sent (a storage error, a bad
     row) must not keep the others of the pass, other tenants' among them,
     from going out: it is logged, and its lease runs out and the reconciler
-    re-queues the job."""
+    re-queues the job. A volume that could not be attached is returned: the
+    caller ends the attempt with it (``scheduler.volumes.assignment_send``)."""
     try:
         attempt_send_assignment(attempt=attempt)
+    except VolumeNotAttached as refused:
+        return refused
     except Exception:
         logger.exception("attempt %s of job %s: the assignment could not be sent", attempt.number, attempt.job_id)
+    return None
 
 
 def attempt_send_assignment(*, attempt: Attempt) -> None:
@@ -63,7 +65,7 @@ def attempt_send_assignment(*, attempt: Attempt) -> None:
     # is at hand with its run: what the frame reads of them does not change.
     at_hand = Attempt.job.is_cached(attempt) and Job.run.is_cached(attempt.job)
     job = attempt.job if at_hand else Job.objects.select_related("run").get(pk=attempt.job_id)
-    frame = assign_frame(job, attempt)
+    frame = assign_frame(job, attempt, volumes=_volumes_attached(job, instance))
     send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 
@@ -94,7 +96,20 @@ def attempt_refuse_on_commit(instance_id: str, job_id: str, number: int, why: st
     transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
 
 
-def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
+def _volumes_attached(job: Job, instance: Instance) -> list[protocol.VolumeMount]:
+    """The job's volumes, attached to ``instance`` now (cloud calls: never in
+    a transaction), as the runner mounts them. One that cannot be attached
+    keeps the assignment from being sent (``VolumeNotAttached``)."""
+    wanted = job.spec.get("volumes") or []
+    if not wanted:
+        return []
+    mounts = volumes_attach_for(job_id=job.pk, instance=instance, wanted=wanted)
+    return [protocol.VolumeMount.model_validate(dataclasses.asdict(m)) for m in mounts]
+
+
+def assign_frame(
+    job: Job, attempt: Attempt, *, volumes: list[protocol.VolumeMount] | None = None
+) -> protocol.AssignJob:
     run: Run = job.run
     spec = job.spec
     ran_before = (
@@ -112,6 +127,7 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         "TRAINYARD_JOB_NAME": job.name,
         "TRAINYARD_ATTEMPT": str(attempt.number),
         **resumed,
+        **_dev_environment_env(job, run),
     }
     return protocol.AssignJob(
         job=str(job.pk),
@@ -127,6 +143,7 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         artifacts=[protocol.ArtifactSpec(path=p, mount=p in spec.get("mounts", ())) for p in spec["artifacts"]],
         api_url=f"{settings.PUBLIC_URL}/api/v1",
         inputs=_inputs(job),
+        data=_data(job),
         provider=spec.get("provider", "bash"),
         image=spec.get("image", ""),
         checkpoint=_checkpoint(job, attempt),
@@ -135,12 +152,55 @@ def assign_frame(job: Job, attempt: Attempt) -> protocol.AssignJob:
         caches=cache_specs(job=job),
         environment=protocol.EnvironmentSpec.model_validate(spec["environment"]) if spec.get("environment") else None,
         # Secrets, the submitter's private values or a clone credential: fetched over REST.
-        secrets=bool(spec.get("secrets") or spec.get("private_env"))
+        secrets=bool(spec.get("secrets") or spec.get("private_env") or job.app_token is not None)
         or repo_credential_exists(workspace_id=run.workspace_id, repo_id=run.repo_id),
         keep_running_server_lost=spec.get("on_server_lost") == "keep-running",
         # Only for an attempt that stores its hash (one assigned before the job token has none).
         job_token=job_token(lease=attempt.lease) if attempt.job_token_hash else "",
+        volumes=volumes or [],
+        **_metrics(spec),
     )
+
+
+def _data(job: Job) -> list[protocol.DataInput]:
+    """The job's data inputs as listed at submission; the runner pages
+    through their files over REST (``GET …/runner/jobs/<job>/data/``)."""
+    items = job.spec.get("data") or []
+    if not items:
+        return []
+    digests = [str(i["snapshot"]) for i in items]
+    found = {s.digest: s for s in DataSnapshot.objects.filter(workspace_id=job.workspace_id, digest__in=digests)}
+    return [
+        protocol.DataInput(
+            uri=str(item["uri"]),
+            path=str(item["path"]),
+            snapshot=str(item["snapshot"]),
+            file_count=found[str(item["snapshot"])].file_count,
+            total_size=found[str(item["snapshot"])].total_size,
+            read_only=bool(item.get("read_only", True)),
+        )
+        for item in items
+    ]
+
+
+def _metrics(spec: dict[str, Any]) -> dict[str, Any]:
+    """The workflow's ``metrics:`` for the runner; the protocol's defaults where it says nothing."""
+    found = spec.get("metrics") or {}
+    fields: dict[str, Any] = {
+        "metrics": [protocol.MetricPattern(name=p["name"], regex=p["regex"]) for p in found.get("patterns") or []]
+    }
+    if found.get("interval"):
+        fields["metrics_interval"] = float(found["interval"])
+    if found.get("per_minute"):
+        fields["metrics_per_minute"] = int(found["per_minute"])
+    return fields
+
+
+def _dev_environment_env(job: Job, run: Run) -> dict[str, str]:
+    """A dev environment's ``TRAINYARD_SSH_HOST``: the host its ``code --remote`` line names."""
+    if "dev_environment" not in job.spec:
+        return {}
+    return {"TRAINYARD_SSH_HOST": ssh_host_alias(run.name, job.name, jobs_in_run=run.jobs.count())}
 
 
 def _checkpoint(job: Job, attempt: Attempt) -> protocol.CheckpointSpec | None:

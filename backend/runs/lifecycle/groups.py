@@ -2,7 +2,8 @@
 
 A group is the jobs of a run linked by ``after_running`` (a master and the
 workers that start once it runs). When one of them goes back to pending
-after its machine was interrupted or lost, the others are still running
+after its machine was interrupted or lost (or a guard ended its attempt:
+``stall`` with ``action: restart``), the others are still running
 against the old master (or without a worker they wait for): by default
 (``JobPlan.on_interruption`` "restart_group", the run's provider decides)
 they are stopped too (reason ``group_restart``, not counted as a retry) and
@@ -27,8 +28,16 @@ from backend.runs.reasons import TerminationReason
 
 logger = logging.getLogger(__name__)
 
-# The endings of an attempt that restart its group: its machine went away under it.
-RESTARTING = (TerminationReason.INTERRUPTED, TerminationReason.INSTANCE_LOST, TerminationReason.UNREACHABLE)
+# The endings of an attempt that restart its group: its machine went away
+# under it, or a guard ended it (a stalled worker often is a hung collective:
+# the others wait on it).
+RESTARTING = (
+    TerminationReason.INTERRUPTED,
+    TerminationReason.INSTANCE_LOST,
+    TerminationReason.UNREACHABLE,
+    TerminationReason.STALLED,
+    TerminationReason.LOW_GPU_UTILIZATION,
+)
 Through = Job.after_running.through
 
 

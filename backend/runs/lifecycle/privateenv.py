@@ -19,6 +19,7 @@ from typing import Any
 
 from django.utils.crypto import salted_hmac
 
+from backend.runs.lifecycle.devenvs import app_token_env
 from backend.runs.models import Job, Run
 from backend.vault.crypto import Unreadable, decrypt, encrypt
 from backend.vault.masking import Masks
@@ -62,10 +63,13 @@ def private_inputs_of(run: Run) -> PrivateInputs:
     return PrivateInputs(env=data["env"], inherited_env=data["inherited_env"], jobs=data["jobs"])
 
 
-def job_masks(*, job: Job) -> Masks:
-    """What to hide in the job's logs and reasons: its workspace's secrets and
-    its run's private values."""
-    run_id = job.run_id
+def job_masks(*, job: Job, private_env: bool, app_token: bool) -> Masks:
+    """What to hide in the job's logs and reasons: its workspace's secrets,
+    its run's private values (``private_env``: its spec has some) and its dev
+    environment's token (``app_token``: it has one). The caller says both,
+    read with the job (the log path reads them with its row, not per frame:
+    ``private_env`` is in the job's spec, which it does not load)."""
+    run_id, job_id = job.run_id, job.pk
 
     def values() -> list[str]:
         run = Run.objects.filter(pk=run_id).only("private_inputs", "env_overrides", "inherited_env").first()
@@ -76,7 +80,17 @@ def job_masks(*, job: Job) -> Masks:
         except Unreadable:
             return []  # no key opens them: the job was refused them too
 
-    if not job.spec.get("private_env"):
+    def token() -> list[str]:
+        found = Job.objects.filter(pk=job_id).only("pk", "app_token", "spec").first()
+        return list(app_token_env(found).values()) if found is not None else []
+
+    if app_token:
+
+        def both() -> list[str]:
+            return [*token(), *(values() if private_env else [])]
+
+        return masks_for(workspace_id=job.workspace_id, extra_key=f"job:{job_id}", extra=both)
+    if not private_env:
         return masks_for(workspace_id=job.workspace_id)
     return masks_for(workspace_id=job.workspace_id, extra_key=str(run_id), extra=values)
 

@@ -44,10 +44,10 @@ def job_reason_clean(*, job_id: UUID | str, reason: str) -> str:
     read = reason[:REASON_READ_MAX]
     cut = len(reason) >= REASON_MAX
     text = redact_url_credentials(redact_signed_urls(read), cut=cut)
-    job = Job.objects.filter(pk=job_id).only("workspace_id", "run_id", "spec").first()
+    job = Job.objects.filter(pk=job_id).only("workspace_id", "run_id", "spec", "app_token").first()
     if job is None:
         return text[:REASON_MAX]
     # An unreadable secret is left out of the masks (masks_for): one that no
     # key opens cannot have reached a job started after its key went.
-    masks = job_masks(job=job)
+    masks = job_masks(job=job, private_env=bool(job.spec.get("private_env")), app_token=job.app_token is not None)
     return mask(text, masks, cut=cut)[:REASON_MAX]

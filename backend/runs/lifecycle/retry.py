@@ -19,7 +19,7 @@ from backend.runs.reasons import TerminationReason
 DEFAULT_EVENTS = ("interruption", "instance_lost")
 DEFAULT_LIMIT = 5
 DEFAULT_DURATION_SECONDS = 3600
-EVENTS = ("interruption", "instance_lost", "error", "no_capacity")
+EVENTS = ("interruption", "instance_lost", "error", "no_capacity", "low_gpu_utilization", "stalled")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,21 @@ def retry_decide(
     now: datetime,
     max_wait: int | None = None,
     waited: float = 0.0,
+    restart: bool = False,
 ) -> Decision:
     """``attempts``: how many attempts counted so far (this one included).
     ``max_wait`` (seconds; 0: off) and ``waited``: a job whose workflow sets
     ``max_wait`` waits for capacity that long, whatever ``retry:`` says
-    about ``no_capacity`` (docs/RUNS.md, "Placement")."""
+    about ``no_capacity`` (docs/RUNS.md, "Placement"). ``restart``: the
+    attempt was ended by ``stall: {action: restart}``: the job gets another
+    attempt whatever ``on_events`` says and however long it has run, as long
+    as ``limit`` allows (each restart is an attempt; docs/WORKFLOWS.md, "Guards")."""
     if not reason.counts_as_retry:
         return Decision(True, "trying again")
+    if restart:
+        if attempts >= policy.limit:
+            return Decision(False, f"not restarted: {attempts} of {policy.limit} attempts used (retry: limit)")
+        return Decision(True, f"restarting from its last checkpoint (attempt {attempts + 1} of {policy.limit})")
     if reason == TerminationReason.NO_CAPACITY and max_wait is not None:
         return _capacity_wait(max_wait, waited)
     event = reason.retry_event

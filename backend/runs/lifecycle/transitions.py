@@ -31,6 +31,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from backend.artifacts.exports import exports_begin_reused_on_commit
 from backend.clouds.models import Instance
 from backend.clouds.services.instances import (
     MAX_RECLAIM_WAIT,
@@ -40,9 +41,11 @@ from backend.clouds.services.instances import (
     instance_set_idle_duration,
 )
 from backend.core.clock import db_now
-from backend.runs.events import publish_on_commit
+from backend.runs.events import attempt_ended_on_commit, publish_on_commit
+from backend.runs.lifecycle import notices
 from backend.runs.lifecycle.cachewhy import decision_reused
 from backend.runs.lifecycle.dispatch import attempt_refuse_on_commit, job_cancel_on_commit
+from backend.runs.lifecycle.guards import guard_restarts
 from backend.runs.lifecycle.jobtoken import job_token_hash
 from backend.runs.lifecycle.placement import Placement, waiting_since
 from backend.runs.lifecycle.redaction import REASON_READ_MAX, job_reason_clean
@@ -59,7 +62,7 @@ from backend.runs.models import (
     Run,
     RunStatus,
 )
-from backend.runs.reasons import TerminationReason
+from backend.runs.reasons import GUARD_REASONS, TerminationReason
 from backend.runs.wakeups import schedule_soon
 
 logger = logging.getLogger(__name__)
@@ -125,6 +128,7 @@ def job_accept(*, job_id: str, instance_id: str, attempt: int, lease: str, ports
             started_at=(job.started_at if job and job.started_at else now),
             **({"ports": list(ports)} if ports else {}),
         )
+        notices.attempt_resumed(run, job_id, attempt)
         if run is not None:
             _run_refresh_locked(run)
     return True
@@ -163,8 +167,14 @@ def job_request_stop(*, job: Job, reason: str) -> bool:
         return _job_request_stop(job, reason)
 
 
-def _job_request_stop(job: Job, reason: str) -> bool:
+def _job_request_stop(job: Job, reason: str, *, by_server: bool = False) -> bool:
     now = timezone.now()
+    if not by_server and Job.objects.filter(pk=job.pk, status=JobStatus.STOPPING, stop_reason__in=GUARD_REASONS).update(
+        stop_reason="", status_reason=reason
+    ):
+        # A person's stop while a guard stops the job: it ends stopped, never restarted.
+        _after_job_change(job.pk)
+        return True
     if _cas_job(job.pk, [JobStatus.PENDING], status=JobStatus.STOPPED, status_reason=reason, finished_at=now):
         _after_job_change(job.pk)
         return True
@@ -183,18 +193,28 @@ def _job_request_stop(job: Job, reason: str) -> bool:
 
 
 def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> bool:
-    """The server stops a job for a reason of its own (``max_duration``):
-    like a user's stop, but the attempt ends with ``reason`` and the job with
-    the status it maps to. A pending job (no attempt live) fails at once."""
+    """The server stops a job for a reason of its own (``max_duration``, a
+    guard): like a user's stop, but the attempt ends with ``reason`` and the
+    job with the status it maps to (a guard's reason: what ``retry`` decides,
+    as for an attempt that ended on its own). A pending job (no attempt
+    live) fails at once."""
     with transaction.atomic():
-        _lock_run_of(job.pk)
+        run = _lock_run_of(job.pk)
+        if reason in GUARD_REASONS:
+            # Only a job that runs and that nobody is stopping yet: a person's stop stays theirs.
+            live = [JobStatus.ASSIGNED, JobStatus.RUNNING]
+            if not Job.objects.filter(pk=job.pk, status__in=live, stop_reason="").update(stop_reason=reason):
+                return False
+            job.stop_reason = reason
+            notices.guard_fired(run, job, reason=reason, message=message)
+            return _job_request_stop(job, message, by_server=True)
         Job.objects.filter(pk=job.pk, status__in=[*ACTIVE_JOB, JobStatus.PENDING]).update(stop_reason=reason)
         if job.status == JobStatus.PENDING:
             return job_fail_pending(job_id=str(job.pk), reason=message)
         if job.status == JobStatus.STOPPING:
             return False
         job.stop_reason = reason
-        return _job_request_stop(job, message)
+        return _job_request_stop(job, message, by_server=True)
 
 
 def job_report_final(
@@ -306,6 +326,8 @@ def attempt_end(
             return False
         if reason == TerminationReason.STOPPED_BY_USER and job.stop_reason:
             reason = TerminationReason(job.stop_reason)  # the server stopped it (max_duration), not a user
+            if reason in GUARD_REASONS and job.status == JobStatus.STOPPING:
+                message = job.status_reason  # the guard's words (what it saw), not the runner's "stopped"
         Attempt.objects.filter(pk=attempt.pk).update(
             status=AttemptStatus.ENDED,
             termination_reason=reason,
@@ -315,8 +337,12 @@ def attempt_end(
             last_seq=job.last_seq,
             lease_expires_at=None,
         )
+        attempt_ended_on_commit(attempt_id=str(attempt.pk), reason=reason, message=message)
         if job.attempt == attempt.number and job.status in ACTIVE_JOB:
             _job_after_attempt(job, attempt, reason, message, exit_code)
+        if reason == TerminationReason.INTERRUPTED:
+            retried = Job.objects.filter(pk=job.pk, status=JobStatus.PENDING).exists()
+            notices.attempt_interrupted(run, job, attempt, retried=retried)
         if run is not None:
             # In the job's transaction: no reader sees the job finished and its run still running.
             _run_refresh_locked(run)
@@ -386,6 +412,8 @@ def job_reuse(*, job_id: str, source: Job) -> bool:
         finished_at=now,
     )
     if changed:
+        # Its source's artifacts go to this run's ``to:`` destinations.
+        exports_begin_reused_on_commit(job_id=job_id, source_id=source.pk)
         _after_job_change(job_id)
     return changed
 
@@ -428,6 +456,7 @@ def _run_refresh_locked(run: Run) -> Run:
         for field, value in updates.items():  # what the row now holds: no read back
             setattr(run, field, value)
         publish_on_commit(str(run.pk))
+        notices.run_ended(run)
     return run
 
 
@@ -469,7 +498,8 @@ def _job_after_attempt(
             status_reason=f"waiting to restart with its group: {job.status_reason}"[:REASON_MAX],
         )
         return
-    if job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER:
+    guarded = reason in GUARD_REASONS and job.stop_reason == reason
+    if (job.status == JobStatus.STOPPING or reason == TerminationReason.STOPPED_BY_USER) and not guarded:
         stop_reason = job.status_reason if job.status == JobStatus.STOPPING else message
         # A stop the server made for a reason of its own ends as that reason says.
         stopped = reason.to_status() if job.stop_reason and reason == job.stop_reason else JobStatus.STOPPED
@@ -488,7 +518,7 @@ def _job_after_attempt(
         )
         return
     counted = _counted_attempts(job) if reason.counts_as_retry else 0
-    decision = _decide(job, reason, counted=counted)
+    decision = _decide(job, reason, counted=counted, restart=guarded and guard_restarts(job, reason))
     ended = f"attempt {attempt.number} ended: {reason.label}" + (f" ({message})" if message else "")
     if decision.retry:
         _cas_job(
@@ -497,6 +527,7 @@ def _job_after_attempt(
             status=JobStatus.PENDING,
             instance=None,
             status_reason=f"{decision.why}: {ended}"[:REASON_MAX],
+            **_guard_stop_over(guarded),
         )
         return
     final = message or ended
@@ -510,7 +541,12 @@ def _job_after_attempt(
     )
 
 
-def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
+def _guard_stop_over(guarded: bool) -> dict[str, Any]:
+    """The updates that end a guard's stop, so the job's next attempt is watched afresh."""
+    return {"stop_reason": "", "stop_requested_at": None} if guarded else {}
+
+
+def _decide(job: Job, reason: TerminationReason, *, counted: int, restart: bool = False) -> Any:
     first = Attempt.objects.filter(job_id=job.pk).exclude(started_at=None).order_by("number").first()
     placement = Placement.of(job)
     now = timezone.now()
@@ -527,6 +563,7 @@ def _decide(job: Job, reason: TerminationReason, *, counted: int) -> Any:
         now=now,
         max_wait=max_wait,
         waited=(now - waiting_since(job)).total_seconds(),
+        restart=restart,
     )
 
 

@@ -9,6 +9,7 @@ attempt ends ``no_capacity`` and ``lifecycle.retry`` decides.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +28,8 @@ from backend.runs.lifecycle.transitions import (
 from backend.runs.models import Attempt, Job
 from backend.runs.reasons import TerminationReason
 from backend.runs.scheduler.claim import just_up
-from backend.runs.scheduler.offers import Choice, choose, label, switch_note
+from backend.runs.scheduler.offers import Choice, back_in_zone, choose, label, switch_note
+from backend.runs.scheduler.volumes import offers_there, volumes_where
 
 # One pass launches at most this many offers for one job before it says "no capacity".
 MAX_OFFERS_PER_ATTEMPT = 25
@@ -70,7 +72,9 @@ def capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = Fals
         return f"{ready.name} is ready for it", None
     starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
-        return f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})", None
+        why = f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})"
+        note = back_in_zone(job, account_id=str(starting.account_id), region=starting.region, zone=starting.zone)
+        return (f"{why}; {note}" if note else why), None
     backoff = _no_capacity_backoff(job, last)
     if backoff:
         return backoff, None
@@ -81,12 +85,17 @@ def capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = Fals
     if not ranked.candidates:
         why = ranked.shortfall or f"no offer matches its placement ({placement.words()})"
         return f"no backend can run this job: {why}", None
+    where = volumes_where(job)
+    if where is not None:
+        ranked = dataclasses.replace(ranked, candidates=offers_there(where, ranked.candidates))
+        if not ranked.candidates:
+            return f"waiting for a machine where its volumes are ({where.words()}): no offer fits there", None
     tried = _tried_offer_ids(requested)
     blocks = offer_blocks_active(account_ids={str(c.account.pk) for c in ranked.candidates})
     choice = choose(job=job, candidates=ranked.candidates, tried=tried, blocks=blocks)
     spent = _spent(job, requested, tried)
     if choice.open and spent < MAX_OFFERS_PER_ATTEMPT:
-        return _launch(job, choice.open[0])
+        return _launch(job, choice.open[0], note=choice.note)
     if tried or spent >= MAX_OFFERS_PER_ATTEMPT or _waited_too_long(job, placement):
         since = last.finished_at if last is not None else None
         _no_capacity(job, switch_note(job, since) + _offers_tried(requested), choice)
@@ -130,14 +139,15 @@ def _waited_too_long(job: Job, placement: Placement) -> bool:
     return (timezone.now() - waiting_since(job)).total_seconds() >= placement.max_wait
 
 
-def _launch(job: Job, candidate: Candidate) -> tuple[str, Instance | None]:
+def _launch(job: Job, candidate: Candidate, *, note: str = "") -> tuple[str, Instance | None]:
     room = pool_room(kind=candidate.account.kind)
     if room is not None and room <= 0:
         return _pool_full(job), None
     instance = instance_request(
         account=candidate.account, offer=candidate.offer, job_id=str(job.pk), reason_text=f"starting for job {job.name}"
     )
-    return f"waiting for a runner: starting {instance.name} ({label(candidate.offer)})", instance
+    why = f"waiting for a runner: starting {instance.name} ({label(candidate.offer)})"
+    return (f"{why}; {note}" if note else why), instance
 
 
 def _pool_full(job: Job) -> str:

@@ -35,6 +35,7 @@ from backend.runs.lifecycle.transitions import (
 )
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.offers import idle_instances_allowed
+from backend.runs.scheduler.volumes import instances_there, volumes_claim, volumes_where
 
 # A machine started for a job that came up during a pass is left to the next
 # pass this long before another is launched (it may not fit after all).
@@ -48,16 +49,22 @@ class Placed:
     runnable: bool  # ready, not failed for its dependencies, not served from the cache
     held: str = ""  # why its next attempt must wait for the last one's wind-down
     instance: Instance | None = None  # the idle instance claimed for it
+    # Why it waits with nothing launched for it: a volume it names is another job's.
+    waits: str = ""
 
 
 def place(job: Job, *, only: Any = None) -> Placed:
     """The steps a pass, a submission and a hand-over all decide a pending
     job by, in this order: its dependencies (``_ready``: it may fail here),
     the cache (``_reused``: it may succeed here), the wind-down of its last
-    attempt, then an idle instance that fits (``claim_instance``; ``only``:
-    that one). A submitted job has no attempt yet, so nothing holds it."""
+    attempt, its volumes (``volumes_claim``: held by another job, it waits),
+    then an idle instance that fits (``claim_instance``; ``only``: that
+    one). A submitted job has no attempt yet, so nothing holds it."""
     if not _ready(job) or _reused(job):
         return Placed(runnable=False)
+    waits = volumes_claim(job)
+    if waits:
+        return Placed(runnable=True, waits=waits)
     held = _wind_down_hold(job)
     if held:
         return Placed(runnable=True, held=held)
@@ -128,6 +135,7 @@ def claim_instance(job: Job, *, only: Any = None) -> Instance | None:
         Instance.objects.filter(workspace_id=job.workspace_id, status=InstanceStatus.IDLE)
         .filter(Q(pk=only) if only is not None else Q())
         .filter(idle_instances_allowed(job))
+        .filter(_where_volumes_are(job))
         .exclude(channel_name="")
         .exclude(_reserved_for_another(job))
         .filter(Q(cpus__gte=req.cpu or 0) & Q(memory_bytes__gte=req.memory_bytes or 0))
@@ -145,6 +153,12 @@ def claim_instance(job: Job, *, only: Any = None) -> Instance | None:
             if taken is not None:
                 return taken
     return None
+
+
+def _where_volumes_are(job: Job) -> Q:
+    """The machines where the job's volumes are (any machine for a job without volumes)."""
+    where = volumes_where(job)
+    return instances_there(where) if where is not None else Q()
 
 
 def _reserved_for_another(job: Job) -> Q:

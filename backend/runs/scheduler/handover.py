@@ -16,12 +16,12 @@ from django.db import transaction
 from django.db.models import Case, IntegerField, Value, When
 
 from backend.clouds.models import Instance, InstanceStatus
-from backend.runs.lifecycle.dispatch import assignments_send
 from backend.runs.lifecycle.transitions import (
     job_assign,
 )
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.scheduler.claim import place
+from backend.runs.scheduler.volumes import assignments_send
 
 # A runner that finished a job looks at most this many of the oldest pending
 # jobs of its workspace for one it fits (``instance_assign_next``).

@@ -3,8 +3,9 @@
 An idle machine or a ranked offer is open to a job when its placement
 (``lifecycle.placement``) allows it: of its backends, regions, market and
 price; not blocked (``clouds.services.blocks``); not in a zone where its last
-attempt was interrupted less than ``INTERRUPTED_ZONE_SECONDS`` ago; and, for
-``spot_policy: auto``, spot until it switches to on-demand.
+attempt was interrupted less than ``INTERRUPTED_ZONE_SECONDS`` ago, unless
+its volumes are there (the only zone it can run in: skipping it would only
+delay it); and, for ``spot_policy: auto``, spot until it switches to on-demand.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from backend.clouds.services.offers import Candidate
 from backend.runs.lifecycle.placement import Placement, waiting_since
 from backend.runs.models import Attempt, Job
 from backend.runs.reasons import TerminationReason
+from backend.runs.scheduler.volumes import Where, volumes_where, wanted
 
 # After an interruption in a zone, the job's next attempts skip it this long.
 INTERRUPTED_ZONE_SECONDS = 180
@@ -36,6 +38,7 @@ class Choice:
     considered: int  # offers of the market(s) in play
     blocked: list[str] = field(default_factory=list)  # words, one per distinct block
     free_in: float | None = None  # seconds until the first blocked offer is free again
+    note: str = ""  # why the first open offer is in a zone the job was interrupted in
 
 
 def idle_instances_allowed(job: Job) -> Q:
@@ -51,7 +54,7 @@ def idle_instances_allowed(job: Job) -> Q:
         allowed &= Q(spot=placement.spot_policy == "spot")
     if placement.max_price is not None:
         allowed &= Q(price_per_hour__lte=placement.max_price)
-    for account_id, region, zone in _interrupted_zones(job, timezone.now()):
+    for account_id, region, zone in zones_skipped(job, timezone.now()):
         if zone:  # an idle machine in the zone the job was interrupted in may go the same way
             allowed &= ~Q(account_id=account_id, region=region, zone=zone)
     return allowed
@@ -69,7 +72,7 @@ def choose(
        after ``max_wait`` (default ``AUTO_SPOT_WAIT_SECONDS``) otherwise.
     """
     now = now or timezone.now()
-    zones = _interrupted_zones(job, now)
+    zones = zones_skipped(job, now)
     reasons: dict[str, str] = {}
     free_at: list[datetime] = []
 
@@ -94,7 +97,23 @@ def choose(
     free_at.clear()
     open_ = [c for c in market if is_open(c)]
     free_in = (min(free_at) - now).total_seconds() if free_at else None
-    return Choice(open_, len(market), list(reasons.values()), free_in)
+    first = open_[0] if open_ else None
+    note = (
+        back_in_zone(job, account_id=str(first.account.pk), region=first.offer.region, zone=first.offer.zone, now=now)
+        if first is not None
+        else ""
+    )
+    return Choice(open_, len(market), list(reasons.values()), free_in, note)
+
+
+def zones_skipped(job: Job, now: datetime) -> dict[tuple[str, str, str], datetime]:
+    """(account, region, zone) → until when the job skips it: the zones it
+    was interrupted in lately, but for the one its volumes are in."""
+    zones = _interrupted_zones(job, now)
+    where = volumes_where(job) if zones else None
+    if where is None:
+        return zones
+    return {key: until for key, until in zones.items() if not _volumes_there(where, key)}
 
 
 def switch_note(job: Job, since: datetime | None) -> list[dict[str, Any]]:
@@ -138,6 +157,27 @@ def _switch(job: Job, why: str, now: datetime) -> None:
     note = f"switched to on-demand: {why}"
     if Job.objects.filter(pk=job.pk, on_demand_since=None).update(on_demand_since=now, placement_note=note):
         job.on_demand_since, job.placement_note = now, note
+
+
+def back_in_zone(job: Job, *, account_id: str, region: str, zone: str, now: datetime | None = None) -> str:
+    """``back in zone Z, where it was interrupted: its volume V is there``
+    when a machine in (account, region, zone) takes the job back to a zone
+    it was interrupted in lately (only a job pinned there by its volumes
+    does); "" otherwise."""
+    key = (account_id, region, zone)
+    if key not in _interrupted_zones(job, now or timezone.now()):
+        return ""
+    where = volumes_where(job)
+    if where is None or not _volumes_there(where, key):
+        return ""
+    names = wanted(job)
+    volumes = f"volume {names[0]} is" if len(names) == 1 else f"volumes {', '.join(names)} are"
+    return f"back in zone {where.zone or zone}, where it was interrupted: its {volumes} there"
+
+
+def _volumes_there(where: Where, key: tuple[str, str, str]) -> bool:
+    account_id, region, zone = key
+    return account_id == where.account_id and region == where.region and zone in where.zone_names
 
 
 def _interrupted_zones(job: Job, now: datetime) -> dict[tuple[str, str, str], datetime]:

@@ -24,7 +24,6 @@ from django.db import DatabaseError, connection, transaction
 from backend.clouds.models import Instance
 from backend.core.db import retry_on_conflict
 from backend.core.deliveries import note_subject
-from backend.runs.lifecycle.dispatch import assignment_send_isolated
 from backend.runs.lifecycle.transitions import (
     job_assign,
     job_set_waiting_reason,
@@ -32,6 +31,7 @@ from backend.runs.lifecycle.transitions import (
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.capacity import OffersMemo, capacity, offers_worth_showing
 from backend.runs.scheduler.claim import place
+from backend.runs.scheduler.volumes import assignment_send
 
 # Key of the Postgres advisory lock that serialises scheduling passes.
 SCHEDULER_LOCK = 0x7472_6169_6E79  # "trainy"
@@ -73,7 +73,7 @@ def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = No
         for job_id in pending:
             assigned, requested, waits = _schedule_job(job_id, offers)
             if assigned is not None:
-                assignment_send_isolated(assigned)  # its transaction has committed
+                assignment_send(assigned)  # its transaction has committed
                 result.assigned.append(str(job_id))
             if requested is not None:
                 result.provisioned.append(str(requested.pk))
@@ -129,6 +129,9 @@ def _schedule_job(job_id: Any, offers: OffersMemo) -> tuple[Attempt | None, Inst
         placed = place(job)
         if not placed.runnable:
             return None, None, False
+        if placed.waits:
+            job_set_waiting_reason(job, placed.waits)
+            return None, None, True
         if placed.instance is not None:
             return job_assign(job=job, instance=placed.instance, offers_tried=offers_worth_showing(job)), None, False
         held = placed.held

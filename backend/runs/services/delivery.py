@@ -14,6 +14,7 @@ from trainyard_runner import protocol
 
 from backend.core.errors import ApplicationError, NotFound
 from backend.runs.lifecycle.dag import job_inputs
+from backend.runs.lifecycle.devenvs import app_token_env
 from backend.runs.lifecycle.dispatch import input_url
 from backend.runs.lifecycle.privateenv import private_inputs_of
 from backend.runs.models import Job
@@ -51,13 +52,27 @@ def job_secrets(*, job: Job) -> protocol.JobSecrets:
     secrets = {variable: found.env[secret] for variable, secret in named.items()}
     return protocol.JobSecrets(
         # The submitter's values win over secrets, as the spec's env did.
-        env={**secrets, **_private_env(job)},
+        env={**secrets, **_private_env(job), **_app_token_env(job)},
         credential=(
             protocol.GitCredential(kind=credential.kind, username=credential.username, secret=credential.secret)  # type: ignore[arg-type]
             if credential is not None
             else None
         ),
     )
+
+
+def _app_token_env(job: Job) -> dict[str, str]:
+    """A Jupyter dev environment's token (``devenvs``), as ``JUPYTER_TOKEN``."""
+    if job.app_token is None:
+        return {}
+    found = app_token_env(job)
+    if not found:
+        raise ApplicationError(
+            "this dev environment's token cannot be decrypted with the server's keys (TRAINYARD_SECRET_KEYS):"
+            " run the workflow again",
+            status_code=409,
+        )
+    return found
 
 
 def _private_env(job: Job) -> dict[str, str]:

@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 from trainyard_runner.protocol import LogLineWire, log_digest_add, log_digest_hex
 
@@ -103,7 +104,8 @@ def attempt_log_received(*, job_id: str, attempt: int, count: int, parts: list[t
         for streams, text in parts:
             state = log_digest_add(state, streams, text)
         digest = log_digest_hex(state)
-    Attempt.objects.filter(pk=pk).update(log_lines=lines + count, log_digest=digest)
+    # The stall guard's last-output time rides on this write (``services.guards``).
+    Attempt.objects.filter(pk=pk).update(log_lines=lines + count, log_digest=digest, last_output_at=Now())
 
 
 def logs_check(*, job_id: str, attempt: int, lines: int, digest: str) -> bool:

@@ -25,6 +25,7 @@ from functools import cache, cached_property, partial
 from typing import Any
 
 from django.db import transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from trainyard_runner.protocol import (
     LogLineWire,
     chunk_fields,
@@ -203,6 +204,10 @@ def logs_store(
             Job.objects.select_for_update(of=("self",))
             .select_related("workspace")
             .only(*JOB_FIELDS)
+            .annotate(
+                private_env=ExpressionWrapper(Q(spec__has_key="private_env"), output_field=BooleanField()),
+                has_app_token=ExpressionWrapper(Q(app_token__isnull=False), output_field=BooleanField()),
+            )
             .filter(pk=job_id)
             .held_by(instance_id=instance_id, attempt=attempt)
             .first()
@@ -229,7 +234,8 @@ def logs_store(
         )
         batch, truncated_at = _capped(job, prepared)
         if batch is not None:
-            batch = _final(batch, job_masks(job=job), _previous(job))
+            masks = job_masks(job=job, private_env=job.private_env, app_token=job.has_app_token)
+            batch = _final(batch, masks, _previous(job))
             chunks_write(job_id, batch.chunks)
             transaction.on_commit(partial(log_ingested, lines=len(batch), size=batch.size))
         _advance(job, attempt, last_seq, batch, truncated_at)

@@ -26,8 +26,11 @@ from backend.runs.lifecycle.dag import (
     ref_origin,
     run_artifacts,
 )
+from backend.runs.lifecycle.guards import Guards
 from backend.runs.lifecycle.privateenv import private_names
 from backend.runs.models import Job
+from backend.runs.scheduler.volumes import volumes_outlook
+from backend.runs.services.datainputs import ListedInputs, data_outlook, inputs_list
 from backend.runs.services.environments import environment_outlook
 from backend.runs.services.offerplan import offer_plan
 from backend.runs.services.runs import (
@@ -55,8 +58,10 @@ def run_plan_preview(
     file = load_files(inputs.files)
     plan = resolve_plan(file, workflow, inputs, known_secrets=secret_names(workspace_id=workspace.pk))
     refs = resolve_refs(workspace, plan)
-    placements = placements_of(file, placement or {})
+    placements = placements_of(file, placement or {}, workspace)
     repo_url = url_without_credentials(repo_url.strip())  # as run_create stores it
+    listed = inputs_list(workspace_id=workspace.pk, file=file, plan=plan)
+    plan = dataclasses.replace(plan, jobs=[dataclasses.replace(j, data=listed.data_of(j)) for j in plan.jobs])
     hits: dict[str, Job | None] = {}
     artifacts_of = {j.name: list(j.artifacts) for j in plan.jobs}
     jobs = []
@@ -66,7 +71,7 @@ def run_plan_preview(
         spec = job_spec(
             planned, inputs.environment_files, private_names(env=inputs.env, inherited_env=inputs.inherited_env)
         )
-        hit, decision = _decide(workspace, planned, spec, code, repo_url, no_cache, (needed, known), pending)
+        hit, decision = _decide(workspace, planned, spec, code, repo_url, no_cache, (needed, known), pending, listed)
         hits[planned.name] = hit
         jobs.append(
             {
@@ -77,6 +82,8 @@ def run_plan_preview(
                 "after_running": list(planned.after_running),
                 "resources": spec["resources"],
                 "inputs": described,
+                "data_inputs": data_outlook(workspace_id=workspace.pk, planned=planned, listed=listed),
+                "volumes": volumes_outlook(workspace_id=workspace.pk, planned=planned.volumes),
                 "cache": {"run": hit.run.name, "job": str(hit.pk)} if hit else None,
                 "cache_decision": decision,
                 "commands": list(planned.commands),
@@ -87,6 +94,7 @@ def run_plan_preview(
                     files=environment_files_of(planned.environment, inputs.environment_files),
                 ),
                 "placement": placements[planned.workflow],
+                "guards": Guards.from_placement(placements[planned.workflow]).words(),
                 "offer": offer_plan(
                     workspace_id=workspace.pk,
                     resources=dataclasses.asdict(planned.resources),
@@ -118,6 +126,7 @@ def _decide(
     no_cache: bool,
     inputs: tuple[list[InputArtifact], bool],
     pending: list[tuple[str, str]],
+    listed: ListedInputs,
 ) -> tuple[Job | None, dict[str, Any]]:
     """The cache hit of a planned job (or None) and the decision, as the scheduler makes it."""
     needed, known = inputs
@@ -132,6 +141,7 @@ def _decide(
             code=code,
             inputs=needed if known else None,
             pending=pending,
+            listed={listed.of(item).digest: listed.of(item).entries for item in planned.data},
         )
 
     answer = cache_decide(spec=spec, subject_of=subject, after_running=bool(planned.after_running), no_cache=no_cache)

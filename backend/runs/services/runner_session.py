@@ -35,6 +35,7 @@ from backend.clouds.services.instances import (
 )
 from backend.core.testhooks import file_hook_fires
 from backend.runs.events import publish_runs, publishing_held
+from backend.runs.lifecycle.guards import attempt_commands_started
 from backend.runs.lifecycle.kept import job_keep
 from backend.runs.lifecycle.transitions import (
     attempt_end,
@@ -215,6 +216,8 @@ def runner_job_state(*, instance_id: str, message: protocol.JobState) -> Reply:
             job_id=message.job, instance_id=instance_id, attempt=message.attempt, report=message.environment
         )
     if message.state not in FINAL_STATES:
+        if message.state == "running":
+            attempt_commands_started(job_id=message.job, instance_id=instance_id, attempt=message.attempt)
         reason = message.reason or PROGRESS[message.state]
         job_set_reason(job_id=message.job, instance_id=instance_id, attempt=message.attempt, reason=reason)
         return Reply()

@@ -218,4 +218,6 @@ def _facts(hello: protocol.Hello) -> Facts:
         disk_bytes=r.disk_bytes,
         gpus=[g.model_dump() for g in r.gpus],
         cloud_id=hello.cloud.instance_id if hello.cloud else "",
+        relay_version=hello.relay,
+        ssh_host_key=hello.ssh_host_key,
     )

@@ -12,14 +12,19 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, WorkflowsFile, load_workflows, resolve_run_plan
+from trainyard_spec.schema import DEV_ENVIRONMENT_PROVIDERS
 
+from backend.accounts.guards import guard_defaults_parse
 from backend.accounts.models import User, Workspace
 from backend.artifacts.models import Blob
+from backend.clouds.services.volumes import volumes_check_plan
 from backend.core.db import retry_on_conflict
 from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
 from backend.repos.models import Repo
 from backend.repos.services import repo_get_or_create
+from backend.runs.lifecycle.devenvs import app_token_seal
+from backend.runs.lifecycle.guards import guards_resolved
 from backend.runs.lifecycle.privateenv import (
     PrivateInputs,
     private_digest,
@@ -32,6 +37,7 @@ from backend.runs.lifecycle.transitions import job_request_stop, run_lock, run_r
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name_stem
 from backend.runs.scheduler.handover import run_assign_on_submit
+from backend.runs.services.datainputs import inputs_list
 from backend.runs.services.submissions import Once, submission_key_bind, submission_key_claim
 from backend.runs.wakeups import schedule_soon
 from backend.vault.services import secret_names
@@ -128,8 +134,20 @@ def run_create(
     if environment_build:
         plan = environment_build_plan(plan)
     retries = _retry_policies(file)
-    placements = placements_of(file, placement or {})
+    placements = placements_of(file, placement or {}, workspace)
+    for job in plan.jobs:
+        if job.volumes:
+            where = placements.get(job.workflow) or {}
+            volumes_check_plan(
+                workspace_id=workspace.pk,
+                job=job.name,
+                wanted=[str(v["name"]) for v in job.volumes],
+                backends=[str(b) for b in where.get("backends") or ()],  # type: ignore[attr-defined]
+                regions=[str(r) for r in where.get("regions") or ()],  # type: ignore[attr-defined]
+            )
     refs = resolve_refs(workspace, plan)
+    # Network calls (S3 listings, HEADs): before the transaction, never inside it.
+    listed = inputs_list(workspace_id=workspace.pk, file=file, plan=plan, rerun_of=rerun_of)
     patch, archive = _code_blobs(workspace, code)
     private = private_names(env=inputs.env, inherited_env=inputs.inherited_env)
     sealed = private_seal(
@@ -171,6 +189,9 @@ def run_create(
             environment_build=environment_build,
             status_reason="waiting for a runner",
         )
+        listed.store(workspace_id=workspace.pk)
+        jobs = [dataclasses.replace(job, data=listed.data_of(job)) for job in plan.jobs]
+        plan = dataclasses.replace(plan, jobs=jobs)
         _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files, private)
         run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
@@ -395,7 +416,25 @@ def job_spec(
         **({"environment_files": files} if files else {}),
         # Names, never values: the job's runner fetches them (``delivery.job_secrets``).
         **({"secrets": dict(plan.secrets)} if plan.secrets else {}),
+        **({"dev_environment": dev_environment_spec(plan)} if plan.dev_environment else {}),
+        **({"metrics": metrics_spec(plan)} if plan.metrics or plan.metrics_interval or plan.metrics_per_minute else {}),
+        # Each input's uri, path, read_only, sha256 pin and, once listed, the snapshot it reads.
+        **({"data": [dict(item) for item in plan.data]} if plan.data else {}),
+        **({"volumes": [dict(v) for v in plan.volumes]} if plan.volumes else {}),
+        # {artifact path: ``to`` as written}: copied there once uploaded (``artifacts.exports``).
+        **({"exports": dict(plan.exports)} if plan.exports else {}),
     }
+
+
+def metrics_spec(plan: JobPlan) -> dict[str, object]:
+    """The workflow's ``metrics:`` as stored (``dispatch`` puts it in ``AssignJob``)."""
+    values = {"patterns": list(plan.metrics), "interval": plan.metrics_interval, "per_minute": plan.metrics_per_minute}
+    return {k: v for k, v in values.items() if v}
+
+
+def dev_environment_spec(plan: JobPlan) -> dict[str, object]:
+    """A dev environment's kind and ``inactivity_duration`` as stored (``devenvs``)."""
+    return {"kind": plan.dev_environment, "inactivity_duration": plan.inactivity_duration}
 
 
 def environment_files_of(
@@ -481,10 +520,22 @@ def _retry_policies(file: WorkflowsFile) -> dict[str, dict[str, object]]:
     return {name: wf.retry.policy() if wf.retry is not None else {} for name, wf in file.workflows.items()}
 
 
-def placements_of(file: WorkflowsFile, overrides: dict[str, object]) -> dict[str, dict[str, object]]:
+def placements_of(
+    file: WorkflowsFile, overrides: dict[str, object], workspace: Workspace | None = None
+) -> dict[str, dict[str, object]]:
     """Each workflow's placement keys (``Workflow.placement``) with the
-    overrides on top, as stored on its jobs."""
-    return {name: {**wf.placement(), **overrides} for name, wf in file.workflows.items()}
+    overrides on top, and its guards (its own, else ``workspace``'s
+    defaults; ``lifecycle.guards``), as stored on its jobs."""
+    defaults = guard_defaults_parse(workspace.guard_defaults)[0] if workspace is not None else {}
+    return {
+        name: {
+            **wf.placement(),
+            **overrides,
+            # A dev environment is quiet while a person thinks: its inactivity_duration is its guard.
+            **guards_resolved(wf.guards(), {} if wf.provider in DEV_ENVIRONMENT_PROVIDERS else defaults),
+        }
+        for name, wf in file.workflows.items()
+    }
 
 
 def _jobs_create(
@@ -502,13 +553,14 @@ def _jobs_create(
     for planned in plan.jobs:
         if planned.environment and locks.get(planned.name):
             planned = dataclasses.replace(planned, environment={**planned.environment, "lock": locks[planned.name]})
-        resources = planned.resources
+        resources, spec = planned.resources, job_spec(planned, environment_files, private)
         by_name[planned.name] = Job.objects.create(
             workspace=run.workspace,
             run=run,
             name=planned.name,
             workflow=planned.workflow,
-            spec=job_spec(planned, environment_files, private),
+            spec=spec,
+            app_token=app_token_seal(spec),
             cpu=resources.cpu,
             memory_bytes=resources.memory_bytes,
             gpu_count=resources.gpu_count or 0,

@@ -1,6 +1,8 @@
 """The ``trainyard`` commands: ``commands/<name>.py`` defines the top-level
-command or group ``trainyard <name>`` and all of its subcommands, as a click
-command of the same name (``trainyard.cli`` gathers them under one group).
+command or group ``trainyard <name>`` (an ``_`` of the module's name is a
+``-`` of the command's: ``ssh_key.py`` is ``trainyard ssh-key``) and all of
+its subcommands, as a click command named as the module (``trainyard.cli``
+gathers them under one group).
 
 Three modules define no command; the commands share them and nothing else:
 ``common`` (the error a command raises, the API client, following a run,

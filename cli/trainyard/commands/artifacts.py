@@ -10,9 +10,9 @@ from pathlib import Path, PurePosixPath
 
 import click
 
-from ..api import Artifact, Client
+from ..api import ApiError, Artifact, Client, Export
 from ..code import keep_out_of_git
-from ..output import print_table, size
+from ..output import export_lines, print_table, size
 from . import common, options
 
 
@@ -26,10 +26,12 @@ def artifacts() -> None:
 @options.json_option("Print the API's artifact objects.")
 def artifacts_list(run_name: str, as_json: bool) -> None:
     """List the files of RUN's artifacts."""
-    found = common.client().list_artifacts(run_name)
+    api = common.client()
+    found = api.list_artifacts(run_name)
     if as_json:
         common.print_json(found)
         return
+    exports = _exports(api, run_name)
     rows = [
         [
             a["path"] + ("" if a["status"] == "complete" else f" ({a['status']})"),
@@ -42,8 +44,20 @@ def artifacts_list(run_name: str, as_json: bool) -> None:
     ]
     if not rows:
         click.echo(f"Run {run_name} has no artifacts.", err=True)
-        return
-    print_table(["ARTIFACT", "FILE", "SIZE", "SHA256"], rows, tty=sys.stdout.isatty())
+    else:
+        print_table(["ARTIFACT", "FILE", "SIZE", "SHA256"], rows, tty=sys.stdout.isatty())
+    if exports:
+        click.echo("\n".join(["", "Copied to (to:):", *export_lines(exports)]))
+
+
+def _exports(api: Client, run_name: str) -> list[Export]:
+    """The copies to ``to:`` destinations; none from a server without them (404)."""
+    try:
+        return api.list_exports(run_name)
+    except ApiError as exc:
+        if exc.status == 404:
+            return []
+        raise
 
 
 @artifacts.command("download")

@@ -87,11 +87,13 @@ def backend_add_aws(
 @backend.command("setup")
 @click.argument("kind", type=click.Choice(["aws"]))
 @click.option("--bucket", default="", help="Fill the bucket into the permission policy.")
+@click.option("--data-bucket", default="", help="Also let the role read this bucket (or pattern) for inputs: s3://…")
+@click.option("--output-bucket", default="", help="Also let the role write this bucket (or pattern) for to: s3://…")
 @options.json_option("Print the server's answer as JSON.")
-def backend_setup(kind: str, bucket: str, as_json: bool) -> None:
+def backend_setup(kind: str, bucket: str, data_bucket: str, output_bucket: str, as_json: bool) -> None:
     """Show your workspace's external id and the policies its AWS role needs
     (deploy/aws/role.yaml creates the role with them)."""
-    setup = common.client().aws_setup(bucket=bucket)
+    setup = common.client().aws_setup(bucket=bucket, data_bucket=data_bucket, output_bucket=output_bucket)
     if as_json:
         common.print_json(setup)
         return

@@ -14,17 +14,23 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from trainyard_spec import Source, WorkflowFileError, WorkflowsFile, find_workflows_files
 
 from ..api import ApiError, Client, Job, Run
-from ..code import CodeError
 from ..config import ConfigError, load_config
-from ..follow import Follower
-from ..guard import CodeTooLarge
-from ..output import LogWriter, StatusDisplay, print_table
+from ..proxy import ProxyError
+from ..sshclient import SshClientError
+from ..sshconfig import SshConfigError
+from ..sshkeys import SshKeyError
+
+if TYPE_CHECKING:
+    from trainyard_spec import Source, WorkflowsFile
+
+# The workflow parser, the code packer and the log follower are imported
+# where they are used: ``trainyard ssh`` (started for every connection) needs
+# none of them, and they are most of what importing every command costs.
 
 T = TypeVar("T")
 
@@ -50,14 +56,29 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except WorkflowFileError as e:
-            raise CliError("", [str(err) for err in e.errors]) from None
-        except ApiError as e:
-            raise CliError(e.message, [_format_server_error(err) for err in e.errors]) from None
-        except CodeTooLarge as e:
-            raise CliError(str(e), e.details) from None
-        except (ConfigError, CodeError) as e:
-            raise CliError(str(e)) from None
+        except Exception as e:
+            error = _cli_error(e)
+            if error is None:
+                raise
+            raise error from None
+
+
+def _cli_error(e: Exception) -> CliError | None:
+    """What a person is told of the SDK's exception ``e`` (None: not one of them)."""
+    from trainyard_spec import WorkflowFileError
+
+    from ..code import CodeError
+    from ..guard import CodeTooLarge
+
+    if isinstance(e, WorkflowFileError):
+        return CliError("", [str(err) for err in e.errors])
+    if isinstance(e, ApiError):
+        return CliError(e.message, [_format_server_error(err) for err in e.errors])
+    if isinstance(e, CodeTooLarge):
+        return CliError(str(e), e.details)
+    if isinstance(e, (ConfigError, CodeError, SshKeyError, SshConfigError, SshClientError, ProxyError)):
+        return CliError(str(e))
+    return None
 
 
 def client() -> Client:
@@ -74,14 +95,24 @@ def follow(
     seen: dict[str, int],
     on_reused: Callable[[Job], None] = lambda job: None,
     announced: set[str] | None = None,
+    on_run: Callable[[Run], None] = lambda run: None,
 ) -> Run:
-    """Follow a run to its end; Ctrl-C detaches with exit code 130."""
+    """Follow a run to its end; Ctrl-C detaches with exit code 130.
+    ``on_run`` gets every update of the run, after the status line."""
+    from ..follow import Follower
+    from ..output import LogWriter, StatusDisplay
+
     display = StatusDisplay(live=sys.stdout.isatty() and sys.stderr.isatty())
+
+    def updated(run: Run) -> None:
+        display.update(run)
+        on_run(run)
+
     follower = Follower(
         api,
         run_name,
         writer=LogWriter(),
-        on_run=display.update,
+        on_run=updated,
         before_logs=display.pause,
         seen=seen,
         on_reused=on_reused,
@@ -98,6 +129,8 @@ def follow(
 
 def workflow_sources(root: Path) -> list[Source]:
     """The repo's workflows files, as the server is sent them."""
+    from trainyard_spec import Source, find_workflows_files
+
     return [Source(p.relative_to(root).as_posix(), read_text(p)) for p in find_workflows_files(root)]
 
 
@@ -126,6 +159,8 @@ def print_list(
     if not answer and empty is not None:
         click.echo(empty, err=True)
         return False
+    from ..output import print_table
+
     print_table(headers, [row(item) for item in answer], tty=sys.stdout.isatty())
     return True
 

@@ -7,7 +7,7 @@ import itertools
 import click
 
 from ..api import Run
-from ..output import age, duration, truncate
+from ..output import age, duration, money, truncate
 from . import common, options
 
 
@@ -26,9 +26,10 @@ def ps(show_all: bool, as_json: bool, limit: int | None) -> None:
 
     def row(r: Run) -> list[str]:
         shown = [r["name"], r["workflow"], r["status"], age(r.get("created_at")), duration(r.get("duration_seconds"))]
+        shown.append(money(r.get("cost")))
         return shown + ([truncate(_shown_reason(r))] if reasons else [])
 
-    headers = ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION"] + (["REASON"] if reasons else [])
+    headers = ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION", "COST"] + (["REASON"] if reasons else [])
     empty = "No runs yet: start one with `trainyard run WORKFLOW`."
     common.print_list(runs, row, as_json=as_json, headers=headers, empty=empty)
 

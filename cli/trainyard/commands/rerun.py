@@ -3,8 +3,11 @@ recorded; the CLI follows it as ``run`` does (``submission``)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import click
 
+from ..api import Run
 from . import common, options, submission
 
 
@@ -14,7 +17,14 @@ from . import common, options, submission
 def rerun(run_name: str, detach: bool) -> None:
     """Run RUN's workflow again: the same code, workflows files and values,
     and each job's environment installed from RUN's recorded lock (nothing is
-    resolved again), then follow it as `trainyard run` does."""
+    resolved again), and each data input read as RUN read it where its bucket
+    keeps versions (a warning names the ones read as they are now), then
+    follow it as `trainyard run` does."""
     api = common.client()
     created = api.rerun(run_name)
-    submission.follow_submitted(api, created, f"Run {created['name']} submitted: a re-run of {run_name}", detach=detach)
+    for notice in created.get("notices") or []:
+        common.warn(notice)
+    # The answer is the run as its page shows it (its jobs also with their data and
+    # volumes, which following does not read) and the notices.
+    run = cast(Run, created)
+    submission.follow_submitted(api, run, f"Run {created['name']} submitted: a re-run of {run_name}", detach=detach)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import click
 
+from ..devenvs import DevEnvironmentNotice
 from ..guard import WARN_ENV
+from ..sshclient import default_workspace, entries_of
 from . import common, options, submission
 
 SPOT_POLICIES = ["spot", "on-demand", "auto"]
@@ -46,6 +48,12 @@ SPOT_POLICIES = ["spot", "on-demand", "auto"]
     default=None,
     help=f"Ask before uploading more code than this beyond the commit (default {WARN_ENV} or 20MiB).",
 )
+@click.option(
+    "--open",
+    "open_browser",
+    is_flag=True,
+    help="Open a lab or notebook workflow's Jupyter in the browser once it runs.",
+)
 @options.yes_option
 def run(
     workflow: str,
@@ -60,6 +68,7 @@ def run(
     spot_policy: str | None,
     max_price: float | None,
     code_warn_size: str | None,
+    open_browser: bool,
     yes: bool,
 ) -> None:
     """Run WORKFLOW from the repo's workflows files and follow it.
@@ -74,6 +83,9 @@ def run(
     checked before it is uploaded: over --code-warn-size the run lists the
     largest files and asks (not with --yes or without a terminal); over the
     server's limit it is refused. .trainyardignore leaves files out.
+    A dev environment (provider lab, notebook or code) runs until stopped or
+    idle: once it runs, the run prints the link to its Jupyter (--open opens
+    it) or its ssh host and VS Code's code --remote line.
     """
     warn_bytes = submission.warn_size(code_warn_size)
     placement = options.placement(backends, regions, spot_policy, max_price)
@@ -85,7 +97,21 @@ def run(
         return
     jobs = local.plan.jobs
     listed = f" ({len(jobs)} jobs: {', '.join(job.name for job in jobs)})" if len(jobs) > 1 else ""
-    submission.follow_submitted(api, created, f"Run {created['name']} submitted{listed}", detach=detach)
+    notice = DevEnvironmentNotice(
+        api.url,
+        api.workspace,
+        open_browser=open_browser,
+        detached=detach,
+        host_of=lambda run, job: entries_of(api, run, jobs=[job], default=default_workspace(api))[0].alias,
+    )
+    submission.follow_submitted(
+        api,
+        created,
+        f"Run {created['name']} submitted{listed}",
+        detach=detach,
+        on_run=notice,
+        before_follow=notice.pending,
+    )
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:

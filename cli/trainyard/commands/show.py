@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
+from ..api import FINISHED, ApiError
 from ..output import (
     attempt_rows,
     cache_lines,
+    cost_lines,
     dag_rows,
+    data_lines,
     environment_lines,
+    export_lines,
+    guard_lines,
     input_lines,
+    last_metrics_lines,
+    money,
     port_lines,
     print_table,
     rerun_line,
@@ -31,6 +39,9 @@ def show(run_name: str, as_json: bool) -> None:
         return
     reason = f" ({current['status_reason']})" if current.get("status_reason") else ""
     click.echo(f"Run {current['name']} of {current['workflow']}: {current['status']}{reason}")
+    if current.get("cost") is not None:
+        live = "" if current["status"] in FINISHED else " so far"
+        click.echo(f"Cost: {money(current['cost'])}{live} (USD, every attempt of every job)")
     if rerun := rerun_line(current):
         click.echo(rerun)
     headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]
@@ -42,13 +53,38 @@ def show(run_name: str, as_json: bool) -> None:
         print_table(headers, attempts, tty=sys.stdout.isatty())
     jobs = current.get("jobs") or []
     sections = [
+        ("Metrics (trainyard metrics RUN):", last_metrics_lines(_metrics(api, run_name))),
+        ("Costs:", cost_lines(current)),
         ("Placement:", [f"  {j['name']}: {j['placement_note']}" for j in jobs if j.get("placement_note")]),
+        ("Guards:", guard_lines(current)),
         ("Cache:", cache_lines(current)),
         ("Logs:", [f"  {j['name']}: {j['log_note']}" for j in jobs if j.get("log_note")]),
         ("Ports:", port_lines(current)),
         ("Inputs:", input_lines(current)),
+        ("Data and volumes:", data_lines(current)),
+        ("Exports:", export_lines(_exports(api, run_name))),
         ("Environments (trainyard env show KEY):", environment_lines(current)),
     ]
     for title, lines in sections:
         if lines:
             click.echo("\n".join(["", title, *lines]))
+
+
+def _exports(api: Any, run_name: str) -> list[Any]:
+    """The copies to ``to:`` destinations; none from a server without them (404)."""
+    try:
+        return list(api.list_exports(run_name))
+    except ApiError as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
+def _metrics(api: Any, run_name: str) -> list[Any]:
+    """Each job's last metric values; none from a server without metrics (404)."""
+    try:
+        return list(api.run_metrics(run_name)["jobs"])
+    except ApiError as exc:
+        if exc.status == 404:
+            return []
+        raise

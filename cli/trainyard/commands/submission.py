@@ -134,19 +134,24 @@ def follow_submitted(
     *,
     detach: bool,
     report: Callable[[Client, Run], None] = lambda api, run: None,
+    on_run: Callable[[Run], None] = lambda run: None,
+    before_follow: Callable[[Run], None] = lambda run: None,
 ) -> None:
     """Announce the run just created and each job's cheapest offer (stderr);
     with ``detach`` print its name and return, else follow it to its end,
     say which jobs were reused, ``report`` on it, and exit with
-    ``run_exit_code``."""
+    ``run_exit_code``. ``before_follow`` is called once with the run just
+    created, after the announcement; ``on_run`` with every update of the
+    followed run."""
     click.echo(announcement, err=True)
     offers = cast(dict[str, Any], created).get("plan")  # the creation answer only
     if offers:
         print_table(PLAN_HEADERS, offer_rows(offers), tty=sys.stderr.isatty(), out=sys.stderr)
+    before_follow(created)
     if detach:
         click.echo(created["name"])
         return
-    final = common.follow(api, created["name"], seen={}, on_reused=_note_reused)
+    final = common.follow(api, created["name"], seen={}, on_reused=_note_reused, on_run=on_run)
     _reused_summary(api, final)
     report(api, final)
     sys.exit(run_exit_code(final))

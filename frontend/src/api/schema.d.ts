@@ -96,6 +96,44 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/me/ssh-keys/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The caller's SSH public keys, for SSH into their jobs. */
+        get: operations["me_ssh_keys_list"];
+        put?: never;
+        /** @description The caller's SSH public keys, for SSH into their jobs. */
+        post: operations["me_ssh_keys_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/ssh-keys/{key}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * @description Removes the caller's key named by its id, fingerprint (SHA256:…) or
+         *     name; the caller's live SSH sessions end (they may have used it).
+         */
+        delete: operations["me_ssh_keys_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/runner/jobs/{job}/artifacts/": {
         parameters: {
             query?: never;
@@ -225,6 +263,43 @@ export interface paths {
          *     deadline. Idempotent; nothing to do for an attempt that was not held.
          */
         post: operations["runner_jobs_checkpoints_done_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/data/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description One page (at most 1,000 files) of one of the job's data inputs, as
+         *     listed at submission (runner protocol 7).
+         */
+        get: operations["runner_jobs_data_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runner/jobs/{job}/data/url/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description A fresh URL for one file of a data input, after its presigned URL expired. */
+        post: operations["runner_jobs_data_url_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -554,6 +629,45 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/costs/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description What the workspace spent in [since, until): attempts that started
+         *     then, grouped by user, workflow, backend or day, and the idle line.
+         */
+        get: operations["workspaces_costs_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/data/endpoint/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_data_endpoint_retrieve"];
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        put: operations["workspaces_data_endpoint_update"];
+        post?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        delete: operations["workspaces_data_endpoint_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/environments/": {
         parameters: {
             query?: never;
@@ -601,6 +715,34 @@ export interface paths {
          */
         get: operations["workspaces_environments_lock_retrieve"];
         put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/guards/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The guards a run of this workspace gets where its workflow has no key
+         *     of its own (docs/WORKFLOWS.md, "Guards"): every member and viewer
+         *     reads them, admins replace them. Written as in a workflow and checked as
+         *     a workflow's keys are; a change applies to runs submitted after it.
+         */
+        get: operations["workspaces_guards_retrieve"];
+        /**
+         * @description The guards a run of this workspace gets where its workflow has no key
+         *     of its own (docs/WORKFLOWS.md, "Guards"): every member and viewer
+         *     reads them, admins replace them. Written as in a workflow and checked as
+         *     a workflow's keys are; a change applies to runs submitted after it.
+         */
+        put: operations["workspaces_guards_update"];
         post?: never;
         delete?: never;
         options?: never;
@@ -727,6 +869,94 @@ export interface paths {
         head?: never;
         /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
         patch: operations["workspaces_members_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/metrics/compare/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description 2 to 10 runs of the workspace side by side: params, commit, cost, last values, curves. */
+        get: operations["workspaces_metrics_compare_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/notifications/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_notifications_list"];
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_notifications_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/notifications/{id}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_notifications_retrieve"];
+        put?: never;
+        post?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        delete: operations["workspaces_notifications_destroy"];
+        options?: never;
+        head?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        patch: operations["workspaces_notifications_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/notifications/{id}/deliveries/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_notifications_deliveries_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/notifications/{id}/test/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_notifications_test_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
         trace?: never;
     };
     "/api/v1/workspaces/{workspace}/offers/": {
@@ -908,6 +1138,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/runs/{run}/exports/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_runs_exports_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runs/{run}/metrics/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Each job's series names, last values and counters, and its attempts. */
+        get: operations["workspaces_runs_metrics_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runs/{run}/metrics/series/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description One job's series over its attempts, downsampled to ``points`` each. */
+        get: operations["workspaces_runs_metrics_series_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/runs/{run}/rerun/": {
         parameters: {
             query?: never;
@@ -919,6 +1200,23 @@ export interface paths {
         put?: never;
         /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
         post: operations["workspaces_runs_rerun_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runs/{run}/sessions/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Members and admins; the job must be running on a runner that serves sessions. */
+        post: operations["workspaces_runs_sessions_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1000,6 +1298,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/sessions/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Admins see every session of the workspace; others their own. */
+        get: operations["workspaces_sessions_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/sessions/{session}/end/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description An admin ends any session of the workspace; a member their own. */
+        post: operations["workspaces_sessions_end_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/tags/": {
         parameters: {
             query?: never;
@@ -1031,6 +1363,42 @@ export interface paths {
         post?: never;
         /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
         delete: operations["workspaces_tags_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/volumes/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_volumes_list"];
+        put?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        post: operations["workspaces_volumes_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/volumes/{name}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        get: operations["workspaces_volumes_retrieve"];
+        put?: never;
+        post?: never;
+        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        delete: operations["workspaces_volumes_destroy"];
         options?: never;
         head?: never;
         patch?: never;
@@ -1083,6 +1451,7 @@ export interface components {
             files: components["schemas"]["ArtifactFileOut"][];
             /** Format: date-time */
             readonly created_at: string;
+            readonly export: components["schemas"]["ExportOut"] | null;
         };
         /**
          * @description * `uploading` - Uploading
@@ -1114,6 +1483,12 @@ export interface components {
             readonly restored_checkpoint: number | null;
             /** @description the key of the environment its commands ran in (docs/ENVIRONMENTS.md); empty for none */
             readonly environment: string;
+            /** @description USD, a decimal string ("0.7010"): price_per_hour x billed_seconds; null: it held no machine */
+            readonly cost: string | null;
+            /** @description USD, its machine's price; null: no machine */
+            readonly price_per_hour: string | null;
+            /** @description the whole seconds it held its machine (until now while it runs); null: no machine */
+            readonly billed_seconds: number | null;
             /** Format: date-time */
             readonly created_at: string;
         };
@@ -1154,9 +1529,12 @@ export interface components {
          *     * `backend` - Backend
          *     * `token` - Token
          *     * `runner` - Runner
+         *     * `ssh_key` - SSH key
+         *     * `session` - Session
+         *     * `workspace` - Workspace
          * @enum {string}
          */
-        AuditEventOutKindEnum: "secret" | "credential" | "member" | "backend" | "token" | "runner";
+        AuditEventOutKindEnum: "secret" | "credential" | "member" | "backend" | "token" | "runner" | "ssh_key" | "session" | "workspace";
         AuditPageOut: {
             /** @description the next page's URL; null on the last */
             next: string | null;
@@ -1242,6 +1620,14 @@ export interface components {
             size: number;
             sha256: string;
         };
+        /**
+         * @description * `user` - user
+         *     * `workflow` - workflow
+         *     * `backend` - backend
+         *     * `day` - day
+         * @enum {string}
+         */
+        ByEnum: "user" | "workflow" | "backend" | "day";
         /** @description Why a job is reused from the cache or runs (docs/RUNS.md, "The cache"). */
         CacheDecisionOut: {
             reused: boolean;
@@ -1318,11 +1704,57 @@ export interface components {
                 [key: string]: string;
             } | null;
         };
+        CompareOut: {
+            runs: components["schemas"]["ComparedRunOut"][];
+        };
+        ComparedRunOut: {
+            run: string;
+            workflow: string;
+            status: string;
+            commit: string;
+            /** @description "-e NAME": a digest of its value (values are secrets); "var NAME" */
+            params: {
+                [key: string]: string;
+            };
+            /** @description USD, where the machines' prices are known */
+            cost: string | null;
+            last: {
+                [key: string]: number;
+            };
+            series: components["schemas"]["ComparedSeriesOut"][];
+        };
+        ComparedSeriesOut: {
+            name: string;
+            job: string;
+            x: components["schemas"]["XEnum"];
+            points: components["schemas"]["MetricPointsOut"];
+        };
         /**
          * @description * `aws` - aws
          * @enum {string}
          */
         ConnectableKindEnum: "aws";
+        CostReportOut: {
+            /** @description always "USD" */
+            currency: string;
+            /** Format: date-time */
+            since: string;
+            /** Format: date-time */
+            until: string;
+            by: components["schemas"]["ByEnum"];
+            /** @description USD: the rows' sum and the idle line */
+            total: string;
+            /** @description USD: what the machines that started in the window cost while no job held them */
+            idle: string;
+            /** @description the costliest first (by day: in date order) */
+            rows: components["schemas"]["CostRowOut"][];
+        };
+        CostRowOut: {
+            /** @description the user, workflow, backend or UTC day (YYYY-MM-DD) */
+            key: string;
+            /** @description USD, a decimal string */
+            cost: string;
+        };
         CredentialInRequest: {
             url: string;
             kind: components["schemas"]["CredentialKind"];
@@ -1348,6 +1780,87 @@ export interface components {
             job: string;
             job_name: string;
         };
+        DataEndpointInRequest: {
+            endpoint_url: string;
+            /** @default  */
+            region: string;
+            /** @default  */
+            access_key_id: string;
+            /** @default  */
+            secret_access_key: string;
+        };
+        DataEndpointOut: {
+            readonly endpoint_url: string;
+            readonly region: string;
+            readonly access_key_id: string;
+            readonly has_secret: boolean;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly updated_at: string;
+        };
+        DataFileOut: {
+            /** @description relative to the input's path; "" for a one-file input */
+            path: string;
+            size: number;
+            /** @description GET URL (presigned for s3://, pinned to the listed version) */
+            url: string;
+            etag: string;
+            sha256: string;
+            /** @description what the machine's cache keeps the bytes under */
+            identity: string;
+        };
+        DataPageOut: {
+            path: string;
+            files: components["schemas"]["DataFileOut"][];
+            /** @description the "after" of the next page; "" after the last */
+            next: string;
+        };
+        DataUrlInRequest: {
+            /** @description the data input's path, as in the assignment */
+            path: string;
+            /** @description the file's path within it */
+            file: string;
+        };
+        DeliveryOut: {
+            /** Format: uuid */
+            readonly id: string;
+            /** Format: uuid */
+            readonly event_id: string;
+            readonly event_type: string;
+            readonly status: components["schemas"]["DeliveryOutStatusEnum"];
+            readonly attempts: number;
+            readonly last_status_code: number | null;
+            readonly last_error: string;
+            /** Format: date-time */
+            readonly next_at: string | null;
+            /** Format: date-time */
+            readonly delivered_at: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
+        /**
+         * @description * `pending` - Pending
+         *     * `delivered` - Delivered
+         *     * `failed` - Failed
+         * @enum {string}
+         */
+        DeliveryOutStatusEnum: "pending" | "delivered" | "failed";
+        /** @description A dev environment (``provider: code | lab | notebook``; docs/ACCESS.md). */
+        DevEnvironmentOut: {
+            kind: components["schemas"]["DevEnvironmentOutKindEnum"];
+            /** @description stopped after this long with no session into it; null: never */
+            inactivity_seconds: number | null;
+            /** @description the port Jupyter serves on (lab, notebook), once the job runs; else null */
+            app_port: number | null;
+        };
+        /**
+         * @description * `code` - code
+         *     * `lab` - lab
+         *     * `notebook` - notebook
+         * @enum {string}
+         */
+        DevEnvironmentOutKindEnum: "code" | "lab" | "notebook";
         DonePartInRequest: {
             number: number;
             sha256: string;
@@ -1446,6 +1959,52 @@ export interface components {
                 [key: string]: string;
             };
         };
+        /**
+         * @description * `run.succeeded` - run.succeeded
+         *     * `run.failed` - run.failed
+         *     * `run.stopped` - run.stopped
+         *     * `attempt.interrupted` - attempt.interrupted
+         *     * `attempt.resumed` - attempt.resumed
+         *     * `job.waiting_capacity` - job.waiting_capacity
+         *     * `guard.fired` - guard.fired
+         *     * `budget.80` - budget.80
+         *     * `budget.100` - budget.100
+         * @enum {string}
+         */
+        EventsEnum: "run.succeeded" | "run.failed" | "run.stopped" | "attempt.interrupted" | "attempt.resumed" | "job.waiting_capacity" | "guard.fired" | "budget.80" | "budget.100";
+        /**
+         * @description One copy of an artifact to its ``to:``: pending, copying, done, or
+         *     failed (``error``: the last attempt's reason, also while a retry waits).
+         */
+        ExportOut: {
+            /** Format: uuid */
+            readonly id: string;
+            /** Format: uuid */
+            readonly job: string;
+            job_name: string;
+            readonly path: string;
+            /** Format: uuid */
+            readonly artifact: string | null;
+            readonly destination: string;
+            readonly status: components["schemas"]["ExportOutStatusEnum"];
+            readonly attempts: number;
+            readonly error: string;
+            /** Format: date-time */
+            readonly next_attempt_at: string | null;
+            /** Format: date-time */
+            readonly done_at: string | null;
+            readonly objects_copied: number;
+            readonly bytes_copied: number;
+            readonly method: string;
+        };
+        /**
+         * @description * `pending` - Pending
+         *     * `copying` - Copying
+         *     * `done` - Done
+         *     * `failed` - Failed
+         * @enum {string}
+         */
+        ExportOutStatusEnum: "pending" | "copying" | "done" | "failed";
         FileIn_Request: {
             path: string;
             size: number;
@@ -1454,6 +2013,38 @@ export interface components {
         GpuOut: {
             name: string;
             memory_bytes: number;
+        };
+        GrantOut: {
+            /** Format: uuid */
+            id: string;
+            /** @description the client's credential (Authorization: Bearer), shown once */
+            token: string;
+            /** @description the client's websocket */
+            url: string;
+            /**
+             * Format: date-time
+             * @description the first connect must come before
+             */
+            expires_at: string;
+            run: string;
+            job: string;
+            attempt: number;
+            kind: string;
+            host_alias: string;
+            /** @description the runner's SSH host key (kind ssh) */
+            host_key: string;
+        };
+        GuardDefaultsInRequest: {
+            /** @description left out or null: no default */
+            utilization_policy?: components["schemas"]["UtilizationPolicyDefaultRequest"] | null;
+            /** @description left out or null: no default */
+            stall?: components["schemas"]["StallPolicyDefaultRequest"] | null;
+        };
+        GuardDefaultsOut: {
+            /** @description null: no default */
+            utilization_policy: components["schemas"]["UtilizationPolicyDefault"] | null;
+            /** @description null: no default */
+            stall: components["schemas"]["StallPolicyDefault"] | null;
         };
         Health: {
             status: string;
@@ -1487,6 +2078,16 @@ export interface components {
             readonly spot: boolean;
             /** Format: double */
             price_per_hour: number;
+            readonly price_source: string;
+            readonly market: string;
+            /** Format: date-time */
+            readonly running_at: string | null;
+            /** Format: date-time */
+            readonly terminated_at: string | null;
+            /** @description from its first hello to its termination (else now), whole seconds, at least 60 (docs/COST.md) */
+            readonly billed_seconds: number;
+            /** @description USD, a decimal string: price x billed seconds (its attempts' shares and its idle time) */
+            readonly cost: string;
             readonly status: components["schemas"]["InstanceStatus"];
             readonly status_reason: string;
             readonly hostname: string;
@@ -1529,7 +2130,21 @@ export interface components {
             /** Format: date-time */
             expires_at: string;
         };
-        JobOut: {
+        /** @description A data input of a job (its workflow's ``inputs:``), as listed when the run was submitted. */
+        JobDataInputOut: {
+            uri: string;
+            /** @description where it is placed in the job's working directory */
+            path: string;
+            read_only: boolean;
+            /** @description null: its listing is not known */
+            file_count: number | null;
+            /** @description bytes; null: its listing is not known */
+            total_size: number | null;
+            /** @description every object has a version id (a re-run reads these again) */
+            versioned: boolean;
+        };
+        /** @description A job as its run's page shows it: also the data it reads and the volumes it mounts. */
+        JobDetailOut: {
             /** Format: uuid */
             readonly id: string;
             readonly name: string;
@@ -1541,6 +2156,8 @@ export interface components {
             readonly exit_code: number | null;
             readonly attempt: number;
             readonly attempts: components["schemas"]["AttemptOut"][];
+            /** @description USD, a decimal string: the sum of its attempts' costs; null: none held a machine */
+            readonly cost: string | null;
             instance?: string | null;
             readonly ports: unknown;
             readonly resources: {
@@ -1569,6 +2186,70 @@ export interface components {
             readonly last_seq: number;
             readonly log_bytes: number;
             readonly log_note: string;
+            readonly dev_environment: components["schemas"]["DevEnvironmentOut"] | null;
+            readonly data_inputs: components["schemas"]["JobDataInputOut"][];
+            readonly volumes: components["schemas"]["JobVolumeOut"][];
+        };
+        JobMetricsOut: {
+            job: string;
+            attempts: components["schemas"]["MetricsAttemptOut"][];
+            /** @description cpu, memory, …, gpu0.util, … */
+            system: string[];
+            training: string[];
+            /** @description each series' latest value */
+            last: {
+                [key: string]: components["schemas"]["LastValueOut"];
+            };
+            /** @description training values over the per-minute cap */
+            dropped: number;
+            /** @description lines of the metrics file skipped */
+            malformed: number;
+            /** @description frames the server dropped (faster than its cap) */
+            frames_dropped: number;
+        };
+        JobOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly workflow: string;
+            /** @default bash */
+            provider: string;
+            readonly status: components["schemas"]["JobOutStatusEnum"];
+            readonly status_reason: string;
+            readonly exit_code: number | null;
+            readonly attempt: number;
+            readonly attempts: components["schemas"]["AttemptOut"][];
+            /** @description USD, a decimal string: the sum of its attempts' costs; null: none held a machine */
+            readonly cost: string | null;
+            instance?: string | null;
+            readonly ports: unknown;
+            readonly resources: {
+                [key: string]: unknown;
+            };
+            readonly needs: string[];
+            readonly after_running: string[];
+            readonly cached_from: {
+                [key: string]: string;
+            } | null;
+            readonly cache_decision: components["schemas"]["CacheDecisionOut"] | null;
+            readonly inputs: {
+                [key: string]: string;
+            }[];
+            readonly checkpoint: components["schemas"]["CheckpointOut"] | null;
+            readonly placement: unknown;
+            /** Format: date-time */
+            readonly on_demand_since: string | null;
+            readonly placement_note: string;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly started_at: string | null;
+            /** Format: date-time */
+            readonly finished_at: string | null;
+            readonly last_seq: number;
+            readonly log_bytes: number;
+            readonly log_note: string;
+            readonly dev_environment: components["schemas"]["DevEnvironmentOut"] | null;
         };
         /**
          * @description * `pending` - Pending
@@ -1589,6 +2270,17 @@ export interface components {
             /** @description the repository's clone credential, if one is set */
             credential: components["schemas"]["RunnerCredentialOut"] | null;
         };
+        JobSeriesOut: {
+            job: string;
+            attempts: components["schemas"]["MetricsAttemptOut"][];
+            series: components["schemas"]["MetricSeriesOut"][];
+        };
+        /** @description A volume of the workspace the job mounts (its workflow's ``volumes:``). */
+        JobVolumeOut: {
+            name: string;
+            path: string;
+            read_only: boolean;
+        };
         KeptInRequest: {
             outcome: components["schemas"]["OutcomeEnum"];
         };
@@ -1598,6 +2290,14 @@ export interface components {
          * @enum {string}
          */
         KindEnum: "git" | "archive";
+        LastValueOut: {
+            /** Format: double */
+            value: number;
+            step: number | null;
+            /** @description ISO 8601, UTC */
+            t: string;
+            attempt: number;
+        };
         LogLineOut: {
             seq: number;
             /**
@@ -1669,6 +2369,49 @@ export interface components {
             /** Format: date-time */
             joined_at: string;
         };
+        MetricPointsOut: {
+            /** @description step, or Unix seconds */
+            x: number[];
+            /** @description the value (system: the mean) */
+            y: number[];
+            /** @description system series */
+            min?: number[];
+            /** @description system series */
+            max?: number[];
+            attempt: number[];
+            /** @description training series: each value's Unix time */
+            t?: number[];
+        };
+        MetricSeriesOut: {
+            name: string;
+            kind: components["schemas"]["MetricSeriesOutKindEnum"];
+            x: components["schemas"]["XEnum"];
+            unit: string;
+            /** @description system series: "raw", "1m" or "<n>s" */
+            resolution?: string;
+            points: components["schemas"]["MetricPointsOut"];
+        };
+        /**
+         * @description * `system` - system
+         *     * `training` - training
+         * @enum {string}
+         */
+        MetricSeriesOutKindEnum: "system" | "training";
+        MetricsAttemptOut: {
+            number: number;
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            finished_at: string | null;
+            termination_reason: string;
+        };
+        /**
+         * @description * `webhook` - Webhook
+         *     * `slack` - Slack
+         *     * `email` - Email
+         * @enum {string}
+         */
+        NotificationKindEnum: "webhook" | "slack" | "email";
         OfferOut: {
             offer_id: string;
             backend: string;
@@ -1707,6 +2450,10 @@ export interface components {
         PatchedRoleInRequest: {
             role?: components["schemas"]["Role"];
         };
+        PatchedSubscriptionChangeInRequest: {
+            events?: components["schemas"]["EventsEnum"][];
+            enabled?: boolean;
+        };
         /**
          * @description Overrides of every workflow's placement keys (the CLI's --backend,
          *     --region, --spot-policy, --max-price); each absent key leaves the workflow's.
@@ -1734,6 +2481,20 @@ export interface components {
             } | null;
             patch_sha256?: string;
             archive_sha256?: string;
+        };
+        PlannedDataOut: {
+            uri: string;
+            path: string;
+            file_count: number;
+            total_size: number;
+            /** @description total_size in words (1.2 GiB) */
+            size: string;
+            /** @description every object has a version id (a re-run reads these again) */
+            versioned: boolean;
+            /** @description the listing's digest (part of the job's cache key) */
+            snapshot: string;
+            /** @description idle machines of the workspace whose cache holds it */
+            cached_on: string[];
         };
         /** @description Whether a planned job's environment is built already (docs/ENVIRONMENTS.md). */
         PlannedEnvironmentOut: {
@@ -1776,6 +2537,10 @@ export interface components {
             inputs: {
                 [key: string]: unknown;
             }[];
+            /** @description its inputs: (docs/DATA.md), as listed now */
+            data_inputs: components["schemas"]["PlannedDataOut"][];
+            /** @description its volumes (docs/DATA.md), where each is and who holds it now */
+            volumes: components["schemas"]["PlannedVolumeOut"][];
             cache: components["schemas"]["CacheHitOut"] | null;
             cache_decision: components["schemas"]["CacheDecisionOut"];
             commands: string[];
@@ -1783,9 +2548,21 @@ export interface components {
             placement: {
                 [key: string]: unknown;
             };
+            /** @description its guards (utilization_policy, stall; the workflow's or the workspace's default) in words */
+            guards?: string[];
             offer: {
                 [key: string]: unknown;
             };
+        };
+        PlannedVolumeOut: {
+            name: string;
+            path: string;
+            read_only: boolean;
+            /** @description aws <region> <zone>, machine <name> (self-hosted) or local */
+            where: string;
+            size_bytes: number;
+            /** @description the job (and its run) holding it now; null: free */
+            held_by: components["schemas"]["VolumeHolderOut"] | null;
         };
         RegisterInRequest: {
             token: string;
@@ -1859,6 +2636,41 @@ export interface components {
          * @enum {string}
          */
         ReproducedOutStateEnum: "reproduced" | "differs" | "not_comparable" | "pending";
+        /** @description A re-run as made: the run, and what it reads differently from the one it repeats. */
+        RerunOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly workflow: string;
+            readonly help: string;
+            readonly status: components["schemas"]["RunOutStatusEnum"];
+            readonly status_reason: string;
+            readonly exit_code: number | null;
+            submitted_by?: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly started_at: string | null;
+            /** Format: date-time */
+            readonly finished_at: string | null;
+            /** Format: double */
+            readonly duration_seconds: number | null;
+            /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
+            readonly cost: string | null;
+            readonly no_cache: boolean;
+            readonly environment_build: boolean;
+            readonly tags: string[];
+            readonly code: {
+                [key: string]: unknown;
+            };
+            /** @description a re-run: the original run's name */
+            readonly rerun_of: string | null;
+            /** @description a re-run: whether its artifacts match the original's */
+            readonly reproduced: components["schemas"]["ReproducedOut"] | null;
+            readonly jobs: components["schemas"]["JobDetailOut"][];
+            /** @description e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it */
+            notices: string[];
+        };
         /**
          * @description * `admin` - Admin
          *     * `member` - Member
@@ -1902,6 +2714,45 @@ export interface components {
                 };
             };
         };
+        /**
+         * @description One run as its page, its followers and the answers about it show it:
+         *     each job also with the data it reads and the volumes it mounts.
+         */
+        RunDetailOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly name: string;
+            readonly workflow: string;
+            readonly help: string;
+            readonly status: components["schemas"]["RunOutStatusEnum"];
+            readonly status_reason: string;
+            readonly exit_code: number | null;
+            submitted_by?: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly started_at: string | null;
+            /** Format: date-time */
+            readonly finished_at: string | null;
+            /** Format: double */
+            readonly duration_seconds: number | null;
+            /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
+            readonly cost: string | null;
+            readonly no_cache: boolean;
+            readonly environment_build: boolean;
+            readonly tags: string[];
+            readonly code: {
+                [key: string]: unknown;
+            };
+            /** @description a re-run: the original run's name */
+            readonly rerun_of: string | null;
+            /** @description a re-run: whether its artifacts match the original's */
+            readonly reproduced: components["schemas"]["ReproducedOut"] | null;
+            readonly jobs: components["schemas"]["JobDetailOut"][];
+        };
+        RunMetricsOut: {
+            jobs: components["schemas"]["JobMetricsOut"][];
+        };
         RunOut: {
             /** Format: uuid */
             readonly id: string;
@@ -1920,6 +2771,8 @@ export interface components {
             readonly finished_at: string | null;
             /** Format: double */
             readonly duration_seconds: number | null;
+            /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
+            readonly cost: string | null;
             readonly no_cache: boolean;
             readonly environment_build: boolean;
             readonly tags: string[];
@@ -2011,6 +2864,12 @@ export interface components {
          * @enum {string}
          */
         RunnerCredentialOutKindEnum: "https-token" | "ssh-key";
+        /**
+         * @description * `workspace` - Workspace
+         *     * `mine` - Mine
+         * @enum {string}
+         */
+        ScopeEnum: "workspace" | "mine";
         SecretInRequest: {
             value: string;
         };
@@ -2053,18 +2912,144 @@ export interface components {
             readonly last_heartbeat_at: string | null;
         };
         /**
+         * @description * `ssh` - Ssh
+         *     * `terminal` - Terminal
+         *     * `port` - Port
+         * @enum {string}
+         */
+        SessionInKindEnum: "ssh" | "terminal" | "port";
+        SessionInRequest: {
+            /** @description the job's name */
+            job?: string;
+            kind: components["schemas"]["SessionInKindEnum"];
+            port?: number | null;
+            /** @description e.g. "cli ssh" */
+            client?: string;
+        };
+        SessionOut: {
+            /** Format: uuid */
+            id: string;
+            user: string;
+            run: string;
+            job: string;
+            attempt: number;
+            kind: string;
+            port: number | null;
+            state: string;
+            client_address: string | null;
+            client_label: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            started_at: string | null;
+            /** Format: date-time */
+            ended_at: string | null;
+            end_reason: string;
+            bytes_up: number;
+            bytes_down: number;
+            /** Format: date-time */
+            last_activity_at: string | null;
+        };
+        /**
          * @description * `spot` - spot
          *     * `on-demand` - on-demand
          *     * `auto` - auto
          * @enum {string}
          */
         SpotPolicyEnum: "spot" | "on-demand" | "auto";
+        SshKeyInRequest: {
+            public_key: string;
+            /** @default  */
+            name: string;
+        };
+        SshKeyOut: {
+            /** Format: uuid */
+            id: string;
+            name: string;
+            /** @description One OpenSSH line: <type> <base64>. */
+            public_key: string;
+            /** @description SHA256:…, as `ssh-keygen -l` prints it. */
+            fingerprint: string;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_used_at: string | null;
+        };
+        /**
+         * @description * `stop` - stop
+         *     * `restart` - restart
+         * @enum {string}
+         */
+        StallActionEnum: "stop" | "restart";
+        StallPolicyDefault: {
+            /** @description no new log line and no new metric value for this long; a duration as in a workflow: 30m, 2h, 1h30m, 1d */
+            timeout: string;
+            /**
+             * @description stop the job, or end the attempt and start the next from its last checkpoint
+             *
+             *     * `stop` - stop
+             *     * `restart` - restart
+             * @default stop
+             */
+            action: components["schemas"]["StallActionEnum"];
+        };
+        StallPolicyDefaultRequest: {
+            /** @description no new log line and no new metric value for this long; a duration as in a workflow: 30m, 2h, 1h30m, 1d */
+            timeout: string;
+            /**
+             * @description stop the job, or end the attempt and start the next from its last checkpoint
+             *
+             *     * `stop` - stop
+             *     * `restart` - restart
+             * @default stop
+             */
+            action: components["schemas"]["StallActionEnum"];
+        };
         /**
          * @description * `o` - o
          *     * `e` - e
          * @enum {string}
          */
         StreamEnum: "o" | "e";
+        SubscriptionCreatedOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly kind: components["schemas"]["NotificationKindEnum"];
+            readonly scope: components["schemas"]["ScopeEnum"];
+            readonly target: string;
+            readonly events: unknown;
+            readonly enabled: boolean;
+            /** Format: date-time */
+            readonly failing_since: string | null;
+            readonly disabled_reason: string;
+            /** @default  */
+            readonly created_by: string;
+            /** Format: date-time */
+            readonly created_at: string;
+            readonly secret: string;
+        };
+        SubscriptionInRequest: {
+            kind: components["schemas"]["NotificationKindEnum"];
+            target: string;
+            events: components["schemas"]["EventsEnum"][];
+            scope?: components["schemas"]["ScopeEnum"];
+        };
+        SubscriptionOut: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly kind: components["schemas"]["NotificationKindEnum"];
+            readonly scope: components["schemas"]["ScopeEnum"];
+            readonly target: string;
+            readonly events: unknown;
+            readonly enabled: boolean;
+            /** Format: date-time */
+            readonly failing_since: string | null;
+            readonly disabled_reason: string;
+            /** @default  */
+            readonly created_by: string;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
         TagInRequest: {
             name: string;
             /** @description run name or id */
@@ -2150,6 +3135,79 @@ export interface components {
             path: string;
             targets: components["schemas"]["TargetOut"][];
         };
+        UtilizationPolicyDefault: {
+            /** @description percent: every GPU below it for the whole window stops the job */
+            min_gpu_utilization: number;
+            /** @description a duration as in a workflow: 30m, 2h, 1h30m, 1d */
+            time_window: string;
+        };
+        UtilizationPolicyDefaultRequest: {
+            /** @description percent: every GPU below it for the whole window stops the job */
+            min_gpu_utilization: number;
+            /** @description a duration as in a workflow: 30m, 2h, 1h30m, 1d */
+            time_window: string;
+        };
+        VolumeAttachedOut: {
+            run: string;
+            /** Format: uuid */
+            job: string;
+            job_name: string;
+            job_status: string;
+        };
+        /**
+         * @description * `aws` - aws
+         *     * `local` - local
+         *     * `self-hosted` - self-hosted
+         * @enum {string}
+         */
+        VolumeCreateInBackendEnum: "aws" | "local" | "self-hosted";
+        VolumeCreateInRequest: {
+            name: string;
+            size: string;
+            backend: components["schemas"]["VolumeCreateInBackendEnum"];
+            /** @default  */
+            region: string;
+            /** @default  */
+            zone: string;
+            /** @default  */
+            machine: string;
+        };
+        VolumeHolderOut: {
+            job: string;
+            run: string;
+        };
+        VolumeOut: {
+            /** Format: uuid */
+            readonly id: string;
+            name: string;
+            backend: components["schemas"]["BackendEnum"];
+            readonly account: string | null;
+            region?: string;
+            zone?: string;
+            /** Format: int64 */
+            size_bytes?: number;
+            backend_id?: string;
+            status?: components["schemas"]["VolumeOutStatusEnum"];
+            status_reason?: string;
+            /** @description The self-hosted machine the volume is a folder of. */
+            readonly machine: string | null;
+            /** @description The machine it is attached to now. */
+            readonly attached_machine: string | null;
+            readonly attached_to: components["schemas"]["VolumeAttachedOut"] | null;
+            device?: string;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
+        /**
+         * @description * `creating` - Creating
+         *     * `available` - Available
+         *     * `attached` - Attached
+         *     * `deleting` - Deleting
+         *     * `deleted` - Deleted
+         *     * `failed` - Failed
+         * @enum {string}
+         */
+        VolumeOutStatusEnum: "creating" | "available" | "attached" | "deleting" | "deleted" | "failed";
         WorkflowsFileInRequest: {
             path: string;
             text: string;
@@ -2169,6 +3227,12 @@ export interface components {
             name: string;
             role: components["schemas"]["Role"];
         };
+        /**
+         * @description * `step` - step
+         *     * `time` - time
+         * @enum {string}
+         */
+        XEnum: "step" | "time";
     };
     responses: never;
     parameters: never;
@@ -2275,6 +3339,70 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["MeOut"];
                 };
+            };
+        };
+    };
+    me_ssh_keys_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SshKeyOut"][];
+                };
+            };
+        };
+    };
+    me_ssh_keys_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SshKeyInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["SshKeyInRequest"];
+                "multipart/form-data": components["schemas"]["SshKeyInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SshKeyOut"];
+                };
+            };
+        };
+    };
+    me_ssh_keys_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                key: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
@@ -2453,6 +3581,64 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    runner_jobs_data_retrieve: {
+        parameters: {
+            query: {
+                /** @description the previous page's next; absent for the first page */
+                after?: string;
+                /** @description the attempt the runner holds */
+                attempt: number;
+                /** @description the data input's path, as in the assignment */
+                path: string;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DataPageOut"];
+                };
+            };
+        };
+    };
+    runner_jobs_data_url_create: {
+        parameters: {
+            query: {
+                /** @description the attempt the runner holds */
+                attempt: number;
+            };
+            header?: never;
+            path: {
+                job: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DataUrlInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["DataUrlInRequest"];
+                "multipart/form-data": components["schemas"]["DataUrlInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DownloadUrlOut"];
+                };
             };
         };
     };
@@ -2830,7 +4016,7 @@ export interface operations {
                 /** @description the `next` link's cursor of the previous page */
                 cursor?: string;
                 /** @description only events of this kind */
-                kind?: "backend" | "credential" | "member" | "runner" | "secret" | "token";
+                kind?: "backend" | "credential" | "member" | "runner" | "secret" | "session" | "ssh_key" | "token" | "workspace";
                 /** @description events per page (default 50, at most 500) */
                 page_size?: number;
             };
@@ -2969,6 +4155,10 @@ export interface operations {
         parameters: {
             query?: {
                 bucket?: string;
+                /** @description the bucket (or pattern) of `inputs:` to read */
+                data_bucket?: string;
+                /** @description the bucket (or pattern) artifacts' `to:` write */
+                output_bucket?: string;
             };
             header?: never;
             path: {
@@ -3010,6 +4200,102 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["BlobOut"];
                 };
+            };
+        };
+    };
+    workspaces_costs_retrieve: {
+        parameters: {
+            query?: {
+                /** @description how rows are grouped (default: user) */
+                by?: "backend" | "day" | "user" | "workflow";
+                /** @description ISO date or time, or 30d / 12h ago (default: the month's start, UTC) */
+                since?: string;
+                /** @description ISO date or time, or 7d / 12h ago (default: now) */
+                until?: string;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CostReportOut"];
+                };
+            };
+        };
+    };
+    workspaces_data_endpoint_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DataEndpointOut"];
+                };
+            };
+        };
+    };
+    workspaces_data_endpoint_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DataEndpointInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["DataEndpointInRequest"];
+                "multipart/form-data": components["schemas"]["DataEndpointInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DataEndpointOut"];
+                };
+            };
+        };
+    };
+    workspaces_data_endpoint_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
@@ -3074,6 +4360,54 @@ export interface operations {
                 };
                 content: {
                     "text/plain": string;
+                };
+            };
+        };
+    };
+    workspaces_guards_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GuardDefaultsOut"];
+                };
+            };
+        };
+    };
+    workspaces_guards_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["GuardDefaultsInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["GuardDefaultsInRequest"];
+                "multipart/form-data": components["schemas"]["GuardDefaultsInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GuardDefaultsOut"];
                 };
             };
         };
@@ -3336,6 +4670,197 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["MemberOut"];
+                };
+            };
+        };
+    };
+    workspaces_metrics_compare_retrieve: {
+        parameters: {
+            query: {
+                /** @description series names, comma-separated (default: every one) */
+                names?: string;
+                /** @description most points per series (default 1000, at most 5000) */
+                points?: number;
+                /** @description run names, comma-separated (2 to 10) */
+                runs: string;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CompareOut"];
+                };
+            };
+        };
+    };
+    workspaces_notifications_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SubscriptionOut"][];
+                };
+            };
+        };
+    };
+    workspaces_notifications_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SubscriptionInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["SubscriptionInRequest"];
+                "multipart/form-data": components["schemas"]["SubscriptionInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SubscriptionCreatedOut"];
+                };
+            };
+        };
+    };
+    workspaces_notifications_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SubscriptionOut"];
+                };
+            };
+        };
+    };
+    workspaces_notifications_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_notifications_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedSubscriptionChangeInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedSubscriptionChangeInRequest"];
+                "multipart/form-data": components["schemas"]["PatchedSubscriptionChangeInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SubscriptionOut"];
+                };
+            };
+        };
+    };
+    workspaces_notifications_deliveries_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryOut"][];
+                };
+            };
+        };
+    };
+    workspaces_notifications_test_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                id: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryOut"];
                 };
             };
         };
@@ -3609,7 +5134,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunOut"];
+                    "application/json": components["schemas"]["RunDetailOut"];
                 };
             };
         };
@@ -3631,7 +5156,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunOut"];
+                    "application/json": components["schemas"]["RunDetailOut"];
                 };
             };
         };
@@ -3658,6 +5183,83 @@ export interface operations {
             };
         };
     };
+    workspaces_runs_exports_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ExportOut"][];
+                };
+            };
+        };
+    };
+    workspaces_runs_metrics_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunMetricsOut"];
+                };
+            };
+        };
+    };
+    workspaces_runs_metrics_series_retrieve: {
+        parameters: {
+            query: {
+                /** @description the job's name */
+                job: string;
+                /** @description series names, comma-separated (default: every one) */
+                names?: string;
+                /** @description most points per series (default 1000, at most 5000) */
+                points?: number;
+                /** @description Unix seconds: points at or after (step series: by their time) */
+                since?: number;
+                /** @description Unix seconds: points at or before */
+                until?: number;
+            };
+            header?: never;
+            path: {
+                run: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobSeriesOut"];
+                };
+            };
+        };
+    };
     workspaces_runs_rerun_create: {
         parameters: {
             query?: never;
@@ -3675,7 +5277,35 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunOut"];
+                    "application/json": components["schemas"]["RerunOut"];
+                };
+            };
+        };
+    };
+    workspaces_runs_sessions_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["SessionInRequest"];
+                "multipart/form-data": components["schemas"]["SessionInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["GrantOut"];
                 };
             };
         };
@@ -3697,7 +5327,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["RunOut"];
+                    "application/json": components["schemas"]["RunDetailOut"];
                 };
             };
         };
@@ -3807,6 +5437,52 @@ export interface operations {
             };
         };
     };
+    workspaces_sessions_list: {
+        parameters: {
+            query?: {
+                /** @description only sessions not ended */
+                live?: boolean;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionOut"][];
+                };
+            };
+        };
+    };
+    workspaces_sessions_end_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionOut"];
+                };
+            };
+        };
+    };
     workspaces_tags_list: {
         parameters: {
             query?: never;
@@ -3886,6 +5562,97 @@ export interface operations {
         };
     };
     workspaces_tags_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_volumes_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeOut"][];
+                };
+            };
+        };
+    };
+    workspaces_volumes_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["VolumeCreateInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["VolumeCreateInRequest"];
+                "multipart/form-data": components["schemas"]["VolumeCreateInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeOut"];
+                };
+            };
+        };
+    };
+    workspaces_volumes_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["VolumeOut"];
+                };
+            };
+        };
+    };
+    workspaces_volumes_destroy: {
         parameters: {
             query?: never;
             header?: never;

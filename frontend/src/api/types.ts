@@ -17,12 +17,16 @@ export type LogLine = Schemas["LogLineOut"];
 export type LogPage = Schemas["LogPageOut"];
 export type Tag = Schemas["TagOut"];
 export type Secret = Schemas["SecretOut"];
+export type Volume = Schemas["VolumeOut"];
 export type AuditEvent = Schemas["AuditEventOut"];
 export type AuditKind = Schemas["AuditEventOutKindEnum"];
 export type AuditPage = Schemas["AuditPageOut"];
 export type ArtifactFile = Schemas["ArtifactFileOut"];
 /** Whether a re-run's artifacts match its original's (docs/ENVIRONMENTS.md, "Reproduced"). */
 export type Reproduced = Schemas["ReproducedOut"];
+
+/** An artifact's copy to its workflow's `to:` (docs/API.md, "Artifacts"). */
+export type ArtifactExport = Schemas["ExportOut"];
 
 export interface Artifact {
   id: string;
@@ -31,12 +35,18 @@ export interface Artifact {
   status: "uploading" | "complete";
   total_size: number;
   files: ArtifactFile[];
+  export?: ArtifactExport | null;
 }
 
 export interface RunRef {
   run: string;
   job: string;
 }
+
+/** A data input of a job (its workflow's `inputs:`) and the listing it reads; only on one run's page. */
+export type JobDataInput = Schemas["JobDataInputOut"];
+/** A volume a job mounts (its workflow's `volumes:`); only on one run's page. */
+export type JobVolume = Schemas["JobVolumeOut"];
 
 export interface JobInput {
   path: string;
@@ -64,7 +74,9 @@ export type TerminationReason =
   | "rejected"
   | "unreachable"
   | "max_duration"
-  | "group_restart";
+  | "group_restart"
+  | "low_gpu_utilization"
+  | "stalled";
 
 /** A machine launched for a job before its attempt got one; `outcome` is an instance reason or "launched". */
 export interface OfferTried {
@@ -99,6 +111,12 @@ export interface Attempt {
   region?: string | null;
   zone?: string | null;
   spot?: boolean | null;
+  /** USD, a decimal string: price_per_hour × billed_seconds; null (or absent) when it held no machine. */
+  cost?: string | null;
+  /** USD, its machine's price per hour (docs/COST.md). */
+  price_per_hour?: string | null;
+  /** The whole seconds it held its machine (until now while it runs). */
+  billed_seconds?: number | null;
   created_at: string;
 }
 
@@ -114,6 +132,8 @@ export interface Job {
   attempt: number;
   /** Ordered by number. */
   attempts: Attempt[];
+  /** USD, a decimal string: the sum of its attempts'; null (or absent) when none held a machine. */
+  cost?: string | null;
   instance: string | null;
   /** The ports the job listens on (``ports: N``: the ones its runner picked). */
   ports?: number[];
@@ -128,6 +148,10 @@ export interface Job {
   /** Why it was reused from the cache or runs; null until the scheduler decided. */
   cache_decision?: CacheDecision | null;
   inputs?: JobInput[];
+  /** One run's page (not the runs list): what the job reads from its `inputs:` URIs. */
+  data_inputs?: JobDataInput[];
+  /** One run's page (not the runs list): the volumes it mounts. */
+  volumes?: JobVolume[];
 }
 
 export interface CacheDecision {
@@ -160,6 +184,8 @@ export interface Run {
   started_at: string | null;
   finished_at: string | null;
   duration_seconds: number | null;
+  /** USD, a decimal string: every attempt of every job (accruing while one runs); null (or absent): none held a machine. */
+  cost?: string | null;
   code: RunCode;
   jobs: Job[];
   tags?: string[];
@@ -193,6 +219,9 @@ export type Invitation = Schemas["InvitationOut"];
 
 export type ApiToken = Schemas["TokenOut"];
 export type CreatedToken = Schemas["TokenCreatedOut"];
+export type SshKey = Schemas["SshKeyOut"];
+/** A session into a running job (docs/ACCESS.md): a shell, a terminal, a forwarded port or the apps proxy. */
+export type AccessSession = Schemas["SessionOut"];
 
 export type Repo = Schemas["RepoOut"];
 

@@ -4,7 +4,7 @@
 // every file as an octet-stream download (never rendered on our origin), so
 // an image is shown from a blob of its bytes typed by its extension.
 import { useEffect, useMemo, useState } from "react";
-import type { Artifact, ArtifactFile, Job } from "../api/types";
+import type { Artifact, ArtifactExport, ArtifactFile, Job } from "../api/types";
 import { humanBytes, shortHash } from "../lib/format";
 import { AnsiText } from "./ansi";
 import { CopyButton, EmptyState } from "./ui";
@@ -60,6 +60,14 @@ export function fileUrl(workspace: string, artifact: string, path: string): stri
 export function archiveUrl(workspace: string, artifact: string, prefix = ""): string {
   const base = `/api/v1/workspaces/${encodeURIComponent(workspace)}/artifacts/${artifact}/archive/`;
   return prefix ? `${base}?prefix=${encodeURIComponent(prefix)}` : base;
+}
+
+/** "copied", "copying", "pending", "failed: <reason>, retrying" or "failed: <reason>". */
+export function exportState(exp: ArtifactExport): string {
+  if (exp.status === "done") return "copied";
+  if (exp.status === "failed") return `failed: ${exp.error || "no reason recorded"}`;
+  if (exp.error) return `failed: ${exp.error}, retrying`;
+  return exp.status;
 }
 
 interface Selection {
@@ -144,6 +152,11 @@ function ArtifactTree({
           Download all
         </a>
       </div>
+      {artifact.export ? (
+        <div className={`tree-row artifact-export export-${artifact.export.status}`} title={artifact.export.error || undefined}>
+          <span className="mono">→ {artifact.export.destination}</span> <span className="muted">({exportState(artifact.export)})</span>
+        </div>
+      ) : null}
       <ul className="tree">
         {tree.children.map((node) => (
           <TreeItem key={node.path} node={node} workspace={workspace} artifact={artifact} selected={selected} onSelect={onSelect} />

@@ -1,6 +1,6 @@
 import type { Attempt, OfferTried } from "../api/types";
 import { attemptWhere, clockTime, reasonDescription, reasonLabel } from "../lib/attempts";
-import { absoluteTime, elapsedSeconds, humanDuration } from "../lib/format";
+import { absoluteTime, elapsedSeconds, humanDuration, money } from "../lib/format";
 import { StatusBadge } from "./ui";
 
 /** A job's attempts: where each ran, when, and why it ended (with the offers launched for it). */
@@ -29,6 +29,7 @@ export function AttemptsTable({
               <th>Started</th>
               <th>Ended</th>
               <th className="num">Duration</th>
+              <th className="num">Cost</th>
               <th>Outcome</th>
               {withOffers ? <th>Offers tried</th> : null}
             </tr>
@@ -64,6 +65,14 @@ export function AttemptsTable({
                   <Clock iso={attempt.finished_at} />
                 </td>
                 <td className="num">{humanDuration(elapsedSeconds(attempt.started_at, attempt.finished_at, now))}</td>
+                <td className="num attempt-cost" title={costTitle(attempt)}>
+                  {money(attempt.cost)}
+                  {attempt.cost != null && attempt.price_per_hour != null ? (
+                    <div className="small muted attempt-price">
+                      ${Number(attempt.price_per_hour)}/h × {humanDuration(attempt.billed_seconds)}
+                    </div>
+                  ) : null}
+                </td>
                 <td className="attempt-outcome">
                   <Outcome attempt={attempt} />
                 </td>
@@ -79,6 +88,13 @@ export function AttemptsTable({
       </div>
     </section>
   );
+}
+
+/** How an attempt's cost is made: its machine's price × the time it held it. */
+function costTitle(attempt: Attempt): string | undefined {
+  if (attempt.cost == null || attempt.price_per_hour == null) return "It held no machine";
+  const price = Number(attempt.price_per_hour);
+  return `$${price}/h × ${humanDuration(attempt.billed_seconds)} held = USD ${attempt.cost}`;
 }
 
 function Clock({ iso }: { iso: string | null }) {

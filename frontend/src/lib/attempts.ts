@@ -17,6 +17,8 @@ const REASON_LABELS: Record<TerminationReason, string> = {
   unreachable: "runner unreachable",
   max_duration: "max duration reached",
   group_restart: "restarted with its group",
+  low_gpu_utilization: "GPUs idle",
+  stalled: "stalled",
 };
 
 /** The longer explanation (backend/runs/reasons.py), for a tooltip. */
@@ -32,6 +34,8 @@ const REASON_DESCRIPTIONS: Record<TerminationReason, string> = {
   unreachable: "the runner was unreachable for too long",
   max_duration: "the job ran longer than its workflow's max_duration",
   group_restart: "another job of its group (a master or a worker) was interrupted: the whole group resumes together",
+  low_gpu_utilization: "every GPU stayed below the workflow's utilization_policy threshold for its whole time_window",
+  stalled: "no new log line and no new metric value for the workflow's stall timeout",
 };
 
 /** Endings that need no mark when they end a job's only attempt. */

@@ -15,6 +15,21 @@ export function humanBytes(bytes: number | null | undefined): string {
   return `${value.toFixed(digits)} ${UNITS[unit]}`;
 }
 
+/**
+ * The API's decimal USD string as money: "1.1834" → "$1.18", rounded half up
+ * from the string itself (no float); below a cent but not nothing "<$0.01";
+ * unknown (null) "—".
+ */
+export function money(amount: string | null | undefined): string {
+  if (amount === null || amount === undefined || !/^\d+(\.\d+)?$/.test(amount)) return "—";
+  const [whole, fraction = ""] = amount.split(".");
+  const tenThousandths = BigInt(whole) * 10000n + BigInt((fraction + "0000").slice(0, 4));
+  if (tenThousandths > 0n && tenThousandths < 100n) return "<$0.01";
+  const cents = (tenThousandths + 50n) / 100n;
+  const dollars = (cents / 100n).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  return `$${dollars}.${(cents % 100n).toString().padStart(2, "0")}`;
+}
+
 /** 3725 → "1h 2m", 42.3 → "42s", 0.2 → "0.2s". */
 export function humanDuration(seconds: number | null | undefined): string {
   if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "—";

@@ -5,7 +5,7 @@ import { DataTable } from "../components/DataTable";
 import { EmptyState, ErrorBanner, PageHeader, Time } from "../components/ui";
 import { useWorkspace } from "../workspace";
 
-const KINDS: AuditKind[] = ["secret", "credential", "member", "backend", "token", "runner"];
+const KINDS: AuditKind[] = ["secret", "credential", "member", "backend", "token", "runner", "ssh_key", "workspace"];
 
 /** The workspace's audit log (admins only): who changed secrets, credentials, members, backends, tokens and runners. */
 export function AuditPage() {
@@ -45,7 +45,7 @@ export function AuditPage() {
   return (
     <>
       <PageHeader title="Audit log" />
-      <p className="lede">Who changed this workspace's secrets, credentials, members, backends, tokens and runners, when, and from which address.</p>
+      <p className="lede">Who changed this workspace's secrets, credentials, members, backends, tokens, runners and settings (its default guards), when, and from which address.</p>
       <label className="inline-form">
         Kind
         <select value={kind} onChange={(event) => setKind(event.target.value as AuditKind | "")} aria-label="Kind">

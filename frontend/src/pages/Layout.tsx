@@ -11,14 +11,24 @@ const NAV = [
   { to: "tags", label: "Tags" },
   { to: "repos", label: "Repos" },
   { to: "instances", label: "Runners & instances" },
+  { to: "sessions", label: "Sessions", writersOnly: true },
   { to: "self-hosted", label: "Self-hosted runners" },
   { to: "backends", label: "Backends" },
   { to: "offers", label: "Offers" },
+  { to: "volumes", label: "Volumes" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
   { to: "audit", label: "Audit log", adminOnly: true },
   { to: "tokens", label: "API tokens" },
+  { to: "ssh-keys", label: "SSH keys" },
 ];
+
+/** Admin pages for admins; pages of what viewers cannot do (sessions) for members and admins. */
+function mayOpen(item: (typeof NAV)[number], role: string | undefined): boolean {
+  if ("adminOnly" in item) return role === "admin";
+  if ("writersOnly" in item) return role === "admin" || role === "member";
+  return true;
+}
 
 export function Layout() {
   const { ws = "" } = useParams();
@@ -84,7 +94,7 @@ export function Layout() {
           </label>
           <nav aria-label="Workspace">
             <ul>
-              {NAV.filter((item) => !("adminOnly" in item) || current?.role === "admin").map((item) => (
+              {NAV.filter((item) => mayOpen(item, current?.role)).map((item) => (
                 <li key={item.to}>
                   <NavLink to={`/w/${ws}/${item.to}`}>{item.label}</NavLink>
                 </li>

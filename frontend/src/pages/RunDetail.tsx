@@ -1,28 +1,47 @@
-import { useCallback, useEffect, useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
+import { lazy, Suspense, useCallback, useEffect, useMemo, useState, useSyncExternalStore, type FormEvent, type ReactNode } from "react";
 import { Link, useNavigate, useParams, useSearchParams } from "react-router-dom";
 import { ApiError, errorMessage, get, post, wsPath } from "../api/client";
 import { useLiveFrames } from "../api/live";
 import { ACTIVE_RUN_STATUSES, type Artifact, type Job, type Run, type RunRef, type Tag } from "../api/types";
 import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
+import { JobDataFacts } from "../components/JobData";
 import { JobGraph } from "../components/JobGraph";
+import { JobPorts } from "../components/JobPorts";
 import { RerunBadge } from "../components/RerunBadge";
 import { AttemptsTable } from "../components/AttemptsTable";
 import { LogViewer, type AttemptMark, type WindowedLog } from "../components/LogViewer";
 import { ErrorBanner, Loading, StatusBadge, Time } from "../components/ui";
-import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration } from "../lib/format";
+import { absoluteTime, codeLabel, elapsedSeconds, humanBytes, humanDuration, money } from "../lib/format";
 import { attemptMarks } from "../lib/attempts";
+import { hasStoredTerminals } from "../lib/terminalStore";
 import { useNow, useResource } from "../lib/hooks";
 import { LogWindowStore, type LogSource, type WindowPage } from "../lib/logwindow";
 import { useWorkspace } from "../workspace";
 import { Tags } from "./Runs";
 
-type TabName = "logs" | "artifacts";
+// xterm is loaded with the Terminal tab, not with every page.
+const TerminalPanel = lazy(() => import("../components/Terminal").then((module) => ({ default: module.TerminalPanel })));
+// So is uPlot with the Metrics tab; the page fetches it once it is idle, so the tab opens without waiting for it.
+const loadMetricsPanel = () => import("../components/MetricsPanel");
+const MetricsPanel = lazy(() => loadMetricsPanel().then((module) => ({ default: module.MetricsPanel })));
+
+type TabName = "logs" | "metrics" | "artifacts" | "terminal";
+const TAB_LABELS: Record<TabName, string> = { logs: "Logs", metrics: "Metrics", artifacts: "Artifacts", terminal: "Terminal" };
 
 export function RunPage() {
   const { slug } = useWorkspace();
   const { run: runName = "" } = useParams();
   const [params, setParams] = useSearchParams();
-  const tab: TabName = params.get("tab") === "artifacts" ? "artifacts" : "logs";
+  const asked = params.get("tab");
+  const tab: TabName = asked === "metrics" || asked === "artifacts" || asked === "terminal" ? asked : "logs";
+  // Once shown, the terminals stay mounted (hidden under the other tabs) so their shells live on;
+  // after a reload, at once if the page had terminals, to reattach to them within the grace.
+  const [terminalShown, setTerminalShown] = useState(() => hasStoredTerminals(slug, runName));
+  useEffect(() => {
+    const timer = setTimeout(() => void loadMetricsPanel().catch(() => undefined), 100);
+    return () => clearTimeout(timer);
+  }, []);
+  useEffect(() => setTerminalShown((was) => was || tab === "terminal"), [tab]);
   const now = useNow(1_000);
 
   const runResource = useResource<Run>(`${slug}/${runName}`, () => get<Run>(wsPath(slug, `runs/${encodeURIComponent(runName)}/`)));
@@ -50,6 +69,10 @@ export function RunPage() {
   const selectedName = params.get("job") ?? (run ? defaultJob(run.jobs)?.name : undefined) ?? null;
   const selectedJob = run?.jobs.find((j) => j.name === selectedName) ?? null;
 
+  // The Terminal tab: while the run is active, and afterwards while its terminals are still on the page.
+  const tabs: TabName[] =
+    run && (ACTIVE_RUN_STATUSES.includes(run.status) || terminalShown) ? ["logs", "metrics", "artifacts", "terminal"] : ["logs", "metrics", "artifacts"];
+
   const setParam = (name: string, value: string) => {
     const next = new URLSearchParams(params);
     next.set(name, value);
@@ -67,21 +90,36 @@ export function RunPage() {
         <JobGraph jobs={run.jobs} selected={selectedName} onSelect={(job) => setParam("job", job.name)} now={now} />
       </section>
       <div className="tabs" role="tablist" aria-label="Run views">
-        <TabButton name="logs" label="Logs" current={tab} onSelect={(t) => setParam("tab", t)} />
-        <TabButton name="artifacts" label="Artifacts" current={tab} onSelect={(t) => setParam("tab", t)} />
+        {tabs.map((name) => (
+          <TabButton key={name} name={name} tabs={tabs} current={tab} onSelect={(t) => setParam("tab", t)} />
+        ))}
       </div>
-      <div role="tabpanel" id={`panel-${tab}`} aria-labelledby={`tab-${tab}`} className="tabpanel">
-        {tab === "logs" && selectedJob ? (
-          <JobLogs key={selectedJob.id} job={selectedJob} store={store} version={version} now={now} />
-        ) : null}
-        {tab === "logs" && !selectedJob ? <p className="muted">This run has no jobs.</p> : null}
-        {tab === "artifacts" ? <RunArtifacts run={run} /> : null}
-      </div>
+      {tab !== "terminal" ? (
+        <div role="tabpanel" id={`panel-${tab}`} aria-labelledby={`tab-${tab}`} className="tabpanel">
+          {tab === "logs" && selectedJob ? (
+            <JobLogs key={selectedJob.id} job={selectedJob} store={store} version={version} now={now} />
+          ) : null}
+          {tab === "logs" && !selectedJob ? <p className="muted">This run has no jobs.</p> : null}
+          {tab === "metrics" ? (
+            <Suspense fallback={<Loading label="Loading the charts…" />}>
+              <MetricsPanel run={run} job={selectedJob} />
+            </Suspense>
+          ) : null}
+          {tab === "artifacts" ? <RunArtifacts run={run} /> : null}
+        </div>
+      ) : null}
+      {terminalShown && tabs.includes("terminal") ? (
+        <div role="tabpanel" id="panel-terminal" aria-labelledby="tab-terminal" className="tabpanel" hidden={tab !== "terminal"}>
+          <Suspense fallback={<Loading label="Loading the terminal…" />}>
+            <TerminalPanel run={run} job={selectedJob} shown={tab === "terminal"} />
+          </Suspense>
+        </div>
+      ) : null}
     </div>
   );
 }
 
-function TabButton({ name, label, current, onSelect }: { name: TabName; label: string; current: TabName; onSelect: (name: TabName) => void }) {
+function TabButton({ name, tabs, current, onSelect }: { name: TabName; tabs: TabName[]; current: TabName; onSelect: (name: TabName) => void }) {
   const selected = name === current;
   return (
     <button
@@ -95,13 +133,14 @@ function TabButton({ name, label, current, onSelect }: { name: TabName; label: s
       onClick={() => onSelect(name)}
       onKeyDown={(event) => {
         if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
-          const other: TabName = name === "logs" ? "artifacts" : "logs";
+          const step = event.key === "ArrowRight" ? 1 : -1;
+          const other = tabs[(tabs.indexOf(name) + step + tabs.length) % tabs.length];
           onSelect(other);
           document.getElementById(`tab-${other}`)?.focus();
         }
       }}
     >
-      {label}
+      {TAB_LABELS[name]}
     </button>
   );
 }
@@ -158,7 +197,10 @@ function RunHeader({ run, now, onChange }: { run: Run; now: number; onChange: (r
           <Fact label="Duration">{humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}</Fact>
           {run.exit_code !== null ? <Fact label="Exit code">{run.exit_code}</Fact> : null}
           <Fact label="Cost">
-            <span title="No cost data for this backend">—</span>
+            <span title={run.cost == null ? "No attempt held a machine" : `USD ${run.cost}: every attempt of every job, interrupted ones included`}>
+              {money(run.cost)}
+              {run.cost != null && run.finished_at === null ? " so far" : ""}
+            </span>
           </Fact>
           {run.no_cache ? <Fact label="Cache">off (--no-cache)</Fact> : null}
           {run.environment_build ? (
@@ -321,7 +363,8 @@ function useWindowedLog(store: LogWindowStore, job: string, version: number) {
 }
 
 function JobFacts({ job, now }: { job: Job; now: number }) {
-  const { slug } = useWorkspace();
+  const { slug, canWrite } = useWorkspace();
+  const { run: runName = "" } = useParams();
   const r = job.resources ?? ({} as Job["resources"]);
   const resources = [
     r.cpu ? `${r.cpu} CPU` : null,
@@ -341,10 +384,7 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
         <Fact label="Instance">{job.instance ?? "—"}</Fact>
         {job.ports && job.ports.length && (job.status === "running" || job.status === "assigned") ? (
           <Fact label="Ports">
-            <span className="mono" title={`reach them on ${job.instance ?? "its machine"}`}>
-              {job.ports.join(", ")}
-            </span>{" "}
-            <span className="muted">on {job.instance ?? "its machine"}</span>
+            <JobPorts job={job} run={runName} workspace={slug} canOpen={canWrite} />
           </Fact>
         ) : null}
         {job.provider ? <Fact label="Provider">{job.provider}</Fact> : null}
@@ -370,6 +410,7 @@ function JobFacts({ job, now }: { job: Job; now: number }) {
             </ul>
           </Fact>
         ) : null}
+        <JobDataFacts job={job} />
       </dl>
       <AttemptsTable
         attempts={job.attempts}

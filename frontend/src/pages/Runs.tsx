@@ -1,15 +1,17 @@
 import { useEffect, useState, type FormEvent } from "react";
-import { Link, useSearchParams } from "react-router-dom";
+import { Link, useNavigate, useSearchParams } from "react-router-dom";
 import { get, wsPath } from "../api/client";
 import { useLiveFrames } from "../api/live";
 import type { Page, Run, RunStatus } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { CopyButton, EmptyState, ErrorBanner, Loading, PageHeader, StatusBadge, Time } from "../components/ui";
-import { codeLabel, elapsedSeconds, humanDuration } from "../lib/format";
+import { codeLabel, elapsedSeconds, humanDuration, money } from "../lib/format";
 import { useNow, useResource } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
 
 export const PAGE_SIZE = 25;
+/** The most runs one comparison takes (the compare API's bound). */
+export const MAX_COMPARED = 10;
 const STATUSES: RunStatus[] = ["pending", "running", "stopping", "succeeded", "failed", "stopped"];
 
 export function RunsPage() {
@@ -24,6 +26,9 @@ export function RunsPage() {
   // Previous (after a reload it is empty: Previous goes to the newest page).
   const cursor = params.get("cursor") ?? "";
   const [trail, setTrail] = useState<string[]>([]);
+  // Runs picked for Compare, in the order picked: all of one workflow.
+  const [picked, setPicked] = useState<{ name: string; workflow: string }[]>([]);
+  const navigate = useNavigate();
   const filtered = Boolean(status || workflow || q || tag);
 
   const key = `${slug}|${status}|${workflow}|${q}|${tag}|${cursor}`;
@@ -91,7 +96,14 @@ export function RunsPage() {
       ) : null}
       {data && data.count > 0 ? (
         <>
-          <RunsTable runs={data.results} workspace={slug} />
+          <CompareBar picked={picked} onClear={() => setPicked([])} onCompare={() => navigate(`/w/${slug}/compare?runs=${picked.map((p) => encodeURIComponent(p.name)).join(",")}`)} />
+          <RunsTable
+            runs={data.results}
+            workspace={slug}
+            picked={picked.map((p) => p.name)}
+            pickable={(run) => pickable(run, picked)}
+            onPick={(run, on) => setPicked((was) => (on ? [...was, { name: run.name, workflow: run.workflow }] : was.filter((p) => p.name !== run.name)))}
+          />
           <Pagination
             page={cursor && trail.length === 0 ? null : trail.length + 1}
             shown={data.results.length}
@@ -106,15 +118,83 @@ export function RunsPage() {
   );
 }
 
-export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string }) {
+/** Why `run` cannot join the picked runs ("" if it can). */
+function pickable(run: Run, picked: { name: string; workflow: string }[]): string {
+  if (picked.some((p) => p.name === run.name)) return "";
+  if (picked.length && picked[0].workflow !== run.workflow) return `Compare runs of one workflow: ${picked[0].workflow}`;
+  if (picked.length >= MAX_COMPARED) return `At most ${MAX_COMPARED} runs are compared at once`;
+  return "";
+}
+
+function CompareBar({ picked, onCompare, onClear }: { picked: { workflow: string }[]; onCompare: () => void; onClear: () => void }) {
+  return (
+    <div className="compare-bar" role="group" aria-label="Compare runs">
+      {picked.length ? (
+        <>
+          <span>
+            {picked.length} run{picked.length === 1 ? "" : "s"} of <strong>{picked[0].workflow}</strong> picked
+          </span>
+          <button type="button" className="btn btn-small btn-primary" disabled={picked.length < 2} onClick={onCompare}>
+            Compare{picked.length >= 2 ? ` ${picked.length} runs` : ""}
+          </button>
+          <button type="button" className="btn btn-small btn-ghost" onClick={onClear}>
+            Clear
+          </button>
+          {picked.length < 2 ? <span className="muted small">Pick another run of {picked[0].workflow} to compare.</span> : null}
+        </>
+      ) : (
+        <span className="muted small">Tick runs of one workflow to compare their metrics.</span>
+      )}
+    </div>
+  );
+}
+
+export function RunsTable({
+  runs,
+  workspace,
+  picked,
+  pickable: why,
+  onPick,
+}: {
+  runs: Run[];
+  workspace: string;
+  /** With these three, each row has a checkbox for Compare. */
+  picked?: string[];
+  pickable?: (run: Run) => string;
+  onPick?: (run: Run, on: boolean) => void;
+}) {
   const now = useNow(5_000);
+  const picking = picked !== undefined && onPick !== undefined;
   return (
     <DataTable
       rows={runs}
       className="table runs-table"
-      columns={["Status", "Run", "Workflow", "Code", "By", "Submitted", { label: "Duration", className: "num" }, { label: "Cost", className: "num" }, "Tags"]}
+      columns={[
+        picking ? { label: <span className="visually-hidden">Compare</span>, className: "select" } : null,
+        "Status",
+        "Run",
+        "Workflow",
+        "Code",
+        "By",
+        "Submitted",
+        { label: "Duration", className: "num" },
+        { label: "Cost", className: "num" },
+        "Tags",
+      ]}
       renderRow={(run) => (
-        <tr key={run.id} data-run={run.name}>
+        <tr key={run.id} data-run={run.name} className={picking && picked.includes(run.name) ? "picked" : undefined}>
+          {picking ? (
+            <td className="select">
+              <input
+                type="checkbox"
+                aria-label={`Compare ${run.name}`}
+                checked={picked.includes(run.name)}
+                disabled={Boolean(why?.(run))}
+                title={why?.(run) || undefined}
+                onChange={(event) => onPick(run, event.target.checked)}
+              />
+            </td>
+          ) : null}
           <td>
             <StatusBadge status={run.status} />
           </td>
@@ -137,8 +217,8 @@ export function RunsTable({ runs, workspace }: { runs: Run[]; workspace: string 
           <td className="num">
             {humanDuration(run.duration_seconds ?? elapsedSeconds(run.started_at, run.finished_at, now))}
           </td>
-          <td className="num muted" title="No cost data for this backend">
-            —
+          <td className={run.cost == null ? "num muted" : "num"} title={run.cost == null ? "No attempt held a machine" : `USD ${run.cost}: every attempt of every job`}>
+            {money(run.cost)}
           </td>
           <td>
             <Tags tags={run.tags ?? []} workspace={workspace} />

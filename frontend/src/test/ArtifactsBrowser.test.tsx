@@ -116,3 +116,35 @@ describe("ArtifactsBrowser", () => {
     expect(await blobs[0].text()).toBe(svg);
   });
 });
+
+describe("an artifact's copy to its to:", () => {
+  const exported = (status: "pending" | "copying" | "done" | "failed", error = ""): Artifact => ({
+    ...artifact,
+    export: {
+      id: "exp-1",
+      job: "job-1",
+      job_name: "train",
+      path: "./model",
+      artifact: "art-1",
+      destination: "s3://acme-models/brave-otter-3/",
+      status,
+      attempts: error ? 2 : 1,
+      error,
+      next_attempt_at: null,
+      done_at: null,
+      objects_copied: 4,
+      bytes_copied: 0,
+      method: "server-side",
+    },
+  });
+
+  it.each([
+    [exported("done"), "→ s3://acme-models/brave-otter-3/ (copied)"],
+    [exported("copying"), "→ s3://acme-models/brave-otter-3/ (copying)"],
+    [exported("pending", "S3 refused PutObject: AccessDenied"), "(failed: S3 refused PutObject: AccessDenied, retrying)"],
+    [exported("failed", "S3 refused PutObject: AccessDenied"), "(failed: S3 refused PutObject: AccessDenied)"],
+  ])("shows where it goes and how far it got", (shown, text) => {
+    render(<ArtifactsBrowser workspace="acme" artifacts={[shown]} jobs={[job]} />);
+    expect(screen.getByText((_, el) => el?.classList.contains("artifact-export") === true).textContent).toContain(text);
+  });
+});

@@ -5,6 +5,7 @@ import type { Attempt } from "../api/types";
 import { AttemptsTable } from "../components/AttemptsTable";
 import { LogViewer, type ViewerLine } from "../components/LogViewer";
 import { attemptMarks, clockTime, startLabel } from "../lib/attempts";
+import { money } from "../lib/format";
 
 const ROW = 18;
 
@@ -24,6 +25,9 @@ function attempt(overrides: Partial<Attempt> & Pick<Attempt, "number">): Attempt
     last_seq: null,
     offers_tried: [],
     environment: "",
+    cost: null,
+    price_per_hour: null,
+    billed_seconds: null,
     created_at: at(10, 0, 0),
     ...overrides,
   };
@@ -188,6 +192,7 @@ describe("AttemptsTable", () => {
       "Started",
       "Ended",
       "Duration",
+      "Cost",
       "Outcome",
       "Offers tried",
     ]);
@@ -198,11 +203,12 @@ describe("AttemptsTable", () => {
       "—",
       "10:01:30",
       "—",
+      "—",
       "no capacityno capacity: tried 1 of 2 offers",
       "tried fake/acct/fake-small/on-demand: no capacity — no fake-small left in eu-1",
     ]);
     expect(within(rows[0]).getByText("no capacity")).toHaveAttribute("title", "no offer had capacity");
-    expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "running", "launched fake/acct/fake-large/on-demand"]);
+    expect(cells(rows[1])).toEqual(["2", "fake-0002", "10:04:11", "—", "1m 0s", "—", "running", "launched fake/acct/fake-large/on-demand"]);
   });
 
   it("shows a spot job's switch to on-demand and each failed offer's error code", () => {
@@ -238,7 +244,19 @@ describe("AttemptsTable", () => {
     expect(within(rows[0]).getByText("instance lost")).toHaveClass("reason-instance_lost");
     expect(within(rows[0]).getByText("machine local-1a2b3c4d is gone (process 4242 not found)")).toBeInTheDocument();
     expect(within(rows[0]).getAllByRole("cell")[4]).toHaveTextContent("1m 0s");
-    expect(within(rows[1]).getAllByRole("cell")[5]).toHaveTextContent("failed · exit code 3");
+    expect(within(rows[1]).getAllByRole("cell")[6]).toHaveTextContent("failed · exit code 3");
+  });
+
+  it("names the guards' endings: idle GPUs and a stalled job, with the server's message", () => {
+    const idle = attempt({ number: 1, finished_at: at(10, 2, 5), reason: "low_gpu_utilization", message: "every GPU stayed below 10% for 30m (peak 2%)" });
+    const stalled = attempt({ number: 2, finished_at: at(10, 3, 5), reason: "stalled", message: "no output for 20m (stall)" });
+    render(<AttemptsTable attempts={[idle, stalled]} now={0} />);
+    const rows = within(screen.getByRole("table")).getAllByRole("row").slice(1);
+    expect(within(rows[0]).getByText("GPUs idle")).toHaveClass("reason-low_gpu_utilization");
+    expect(within(rows[0]).getByText("GPUs idle")).toHaveAttribute("title", expect.stringContaining("utilization_policy"));
+    expect(within(rows[0]).getByText("every GPU stayed below 10% for 30m (peak 2%)")).toBeInTheDocument();
+    expect(within(rows[1]).getByText("stalled")).toHaveClass("reason-stalled");
+    expect(within(rows[1]).getByText("stalled")).toHaveAttribute("title", expect.stringContaining("stall timeout"));
   });
 
   it("says which checkpoint a resumed attempt started from", () => {
@@ -273,5 +291,30 @@ describe("AttemptsTable", () => {
   it("renders nothing for a job that has no attempt yet", () => {
     const { container } = render(<AttemptsTable attempts={[]} now={0} />);
     expect(container).toBeEmptyDOMElement();
+  });
+});
+
+describe("what each attempt cost", () => {
+  it("shows each attempt's cost as its machine's price × the time it held it, and none for no machine", () => {
+    const interrupted = attempt({ number: 1, reason: "interrupted", cost: "0.7010", price_per_hour: "2.523600", billed_seconds: 1000 });
+    const resumed = attempt({ number: 2, cost: "0.0040", price_per_hour: "0.010000", billed_seconds: 1440 });
+    const never = attempt({ number: 3, instance: null, reason: "no_capacity" });
+    render(<AttemptsTable attempts={[interrupted, resumed, never]} now={Date.now()} />);
+
+    const cells = screen.getAllByRole("row").slice(1).map((row) => row.querySelector(".attempt-cost"));
+    expect(cells.map((cell) => cell?.textContent)).toEqual(["$0.70$2.5236/h × 16m 40s", "<$0.01$0.01/h × 24m 0s", "—"]);
+    expect(cells[0]).toHaveAttribute("title", "$2.5236/h × 16m 40s held = USD 0.7010");
+    expect(cells[2]).toHaveAttribute("title", "It held no machine");
+  });
+
+  it("rounds money from the decimal string, half up, with thousands separated", () => {
+    expect([money("1.1834"), money("0.0050"), money("2.0050"), money("12345.6789"), money("0"), money(null)]).toEqual([
+      "$1.18",
+      "<$0.01",
+      "$2.01",
+      "$12,345.68",
+      "$0.00",
+      "—",
+    ]);
   });
 });

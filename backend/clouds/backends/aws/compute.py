@@ -45,6 +45,7 @@ from backend.clouds.backends.aws.machines import (
 from backend.clouds.backends.aws.machines import machine_tags as _machine_tags
 from backend.clouds.backends.aws.options import AwsOptions
 from backend.clouds.backends.aws.session import auth_of, client, warm
+from backend.clouds.backends.aws.volumes import EbsVolumes
 from backend.clouds.backends.base import (
     AccountConfig,
     CloudState,
@@ -55,6 +56,8 @@ from backend.clouds.backends.base import (
     Offer,
     Requirements,
     Timings,
+    VolumeInfo,
+    VolumeSpec,
     in_placement,
 )
 from backend.clouds.backends.errors import ComputeError, InvalidConfig, NoCapacity, NotYetTerminated
@@ -76,6 +79,7 @@ class AwsCompute(Compute):
     signs_identity = True  # the instance identity document (identity.py)
     timings = Timings(provision_timeout=PROVISION_TIMEOUT, unreachable_grace=120.0, idle_default=300.0)
     catalog_date = CATALOG_DATE
+    volume_kind = "ebs"  # volumes.py
 
     def __init__(self, account: AccountConfig) -> None:
         super().__init__(account)
@@ -92,6 +96,9 @@ class AwsCompute(Compute):
         self.rows = by_key(self.catalog)
         self.facts = AccountFacts.from_json(account.config.get("facts"))
         self.launcher = Launcher(self.auth, self.options, account.installation, self.facts)
+        self.ebs = EbsVolumes(
+            self.auth, installation=account.installation, account_id=account.account_id, regions=self.options.regions
+        )
 
     @classmethod
     def identity_of(cls, *, document: str, signature: str, trusted_pem: str) -> MachineIdentity:
@@ -221,6 +228,25 @@ class AwsCompute(Compute):
             for instance in self._instances(region, tags=tags, states=LIVE_STATES):
                 found.append(handle_of(instance, region, key=tags_of(instance).get(KEY_TAG, instance["InstanceId"])))
         return found
+
+    def volume_create(self, spec: VolumeSpec) -> VolumeInfo:
+        """An EBS gp3 volume in ``spec.zone`` (else the region's first zone), tagged with ``spec.key``."""
+        return self.ebs.create(spec, self.facts)
+
+    def volume_attach(self, volume: VolumeInfo, machine: Handle) -> str:
+        return self.ebs.attach(volume, machine)
+
+    def volume_detach(self, volume: VolumeInfo, machine: Handle) -> None:
+        self.ebs.detach(volume, machine)
+
+    def volume_delete(self, volume: VolumeInfo) -> None:
+        self.ebs.delete(volume)
+
+    def volume_describe(self, volumes: Sequence[VolumeInfo]) -> Mapping[str, VolumeInfo]:
+        return self.ebs.describe(volumes)
+
+    def volumes_managed(self) -> Sequence[VolumeInfo]:
+        return self.ebs.managed()
 
     # ------------------------------------------------------------------ helpers
 

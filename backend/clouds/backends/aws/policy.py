@@ -3,8 +3,8 @@
 ``permission_policy`` is what the role (or user) may do: least privilege,
 each statement commented in README "Connecting AWS". ``trust_policy`` lets
 the server's principal assume the role with the workspace's external id.
-``deploy/aws/policy.json`` and ``deploy/aws/role.yaml`` (CloudFormation) are
-generated from here with ``python -m backend.clouds.backends.aws.policy``;
+``deploy/aws/policy.json``, ``deploy/aws/role.yaml`` (CloudFormation) and
+``deploy/aws/role.tf.json`` (Terraform) are generated from here with ``python -m backend.clouds.backends.aws.policy``;
 a test fails when they are stale (docs/decisions/0022-aws-external-id.md).
 
 Placeholders use CloudFormation's ``${Name}`` syntax, so the same text is a
@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 INSTALLATION_TAG = "trainyard:installation"
-PLACEHOLDERS = ("BucketName", "Prefix", "InstallationId")
+PLACEHOLDERS = ("BucketName", "Prefix", "InstallationId", "DataBucket", "OutputBucket")
+# The statements on buckets the user names for ``inputs:`` (read) and for
+# artifacts' ``to:`` (write); each names one bucket or a pattern (``acme-*``),
+# never every bucket. Left out of a rendered policy that names none.
+NAMED_BUCKET_SIDS = {
+    "DataBucket": ("ReadNamedDataBuckets", "ReadNamedDataObjects"),
+    "OutputBucket": ("WriteOutputsToNamedBuckets",),
+}
 
 # The EC2 reads the backend makes (checks, offers, describe, leak sweep).
 DESCRIBE_ACTIONS = (
@@ -35,6 +42,7 @@ DESCRIBE_ACTIONS = (
     "ec2:DescribeSubnets",
     "ec2:DescribeRouteTables",
     "ec2:DescribeSecurityGroups",
+    "ec2:DescribeVolumes",
 )
 _EC2 = "arn:aws:ec2:*:*:"
 _OURS = {"StringEquals": {f"aws:ResourceTag/{INSTALLATION_TAG}": "${InstallationId}"}}
@@ -71,12 +79,35 @@ PERMISSION_POLICY: dict[str, Any] = {
                 f"{_EC2}network-interface/*",
                 f"{_EC2}security-group/*",
             ],
-            "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup"]}},
+            "Condition": {
+                "StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateSecurityGroup", "CreateVolume"]}
+            },
         },
         {
             "Sid": "TerminateOnlyOurMachines",
             "Effect": "Allow",
             "Action": ["ec2:TerminateInstances"],
+            "Resource": [f"{_EC2}instance/*"],
+            "Condition": _OURS,
+        },
+        {
+            "Sid": "CreateTaggedVolumes",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateVolume"],
+            "Resource": [f"{_EC2}volume/*"],
+            "Condition": _TAGGED_AT_CREATION,
+        },
+        {
+            "Sid": "AttachAndDeleteOnlyOurVolumes",
+            "Effect": "Allow",
+            "Action": ["ec2:AttachVolume", "ec2:DetachVolume", "ec2:DeleteVolume"],
+            "Resource": [f"{_EC2}volume/*"],
+            "Condition": _OURS,
+        },
+        {
+            "Sid": "AttachToOurMachines",
+            "Effect": "Allow",
+            "Action": ["ec2:AttachVolume", "ec2:DetachVolume"],
             "Resource": [f"{_EC2}instance/*"],
             "Condition": _OURS,
         },
@@ -127,6 +158,24 @@ PERMISSION_POLICY: dict[str, Any] = {
             "Resource": ["arn:aws:s3:::${BucketName}"],
         },
         {"Sid": "ReadQuotas", "Effect": "Allow", "Action": ["servicequotas:GetServiceQuota"], "Resource": "*"},
+        {
+            "Sid": "ReadNamedDataBuckets",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket", "s3:ListBucketVersions", "s3:GetBucketVersioning", "s3:GetBucketLocation"],
+            "Resource": ["arn:aws:s3:::${DataBucket}"],
+        },
+        {
+            "Sid": "ReadNamedDataObjects",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+            "Resource": ["arn:aws:s3:::${DataBucket}/*"],
+        },
+        {
+            "Sid": "WriteOutputsToNamedBuckets",
+            "Effect": "Allow",
+            "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            "Resource": ["arn:aws:s3:::${OutputBucket}/*"],
+        },
     ],
 }
 
@@ -152,8 +201,19 @@ def render(document: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, 
     return rendered
 
 
-def permission_policy(*, bucket: str, prefix: str, installation: str) -> dict[str, Any]:
-    return render(PERMISSION_POLICY, {"BucketName": bucket, "Prefix": prefix, "InstallationId": installation})
+def permission_policy(
+    *, bucket: str, prefix: str, installation: str, data_bucket: str = "", output_bucket: str = ""
+) -> dict[str, Any]:
+    """The policy for these values; the statements of a named bucket that is
+    not given ("") are left out."""
+    named = {"DataBucket": data_bucket, "OutputBucket": output_bucket}
+    left_out = {sid for name, sids in NAMED_BUCKET_SIDS.items() if not named[name] for sid in sids}
+    document = {
+        **PERMISSION_POLICY,
+        "Statement": [st for st in PERMISSION_POLICY["Statement"] if st["Sid"] not in left_out],
+    }
+    values = {"BucketName": bucket, "Prefix": prefix, "InstallationId": installation}
+    return render(document, {**values, **{k: v for k, v in named.items() if v}})
 
 
 def trust_policy(*, principal: str, external_id: str) -> dict[str, Any]:
@@ -177,6 +237,16 @@ def role_template() -> str:
             "InstallationId": {"Type": "String", "Description": "The trainyard:installation tag of the server"},
             "BucketName": {"Type": "String", "Description": "The bucket for artifacts and checkpoints"},
             "Prefix": {"Type": "String", "Default": "trainyard/", "Description": "Key prefix Trainyard may use"},
+            "DataBucket": {
+                "Type": "String",
+                "AllowedPattern": "[a-z0-9.*-]*[a-z0-9.-][a-z0-9.*-]*",
+                "Description": "The bucket (or pattern, e.g. acme-data-*) jobs read inputs from; not * alone",
+            },
+            "OutputBucket": {
+                "Type": "String",
+                "AllowedPattern": "[a-z0-9.*-]*[a-z0-9.-][a-z0-9.*-]*",
+                "Description": "The bucket (or pattern, e.g. acme-models-*) artifacts are copied to (to:); not * alone",
+            },
         },
         "Resources": {
             "TrainyardRole": {
@@ -191,6 +261,53 @@ def role_template() -> str:
     }
     header = "# Generated by `python -m backend.clouds.backends.aws.policy`; do not edit.\n"
     return header + json.dumps(template, indent=2) + "\n"
+
+
+# The Terraform variable of each placeholder (the CloudFormation parameters' names, in snake case).
+TERRAFORM_VARIABLES = {
+    "TrustedPrincipalArn": "trusted_principal_arn",
+    "ExternalId": "external_id",
+    "InstallationId": "installation_id",
+    "BucketName": "bucket_name",
+    "Prefix": "prefix",
+    "DataBucket": "data_bucket",
+    "OutputBucket": "output_bucket",
+}
+
+
+def terraform_json() -> str:
+    """``deploy/aws/role.tf.json``: the same role for Terraform (its JSON
+    syntax), both documents with each ``${Name}`` as ``${var.name}``."""
+    parameters = json.loads(role_template().split("\n", 1)[1])["Parameters"]
+    variables: dict[str, Any] = {}
+    for name, parameter in parameters.items():
+        variable = {"type": "string", "description": parameter["Description"]}
+        if "Default" in parameter:
+            variable["default"] = parameter["Default"]
+        variables[TERRAFORM_VARIABLES[name]] = variable
+
+    def document(doc: Mapping[str, Any]) -> str:
+        text = json.dumps(doc)
+        for name, var in TERRAFORM_VARIABLES.items():
+            text = text.replace("${" + name + "}", "${var." + var + "}")
+        return text
+
+    config = {
+        "//": "Generated by `python -m backend.clouds.backends.aws.policy`; do not edit.",
+        "variable": variables,
+        "resource": {
+            "aws_iam_role": {"trainyard": {"name_prefix": "trainyard-", "assume_role_policy": document(TRUST_POLICY)}},
+            "aws_iam_role_policy": {
+                "trainyard": {
+                    "name": "trainyard",
+                    "role": "${aws_iam_role.trainyard.id}",
+                    "policy": document(PERMISSION_POLICY),
+                }
+            },
+        },
+        "output": {"role_arn": {"value": "${aws_iam_role.trainyard.arn}"}},
+    }
+    return json.dumps(config, indent=2) + "\n"
 
 
 def unsubstituted(node: Any) -> Any:
@@ -218,6 +335,7 @@ def main(deploy_dir: Path) -> None:
     deploy_dir.mkdir(parents=True, exist_ok=True)
     (deploy_dir / "policy.json").write_text(policy_json())
     (deploy_dir / "role.yaml").write_text(role_template())
+    (deploy_dir / "role.tf.json").write_text(terraform_json())
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, cast
 from urllib.parse import quote
 
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
@@ -223,3 +224,34 @@ def _attachment(name: str) -> str:
 
 def _code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
+
+
+# ------------------------------------------------------------ copies between buckets
+#
+# With a client the caller got for the destination (backend.data.sources.s3_access):
+# one CopyObject up to S3's 5 GB limit for a single copy, boto3's managed copy
+# in parts (UploadPartCopy) above it; the bytes never leave S3.
+COPY_SINGLE_LIMIT = 5 * 1024**3
+COPY_PART_SIZE = 256 * 1024**2
+
+
+def readable(client: Any, *, bucket: str, key: str) -> bool:
+    """Whether ``client``'s credentials may read the object (HeadObject):
+    what a server-side copy from it needs (s3:GetObject on the source)."""
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except ClientError:
+        return False
+    return True
+
+
+def copy_within_s3(client: Any, *, source_bucket: str, source_key: str, bucket: str, key: str) -> None:
+    """Copy one object server-side, in parts above ``COPY_SINGLE_LIMIT``."""
+    config = TransferConfig(multipart_threshold=COPY_SINGLE_LIMIT, multipart_chunksize=COPY_PART_SIZE)
+    client.copy({"Bucket": source_bucket, "Key": source_key}, bucket, key, Config=config)
+
+
+def upload_to(client: Any, *, bucket: str, key: str, source: Readable) -> None:
+    """Stream ``source`` into ``bucket``/``key`` (boto3 goes multipart by
+    itself for large ones; an unfinished upload is aborted on failure)."""
+    client.upload_fileobj(source, bucket, key, ExtraArgs={"ContentType": "application/octet-stream"})

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 import boto3
+from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.credentials import RefreshableCredentials
 from botocore.exceptions import DataNotFoundError
@@ -150,6 +151,37 @@ def client(auth: AwsAuth, service: str, region: str, *, launch: bool = False) ->
     made = session.client(service, region_name=region, config=config)
     with _lock:
         return _clients[session].setdefault(key, made)
+
+
+def endpoint_client(*, endpoint_url: str, access_key_id: str, secret_access_key: str, region: str) -> Any:
+    """An S3 client of an S3-compatible endpoint (MinIO, R2, Ceph…) with
+    its own keys; a client with no keys signs nothing (a public bucket).
+    Path-style addressing: such endpoints rarely have a DNS name per bucket."""
+    session = boto3.session.Session(
+        aws_access_key_id=access_key_id or None,
+        aws_secret_access_key=secret_access_key or None,
+        botocore_session=_botocore_session(),
+    )
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
+        retries={"mode": "standard", "total_max_attempts": 3},
+        signature_version="s3v4" if access_key_id else UNSIGNED,
+        s3={"addressing_style": "path"},
+    )
+    return session.client("s3", region_name=region or WARM_REGION, endpoint_url=endpoint_url, config=config)
+
+
+def anonymous_client(region: str) -> Any:
+    """An S3 client that signs nothing: reads public buckets only."""
+    config = Config(
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
+        retries={"mode": "standard", "total_max_attempts": 3},
+        signature_version=UNSIGNED,
+    )
+    session = boto3.session.Session(botocore_session=_botocore_session())
+    return session.client("s3", region_name=region or WARM_REGION, config=config)
 
 
 def warm(services: tuple[str, ...] = WARM_SERVICES) -> None:

@@ -33,6 +33,7 @@ Config keys (``AccountConfig.config``):
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -46,12 +47,14 @@ from backend.clouds.backends.base import (
     Offer,
     Requirements,
     Timings,
+    VolumeInfo,
+    VolumeSpec,
     in_placement,
 )
 from backend.clouds.backends.config import config_dicts, config_str, field_gpus, field_int, field_str
 from backend.clouds.backends.errors import InvalidConfig, NoCapacity, NotYetTerminated
 from backend.clouds.backends.local.host import free_disk_bytes, host_cpus, host_gpus, host_memory_bytes
-from backend.clouds.backends.local.process import Runner, RunnerDir, RunnerSettings, offer_resources
+from backend.clouds.backends.local.process import Runner, RunnerDir, RunnerSettings, offer_resources, volumes_dir
 
 REGION = "local"
 HOST = "host"  # the instance type of the one offer when no shapes are configured
@@ -62,12 +65,28 @@ class LocalCompute(Compute):
     reusable_instances = True
     supports_spot = False
     timings = Timings(provision_timeout=60.0)
+    # A folder of the host per volume (``volumes_dir``): every local runner of the workspace sees it.
+    volume_kind = "directory"
 
     def __init__(self, account: AccountConfig) -> None:
         super().__init__(account)
         self.runners_dir = Path(config_str(account, "runners_dir"))
         self.runners = RunnerDir(self.runners_dir, RunnerSettings.from_config(account))
         self._shapes = _shapes(account, kind=self.kind)
+
+    def volume_create(self, spec: VolumeSpec) -> VolumeInfo:
+        """The folder ``<runners_dir>/volumes/<workspace>/<key>``, which the
+        workspace's local runners see as ``<volumes dir>/<key>``."""
+        folder = volumes_dir(self.runners_dir, self.account.workspace_id) / spec.key
+        folder.mkdir(parents=True, exist_ok=True)
+        return VolumeInfo(key=spec.key, backend_id=spec.key, region=REGION)
+
+    def volume_delete(self, volume: VolumeInfo) -> None:
+        """The folder and everything in it."""
+        if volume.backend_id and "/" not in volume.backend_id and volume.backend_id not in (".", ".."):
+            shutil.rmtree(
+                volumes_dir(self.runners_dir, self.account.workspace_id) / volume.backend_id, ignore_errors=True
+            )
 
     def offers(self, req: Requirements) -> Iterable[Offer]:
         """The configured shapes, or this host; price 0, on-demand, region "local"."""

@@ -57,6 +57,7 @@ SERVER_ONLY_PREFIXES = ("DATABASE_", "REDIS_", "DJANGO_", "TRAINYARD_SECRET", "C
 RUNNER_VARS_PREFIXES = ("TRAINYARD_RUNNER_", "TRAINYARD_SERVER_URL")
 RESOURCES_VAR = "TRAINYARD_RUNNER_RESOURCES"  # trainyard_runner.resources reads it
 OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"  # trainyard_runner.__main__ reads it
+VOLUMES_VAR = "TRAINYARD_RUNNER_VOLUMES_DIR"  # trainyard_runner.volumes reads it
 ENVIRONMENTS_VAR = "TRAINYARD_ENVIRONMENTS_DIR"  # trainyard_runner.job reads it
 SHIM_MARKER = b"_shim.py"  # the job supervisor's script, in its command line
 # The console script, or ``python -m trainyard_runner``.
@@ -271,6 +272,7 @@ class RunnerDir:
             # the workspace's runners on this host: another workspace's jobs
             # could change what is in them, so they never share one.
             env[ENVIRONMENTS_VAR] = str(self.path / "environments" / workspace)
+            env[VOLUMES_VAR] = str(volumes_dir(self.path, workspace))
         if resources is not None:
             env[RESOURCES_VAR] = json.dumps(resources)
         return env
@@ -291,6 +293,11 @@ def offer_resources(offer: Offer) -> dict[str, object]:
         "disk_bytes": offer.disk_bytes,
         "gpus": [gpu.to_data() for gpu in offer.gpus],
     }
+
+
+def volumes_dir(runners_dir: Path, workspace_id: str) -> Path:
+    """Where the workspace's local volumes are folders: its local runners see only these."""
+    return runners_dir / "volumes" / str(workspace_id)
 
 
 def kill_shims(work_dir: Path) -> list[int]:

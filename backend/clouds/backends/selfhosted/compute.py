@@ -42,6 +42,8 @@ class SelfHostedCompute(Compute):
     # provision_timeout is never read for this kind: a registered machine
     # waits for its runner as long as it takes (the reconciler skips it).
     timings: ClassVar[Timings] = Timings(provision_timeout=0.0)
+    # A folder of the machine a volume was created for (`--machine`), made by its runner.
+    volume_kind: ClassVar[str] = "directory"
 
     def offers(self, req: Requirements) -> Iterable[Offer]:
         return ()

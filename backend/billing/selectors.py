@@ -1,0 +1,160 @@
+"""Reads of what machines cost (docs/COST.md): per attempt, job and run, the
+workspace's report and its idle line, and the running set's rate. Each
+read is one query over the attempt (or instance) rows, their machine's price
+and times joined in; the rules are backend.billing.rules."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+from uuid import UUID
+
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.accounts.models import Workspace
+from backend.billing.rules import MONEY, AttemptBill, Machine, attempt_bill, billed_machine, idle_cost
+from backend.clouds.models import LIVE_STATUSES, Instance
+from backend.runs.models import Attempt
+
+Key = Literal["user", "workflow", "backend", "day"]
+KEYS: tuple[Key, ...] = ("user", "workflow", "backend", "day")
+ZERO = Decimal(0)
+
+_MACHINE = ("instance__price_per_hour", "instance__running_at", "instance__terminated_at")
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    key: str
+    cost: Decimal
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """The workspace's cost over [since, until): ``total`` = the rows' sum + ``idle``."""
+
+    total: Decimal
+    idle: Decimal
+    rows: list[ReportRow]
+
+
+def attempt_bills(attempt_ids: Iterable[UUID | str], now: datetime | None = None) -> dict[UUID, AttemptBill]:
+    """Each attempt's bill (one query); an attempt that never held a machine has none."""
+    now = now or timezone.now()
+    rows = Attempt.objects.filter(pk__in=list(attempt_ids), instance__isnull=False).values_list(
+        "pk", "started_at", "finished_at", *_MACHINE
+    )
+    return {pk: attempt_bill(started, finished, Machine(*machine), now) for pk, started, finished, *machine in rows}
+
+
+def attempt_costs(attempts: Iterable[Attempt], now: datetime | None = None) -> dict[UUID, Decimal]:
+    """Each attempt's cost: its machine's price × the seconds it held it (until now for a running one)."""
+    return {pk: bill.cost for pk, bill in attempt_bills([a.pk for a in attempts], now).items()}
+
+
+def attempt_bill_of(attempt: Attempt, now: datetime) -> AttemptBill | None:
+    """An attempt's bill from the attempt and its instance as loaded (no
+    query: the caller selected the instance with it); None when it held no machine."""
+    instance = attempt.instance if attempt.instance_id is not None else None
+    if instance is None:
+        return None
+    return attempt_bill(attempt.started_at, attempt.finished_at, billed_machine(instance), now)
+
+
+def bills_total(attempts: Iterable[tuple[datetime | None, AttemptBill | None]]) -> Decimal | None:
+    """The cost of (started_at, bill) pairs: the sum over the attempts that
+    started on a machine; None when none did (the cost is unknown)."""
+    costs = [bill.cost for started, bill in attempts if started is not None and bill is not None]
+    return sum(costs, ZERO) if costs else None
+
+
+def shown(amount: Decimal | None) -> str | None:
+    """Money as the API shows it: a decimal string to a hundredth of a cent; None stays None."""
+    return None if amount is None else str(amount.quantize(MONEY))
+
+
+def run_costs(run_ids: Iterable[UUID | str], now: datetime | None = None) -> dict[UUID, Decimal]:
+    """Each run's cost, the sum over every attempt of every job (interrupted
+    ones included), in ONE query for a page of runs; a run none of whose
+    attempts started on a machine is absent (its cost is unknown)."""
+    return _sums("job__run_id", Q(job__run_id__in=list(run_ids)), now)
+
+
+def job_costs(job_ids: Iterable[UUID | str], now: datetime | None = None) -> dict[UUID, Decimal]:
+    """Each job's cost, the sum over its attempts (one query); absent: unknown."""
+    return _sums("job_id", Q(job_id__in=list(job_ids)), now)
+
+
+def cost_report(
+    *, workspace: Workspace, since: datetime, until: datetime, by: Key, now: datetime | None = None
+) -> CostReport:
+    """The cost of the workspace's attempts that started in [since, until),
+    grouped by ``by`` (the run's submitter's username, its workflow, the
+    machine's backend, or the UTC day the attempt started), the costliest
+    first, and the idle line of the machines that started running then."""
+    now = now or timezone.now()
+    field = {
+        "user": "job__run__submitted_by__username",
+        "workflow": "job__run__workflow",
+        "backend": "instance__backend",
+        "day": "started_at",
+    }[by]
+    rows = Attempt.objects.filter(
+        workspace=workspace, instance__isnull=False, started_at__gte=since, started_at__lt=until
+    ).values_list(field, "started_at", "finished_at", *_MACHINE)
+    sums: dict[str, Decimal] = defaultdict(Decimal)
+    for key, started, finished, *machine in rows:
+        name = started.date().isoformat() if by == "day" else (key or "")
+        sums[name] += attempt_bill(started, finished, Machine(*machine), now).cost
+    idle = idle_line(workspace=workspace, since=since, until=until, now=now)
+    ordered = sorted(sums.items(), key=lambda kv: (kv[0],) if by == "day" else (-kv[1], kv[0]))
+    report_rows = [ReportRow(key=key, cost=cost) for key, cost in ordered]
+    return CostReport(total=sum((r.cost for r in report_rows), ZERO) + idle, idle=idle, rows=report_rows)
+
+
+def idle_line(*, workspace: Workspace, since: datetime, until: datetime, now: datetime | None = None) -> Decimal:
+    """What the workspace's machines that started running in [since, until)
+    cost while no attempt held them (between jobs, before the first and
+    after the last, the rest of the 60 s minimum)."""
+    now = now or timezone.now()
+    machines = Instance.objects.filter(workspace=workspace, running_at__gte=since, running_at__lt=until)
+    held: dict[UUID, list[Decimal]] = defaultdict(list)
+    attempts = Attempt.objects.filter(instance__in=machines).values_list(
+        "instance_id", "started_at", "finished_at", *_MACHINE
+    )
+    for instance_id, started, finished, *machine in attempts:
+        held[instance_id].append(attempt_bill(started, finished, Machine(*machine), now).cost)
+    total = ZERO
+    for pk, price, running_at, terminated_at in machines.values_list(
+        "pk", "price_per_hour", "running_at", "terminated_at"
+    ):
+        total += idle_cost(Machine(price, running_at, terminated_at), held[pk], now)
+    return total
+
+
+def dangerously_all_workspaces_running_cost_per_hour() -> dict[str, Decimal]:
+    """Each workspace's live machines' price per hour, summed, by slug (for
+    the operator's /metrics): what the running set costs an hour now."""
+    rows = Instance.objects.filter(status__in=LIVE_STATUSES, running_at__isnull=False).values_list(
+        "workspace__slug", "price_per_hour"
+    )
+    rates: dict[str, Decimal] = defaultdict(Decimal)
+    for slug, price in rows:
+        rates[slug] += price
+    return dict(rates)
+
+
+def _sums(field: str, where: Q, now: datetime | None) -> dict[UUID, Decimal]:
+    now = now or timezone.now()
+    rows = Attempt.objects.filter(where, instance__isnull=False, started_at__isnull=False).values_list(
+        field, "started_at", "finished_at", *_MACHINE
+    )
+    sums: dict[UUID, Decimal] = defaultdict(Decimal)
+    for key, started, finished, *machine in rows:
+        sums[key] += attempt_bill(started, finished, Machine(*machine), now).cost
+    return dict(sums)

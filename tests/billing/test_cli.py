@@ -1,0 +1,72 @@
+"""`trainyard ps`, `show` and `cost` against the real web server (uvicorn
+on the test database): the COST column, a run's, its job's and its
+attempts' costs, and the workspace's report with its idle line and total."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from trainyard.cli import cli
+
+from backend.accounts.models import Workspace
+from backend.runs.models import Run
+from tests.billing.test_selectors import T, attempt, machine
+from tests.support.fixtures import Person
+from tests.support.web import WebServers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def cli_env(team: Workspace, owner: Person, web_server: WebServers, monkeypatch: pytest.MonkeyPatch) -> Any:
+    server = web_server.start()
+    monkeypatch.setenv("TRAINYARD_URL", server.url)
+    monkeypatch.setenv("TRAINYARD_TOKEN", owner.token)
+    monkeypatch.setenv("TRAINYARD_WORKSPACE", "acme")
+    return server
+
+
+@pytest.fixture
+def interrupted_run(team: Workspace, run: Run) -> Run:
+    """Attempt 1: 1000 s of a $2.5236/h machine ($0.7010); attempt 2: 1800 s of a $0.9648/h one ($0.4824)."""
+    job = run.jobs.get()
+    attempt(job, 1, machine(team, "2.5236", 0, 1010), 10, 1010)
+    attempt(job, 2, machine(team, "0.9648", 2000, 3830), 2010, 3810)
+    Run.objects.filter(pk=run.pk).update(status="succeeded")
+    return run
+
+
+def _invoke(*args: str) -> Any:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_ps_shows_each_runs_cost_and_show_its_jobs_and_attempts(interrupted_run: Run, cli_env: Any) -> None:
+    header, row = _invoke("ps").splitlines()
+    assert header.split() == ["NAME", "WORKFLOW", "STATUS", "SUBMITTED", "DURATION", "COST"]
+    assert row.split()[0] == interrupted_run.name and row.split()[-1] == "$1.18"
+
+    shown = _invoke("show", interrupted_run.name).splitlines()
+    assert "Cost: $1.18 (USD, every attempt of every job)" in shown
+    costs = shown[shown.index("Costs:") + 1 :][:3]
+    assert costs[0] == "  hello: $1.18"
+    assert costs[1].startswith("    attempt 1: $0.70 = $2.5236/h x 16m 40s on m-")
+    assert costs[2].startswith("    attempt 2: $0.48 = $0.9648/h x 30m on m-")
+
+
+def test_cost_reports_the_rows_the_idle_line_and_the_total(interrupted_run: Run, cli_env: Any) -> None:
+    since = T.date().isoformat()
+    out = _invoke("cost", "--since", since, "--until", "2026-11-03", "--by", "workflow").splitlines()
+    assert out[0] == f"Costs from {since}T00:00:00Z to 2026-11-03T00:00:00Z (USD):"
+    # Idle: 10 s of machine 1 ($0.0070) and 30 s of machine 2 ($0.0080).
+    assert [line.split() for line in out[1:]] == [
+        ["WORKFLOW", "COST"],
+        ["hello", "$1.18"],
+        ["(idle)", "$0.02"],
+        ["TOTAL", "$1.20"],
+    ]
+    empty = _invoke("cost", "--since", "2026-10-01", "--until", "2026-10-02").splitlines()
+    assert [line.split() for line in empty[1:]] == [["USER", "COST"], ["(idle)", "$0.00"], ["TOTAL", "$0.00"]]
