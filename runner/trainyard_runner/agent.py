@@ -299,9 +299,9 @@ class Agent:
             await ws.send(self._hello(address).model_dump_json())
             welcome = await self._welcome(ws)
             self._ws = ws
-            log.info("connected to %s as instance %s", self.url, welcome.instance)
-            if welcome.token:
+            if welcome.token:  # saved first: a crash from here on must not lose it
                 self._take_token(welcome.token)
+            log.info("connected to %s as instance %s", self.url, welcome.instance)
             if welcome.api_origin and not self._api_origin_fixed:
                 try:
                     log.debug("the runner's token goes only to %s", http.pin_token_origin(welcome.api_origin))
