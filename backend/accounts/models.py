@@ -222,6 +222,7 @@ class AuditKind(models.TextChoices):
     SSH_KEY = "ssh_key", "SSH key"
     SESSION = "session"  # a session into a running job (ssh, terminal, port): its start and its end
     WORKSPACE = "workspace"  # a setting of the workspace its admins change (its default guards)
+    BUDGET = "budget"  # a budget or GPU quota set or removed, a run let past the budgets
 
 
 class AuditEvent(WorkspaceOwnedModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Literal
 from uuid import UUID
@@ -158,3 +158,54 @@ def _sums(field: str, where: Q, now: datetime | None) -> dict[UUID, Decimal]:
     for key, started, finished, *machine in rows:
         sums[key] += attempt_bill(started, finished, Machine(*machine), now).cost
     return dict(sums)
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What a budget's scope spent since the month's start (UTC) and what its
+    running machines cost an hour now (``rate``): the budgets' measure."""
+
+    spent: Decimal
+    rate: Decimal
+
+
+def month_start(now: datetime) -> datetime:
+    """The first instant of ``now``'s calendar month, UTC: where a monthly budget starts."""
+    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+SpendKey = tuple[UUID, int | None]  # (workspace, None) or (workspace, user)
+
+
+def month_spend(*, workspace_ids: Iterable[UUID | str], now: datetime | None = None) -> dict[SpendKey, Spend]:
+    """Each workspace's spend this month (key ``(workspace, None)``: every
+    attempt that started this month and the idle line) and each submitter's
+    (key ``(workspace, user)``: the attempts of the runs they submitted).
+    ``rate``: the workspace's running machines' prices (idle ones too), a
+    member's: the machines their running attempts hold."""
+    now = now or timezone.now()
+    since = month_start(now)
+    ids = list(workspace_ids)
+    out: dict[SpendKey, Spend] = {}
+    spent: dict[SpendKey, Decimal] = defaultdict(Decimal)
+    rate: dict[SpendKey, Decimal] = defaultdict(Decimal)
+    rows = Attempt.objects.filter(
+        workspace_id__in=ids, instance__isnull=False, started_at__gte=since, started_at__lt=now
+    ).values_list("workspace_id", "job__run__submitted_by_id", "started_at", "finished_at", *_MACHINE)
+    for workspace_id, user_id, started, finished, *machine in rows:
+        cost = attempt_bill(started, finished, Machine(*machine), now).cost
+        spent[(workspace_id, None)] += cost
+        spent[(workspace_id, user_id)] += cost
+    for workspace in Workspace.objects.filter(pk__in=ids):
+        spent[(workspace.pk, None)] += idle_line(workspace=workspace, since=since, until=now, now=now)
+    live = Instance.objects.filter(workspace_id__in=ids, status__in=LIVE_STATUSES, running_at__isnull=False)
+    for workspace_id, price in live.values_list("workspace_id", "price_per_hour"):
+        rate[(workspace_id, None)] += price
+    running = Attempt.objects.filter(
+        workspace_id__in=ids, instance__in=live, started_at__isnull=False, finished_at__isnull=True
+    ).values_list("workspace_id", "job__run__submitted_by_id", "instance__price_per_hour")
+    for workspace_id, user_id, price in running:
+        rate[(workspace_id, user_id)] += price
+    for key in {*spent, *rate}:
+        out[key] = Spend(spent=spent[key], rate=rate[key])
+    return out

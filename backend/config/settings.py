@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "backend.metrics.apps.MetricsConfig",
     "backend.data.apps.DataConfig",
     "backend.notify.apps.NotifyConfig",
+    "backend.billing.apps.BillingConfig",
 ]
 
 MIDDLEWARE = [

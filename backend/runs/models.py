@@ -97,6 +97,11 @@ class Run(WorkspaceOwnedModel):
     # the patch}, as the CLI sent them; None when not sent (an API client):
     # only to name the files that differ in a cache decision, never hashed.
     patch_files = models.JSONField(null=True, blank=True, default=None)
+    # The run's own cap on what it may cost, USD (``max_cost`` in the workflow
+    # or ``--max-cost``); None: only the budgets cap it (docs/COST.md).
+    max_cost = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    # An admin let it run past the workspace's and its submitter's budgets (audited).
+    budget_override = models.BooleanField(default=False, db_default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -173,6 +178,10 @@ class Job(WorkspaceOwnedModel):
     # overrides): backends, regions, spot_policy, max_price, max_wait,
     # idle_duration, max_duration ({}: the defaults). docs/RUNS.md, "Placement".
     placement = models.JSONField(default=dict, blank=True)
+    # The most it is expected to cost, USD, from its cheapest offer's price
+    # and its max_duration at submission; None: unbounded or unknown
+    # (docs/COST.md, "Estimates"). The budgets' admission reads it.
+    estimate_max_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     # spot_policy auto: when (and why, in ``placement_note``) it gave up on spot.
     on_demand_since = models.DateTimeField(null=True, blank=True)
     placement_note = models.CharField(max_length=1000, blank=True)

@@ -31,6 +31,11 @@ class TerminationReason(models.TextChoices):
     # restart}`` is retried whatever ``on_events`` says (``lifecycle.retry``).
     LOW_GPU_UTILIZATION = "low_gpu_utilization", "the GPUs stayed idle (utilization_policy)"
     STALLED = "stalled", "no output for the stall timeout (stall)"
+    # A budget that applies (the workspace's, its submitter's, the run's
+    # max_cost) was reached: stopped like at a spot notice (its checkpoint
+    # synced), the job ends stopped, never retried on its own; resumed from
+    # that checkpoint once the budget allows (docs/COST.md, "Budgets").
+    BUDGET_EXCEEDED = "budget_exceeded", "stopped by the budget"
 
     def to_status(self) -> JobStatus:
         """The job's status when this attempt is its last."""
@@ -50,10 +55,16 @@ class TerminationReason(models.TextChoices):
         return self not in _NOT_A_RETRY
 
 
-_NOT_A_RETRY = (TerminationReason.LEASE_EXPIRED, TerminationReason.REJECTED, TerminationReason.GROUP_RESTART)
+_NOT_A_RETRY = (
+    TerminationReason.LEASE_EXPIRED,
+    TerminationReason.REJECTED,
+    TerminationReason.GROUP_RESTART,
+    TerminationReason.BUDGET_EXCEEDED,
+)
 _STATUS = {
     TerminationReason.DONE: JobStatus.SUCCEEDED,
     TerminationReason.STOPPED_BY_USER: JobStatus.STOPPED,
+    TerminationReason.BUDGET_EXCEEDED: JobStatus.STOPPED,
 }
 _EVENT = {
     TerminationReason.ERROR: "error",

@@ -19,6 +19,7 @@ from backend.billing.selectors import (
     dangerously_all_workspaces_running_cost_per_hour,
     idle_line,
     job_costs,
+    month_spend,
     run_costs,
 )
 from backend.clouds.models import Instance, InstanceStatus
@@ -141,3 +142,24 @@ def test_another_workspaces_costs_are_not_in_the_report(team: Workspace, outside
 
 def test_the_running_set_costs_its_live_machines_price_per_hour(team: Workspace, spot_run: Run) -> None:
     assert dangerously_all_workspaces_running_cost_per_hour() == {team.slug: Decimal("0.9648")}
+
+
+def test_the_months_spend_counts_the_workspace_with_its_idle_line_and_each_submitter(
+    team: Workspace, owner: Person, member: Person, spot_run: Run
+) -> None:
+    theirs = submit(team, member.user)
+    shared = machine(team, "3.6", 0, 1000, spot=False)
+    attempt(theirs.jobs.get(), 1, shared, 100, 400)  # $0.30 of $1.00: $0.70 idle
+    spend = month_spend(workspace_ids=[team.pk], now=NOW)
+    # spot_run (the owner's): 0.7010 + 0.4824 (still running at $0.9648/h).
+    assert spend[(team.pk, owner.user.pk)].spent == Decimal("1.1834")
+    assert spend[(team.pk, owner.user.pk)].rate == Decimal("0.9648")
+    assert spend[(team.pk, member.user.pk)].spent == Decimal("0.3000")
+    assert spend[(team.pk, member.user.pk)].rate == Decimal(0)
+    # The first spot machine ran 1010 s for a 1000 s attempt: 0.0070 idle; the second 30 s before its attempt.
+    idle = Decimal("0.0070") + Decimal("0.7000") + Decimal("0.0080")
+    assert spend[(team.pk, None)].spent == Decimal("1.4834") + idle
+    assert spend[(team.pk, None)].rate == Decimal("0.9648")
+    # December counts December's attempts and idle only; the machine still running is still the rate.
+    december = month_spend(workspace_ids=[team.pk], now=NOW + timedelta(days=30))[(team.pk, None)]
+    assert (december.spent, december.rate) == (Decimal(0), Decimal("0.9648"))
