@@ -15,6 +15,7 @@ import { SelfHostedPage } from "./pages/SelfHosted";
 import { SessionsPage } from "./pages/Sessions";
 import { BackendsPage } from "./pages/Backends";
 import { OffersPage } from "./pages/Offers";
+import { CostsPage } from "./pages/Costs";
 import { SecretsPage } from "./pages/Secrets";
 import { MembersPage } from "./pages/Members";
 import { AuditPage } from "./pages/Audit";
@@ -52,6 +53,7 @@ export function App() {
         <Route path="self-hosted" element={<SelfHostedPage />} />
         <Route path="backends" element={<BackendsPage />} />
         <Route path="offers" element={<OffersPage />} />
+        <Route path="costs" element={<CostsPage />} />
         <Route path="secrets" element={<SecretsPage />} />
         <Route path="members" element={<MembersPage />} />
         <Route path="audit" element={<AuditPage />} />

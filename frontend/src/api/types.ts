@@ -252,3 +252,31 @@ export type Backend = Schemas["BackendOut"];
 export type AwsSetup = Schemas["AwsSetupOut"];
 export type Offer = Schemas["OfferOut"];
 export type Offers = Schemas["OffersOut"];
+
+/** The workspace's costs over a window, grouped (docs/COST.md, `GET …/costs/`). */
+export type CostReport = Schemas["CostReportOut"];
+export type CostRow = Schemas["CostRowOut"];
+
+/**
+ * A budget's row (docs/COST.md, "Budgets and quotas"; `GET …/budgets/`):
+ * `user` null is the workspace's own budget, else one member's. Amounts are
+ * decimal USD strings; `percent` is `spent` of `monthly_limit` (null: no limit).
+ */
+export interface Budget {
+  user: string | null;
+  monthly_limit: string | null;
+  gpu_quota: number | null;
+  warn_percent: number;
+  spent: string;
+  rate_per_hour: string;
+  percent: number | null;
+  gpus_running: number | null;
+}
+
+export interface Budgets {
+  currency: "USD";
+  /** The calendar month (UTC) the budgets count: "2026-12". */
+  month: string;
+  /** The workspace's row first, then members by name. */
+  budgets: Budget[];
+}

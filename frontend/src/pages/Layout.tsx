@@ -15,6 +15,7 @@ const NAV = [
   { to: "self-hosted", label: "Self-hosted runners" },
   { to: "backends", label: "Backends" },
   { to: "offers", label: "Offers" },
+  { to: "costs", label: "Costs" },
   { to: "volumes", label: "Volumes" },
   { to: "secrets", label: "Secrets" },
   { to: "members", label: "Members" },
