@@ -4,8 +4,11 @@ Chromium against the real stack, signed in through the local GitHub stand-in.
 Bram makes a team workspace and adds Mika; each submits runs with the CLI and
 they run on the local runners. Each finished attempt is then moved onto a
 terminated machine with a price of its own (a copy of the runner's instance
-row, priced, running from 30 s before the attempt to 90 s after it), so the
-month's spending is fixed and not zero: attempts and an idle line. The page
+row, priced, up from a minute before the attempt to two after it); each
+attempt is made 20 minutes long (its start moved back) and the earlier
+runs' attempts a day or three earlier (not before the month began), so the
+month's spending is fixed, spread over days, and mostly the jobs' rather
+than EC2's 60 s minimum. The page
 opened from the sidebar shows the month's total, the idle line and each
 person's cost exactly as the API's report does (the amounts behind the text,
 and the text rounded to cents), and its tables add up to the total. The page
@@ -51,8 +54,8 @@ workflows:
       - "echo training; sleep 3"
 """
 
-# USD an hour of each person's machines: a few seconds of work cost cents, not fractions of one.
-PRICES = {"bram": Decimal("180.000000"), "mika": Decimal("97.200000")}
+# USD an hour of each person's machines (a g5.xlarge's, a g4dn.xlarge's).
+PRICES = {"bram": Decimal("3.060000"), "mika": Decimal("1.212000")}
 
 
 @pytest.fixture
@@ -63,7 +66,9 @@ def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
         context.close()
 
 
-def signed_in(browser: Browser, contexts: list[BrowserContext], stack: Stack, github: GithubServer, who: GithubUser) -> tuple[Page, User]:
+def signed_in(
+    browser: Browser, contexts: list[BrowserContext], stack: Stack, github: GithubServer, who: GithubUser
+) -> tuple[Page, User]:
     context = new_context(browser, stack)
     context.add_init_script(CSP_WATCH)
     contexts.append(context)
@@ -83,10 +88,11 @@ def finished_run(user: User, team: str, name: str, timeout: float = 90) -> dict[
         time.sleep(0.3)
 
 
-def price_the_attempts(stack: Stack, run: dict[str, Any], price: Decimal) -> None:
-    """Each attempt of ``run`` moves onto a copy of its machine's row that
-    is priced and terminated: running 30 s before the attempt started,
-    terminated 90 s after it ended (the copy's idle line)."""
+def price_the_attempts(stack: Stack, run: dict[str, Any], price: Decimal, *, days_back: int) -> None:
+    """Each attempt of ``run`` lasts 20 minutes up to its end, ``days_back``
+    days earlier (unless that is in last month), and moves onto a copy of
+    its machine's row that is priced and terminated: up a minute before the
+    attempt started, terminated two minutes after it ended (the copy's idle line)."""
     import psycopg
 
     with psycopg.connect(stack.database_url) as conn:
@@ -103,6 +109,12 @@ def price_the_attempts(stack: Stack, run: dict[str, Any], price: Decimal) -> Non
                     (uuid.UUID(job["id"]), attempt["number"]),
                 ).fetchone()
                 assert instance_id is not None and started is not None and finished is not None, attempt
+                month_start = finished.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+                back = timedelta(days=days_back)
+                if finished - back - timedelta(minutes=21) < month_start:
+                    back = timedelta(0)
+                finished -= back
+                started = max(month_start + timedelta(seconds=30), finished - timedelta(minutes=20))
                 fixed = {
                     "id": uuid.uuid4(),
                     "name": f"priced-{secrets.token_hex(4)}",
@@ -110,8 +122,8 @@ def price_the_attempts(stack: Stack, run: dict[str, Any], price: Decimal) -> Non
                     "status": "terminated",
                     "price_per_hour": price,
                     "price_source": "test price",
-                    "running_at": started - timedelta(seconds=30),
-                    "terminated_at": finished + timedelta(seconds=90),
+                    "running_at": started - timedelta(minutes=1),
+                    "terminated_at": finished + timedelta(minutes=2),
                 }
                 copied = [c for c in columns if c not in fixed]
                 names = ", ".join([*fixed, *copied])
@@ -120,7 +132,10 @@ def price_the_attempts(stack: Stack, run: dict[str, Any], price: Decimal) -> Non
                     f"INSERT INTO clouds_instance ({names}) SELECT {values} FROM clouds_instance WHERE id = %s",
                     (*fixed.values(), instance_id),
                 )
-                conn.execute("UPDATE runs_attempt SET instance_id = %s WHERE id = %s", (fixed["id"], attempt_id))
+                conn.execute(
+                    "UPDATE runs_attempt SET instance_id = %s, started_at = %s, finished_at = %s WHERE id = %s",
+                    (fixed["id"], started, finished, attempt_id),
+                )
 
 
 def cents(amount: str) -> str:
@@ -151,10 +166,10 @@ def test_the_costs_page_shows_the_months_total_and_each_persons_cost_as_the_api_
         result = user.cli(repo, "run", workflow, "-d", env={"TRAINYARD_WORKSPACE": team})
         assert result.returncode == 0, result.stderr + result.stdout
         names.append((user, run_name_of(result)))
-    for user, name in names:
+    for (user, name), days_back in zip(names, [3, 1, 0], strict=True):
         run = finished_run(user, team, name)
         assert run["status"] == "succeeded", run
-        price_the_attempts(stack, run, PRICES[user.name])
+        price_the_attempts(stack, run, PRICES[user.name], days_back=days_back)
 
     answer = bram.api("GET", f"/api/v1/workspaces/{team}/costs/", params={"by": "user"})
     assert answer.status_code == 200, answer.text
@@ -185,10 +200,12 @@ def test_the_costs_page_shows_the_months_total_and_each_persons_cost_as_the_api_
     workflows = page.get_by_role("table", name="By workflow")
     expect(workflows.locator("tbody tr")).to_have_count(2)
     expect(workflows.locator("tfoot tr.total-row td[data-amount]")).to_have_attribute("data-amount", report["total"])
-    # Today's bar holds the attempts' cost (everything here started today, UTC).
-    today = page.evaluate("new Date().toISOString().slice(0, 10)")
-    jobs = Decimal(report["total"]) - Decimal(report["idle"])
-    expect(page.locator(f'.cost-chart-bar[data-key="{today}"]')).to_have_attribute("data-cost", str(jobs))
+    # Each day's bar holds that day's attempts, as the API reports them by day.
+    days = bram.api("GET", f"/api/v1/workspaces/{team}/costs/", params={"by": "day"}).json()["rows"]
+    assert sum(Decimal(row["cost"]) for row in days) == Decimal(report["total"]) - Decimal(report["idle"]), days
+    for row in days:
+        expect(page.locator(f'.cost-chart-bar[data-key="{row["key"]}"]')).to_have_attribute("data-cost", row["cost"])
+    expect(page.locator(".cost-chart-bar")).to_have_count(int(page.evaluate("new Date().getUTCDate()")))
     audit(page)
     no_csp_violations(page)
     screenshot(page, "costs-page")

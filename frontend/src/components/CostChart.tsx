@@ -23,7 +23,7 @@ export function axisScale(max: number): { top: number; step: number } {
 
 function tickLabel(value: number, step: number): string {
   if (step >= 1) return `$${value.toLocaleString("en-US", { maximumFractionDigits: 0 })}`;
-  return `$${value.toFixed(step >= 0.1 ? 1 : 2)}`;
+  return `$${value.toFixed(2)}`;
 }
 
 export function CostChart({ buckets, caption }: { buckets: Bucket[]; caption: string }) {

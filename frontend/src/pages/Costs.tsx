@@ -365,7 +365,7 @@ function WorkspaceBudgetForm({ slug, current, onSaved }: { slug: string; current
   return (
     <form className="inline-form budget-form" onSubmit={save} aria-label="Workspace budget">
       <label>
-        Workspace budget a month (USD)
+        Monthly limit (USD)
         <input inputMode="decimal" value={limit} onChange={(e) => setLimit(e.target.value)} placeholder="500" spellCheck={false} />
       </label>
       <label>

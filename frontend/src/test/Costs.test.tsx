@@ -179,7 +179,7 @@ describe("CostsPage", () => {
 
     expect(await screen.findByText(/No budget set/)).toBeInTheDocument();
     const form = screen.getByRole("form", { name: "Workspace budget" });
-    fireEvent.change(within(form).getByLabelText(/Workspace budget a month/), { target: { value: "250" } });
+    fireEvent.change(within(form).getByLabelText(/Monthly limit/), { target: { value: "250" } });
     fireEvent.change(within(form).getByLabelText(/Warn at/), { target: { value: "75" } });
     fireEvent.click(within(form).getByRole("button", { name: "Set budget" }));
 
@@ -194,8 +194,8 @@ describe("CostsPage", () => {
     });
     renderPage("admin");
     const form = await screen.findByRole("form", { name: "Workspace budget" });
-    expect(within(form).getByLabelText(/Workspace budget a month/)).toHaveValue("500.00");
-    fireEvent.change(within(form).getByLabelText(/Workspace budget a month/), { target: { value: "-5" } });
+    expect(within(form).getByLabelText(/Monthly limit/)).toHaveValue("500.00");
+    fireEvent.change(within(form).getByLabelText(/Monthly limit/), { target: { value: "-5" } });
     fireEvent.click(within(form).getByRole("button", { name: "Save budget" }));
     expect(await within(form).findByText(/-5 is negative/)).toBeInTheDocument();
   });
