@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 
 from backend.core.addresses import AddressRefused, PinnedHTTPConnection, PinnedHTTPSConnection, public_address
+from backend.notify.models import Subscription
 from backend.notify.signing import signature
 
 USER_AGENT = "Trainyard-Notifications/1"
@@ -82,8 +83,11 @@ def send_webhook(*, url: str, secret: str, message: Message) -> int:
 
 
 def send_slack(*, url: str, message: Message) -> int:
-    """POST ``{"text": …}`` to a Slack incoming webhook; its status code (2xx)."""
-    body = json.dumps({"text": summary(message.payload)}).encode()
+    """POST ``{"text": …}`` to a Slack incoming webhook; its status code
+    (2xx). ``&``, ``<`` and ``>`` are escaped as Slack asks, so a run's name
+    or reason cannot mention ``<!channel>`` or make a link."""
+    text = summary(message.payload).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    body = json.dumps({"text": text}).encode()
     return _post(url, body, {"Content-Type": "application/json"})
 
 
@@ -97,8 +101,34 @@ def send_email(*, address: str, message: Message) -> None:
         raise SendError(f"email to {address}: {type(e).__name__}: {e}"[:500]) from None
 
 
+def send_disabled_notice(*, address: str, subscription: Subscription) -> None:
+    """Tell one workspace admin that ``subscription`` was disabled, and why."""
+    workspace = subscription.workspace.slug
+    subject = f"[Trainyard] {workspace}: the {subscription.kind} notification to {subscription.target} was disabled"
+    body = (
+        f"{subscription.disabled_reason}.\n\n"
+        f"Workspace {workspace}, {subscription.kind} subscription {subscription.pk} to {subscription.target}.\n"
+        f"Its deliveries: trainyard notify log {subscription.pk}\n"
+        f"Enable it again: PATCH /api/v1/workspaces/{workspace}/notifications/{subscription.pk}/ "
+        '{"enabled": true}\n'
+    )
+    try:
+        send_mail(_one_line(subject)[:200], body, None, [address], fail_silently=False)
+    except Exception as e:  # smtplib's and the socket's errors alike
+        raise SendError(f"email to {address}: {type(e).__name__}: {e}"[:500]) from None
+
+
 def summary(payload: dict[str, Any]) -> str:
-    """One line for people: "run train-3 succeeded", "attempt 2 of job train (run r1) interrupted"."""
+    """One line for people: "run train-3 succeeded", "attempt 2 of job train
+    (run r1) interrupted" (whitespace and newlines of names and reasons folded)."""
+    return _one_line(_summary(payload))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _summary(payload: dict[str, Any]) -> str:
     kind = str(payload.get("type", ""))
     data = payload.get("data") or {}
     run = data.get("run") or {}
@@ -111,9 +141,17 @@ def summary(payload: dict[str, Any]) -> str:
         attempt = data.get("attempt") or {}
         what = kind.removeprefix("attempt.")
         return f"{workspace}: attempt {attempt.get('number')} of job {attempt.get('job')} (run {name}) {what}"
+    if kind == "job.waiting_capacity":
+        job = data.get("job") or {}
+        waited = f"has waited {data.get('waited_minutes')} min for capacity"
+        return f"{workspace}: job {job.get('name')} (run {name}) {waited}: {data.get('reason')}"
+    if kind == "guard.fired":
+        job = data.get("job") or {}
+        return f"{workspace}: a guard stopped job {job.get('name')} (run {name}): {data.get('message')}"
     if kind == "test":
         return f"{workspace}: a test notification from Trainyard"
-    return f"{workspace}: {kind}"
+    message = data.get("message")
+    return f"{workspace}: {kind}: {message}" if message else f"{workspace}: {kind}"
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> int:

@@ -7,14 +7,15 @@ life (docs/COST.md, "Notifications").
    member's own subscription: only for runs they submitted), and each is
    queued by name (``backend.core.enqueue``).
 2. ``delivery_send`` claims a due pending delivery (``next_at`` moved past
-   the send's timeout, so a worker that dies mid-send leaves it to the
-   sweep), sends it outside any transaction, and records what happened.
+   the send task's time limits, so a worker that dies mid-send leaves it to
+   the sweep, and a slow send is not swept while it runs), sends it outside any transaction, and records what happened.
 3. A failure is retried after ``TRAINYARD_NOTIFY_RETRY_SECONDS``, 4 times
    longer each time (at most an hour), until ``TRAINYARD_NOTIFY_RETRY_HOURS``
    after the event; then the delivery is failed.
 4. A subscription none of whose deliveries got through for
-   ``TRAINYARD_NOTIFY_DISABLE_AFTER_DAYS`` is disabled, with an audit entry
-   for the workspace's admins. One that gets through is failing no more.
+   ``TRAINYARD_NOTIFY_DISABLE_AFTER_DAYS`` is disabled, saying why (with its
+   last error), with an audit entry and an email to each of the workspace's
+   admins who has an address. One that gets through is failing no more.
 5. ``deliveries_sweep`` (beat) queues the pending deliveries that are due.
 """
 
@@ -36,7 +37,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.accounts.models import AuditKind, User, Workspace
+from backend.accounts.models import AuditKind, Membership, Role, User, Workspace
 from backend.accounts.services.audit import Actor, audit_record
 from backend.core.enqueue import enqueue
 from backend.core.errors import ApplicationError
@@ -49,7 +50,15 @@ from backend.notify.models import (
     Scope,
     Subscription,
 )
-from backend.notify.senders import Message, SendError, send_email, send_slack, send_webhook, target_address
+from backend.notify.senders import (
+    Message,
+    SendError,
+    send_disabled_notice,
+    send_email,
+    send_slack,
+    send_webhook,
+    target_address,
+)
 from backend.notify.signing import secret_new
 from backend.runs.models import Run
 from backend.vault.crypto import decrypt, encrypt
@@ -59,7 +68,15 @@ logger = logging.getLogger(__name__)
 # How many due deliveries one sweep queues (the next sweep takes the rest).
 SWEEP_BATCH = 500
 MAX_RETRY_WAIT = timedelta(hours=1)
+# The most one send may take: its task's soft time limit (the hard one is 30 s
+# later). A claimed delivery is not swept back to the queue before both have
+# passed, so a slow receiver is never sent the same delivery twice at once.
+SEND_TIME_LIMIT = 120
+CLAIM_LEASE = timedelta(seconds=SEND_TIME_LIMIT + 60)
 TARGET_MAX = 500
+DISABLED_REASON_MAX = 300  # Subscription.disabled_reason's length
+# A workspace's subscriptions, all kinds and scopes: each event is one delivery per subscription.
+SUBSCRIPTIONS_MAX = 50
 _SLACK_URL = re.compile(r"https://hooks\.slack\.com/.+")
 
 
@@ -78,7 +95,8 @@ def notify_event(*, workspace_id: UUID | str, type: str, data: dict[str, Any]) -
     """Tell the workspace's subscriptions to ``type`` once the caller's
     transaction commits. ``data["run"]["id"]``, when there, names the run
     (a member's own subscription hears only the runs they submitted)."""
-    assert type in EVENTS, f"unknown event {type}"
+    if type not in EVENTS:
+        raise ValueError(f"unknown event {type!r}: one of {', '.join(EVENTS)}")
     transaction.on_commit(partial(_record_event, str(workspace_id), type, data))
 
 
@@ -90,11 +108,14 @@ def _record_event(workspace_id: str, type: str, data: dict[str, Any]) -> None:
 
 
 def deliveries_record(*, workspace_id: str, type: str, data: dict[str, Any]) -> list[Delivery]:
-    """One pending delivery per subscription that hears this event, each queued."""
+    """One pending delivery per subscription that hears this event, each
+    queued. A member's own subscription hears the runs they submitted while
+    they are a member of the workspace."""
     subscriptions = list(Subscription.objects.filter(workspace_id=workspace_id, enabled=True, events__contains=[type]))
     run_id = (data.get("run") or {}).get("id")
     submitter = Run.objects.filter(pk=run_id).values_list("submitted_by_id", flat=True).first() if run_id else None
-    hearing = [s for s in subscriptions if s.scope == Scope.WORKSPACE or (submitter and s.created_by_id == submitter)]
+    member = submitter is not None and Membership.objects.filter(workspace_id=workspace_id, user_id=submitter).exists()
+    hearing = [s for s in subscriptions if s.scope == Scope.WORKSPACE or (member and s.created_by_id == submitter)]
     if not hearing:
         return []
     payload = _payload(workspace_id, type, data)
@@ -139,6 +160,12 @@ def subscription_create(
     kind = Kind(kind)
     target = _target_clean(kind, target)
     events = _events_clean(events)
+    if Subscription.objects.filter(workspace=workspace).count() >= SUBSCRIPTIONS_MAX:
+        raise ApplicationError(
+            f"{workspace.slug} has {SUBSCRIPTIONS_MAX} notification subscriptions, the most a workspace may have: "
+            "remove one (trainyard notify rm) or add events to an existing one",
+            status_code=409,
+        )
     secret = secret_new() if kind == Kind.WEBHOOK else ""
     subscription = Subscription.objects.create(
         workspace=workspace,
@@ -264,7 +291,6 @@ def retry_wait(attempts: int) -> timedelta:
 
 def _claim(delivery_id: str) -> Delivery | None:
     now = timezone.now()
-    lease = timedelta(seconds=2 * settings.TRAINYARD["NOTIFY_TIMEOUT_SECONDS"] + 60)
     with transaction.atomic():
         delivery = (
             Delivery.objects.select_for_update(skip_locked=True, of=("self",))
@@ -274,7 +300,7 @@ def _claim(delivery_id: str) -> Delivery | None:
         )
         if delivery is None:
             return None
-        Delivery.objects.filter(pk=delivery.pk).update(next_at=now + lease, attempts=F("attempts") + 1)
+        Delivery.objects.filter(pk=delivery.pk).update(next_at=now + CLAIM_LEASE, attempts=F("attempts") + 1)
     delivery.attempts += 1
     return delivery
 
@@ -296,7 +322,7 @@ def _failed(delivery: Delivery, error: str, code: int | None) -> str:
     give_up = next_at > delivery.created_at + timedelta(hours=settings.TRAINYARD["NOTIFY_RETRY_HOURS"])
     status = DeliveryStatus.FAILED if give_up else DeliveryStatus.PENDING
     _finish(delivery, status=status, code=code, error=error, next_at=None if give_up else next_at)
-    _subscription_failing(delivery.subscription, now)
+    _subscription_failing(delivery.subscription, now, error)
     return status
 
 
@@ -317,12 +343,13 @@ def _finish(
     )
 
 
-def _subscription_failing(subscription: Subscription, now: datetime) -> None:
-    """Note since when it fails; past ``TRAINYARD_NOTIFY_DISABLE_AFTER_DAYS``, disable it (once)."""
+def _subscription_failing(subscription: Subscription, now: datetime, error: str) -> None:
+    """Note since when it fails; past ``TRAINYARD_NOTIFY_DISABLE_AFTER_DAYS``,
+    disable it (once: the update that disables it is the one that tells)."""
     Subscription.objects.filter(pk=subscription.pk, failing_since=None).update(failing_since=now)
     days = settings.TRAINYARD["NOTIFY_DISABLE_AFTER_DAYS"]
     since = now - timedelta(days=days)
-    reason = f"disabled: no delivery got through for {days:g} days"
+    reason = disabled_reason(days, error)
     with transaction.atomic():
         if not Subscription.objects.filter(pk=subscription.pk, enabled=True, failing_since__lte=since).update(
             enabled=False, disabled_reason=reason
@@ -339,3 +366,39 @@ def _subscription_failing(subscription: Subscription, now: datetime) -> None:
             target=f"{subscription.kind} {subscription.target}",
             detail={"subscription": str(subscription.pk), "reason": reason},
         )
+        enqueue("backend.notify.tasks.disabled_notice_send", str(subscription.pk))
+
+
+def disabled_reason(days: float, error: str) -> str:
+    """Why a failing subscription was disabled, as shown on it (at most its field's 300 characters)."""
+    head = f"disabled: no delivery got through for {days:g} days"
+    last = f"; the last: {' '.join(error.split())}" if error else ""
+    tail = "; enable it again once the receiver is fixed"
+    room = DISABLED_REASON_MAX - len(head) - len(tail)
+    return head + (last if len(last) <= room else last[: room - 1] + "…") + tail
+
+
+def disabled_notice_send(*, subscription_id: str) -> int:
+    """Email the workspace's admins who have an address that this
+    subscription was disabled; how many were sent (0 when the installation
+    sends no email, or the subscription was enabled again meanwhile). The
+    audit entry is the record; a failed email is logged, not retried."""
+    subscription = Subscription.objects.select_related("workspace").filter(pk=subscription_id, enabled=False).first()
+    if subscription is None or not settings.EMAIL_HOST:
+        return 0
+    admins = (
+        Membership.objects.filter(workspace_id=subscription.workspace_id, role=Role.ADMIN)
+        .exclude(user__email="")
+        .values_list("user__email", flat=True)
+    )
+    sent = 0
+    for address in sorted(set(admins)):
+        try:
+            send_disabled_notice(address=address, subscription=subscription)
+        except SendError:
+            logger.warning(
+                "could not tell %s that subscription %s was disabled", address, subscription.pk, exc_info=True
+            )
+        else:
+            sent += 1
+    return sent

@@ -1,16 +1,20 @@
-"""Tenant fixtures, and a webhook receiver each test starts: a real HTTP
-server thread on the loopback network (which the tests' installation lists
-in ``TRAINYARD_NOTIFY_PRIVATE_NETWORKS`` where a test sends to it)."""
+"""Tenant fixtures, and the receivers each test starts: a real HTTP server
+thread on the loopback network (which the tests' installation lists in
+``TRAINYARD_NOTIFY_PRIVATE_NETWORKS`` where a test sends to it), and a
+local SMTP server (aiosmtpd) that Django's SMTP email backend sends to."""
 
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from tests.support.fixtures import *  # noqa: F403
 
@@ -59,3 +63,28 @@ def receiver() -> Iterator[Receiver]:
 def private(settings: Any) -> None:
     """The installation sends to its loopback network (where the test's receivers listen)."""
     settings.TRAINYARD = {**settings.TRAINYARD, "NOTIFY_PRIVATE_NETWORKS": ["127.0.0.0/8"]}
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.envelopes: list[Envelope] = []
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        self.envelopes.append(envelope)
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp(settings: Any) -> Iterator[Inbox]:
+    inbox = Inbox()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_USE_TLS = "127.0.0.1", port, False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    settings.DEFAULT_FROM_EMAIL = "trainyard@acme.example"
+    yield inbox
+    controller.stop()

@@ -4,43 +4,13 @@ SMTP server the test starts (aiosmtpd)."""
 from __future__ import annotations
 
 import email
-import socket
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import SMTP, Envelope, Session
-
 from backend.notify.services import delivery_send
+from tests.notify.conftest import Inbox
 from tests.support.fixtures import Person
 
 NOTIFICATIONS = "/api/v1/workspaces/acme/notifications/"
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.envelopes: list[Envelope] = []
-
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
-        self.envelopes.append(envelope)
-        return "250 OK"
-
-
-@pytest.fixture
-def smtp(settings: Any) -> Iterator[Inbox]:
-    inbox = Inbox()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_USE_TLS = "127.0.0.1", port, False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-    settings.DEFAULT_FROM_EMAIL = "trainyard@acme.example"
-    yield inbox
-    controller.stop()
 
 
 def test_an_email_subscription_reaches_the_smtp_server(owner: Person, smtp: Inbox) -> None:

@@ -5,8 +5,11 @@ delivery log, who may manage what."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import importlib.util
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -15,11 +18,22 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from backend.accounts.models import AuditEvent, Workspace
+from backend.accounts.models import AuditEvent, Membership, Role, User, Workspace
+from backend.accounts.services.users import user_get_or_create
 from backend.notify.models import Delivery, Subscription
-from backend.notify.services import deliveries_record, delivery_send
-from tests.notify.conftest import Receiver
+from backend.notify.senders import summary
+from backend.notify.services import (
+    DISABLED_REASON_MAX,
+    SUBSCRIPTIONS_MAX,
+    deliveries_record,
+    delivery_send,
+    disabled_notice_send,
+    disabled_reason,
+    notify_event,
+)
+from tests.notify.conftest import Inbox, Receiver
 from tests.support.fixtures import Person, submit
+from tests.support.queue import enqueued
 
 SNIPPET = Path(__file__).resolve().parents[2] / "docs" / "examples" / "verify_webhook.py"
 NOTIFICATIONS = "/api/v1/workspaces/acme/notifications/"
@@ -124,17 +138,56 @@ def test_a_delivery_failing_for_a_day_is_failed(owner: Person, receiver: Receive
 
 
 @pytest.mark.usefixtures("private")
-def test_a_subscription_failing_for_days_is_disabled_with_an_audit_entry(owner: Person, receiver: Receiver) -> None:
+def test_a_subscription_failing_for_days_is_disabled_and_the_admins_are_told(
+    team: Workspace,
+    owner: Person,
+    member: Person,
+    receiver: Receiver,
+    smtp: Inbox,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    User.objects.filter(pk=owner.user.pk).update(email="olivia@acme.example")
+    User.objects.filter(pk=member.user.pk).update(email="mateo@acme.example")  # a member: not told
+    Membership.objects.create(workspace=team, user=user_get_or_create(username="otis"), role=Role.ADMIN)  # no address
     receiver.answers = [500]
     created = subscribe(owner, receiver.url)
     Subscription.objects.filter(pk=created["id"]).update(failing_since=timezone.now() - timedelta(days=3, hours=1))
 
-    delivery_send(delivery_id=send_test(owner, created["id"]))
+    with django_capture_on_commit_callbacks() as callbacks:
+        delivery_send(delivery_id=send_test(owner, created["id"]))
+    assert "backend.notify.tasks.disabled_notice_send" in enqueued(callbacks)
+    assert disabled_notice_send(subscription_id=created["id"]) == 1  # what that task does
 
     shown = owner.client().get(f"{NOTIFICATIONS}{created['id']}/").json()
-    assert (shown["enabled"], shown["disabled_reason"]) == (False, "disabled: no delivery got through for 3 days")
+    assert not shown["enabled"]
+    assert shown["disabled_reason"] == (
+        "disabled: no delivery got through for 3 days; the last: the receiver answered 500 Internal Server Error; "
+        "enable it again once the receiver is fixed"
+    )
     audit = AuditEvent.objects.get(action="workspace.notification_disabled")
     assert audit.target == f"webhook {receiver.url}"
+    (envelope,) = smtp.envelopes
+    assert envelope.rcpt_tos == ["olivia@acme.example"]
+    message = email.message_from_bytes(envelope.original_content or b"", policy=email.policy.default)
+    assert message["Subject"] == f"[Trainyard] acme: the webhook notification to {receiver.url} was disabled"
+    text = message.get_content()  # type: ignore[attr-defined]
+    assert shown["disabled_reason"] in text
+    assert f"trainyard notify log {created['id']}" in text
+
+
+@pytest.mark.usefixtures("private")
+def test_a_subscription_enabled_again_before_the_notice_is_sent_tells_no_one(
+    owner: Person, receiver: Receiver, smtp: Inbox
+) -> None:
+    User.objects.filter(pk=owner.user.pk).update(email="olivia@acme.example")
+    receiver.answers = [500]
+    created = subscribe(owner, receiver.url)
+    Subscription.objects.filter(pk=created["id"]).update(failing_since=timezone.now() - timedelta(days=4))
+    delivery_send(delivery_id=send_test(owner, created["id"]))
+    assert owner.client().patch(f"{NOTIFICATIONS}{created['id']}/", {"enabled": True}, format="json").status_code == 200
+
+    assert disabled_notice_send(subscription_id=created["id"]) == 0
+    assert smtp.envelopes == []
 
 
 @pytest.mark.usefixtures("private")
@@ -148,8 +201,9 @@ def test_a_delivery_that_gets_through_ends_the_failing(owner: Person, receiver: 
 
 
 def test_a_webhook_to_loopback_is_refused_when_private_networks_are_not_allowed(
-    owner: Person, receiver: Receiver
+    owner: Person, receiver: Receiver, settings: Any
 ) -> None:
+    assert settings.TRAINYARD["NOTIFY_PRIVATE_NETWORKS"] == []  # the installation's default (hosted)
     response = owner.client().post(
         NOTIFICATIONS, {"kind": "webhook", "target": receiver.url, "events": ["run.failed"]}, format="json"
     )
@@ -241,6 +295,66 @@ def test_slack_gets_one_line_of_text(owner: Person, receiver: Receiver, settings
     (got,) = receiver.got
     assert json.loads(got.body) == {"text": "acme: a test notification from Trainyard"}
     assert created["secret"] == ""
+
+
+@pytest.mark.usefixtures("private")
+def test_slack_text_cannot_mention_the_channel(team: Workspace, owner: Person, receiver: Receiver) -> None:
+    subscribe(owner, receiver.url, kind="slack")
+    run = submit(team, owner.user)
+    data = {"run": {"id": str(run.pk), "name": run.name, "status": "failed", "reason": "<!channel> & <https://x|y>"}}
+    (delivery,) = deliveries_record(workspace_id=str(team.pk), type="run.failed", data=data)
+
+    delivery_send(delivery_id=str(delivery.pk))
+
+    text = json.loads(receiver.got[0].body)["text"]
+    assert text == f"acme: run {run.name} failed: &lt;!channel&gt; &amp; &lt;https://x|y&gt;"
+
+
+@pytest.mark.usefixtures("private")
+def test_a_member_who_left_hears_no_more_of_their_runs(
+    team: Workspace, owner: Person, member: Person, receiver: Receiver
+) -> None:
+    subscribe(member, receiver.url)
+    run = submit(team, member.user)
+    assert deliveries_record(workspace_id=str(team.pk), type="run.succeeded", data=_run(run))
+
+    Membership.objects.filter(workspace=team, user=member.user).delete()
+
+    assert deliveries_record(workspace_id=str(team.pk), type="run.succeeded", data=_run(run)) == []
+
+
+def test_a_workspace_has_at_most_so_many_subscriptions(team: Workspace, owner: Person) -> None:
+    Subscription.objects.bulk_create(
+        Subscription(workspace=team, kind="slack", target=f"https://1.1.1.1/{n}", events=["run.failed"])
+        for n in range(SUBSCRIPTIONS_MAX)
+    )
+
+    response = owner.client().post(
+        NOTIFICATIONS, {"kind": "slack", "target": "https://1.1.1.1/more", "events": ["run.failed"]}, format="json"
+    )
+
+    assert response.status_code == 409
+    assert response.json()["message"].startswith(f"acme has {SUBSCRIPTIONS_MAX} notification subscriptions")
+    assert Subscription.objects.count() == SUBSCRIPTIONS_MAX
+
+
+def test_an_event_no_subscription_may_choose_is_refused_where_it_is_emitted(team: Workspace) -> None:
+    with pytest.raises(ValueError, match=re.escape("unknown event 'run.exploded'")):
+        notify_event(workspace_id=team.pk, type="run.exploded", data={})
+
+
+def test_a_disabled_reason_with_a_long_error_fits_its_field_and_still_says_what_to_do() -> None:
+    reason = disabled_reason(3, "could not reach hooks.example.com:443 (" + "x" * 480 + ")")
+
+    assert len(reason) == DISABLED_REASON_MAX
+    assert reason.startswith("disabled: no delivery got through for 3 days; the last: could not reach hooks.example")
+    assert reason.endswith("x…; enable it again once the receiver is fixed")
+
+
+def test_a_reason_over_several_lines_is_one_line_in_a_summary() -> None:
+    payload = {"type": "run.failed", "workspace": "acme", "data": {"run": {"name": "r1", "reason": "boom\r\nTo: x"}}}
+
+    assert summary(payload) == "acme: run r1 failed: boom To: x"
 
 
 def _run(run: Any) -> dict[str, Any]:
