@@ -933,6 +933,11 @@ class Notifications(TypedDict):
         "A subscription none of whose deliveries got through for this long is disabled (with an audit "
         "entry for the workspace's admins).",
     )]
+    NOTIFY_WAITING_MINUTES: Annotated[float, Knob(
+        "TRAINYARD_NOTIFY_WAITING_MINUTES", NUMBER, 15.0,
+        "A job pending this long for capacity (its offers had none, or all are blocked after failed "
+        "launches) is told once as `job.waiting_capacity`; again only after it ran and waits anew.",
+    )]
     NOTIFY_SWEEP_SECONDS: Annotated[float, Knob(
         "TRAINYARD_NOTIFY_SWEEP_SECONDS", NUMBER, 15.0,
         "How often Celery beat's `notify-sweep` sends the deliveries that are due (retries, and those a "

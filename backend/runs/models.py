@@ -182,6 +182,9 @@ class Job(WorkspaceOwnedModel):
     # and its max_duration at submission; None: unbounded or unknown
     # (docs/COST.md, "Estimates"). The budgets' admission reads it.
     estimate_max_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    # When subscriptions were told it waits for capacity (``job.waiting_capacity``);
+    # None while it is not waiting that long, and again once it is assigned a machine.
+    capacity_wait_told_at = models.DateTimeField(null=True, blank=True)
     # spot_policy auto: when (and why, in ``placement_note``) it gave up on spot.
     on_demand_since = models.DateTimeField(null=True, blank=True)
     placement_note = models.CharField(max_length=1000, blank=True)

@@ -1,6 +1,7 @@
 """What the lifecycle tells a workspace's subscriptions (``backend.notify``):
 a run that ended, an attempt interrupted, the next attempt of an
-interrupted job running, a guard that stops a job. ``transitions`` calls these inside the change's
+interrupted job running, a guard that stops a job, a job waiting long for
+capacity. ``transitions`` and the scheduler call these inside the change's
 transaction; ``notify_event`` records the deliveries once it commits."""
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def guard_fired(run: Run | None, job: Job, *, reason: TerminationReason, message
             "message": message,
         }
         notify_event(workspace_id=run.workspace_id, type="guard.fired", data=data)
+
+
+def job_waiting_capacity(run: Run, job: Job, *, since: str, minutes: int, reason: str) -> None:
+    """``job`` has waited ``minutes`` for capacity since ``since`` (ISO 8601): why it still waits."""
+    data = {
+        "run": _run(run),
+        "job": {"name": job.name, "id": str(job.pk)},
+        "waiting_since": since,
+        "waited_minutes": minutes,
+        "reason": reason,
+    }
+    notify_event(workspace_id=run.workspace_id, type="job.waiting_capacity", data=data)
 
 
 def _run(run: Run) -> dict[str, Any]:

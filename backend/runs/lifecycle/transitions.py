@@ -97,6 +97,7 @@ def job_assign(*, job: Job, instance: Instance, offers_tried: list[dict[str, Any
         attempt=number,
         instance=instance,
         status_reason=_attempt_note(number, f"assigned to runner {instance.name}"),
+        capacity_wait_told_at=None,  # its wait is over: a later one is told anew
     )
     assert changed, "job_assign is called with the job row locked"
     instance_set_busy(instance_id=str(instance.pk), message=f"attempt {number} of job {job.name}")

@@ -35,6 +35,9 @@ from backend.runs.scheduler.volumes import offers_there, volumes_where
 MAX_OFFERS_PER_ATTEMPT = 25
 
 
+# How a wait for capacity begins when every offer is blocked (``_all_blocked``).
+ALL_BLOCKED = "waiting for capacity: all"
+
 # After every offer failed: wait before the next attempt (doubling, capped).
 NO_CAPACITY_BACKOFF = (15, 30, 60, 120, 300, 600)
 
@@ -128,7 +131,7 @@ def _no_account(job: Job, placement: Placement) -> str:
 def _all_blocked(choice: Choice) -> str:
     """Every offer is blocked before this attempt tried one: the job waits."""
     free = f"; the first is free again in {choice.free_in:.0f}s" if choice.free_in is not None else ""
-    return f"waiting for capacity: all {choice.considered} offers are blocked ({'; '.join(choice.blocked[:3])}){free}"
+    return f"{ALL_BLOCKED} {choice.considered} offers are blocked ({'; '.join(choice.blocked[:3])}){free}"
 
 
 def _waited_too_long(job: Job, placement: Placement) -> bool:

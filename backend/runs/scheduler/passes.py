@@ -32,6 +32,7 @@ from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.capacity import OffersMemo, capacity, offers_worth_showing
 from backend.runs.scheduler.claim import place
 from backend.runs.scheduler.volumes import assignment_send
+from backend.runs.scheduler.waiting import capacity_wait_check
 
 # Key of the Postgres advisory lock that serialises scheduling passes.
 SCHEDULER_LOCK = 0x7472_6169_6E79  # "trainy"
@@ -138,4 +139,5 @@ def _schedule_job(job_id: Any, offers: OffersMemo) -> tuple[Attempt | None, Inst
         reason, requested = capacity(job, offers, holding=bool(held))
         reason = f"{held}; {reason}" if held and reason else held or reason
         job_set_waiting_reason(job, reason)
+        capacity_wait_check(job, reason)
         return None, requested, True

@@ -23,7 +23,7 @@ EVENTS = (
 )
 DEFAULT_EVENTS = ("run.succeeded", "run.failed", "run.stopped")
 # Accepted by a subscription but not sent by this version of the server (docs/NOTIFICATIONS.md, "Events").
-NOT_SENT_YET = ("job.waiting_capacity", "budget.80", "budget.100")
+NOT_SENT_YET = ("budget.80", "budget.100")
 
 
 @click.group(cls=common.Group)
