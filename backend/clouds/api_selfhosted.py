@@ -1,11 +1,13 @@
 """Self-hosted runners of a workspace: registration tokens (shown once), the
-registered machines, revoking one; and the runner's own registration call."""
+registered machines, their price per hour, revoking one; and the runner's
+own registration call."""
 
 from __future__ import annotations
 
 from typing import Any
 from uuid import UUID
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -23,6 +25,7 @@ from backend.clouds.services.selfhosted import (
     registration_token_list,
     registration_token_revoke,
     registration_token_state,
+    runner_price_set,
     runner_register,
     runner_revoke,
     runners_list,
@@ -33,6 +36,12 @@ from backend.core.ratelimit import client_ip
 
 class RegistrationTokenIn(serializers.Serializer[Any]):
     note = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    # USD an hour for the machine it registers, "1.20" (services.selfhosted.price_clean checks it).
+    price_per_hour = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+
+
+class RunnerChangeIn(serializers.Serializer[Any]):
+    price_per_hour = serializers.CharField(max_length=40)  # USD an hour, "1.20"; "0": free
 
 
 class RegistrationTokenOut(serializers.Serializer[Any]):
@@ -43,6 +52,7 @@ class RegistrationTokenOut(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
     used_at = serializers.DateTimeField(allow_null=True)
+    price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6)
     runner = serializers.SerializerMethodField()
 
     def get_state(self, row: RunnerRegistrationToken) -> str:
@@ -74,6 +84,8 @@ class SelfHostedRunnerOut(serializers.ModelSerializer[Instance]):
             "memory_bytes",
             "disk_bytes",
             "gpus",
+            "price_per_hour",
+            "price_source",
             "created_at",
             "connected_at",
             "last_heartbeat_at",
@@ -97,10 +109,14 @@ class RegistrationTokenListView(WorkspaceAPIView):
         data = RegistrationTokenIn(data=request.data)
         data.is_valid(raise_exception=True)
         issued = registration_token_create(
-            workspace=self.workspace, user=signed_in_user(request), note=data.validated_data["note"]
+            workspace=self.workspace,
+            user=signed_in_user(request),
+            note=data.validated_data["note"],
+            price_per_hour=data.validated_data["price_per_hour"],
         )
         out = {**RegistrationTokenOut(issued.row).data, "token": issued.token}
-        self.audit(AuditKind.TOKEN, "token.registration_created", str(issued.row.pk), {"note": issued.row.note})
+        detail = {"note": issued.row.note, "price_per_hour": str(issued.row.price_per_hour)}
+        self.audit(AuditKind.TOKEN, "token.registration_created", str(issued.row.pk), detail)
         return Response(out, status=201)
 
 
@@ -119,6 +135,27 @@ class SelfHostedRunnerListView(WorkspaceAPIView):
     @extend_schema(responses=SelfHostedRunnerOut(many=True))
     def get(self, request: Request, workspace: str) -> Response:
         return Response(SelfHostedRunnerOut(runners_list(workspace=self.workspace), many=True).data)
+
+
+class SelfHostedRunnerView(WorkspaceAPIView):
+    """One self-hosted machine: admins set its price per hour (audited)."""
+
+    write_role = Role.ADMIN
+
+    @extend_schema(request=RunnerChangeIn, responses=SelfHostedRunnerOut)
+    def patch(self, request: Request, workspace: str, runner: UUID) -> Response:
+        data = RunnerChangeIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():  # the price and its audit entry together
+            changed = runner_price_set(
+                workspace=self.workspace, instance_id=runner, price_per_hour=data.validated_data["price_per_hour"]
+            )
+            if changed is None:
+                raise NotFound("No such self-hosted runner in this workspace.")
+            instance = changed.instance
+            detail = {"from": str(changed.before), "to": str(instance.price_per_hour)}
+            self.audit(AuditKind.RUNNER, "runner.price_set", instance.name, detail)
+        return Response(SelfHostedRunnerOut(instance).data)
 
 
 class SelfHostedRunnerRevokeView(WorkspaceAPIView):

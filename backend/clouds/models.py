@@ -226,6 +226,10 @@ class RunnerRegistrationToken(WorkspaceOwnedModel):
     used_at = models.DateTimeField(null=True, blank=True)
     instance = models.ForeignKey(Instance, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The workspace's price per hour (USD) for the machine it registers,
+    # given to that machine's row from its registration: priced from its
+    # first hello (docs/COST.md, "Per backend").
+    price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, default=0)
 
     def __str__(self) -> str:
         return f"{self.prefix}…"

@@ -67,6 +67,7 @@ urlpatterns = [
     path(f"{ws}/runners/", selfhosted.SelfHostedRunnerListView.as_view()),
     path(f"{ws}/runners/registration-tokens/", selfhosted.RegistrationTokenListView.as_view()),
     path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),
+    path(f"{ws}/runners/<uuid:runner>/", selfhosted.SelfHostedRunnerView.as_view()),
     path(f"{ws}/runners/<uuid:runner>/revoke/", selfhosted.SelfHostedRunnerRevokeView.as_view()),
     path(f"{ws}/backends/", clouds.BackendListView.as_view()),
     path(f"{ws}/data/endpoint/", data.DataEndpointView.as_view()),

@@ -66,6 +66,7 @@ Backend: TypeAlias = apitypes.BackendOut
 AwsSetup: TypeAlias = apitypes.AwsSetupOut
 Offers: TypeAlias = apitypes.OffersOut
 Instance: TypeAlias = apitypes.InstanceOut
+SelfHostedRunner: TypeAlias = apitypes.SelfHostedRunnerOut
 Me: TypeAlias = apitypes.MeOut
 ServerInfo: TypeAlias = apitypes.Health
 RunMetrics: TypeAlias = apitypes.RunMetricsOut
@@ -479,6 +480,15 @@ class Client:
     def list_instances(self, *, all_: bool = False) -> list[Instance]:
         params = {"all": "1"} if all_ else {}
         return cast(list[Instance], self._request("GET", self._ws("instances/"), params=params))
+
+    def list_runners(self) -> list[SelfHostedRunner]:
+        """The workspace's self-hosted machines, revoked ones last."""
+        return cast(list[SelfHostedRunner], self._request("GET", self._ws("runners/")))
+
+    def set_runner_price(self, runner_id: str, price_per_hour: str) -> SelfHostedRunner:
+        """Set a self-hosted machine's price per hour (USD; admins)."""
+        url = self._ws(f"runners/{quote(runner_id, safe='')}/")
+        return cast(SelfHostedRunner, self._request("PATCH", url, json={"price_per_hour": price_per_hour}))
 
     def ws_url(self, run: str, *, after_seq: int = 0) -> str:
         """The run's websocket URL (http→ws, https→wss)."""

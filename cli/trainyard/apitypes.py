@@ -5,6 +5,7 @@ the schema disagree. trainyard.api names the ones the SDK returns."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal, NotRequired, TypeAlias, TypedDict
 
 
@@ -60,7 +61,7 @@ AttemptOutStatusEnum: TypeAlias = Literal["assigned", "running", "stopping", "en
 
 
 AuditEventOutKindEnum: TypeAlias = Literal[
-    "secret", "credential", "member", "backend", "token", "runner", "ssh_key", "session", "workspace"
+    "secret", "credential", "member", "backend", "token", "runner", "ssh_key", "session", "workspace", "budget"
 ]
 """
 * `secret` - Secret
@@ -72,6 +73,7 @@ AuditEventOutKindEnum: TypeAlias = Literal[
 * `ssh_key` - SSH key
 * `session` - Session
 * `workspace` - Workspace
+* `budget` - Budget
 """
 
 
@@ -696,6 +698,10 @@ class PartsDoneInRequest(TypedDict):
     parts: list[DonePartInRequest]
 
 
+class PatchedRunnerChangeInRequest(TypedDict):
+    price_per_hour: NotRequired[str]
+
+
 class PatchedSubscriptionChangeInRequest(TypedDict):
     events: NotRequired[list[EventsEnum]]
     enabled: NotRequired[bool]
@@ -764,12 +770,14 @@ class RegistrationTokenCreatedOut(TypedDict):
     created_at: str
     expires_at: str
     used_at: str | None
+    price_per_hour: Decimal
     runner: str | None
     token: str
 
 
 class RegistrationTokenInRequest(TypedDict):
     note: NotRequired[str]
+    price_per_hour: NotRequired[str | None]
 
 
 class RegistrationTokenOut(TypedDict):
@@ -780,6 +788,7 @@ class RegistrationTokenOut(TypedDict):
     created_at: str
     expires_at: str
     used_at: str | None
+    price_per_hour: Decimal
     runner: str | None
 
 
@@ -865,6 +874,8 @@ class SelfHostedRunnerOut(TypedDict):
     memory_bytes: int
     disk_bytes: int
     gpus: Any
+    price_per_hour: Decimal
+    price_source: str
     created_at: str
     connected_at: str | None
     last_heartbeat_at: str | None

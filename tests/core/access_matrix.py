@@ -249,6 +249,8 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/runners/registration-tokens/<uuid:token>/": {
         "DELETE": Call(admin(204), params={"token": "registration_token_id"})
     },
+    # A self-hosted machine's price per hour: admins set it (audited); everyone reads it in the list.
+    f"{WS}/runners/<uuid:runner>/": {"PATCH": Call(admin(200), body={"price_per_hour": "1.20"})},
     f"{WS}/runners/<uuid:runner>/revoke/": {"POST": Call(admin(204))},
     # ---------------------------------------------------------- runners
     # A registration token is the permission (it is spent by the first caller).

@@ -137,10 +137,13 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
     return instance
 
 
-def instance_register(*, account: CloudAccount, name: str, token_hash: str, message: str) -> Instance:
+def instance_register(
+    *, account: CloudAccount, name: str, token_hash: str, message: str, price_per_hour: Decimal = Decimal(0)
+) -> Instance:
     """A self-hosted machine's row, written when it is registered: it waits
     in ``provisioning`` for its runner's first hello (inside the caller's
-    transaction; nothing is launched)."""
+    transaction; nothing is launched). ``price_per_hour``: the workspace's
+    price for it (0: free)."""
     pk = uuid.uuid4()
     instance = Instance.objects.create(
         id=pk,
@@ -151,6 +154,7 @@ def instance_register(*, account: CloudAccount, name: str, token_hash: str, mess
         idempotency_key=f"ty-{pk}",
         token_hash=token_hash,
         instance_type="self-hosted",
+        price_per_hour=price_per_hour,
         price_source=SELF_HOSTED_PRICE_SOURCE,
         status=InstanceStatus.PROVISIONING,
         status_reason="registered: waiting for its runner to connect",

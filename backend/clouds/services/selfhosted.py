@@ -7,6 +7,12 @@ backend ``self-hosted`` under the workspace's self-hosted account (made on
 demand), which is the runner's identity from then on, across restarts.
 Revoking (``runner_revoke``) ends that identity; the machine itself is never
 touched (docs/RUNNER.md, "Self-hosted machines").
+
+A self-hosted machine costs what the workspace says it costs: a price per
+hour given with its registration token (priced from its first hello) or set
+on the machine later (``runner_price_set``, the price of its whole billed
+time from then on: billing keeps one price per machine, docs/COST.md,
+"Per backend").
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
@@ -32,6 +40,16 @@ REGISTRATION_TOKEN_TTL = timedelta(days=7)
 REGISTRATION_PREFIX = REGISTRATION_TOKEN_PREFIX
 RUNNER_PREFIX = RUNNER_TOKEN_PREFIX
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# The most a workspace may say one machine costs an hour (USD): a typo's
+# ceiling (a p5.48xlarge is about $100/h), not a market price.
+MAX_PRICE_PER_HOUR = Decimal(10_000)
+PRICE_PLACES = 6  # Instance.price_per_hour's decimal places
+
+
+@dataclass(frozen=True)
+class PriceChange:
+    instance: Instance
+    before: Decimal
 
 
 @dataclass(frozen=True)
@@ -46,7 +64,12 @@ class Registered:
     runner_token: str  # shown once, to the runner
 
 
-def registration_token_create(*, workspace: Workspace, user: User, note: str = "") -> IssuedRegistration:
+def registration_token_create(
+    *, workspace: Workspace, user: User, note: str = "", price_per_hour: Any = None
+) -> IssuedRegistration:
+    """A single-use token; ``price_per_hour`` (USD, default 0) becomes the
+    price of the machine it registers."""
+    price = price_clean(price_per_hour) if price_per_hour is not None else Decimal(0)
     token = REGISTRATION_PREFIX + secrets.token_urlsafe(32)
     row = RunnerRegistrationToken.objects.create(
         workspace=workspace,
@@ -55,6 +78,7 @@ def registration_token_create(*, workspace: Workspace, user: User, note: str = "
         note=note[:100],
         created_by=user,
         expires_at=timezone.now() + REGISTRATION_TOKEN_TTL,
+        price_per_hour=price,
     )
     return IssuedRegistration(row, token)
 
@@ -110,6 +134,7 @@ def runner_register(*, token: str, name: str = "", hostname: str = "") -> Regist
             name=_unique_name(row.workspace_id, name),
             token_hash=hash_token(runner_token),
             message=f"registered from {hostname or 'an unnamed host'} with registration token {row.prefix}…",
+            price_per_hour=row.price_per_hour,
         )
         RunnerRegistrationToken.objects.filter(pk=row.pk).update(used_at=timezone.now(), instance=instance)
     return Registered(instance, runner_token)
@@ -132,6 +157,50 @@ def runner_revoke(*, workspace: Workspace, instance_id: UUID) -> bool:
         message=f"runner {instance.name} was revoked; register the machine again (trainyard-runner register)",
     )
     return True
+
+
+def runner_price_set(*, workspace: Workspace, instance_id: UUID, price_per_hour: Any) -> PriceChange | None:
+    """Set a self-hosted machine's price per hour (USD; 0: free); None when
+    the workspace has no such machine. Costs read from then on use it, for
+    the machine's whole billed time (one price per machine). Its source
+    stays "workspace price for self-hosted"."""
+    price = price_clean(price_per_hour)
+    with transaction.atomic():
+        instance = (
+            Instance.objects.for_workspace(workspace)
+            .select_for_update()
+            .filter(pk=instance_id, backend=BackendKind.SELF_HOSTED)
+            .first()
+        )
+        if instance is None:
+            return None
+        before = Decimal(instance.price_per_hour)
+        Instance.objects.filter(pk=instance.pk).update(price_per_hour=price, updated_at=timezone.now())
+        instance.price_per_hour = price
+    return PriceChange(instance, before)
+
+
+def price_clean(value: Any) -> Decimal:
+    """A price per hour in USD: a number from 0 to ``MAX_PRICE_PER_HOUR``
+    with at most 6 decimals, given as a number or a string ("1.20")."""
+    field = {"field": "price_per_hour"}
+    not_a_number = f"price_per_hour must be a number of USD an hour such as 1.20, not {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ApplicationError(not_a_number, extra=field)
+    try:
+        price = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ApplicationError(not_a_number, extra=field) from None
+    if not price.is_finite():
+        raise ApplicationError(not_a_number, extra=field)
+    if price < 0:
+        raise ApplicationError(f"price_per_hour cannot be negative ({value}): 0 makes the machine free", extra=field)
+    if price > MAX_PRICE_PER_HOUR:
+        raise ApplicationError(f"price_per_hour {value} is more than ${MAX_PRICE_PER_HOUR:,} an hour", extra=field)
+    exact = price.quantize(Decimal(1).scaleb(-PRICE_PLACES))
+    if price != exact:
+        raise ApplicationError(f"price_per_hour {value} has more than {PRICE_PLACES} decimals", extra=field)
+    return exact
 
 
 # ------------------------------------------------------------------ helpers

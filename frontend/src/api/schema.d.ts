@@ -1034,6 +1034,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/runners/{runner}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** @description One self-hosted machine: admins set its price per hour (audited). */
+        patch: operations["workspaces_runners_partial_update"];
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/runners/{runner}/revoke/": {
         parameters: {
             query?: never;
@@ -1532,9 +1549,10 @@ export interface components {
          *     * `ssh_key` - SSH key
          *     * `session` - Session
          *     * `workspace` - Workspace
+         *     * `budget` - Budget
          * @enum {string}
          */
-        AuditEventOutKindEnum: "secret" | "credential" | "member" | "backend" | "token" | "runner" | "ssh_key" | "session" | "workspace";
+        AuditEventOutKindEnum: "secret" | "credential" | "member" | "backend" | "token" | "runner" | "ssh_key" | "session" | "workspace" | "budget";
         AuditPageOut: {
             /** @description the next page's URL; null on the last */
             next: string | null;
@@ -2450,6 +2468,9 @@ export interface components {
         PatchedRoleInRequest: {
             role?: components["schemas"]["Role"];
         };
+        PatchedRunnerChangeInRequest: {
+            price_per_hour?: string;
+        };
         PatchedSubscriptionChangeInRequest: {
             events?: components["schemas"]["EventsEnum"][];
             enabled?: boolean;
@@ -2590,12 +2611,15 @@ export interface components {
             expires_at: string;
             /** Format: date-time */
             used_at: string | null;
+            /** Format: decimal */
+            price_per_hour: string;
             readonly runner: string | null;
             token: string;
         };
         RegistrationTokenInRequest: {
             /** @default  */
             note: string;
+            price_per_hour?: string | null;
         };
         RegistrationTokenOut: {
             /** Format: uuid */
@@ -2609,6 +2633,8 @@ export interface components {
             expires_at: string;
             /** Format: date-time */
             used_at: string | null;
+            /** Format: decimal */
+            price_per_hour: string;
             readonly runner: string | null;
         };
         RepoOut: {
@@ -2904,6 +2930,9 @@ export interface components {
             readonly memory_bytes: number;
             readonly disk_bytes: number;
             readonly gpus: unknown;
+            /** Format: decimal */
+            readonly price_per_hour: string;
+            readonly price_source: string;
             /** Format: date-time */
             readonly created_at: string;
             /** Format: date-time */
@@ -4016,7 +4045,7 @@ export interface operations {
                 /** @description the `next` link's cursor of the previous page */
                 cursor?: string;
                 /** @description only events of this kind */
-                kind?: "backend" | "credential" | "member" | "runner" | "secret" | "session" | "ssh_key" | "token" | "workspace";
+                kind?: "backend" | "budget" | "credential" | "member" | "runner" | "secret" | "session" | "ssh_key" | "token" | "workspace";
                 /** @description events per page (default 50, at most 500) */
                 page_size?: number;
             };
@@ -4984,6 +5013,34 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SelfHostedRunnerOut"][];
+                };
+            };
+        };
+    };
+    workspaces_runners_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                runner: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedRunnerChangeInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedRunnerChangeInRequest"];
+                "multipart/form-data": components["schemas"]["PatchedRunnerChangeInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SelfHostedRunnerOut"];
                 };
             };
         };
