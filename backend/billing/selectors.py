@@ -13,17 +13,19 @@ from decimal import Decimal
 from typing import Literal
 from uuid import UUID
 
-from django.db.models import Q
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from backend.accounts.models import Workspace
+from backend.billing.models import Budget
 from backend.billing.rules import MONEY, AttemptBill, Machine, attempt_bill, billed_machine, idle_cost
 from backend.clouds.models import LIVE_STATUSES, Instance
-from backend.runs.models import Attempt
+from backend.runs.models import ACTIVE_JOB, Attempt, Job
 
 Key = Literal["user", "workflow", "backend", "day"]
 KEYS: tuple[Key, ...] = ("user", "workflow", "backend", "day")
 ZERO = Decimal(0)
+DEFAULT_WARN_PERCENT: int = Budget._meta.get_field("warn_percent").default
 
 _MACHINE = ("instance__price_per_hour", "instance__running_at", "instance__terminated_at")
 
@@ -208,4 +210,70 @@ def month_spend(*, workspace_ids: Iterable[UUID | str], now: datetime | None = N
         rate[(workspace_id, user_id)] += price
     for key in {*spent, *rate}:
         out[key] = Spend(spent=spent[key], rate=rate[key])
+    return out
+
+
+@dataclass(frozen=True)
+class BudgetShown:
+    """A budget as the budgets' page shows it, with this month's measure.
+    ``user``: the member's username; None: the workspace's own row."""
+
+    user: str | None
+    monthly_limit: Decimal | None
+    gpu_quota: int | None
+    warn_percent: int
+    spent: Decimal
+    rate_per_hour: Decimal
+    percent: float | None  # spent / monthly_limit, to a tenth; None: no limit
+    gpus_running: int
+
+
+def budgets_shown(*, workspace: Workspace, now: datetime | None = None) -> list[BudgetShown]:
+    """The workspace's row first (always there: its spend, its budget if it
+    has one), then each member who has a budget, by username."""
+    now = now or timezone.now()
+    budgets = {b.user_id: b for b in Budget.objects.filter(workspace=workspace).select_related("user")}
+    spend = month_spend(workspace_ids=[workspace.pk], now=now)
+    gpus = gpus_running(workspace_id=workspace.pk)
+    members = sorted((b for b in budgets.values() if b.user_id is not None), key=lambda b: b.user.username)
+    rows = []
+    for user_id, budget in [(None, budgets.get(None)), *[(b.user_id, b) for b in members]]:
+        measure = spend.get((workspace.pk, user_id), Spend(ZERO, ZERO))
+        limit = budget.monthly_limit if budget is not None else None
+        rows.append(
+            BudgetShown(
+                user=budget.user.username if budget is not None and budget.user is not None else None,
+                monthly_limit=limit,
+                gpu_quota=budget.gpu_quota if budget is not None else None,
+                warn_percent=budget.warn_percent if budget is not None else DEFAULT_WARN_PERCENT,
+                spent=measure.spent,
+                rate_per_hour=measure.rate,
+                percent=round(float(measure.spent / limit * 100), 1) if limit else None,
+                gpus_running=gpus.get(user_id, 0),
+            )
+        )
+    return rows
+
+
+def budgets_with_limit(*, workspace_id: UUID | str, user_id: int) -> list[Budget]:
+    """The budgets with a monthly limit that apply to a run ``user_id``
+    submits: the workspace's own and the submitter's (the workspace's first)."""
+    budgets = Budget.objects.filter(workspace_id=workspace_id, monthly_limit__isnull=False).filter(
+        Q(user__isnull=True) | Q(user_id=user_id)
+    )
+    return sorted(budgets, key=lambda b: b.user_id is not None)
+
+
+def gpus_running(*, workspace_id: UUID | str) -> dict[int | None, int]:
+    """The GPUs the workspace's active jobs (assigned, running, stopping)
+    hold: key None the workspace's total, else each submitter's."""
+    rows = (
+        Job.objects.filter(workspace_id=workspace_id, status__in=ACTIVE_JOB, gpu_count__gt=0)
+        .values_list("run__submitted_by_id")
+        .annotate(gpus=Sum("gpu_count"))
+    )
+    out: dict[int | None, int] = {None: 0}
+    for user_id, gpus in rows:
+        out[user_id] = out.get(user_id, 0) + int(gpus)
+        out[None] += int(gpus)
     return out

@@ -47,6 +47,10 @@ urlpatterns = [
     path(f"{ws}/runs/<str:run>/metrics/series/", metrics.JobSeriesView.as_view()),
     path(f"{ws}/metrics/compare/", metrics.CompareView.as_view()),
     path(f"{ws}/costs/", billing.CostReportView.as_view()),
+    path(f"{ws}/budgets/", billing.BudgetsView.as_view()),
+    # The workspace's own budget; any other name is a member's.
+    path(f"{ws}/budgets/workspace/", billing.BudgetView.as_view()),
+    path(f"{ws}/budgets/<str:username>/", billing.BudgetView.as_view()),
     path(f"{ws}/sessions/", access.SessionListView.as_view()),
     path(f"{ws}/sessions/<uuid:session>/end/", access.SessionEndView.as_view()),
     path(f"{ws}/jobs/<uuid:job>/logs/", runs.JobLogsView.as_view()),
