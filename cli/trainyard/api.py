@@ -53,6 +53,8 @@ Environment: TypeAlias = apitypes.EnvironmentDetailOut
 EnvironmentSummary: TypeAlias = apitypes.EnvironmentOut
 Tag: TypeAlias = apitypes.TagOut
 Secret: TypeAlias = apitypes.SecretOut
+Budgets: TypeAlias = apitypes.BudgetsOut
+BudgetRow: TypeAlias = apitypes.BudgetOut
 Subscription: TypeAlias = apitypes.SubscriptionOut
 SubscriptionCreated: TypeAlias = apitypes.SubscriptionCreatedOut
 Delivery: TypeAlias = apitypes.DeliveryOut
@@ -98,6 +100,10 @@ class RunSubmission(TypedDict, total=False):
     no_cache: bool
     placement: dict[str, Any]
     environment_files: dict[str, dict[str, str]]
+    # Budgets (docs/COST.md): the run's own cap in USD, wait for budget instead of a refusal, an admin's override.
+    max_cost: str
+    queue: bool
+    budget_override: bool
 
 
 class ApiError(Exception):
@@ -277,6 +283,17 @@ class Client:
         """The workspace's costs over a window, grouped (docs/API.md, "Costs")."""
         params = {k: v for k, v in {"since": since, "until": until, "by": by}.items() if v}
         return cast(CostReport, self._request("GET", self._ws("costs/"), params=params))
+
+    def budgets(self) -> Budgets:
+        """The workspace's budgets and what each counted this month (docs/API.md, "Budgets")."""
+        return cast(Budgets, self._request("GET", self._ws("budgets/")))
+
+    def set_budget(self, user: str | None, body: Mapping[str, Any]) -> BudgetRow:
+        """Set the workspace's budget (``user`` None) or a member's; keys left out keep their value."""
+        return cast(BudgetRow, self._request("PUT", self._ws(_budget_path(user)), json=dict(body)))
+
+    def remove_budget(self, user: str | None) -> None:
+        self._request("DELETE", self._ws(_budget_path(user)))
 
     def run_metrics(self, run: str) -> RunMetrics:
         """Each job's series names, last values and counters (docs/API.md, "Metrics")."""
@@ -607,8 +624,15 @@ def _run_body(code: dict[str, Any], submission: RunSubmission) -> dict[str, Any]
         "variables": submission.get("variables"),
         "placement": submission.get("placement"),
         "environment_files": submission.get("environment_files"),
+        "max_cost": submission.get("max_cost"),
+        "queue": submission.get("queue"),
+        "budget_override": submission.get("budget_override"),
     }
     return body | {k: v for k, v in optional.items() if v}
+
+
+def _budget_path(user: str | None) -> str:
+    return f"budgets/{quote(user, safe='')}/" if user else "budgets/workspace/"
 
 
 def _cursor_of(link: str | None) -> str | None:

@@ -21,6 +21,7 @@ from . import __version__
 from .commands import (
     artifacts,
     backend,
+    budget,
     common,
     cost,
     data,
@@ -54,6 +55,7 @@ from .commands import (
 COMMANDS: list[click.Command] = [
     artifacts.artifacts,
     backend.backend,
+    budget.budget,
     cost.cost,
     data.data,
     env.env,

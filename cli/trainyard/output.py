@@ -225,6 +225,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
     out = [f"Plan for {plan.get('workflow')}: {counts}"]
     if plan.get("help"):
         out.append(f"  {plan['help']}")
+    if (estimate := estimate_words(plan)) is not None:
+        out.append(f"  {estimate}")
     for number, job in enumerate(jobs, 1):
         out += ["", f"{number}. {job['name']} ({job.get('provider', '?')})"]
         waits = _waits(job)
@@ -236,6 +238,8 @@ def plan_lines(plan: Mapping[str, Any]) -> list[str]:
         out.append(f"   resources: {resources(job.get('resources') or {})}")
         if job.get("offer"):
             out.append(f"   offer: {offer_words(job['offer'])}")
+        if "max_cost" in job:
+            out.append(f"   max cost: {max_cost_words(job['max_cost'])}")
         out += [f"   guard: {words}" for words in job.get("guards") or []]
         cache = job.get("cache")
         decision = (job.get("cache_decision") or {}).get("text")
@@ -377,16 +381,17 @@ def _files(artifact: Mapping[str, Any]) -> str:
     return f"{len(files)} file{'s' * (len(files) != 1)}, {size(sum(f.get('size', 0) for f in files))}"
 
 
-PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "GPU", "SPOT", "PRICE", "OFFERS"]
+PLAN_HEADERS = ["JOB", "BACKEND", "REGION", "INSTANCE", "GPU", "SPOT", "PRICE", "MAX COST", "OFFERS"]
 
 
 def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """The run-creation answer's ``plan``: each job's cheapest matching offer."""
+    """The run-creation answer's ``plan``: each job's cheapest matching offer
+    and the most it may cost (``-``: no max_duration, or no offer)."""
     rows = []
     for job in plan:
         offer = job.get("offer") or {}
         if not offer.get("offers"):
-            rows.append([job["job"], "-", "-", "-", "-", "-", "-", f"0 ({offer.get('reason', 'no offer')})"])
+            rows.append([job["job"], "-", "-", "-", "-", "-", "-", "-", f"0 ({offer.get('reason', 'no offer')})"])
             continue
         rows.append(
             [
@@ -397,10 +402,27 @@ def offer_rows(plan: Sequence[Mapping[str, Any]]) -> list[list[str]]:
                 gpu_words(offer.get("gpus") or []) or "-",
                 "yes" if offer.get("spot") else "no",
                 f"${offer['price_per_hour']:.4f}/h",
+                money(job.get("max_cost")),
                 str(offer["offers"]),
             ]
         )
     return rows
+
+
+def max_cost_words(amount: str | None) -> str:
+    """A job's estimate in the plan: ``$2.40 (its offer's price × max_duration)`` or why there is none."""
+    if amount is None:
+        return "unbounded (no max_duration, or no offer)"
+    return f"{money(amount)} (its offer's price × max_duration)"
+
+
+def estimate_words(plan: Mapping[str, Any]) -> str | None:
+    """The run's estimate line under a plan (None: the server sent none)."""
+    if "estimate" not in plan:
+        return None
+    if plan["estimate"] is None:
+        return "Estimate: unbounded (a job has no max_duration or no offer; budgets count one billing minute)"
+    return f"Estimate: at most {money(plan['estimate'])} (each job's cheapest offer × its max_duration)"
 
 
 def offer_words(offer: Mapping[str, Any]) -> str:

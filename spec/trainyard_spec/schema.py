@@ -26,6 +26,7 @@ Rules the schema enforces (see ``_units`` for sizes and durations):
   ``max_wait``, ``idle_duration``, ``max_duration``): backend kinds among
   ``BACKEND_KINDS``, region names, a price above 0, durations
   (``Workflow.placement`` is what the server stores on each job);
+- ``max_cost``: USD above 0, whole cents (the run's cap, docs/COST.md);
 - ``metrics``: training metrics read off the log lines (``MetricsSpec``):
   a regex that compiles and has a group, a name of its own (not a system
   metric's), each name once;
@@ -380,6 +381,25 @@ def _price(value: object) -> object:
         raise PydanticCustomError(
             "price", "expected a price in USD per hour such as 1.5, got {got}", {"got": describe(value)}
         )
+    return value
+
+
+# The largest amount of USD the server stores (backend.billing.models.MAX_AMOUNT).
+MAX_USD = 10_000_000
+
+
+def _usd(value: object) -> object:
+    """``max_cost``: USD, a number above 0, whole cents, at most ``MAX_USD``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError(
+            "usd", "expected an amount of USD such as 20 or 12.50, got {got}", {"got": describe(value)}
+        )
+    if not 0 < value <= MAX_USD:
+        raise PydanticCustomError(
+            "usd", "an amount of USD above 0 and at most {most}, got {value}", {"most": f"{MAX_USD:,}", "value": value}
+        )
+    if round(value, 2) != value:
+        raise PydanticCustomError("usd", "whole cents at most (two decimals), got {value}", {"value": value})
     return value
 
 
@@ -824,6 +844,9 @@ class Workflow(_Model):
     max_wait: _Positive | None = None
     idle_duration: _Duration | None = None
     max_duration: _Positive | None = None
+    # The most a run of this workflow may cost, USD (docs/COST.md, "Budgets
+    # and quotas"); the run's own cap, stored on the run, not on its jobs.
+    max_cost: Annotated[float, BeforeValidator(_usd)] | None = None
     retry: Annotated[Retry | None, BeforeValidator(_retry_shorthand)] = None
     # Training metrics from the log lines, the sampling interval, the cap.
     metrics: Annotated[MetricsSpec | None, BeforeValidator(_metrics_shorthand)] = None

@@ -566,8 +566,10 @@ def test_the_run_answer_has_the_plan_and_the_overrides_win_over_the_workflow(
                 "price_per_hour": 0.3,
                 "gpus": [],  # the exact GPU models of the offer: none here
             },
+            "max_cost": None,  # no max_duration: unbounded
         }
     ]
+    assert answer.json()["estimate"] is None
     job = Job.objects.get(run__name=answer.json()["name"])
     assert job.placement == {**overrides, "idle_duration": 3600}
     assert answer.json()["jobs"][0]["placement"] == job.placement

@@ -93,6 +93,21 @@ class RunCreateIn(serializers.Serializer):
     environment_build = serializers.BooleanField(
         required=False, default=False, help_text="only build (and store) the workflow's environment; no commands run"
     )
+    # Budgets (docs/COST.md, "Budgets and quotas").
+    max_cost = serializers.CharField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="USD, e.g. \"20\": the run's own cap (wins over the workflow's max_cost)",
+    )
+    queue = serializers.BooleanField(
+        required=False, default=False, help_text="over a budget: make the run and let its jobs wait for budget"
+    )
+    budget_override = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="admins: let the run past the workspace's and the submitter's budgets (audited)",
+    )
     # {requirements file: {path: sha256}}: the environments' files as the
     # submitter's working tree holds them (docs/ENVIRONMENTS.md, "Before a job runs").
     environment_files = serializers.DictField(
@@ -219,12 +234,19 @@ class PlannedJobOut(serializers.Serializer):
     # The cheapest offer it would start from: {offers, backend, instance_type,
     # region, spot, price_per_hour}, or {offers: 0, reason}.
     offer = serializers.DictField()
+    max_cost = serializers.CharField(
+        allow_null=True,
+        help_text="USD: the most it may cost, its offer's price × its max_duration; null: no max_duration or no offer",
+    )
 
 
 class RunPlanOut(serializers.Serializer):
     workflow = serializers.CharField()
     help = serializers.CharField(allow_blank=True)  # the workflow's help: ("" without)
     jobs = PlannedJobOut(many=True)
+    estimate = serializers.CharField(
+        allow_null=True, help_text="USD: the most the run may cost (its jobs' max_cost); null if any is null"
+    )
 
 
 class TagIn(serializers.Serializer):

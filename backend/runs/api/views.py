@@ -18,8 +18,10 @@ from backend.accounts.models import Role, Workspace
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Blob
 from backend.artifacts.services import blob_create
+from backend.billing.services import amount_parse
 from backend.core.errors import ApplicationError, NotFound
 from backend.core.pagination import RawBodyParser
+from backend.core.ratelimit import client_ip
 from backend.runs.api.listing import run_shown, run_snapshot, runs_shown
 from backend.runs.api.serializers import (
     BlobOut,
@@ -50,7 +52,7 @@ from backend.runs.selectors import (
 )
 from backend.runs.services.datainputs import rerun_notices
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
-from backend.runs.services.offerplan import run_offer_plan
+from backend.runs.services.offerplan import run_estimate, run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
 from backend.runs.services.rawlog import (
     ByteRange,
@@ -131,6 +133,7 @@ class RunListView(WorkspaceAPIView):
         code = v["code"]
         user = signed_in_user(request)
         once = once_of(header=request.headers.get("Idempotency-Key"), body=request.data)
+        max_cost = amount_parse("max_cost", v["max_cost"], nullable=True)
 
         def create() -> Run:
             return run_create(
@@ -150,6 +153,10 @@ class RunListView(WorkspaceAPIView):
                 placement=dict(v["placement"]),
                 environment_build=v["environment_build"],
                 once=once,
+                max_cost=max_cost,
+                queue=v["queue"],
+                budget_override=v["budget_override"],
+                address=client_ip(request),
             )
 
         # The snapshot of the answer is the one its followers are sent: read once.
@@ -158,8 +165,8 @@ class RunListView(WorkspaceAPIView):
         run = submitted.run
         shown = run_snapshot(run)
         publish_runs(changed, shown=(run, shown))
-        # The plan table `trainyard run` prints: each job's cheapest offer now.
-        answer = {**shown, "plan": run_offer_plan(run=run)}
+        # The plan table `trainyard run` prints: each job's cheapest offer now, its and the run's estimate.
+        answer = {**shown, "plan": run_offer_plan(run=run), "estimate": run_estimate(run=run)}
         headers = {"Idempotent-Replayed": "true"} if submitted.replayed else None
         return Response(answer, status=status.HTTP_201_CREATED, headers=headers)
 

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
+from backend.billing.selectors import shown
 from backend.clouds.backends.base import Gpu
 from backend.clouds.services.offers import offers_rank
 from backend.runs.lifecycle.placement import Placement, requirements_from
@@ -13,17 +15,26 @@ from backend.runs.models import Job
 
 
 def run_offer_plan(*, run: Any) -> list[dict[str, Any]]:
-    """Each job of ``run`` with the cheapest offer it would start from (the
-    run-creation answer's ``plan``)."""
+    """Each job of ``run`` with the cheapest offer it would start from and
+    the most it may cost (``max_cost``, estimated at submission; null:
+    unbounded or unpriced): the run-creation answer's ``plan``."""
     return [
         {
             "job": job.name,
             "offer": offer_plan(
                 workspace_id=run.workspace_id, resources=job.spec.get("resources") or {}, placement=job.placement
             ),
+            "max_cost": shown(job.estimate_max_cost),
         }
         for job in Job.objects.filter(run=run).order_by("created_at")
     ]
+
+
+def run_estimate(*, run: Any) -> str | None:
+    """The most ``run`` may cost (its jobs' estimates at submission), a
+    decimal string; None when any job's is unbounded or unpriced."""
+    costs = list(Job.objects.filter(run=run).values_list("estimate_max_cost", flat=True))
+    return None if not costs or any(c is None for c in costs) else shown(sum(costs, Decimal(0)))
 
 
 def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from backend.accounts.models import Workspace
 from backend.artifacts.models import Artifact, ArtifactStatus
+from backend.billing.selectors import shown
 from backend.core.errors import ApplicationError
 from backend.core.urlcreds import url_without_credentials
 from backend.runs.lifecycle.cache import cache_decide
@@ -30,6 +31,7 @@ from backend.runs.lifecycle.guards import Guards
 from backend.runs.lifecycle.privateenv import private_names
 from backend.runs.models import Job
 from backend.runs.scheduler.volumes import volumes_outlook
+from backend.runs.services.admission import Estimate, job_estimate
 from backend.runs.services.datainputs import ListedInputs, data_outlook, inputs_list
 from backend.runs.services.environments import environment_outlook
 from backend.runs.services.offerplan import offer_plan
@@ -65,6 +67,7 @@ def run_plan_preview(
     hits: dict[str, Job | None] = {}
     artifacts_of = {j.name: list(j.artifacts) for j in plan.jobs}
     jobs = []
+    estimates = []
     for planned in plan.jobs:
         needed, described, known = _inputs(planned.needs, refs[planned.name], hits, plan)
         pending = [(p, n) for n in planned.needs if hits.get(n) is None for p in artifacts_of[n]]
@@ -95,14 +98,22 @@ def run_plan_preview(
                 ),
                 "placement": placements[planned.workflow],
                 "guards": Guards.from_placement(placements[planned.workflow]).words(),
-                "offer": offer_plan(
-                    workspace_id=workspace.pk,
-                    resources=dataclasses.asdict(planned.resources),
-                    placement=placements[planned.workflow],
-                ),
             }
         )
-    return {"workflow": plan.workflow, "help": file.get(workflow).help or "", "jobs": jobs}
+        offer = offer_plan(
+            workspace_id=workspace.pk,
+            resources=dataclasses.asdict(planned.resources),
+            placement=placements[planned.workflow],
+        )
+        estimates.append(job_estimate(job=planned.name, offer=offer, placement=placements[planned.workflow]))
+        jobs[-1].update(offer=offer, max_cost=shown(estimates[-1].max_cost))
+    return {
+        "workflow": plan.workflow,
+        "help": file.get(workflow).help or "",
+        "jobs": jobs,
+        # The most the run may cost (null: a job has no max_duration or no offer).
+        "estimate": shown(Estimate(tuple(estimates)).total),
+    }
 
 
 def code_facts_of(

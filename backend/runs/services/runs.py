@@ -8,6 +8,7 @@ import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -15,8 +16,10 @@ from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, Workflow
 from trainyard_spec.schema import DEV_ENVIRONMENT_PROVIDERS
 
 from backend.accounts.guards import guard_defaults_parse
-from backend.accounts.models import User, Workspace
+from backend.accounts.models import AuditKind, User, Workspace
+from backend.accounts.services.audit import Actor, audit_record
 from backend.artifacts.models import Blob
+from backend.billing.selectors import shown
 from backend.clouds.services.volumes import volumes_check_plan
 from backend.core.db import retry_on_conflict
 from backend.core.errors import ApplicationError
@@ -37,7 +40,16 @@ from backend.runs.lifecycle.transitions import job_request_stop, run_lock, run_r
 from backend.runs.models import FINISHED_RUN, Attempt, CodeKind, Environment, Job, JobStatus, Run, RunStatus, Tag
 from backend.runs.names import run_name_stem
 from backend.runs.scheduler.handover import run_assign_on_submit
+from backend.runs.services.admission import (
+    Estimate,
+    JobEstimate,
+    budgets_admit,
+    job_estimate,
+    max_cost_check,
+    override_check,
+)
 from backend.runs.services.datainputs import inputs_list
+from backend.runs.services.offerplan import offer_plan
 from backend.runs.services.submissions import Once, submission_key_bind, submission_key_claim
 from backend.runs.wakeups import schedule_soon
 from backend.vault.services import secret_names
@@ -113,6 +125,10 @@ def run_create(
     rerun_of: Run | None = None,
     environment_build: bool = False,
     once: Once | None = None,
+    max_cost: Decimal | None = None,
+    queue: bool = False,
+    budget_override: bool = False,
+    address: str = "",
 ) -> Run:
     """Validate the workflows files again (the CLI did too, but the API is
     public), resolve its plan and the tags and runs it uses, then write the
@@ -125,7 +141,12 @@ def run_create(
     again (a re-run; docs/ENVIRONMENTS.md). ``environment_build``: only
     build ``workflow``'s environment (``environment_build_plan``).
     ``once``: the submission's ``Idempotency-Key``, claimed first in the
-    transaction (``KeyTaken`` if a copy of this submission made its run)."""
+    transaction (``KeyTaken`` if a copy of this submission made its run).
+    ``max_cost``: the run's own cap (wins over the workflow's ``max_cost``).
+    Admission (``admission``): a run the budgets have no room for is refused
+    before anything is written, or with ``queue`` written with its jobs
+    waiting for budget; ``budget_override`` (admins only, audited) lets it
+    past the workspace's and the submitter's budgets."""
     inputs = inputs or PlanInputs(files=(Source(workflows_file_path, workflows_file_text),), env=dict(env or {}))
     # Stored on the run and the repo and shown to the whole workspace: never a credential.
     code = dataclasses.replace(code, repo_url=url_without_credentials(code.repo_url.strip()))
@@ -146,6 +167,12 @@ def run_create(
                 regions=[str(r) for r in where.get("regions") or ()],  # type: ignore[attr-defined]
             )
     refs = resolve_refs(workspace, plan)
+    if budget_override:
+        override_check(workspace=workspace, user=user)
+    estimate = Estimate(tuple(_job_estimates(workspace, plan, placements)))
+    max_cost = max_cost if max_cost is not None else _max_cost_of(file, workflow)
+    if max_cost is not None:
+        max_cost_check(max_cost=max_cost, estimate=estimate)
     # Network calls (S3 listings, HEADs): before the transaction, never inside it.
     listed = inputs_list(workspace_id=workspace.pk, file=file, plan=plan, rerun_of=rerun_of)
     patch, archive = _code_blobs(workspace, code)
@@ -158,6 +185,9 @@ def run_create(
         )
     )
     with transaction.atomic():
+        waiting = budgets_admit(
+            workspace=workspace, user=user, estimate=estimate, override=budget_override, queue=queue
+        )
         claim = submission_key_claim(workspace=workspace, user=user, once=once) if once is not None else None
         run = Run.objects.create(
             workspace=workspace,
@@ -187,19 +217,60 @@ def run_create(
             no_cache=no_cache,
             rerun_of=rerun_of,
             environment_build=environment_build,
-            status_reason="waiting for a runner",
+            max_cost=max_cost,
+            budget_override=budget_override,
+            status_reason=waiting or "waiting for a runner",
         )
         listed.store(workspace_id=workspace.pk)
         jobs = [dataclasses.replace(job, data=listed.data_of(job)) for job in plan.jobs]
         plan = dataclasses.replace(plan, jobs=jobs)
         _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files, private)
-        run_assign_on_submit(run=run)
+        for job in estimate.jobs:
+            Job.objects.filter(run=run, name=job.job).update(estimate_max_cost=job.max_cost)
+        if waiting:  # the scheduler's budget hold starts its jobs when there is room
+            Job.objects.filter(run=run).update(status_reason=waiting)
+        else:
+            run_assign_on_submit(run=run)
         if Job.objects.filter(run=run, status=JobStatus.PENDING).exists():
             schedule_soon()  # what no idle runner took waits for a pass
         if claim is not None:
             submission_key_bind(claim=claim, run=run)
         _number(run)
+        if budget_override:
+            audit_record(
+                workspace_id=workspace.pk,
+                kind=AuditKind.BUDGET,
+                action="budget.override",
+                actor=Actor(user=user, address=address),
+                target=run.name,
+                detail={"workflow": workflow, "estimate": shown(estimate.total)},
+            )
     return run
+
+
+def _job_estimates(
+    workspace: Workspace, plan: RunPlan, placements: Mapping[str, Mapping[str, object]]
+) -> list[JobEstimate]:
+    """Each planned job's estimate from its cheapest offer now."""
+    return [
+        job_estimate(
+            job=job.name,
+            offer=offer_plan(
+                workspace_id=workspace.pk,
+                resources=dataclasses.asdict(job.resources),
+                placement=placements.get(job.workflow) or {},
+            ),
+            placement=placements.get(job.workflow) or {},
+        )
+        for job in plan.jobs
+    ]
+
+
+def _max_cost_of(file: WorkflowsFile, workflow: str) -> Decimal | None:
+    """The run's workflow's ``max_cost`` key (the workflows it depends on run
+    as its jobs and count toward it; their own key is not the run's)."""
+    value = file.get(workflow).max_cost
+    return None if value is None else Decimal(str(value)).quantize(Decimal("0.01"))
 
 
 def run_rerun(*, run: Run, user: User) -> Run:
@@ -231,6 +302,7 @@ def run_rerun(*, run: Run, user: User) -> Run:
         environment_locks=_environment_locks(run),
         rerun_of=run,
         environment_build=run.environment_build,
+        max_cost=run.max_cost,
     )
 
 

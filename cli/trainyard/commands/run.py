@@ -43,6 +43,22 @@ SPOT_POLICIES = ["spot", "on-demand", "auto"]
     "--max-price", type=click.FloatRange(min=0, min_open=True), default=None, help="USD per hour; overrides max_price."
 )
 @click.option(
+    "--max-cost",
+    metavar="USD",
+    default=None,
+    help="The most this run may cost, e.g. 20 (wins over the workflow's max_cost; docs/COST.md).",
+)
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="Over a budget, make the run anyway: its jobs wait for budget instead of the run being refused.",
+)
+@click.option(
+    "--override-budget",
+    is_flag=True,
+    help="Admins: let this run past the workspace's and your budget (audited; its --max-cost still applies).",
+)
+@click.option(
     "--code-warn-size",
     metavar="SIZE",
     default=None,
@@ -67,6 +83,9 @@ def run(
     regions: list[str],
     spot_policy: str | None,
     max_price: float | None,
+    max_cost: str | None,
+    queue: bool,
+    override_budget: bool,
     code_warn_size: str | None,
     open_browser: bool,
     yes: bool,
@@ -89,7 +108,14 @@ def run(
     """
     warn_bytes = submission.warn_size(code_warn_size)
     placement = options.placement(backends, regions, spot_policy, max_price)
-    request = submission.RunRequest(workflow, env, list(run_args), no_cache, placement)
+    request = submission.RunRequest(
+        workflow,
+        env,
+        list(run_args),
+        no_cache,
+        placement,
+        budget=submission.BudgetAsk(max_cost=max_cost, queue=queue, override=override_budget),
+    )
     local = submission.plan_locally(request)
     api = common.client()
     created = submission.submit(api, local, upload=upload, warn_bytes=warn_bytes, yes=yes, dry_run=dry_run)

@@ -37,8 +37,25 @@ from trainyard_spec.environments import environment_files
 from ..api import Client, Job, Run, RunSubmission
 from ..code import Workspace, code_digests, find_workspace, prepare_code
 from ..guard import DEFAULT_WARN_BYTES, WARN_ENV, SizeGuard, parse_size
-from ..output import PLAN_HEADERS, offer_rows, plan_lines, print_table, reused_artifact_lines, reused_words
+from ..output import (
+    PLAN_HEADERS,
+    estimate_words,
+    offer_rows,
+    plan_lines,
+    print_table,
+    reused_artifact_lines,
+    reused_words,
+)
 from . import common
+
+
+@dataclass(frozen=True)
+class BudgetAsk:
+    """``--max-cost`` (USD as typed: the server checks it), ``--queue``, ``--override-budget``."""
+
+    max_cost: str | None = None
+    queue: bool = False
+    override: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,7 @@ class RunRequest:
     no_cache: bool = False
     placement: dict[str, Any] = field(default_factory=dict)
     environment_build: bool = False
+    budget: BudgetAsk = field(default_factory=BudgetAsk)
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,12 @@ def plan_locally(request: RunRequest) -> LocalRun:
         "placement": request.placement,
         "environment_files": environment_files_of_plan(workspace.root, plan),
     }
+    if request.budget.max_cost is not None:
+        submission["max_cost"] = request.budget.max_cost
+    if request.budget.queue:
+        submission["queue"] = True
+    if request.budget.override:
+        submission["budget_override"] = True
     return LocalRun(request, workspace, file, plan, submission)
 
 
@@ -147,6 +171,10 @@ def follow_submitted(
     offers = cast(dict[str, Any], created).get("plan")  # the creation answer only
     if offers:
         print_table(PLAN_HEADERS, offer_rows(offers), tty=sys.stderr.isatty(), out=sys.stderr)
+        if (estimate := estimate_words(cast(dict[str, Any], created))) is not None:
+            click.echo(estimate, err=True)
+    if str(created.get("status_reason") or "").startswith("waiting for budget"):
+        click.echo(f"Its jobs are {created['status_reason']}", err=True)
     before_follow(created)
     if detach:
         click.echo(created["name"])
