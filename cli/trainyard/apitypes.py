@@ -128,6 +128,71 @@ class BlobOut(TypedDict):
     sha256: str
 
 
+class BudgetInRequest(TypedDict):
+    monthly_limit: NotRequired[str | None]
+    """
+    USD, e.g. "500" or "499.99"; null: no monthly cap
+    """
+    gpu_quota: NotRequired[int | None]
+    """
+    a member's budget only
+    """
+    warn_percent: NotRequired[int]
+    """
+    1 to 99 (default 80)
+    """
+
+
+class BudgetOut(TypedDict):
+    user: str | None
+    """
+    the member's username; null: the workspace's own row
+    """
+    monthly_limit: str | None
+    """
+    USD a month (UTC); null: no cap
+    """
+    gpu_quota: int | None
+    """
+    a member's running GPUs at once; null: none
+    """
+    warn_percent: int
+    """
+    the workspace's subscriptions are told at this percent
+    """
+    spent: str
+    """
+    USD spent this month (UTC) by what the budget counts
+    """
+    rate_per_hour: str
+    """
+    USD per hour: what it spends now (its running machines)
+    """
+    percent: float | None
+    """
+    spent / monthly_limit × 100; null: no limit
+    """
+    gpus_running: int | None
+    """
+    the GPUs its active jobs hold now (the workspace's row: all of them)
+    """
+
+
+class BudgetsOut(TypedDict):
+    currency: str
+    """
+    always "USD"
+    """
+    month: str
+    """
+    the month counted, YYYY-MM (UTC)
+    """
+    budgets: list[BudgetOut]
+    """
+    the workspace's row first, then each member with a budget, by name
+    """
+
+
 ByEnum: TypeAlias = Literal["user", "workflow", "backend", "day"]
 """
 * `user` - user
@@ -1702,6 +1767,18 @@ class RunCreateInRequest(TypedDict):
     """
     only build (and store) the workflow's environment; no commands run
     """
+    max_cost: NotRequired[str | None]
+    """
+    USD, e.g. "20": the run's own cap (wins over the workflow's max_cost)
+    """
+    queue: NotRequired[bool]
+    """
+    over a budget: make the run and let its jobs wait for budget
+    """
+    budget_override: NotRequired[bool]
+    """
+    admins: let the run past the workspace's and the submitter's budgets (audited)
+    """
     environment_files: NotRequired[dict[str, dict[str, str]]]
     """
     by requirements file, the sha256 of it and of the files it includes (-r/-c)
@@ -1726,6 +1803,18 @@ class RunPlanInRequest(TypedDict):
     environment_build: NotRequired[bool]
     """
     only build (and store) the workflow's environment; no commands run
+    """
+    max_cost: NotRequired[str | None]
+    """
+    USD, e.g. "20": the run's own cap (wins over the workflow's max_cost)
+    """
+    queue: NotRequired[bool]
+    """
+    over a budget: make the run and let its jobs wait for budget
+    """
+    budget_override: NotRequired[bool]
+    """
+    admins: let the run past the workspace's and the submitter's budgets (audited)
     """
     environment_files: NotRequired[dict[str, dict[str, str]]]
     """
@@ -1930,6 +2019,10 @@ class PlannedJobOut(TypedDict):
     its guards (utilization_policy, stall; the workflow's or the workspace's default) in words
     """
     offer: dict[str, Any]
+    max_cost: str | None
+    """
+    USD: the most it may cost, its offer's price × its max_duration; null: no max_duration or no offer
+    """
 
 
 class RerunOut(TypedDict):
@@ -2056,6 +2149,10 @@ class RunPlanOut(TypedDict):
     workflow: str
     help: str
     jobs: list[PlannedJobOut]
+    estimate: str | None
+    """
+    USD: the most the run may cost (its jobs' max_cost); null if any is null
+    """
 
 
 class CompareOut(TypedDict):

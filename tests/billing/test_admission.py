@@ -116,9 +116,7 @@ def test_a_run_over_the_workspace_budget_is_refused_with_the_numbers_and_writes_
     spent_now(submit(team, owner.user), "487.20")
     before = (Run.objects.count(), Job.objects.count(), Attempt.objects.count())
 
-    answer = member.client().post(
-        f"{BASE}/runs/", body(), format="json", HTTP_IDEMPOTENCY_KEY="refused-once"
-    )
+    answer = member.client().post(f"{BASE}/runs/", body(), format="json", HTTP_IDEMPOTENCY_KEY="refused-once")
 
     assert answer.status_code == 409, answer.content
     assert answer.json()["message"] == (
@@ -181,9 +179,7 @@ def test_a_run_within_every_budget_is_made(priced: None, team: Workspace, member
     assert answer.json()["status_reason"] == "waiting for a runner"
 
 
-def test_with_queue_the_run_is_made_and_its_jobs_wait_for_budget(
-    priced: None, team: Workspace, member: Person
-) -> None:
+def test_with_queue_the_run_is_made_and_its_jobs_wait_for_budget(priced: None, team: Workspace, member: Person) -> None:
     Budget.objects.create(workspace=team, monthly_limit=Decimal("20"))
 
     answer = member.client().post(f"{BASE}/runs/", body(queue=True), format="json")

@@ -99,7 +99,11 @@ def test_a_budget_set_is_saved_and_audited_with_before_and_after(team: Workspace
 
 
 def test_raising_or_removing_a_limit_tells_runs_once_committed_and_lowering_does_not(
-    team: Workspace, owner: Person, member: Person, raised: list[dict[str, Any]], django_capture_on_commit_callbacks: Any
+    team: Workspace,
+    owner: Person,
+    member: Person,
+    raised: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     def change(who: Person | None, **changes: Any) -> None:
         with django_capture_on_commit_callbacks(execute=True):
@@ -131,7 +135,9 @@ def test_a_refused_change_sends_nothing_and_a_rolled_back_one_neither(
     with django_capture_on_commit_callbacks(execute=True):
         budget_set(workspace=team, member=None, changes={"monthly_limit": "100"}, actor=_actor(owner))
     with django_capture_on_commit_callbacks(execute=True) as callbacks, pytest.raises(ApplicationError):
-        budget_set(workspace=team, member=None, changes={"monthly_limit": "200", "warn_percent": 0}, actor=_actor(owner))
+        budget_set(
+            workspace=team, member=None, changes={"monthly_limit": "200", "warn_percent": 0}, actor=_actor(owner)
+        )
     assert callbacks == [] and raised == []
     assert Budget.objects.get().monthly_limit == Decimal("100.00")
 

@@ -70,3 +70,39 @@ def test_cost_reports_the_rows_the_idle_line_and_the_total(interrupted_run: Run,
     ]
     empty = _invoke("cost", "--since", "2026-10-01", "--until", "2026-10-02").splitlines()
     assert [line.split() for line in empty[1:]] == [["USER", "COST"], ["(idle)", "$0.00"], ["TOTAL", "$0.00"]]
+
+
+def test_budget_sets_shows_and_removes_the_workspaces_and_a_members_budget(
+    team: Workspace, owner: Person, member: Person, cli_env: Any
+) -> None:
+    from tests.billing.test_budgets import spent_now
+    from tests.support.fixtures import submit
+
+    spent_now(submit(team, owner.user), "123.45")
+    assert _invoke("budget", "set", "500", "--warn", "90") == (
+        "The workspace's budget: $500.00 a month, notify at 90% ($123.45 spent this month).\n"
+    )
+    assert _invoke("budget", "set", "off", "--user", "mateo", "--gpus", "2") == (
+        "mateo's budget: no monthly limit, at most 2 GPUs at once, notify at 80% ($0.00 spent this month).\n"
+    )
+    out = _invoke("budget").splitlines()
+    assert out[0].startswith("Budgets for ") and out[0].endswith(" (UTC, USD):")
+    assert [line.split() for line in out[1:]] == [
+        ["BUDGET", "LIMIT", "SPENT", "USED", "RATE", "GPUS", "WARN", "AT"],
+        ["(workspace)", "$500.00", "$123.45", "24.7%", "$0.00/h", "-", "90%"],
+        ["mateo", "-", "$0.00", "-", "$0.00/h", "0/2", "80%"],
+    ]
+    assert _invoke("budget", "rm", "--user", "mateo") == "Removed mateo's budget.\n"
+    assert _invoke("budget", "rm") == "Removed the workspace's budget.\n"
+    assert [line.split()[0] for line in _invoke("budget").splitlines()[2:]] == ["(workspace)"]
+
+
+def test_budget_set_with_a_bad_amount_says_why_and_saves_nothing(team: Workspace, cli_env: Any) -> None:
+    from backend.billing.models import Budget
+
+    result = CliRunner().invoke(cli, ["budget", "set", "--", "-5"])
+    assert result.exit_code != 0
+    assert "monthly_limit: must be more than $0, got -5." in result.output
+    result = CliRunner().invoke(cli, ["budget", "set", "lots"])
+    assert "monthly_limit: 'lots' is not an amount of USD (write e.g. 500 or 499.99)." in result.output
+    assert not Budget.objects.exists()

@@ -38,3 +38,19 @@ def test_the_dry_run_names_the_gpu_model_of_the_offer() -> None:
 
     assert "   offer: aws g6.xlarge (1× L4) in us-east-1, on-demand, $0.8048/h (cheapest of 2)" in lines
     assert offer_words({**OFFER, "gpus": []}) == "aws g6.xlarge in us-east-1, on-demand, $0.8048/h (cheapest of 2)"
+
+
+def test_the_plan_shows_each_jobs_most_and_the_runs_estimate() -> None:
+    rows = offer_rows(
+        [{"job": "a", "offer": OFFER, "max_cost": "3.2192"}, {"job": "b", "offer": OFFER, "max_cost": None}]
+    )
+    assert PLAN_HEADERS[7] == "MAX COST"
+    assert [row[7] for row in rows] == ["$3.22", "-"]
+
+    job = {"name": "train", "provider": "bash", "resources": {}, "offer": OFFER, "max_cost": "3.2192"}
+    lines = plan_lines({"workflow": "train", "jobs": [job], "estimate": "3.2192"})
+    assert lines[1] == "  Estimate: at most $3.22 (each job's cheapest offer × its max_duration)"
+    assert "   max cost: $3.22 (its offer's price × max_duration)" in lines
+    unbounded = plan_lines({"workflow": "train", "jobs": [{**job, "max_cost": None}], "estimate": None})
+    assert unbounded[1].startswith("  Estimate: unbounded (a job has no max_duration or no offer")
+    assert "   max cost: unbounded (no max_duration, or no offer)" in unbounded

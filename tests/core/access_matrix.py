@@ -161,6 +161,17 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/runs/<str:run>/metrics/series/": {"GET": Call(read(), query="job=hello&names=loss,cpu")},
     f"{WS}/metrics/compare/": {"GET": Call(read(), query="runs=<run>,<done_run>&names=loss")},
     f"{WS}/costs/": {"GET": Call(read(), query="since=30d&by=user")},
+    # Budgets: everyone of the workspace sees them and this month's spend; admins set and remove them.
+    f"{WS}/budgets/": {"GET": Call(read())},
+    f"{WS}/budgets/workspace/": {
+        "PUT": Call(admin(200), body={"monthly_limit": "500", "warn_percent": 90}),
+        # The world's workspace has no budget: an admin is told so.
+        "DELETE": Call(admin(404)),
+    },
+    f"{WS}/budgets/<str:username>/": {
+        "PUT": Call(admin(200), body={"monthly_limit": "50", "gpu_quota": 2}, params={"username": "member_username"}),
+        "DELETE": Call(admin(404), params={"username": "member_username"}),
+    },
     # The member's own session: they and an admin may end it.
     f"{WS}/sessions/<uuid:session>/end/": {"POST": Call(write(200))},
     f"{WS}/jobs/<uuid:job>/logs/": {"GET": Call(read())},

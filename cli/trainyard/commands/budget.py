@@ -76,4 +76,5 @@ def budget_set(amount: str, user: str | None, warn: int | None, gpus: int | None
 def budget_rm(user: str | None) -> None:
     """Remove the workspace's budget (or a member's, with --user)."""
     common.client().remove_budget(user)
-    click.echo(f"Removed {user + chr(39) + 's' if user else 'the workspace'} budget.")
+    whose = f"{user}'s" if user else "the workspace's"
+    click.echo(f"Removed {whose} budget.")

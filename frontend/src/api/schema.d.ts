@@ -629,6 +629,71 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/budgets/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The workspace's budgets and what each has counted this month. */
+        get: operations["workspaces_budgets_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/budgets/{username}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * @description Set (PUT) or remove (DELETE) the workspace's budget
+         *     (``budgets/workspace/``) or a member's (``budgets/<username>/``): admins only.
+         */
+        put: operations["workspaces_budgets_update"];
+        post?: never;
+        /**
+         * @description Set (PUT) or remove (DELETE) the workspace's budget
+         *     (``budgets/workspace/``) or a member's (``budgets/<username>/``): admins only.
+         */
+        delete: operations["workspaces_budgets_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/budgets/workspace/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * @description Set (PUT) or remove (DELETE) the workspace's budget
+         *     (``budgets/workspace/``) or a member's (``budgets/<username>/``): admins only.
+         */
+        put: operations["workspaces_budgets_workspace_update"];
+        post?: never;
+        /**
+         * @description Set (PUT) or remove (DELETE) the workspace's budget
+         *     (``budgets/workspace/``) or a member's (``budgets/<username>/``): admins only.
+         */
+        delete: operations["workspaces_budgets_workspace_destroy"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/costs/": {
         parameters: {
             query?: never;
@@ -1638,6 +1703,43 @@ export interface components {
             size: number;
             sha256: string;
         };
+        BudgetInRequest: {
+            /** @description USD, e.g. "500" or "499.99"; null: no monthly cap */
+            monthly_limit?: string | null;
+            /** @description a member's budget only */
+            gpu_quota?: number | null;
+            /** @description 1 to 99 (default 80) */
+            warn_percent?: number;
+        };
+        BudgetOut: {
+            /** @description the member's username; null: the workspace's own row */
+            user: string | null;
+            /** @description USD a month (UTC); null: no cap */
+            monthly_limit: string | null;
+            /** @description a member's running GPUs at once; null: none */
+            gpu_quota: number | null;
+            /** @description the workspace's subscriptions are told at this percent */
+            warn_percent: number;
+            /** @description USD spent this month (UTC) by what the budget counts */
+            spent: string;
+            /** @description USD per hour: what it spends now (its running machines) */
+            rate_per_hour: string;
+            /**
+             * Format: double
+             * @description spent / monthly_limit × 100; null: no limit
+             */
+            percent: number | null;
+            /** @description the GPUs its active jobs hold now (the workspace's row: all of them) */
+            gpus_running: number | null;
+        };
+        BudgetsOut: {
+            /** @description always "USD" */
+            currency: string;
+            /** @description the month counted, YYYY-MM (UTC) */
+            month: string;
+            /** @description the workspace's row first, then each member with a budget, by name */
+            budgets: components["schemas"]["BudgetOut"][];
+        };
         /**
          * @description * `user` - user
          *     * `workflow` - workflow
@@ -2574,6 +2676,8 @@ export interface components {
             offer: {
                 [key: string]: unknown;
             };
+            /** @description USD: the most it may cost, its offer's price × its max_duration; null: no max_duration or no offer */
+            max_cost: string | null;
         };
         PlannedVolumeOut: {
             name: string;
@@ -2733,6 +2837,18 @@ export interface components {
              * @default false
              */
             environment_build: boolean;
+            /** @description USD, e.g. "20": the run's own cap (wins over the workflow's max_cost) */
+            max_cost?: string | null;
+            /**
+             * @description over a budget: make the run and let its jobs wait for budget
+             * @default false
+             */
+            queue: boolean;
+            /**
+             * @description admins: let the run past the workspace's and the submitter's budgets (audited)
+             * @default false
+             */
+            budget_override: boolean;
             /** @description by requirements file, the sha256 of it and of the files it includes (-r/-c) */
             environment_files?: {
                 [key: string]: {
@@ -2867,6 +2983,18 @@ export interface components {
              * @default false
              */
             environment_build: boolean;
+            /** @description USD, e.g. "20": the run's own cap (wins over the workflow's max_cost) */
+            max_cost?: string | null;
+            /**
+             * @description over a budget: make the run and let its jobs wait for budget
+             * @default false
+             */
+            queue: boolean;
+            /**
+             * @description admins: let the run past the workspace's and the submitter's budgets (audited)
+             * @default false
+             */
+            budget_override: boolean;
             /** @description by requirements file, the sha256 of it and of the files it includes (-r/-c) */
             environment_files?: {
                 [key: string]: {
@@ -2878,6 +3006,8 @@ export interface components {
             workflow: string;
             help: string;
             jobs: components["schemas"]["PlannedJobOut"][];
+            /** @description USD: the most the run may cost (its jobs' max_cost); null if any is null */
+            estimate: string | null;
         };
         RunnerCredentialOut: {
             kind: components["schemas"]["RunnerCredentialOutKindEnum"];
@@ -4229,6 +4359,123 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["BlobOut"];
                 };
+            };
+        };
+    };
+    workspaces_budgets_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetsOut"];
+                };
+            };
+        };
+    };
+    workspaces_budgets_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                username: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["BudgetInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["BudgetInRequest"];
+                "multipart/form-data": components["schemas"]["BudgetInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetOut"];
+                };
+            };
+        };
+    };
+    workspaces_budgets_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                username: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    workspaces_budgets_workspace_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["BudgetInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["BudgetInRequest"];
+                "multipart/form-data": components["schemas"]["BudgetInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetOut"];
+                };
+            };
+        };
+    };
+    workspaces_budgets_workspace_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
