@@ -235,7 +235,9 @@ def budgets_shown(*, workspace: Workspace, now: datetime | None = None) -> list[
     budgets = {b.user_id: b for b in Budget.objects.filter(workspace=workspace).select_related("user")}
     spend = month_spend(workspace_ids=[workspace.pk], now=now)
     gpus = gpus_running(workspace_id=workspace.pk)
-    members = sorted((b for b in budgets.values() if b.user_id is not None), key=lambda b: b.user.username)
+    members = sorted(
+        (b for b in budgets.values() if b.user is not None), key=lambda b: b.user.username if b.user else ""
+    )
     rows = []
     for user_id, budget in [(None, budgets.get(None)), *[(b.user_id, b) for b in members]]:
         measure = spend.get((workspace.pk, user_id), Spend(ZERO, ZERO))

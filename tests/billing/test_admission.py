@@ -79,7 +79,7 @@ def test_the_plan_and_the_dry_run_show_each_jobs_and_the_runs_most(
     created = client.post(f"{BASE}/runs/", body(), format="json")
     assert created.status_code == 201, created.content
     answer = created.json()
-    # 2 jobs × $3/h × 4 h.
+    # 2 jobs, each $3/h for 4 h.
     assert [(j["job"], j["offer"]["price_per_hour"], j["max_cost"]) for j in answer["plan"]] == [
         ("prep", 3.0, "12.0000"),
         ("train", 3.0, "12.0000"),

@@ -6,7 +6,7 @@ limit sends ``budget_raised`` once committed) and the budgets' API
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any

@@ -58,8 +58,8 @@ def test_run_sends_the_placement_options_and_prints_the_plan_table(tiny_train: P
     assert (code, out) == (0, "brave-otter-1\n")
     assert err == (
         "Run brave-otter-1 submitted\n"
-        "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      OFFERS\n"
-        "hello  fake     r1      fake-small  -    yes   $0.0500/h  3\n"
+        "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      MAX COST  OFFERS\n"
+        "hello  fake     r1      fake-small  -    yes   $0.0500/h  -         3\n"
     )
     body = json.loads(rest.requests[1].content)
     assert body["placement"] == {
@@ -68,6 +68,41 @@ def test_run_sends_the_placement_options_and_prints_the_plan_table(tiny_train: P
         "spot_policy": "auto",
         "max_price": 0.5,
     }
+
+
+def test_run_sends_its_budget_options_and_prints_the_estimate_and_the_wait(
+    tiny_train: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tiny_train)
+    routes = submit_routes()
+    offer = {"offers": 3, "backend": "fake", "instance_type": "fake-small", "region": "r1", "spot": False}
+    plan = [{"job": "hello", "offer": {**offer, "price_per_hour": 3.0}, "max_cost": "12.0000"}]
+    waiting = "waiting for budget: workspace budget: $20.00 this month, $0.00 spent, this run may cost up to $12.00"
+    answer = {**make_run("pending", reason=waiting), "plan": plan, "estimate": "12.0000"}
+    routes[("POST", f"{WS}/runs/")] = httpx.Response(201, json=answer)
+    rest = FakeRest(routes)
+    use(monkeypatch, "http://fake", rest)
+
+    code, out, err = invoke("run", "hello", "-d", "--max-cost", "15", "--queue", "--override-budget")
+
+    assert (code, out) == (0, "brave-otter-1\n")
+    assert err.splitlines()[1:] == [
+        "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      MAX COST  OFFERS",
+        "hello  fake     r1      fake-small  -    no    $3.0000/h  $12.00    3",
+        "Estimate: at most $12.00 (each job's cheapest offer × its max_duration)",
+        f"Its jobs are {waiting}",
+    ]
+    body = json.loads(rest.requests[1].content)
+    assert (body["max_cost"], body["queue"], body["budget_override"]) == ("15", True, True)
+
+
+def test_run_without_budget_options_sends_none(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tiny_train)
+    rest = FakeRest(submit_routes())
+    use(monkeypatch, "http://fake", rest)
+    assert invoke("run", "hello", "-d")[0] == 0
+    body = json.loads(rest.requests[1].content)
+    assert not {"max_cost", "queue", "budget_override"} & set(body)
 
 
 def test_run_refuses_an_unknown_backend_option(tiny_train: Path, monkeypatch: pytest.MonkeyPatch):

@@ -75,8 +75,9 @@ class Estimate:
         """``2 jobs × max_duration 4h``, or ``2 jobs up to their max_duration``."""
         count = f"{len(self.jobs)} job{'s' * (len(self.jobs) != 1)}"
         durations = {job.max_duration for job in self.jobs}
-        if len(durations) == 1 and None not in durations:
-            return f"{count} × max_duration {duration_words(int(next(iter(durations))))}"
+        only = next(iter(durations)) if len(durations) == 1 else None
+        if only is not None:
+            return f"{count} × max_duration {duration_words(only)}"
         return f"{count} up to their max_duration"
 
 
@@ -84,8 +85,7 @@ def job_estimate(*, job: str, offer: Mapping[str, Any], placement: Mapping[str, 
     """A job's estimate from its cheapest offer (``offerplan.offer_plan``) and its placement."""
     price = Decimal(str(offer["price_per_hour"])) if offer.get("offers") else None
     seconds = Placement.from_spec(placement).max_duration
-    bounded = price is not None and seconds is not None
-    cost = cost_of(price, max(MINIMUM_SECONDS, seconds)) if bounded else None  # type: ignore[arg-type]
+    cost = cost_of(price, max(MINIMUM_SECONDS, seconds)) if price is not None and seconds is not None else None
     return JobEstimate(job=job, price_per_hour=price, max_duration=seconds, max_cost=cost)
 
 

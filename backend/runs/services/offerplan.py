@@ -34,7 +34,8 @@ def run_estimate(*, run: Any) -> str | None:
     """The most ``run`` may cost (its jobs' estimates at submission), a
     decimal string; None when any job's is unbounded or unpriced."""
     costs = list(Job.objects.filter(run=run).values_list("estimate_max_cost", flat=True))
-    return None if not costs or any(c is None for c in costs) else shown(sum(costs, Decimal(0)))
+    known = [c for c in costs if c is not None]
+    return shown(sum(known, Decimal(0))) if costs and len(known) == len(costs) else None
 
 
 def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:

@@ -225,8 +225,8 @@ def run_create(
         jobs = [dataclasses.replace(job, data=listed.data_of(job)) for job in plan.jobs]
         plan = dataclasses.replace(plan, jobs=jobs)
         _jobs_create(run, plan, refs, retries, placements, environment_locks or {}, inputs.environment_files, private)
-        for job in estimate.jobs:
-            Job.objects.filter(run=run, name=job.job).update(estimate_max_cost=job.max_cost)
+        for estimated in estimate.jobs:
+            Job.objects.filter(run=run, name=estimated.job).update(estimate_max_cost=estimated.max_cost)
         if waiting:  # the scheduler's budget hold starts its jobs when there is room
             Job.objects.filter(run=run).update(status_reason=waiting)
         else:
