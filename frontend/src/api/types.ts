@@ -262,21 +262,6 @@ export type CostRow = Schemas["CostRowOut"];
  * `user` null is the workspace's own budget, else one member's. Amounts are
  * decimal USD strings; `percent` is `spent` of `monthly_limit` (null: no limit).
  */
-export interface Budget {
-  user: string | null;
-  monthly_limit: string | null;
-  gpu_quota: number | null;
-  warn_percent: number;
-  spent: string;
-  rate_per_hour: string;
-  percent: number | null;
-  gpus_running: number | null;
-}
-
-export interface Budgets {
-  currency: "USD";
-  /** The calendar month (UTC) the budgets count: "2026-12". */
-  month: string;
-  /** The workspace's row first, then members by name. */
-  budgets: Budget[];
-}
+export type Budget = Schemas["BudgetOut"];
+/** The month's budgets: the workspace's row first, then members by name. */
+export type Budgets = Schemas["BudgetsOut"];

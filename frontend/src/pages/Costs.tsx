@@ -342,8 +342,13 @@ function WorkspaceBudgetForm({ slug, current, onSaved }: { slug: string; current
     event.preventDefault();
     setError(null);
     setBusy(true);
+    if (!limit.trim()) {
+      setError(current ? "Enter a monthly limit, or remove the budget." : "Enter a monthly limit in USD, e.g. 500.");
+      setBusy(false);
+      return;
+    }
     try {
-      await put(path, { monthly_limit: limit.trim() || null, gpu_quota: current?.gpu_quota ?? null, warn_percent: Number(warn) });
+      await put(path, { monthly_limit: limit.trim(), gpu_quota: current?.gpu_quota ?? null, warn_percent: Number(warn) });
       await onSaved();
     } catch (caught) {
       setError(caught instanceof Error ? caught.message : String(caught));

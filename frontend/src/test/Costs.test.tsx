@@ -200,6 +200,16 @@ describe("CostsPage", () => {
     expect(await within(form).findByText(/-5 is negative/)).toBeInTheDocument();
   });
 
+  it("asks for a limit instead of sending an empty one", async () => {
+    const calls = serve(json({ ...BUDGETS, budgets: [BUDGETS.budgets[0]] }));
+    renderPage("admin");
+    const form = await screen.findByRole("form", { name: "Workspace budget" });
+    fireEvent.change(within(form).getByLabelText(/Monthly limit/), { target: { value: "  " } });
+    fireEvent.click(within(form).getByRole("button", { name: "Save budget" }));
+    expect(await within(form).findByText("Enter a monthly limit, or remove the budget.")).toBeInTheDocument();
+    expect(calls.filter((c) => c.method === "PUT")).toEqual([]);
+  });
+
   it("has no budgets panel where the server has no budgets (404), and the costs still show", async () => {
     serve(json({ message: "Not found.", extra: {} }, 404));
     renderPage("admin");
