@@ -757,6 +757,12 @@ class Scheduling(TypedDict):
         "How often Celery beat looks at the running jobs with a guard (`utilization_policy`, `stall`): a "
         "guard fires at most this long after its window or timeout.",
     )]
+    BUDGET_CHECK_SECONDS: Annotated[float, Knob(
+        "TRAINYARD_BUDGET_CHECK_SECONDS", NUMBER, 15.0,
+        "How often Celery beat checks the budgets over the running jobs (docs/COST.md). A budget is acted "
+        "on once what it spent plus this long at the running machines' rate reaches it; keep it well under "
+        "60 s, so that a stop never overshoots by more than one billing minute of the running set.",
+    )]
     ASSIGN_ON_SUBMIT: Annotated[bool, Knob(
         "TRAINYARD_ASSIGN_ON_SUBMIT", BOOLEAN, True,
         "A submitted job an idle runner fits is assigned in the submission's own request (false: every "

@@ -455,6 +455,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "backend.runs.tasks.jobs_guard",
         "schedule": timedelta(seconds=TRAINYARD["GUARD_CHECK_SECONDS"]),
     },
+    # Budgets over the running jobs: the 80 % / 100 % notices and the budget's stop (docs/COST.md).
+    "budgets-enforce": {
+        "task": "backend.runs.tasks.budgets_enforce",
+        "schedule": timedelta(seconds=TRAINYARD["BUDGET_CHECK_SECONDS"]),
+    },
     "dev-environments-idle": {
         "task": "backend.access.tasks.dev_environments_idle",
         "schedule": timedelta(seconds=TRAINYARD["DEV_IDLE_CHECK_SECONDS"]),

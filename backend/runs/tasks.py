@@ -11,6 +11,7 @@ from celery import shared_task
 
 from backend.core.deliveries import on_park
 from backend.runs.scheduler.coalesce import schedule_parked, schedule_passes
+from backend.runs.services.budgets import budgets_enforce as budgets_enforce_service
 from backend.runs.services.guards import jobs_guard as jobs_guard_service
 from backend.runs.services.logarchive import logs_archive as logs_archive_service
 from backend.runs.services.loglimits import logs_prune as logs_prune_service
@@ -37,6 +38,12 @@ def reconcile() -> None:
 def jobs_guard() -> int:
     """Jobs past a guard (``utilization_policy``, ``stall``) are stopped; bounded per call."""
     return jobs_guard_service()
+
+
+@shared_task(acks_late=True, time_limit=60, soft_time_limit=50, expires=15)
+def budgets_enforce() -> int:
+    """Budgets over the running jobs: notices at the warning and at 100 %, the budget's stop; runs stopped."""
+    return len(budgets_enforce_service().stopped)
 
 
 @shared_task(acks_late=True, time_limit=600, soft_time_limit=540, expires=3600)

@@ -2059,6 +2059,10 @@ class RerunOut(TypedDict):
     """
     e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it
     """
+    resumed: list[str]
+    """
+    a run the budget stopped resumes in place: the jobs that continue from their checkpoints (the run is the same one, not a new run); [] for a new run
+    """
 
 
 class RunDetailOut(TypedDict):

@@ -446,7 +446,7 @@ class Agent:
         elif isinstance(msg, p.CancelJob):
             job = self._jobs.get(msg.job)
             if job is not None and msg.attempt in (0, job.attempt):  # unknown jobs: nothing to stop
-                job.cancel(msg.reason or "cancelled")
+                job.cancel(msg.reason or "cancelled", grace=msg.grace)
         elif isinstance(msg, p.OpenRelay):
             self.relays.open(msg)
         elif isinstance(msg, p.CloseRelay):

@@ -163,6 +163,7 @@ class Job:
         self._execution: Execution | None = None
         self._prepare_task: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
+        self._cancel_grace = CANCEL_GRACE
         self._stopper: asyncio.Task[None] | None = None
         self.finished = False  # run() returned: only the final state is left to send
         self._notice: Notice | None = None  # a spot interruption notice arrived
@@ -468,12 +469,20 @@ class Job:
         )
         return state
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, grace: float = 0.0) -> None:
         """Stop the job: SIGTERM its process group (SIGKILL after the grace
-        period), or abandon the preparation. Idempotent."""
+        period: ``grace`` seconds, announced in the interrupt file, when the
+        server gives one; else ``CANCEL_GRACE``), or abandon the preparation.
+        The checkpoint is synced once the commands ended (``_wait_execution``).
+        Idempotent."""
         if self._cancel_reason is not None or not self.executing:
             return
         self._cancel_reason = reason or "cancelled"
+        if grace > 0:
+            self._cancel_grace = grace
+            at = time.time() + grace
+            when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            _write_interrupt_file(self.dir / INTERRUPT_DIR / INTERRUPT_FILE, Notice(action="stop", at=at, when=when))
         self._confirmed.set()  # a job waiting for its confirmation stops waiting
         log.info("job %s: cancelling (%s)", self.id, self._cancel_reason)
         if self._execution is not None:
@@ -874,7 +883,7 @@ class Job:
         container), SIGKILL after the grace period; a container is then killed
         too, since killing its client does not stop it."""
         assert self._execution is not None
-        await self._execution.terminate(CANCEL_GRACE)
+        await self._execution.terminate(self._cancel_grace)
         if self.docker:
             await docker.kill_container(self.id)
 

@@ -51,7 +51,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 # A log line in memory: [unix time in seconds, stream, text]; stream is "o"
 # (stdout) or "e" (stderr). On the wire lines travel as a ``Logs`` chunk.
@@ -729,11 +729,23 @@ class JobConfirmed(_Message):
     attempt: int
 
 
+# The longest a stop may give the commands to write their checkpoint.
+MAX_CANCEL_GRACE = 120.0
+
+
 class CancelJob(_Message):
+    """Stop the job: SIGTERM, SIGKILL after the grace, then its checkpoint is
+    synced and the final state (``stopped``) sent. ``grace`` > 0 (the
+    budget's stop): the stop is announced as a spot notice is, in the job's
+    interrupt file (``TRAINYARD_INTERRUPT_ACTION=stop``, the time of the
+    SIGKILL), and the commands get that long to write their checkpoint;
+    0: the runner's own short grace (``Job.CANCEL_GRACE``)."""
+
     type: Literal["cancel_job"] = "cancel_job"
     job: str
     attempt: int = 0  # 0: whichever attempt the runner holds
     reason: str = ""
+    grace: float = Field(default=0.0, ge=0.0, le=MAX_CANCEL_GRACE)
 
 
 class Refused(_Message):

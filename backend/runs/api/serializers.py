@@ -714,9 +714,14 @@ class RerunOut(RunDetailOut):
         child=serializers.CharField(),
         help_text="e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it",
     )
+    resumed = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="a run the budget stopped resumes in place: the jobs that continue from their checkpoints "
+        "(the run is the same one, not a new run); [] for a new run",
+    )
 
     class Meta(RunDetailOut.Meta):
-        fields = [*RunDetailOut.Meta.fields, "notices"]
+        fields = [*RunDetailOut.Meta.fields, "notices", "resumed"]
         read_only_fields = fields
 
 

@@ -50,6 +50,7 @@ from backend.runs.selectors import (
     run_list,
     run_page,
 )
+from backend.runs.services.budgets import run_resume_if_budget_stopped
 from backend.runs.services.datainputs import rerun_notices
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.offerplan import run_estimate, run_offer_plan
@@ -283,11 +284,17 @@ class RunDetailView(WorkspaceAPIView):
 class RunRerunView(WorkspaceAPIView):
     throttle_scopes = {"POST": "run"}
 
-    @extend_schema(request=None, responses={201: RerunOut})
+    @extend_schema(request=None, responses={201: RerunOut, 200: RerunOut})
     def post(self, request: Request, workspace: str, run: str) -> Response:
-        again = run_rerun(run=_run_or_404(self.workspace, run), user=signed_in_user(request))
+        """A new run of the same workflow (201); a run the budget stopped
+        resumes in place from its checkpoints instead (200, ``resumed``)."""
+        original = _run_or_404(self.workspace, run)
+        resumed = run_resume_if_budget_stopped(original)
+        if resumed:
+            return Response({**run_snapshot(original), "notices": [], "resumed": resumed}, status=status.HTTP_200_OK)
+        again = run_rerun(run=original, user=signed_in_user(request))
         notices = rerun_notices(again)
-        return Response({**run_snapshot(again), "notices": notices}, status=status.HTTP_201_CREATED)
+        return Response({**run_snapshot(again), "notices": notices, "resumed": []}, status=status.HTTP_201_CREATED)
 
 
 class RunStopView(WorkspaceAPIView):

@@ -34,6 +34,7 @@ from backend.runs.lifecycle.dag import job_inputs
 from backend.runs.lifecycle.jobtoken import job_token
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.names import ssh_host_alias
+from backend.runs.reasons import TerminationReason
 from backend.vault.services import repo_credential_exists
 
 logger = logging.getLogger(__name__)
@@ -69,10 +70,18 @@ def attempt_send_assignment(*, attempt: Attempt) -> None:
     send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 
+# The budget's stop gives the commands this long after SIGTERM to write their
+# checkpoint (announced in their interrupt file, as at a spot notice): with
+# the sync after it, the stop fits in the one billing minute the budget may
+# overshoot by (docs/COST.md, "What happens at each threshold").
+BUDGET_STOP_GRACE = 30.0
+
+
 def job_send_cancel(*, job: Job) -> None:
     instance = job.instance
     if instance is not None and instance.channel_name:
-        frame = protocol.CancelJob(job=str(job.pk), attempt=job.attempt, reason=job.status_reason)
+        grace = BUDGET_STOP_GRACE if job.stop_reason == TerminationReason.BUDGET_EXCEEDED else 0.0
+        frame = protocol.CancelJob(job=str(job.pk), attempt=job.attempt, reason=job.status_reason, grace=grace)
         send_to_channel(instance.channel_name, {"type": "runner.frame", "frame": frame.model_dump_json()})
 
 

@@ -198,7 +198,8 @@ def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> 
     guard): like a user's stop, but the attempt ends with ``reason`` and the
     job with the status it maps to (a guard's reason: what ``retry`` decides,
     as for an attempt that ended on its own). A pending job (no attempt
-    live) fails at once."""
+    live) fails at once; one the reason leaves stopped (``budget_exceeded``)
+    is stopped at once."""
     with transaction.atomic():
         run = _lock_run_of(job.pk)
         if reason in GUARD_REASONS:
@@ -210,7 +211,7 @@ def job_stop_by_server(*, job: Job, reason: TerminationReason, message: str) -> 
             notices.guard_fired(run, job, reason=reason, message=message)
             return _job_request_stop(job, message, by_server=True)
         Job.objects.filter(pk=job.pk, status__in=[*ACTIVE_JOB, JobStatus.PENDING]).update(stop_reason=reason)
-        if job.status == JobStatus.PENDING:
+        if job.status == JobStatus.PENDING and reason.to_status() != JobStatus.STOPPED:
             return job_fail_pending(job_id=str(job.pk), reason=message)
         if job.status == JobStatus.STOPPING:
             return False
@@ -348,7 +349,7 @@ def attempt_end(
             # In the job's transaction: no reader sees the job finished and its run still running.
             _run_refresh_locked(run)
     if attempt.instance_id:
-        _instance_job_done(str(attempt.instance_id), job)
+        _instance_job_done(str(attempt.instance_id), job, retire=reason == TerminationReason.BUDGET_EXCEEDED)
         if tell_runner:
             attempt_refuse_on_commit(str(attempt.instance_id), str(job.pk), attempt.number, message or reason.label)
     return True
@@ -470,6 +471,45 @@ def run_lock(*, run_id: UUID | str) -> Run | None:
     return Run.objects.select_for_update(no_key=True).filter(pk=run_id).first()
 
 
+def run_resume_budget_stopped(*, run_id: UUID | str) -> list[str]:
+    """The run's jobs the budget stopped (``budget_exceeded``) are pending
+    again, each to continue as its next attempt from the job's latest
+    checkpoint; the run, stopped by them, is no longer finished. The names of
+    the jobs resumed ([]: none was stopped by the budget; nothing changes).
+    Whether they start is the scheduler's budget hold's to say."""
+    with transaction.atomic():
+        run = run_lock(run_id=run_id)
+        if run is None:
+            return []
+        stopped = list(
+            Job.objects.select_for_update(no_key=True)
+            .filter(run_id=run.pk, status=JobStatus.STOPPED, stop_reason=TerminationReason.BUDGET_EXCEEDED)
+            .order_by("pk")
+        )
+        for job in stopped:
+            _cas_job(
+                job.pk,
+                [JobStatus.STOPPED],
+                status=JobStatus.PENDING,
+                instance=None,
+                stop_reason="",
+                stop_requested_at=None,
+                finished_at=None,
+                exit_code=None,
+                status_reason="resuming from its checkpoint after the budget stop",
+            )
+        if not stopped:
+            return []
+        if run.status in FINISHED_RUN:
+            # The one way back from finished: the budget, not the work, ended it.
+            Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, finished_at=None, exit_code=None)
+            run.status, run.finished_at, run.exit_code = RunStatus.RUNNING, None, None
+        _run_refresh_locked(run)
+        publish_on_commit(str(run.pk))
+    schedule_soon()
+    return [job.name for job in stopped]
+
+
 def run_request_stop(*, run: Run) -> bool:
     """pending/running → stopping; its jobs are stopped by ``job_request_stop``."""
     return bool(
@@ -574,12 +614,15 @@ def _counted_attempts(job: Job) -> int:
     return Attempt.objects.filter(job_id=job.pk).exclude(termination_reason__in=free).count()
 
 
-def _instance_job_done(instance_id: str, job: Job) -> None:
+def _instance_job_done(instance_id: str, job: Job, *, retire: bool = False) -> None:
     """The runner finished its attempt: idle again unless it still has one,
-    for as long as the job's ``idle_duration`` says."""
+    for as long as the job's ``idle_duration`` says; ``retire`` (the budget
+    stopped the job): not kept for reuse, the reconciler retires it at once
+    unless another job takes it first (an idle machine is money too)."""
     if Attempt.objects.filter(instance_id=instance_id, status__in=LIVE_ATTEMPT).exists():
         return
-    instance_set_idle_duration(instance_id=instance_id, seconds=Placement.of(job).idle_duration)
+    seconds = 0 if retire else Placement.of(job).idle_duration
+    instance_set_idle_duration(instance_id=instance_id, seconds=seconds)
     instance_set_idle(instance_id=instance_id, message=f"job {job.name} done")
 
 

@@ -4,9 +4,10 @@ submission and a hand-over all decide a job by (``place``).
 1. Its dependencies (``lifecycle.dag``): it may fail here, or wait.
 2. The cache (``lifecycle.cache``): it may succeed here, reusing an earlier
    identical job's result.
-3. The wind-down of its last attempt: an interrupted attempt may still sync
+3. A budget or a GPU quota that applies (``scheduler.holds``): it waits.
+4. The wind-down of its last attempt: an interrupted attempt may still sync
    its checkpoint, and the next one waits for it.
-4. An idle, connected machine of its workspace that fits
+5. An idle, connected machine of its workspace that fits
    (``claim_instance``), claimed ``SKIP LOCKED``.
 """
 
@@ -34,6 +35,7 @@ from backend.runs.lifecycle.transitions import (
     job_set_waiting_reason,
 )
 from backend.runs.models import Attempt, Job, JobStatus
+from backend.runs.scheduler.holds import Holds
 from backend.runs.scheduler.offers import idle_instances_allowed
 from backend.runs.scheduler.volumes import instances_there, volumes_claim, volumes_where
 
@@ -53,15 +55,20 @@ class Placed:
     waits: str = ""
 
 
-def place(job: Job, *, only: Any = None) -> Placed:
+def place(job: Job, *, only: Any = None, holds: Holds | None = None) -> Placed:
     """The steps a pass, a submission and a hand-over all decide a pending
     job by, in this order: its dependencies (``_ready``: it may fail here),
-    the cache (``_reused``: it may succeed here), the wind-down of its last
-    attempt, its volumes (``volumes_claim``: held by another job, it waits),
-    then an idle instance that fits (``claim_instance``; ``only``: that
-    one). A submitted job has no attempt yet, so nothing holds it."""
+    the cache (``_reused``: it may succeed here), the budgets and the GPU
+    quota that apply (``holds``, read once by the caller for all the jobs it
+    decides; None: read for this job), the wind-down of its last attempt,
+    its volumes (``volumes_claim``: held by another job, it waits), then an
+    idle instance that fits (``claim_instance``; ``only``: that one). A
+    submitted job has no attempt yet, so no wind-down holds it."""
     if not _ready(job) or _reused(job):
         return Placed(runnable=False)
+    held_by_budget = (holds if holds is not None else Holds.read([job.pk])).hold(job)
+    if held_by_budget:
+        return Placed(runnable=True, waits=held_by_budget)
     waits = volumes_claim(job)
     if waits:
         return Placed(runnable=True, waits=waits)

@@ -21,6 +21,7 @@ from backend.runs.lifecycle.transitions import (
 )
 from backend.runs.models import Attempt, Job, JobStatus, Run
 from backend.runs.scheduler.claim import place
+from backend.runs.scheduler.holds import Holds
 from backend.runs.scheduler.volumes import assignments_send
 
 # A runner that finished a job looks at most this many of the oldest pending
@@ -41,14 +42,16 @@ def run_assign_on_submit(*, run: Run) -> list[Attempt]:
     if not settings.TRAINYARD["ASSIGN_ON_SUBMIT"]:
         return []
     assigned: list[Attempt] = []
-    jobs = Job.objects.filter(run=run, status=JobStatus.PENDING).order_by("created_at")
+    jobs = list(Job.objects.filter(run=run, status=JobStatus.PENDING).order_by("created_at"))
+    holds = Holds.read([job.pk for job in jobs])
     for job in jobs:
         # The submission's own run, not a copy: it is named at the end of the
         # transaction, and the assignment frames are built from it on commit.
         job.run = run
-        instance = place(job).instance
+        instance = place(job, holds=holds).instance
         if instance is None:
             continue
+        holds.took(job)
         if not assigned:
             # Registered before the first assignment's own hooks: on commit the
             # assignments go out first, then the run's events are published.
@@ -85,14 +88,16 @@ def instance_assign_next(*, instance_id: str) -> Attempt | None:
         started_for = Case(
             When(pk=instance.requested_for_id, then=Value(0)), default=Value(1), output_field=IntegerField()
         )
-        jobs = (
+        candidates = (
             Job.objects.select_for_update(skip_locked=True, of=("self", "run"), no_key=True)
             .filter(workspace_id=instance.workspace_id, status=JobStatus.PENDING)
             .select_related("run", "run__patch_blob", "run__archive_blob")
             .order_by(started_for, "created_at")[:HAND_OVER_LOOK_AHEAD]
         )
+        jobs = list(candidates)
+        holds = Holds.read([job.pk for job in jobs])
         for job in jobs:
-            if place(job, only=instance.pk).instance is None:
+            if place(job, only=instance.pk, holds=holds).instance is None:
                 continue
             # Registered before the assignment's own hooks (the run's events):
             # the frame goes out first. It is filled in once the attempt is made.

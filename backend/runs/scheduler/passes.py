@@ -31,6 +31,7 @@ from backend.runs.lifecycle.transitions import (
 from backend.runs.models import Attempt, Job, JobStatus
 from backend.runs.scheduler.capacity import OffersMemo, capacity, offers_worth_showing
 from backend.runs.scheduler.claim import place
+from backend.runs.scheduler.holds import Holds
 from backend.runs.scheduler.volumes import assignment_send
 from backend.runs.scheduler.waiting import capacity_wait_check
 
@@ -48,7 +49,8 @@ class ScheduleResult:
 
 def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = None) -> ScheduleResult:
     """1. Claim pending jobs, oldest first. 2. Fail those whose dependencies
-    failed; skip those whose dependencies are not done. 3. Reuse a cached
+    failed; skip those whose dependencies are not done; hold those a budget
+    or a GPU quota keeps waiting (``scheduler.holds``, read once per pass). 3. Reuse a cached
     result where one exists. 4. Give the rest an idle instance of their
     workspace that fits (the one started for it first). 5. For the others,
     ask ``clouds`` for a machine from the cheapest offer not tried yet, or say
@@ -71,8 +73,9 @@ def jobs_schedule(*, limit: int = 100, on_lock: Callable[[], object] | None = No
             Job.objects.filter(status=JobStatus.PENDING).order_by("created_at").values_list("pk", flat=True)[:limit]
         )
         offers: OffersMemo = {}
+        holds = Holds.read(pending)
         for job_id in pending:
-            assigned, requested, waits = _schedule_job(job_id, offers)
+            assigned, requested, waits = _schedule_job(job_id, offers, holds)
             if assigned is not None:
                 assignment_send(assigned)  # its transaction has committed
                 result.assigned.append(str(job_id))
@@ -107,7 +110,7 @@ def _scheduler_lock() -> Iterator[bool]:
 
 
 @retry_on_conflict
-def _schedule_job(job_id: Any, offers: OffersMemo) -> tuple[Attempt | None, Instance | None, bool]:
+def _schedule_job(job_id: Any, offers: OffersMemo, holds: Holds) -> tuple[Attempt | None, Instance | None, bool]:
     """One pending job's turn in a pass, in its own transaction: (the attempt
     it was assigned, to be sent once this returns, the instance requested for
     it, whether it waits). A job another transaction holds (a submission, a
@@ -127,12 +130,13 @@ def _schedule_job(job_id: Any, offers: OffersMemo) -> tuple[Attempt | None, Inst
         if job is None:
             return None, None, False
         note_subject(f"job:{job.pk}")  # a worker that dies here is charged to this job (core.deliveries)
-        placed = place(job)
+        placed = place(job, holds=holds)
         if not placed.runnable:
             return None, None, False
         if placed.waits:
             job_set_waiting_reason(job, placed.waits)
             return None, None, True
+        holds.took(job)  # its GPUs count against its submitter's quota for the rest of the pass
         if placed.instance is not None:
             return job_assign(job=job, instance=placed.instance, offers_tried=offers_worth_showing(job)), None, False
         held = placed.held

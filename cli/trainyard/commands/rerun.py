@@ -19,7 +19,9 @@ def rerun(run_name: str, detach: bool) -> None:
     and each job's environment installed from RUN's recorded lock (nothing is
     resolved again), and each data input read as RUN read it where its bucket
     keeps versions (a warning names the ones read as they are now), then
-    follow it as `trainyard run` does."""
+    follow it as `trainyard run` does. A run the budget stopped resumes in
+    place instead: its stopped jobs continue from their latest checkpoints
+    (waiting for budget while one that applies is still reached)."""
     api = common.client()
     created = api.rerun(run_name)
     for notice in created.get("notices") or []:
@@ -27,4 +29,13 @@ def rerun(run_name: str, detach: bool) -> None:
     # The answer is the run as its page shows it (its jobs also with their data and
     # volumes, which following does not read) and the notices.
     run = cast(Run, created)
-    submission.follow_submitted(api, run, f"Run {created['name']} submitted: a re-run of {run_name}", detach=detach)
+    resumed: list[str] = list(created.get("resumed") or [])
+    if resumed:
+        jobs = ", ".join(resumed)
+        announcement = (
+            f"Run {created['name']} resumed in place (it was stopped by the budget): "
+            f"{jobs} continue{'s' if len(resumed) == 1 else ''} from the latest checkpoint"
+        )
+    else:
+        announcement = f"Run {created['name']} submitted: a re-run of {run_name}"
+    submission.follow_submitted(api, run, announcement, detach=detach)
