@@ -6,7 +6,8 @@ the checkpoint sync's throughput against plain boto3, ten noisy jobs at once
 web processes (`--only followers`, bench/followers.py), the raw read-back of a
 finished job's log (`--only raw-logs`), the run page of such a job in Chromium
 (`--only log-viewer`, bench/logviewer.py) and the runs list of a workspace of a
-million runs (`--only runs-list`, bench/runs_list.py) and a scikit-learn
+million runs (`--only runs-list`, bench/runs_list.py), the budgets' check
+over 1,000 running jobs (`--only budgets`, bench/budgets.py), and a scikit-learn
 environment built once and reused (`--only environments`, bench/environments.py),
 and a job's metrics (`--only metrics`, bench/metrics.py and
 bench/metrics_runners.py): their storage per job-day, a 7-day 8-GPU job read
@@ -21,7 +22,8 @@ runners).
                                   [--parallel-jobs 10] [--parallel-lines 100000]
                                   [--metrics-runners 500] [--metrics-seconds 60] [--metrics-pyspy PATH]
                                   [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
-                                          log-viewer|runs-list|environments|access|metrics ...]
+                                          log-viewer|runs-list|environments|access|metrics|budgets ...]
+                                  [--budget-history 20000]
     make bench
 
 Always exits 0 when the measurements ran (a missed target is printed as
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.access import access_rows, bench_access
 from bench.aws import TARGET_OWN_PART_S, TARGET_REUSE_RATIO, AwsBenchError, bench_aws
+from bench.budgets import bench_budgets, budget_rows
 from bench.data import bench_data, data_rows
 from bench.environments import bench_environments, environment_rows
 from bench.followers import bench_followers, follower_rows
@@ -570,6 +573,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         metrics_rows(results["metrics"], row)
     if "metrics_runners" in results:
         metrics_runner_rows(results["metrics_runners"], row)
+    if "budgets" in results:
+        budget_rows(results["budgets"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -609,6 +614,7 @@ PARTS = [
     "data",
     "access",
     "metrics",
+    "budgets",
 ]
 
 
@@ -638,6 +644,9 @@ def main() -> int:
     parser.add_argument("--data-rounds", type=int, default=2, help="downloads of the dataset by each side (data)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
     parser.add_argument("--list-runs", type=int, default=1_000_000, help="runs seeded for the runs-list part")
+    parser.add_argument(
+        "--budget-history", type=int, default=20_000, help="ended attempts this month seeded for the budgets part"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (process logs) for inspection")
     args = parser.parse_args()
     parts = set(args.only or PARTS)
@@ -707,7 +716,7 @@ def main() -> int:
                     results["environments"] = bench_environments(api, stack.data_dir)
                 if "data" in parts:
                     results["data"] = bench_data(info["moto"].url, tmp, rounds=args.data_rounds)
-                if parts & {"metrics", "runs-list"}:  # last: they set Django up in this process
+                if parts & {"metrics", "runs-list", "budgets"}:  # last: they set Django up in this process
                     os.environ.update({k: v for k, v in stack.env.items() if k not in os.environ})
                     os.environ.update(REDIS_URL=stack.redis_url, TRAINYARD_DATA_DIR=str(stack.data_dir))
                 if "metrics" in parts:
@@ -723,6 +732,8 @@ def main() -> int:
                     )
                 if "runs-list" in parts:
                     results["runs_list"] = bench_runs_list(api, stack.database_url, args.list_runs, args.samples)
+                if "budgets" in parts:
+                    results["budgets"] = bench_budgets(stack.database_url, args.samples, args.budget_history)
             finally:
                 api.close()
                 if "postgres" not in results["machine"]:
