@@ -2061,7 +2061,7 @@ class RerunOut(TypedDict):
     """
     resumed: list[str]
     """
-    a run the budget stopped resumes in place: the jobs that continue from their checkpoints (the run is the same one, not a new run); [] for a new run
+    the jobs resumed in place from their checkpoints (a run the budget stopped); [] for a new run
     """
 
 

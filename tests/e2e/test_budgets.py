@@ -40,6 +40,7 @@ WORKFLOW = """
     provider: bash
     backends: [aws]
     spot_policy: on-demand
+    idle_duration: 20s
     checkpoint: ./ckpt
     resources:
       cpu: 1
@@ -67,9 +68,10 @@ def mira(stack: Stack, aws: MotoServer) -> Iterator[User]:
 
 
 def _shell(stack: Stack, code: str) -> Any:
-    """Run ``code`` in ``manage.py shell``; the JSON its last line prints."""
-    out = stack.manage("shell", "-c", code).strip().splitlines()
-    return json.loads(out[-1]) if out else None
+    """Run ``code`` in ``manage.py shell``; what it printed after ``OUT `` (JSON), None if nothing."""
+    lines = stack.manage("shell", "-c", code).splitlines()
+    found = [line.removeprefix("OUT ") for line in lines if line.startswith("OUT ")]
+    return json.loads(found[-1]) if found else None
 
 
 def _spend(stack: Stack, workspace: str) -> tuple[Decimal, Decimal]:
@@ -81,7 +83,7 @@ def _spend(stack: Stack, workspace: str) -> tuple[Decimal, Decimal]:
         "from backend.billing.selectors import month_spend\n"
         f"ws = Workspace.objects.get(slug={workspace!r})\n"
         "s = month_spend(workspace_ids=[ws.pk]).get((ws.pk, None))\n"
-        "print(json.dumps([str(s.spent), str(s.rate)] if s else ['0', '0']))\n",
+        "print('OUT ' + json.dumps([str(s.spent), str(s.rate)] if s else ['0', '0']))\n",
     )
     return Decimal(found[0]), Decimal(found[1])
 
@@ -104,11 +106,12 @@ def _raise_budget(stack: Stack, workspace: str, limit: Decimal) -> list[str]:
         "import json\n"
         "from backend.accounts.models import Workspace\n"
         "from backend.runs.services.budgets import budget_raised\n"
-        f"print(json.dumps(budget_raised(Workspace.objects.get(slug={workspace!r}).pk, None)))\n",
+        f"print('OUT ' + json.dumps(budget_raised(Workspace.objects.get(slug={workspace!r}).pk, None)))\n",
     )
     return resumed
 
 
+@pytest.mark.timeout(900)  # two machines boot one after the other (the first is retired at the stop)
 def test_a_run_is_stopped_at_its_workspace_budget_with_its_checkpoint_and_resumes_from_it_once_raised(
     stack: Stack, aws: MotoServer, ec2_boot: Ec2Boot, mira: User, repo: Path
 ) -> None:

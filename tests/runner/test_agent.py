@@ -292,6 +292,35 @@ def test_cancel_stops_the_job_and_reports_stopped(tmp_path: Path, repo: tuple[Pa
     ]
 
 
+def test_a_cancel_with_a_grace_is_announced_in_the_interrupt_file_and_waited_for(
+    tmp_path: Path, repo: tuple[Path, str]
+) -> None:
+    """The budget's stop: the job reads why and by when in its interrupt
+    file, and gets the grace (here 8 s, past CANCEL_GRACE's 5) to finish
+    writing before it is killed; it exits 0 by itself, reported ``stopped``."""
+    trap = 'trap \'. "$TRAINYARD_INTERRUPT_FILE"; sleep 6; echo "told: $TRAINYARD_INTERRUPT_ACTION"; exit 0\' TERM'
+
+    async def go() -> tuple[FakeServer, float]:
+        server = FakeServer()
+        async with serve(server.handler, "127.0.0.1", 0) as ws_server:
+            runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
+            try:
+                await server.to_send.put(assign("j", [trap, "while true; do sleep 0.2 || true; done"], repo))
+                await server.wait_for(lambda: ("running", None) in server.states("j"), 20)
+                assert server.states("j") == [("preparing", None), ("running", None)], server.received
+                started = time.monotonic()
+                await server.to_send.put({"type": "cancel_job", "job": "j", "reason": "budget", "grace": 8})
+                await server.wait_for(lambda: server.states("j")[-1:] == [("stopped", 0)], 20)
+                took = time.monotonic() - started
+            finally:
+                await stop(runner)
+        return server, took
+
+    server, took = asyncio.run(go())
+    assert [t for _, _, t in server.stored["j"]][-1:] == ["told: stop"]
+    assert 6 <= took < 12, took
+
+
 def test_an_idle_runner_heartbeats_and_exits_0_on_shutdown(tmp_path: Path) -> None:
     async def go() -> tuple[FakeServer, int]:
         server = FakeServer()

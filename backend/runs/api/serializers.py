@@ -716,8 +716,7 @@ class RerunOut(RunDetailOut):
     )
     resumed = serializers.ListField(
         child=serializers.CharField(),
-        help_text="a run the budget stopped resumes in place: the jobs that continue from their checkpoints "
-        "(the run is the same one, not a new run); [] for a new run",
+        help_text="the jobs resumed in place from their checkpoints (a run the budget stopped); [] for a new run",
     )
 
     class Meta(RunDetailOut.Meta):

@@ -23,7 +23,7 @@ from datetime import datetime
 from decimal import Decimal
 from uuid import UUID
 
-from django.db.models import F, Sum
+from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from backend.accounts.models import User
@@ -78,22 +78,24 @@ class Holds:
         only where a budget or a ``max_cost`` exists, the month's spend, the
         runs' costs and the members' GPUs in use."""
         now = now or timezone.now()
-        rows = list(Job.objects.filter(pk__in=list(job_ids)).values_list("workspace_id", "run_id", "run__max_cost"))
+        budgeted = Exists(Budget.objects.filter(workspace_id=OuterRef("workspace_id")))
+        found = Job.objects.filter(pk__in=list(job_ids)).annotate(budgeted=budgeted)
+        rows = list(found.values_list("workspace_id", "run_id", "run__max_cost", "budgeted"))
         holds = cls()
-        workspaces = {ws for ws, _, _ in rows}
-        if workspaces:
+        workspaces = {ws for ws, _, _, has in rows if has}
+        if workspaces:  # most workspaces have no budget: one query then
             for budget in Budget.objects.filter(workspace_id__in=workspaces):
                 holds.budgets[(budget.workspace_id, budget.user_id)] = budget
         limited = {ws for (ws, _), b in holds.budgets.items() if b.monthly_limit is not None}
         if limited:
             spends = month_spend(workspace_ids=limited, now=now)
             holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
-        if limited or any(cap is not None for _, _, cap in rows):
+        if limited or any(cap is not None for _, _, cap, _ in rows):
             last = Attempt.objects.filter(
                 job_id__in=list(job_ids), number=F("job__attempt"), instance__isnull=False
             ).values_list("job_id", "instance__price_per_hour")
             holds.last_price = {job: price for job, price in last if price is not None}
-        capped = [run for _, run, cap in rows if cap is not None]
+        capped = [run for _, run, cap, _ in rows if cap is not None]
         if capped:
             holds.run_spent = run_costs(capped, now=now)
         quota = {ws for (ws, user), b in holds.budgets.items() if user is not None and b.gpu_quota is not None}

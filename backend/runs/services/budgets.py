@@ -71,7 +71,7 @@ def budgets_enforce(now: datetime | None = None) -> Enforced:
     each workspace budget whose workspace has a live machine)."""
     now = now or timezone.now()
     ahead = timedelta(seconds=float(settings.TRAINYARD["BUDGET_CHECK_SECONDS"]))
-    limited = {b.workspace_id for b in Budget.objects.filter(monthly_limit__isnull=False).only("workspace_id")}
+    limited = set(Budget.objects.filter(monthly_limit__isnull=False).values_list("workspace_id", flat=True))
     running = list(
         Job.objects.filter(status__in=RUNNING, stop_reason="")
         .filter(Q(workspace_id__in=limited) | Q(run__max_cost__isnull=False))
@@ -86,7 +86,7 @@ def budgets_enforce(now: datetime | None = None) -> Enforced:
     workspaces = {job.workspace_id for job in running} | live
     if not workspaces:
         return Enforced([], [], 0)
-    holds = _holds(workspaces, running, now)
+    holds = _holds(workspaces, workspaces & limited, running, now)
     runs = {job.run_id: job.run for job in running}
     reached: dict[UUID, Limit] = {}
     for run in runs.values():
@@ -110,13 +110,15 @@ def _reached(limit: Decimal, spent: Decimal, rate: Decimal, ahead: timedelta) ->
     return spent + rate * Decimal(ahead.total_seconds()) / 3600 >= limit
 
 
-def _holds(workspaces: set[UUID], running: list[Job], now: datetime) -> Holds:
-    """The budgets of ``workspaces`` and their spend, and the running runs' costs and rates."""
+def _holds(workspaces: set[UUID], limited: set[UUID], running: list[Job], now: datetime) -> Holds:
+    """The budgets of ``workspaces``, the month's spend of those with a
+    limit (``limited``), and the capped running runs' costs and rates."""
     holds = Holds()
     for budget in Budget.objects.filter(workspace_id__in=workspaces):
         holds.budgets[(budget.workspace_id, budget.user_id)] = budget
-    spends = month_spend(workspace_ids=workspaces, now=now)
-    holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
+    if limited:
+        spends = month_spend(workspace_ids=limited, now=now)
+        holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
     capped = {job.run_id for job in running if job.run.max_cost is not None}
     if capped:
         holds.run_spent = run_costs(capped, now=now)

@@ -1280,7 +1280,10 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** @description Sets ``self.workspace`` and ``self.membership``; writes need ``write_role``. */
+        /**
+         * @description A new run of the same workflow (201); a run the budget stopped
+         *     resumes in place from its checkpoints instead (200, ``resumed``).
+         */
         post: operations["workspaces_runs_rerun_create"];
         delete?: never;
         options?: never;
@@ -2800,6 +2803,8 @@ export interface components {
             readonly jobs: components["schemas"]["JobDetailOut"][];
             /** @description e.g. an input whose bucket keeps no versions: read as it is now, not as the first run read it */
             notices: string[];
+            /** @description the jobs resumed in place from their checkpoints (a run the budget stopped); [] for a new run */
+            resumed: string[];
         };
         /**
          * @description * `admin` - Admin
@@ -5576,6 +5581,14 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RerunOut"];
+                };
+            };
             201: {
                 headers: {
                     [name: string]: unknown;

@@ -76,7 +76,8 @@ export type TerminationReason =
   | "max_duration"
   | "group_restart"
   | "low_gpu_utilization"
-  | "stalled";
+  | "stalled"
+  | "budget_exceeded";
 
 /** A machine launched for a job before its attempt got one; `outcome` is an instance reason or "launched". */
 export interface OfferTried {

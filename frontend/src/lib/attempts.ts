@@ -19,6 +19,7 @@ const REASON_LABELS: Record<TerminationReason, string> = {
   group_restart: "restarted with its group",
   low_gpu_utilization: "GPUs idle",
   stalled: "stalled",
+  budget_exceeded: "stopped by the budget",
 };
 
 /** The longer explanation (backend/runs/reasons.py), for a tooltip. */
@@ -36,6 +37,8 @@ const REASON_DESCRIPTIONS: Record<TerminationReason, string> = {
   group_restart: "another job of its group (a master or a worker) was interrupted: the whole group resumes together",
   low_gpu_utilization: "every GPU stayed below the workflow's utilization_policy threshold for its whole time_window",
   stalled: "no new log line and no new metric value for the workflow's stall timeout",
+  budget_exceeded:
+    "a budget that applies (the workspace's, the submitter's or the run's max_cost) was reached: stopped with its checkpoint synced, resumed when the budget allows",
 };
 
 /** Endings that need no mark when they end a job's only attempt. */
