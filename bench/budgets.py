@@ -36,6 +36,8 @@ def bench_budgets(database_url: str, samples: int, history: int) -> dict[str, An
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from backend.accounts.models import Workspace
+    from backend.billing.selectors import month_spend
     from backend.runs.scheduler.holds import Holds
     from backend.runs.services.budgets import budgets_enforce
 
@@ -62,10 +64,13 @@ def bench_budgets(database_url: str, samples: int, history: int) -> dict[str, An
 
     check, enforced = measure(budgets_enforce)
     assert not enforced.stopped, f"the bench's budgets are far above the spend, yet {enforced.stopped} were stopped"
+    workspaces = list(Workspace.objects.filter(slug__startswith="bench-budgets-").values_list("pk", flat=True))
+    spend, _ = measure(lambda: month_spend(workspace_ids=workspaces))
     holds, _ = measure(lambda: Holds.read(pending))
     result = {"running": running, "history": history, "pending": len(pending), "seed_seconds": seed_s}
-    result.update(check=check, holds=holds)
-    log(f"(budgets) check over {running:,} running jobs: {check}; holds of a pass of {len(pending)}: {holds}")
+    result.update(check=check, spend=spend, holds=holds, own_ms=round(check["p50_ms"] - spend["p50_ms"], 1))
+    log(f"(budgets) check over {running:,} running jobs: {check}, of which the month's spend {spend}")
+    log(f"(budgets) holds of a pass of {len(pending)} (the spend read once per check interval): {holds}")
     return result
 
 
@@ -165,12 +170,26 @@ def _job_status(n: int, history: int) -> str:
 
 
 def budget_rows(r: dict[str, Any], row: Any) -> None:
-    """The table's rows: the check's and the holds' p50 against the target."""
+    """The table's rows: the check (all of it, and its own part without the
+    month's spend read, which billing.selectors.month_spend answers) and a
+    pass's holds, against the target."""
     row(
         f"budgets: the check over {r['running']:,} running jobs ({r['history']:,} ended attempts this month)",
         f"{r['check']['p50_ms']:.1f} ms, {r['check']['queries']} queries",
         f"≤ {TARGET_MS:.0f} ms",
         r["check"]["p50_ms"] <= TARGET_MS,
+    )
+    row(
+        "budgets: of which the month's spend read (billing.selectors.month_spend)",
+        f"{r['spend']['p50_ms']:.1f} ms, {r['spend']['queries']} queries",
+        "(no target of its own)",
+        None,
+    )
+    row(
+        "budgets: the check's own part (the check − the spend read, p50s)",
+        f"{r['own_ms']:.1f} ms",
+        f"≤ {TARGET_MS:.0f} ms",
+        r["own_ms"] <= TARGET_MS,
     )
     row(
         f"budgets: the holds of a scheduling pass of {r['pending']} pending jobs",

@@ -10,19 +10,22 @@ while the budget's spend has reached it, or while that spend plus the job's
 waits while the GPUs their jobs hold plus its own would pass the quota.
 
 ``Holds.read`` reads what a scheduling pass needs in a few queries for all
-its pending jobs at once (nothing per job); a pass tells it each job it
-assigns (``took``), so two jobs of one pass cannot both fill the last GPUs.
+its pending jobs at once (nothing per job; the month's spend at most once
+per check interval, ``spend_recent``); a pass tells it each job it assigns
+(``took``), so two jobs of one pass cannot both fill the last GPUs.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from uuid import UUID
 
+from django.conf import settings
 from django.db.models import Exists, F, OuterRef, Sum
 from django.utils import timezone
 
@@ -38,6 +41,35 @@ BILLING_MINUTE = 60  # seconds: the least a machine is billed (EC2's minimum)
 def money(amount: Decimal) -> str:
     """Dollars as a budget's message shows them: $1,234.50."""
     return f"${amount:,.2f}"
+
+
+# The month's spend of each workspace as last read in this process:
+# {workspace: (when, {(workspace, user|None): (spent, rate)})}.
+_SPEND: dict[UUID, tuple[float, dict[SpendKey, tuple[Decimal, Decimal]]]] = {}
+
+
+def spend_record(spends: dict[SpendKey, tuple[Decimal, Decimal]], workspaces: Iterable[UUID]) -> None:
+    """Remember what ``month_spend`` just said for ``workspaces`` (the budgets' check records every read)."""
+    at = time.monotonic()
+    for ws in workspaces:
+        _SPEND[ws] = (at, {key: value for key, value in spends.items() if key[0] == ws})
+
+
+def spend_recent(workspaces: set[UUID], now: datetime) -> dict[SpendKey, tuple[Decimal, Decimal]]:
+    """The month's spend of ``workspaces``, read at most once per
+    ``TRAINYARD_BUDGET_CHECK_SECONDS`` in this process: a scheduling pass
+    holds jobs by a spend at most one check old (the check itself reads it
+    afresh every time), and does not pay for reading a month of attempts."""
+    fresh = float(settings.TRAINYARD["BUDGET_CHECK_SECONDS"])
+    at = time.monotonic()
+    stale = {ws for ws in workspaces if ws not in _SPEND or at - _SPEND[ws][0] > fresh}
+    if stale:
+        spends = month_spend(workspace_ids=stale, now=now)
+        spend_record({key: (v.spent, v.rate) for key, v in spends.items()}, stale)
+    out: dict[SpendKey, tuple[Decimal, Decimal]] = {}
+    for ws in workspaces:
+        out.update(_SPEND[ws][1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -88,8 +120,7 @@ class Holds:
                 holds.budgets[(budget.workspace_id, budget.user_id)] = budget
         limited = {ws for (ws, _), b in holds.budgets.items() if b.monthly_limit is not None}
         if limited:
-            spends = month_spend(workspace_ids=limited, now=now)
-            holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
+            holds.spend = spend_recent(limited, now)
         if limited or any(cap is not None for _, _, cap, _ in rows):
             last = Attempt.objects.filter(
                 job_id__in=list(job_ids), number=F("job__attempt"), instance__isnull=False

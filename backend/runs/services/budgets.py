@@ -48,7 +48,7 @@ from backend.notify.services import notify_event
 from backend.runs.lifecycle.transitions import job_stop_by_server, run_resume_budget_stopped
 from backend.runs.models import LIVE_ATTEMPT, Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.reasons import TerminationReason
-from backend.runs.scheduler.holds import Holds, Limit, money
+from backend.runs.scheduler.holds import Holds, Limit, money, spend_record
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ def _holds(workspaces: set[UUID], limited: set[UUID], running: list[Job], now: d
     if limited:
         spends = month_spend(workspace_ids=limited, now=now)
         holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
+        spend_record(holds.spend, limited)
     capped = {job.run_id for job in running if job.run.max_cost is not None}
     if capped:
         holds.run_spent = run_costs(capped, now=now)
