@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any, Protocol
 from uuid import UUID
 
 from django.conf import settings
@@ -32,7 +33,7 @@ from django.utils import timezone
 from backend.accounts.models import User
 from backend.billing.models import Budget
 from backend.billing.selectors import SpendKey, month_spend, run_costs
-from backend.runs.models import ACTIVE_JOB, Attempt, Job, Run
+from backend.runs.models import ACTIVE_JOB, Attempt, Job
 
 ZERO = Decimal(0)
 BILLING_MINUTE = 60  # seconds: the least a machine is billed (EC2's minimum)
@@ -70,6 +71,33 @@ def spend_recent(workspaces: set[UUID], now: datetime) -> dict[SpendKey, tuple[D
     for ws in workspaces:
         out.update(_SPEND[ws][1])
     return out
+
+
+class Budgeted(Protocol):
+    """What deciding a run's budgets reads of it (a ``Run``, or a ``RunFacts``)."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def workspace_id(self) -> Any: ...
+    @property
+    def submitted_by_id(self) -> int | None: ...
+    @property
+    def max_cost(self) -> Decimal | None: ...
+    @property
+    def budget_override(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """A run's budget facts read as plain values (many runs at once, no model instances)."""
+
+    pk: UUID
+    workspace_id: UUID
+    submitted_by_id: int | None
+    max_cost: Decimal | None
+    budget_override: bool
+    name: str
 
 
 @dataclass(frozen=True)
@@ -143,7 +171,7 @@ class Holds:
             holds.names = dict(User.objects.filter(pk__in=members).values_list("pk", "username"))
         return holds
 
-    def limits(self, run: Run) -> list[Limit]:
+    def limits(self, run: Budgeted) -> list[Limit]:
         """The budgets with a limit that apply to the run's jobs, with their spend."""
         found: list[Limit] = []
         if not run.budget_override:

@@ -29,6 +29,7 @@ scheduler's budget hold's to say.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -48,7 +49,7 @@ from backend.notify.services import notify_event
 from backend.runs.lifecycle.transitions import job_stop_by_server, run_resume_budget_stopped
 from backend.runs.models import LIVE_ATTEMPT, Attempt, Job, JobStatus, Run, RunStatus
 from backend.runs.reasons import TerminationReason
-from backend.runs.scheduler.holds import Holds, Limit, money, spend_record
+from backend.runs.scheduler.holds import Holds, Limit, RunFacts, money, spend_record
 
 logger = logging.getLogger(__name__)
 
@@ -72,29 +73,30 @@ def budgets_enforce(now: datetime | None = None) -> Enforced:
     now = now or timezone.now()
     ahead = timedelta(seconds=float(settings.TRAINYARD["BUDGET_CHECK_SECONDS"]))
     limited = set(Budget.objects.filter(monthly_limit__isnull=False).values_list("workspace_id", flat=True))
-    running = list(
+    running = (
         Job.objects.filter(status__in=RUNNING, stop_reason="")
         .filter(Q(workspace_id__in=limited) | Q(run__max_cost__isnull=False))
-        .select_related("run")
-        .only("pk", "workspace_id", "gpu_count", "estimate_max_cost", "run")
+        .values_list("run_id", "workspace_id", "run__submitted_by_id", "run__max_cost", "run__budget_override")
+        .distinct()
     )
+    runs = {row[0]: RunFacts(*row, name="") for row in running}
     live = set(
         Instance.objects.filter(workspace_id__in=limited, status__in=LIVE_STATUSES)
         .values_list("workspace_id", flat=True)
         .distinct()
     )
-    workspaces = {job.workspace_id for job in running} | live
+    workspaces = {run.workspace_id for run in runs.values()} | live
     if not workspaces:
         return Enforced([], [], 0)
-    holds = _holds(workspaces, workspaces & limited, running, now)
-    runs = {job.run_id: job.run for job in running}
+    holds = _holds(workspaces, workspaces & limited, runs.values(), now)
     reached: dict[UUID, Limit] = {}
     for run in runs.values():
         for limit in holds.limits(run):
             if _reached(limit.limit, limit.spent, limit.rate, ahead):
                 reached.setdefault(run.pk, limit)
+                break
     alerts = _alerts(holds, now, ahead)
-    stopped = [name for run_id, limit in reached.items() if (name := _stop_run(runs[run_id], limit))]
+    stopped = [name for run_id, limit in reached.items() if (name := _stop_run(run_id, limit))]
     retired = 0
     for ws in workspaces:
         budget = holds.budgets.get((ws, None))
@@ -110,7 +112,7 @@ def _reached(limit: Decimal, spent: Decimal, rate: Decimal, ahead: timedelta) ->
     return spent + rate * Decimal(ahead.total_seconds()) / 3600 >= limit
 
 
-def _holds(workspaces: set[UUID], limited: set[UUID], running: list[Job], now: datetime) -> Holds:
+def _holds(workspaces: set[UUID], limited: set[UUID], runs: Iterable[RunFacts], now: datetime) -> Holds:
     """The budgets of ``workspaces``, the month's spend of those with a
     limit (``limited``), and the capped running runs' costs and rates."""
     holds = Holds()
@@ -120,15 +122,14 @@ def _holds(workspaces: set[UUID], limited: set[UUID], running: list[Job], now: d
         spends = month_spend(workspace_ids=limited, now=now)
         holds.spend = {key: (s.spent, s.rate) for key, s in spends.items()}
         spend_record(holds.spend, limited)
-    capped = {job.run_id for job in running if job.run.max_cost is not None}
+    capped = {run.pk for run in runs if run.max_cost is not None}
     if capped:
         holds.run_spent = run_costs(capped, now=now)
-        held = Attempt.objects.filter(
-            job__run_id__in=capped,
-            status__in=LIVE_ATTEMPT,
-            started_at__isnull=False,
-            instance__running_at__isnull=False,
-        ).values_list("job__run_id", "instance__price_per_hour")
+        held = (
+            Attempt.objects.filter(job__run_id__in=capped, status__in=LIVE_ATTEMPT, started_at__isnull=False)
+            .filter(instance__running_at__isnull=False)
+            .values_list("job__run_id", "instance__price_per_hour")
+        )
         for run_id, price in held:
             holds.run_rate[run_id] = holds.run_rate.get(run_id, ZERO) + price
     members = {user for (_, user) in holds.budgets if user is not None}
@@ -137,17 +138,20 @@ def _holds(workspaces: set[UUID], limited: set[UUID], running: list[Job], now: d
     return holds
 
 
-def _stop_run(run: Run, limit: Limit) -> str | None:
+def _stop_run(run_id: UUID, limit: Limit) -> str | None:
     """Stop the run's live jobs for ``limit`` (running ones checkpoint-safe,
     pending ones at once); its name if a job was stopped."""
     message = f"stopped by the budget: {limit.words()}"
     stopped = 0
-    for job in Job.objects.filter(run=run, status__in=[*RUNNING, JobStatus.PENDING], stop_reason="").order_by("pk"):
+    jobs = Job.objects.filter(run_id=run_id, status__in=[*RUNNING, JobStatus.PENDING], stop_reason="")
+    for job in jobs.order_by("pk"):
         if job_stop_by_server(job=job, reason=TerminationReason.BUDGET_EXCEEDED, message=message):
             stopped += 1
-    if stopped:
-        logger.info("run %s: %s", run.name, message)
-    return run.name if stopped else None
+    if not stopped:
+        return None
+    name = Run.objects.filter(pk=run_id).values_list("name", flat=True).get()
+    logger.info("run %s: %s", name, message)
+    return name
 
 
 def _retire_idle(workspace_id: UUID, limit: Decimal, spent: Decimal) -> int:
