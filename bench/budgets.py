@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from unittest import mock
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -65,10 +66,13 @@ def bench_budgets(database_url: str, samples: int, history: int) -> dict[str, An
     check, enforced = measure(budgets_enforce)
     assert not enforced.stopped, f"the bench's budgets are far above the spend, yet {enforced.stopped} were stopped"
     workspaces = list(Workspace.objects.filter(slug__startswith="bench-budgets-").values_list("pk", flat=True))
-    spend, _ = measure(lambda: month_spend(workspace_ids=workspaces))
+    spend, given = measure(lambda: month_spend(workspace_ids=workspaces))
+    # The check's own part: the same check, the month's spend handed to it as just read.
+    with mock.patch("backend.runs.services.budgets.month_spend", lambda **_: given):
+        own, _ = measure(budgets_enforce)
     holds, _ = measure(lambda: Holds.read(pending))
     result = {"running": running, "history": history, "pending": len(pending), "seed_seconds": seed_s}
-    result.update(check=check, spend=spend, holds=holds, own_ms=round(check["p50_ms"] - spend["p50_ms"], 1))
+    result.update(check=check, spend=spend, own=own, holds=holds)
     log(f"(budgets) check over {running:,} running jobs: {check}, of which the month's spend {spend}")
     log(f"(budgets) holds of a pass of {len(pending)} (the spend read once per check interval): {holds}")
     return result
@@ -186,10 +190,10 @@ def budget_rows(r: dict[str, Any], row: Any) -> None:
         None,
     )
     row(
-        "budgets: the check's own part (the check − the spend read, p50s)",
-        f"{r['own_ms']:.1f} ms",
+        "budgets: the check's own part (the same check, the month's spend given)",
+        f"{r['own']['p50_ms']:.1f} ms, {r['own']['queries']} queries",
         f"≤ {TARGET_MS:.0f} ms",
-        r["own_ms"] <= TARGET_MS,
+        r["own"]["p50_ms"] <= TARGET_MS,
     )
     row(
         f"budgets: the holds of a scheduling pass of {r['pending']} pending jobs",
