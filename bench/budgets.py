@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from unittest import mock
 import uuid
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
+from unittest import mock
 
 from bench.lib import log
 
