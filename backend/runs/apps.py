@@ -1,5 +1,6 @@
 """The runs app. At start it plugs the API's run snapshot into the events
-module, so that services publish runs without importing the API layer."""
+module, so that services publish runs without importing the API layer, and
+listens to billing's ``budget_raised`` (the runs a budget stopped resume)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,8 @@ class RunsConfig(AppConfig):
 
         events.snapshot_with(run_snapshot)
         events.on_attempt_end(volumes_release_after)
+        # A raised or removed budget resumes the runs it stopped (backend.billing imports nothing of runs).
+        from backend.billing.signals import budget_raised
+        from backend.runs.services.budgets import on_budget_raised
+
+        budget_raised.connect(on_budget_raised, dispatch_uid="runs.budget_raised")

@@ -6,18 +6,17 @@ reports), its attempt ends ``budget_exceeded``, its machine is retired, and
 the overshoot stays within one billing minute of the running set; after the
 budget is raised, the same job resumes from that checkpoint.
 
-Stand-ins, named: the machine's price is set to $36/h once it runs (the
+A stand-in, named: the machine's price is set to $36/h once it runs (the
 catalog's price of the 1-CPU machine moto can boot is about a cent an hour,
-and a budget is counted in cents: $36/h is a cent a second); budgets are
-written and raised through the ORM and ``budget_raised`` called as the
-budgets' API does when a budget is raised (docs/COST.md)."""
+and a budget is counted in cents: $36/h is a cent a second). The budget is
+set and raised by an admin through the budgets' API, as a person would."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterator
-from decimal import ROUND_CEILING, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -88,27 +87,14 @@ def _spend(stack: Stack, workspace: str) -> tuple[Decimal, Decimal]:
     return Decimal(found[0]), Decimal(found[1])
 
 
-def _set_budget(stack: Stack, workspace: str, limit: Decimal) -> None:
-    _shell(
-        stack,
-        "from backend.accounts.models import Workspace\n"
-        "from backend.billing.models import Budget\n"
-        f"ws = Workspace.objects.get(slug={workspace!r})\n"
-        f"Budget.objects.update_or_create(workspace=ws, user=None, defaults={{'monthly_limit': '{limit}'}})\n",
+def _set_budget(user: User, limit: Decimal) -> dict[str, Any]:
+    """An admin sets the workspace budget (``PUT …/budgets/workspace/``); a raise resumes what it stopped."""
+    answer = user.api(
+        "PUT", f"/api/v1/workspaces/{user.workspace}/budgets/workspace/", json={"monthly_limit": str(limit)}
     )
-
-
-def _raise_budget(stack: Stack, workspace: str, limit: Decimal) -> list[str]:
-    """What the budgets' API does when an admin raises the workspace budget: the row, then the hook."""
-    _set_budget(stack, workspace, limit)
-    resumed: list[str] = _shell(
-        stack,
-        "import json\n"
-        "from backend.accounts.models import Workspace\n"
-        "from backend.runs.services.budgets import budget_raised\n"
-        f"print('OUT ' + json.dumps(budget_raised(Workspace.objects.get(slug={workspace!r}).pk, None)))\n",
-    )
-    return resumed
+    assert answer.status_code == 200, answer.text
+    row: dict[str, Any] = answer.json()
+    return row
 
 
 @pytest.mark.timeout(900)  # two machines boot one after the other (the first is retired at the stop)
@@ -136,7 +122,7 @@ def test_a_run_is_stopped_at_its_workspace_budget_with_its_checkpoint_and_resume
     spent, rate = _spend(stack, mira.workspace)
     assert rate == PRICE, (spent, rate)
     limit = (spent + PRICE * 20 / 3600).quantize(Decimal("0.01"), rounding=ROUND_CEILING)
-    _set_budget(stack, mira.workspace, limit)
+    _set_budget(mira, limit)
 
     stopped = mira.wait(name, lambda r: r["status"] in ("stopped", "failed", "succeeded"), timeout=120)
     assert stopped["status"] == "stopped", stopped
@@ -158,7 +144,7 @@ def test_a_run_is_stopped_at_its_workspace_budget_with_its_checkpoint_and_resume
     assert final <= limit + MINUTE, (final, limit)
 
     # Raised: the same run and job resume, attempt 2 from that checkpoint.
-    assert _raise_budget(stack, mira.workspace, limit + 100) == [name]
+    _set_budget(mira, limit + 100)
     done = mira.wait(name, lambda r: r["status"] in ("stopped", "failed", "succeeded"), timeout=300)
     assert done["status"] == "succeeded", done
     job = _job(mira, name)
@@ -170,5 +156,13 @@ def test_a_run_is_stopped_at_its_workspace_budget_with_its_checkpoint_and_resume
     assert f"finished at step {int(told.group(1)) + 5}" in logs, logs
     assert len(mira.runs()) == 1
     _all_terminated(mira, aws)
+
+    # A budget with no room left: the next submission is refused with the numbers, and nothing is written.
+    spent, _ = _spend(stack, mira.workspace)
+    _set_budget(mira, spent.quantize(Decimal("0.01"), rounding=ROUND_FLOOR))
+    refused = mira.cli(repo, "run", "budget-train", "-d")
+    assert refused.returncode != 0
+    assert re.search(r"workspace budget: \$[\d.]+ this month, \$[\d.]+ spent", refused.stderr), refused.stderr
+    assert len(mira.runs()) == 1
     removed = mira.cli(repo, "backend", "rm", "aws")
     assert removed.returncode == 0, removed.stderr

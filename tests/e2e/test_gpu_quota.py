@@ -2,8 +2,8 @@
 (stand-in, tests/support/gpus.py) GPU each, the real scheduler. With a quota
 of 1 GPU, the member's second GPU job waits, saying why, while the second
 runner stays idle, and starts once the first job ends (docs/COST.md,
-"Budgets and quotas"). The quota is written through the ORM (the budgets'
-API sets the same row)."""
+"Budgets and quotas"). The quota is set through the budgets' API, as an
+admin would."""
 
 from __future__ import annotations
 
@@ -115,13 +115,10 @@ def test_a_members_next_gpu_job_waits_for_their_quota_and_starts_when_the_first_
 ) -> None:
     both_idle = {"gpu-box-1": "idle", "gpu-box-2": "idle"}
     wait_for("both runners to be idle", lambda: _runners(mabel) == both_idle, 60, explain=lambda: _runners(mabel))
-    mabel.stack.manage(
-        "shell",
-        "-c",
-        "from backend.accounts.models import User, Workspace; from backend.billing.models import Budget; "
-        f"Budget.objects.create(workspace=Workspace.objects.get(slug={mabel.workspace!r}), "
-        "user=User.objects.get(username='mabel'), gpu_quota=1)",
+    quota = mabel.api(
+        "PUT", f"/api/v1/workspaces/{mabel.workspace}/budgets/mabel/", json={"monthly_limit": None, "gpu_quota": 1}
     )
+    assert quota.status_code == 200, quota.text
     repo = make_repo(tmp_path / "tiny-train")
     workflows = repo / ".trainyard" / "workflows.yaml"
     workflows.write_text(workflows.read_text() + WORKFLOW)

@@ -296,3 +296,18 @@ def test_the_holds_of_a_pass_are_read_in_the_same_few_queries_for_5_or_50_jobs(t
             Holds.read(ids)
         counts.append(len(queries))
     assert counts[0] == counts[1], counts
+
+
+def test_an_admin_raising_the_budget_through_the_api_resumes_the_run(
+    team: Workspace, owner: Person, django_capture_on_commit_callbacks: Any
+) -> None:
+    run, job, instance = _running(team, owner)
+    path = f"/api/v1/workspaces/{team.slug}/budgets/workspace/"
+    assert owner.client().put(path, {"monthly_limit": "10.10"}, format="json").status_code == 200
+    budgets_enforce()
+    assert report(job, instance.pk, "stopped", -15, "stopped")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert owner.client().put(path, {"monthly_limit": "60"}, format="json").status_code == 200
+    job.refresh_from_db()
+    run.refresh_from_db()
+    assert (job.status, run.status) == ("pending", "running")

@@ -97,8 +97,10 @@ def test_a_submission_an_idle_runner_fits_is_assigned_and_sent_without_a_pass(te
 # must exist), the database's clock (the attempt's lease) and, once it
 # commits, the assignment frame and the run's publish, BEGIN and COMMIT counted. Each is ~1.5-2 ms of the submission on
 # a 2-core machine (bench/results/2026-12-03-warm-start-traced-and-ingest.md).
-# And the budgets' holds (scheduler/holds.py): one query when the workspace has no budget.
-WARM_SUBMISSION_QUERIES = 35
+# And the budgets: the estimate's offers (two reads of the workspace's
+# accounts) and its update of each job at submission (admission), and the
+# scheduler's holds (scheduler/holds.py: one query when the workspace has no budget).
+WARM_SUBMISSION_QUERIES = 37
 
 
 def test_a_warm_submission_makes_a_bounded_number_of_queries(

@@ -20,8 +20,8 @@ what its running machines cost an hour, and:
 
 A run stopped so resumes on the same jobs, each from its latest checkpoint
 (``transitions.run_resume_budget_stopped``): when a budget that stopped it is
-raised or removed (``budget_raised``, called by backend.billing's services
-through the ``budget_changed`` signal), or by ``trainyard rerun``
+raised or removed (``budget_raised``, on backend.billing's
+``budget_raised`` signal: ``on_budget_raised``), or by ``trainyard rerun``
 (``run_resume_if_budget_stopped``). Whether its jobs start then is the
 scheduler's budget hold's to say.
 """
@@ -238,6 +238,13 @@ def budget_raised(workspace_id: UUID | str, user_id: int | None) -> list[str]:
         if run_resume_budget_stopped(run_id=run.pk):
             resumed.append(run.name)
     return resumed
+
+
+def on_budget_raised(sender: object, *, workspace_id: UUID | str, user_id: int | None, **_: object) -> None:
+    """billing's ``budget_raised`` signal (sent once the change committed): ``budget_raised``."""
+    resumed = budget_raised(workspace_id, user_id)
+    if resumed:
+        logger.info("a raised budget of workspace %s resumed %s", workspace_id, ", ".join(resumed))
 
 
 def run_stopped_by_budget(run: Run) -> bool:
