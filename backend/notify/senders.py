@@ -148,6 +148,14 @@ def _summary(payload: dict[str, Any]) -> str:
     if kind == "guard.fired":
         job = data.get("job") or {}
         return f"{workspace}: a guard stopped job {job.get('name')} (run {name}): {data.get('message')}"
+    if kind in ("budget.80", "budget.100"):
+        budget = data.get("budget") or {}
+        whose = f"{budget['user']}'s budget" if budget.get("user") else "the workspace budget"
+        where = "is reached" if kind == "budget.100" else f"passed {budget.get('warn_percent')}%"
+        return (
+            f"{workspace}: {whose} of ${budget.get('monthly_limit')} for {data.get('month')} {where}: "
+            f"${data.get('spent')} spent ({data.get('percent')}%), ${data.get('rate_per_hour')}/h running"
+        )
     if kind == "test":
         return f"{workspace}: a test notification from Trainyard"
     message = data.get("message")

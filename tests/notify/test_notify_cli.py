@@ -52,11 +52,12 @@ def test_add_prints_the_secret_once_then_ls_test_log_and_rm(receiver: Receiver) 
 
 
 @pytest.mark.usefixtures("_cli", "private")
-def test_add_with_an_event_not_sent_yet_says_so(receiver: Receiver) -> None:
+def test_add_with_the_budget_events_subscribes_to_them_without_a_warning(receiver: Receiver) -> None:
     code, _, err = cli_invoke("notify", "add", "webhook", receiver.url, "--event", "run.failed", "--event", "budget.80")
 
     assert code == 0, err
-    assert "warning: budget.80 not sent yet: the subscription keeps them for when they are" in err
+    assert "warning" not in err
+    assert Subscription.objects.get().events == ["run.failed", "budget.80"]
 
 
 @pytest.mark.usefixtures("_cli")

@@ -359,3 +359,21 @@ def test_a_reason_over_several_lines_is_one_line_in_a_summary() -> None:
 
 def _run(run: Any) -> dict[str, Any]:
     return {"run": {"id": str(run.pk), "name": run.name, "status": "succeeded", "reason": ""}}
+
+
+def test_a_budget_event_says_whose_budget_how_far_and_at_what_rate() -> None:
+    data = {
+        "budget": {"user": None, "monthly_limit": "500.00", "warn_percent": 80},
+        "month": "2026-12",
+        "spent": "412.0000",
+        "rate_per_hour": "3.0600",
+        "percent": 82.4,
+        "level": 80,
+    }
+    warned = summary({"type": "budget.80", "workspace": "acme", "data": data})
+    assert warned == (
+        "acme: the workspace budget of $500.00 for 2026-12 passed 80%: $412.0000 spent (82.4%), $3.0600/h running"
+    )
+    mine = {**data, "budget": {**data["budget"], "user": "alice"}}
+    reached = summary({"type": "budget.100", "workspace": "acme", "data": mine})
+    assert reached.startswith("acme: alice's budget of $500.00 for 2026-12 is reached: $412.0000 spent")

@@ -22,8 +22,6 @@ EVENTS = (
     "budget.100",
 )
 DEFAULT_EVENTS = ("run.succeeded", "run.failed", "run.stopped")
-# Accepted by a subscription but not sent by this version of the server (docs/NOTIFICATIONS.md, "Events").
-NOT_SENT_YET = ("budget.80", "budget.100")
 
 
 @click.group(cls=common.Group)
@@ -57,9 +55,6 @@ def notify_add(kind: str, target: str, events: tuple[str, ...], mine: bool, as_j
     click.echo(f"{created['id']}  {kind} {created['target']}  ({', '.join(created['events'])})")
     if created.get("secret"):
         click.echo(f"Signing secret (shown once; store it where the receiver reads it): {created['secret']}")
-    if unsent := [e for e in created["events"] if e in NOT_SENT_YET]:
-        said = f"warning: {', '.join(unsent)} not sent yet: the subscription keeps them for when they are"
-        click.echo(said, err=True)
 
 
 @notify.command("ls")
