@@ -206,7 +206,8 @@ def run_row(*, runs: QuerySet[Run], detail: bool = False) -> RunRow | None:
 _PAGE_SQL = """
 WITH matches AS MATERIALIZED ({matches})
 SELECT r.id, r.workspace_id, r.name, r.workflow, r.help, r.status, r.status_reason, r.exit_code,
-  r.created_at, r.started_at, r.finished_at, r.no_cache, r.environment_build, r.code_kind, r.repo_url,
+  r.created_at, r.started_at, r.finished_at, r.no_cache, r.environment_build, r.max_cost, r.budget_override,
+  r.code_kind, r.repo_url,
   r."commit", r.patch_blob_id, r.rerun_of_id, u.username AS submitter, ({counted}) AS counted,
   ARRAY(SELECT t.name FROM runs_tag t WHERE t.run_id = r.id) AS tag_names,
   (SELECT json_agg(j_shown ORDER BY j_shown.created_at, j_shown.id)::text FROM (

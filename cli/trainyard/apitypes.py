@@ -2042,6 +2042,14 @@ class RerunOut(TypedDict):
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
     """
+    max_cost: Decimal | None
+    """
+    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    """
+    budget_override: bool
+    """
+    an admin let it run past the workspace's and its submitter's budgets
+    """
     no_cache: bool
     environment_build: bool
     tags: list[str]
@@ -2082,6 +2090,14 @@ class RunDetailOut(TypedDict):
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
     """
+    max_cost: Decimal | None
+    """
+    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    """
+    budget_override: bool
+    """
+    an admin let it run past the workspace's and its submitter's budgets
+    """
     no_cache: bool
     environment_build: bool
     tags: list[str]
@@ -2113,6 +2129,14 @@ class RunOut(TypedDict):
     cost: str | None
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
+    """
+    max_cost: Decimal | None
+    """
+    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    """
+    budget_override: bool
+    """
+    an admin let it run past the workspace's and its submitter's budgets
     """
     no_cache: bool
     environment_build: bool

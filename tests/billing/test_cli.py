@@ -57,6 +57,16 @@ def test_ps_shows_each_runs_cost_and_show_its_jobs_and_attempts(interrupted_run:
     assert costs[2].startswith("    attempt 2: $0.48 = $0.9648/h x 30m on m-")
 
 
+def test_show_names_the_runs_max_cost_and_an_admins_override(interrupted_run: Run, cli_env: Any) -> None:
+    Run.objects.filter(pk=interrupted_run.pk).update(max_cost="20", budget_override=True)
+    shown = _invoke("show", interrupted_run.name).splitlines()
+    assert "Max cost: $20.00 (the run is stopped by the budget when it is reached)" in shown
+    assert "Budgets: overridden by an admin (the workspace's and the submitter's budgets do not stop it)" in shown
+    Run.objects.filter(pk=interrupted_run.pk).update(max_cost=None, budget_override=False)
+    plain = _invoke("show", interrupted_run.name)
+    assert "Max cost" not in plain and "overridden" not in plain
+
+
 def test_cost_reports_the_rows_the_idle_line_and_the_total(interrupted_run: Run, cli_env: Any) -> None:
     since = T.date().isoformat()
     out = _invoke("cost", "--since", since, "--until", "2026-11-03", "--by", "workflow").splitlines()

@@ -90,6 +90,8 @@ def _run(row: RunRow, zone: tzinfo) -> dict[str, Any]:
         "finished_at": _when(finished, zone),
         "duration_seconds": duration,
         "cost": None,  # runs_shown sums the jobs'
+        "max_cost": None if row["max_cost"] is None else str(row["max_cost"]),
+        "budget_override": row["budget_override"],
         "no_cache": row["no_cache"],
         "environment_build": row["environment_build"],
         "tags": sorted(row["tag_names"]),

@@ -42,6 +42,10 @@ def show(run_name: str, as_json: bool) -> None:
     if current.get("cost") is not None:
         live = "" if current["status"] in FINISHED else " so far"
         click.echo(f"Cost: {money(current['cost'])}{live} (USD, every attempt of every job)")
+    if current.get("max_cost") is not None:
+        click.echo(f"Max cost: {money(current['max_cost'])} (the run is stopped by the budget when it is reached)")
+    if current.get("budget_override"):
+        click.echo("Budgets: overridden by an admin (the workspace's and the submitter's budgets do not stop it)")
     if rerun := rerun_line(current):
         click.echo(rerun)
     headers = ["JOB", "STATUS", "NEEDS", "STARTED", "DURATION", "CACHED FROM", "ARTIFACTS"]

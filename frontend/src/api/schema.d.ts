@@ -2790,6 +2790,13 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
+            /**
+             * Format: decimal
+             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+             */
+            readonly max_cost: string | null;
+            /** @description an admin let it run past the workspace's and its submitter's budgets */
+            readonly budget_override: boolean;
             readonly no_cache: boolean;
             readonly environment_build: boolean;
             readonly tags: string[];
@@ -2885,6 +2892,13 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
+            /**
+             * Format: decimal
+             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+             */
+            readonly max_cost: string | null;
+            /** @description an admin let it run past the workspace's and its submitter's budgets */
+            readonly budget_override: boolean;
             readonly no_cache: boolean;
             readonly environment_build: boolean;
             readonly tags: string[];
@@ -2920,6 +2934,13 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
+            /**
+             * Format: decimal
+             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+             */
+            readonly max_cost: string | null;
+            /** @description an admin let it run past the workspace's and its submitter's budgets */
+            readonly budget_override: boolean;
             readonly no_cache: boolean;
             readonly environment_build: boolean;
             readonly tags: string[];
