@@ -27,7 +27,9 @@ _RELATIVE = re.compile(r"^(\d{1,3})([dh])$")
 
 
 class CostRowOut(serializers.Serializer):
-    key = serializers.CharField(help_text="the user, workflow, backend or UTC day (YYYY-MM-DD)")
+    key = serializers.CharField(
+        help_text="the user, workflow, backend, UTC day (YYYY-MM-DD), week (its Monday, YYYY-MM-DD) or month (YYYY-MM)"
+    )
     cost = serializers.CharField(help_text="USD, a decimal string")
 
 
@@ -40,12 +42,13 @@ class CostReportOut(serializers.Serializer):
     idle = serializers.CharField(
         help_text="USD: what the machines that started in the window cost while no job held them"
     )
-    rows = CostRowOut(many=True, help_text="the costliest first (by day: in date order)")
+    rows = CostRowOut(many=True, help_text="the costliest first (by day, week or month: in date order)")
 
 
 class CostReportView(WorkspaceAPIView):
     """What the workspace spent in [since, until): attempts that started
-    then, grouped by user, workflow, backend or day, and the idle line."""
+    then, grouped by user, workflow, backend, day, week or month, and the
+    idle line."""
 
     @extend_schema(
         responses=CostReportOut,

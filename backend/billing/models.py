@@ -45,3 +45,44 @@ class BudgetAlert(WorkspaceOwnedModel):
         constraints = [
             models.UniqueConstraint(fields=["budget", "period", "level"], name="budget_alert_once"),
         ]
+
+
+class CostDay(models.Model):
+    """The rollup (``backend.billing.rollup``): the settled costs of one UTC
+    day of a workspace, per submitter, workflow and backend — ``kind`` "a"
+    the attempts that started that day, "i" the idle share of the machines
+    that started running that day. Written only by the database's triggers
+    (and the rebuild); ``first_at``/``last_at`` bound the starts it counted."""
+
+    workspace_id = models.UUIDField()
+    day = models.DateField()
+    kind = models.CharField(max_length=1)
+    user_id = models.BigIntegerField()  # the run's submitter; 0: none
+    workflow = models.CharField(max_length=200)
+    backend = models.CharField(max_length=32)
+    cost = models.DecimalField(max_digits=20, decimal_places=4)
+    items = models.IntegerField()  # attempts, or machines
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace_id", "day", "kind", "user_id", "workflow", "backend"], name="billing_costday_key"
+            ),
+        ]
+
+
+class MachineIdle(models.Model):
+    """A terminated machine's settled idle share (its cost less its
+    attempts'), as counted in its ``CostDay`` bucket: written only by the
+    database's triggers (and the rebuild)."""
+
+    instance_id = models.UUIDField(primary_key=True)
+    workspace_id = models.UUIDField()
+    backend = models.CharField(max_length=32)
+    running_at = models.DateTimeField()
+    idle = models.DecimalField(max_digits=20, decimal_places=4)
+
+    class Meta:
+        indexes = [models.Index(fields=["workspace_id", "running_at"], name="billing_idle_ws_running")]

@@ -1,29 +1,32 @@
-"""Reads of what machines cost (docs/COST.md): per attempt, job and run, the
-workspace's report and its idle line, and the running set's rate. Each
-read is one query over the attempt (or instance) rows, their machine's price
-and times joined in; the rules are backend.billing.rules."""
+"""Reads of what machines cost (docs/COST.md): per attempt, job and run (one
+query over their attempt rows, their machine's price and times joined in),
+the workspace's report, its idle line and the month's spend (one statement
+over the rollup, ``backend.billing.rollup``, and the rows still accruing),
+and the running set's rate; the rules are backend.billing.rules."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Literal
+from typing import Any
 from uuid import UUID
 
+from django.db import connection
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from backend.accounts.models import Workspace
+from backend.accounts.models import User, Workspace
+from backend.billing import rollup
 from backend.billing.models import Budget
-from backend.billing.rules import MONEY, AttemptBill, Machine, attempt_bill, billed_machine, idle_cost
+from backend.billing.rowwise import DATED, Key, SpendKey
+from backend.billing.rowwise import KEYS as KEYS  # the report's groupings, for the API
+from backend.billing.rules import MONEY, AttemptBill, Machine, attempt_bill, billed_machine
 from backend.clouds.models import LIVE_STATUSES, Instance
 from backend.runs.models import ACTIVE_JOB, Attempt, Job
 
-Key = Literal["user", "workflow", "backend", "day"]
-KEYS: tuple[Key, ...] = ("user", "workflow", "backend", "day")
 ZERO = Decimal(0)
 DEFAULT_WARN_PERCENT: int = Budget._meta.get_field("warn_percent").default
 
@@ -97,24 +100,25 @@ def cost_report(
 ) -> CostReport:
     """The cost of the workspace's attempts that started in [since, until),
     grouped by ``by`` (the run's submitter's username, its workflow, the
-    machine's backend, or the UTC day the attempt started), the costliest
-    first, and the idle line of the machines that started running then."""
+    machine's backend, or the UTC day, week (its Monday) or month the
+    attempt started), the costliest first (dated keys: in date order), and
+    the idle line of the machines that started running then. Read from the
+    rollup and the live rows in one statement: equal to the row-by-row
+    computation (``rowwise.report_sums``)."""
     now = now or timezone.now()
-    field = {
-        "user": "job__run__submitted_by__username",
-        "workflow": "job__run__workflow",
-        "backend": "instance__backend",
-        "day": "started_at",
-    }[by]
-    rows = Attempt.objects.filter(
-        workspace=workspace, instance__isnull=False, started_at__gte=since, started_at__lt=until
-    ).values_list(field, "started_at", "finished_at", *_MACHINE)
     sums: dict[str, Decimal] = defaultdict(Decimal)
-    for key, started, finished, *machine in rows:
-        name = started.date().isoformat() if by == "day" else (key or "")
-        sums[name] += attempt_bill(started, finished, Machine(*machine), now).cost
-    idle = idle_line(workspace=workspace, since=since, until=until, now=now)
-    ordered = sorted(sums.items(), key=lambda kv: (kv[0],) if by == "day" else (-kv[1], kv[0]))
+    idle = ZERO
+    names: dict[int, str] = {}
+    rows = _window([workspace.pk], since, until, by, now)
+    if by == "user":
+        ids = {key for kind, _, key, _, _ in rows if kind == "a" and key}
+        names = dict(User.objects.filter(pk__in=ids).values_list("pk", "username"))
+    for kind, _, key, cost, items in rows:
+        if kind == "i":
+            idle += cost
+        elif items:
+            sums[names.get(key, "") if by == "user" else key] += cost
+    ordered = sorted(sums.items(), key=lambda kv: (kv[0],) if by in DATED else (-kv[1], kv[0]))
     report_rows = [ReportRow(key=key, cost=cost) for key, cost in ordered]
     return CostReport(total=sum((r.cost for r in report_rows), ZERO) + idle, idle=idle, rows=report_rows)
 
@@ -123,20 +127,27 @@ def idle_line(*, workspace: Workspace, since: datetime, until: datetime, now: da
     """What the workspace's machines that started running in [since, until)
     cost while no attempt held them (between jobs, before the first and
     after the last, the rest of the 60 s minimum)."""
-    now = now or timezone.now()
-    machines = Instance.objects.filter(workspace=workspace, running_at__gte=since, running_at__lt=until)
-    held: dict[UUID, list[Decimal]] = defaultdict(list)
-    attempts = Attempt.objects.filter(instance__in=machines).values_list(
-        "instance_id", "started_at", "finished_at", *_MACHINE
-    )
-    for instance_id, started, finished, *machine in attempts:
-        held[instance_id].append(attempt_bill(started, finished, Machine(*machine), now).cost)
-    total = ZERO
-    for pk, price, running_at, terminated_at in machines.values_list(
-        "pk", "price_per_hour", "running_at", "terminated_at"
-    ):
-        total += idle_cost(Machine(price, running_at, terminated_at), held[pk], now)
-    return total
+    return cost_report(workspace=workspace, since=since, until=until, by="backend", now=now).idle
+
+
+def _window(
+    workspace_ids: list[UUID], since: datetime, until: datetime, by: Key, now: datetime
+) -> list[tuple[str, UUID, Any, Decimal, int]]:
+    """(kind, workspace, key, cost, items) of [since, until), keyed by ``by``
+    ("user": the submitter's id, 0 for none): ``rollup.WINDOW``."""
+    if not since < until or not workspace_ids:
+        return []
+    params: dict[str, Any] = {
+        "ws": workspace_ids,
+        "since": since,
+        "until": until,
+        "now": now,
+        "first_day": since.astimezone(UTC).date(),
+        "last_day": (until - timedelta(microseconds=1)).astimezone(UTC).date(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(rollup.WINDOW.format(key=rollup.GROUPINGS[by]), params)
+        return list(cursor.fetchall())
 
 
 def dangerously_all_workspaces_running_cost_per_hour() -> dict[str, Decimal]:
@@ -176,9 +187,6 @@ def month_start(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-SpendKey = tuple[UUID, int | None]  # (workspace, None) or (workspace, user)
-
-
 def month_spend(*, workspace_ids: Iterable[UUID | str], now: datetime | None = None) -> dict[SpendKey, Spend]:
     """Each workspace's spend this month (key ``(workspace, None)``: every
     attempt that started this month and the idle line) and each submitter's
@@ -186,20 +194,15 @@ def month_spend(*, workspace_ids: Iterable[UUID | str], now: datetime | None = N
     ``rate``: the workspace's running machines' prices (idle ones too), a
     member's: the machines their running attempts hold."""
     now = now or timezone.now()
-    since = month_start(now)
-    ids = list(workspace_ids)
-    out: dict[SpendKey, Spend] = {}
+    ids = [UUID(str(pk)) for pk in workspace_ids]
     spent: dict[SpendKey, Decimal] = defaultdict(Decimal)
     rate: dict[SpendKey, Decimal] = defaultdict(Decimal)
-    rows = Attempt.objects.filter(
-        workspace_id__in=ids, instance__isnull=False, started_at__gte=since, started_at__lt=now
-    ).values_list("workspace_id", "job__run__submitted_by_id", "started_at", "finished_at", *_MACHINE)
-    for workspace_id, user_id, started, finished, *machine in rows:
-        cost = attempt_bill(started, finished, Machine(*machine), now).cost
+    for workspace_id in Workspace.objects.filter(pk__in=ids).values_list("pk", flat=True):
+        spent[(workspace_id, None)] += ZERO
+    for kind, workspace_id, user_id, cost, items in _window(ids, month_start(now), now, "user", now):
         spent[(workspace_id, None)] += cost
-        spent[(workspace_id, user_id)] += cost
-    for workspace in Workspace.objects.filter(pk__in=ids):
-        spent[(workspace.pk, None)] += idle_line(workspace=workspace, since=since, until=now, now=now)
+        if kind == "a" and user_id and items:
+            spent[(workspace_id, user_id)] += cost
     live = Instance.objects.filter(workspace_id__in=ids, status__in=LIVE_STATUSES, running_at__isnull=False)
     for workspace_id, price in live.values_list("workspace_id", "price_per_hour"):
         rate[(workspace_id, None)] += price
@@ -208,9 +211,7 @@ def month_spend(*, workspace_ids: Iterable[UUID | str], now: datetime | None = N
     ).values_list("workspace_id", "job__run__submitted_by_id", "instance__price_per_hour")
     for workspace_id, user_id, price in running:
         rate[(workspace_id, user_id)] += price
-    for key in {*spent, *rate}:
-        out[key] = Spend(spent=spent[key], rate=rate[key])
-    return out
+    return {key: Spend(spent=spent[key], rate=rate[key]) for key in {*spent, *rate}}
 
 
 @dataclass(frozen=True)

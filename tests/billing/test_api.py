@@ -68,7 +68,7 @@ def test_the_workspace_report_has_a_total_the_rows_and_the_idle_line(
 @pytest.mark.parametrize(
     ("query", "message"),
     [
-        ({"by": "region"}, "by: one of user, workflow, backend, day, not 'region'."),
+        ({"by": "region"}, "by: one of user, workflow, backend, day, week, month, not 'region'."),
         ({"since": "yesterday"}, "since: 'yesterday' is not a date or time (2026-11-01, 2026-11-01T09:00:00Z) nor an age (30d, 12h)."),
         ({"since": "2026-11-02", "until": "2026-11-01"}, "since (2026-11-02T00:00:00+00:00) must be before until (2026-11-01T00:00:00+00:00)."),
         ({"since": "2024-01-01", "until": "2026-01-01"}, "since..until: at most 400 days at once."),

@@ -10,7 +10,7 @@ import click
 from ..output import money, print_table
 from . import common, options
 
-GROUPS = ("user", "workflow", "backend", "day")
+GROUPS = ("user", "workflow", "backend", "day", "week", "month")
 
 
 @click.command()
@@ -24,7 +24,7 @@ GROUPS = ("user", "workflow", "backend", "day")
 @click.option("--by", type=click.Choice(GROUPS), default="user", show_default=True, help="Group the rows by this.")
 @options.json_option("Print the API's report.")
 def cost(since: str | None, until: str | None, by: str, as_json: bool) -> None:
-    """Show what the workspace's runs cost, by user, workflow, backend or day.
+    """Show what the workspace's runs cost, by user, workflow, backend, day, week or month.
 
     A row is the cost of the attempts that started in the window; IDLE is
     what its machines cost while no job held them (between jobs, the rest of

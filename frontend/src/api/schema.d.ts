@@ -703,7 +703,8 @@ export interface paths {
         };
         /**
          * @description What the workspace spent in [since, until): attempts that started
-         *     then, grouped by user, workflow, backend or day, and the idle line.
+         *     then, grouped by user, workflow, backend, day, week or month, and the
+         *     idle line.
          */
         get: operations["workspaces_costs_retrieve"];
         put?: never;
@@ -1748,9 +1749,11 @@ export interface components {
          *     * `workflow` - workflow
          *     * `backend` - backend
          *     * `day` - day
+         *     * `week` - week
+         *     * `month` - month
          * @enum {string}
          */
-        ByEnum: "user" | "workflow" | "backend" | "day";
+        ByEnum: "user" | "workflow" | "backend" | "day" | "week" | "month";
         /** @description Why a job is reused from the cache or runs (docs/RUNS.md, "The cache"). */
         CacheDecisionOut: {
             reused: boolean;
@@ -1869,11 +1872,11 @@ export interface components {
             total: string;
             /** @description USD: what the machines that started in the window cost while no job held them */
             idle: string;
-            /** @description the costliest first (by day: in date order) */
+            /** @description the costliest first (by day, week or month: in date order) */
             rows: components["schemas"]["CostRowOut"][];
         };
         CostRowOut: {
-            /** @description the user, workflow, backend or UTC day (YYYY-MM-DD) */
+            /** @description the user, workflow, backend, UTC day (YYYY-MM-DD), week (its Monday, YYYY-MM-DD) or month (YYYY-MM) */
             key: string;
             /** @description USD, a decimal string */
             cost: string;
@@ -4509,7 +4512,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description how rows are grouped (default: user) */
-                by?: "backend" | "day" | "user" | "workflow";
+                by?: "backend" | "day" | "month" | "user" | "week" | "workflow";
                 /** @description ISO date or time, or 30d / 12h ago (default: the month's start, UTC) */
                 since?: string;
                 /** @description ISO date or time, or 7d / 12h ago (default: now) */
