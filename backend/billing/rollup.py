@@ -25,47 +25,49 @@ the attempt's and its machine's triggers never read each other's state
 half-done; buckets are summed with ``INSERT … ON CONFLICT DO UPDATE`` (two
 attempts ending at once each add their own share). Each bucket also keeps
 the earliest and latest start it ever counted (only widened), so a report
-whose window cuts a day uses the bucket whole when the cut misses it, and
-reads that day's rows otherwise."""
+whose window cuts its first or last day uses that day's buckets whole when
+the cut misses them, and reads that day's rows otherwise (a day inside the
+window is always whole)."""
 
 from __future__ import annotations
 
 # The rules of backend.billing.rules in SQL (seconds and money).
 FUNCTIONS = r"""
-CREATE OR REPLACE FUNCTION billing_micros(t0 timestamptz, t1 timestamptz) RETURNS numeric
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT (extract(epoch FROM t1) - extract(epoch FROM t0)) * 1000000
-$$;
-
 -- rules.held_seconds: end = finished, else the machine's end, else now; never past the machine's end;
 -- whole seconds rounded half to even (Python's round() of the float seconds).
 CREATE OR REPLACE FUNCTION billing_held_seconds(
   started timestamptz, finished timestamptz, terminated timestamptz, now timestamptz
-) RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE
-    WHEN started IS NULL THEN 0
-    WHEN us <= 0 THEN 0
-    ELSE (div(us, 1000000) + CASE
-      WHEN mod(us, 1000000) > 500000 THEN 1
-      WHEN mod(us, 1000000) = 500000 AND mod(div(us, 1000000), 2) = 1 THEN 1
-      ELSE 0 END)::bigint
-  END
-  FROM (SELECT billing_micros(started, LEAST(COALESCE(finished, terminated, now), terminated)) AS us) AS t
-$$;
+) RETURNS bigint LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+  us numeric;
+  q numeric;
+BEGIN
+  IF started IS NULL THEN RETURN 0; END IF;
+  us := (extract(epoch FROM LEAST(COALESCE(finished, terminated, now), terminated)) - extract(epoch FROM started))
+    * 1000000;
+  IF us <= 0 THEN RETURN 0; END IF;
+  q := div(us, 1000000);
+  IF us - q * 1000000 > 500000 OR (us - q * 1000000 = 500000 AND mod(q, 2) = 1) THEN q := q + 1; END IF;
+  RETURN q;
+END $$;
 
 -- rules.machine_seconds: running_at to terminated_at (else now), rounded up, at least 60 s; 0 if it never ran.
 CREATE OR REPLACE FUNCTION billing_machine_seconds(running timestamptz, terminated timestamptz, now timestamptz)
-RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT CASE WHEN running IS NULL THEN 0 ELSE GREATEST(60, div(GREATEST(us, 0) + 999999, 1000000))::bigint END
-  FROM (SELECT billing_micros(running, COALESCE(terminated, now)) AS us) AS t
-$$;
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF running IS NULL THEN RETURN 0; END IF;
+  RETURN GREATEST(60, div(GREATEST((extract(epoch FROM COALESCE(terminated, now)) - extract(epoch FROM running))
+    * 1000000, 0) + 999999, 1000000));
+END $$;
 
 -- rules.cost_of: price x seconds / 3600, rounded half up (away from zero) to 0.0001.
 CREATE OR REPLACE FUNCTION billing_cost(price numeric, seconds bigint) RETURNS numeric
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT sign(n) * div(2 * abs(n) + 360000, 720000) * 0.0001
-  FROM (SELECT price * 1000000 * seconds AS n) AS t
-$$;
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+  n numeric := price * 1000000 * seconds;
+BEGIN
+  RETURN div(2 * n + sign(n) * 360000, 720000) * 0.0001;
+END $$;
 
 CREATE OR REPLACE FUNCTION billing_day(t timestamptz) RETURNS date
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT (t AT TIME ZONE 'UTC')::date $$;
@@ -292,7 +294,6 @@ DROP FUNCTION IF EXISTS billing_day(timestamptz);
 DROP FUNCTION IF EXISTS billing_cost(numeric, bigint);
 DROP FUNCTION IF EXISTS billing_machine_seconds(timestamptz, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS billing_held_seconds(timestamptz, timestamptz, timestamptz, timestamptz);
-DROP FUNCTION IF EXISTS billing_micros(timestamptz, timestamptz);
 DROP INDEX IF EXISTS billing_attempt_ws_started;
 DROP INDEX IF EXISTS billing_attempt_open;
 DROP INDEX IF EXISTS billing_instance_live;
@@ -302,15 +303,17 @@ DROP INDEX IF EXISTS billing_instance_live;
 # day's settled rows, the open attempts and the live machines at %(now)s. Rows: (kind, workspace, user,
 # workflow, backend, day, cost, items); ``kind`` "a" an attempt's, "i" a machine's idle share.
 WINDOW = r"""
-WITH b AS (
-  SELECT * FROM billing_costday
-  WHERE workspace_id = ANY(%(ws)s) AND day BETWEEN %(first_day)s AND %(last_day)s
-), cut AS (
-  SELECT DISTINCT workspace_id, day, kind, (day::timestamp AT TIME ZONE 'UTC') AS day_start FROM b
-  WHERE NOT (first_at >= %(since)s AND last_at < %(until)s)
+WITH cut AS (
+  SELECT DISTINCT workspace_id, day, kind, (day::timestamp AT TIME ZONE 'UTC') AS day_start FROM billing_costday
+  WHERE workspace_id = ANY(%(ws)s) AND day IN (%(first_day)s, %(last_day)s)
+    AND NOT (first_at >= %(since)s AND last_at < %(until)s)
 ), parts AS (
-  SELECT b.kind, b.workspace_id, b.user_id, b.workflow, b.backend, b.day, b.cost, b.items FROM b
-  WHERE NOT EXISTS (SELECT 1 FROM cut WHERE cut.workspace_id = b.workspace_id AND cut.day = b.day AND cut.kind = b.kind)
+  SELECT kind, workspace_id, user_id, workflow, backend, day, cost, items FROM billing_costday
+  WHERE workspace_id = ANY(%(ws)s) AND day > %(first_day)s AND day < %(last_day)s
+  UNION ALL
+  SELECT b.kind, b.workspace_id, b.user_id, b.workflow, b.backend, b.day, b.cost, b.items FROM billing_costday b
+  WHERE b.workspace_id = ANY(%(ws)s) AND b.day IN (%(first_day)s, %(last_day)s)
+    AND NOT EXISTS (SELECT 1 FROM cut WHERE cut.workspace_id = b.workspace_id AND cut.day = b.day AND cut.kind = b.kind)
   UNION ALL
   SELECT 'a', a.workspace_id, COALESCE(r.submitted_by_id, 0), r.workflow, m.backend, cut.day,
          billing_cost(m.price_per_hour, billing_held_seconds(a.started_at, a.finished_at, m.terminated_at, NULL)), 1
