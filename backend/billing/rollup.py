@@ -299,7 +299,8 @@ DROP INDEX IF EXISTS billing_attempt_open;
 DROP INDEX IF EXISTS billing_instance_live;
 """
 
-# The window's costs, in one statement (one snapshot): the rollup's buckets the window holds whole, a cut
+# The window's costs, in one statement (one snapshot); an attempt's run is looked up per row (LATERAL), so a
+# window with no cut day and a few open attempts never reads the runs or jobs whole: the rollup's buckets the window holds whole, a cut
 # day's settled rows, the open attempts and the live machines at %(now)s. Rows: (kind, workspace, user,
 # workflow, backend, day, cost, items); ``kind`` "a" an attempt's, "i" a machine's idle share.
 WINDOW = r"""
@@ -320,7 +321,8 @@ WITH cut AS (
   FROM cut JOIN runs_attempt a ON a.workspace_id = cut.workspace_id
     AND a.started_at >= GREATEST(%(since)s, cut.day_start) AND a.started_at < LEAST(%(until)s, cut.day_start + '1 day')
     JOIN clouds_instance m ON m.id = a.instance_id
-    JOIN runs_job j ON j.id = a.job_id JOIN runs_run r ON r.id = j.run_id
+    CROSS JOIN LATERAL (SELECT rr.submitted_by_id, rr.workflow FROM runs_job j JOIN runs_run rr ON rr.id = j.run_id
+                        WHERE j.id = a.job_id OFFSET 0) r
   WHERE cut.kind = 'a' AND (a.finished_at IS NOT NULL OR m.terminated_at IS NOT NULL)
   UNION ALL
   SELECT 'i', i.workspace_id, 0, '', i.backend, cut.day, i.idle, 1
@@ -331,7 +333,8 @@ WITH cut AS (
   SELECT 'a', a.workspace_id, COALESCE(r.submitted_by_id, 0), r.workflow, m.backend, billing_day(a.started_at),
          billing_cost(m.price_per_hour, billing_held_seconds(a.started_at, NULL, NULL, %(now)s)), 1
   FROM runs_attempt a JOIN clouds_instance m ON m.id = a.instance_id
-    JOIN runs_job j ON j.id = a.job_id JOIN runs_run r ON r.id = j.run_id
+    CROSS JOIN LATERAL (SELECT rr.submitted_by_id, rr.workflow FROM runs_job j JOIN runs_run rr ON rr.id = j.run_id
+                        WHERE j.id = a.job_id OFFSET 0) r
   WHERE a.workspace_id = ANY(%(ws)s) AND a.finished_at IS NULL AND a.started_at >= %(since)s
     AND a.started_at < %(until)s AND m.terminated_at IS NULL
   UNION ALL
