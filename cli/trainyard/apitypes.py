@@ -193,12 +193,14 @@ class BudgetsOut(TypedDict):
     """
 
 
-ByEnum: TypeAlias = Literal["user", "workflow", "backend", "day"]
+ByEnum: TypeAlias = Literal["user", "workflow", "backend", "day", "week", "month"]
 """
 * `user` - user
 * `workflow` - workflow
 * `backend` - backend
 * `day` - day
+* `week` - week
+* `month` - month
 """
 
 
@@ -258,7 +260,7 @@ ConnectableKindEnum: TypeAlias = Literal["aws"]
 class CostRowOut(TypedDict):
     key: str
     """
-    the user, workflow, backend or UTC day (YYYY-MM-DD)
+    the user, workflow, backend, UTC day (YYYY-MM-DD), week (its Monday, YYYY-MM-DD) or month (YYYY-MM)
     """
     cost: str
     """
@@ -1462,7 +1464,7 @@ class CostReportOut(TypedDict):
     """
     rows: list[CostRowOut]
     """
-    the costliest first (by day: in date order)
+    the costliest first (by day, week or month: in date order)
     """
 
 
