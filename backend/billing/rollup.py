@@ -299,10 +299,10 @@ DROP INDEX IF EXISTS billing_attempt_open;
 DROP INDEX IF EXISTS billing_instance_live;
 """
 
-# The window's costs, in one statement (one snapshot); an attempt's run is looked up per row (LATERAL), so a
-# window with no cut day and a few open attempts never reads the runs or jobs whole: the rollup's buckets the window holds whole, a cut
+# The window's costs, in one statement (one snapshot): the rollup's buckets the window holds whole, a cut
 # day's settled rows, the open attempts and the live machines at %(now)s. Rows: (kind, workspace, user,
-# workflow, backend, day, cost, items); ``kind`` "a" an attempt's, "i" a machine's idle share.
+# workflow, backend, day, cost, items); ``kind`` "a" an attempt's, "i" a machine's idle share. An attempt's
+# run is looked up per row (LATERAL), so a window with no cut day never reads the runs or jobs whole.
 WINDOW = r"""
 WITH cut AS (
   SELECT DISTINCT workspace_id, day, kind, (day::timestamp AT TIME ZONE 'UTC') AS day_start FROM billing_costday
