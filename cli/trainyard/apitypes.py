@@ -2044,9 +2044,9 @@ class RerunOut(TypedDict):
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
     """
-    max_cost: Decimal | None
+    max_cost: str | None
     """
-    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
     """
     budget_override: bool
     """
@@ -2092,9 +2092,9 @@ class RunDetailOut(TypedDict):
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
     """
-    max_cost: Decimal | None
+    max_cost: str | None
     """
-    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
     """
     budget_override: bool
     """
@@ -2132,9 +2132,9 @@ class RunOut(TypedDict):
     """
     USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine
     """
-    max_cost: Decimal | None
+    max_cost: str | None
     """
-    USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
+    USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
     """
     budget_override: bool
     """

@@ -592,12 +592,11 @@ class RunOut(serializers.ModelSerializer):
         help_text="USD, a decimal string: the sum over every attempt of every job (live while one runs); "
         "null: none held a machine"
     )
-    max_cost = serializers.DecimalField(
-        max_digits=12,
-        decimal_places=2,
+    max_cost = serializers.CharField(
         read_only=True,
         allow_null=True,
-        help_text="USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it",
+        help_text="USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); "
+        "null: only the budgets cap it",
     )
     budget_override = serializers.BooleanField(
         read_only=True, help_text="an admin let it run past the workspace's and its submitter's budgets"

@@ -2793,10 +2793,7 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
-            /**
-             * Format: decimal
-             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
-             */
+            /** @description USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it */
             readonly max_cost: string | null;
             /** @description an admin let it run past the workspace's and its submitter's budgets */
             readonly budget_override: boolean;
@@ -2895,10 +2892,7 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
-            /**
-             * Format: decimal
-             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
-             */
+            /** @description USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it */
             readonly max_cost: string | null;
             /** @description an admin let it run past the workspace's and its submitter's budgets */
             readonly budget_override: boolean;
@@ -2937,10 +2931,7 @@ export interface components {
             readonly duration_seconds: number | null;
             /** @description USD, a decimal string: the sum over every attempt of every job (live while one runs); null: none held a machine */
             readonly cost: string | null;
-            /**
-             * Format: decimal
-             * @description USD: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it
-             */
+            /** @description USD, a decimal string: the run's own cap (max_cost in the workflow or --max-cost); null: only the budgets cap it */
             readonly max_cost: string | null;
             /** @description an admin let it run past the workspace's and its submitter's budgets */
             readonly budget_override: boolean;
