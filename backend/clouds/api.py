@@ -35,7 +35,10 @@ class CurrentJobOut(serializers.Serializer[Any]):
 
 class InstanceOut(serializers.ModelSerializer[Instance]):
     account = serializers.SerializerMethodField()
-    price_per_hour = serializers.FloatField()
+    price_per_hour = serializers.FloatField(help_text="USD an hour: compute and the root volume's storage")
+    storage_price_per_hour = serializers.FloatField(
+        help_text="USD an hour: the root volume's storage (part of price_per_hour; 0 where none is billed)"
+    )
     current_job = serializers.SerializerMethodField()
     uptime_seconds = serializers.SerializerMethodField()
     billed_seconds = serializers.SerializerMethodField(
@@ -58,6 +61,7 @@ class InstanceOut(serializers.ModelSerializer[Instance]):
             "zone",
             "spot",
             "price_per_hour",
+            "storage_price_per_hour",
             "price_source",
             "market",
             "running_at",

@@ -112,7 +112,11 @@ class Instance(WorkspaceOwnedModel):
     region = models.CharField(max_length=64, blank=True)
     zone = models.CharField(max_length=64, blank=True)
     spot = models.BooleanField(default=False)
+    # What the machine costs an hour, USD: its compute (the offer's price) and
+    # its root volume's storage (``storage_price_per_hour``, part of it): the
+    # one price its attempts and its idle time are billed at (docs/COST.md).
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    storage_price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, default=0, db_default=0)
     # Where the price came from ("catalog 20261101", "spot price history at
     # launch", "workspace price for self-hosted") and the market it was bought
     # on ("spot", "on-demand"; "" for a machine nobody sells): what the cost

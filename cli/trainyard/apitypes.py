@@ -1553,6 +1553,13 @@ class InstanceOut(TypedDict):
     zone: str
     spot: bool
     price_per_hour: float
+    """
+    USD an hour: compute and the root volume's storage
+    """
+    storage_price_per_hour: float
+    """
+    USD an hour: the root volume's storage (part of price_per_hour; 0 where none is billed)
+    """
     price_source: str
     market: str
     running_at: str | None

@@ -564,6 +564,7 @@ def test_the_run_answer_has_the_plan_and_the_overrides_win_over_the_workflow(
                 "region": "r1",
                 "spot": True,
                 "price_per_hour": 0.3,
+                "storage_price_per_hour": 0.0,  # a fake offer names no storage price
                 "gpus": [],  # the exact GPU models of the offer: none here
             },
             "max_cost": None,  # no max_duration: unbounded

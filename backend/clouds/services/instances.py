@@ -31,7 +31,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
@@ -61,6 +61,10 @@ from backend.core.enqueue import enqueue
 from backend.core.tokens import API_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
 
 logger = logging.getLogger(__name__)
+
+# Storage priced per GiB-month is prorated over the 730 hours AWS counts in a month.
+HOURS_A_MONTH = 730
+GIB = 2**30
 
 # A terminate that was not confirmed for this long is asked again (the reconciler).
 TERMINATE_RECHECK_SECONDS = 30.0
@@ -111,6 +115,7 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
     # hello for a random token of its own (instance_bootstrap_exchange). Until
     # then its own token is one nobody knows.
     bootstrap = token if _boots_from_image(account.kind) else ""
+    storage = root_volume_price_per_hour(offer)
     instance = Instance.objects.create(
         id=pk,
         workspace_id=account.workspace_id,
@@ -125,7 +130,8 @@ def instance_request(*, account: CloudAccount, offer: Offer, job_id: str | None,
         region=offer.region,
         zone=offer.zone,
         spot=offer.spot,
-        price_per_hour=Decimal(str(offer.price_per_hour)),
+        price_per_hour=Decimal(str(offer.price_per_hour)) + storage,
+        storage_price_per_hour=storage,
         price_source=price_source(offer),
         market="" if account.kind == BackendKind.LOCAL else ("spot" if offer.spot else "on-demand"),
         requested_for_id=job_id,
@@ -168,13 +174,30 @@ SELF_HOSTED_PRICE_SOURCE = "workspace price for self-hosted"
 
 def price_source(offer: Offer) -> str:
     """What an offer's price rests on, in words: the catalog of a date, the
-    spot price history at launch, or a machine nobody sells (price 0)."""
+    spot price history at launch, or a machine nobody sells (price 0); and
+    its root volume's storage where the cloud bills it."""
     source = offer.data.get("price_source", "")
     if source == "spot-history":
-        return "spot price history at launch"
-    if source == "catalog":
-        return f"catalog {offer.data.get('catalog_date', '')}".strip()
-    return source[:100] or ("none: a machine nobody sells" if not offer.price_per_hour else "the offer's price")
+        words = "spot price history at launch"
+    elif source == "catalog":
+        words = f"catalog {offer.data.get('catalog_date', '')}".strip()
+    else:
+        words = source[:100] or ("none: a machine nobody sells" if not offer.price_per_hour else "the offer's price")
+    if root_volume_price_per_hour(offer):
+        gib = -(-offer.disk_bytes // GIB)
+        words += f" + root volume {gib} GiB at ${offer.data['root_volume_gib_month']}/GiB-month"
+    return words[:100]
+
+
+def root_volume_price_per_hour(offer: Offer) -> Decimal:
+    """What the offer's root volume costs an hour, USD: its GiB x the offer's
+    storage price per GiB-month / the month's 730 hours, to a millionth (0
+    where the offer names no storage price: local, self-hosted)."""
+    per_month = offer.data.get("root_volume_gib_month") or ""
+    if not per_month or offer.disk_bytes <= 0:
+        return Decimal(0)
+    gib = -(-offer.disk_bytes // GIB)
+    return (Decimal(gib) * Decimal(per_month) / HOURS_A_MONTH).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
 
 
 def runner_token(idempotency_key: str) -> str:

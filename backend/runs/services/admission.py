@@ -82,8 +82,10 @@ class Estimate:
 
 
 def job_estimate(*, job: str, offer: Mapping[str, Any], placement: Mapping[str, Any]) -> JobEstimate:
-    """A job's estimate from its cheapest offer (``offerplan.offer_plan``) and its placement."""
-    price = Decimal(str(offer["price_per_hour"])) if offer.get("offers") else None
+    """A job's estimate from its cheapest offer (``offerplan.offer_plan``: its
+    compute and its root volume, as the machine is billed) and its placement."""
+    storage = Decimal(str(offer.get("storage_price_per_hour") or 0))
+    price = Decimal(str(offer["price_per_hour"])) + storage if offer.get("offers") else None
     seconds = Placement.from_spec(placement).max_duration
     cost = cost_of(price, max(MINIMUM_SECONDS, seconds)) if price is not None and seconds is not None else None
     return JobEstimate(job=job, price_per_hour=price, max_duration=seconds, max_cost=cost)

@@ -9,6 +9,7 @@ from typing import Any
 
 from backend.billing.selectors import shown
 from backend.clouds.backends.base import Gpu
+from backend.clouds.services.instances import root_volume_price_per_hour
 from backend.clouds.services.offers import offers_rank
 from backend.runs.lifecycle.placement import Placement, requirements_from
 from backend.runs.models import Job
@@ -41,7 +42,9 @@ def run_estimate(*, run: Any) -> str | None:
 def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Mapping[str, Any]) -> dict[str, Any]:
     """The cheapest offer a job would start from (``trainyard run``'s plan
     table): ``{"offers": n, "backend", "instance_type", "region", "spot",
-    "price_per_hour", "gpus"}``, or ``{"offers": 0, "reason": …}``.
+    "price_per_hour", "storage_price_per_hour", "gpus"}``, or ``{"offers": 0,
+    "reason": …}``. ``price_per_hour`` is the offer's (compute);
+    ``storage_price_per_hour`` what its root volume adds, as the machine is billed.
     ``gpus``: the exact models the machine has, ``[{"model", "count",
     "memory_bytes"}]`` (``A100-40GB``, not the ``A100`` the job asked for)."""
     where = Placement.from_spec(placement)
@@ -59,6 +62,7 @@ def offer_plan(*, workspace_id: Any, resources: Mapping[str, Any], placement: Ma
         "region": offer.region,
         "spot": offer.spot,
         "price_per_hour": offer.price_per_hour,
+        "storage_price_per_hour": float(root_volume_price_per_hour(offer)),
         "gpus": gpu_models(offer.gpus),
     }
 

@@ -2202,8 +2202,16 @@ export interface components {
             readonly region: string;
             readonly zone: string;
             readonly spot: boolean;
-            /** Format: double */
+            /**
+             * Format: double
+             * @description USD an hour: compute and the root volume's storage
+             */
             price_per_hour: number;
+            /**
+             * Format: double
+             * @description USD an hour: the root volume's storage (part of price_per_hour; 0 where none is billed)
+             */
+            storage_price_per_hour: number;
             readonly price_source: string;
             readonly market: string;
             /** Format: date-time */

@@ -31,6 +31,8 @@ GIB = 2**30
 CATALOG_DIR = Path(__file__).with_name("catalog")
 CATALOG_FILE = CATALOG_DIR / "aws.csv"
 CATALOG_DATE = (CATALOG_DIR / "version").read_text().strip()  # yyyymmdd, gpuhunt's version format
+# EBS gp3 storage, USD per GiB-month (us-east-1's list price, prorated per second).
+GP3_GIB_MONTH = "0.08"
 COLUMNS = ("instance_name", "location", "price", "cpu", "memory", "gpu_count", "gpu_name", "gpu_memory", "spot")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from backend.clouds.backends.aws.catalog import CATALOG_DATE, GIB, CatalogRow, by_key, load_catalog
+from backend.clouds.backends.aws.catalog import CATALOG_DATE, GIB, GP3_GIB_MONTH, CatalogRow, by_key, load_catalog
 from backend.clouds.backends.aws.errors import STALE_ID_PREFIXES, compute_error, error_code, quota_key
 from backend.clouds.backends.aws.facts import SPOT_PRICE_MAX_AGE, AccountFacts, RegionFacts, fetch_facts
 from backend.clouds.backends.aws.identity import identity_verify, trusted_certificates
@@ -333,7 +333,13 @@ def _row_offers(
     disk_gib = row.disk_gib or max(GPU_DISK_GIB if row.gpus else CPU_DISK_GIB, -(-(req.disk_bytes or 0) // GIB))
     # quota_family: one vCPU quota covers many type prefixes (c6i, m7i, t3:
     # Standard), so a quota error blocks them all, not just the prefix.
-    data = {"catalog_date": CATALOG_DATE, "flags": " ".join(row.flags), "quota_family": quota_key(row.instance_type)}
+    data = {
+        "catalog_date": CATALOG_DATE,
+        "flags": " ".join(row.flags),
+        "quota_family": quota_key(row.instance_type),
+        # Every machine boots from a gp3 root volume of the offer's disk size (launch.py).
+        "root_volume_gib_month": GP3_GIB_MONTH,
+    }
 
     def offer(zone: str, zone_name: str, price: float, source: str) -> Offer:
         return Offer(
