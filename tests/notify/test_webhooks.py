@@ -47,6 +47,15 @@ def documented_check() -> ModuleType:
     return module
 
 
+def cost_doc_check() -> Any:
+    """The ``verify`` of docs/COST.md's snippet ("Notifications"), as printed there."""
+    text = (SNIPPET.parents[1] / "COST.md").read_text()
+    code = text.split("## Notifications", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, Any] = {}
+    exec(compile(code, "docs/COST.md", "exec"), scope)  # the documented snippet itself
+    return scope["verify"]
+
+
 def subscribe(person: Person, target: str, kind: str = "webhook", **extra: Any) -> dict[str, Any]:
     body = {"kind": kind, "target": target, "events": ["run.succeeded", "run.failed"], **extra}
     response = person.client().post(NOTIFICATIONS, body, format="json")
@@ -71,6 +80,9 @@ def test_send_test_delivers_a_body_the_documented_check_accepts(owner: Person, r
     assert got.headers["Trainyard-Event"] == "test"
     assert got.headers["Trainyard-Delivery"] == delivery_id
     assert documented_check().verify(created["secret"], got.body, got.headers["Trainyard-Signature"])
+    cost_md = cost_doc_check()
+    assert cost_md(created["secret"], got.body, got.headers["Trainyard-Signature"])
+    assert not cost_md(created["secret"], got.body + b" ", got.headers["Trainyard-Signature"])
     assert json.loads(got.body)["type"] == "test"
     assert json.loads(got.body)["workspace"] == "acme"
 
