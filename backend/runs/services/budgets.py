@@ -89,8 +89,20 @@ def budgets_enforce(now: datetime | None = None) -> Enforced:
     if not workspaces:
         return Enforced([], [], 0)
     holds = _holds(workspaces, workspaces & limited, runs.values(), now)
+    # The month's budgets reached, each read once; a run is looked at only
+    # if one of its own is among them or it has a max_cost of its own.
+    full = {
+        key
+        for key, budget in holds.budgets.items()
+        if budget.monthly_limit is not None
+        and _reached(budget.monthly_limit, *holds.spend.get(key, (ZERO, ZERO)), ahead)
+    }
     reached: dict[UUID, Limit] = {}
     for run in runs.values():
+        if run.max_cost is None and (
+            run.budget_override or not {(run.workspace_id, None), (run.workspace_id, run.submitted_by_id)} & full
+        ):
+            continue
         for limit in holds.limits(run):
             if _reached(limit.limit, limit.spent, limit.rate, ahead):
                 reached.setdefault(run.pk, limit)
