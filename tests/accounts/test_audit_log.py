@@ -94,7 +94,7 @@ def test_the_log_is_paged_newest_first_and_filtered_by_kind(team: Workspace, own
     assert [e["action"] for e in members] == ["member.role_changed"]
     assert wrong.status_code == 400
     assert wrong.json()["message"] == (
-        "kind 'secrets' is not an audit event kind: one of secret, credential, member, backend, token, runner, ssh_key, session, workspace."
+        "kind 'secrets' is not an audit event kind: one of secret, credential, member, backend, token, runner, ssh_key, session, workspace, budget."
     )
 
 

@@ -74,9 +74,11 @@ def runner_pids(root: Path, key: str = "") -> list[int]:
 def runner_roots(root: Path, key: str = "") -> list[int]:
     """``runner_pids`` whose parent is not one of them: one per running
     runner, whatever short-lived children it has at the moment (they
-    inherit its environment)."""
+    inherit its environment). A pid that ended after the scan (its parent
+    unreadable: one of those short-lived children) is no runner."""
     pids = runner_pids(root, key)
-    return [pid for pid in pids if _parent_of(pid) not in pids]
+    parents = {pid: _parent_of(pid) for pid in pids}
+    return [pid for pid, parent in parents.items() if parent is not None and parent not in pids]
 
 
 def _parent_of(pid: int) -> int | None:

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, expect
 
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
-from tests.e2e.test_dashboard import make_token, nav_to, new_context, screenshot, sign_in
-from tests.e2e.test_dashboard_metrics import CSP_WATCH, no_csp_violations
+from tests.e2e.test_dashboard import nav_to, screenshot
+from tests.e2e.test_dashboard_metrics import no_csp_violations, signed_in
 from tests.support.accessibility import audit
 from tests.support.github import GithubServer, GithubUser
 from tests.support.stack import Stack
@@ -64,17 +64,6 @@ def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
     yield opened
     for context in opened:
         context.close()
-
-
-def signed_in(
-    browser: Browser, contexts: list[BrowserContext], stack: Stack, github: GithubServer, who: GithubUser
-) -> tuple[Page, User]:
-    context = new_context(browser, stack)
-    context.add_init_script(CSP_WATCH)
-    contexts.append(context)
-    page = context.new_page()
-    sign_in(page, github, who)
-    return page, User(who.login, make_token(page, "costs"), stack)
 
 
 def finished_run(user: User, team: str, name: str, timeout: float = 90) -> dict[str, Any]:
@@ -149,8 +138,8 @@ def cents(amount: str) -> str:
 def test_the_costs_page_shows_the_months_total_and_each_persons_cost_as_the_api_reports_them(
     stack: Stack, stack_github: GithubServer, browser: Browser, contexts: list[BrowserContext], tmp_path: Path
 ) -> None:
-    mika_page, mika = signed_in(browser, contexts, stack, stack_github, MIKA)
-    page, bram = signed_in(browser, contexts, stack, stack_github, BRAM)
+    mika_page, mika = signed_in(browser, contexts, stack, stack_github, MIKA, "costs")
+    page, bram = signed_in(browser, contexts, stack, stack_github, BRAM, "costs")
     made = bram.api("POST", "/api/v1/workspaces/", json={"name": "Cost team"})
     assert made.status_code == 201, made.text
     team = made.json()["slug"]

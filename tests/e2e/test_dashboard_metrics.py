@@ -96,14 +96,21 @@ def curve_repo(tmp_path: Path) -> Path:
 
 
 def signed_in(
-    browser: Browser, contexts: list[BrowserContext], stack: Stack, github: GithubServer, who: GithubUser
+    browser: Browser,
+    contexts: list[BrowserContext],
+    stack: Stack,
+    github: GithubServer,
+    who: GithubUser,
+    token_name: str = "metrics",
 ) -> tuple[Page, User]:
+    """``who`` signed in through GitHub in a context of its own (watched for
+    CSP violations), with an API token named ``token_name`` made on the page."""
     context = new_context(browser, stack)
     context.add_init_script(CSP_WATCH)
     contexts.append(context)
     page = context.new_page()
     sign_in(page, github, who)
-    return page, User(who.login, make_token(page, "metrics"), stack)
+    return page, User(who.login, make_token(page, token_name), stack)
 
 
 def chart(page: Page, title: str) -> Locator:

@@ -101,7 +101,7 @@ def test_a_job_and_its_run_finish_in_one_commit(team: Workspace, run: Run, monke
     seen: list[tuple[str, str]] = []
     release = transitions._instance_job_done
 
-    def look_then_release(instance_id: str, ended: Job) -> None:
+    def look_then_release(instance_id: str, ended: Job, *, retire: bool = False) -> None:
         with django_test_db_connect() as other:
             row = other.execute(
                 "SELECT r.status, j.status FROM runs_job j JOIN runs_run r ON r.id = j.run_id WHERE j.id = %s",
@@ -109,7 +109,7 @@ def test_a_job_and_its_run_finish_in_one_commit(team: Workspace, run: Run, monke
             ).fetchone()
         assert row is not None
         seen.append((row[0], row[1]))
-        release(instance_id, ended)
+        release(instance_id, ended, retire=retire)
 
     monkeypatch.setattr(transitions, "_instance_job_done", look_then_release)
     assert report(job, instance.pk, "succeeded", 0)

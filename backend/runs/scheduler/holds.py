@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Exists, F, OuterRef, Sum
+from django.db.models import Exists, OuterRef, Sum
 from django.utils import timezone
 
 from backend.accounts.models import User
@@ -150,9 +150,13 @@ class Holds:
         if limited:
             holds.spend = spend_recent(limited, now)
         if limited or any(cap is not None for _, _, cap, _ in rows):
-            last = Attempt.objects.filter(
-                job_id__in=list(job_ids), number=F("job__attempt"), instance__isnull=False
-            ).values_list("job_id", "instance__price_per_hour")
+            # Each job's latest attempt that had a machine (DISTINCT ON the job, its highest number).
+            last = (
+                Attempt.objects.filter(job_id__in=list(job_ids), instance__isnull=False)
+                .order_by("job_id", "-number")
+                .distinct("job_id")
+                .values_list("job_id", "instance__price_per_hour")
+            )
             holds.last_price = {job: price for job, price in last if price is not None}
         capped = [run for _, run, cap, _ in rows if cap is not None]
         if capped:
