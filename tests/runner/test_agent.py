@@ -305,8 +305,10 @@ def test_a_cancel_with_a_grace_is_announced_in_the_interrupt_file_and_waited_for
         async with serve(server.handler, "127.0.0.1", 0) as ws_server:
             runner = await start_runner(ws_server.sockets[0].getsockname()[1], tmp_path / "rd")
             try:
-                await server.to_send.put(assign("j", [trap, "while true; do sleep 0.2 || true; done"], repo))
-                await server.wait_for(lambda: ("running", None) in server.states("j"), 20)
+                job = [trap, "echo armed", "while true; do sleep 0.2 || true; done"]
+                await server.to_send.put(assign("j", job, repo))
+                # "running" is told when the shell starts, before it has read the trap.
+                await server.wait_for(lambda: "armed" in [t for _, _, t in server.stored.get("j", [])], 20)
                 assert server.states("j") == [("preparing", None), ("running", None)], server.received
                 started = time.monotonic()
                 await server.to_send.put({"type": "cancel_job", "job": "j", "reason": "budget", "grace": 8})
