@@ -942,6 +942,17 @@ PROVIDER_KEYS: dict[str, frozenset[str]] = {
     },
 }
 PROVIDER_SPECIFIC_KEYS = frozenset().union(*PROVIDER_KEYS.values())
+# Keys a dstack 0.x provider read past without a word, found in real dstack
+# repos: accepted with a warning and dropped, never refused (docs/WORKFLOWS.md,
+# "Keys dstack 0.x ignored"). Each names what to write instead.
+DSTACK_IGNORED_KEYS: dict[str, dict[str, str]] = {
+    "bash": {
+        "requirements": "to install them, write environment: {requirements: FILE} (or pip install -r FILE in commands)",
+    },
+    "docker": {
+        "requirements": "install them in the image or in commands",
+    },
+}
 
 
 def resource_spec(r: Resources) -> ResourceSpec:

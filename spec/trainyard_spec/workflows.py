@@ -32,6 +32,10 @@ A workflow that breaks one of these rules is ``broken``: a run of it fails
 with its errors, the other workflows stay usable (``load_workflows_file`` is
 the strict form: any error fails the file).
 
+A key that a dstack 0.x provider ignored (``schema.DSTACK_IGNORED_KEYS``, such
+as ``requirements`` on ``bash``) is dropped and listed in ``ignored``, with
+its file and line, for the CLI to show as a warning; the workflow loads.
+
 Keys whose behaviour is not built yet (``schema.NOT_SUPPORTED_YET``,
 ``planning.NOT_BUILT_YET``) validate like the rest but are refused when a
 run is planned (``planning.resolve_run_plan``), i.e. only when a run uses a
@@ -56,6 +60,7 @@ from .providers import Provider, ProviderNotFound, get_provider
 from .schema import (
     BUILTIN_PROVIDERS,
     DEV_ENVIRONMENT_PROVIDERS,
+    DSTACK_IGNORED_KEYS,
     PROVIDER_KEYS,
     PROVIDER_SPECIFIC_KEYS,
     Workflow,
@@ -103,6 +108,8 @@ class WorkflowsFile:
     ``workflows``: the valid ones. ``broken``: a workflow name (or
     ``FILE workflows[i]`` for one without a usable name) to its errors: it
     cannot be run, the others can (``warnings`` lists those errors).
+    ``ignored``: the keys of loaded workflows that were dropped as dstack
+    0.x dropped them, each placed at its line.
     """
 
     def __init__(
@@ -115,11 +122,13 @@ class WorkflowsFile:
         where: dict[str, _Where] | None = None,
         broken: dict[str, list[WorkflowError]] | None = None,
         paths: list[str] | None = None,
+        ignored: list[WorkflowError] | None = None,
     ) -> None:
         self.path = path
         self.paths = paths or [path]
         self.workflows = workflows
         self.broken = broken or {}
+        self.ignored = ignored or []
         self._where = where or {
             name: _Where(path, tree or _yamltree.Tree(data=None), i) for i, name in enumerate(workflows)
         }
@@ -238,6 +247,7 @@ def load_workflows(sources: Sequence[Source]) -> WorkflowsFile:
         options=state.options,
         where=state.where,
         broken=state.broken,
+        ignored=state.ignored,
     )
 
 
@@ -248,6 +258,7 @@ class _Loaded:
     where: dict[str, _Where] = field(default_factory=dict)
     broken: dict[str, list[WorkflowError]] = field(default_factory=dict)
     seen: dict[str, _Where] = field(default_factory=dict)
+    ignored: list[WorkflowError] = field(default_factory=list)
 
 
 def _parse(source: Source) -> tuple[_yamltree.Tree, list[Any], list[WorkflowError]]:
@@ -272,6 +283,8 @@ def _load_one(state: _Loaded, item: Any, where: _Where) -> None:
         for e in where.tree.errors
         if _workflow_index(e.path) == where.index
     ]
+    ignored: list[WorkflowError] = []
+    item = _without_ignored_keys(item, where, ignored)
     workflow, options = _validate_workflow(item, where.index, where.tree, where.path, errors)
     label = _label(item, where)
     if workflow is not None:
@@ -285,8 +298,22 @@ def _load_one(state: _Loaded, item: Any, where: _Where) -> None:
         return
     assert workflow is not None
     state.workflows[label], state.where[label] = workflow, where
+    state.ignored += ignored
     if options is not None:
         state.options[label] = options
+
+
+def _without_ignored_keys(item: Any, where: _Where, ignored: list[WorkflowError]) -> Any:
+    """``item`` without the keys its provider ignored in dstack 0.x, each one
+    added to ``ignored`` at its line."""
+    provider = item.get("provider") if isinstance(item, dict) else None
+    dropped = DSTACK_IGNORED_KEYS.get(provider, {}) if isinstance(provider, str) else {}
+    present = [key for key in item if key in dropped] if dropped else []
+    for key in present:
+        loc = ("workflows", where.index, key)
+        message = f"ignored: the {provider} provider does not use '{key}' (dstack 0.x ignored it too); {dropped[key]}"
+        ignored.append(WorkflowError(where.path, where.tree.line_of(loc), key_path(loc, where.tree.data), message))
+    return {k: v for k, v in item.items() if k not in present} if present else item
 
 
 def _label(item: Any, where: _Where) -> str:

@@ -600,3 +600,57 @@ def test_an_artifact_may_be_an_absolute_path_of_the_machine_but_a_checkpoint_may
         assert any("expected a path inside the repository" in e for e in errors), errors
     errors = plan_errors("workflows:\n  - {name: a, provider: bash, commands: [x], checkpoint: /opt/ckpt}\n", "a")
     assert any("expected a path inside the repository" in e for e in errors), errors
+
+
+# ------------------------------------------------------------ 11. keys a provider ignored
+
+IGNORED = """\
+    workflows:
+      - name: train
+        provider: bash
+        python: 3.10
+        requirements: requirements.txt
+        commands:
+          - pip install -r requirements.txt
+          - python train.py
+      - name: serve
+        provider: docker
+        image: python:3.11-slim
+        requirements: requirements.txt
+        commands: [python serve.py]
+    """
+
+
+def test_requirements_on_bash_and_docker_is_a_warning_at_its_line_not_an_error():
+    file = load(IGNORED)
+
+    assert list(file.workflows) == ["train", "serve"]
+    assert file.warnings == []
+    assert [str(e) for e in file.ignored] == [
+        f"{PATH}:5: workflows[0] (train).requirements: ignored: the bash provider does not use 'requirements' "
+        "(dstack 0.x ignored it too); to install them, write environment: {requirements: FILE} "
+        "(or pip install -r FILE in commands)",
+        f"{PATH}:12: workflows[1] (serve).requirements: ignored: the docker provider does not use 'requirements' "
+        "(dstack 0.x ignored it too); install them in the image or in commands",
+    ]
+
+
+def test_an_ignored_key_builds_nothing_the_commands_run_as_written():
+    [job] = plan(IGNORED, "train").jobs
+
+    assert job.commands[-2:] == ["pip install -r requirements.txt", "python train.py"]
+    assert job.environment is None
+    assert load_workflows_file(textwrap.dedent(IGNORED), path=PATH).ignored  # the strict loader accepts it too
+
+
+def test_requirements_is_still_the_python_providers_and_other_keys_are_still_refused_on_bash():
+    file = load("""\
+        workflows:
+          - {name: a, provider: python, script: a.py, requirements: req.txt}
+          - {name: b, provider: bash, commands: [x], script: b.py}
+        """)
+
+    assert (file.ignored, list(file.workflows)) == ([], ["a"])
+    assert [str(e) for e in file.warnings] == [
+        f"{PATH}:3: workflows[1] (b).script: 'script' is for the python provider, not bash"
+    ]

@@ -141,6 +141,13 @@ def warn_broken(file: WorkflowsFile) -> None:
         click.echo("\n".join(f"  {e}" for e in errors), err=True)
 
 
+def warn_ignored(file: WorkflowsFile) -> None:
+    """A warning for each key ``file``'s workflows have that their provider
+    ignores, as dstack 0.x ignored it."""
+    for error in file.ignored:
+        warn(str(error))
+
+
 def print_json(value: Any) -> None:
     """What ``--json`` prints: the API's answer, indented."""
     click.echo(json.dumps(value, indent=2))

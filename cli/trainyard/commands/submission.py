@@ -101,6 +101,7 @@ def plan_locally(request: RunRequest) -> LocalRun:
         variables=variables,
     )
     common.warn_broken(file)
+    common.warn_ignored(file)
     sent = sorted({*inherited, *request.env})
     if sent:
         # Said before anything leaves: these values go to the server (encrypted there, masked in logs).

@@ -23,10 +23,12 @@ def workflows(as_json: bool) -> None:
     """List the repo's workflows: name, provider, resources and help.
 
     A workflow with errors is listed too (as a warning with its errors):
-    `trainyard run` of it fails, the others run.
+    `trainyard run` of it fails, the others run. A key its provider ignores,
+    as dstack 0.x ignored it (`requirements` on bash), is a warning too.
     """
     file = load_workflows(common.workflow_sources(find_workspace(Path.cwd()).root))
     entries = workflow_entries(file)
+    common.warn_ignored(file)
     if as_json:
         common.print_json(entries)
         return
