@@ -845,8 +845,7 @@ class Backends(TypedDict):
     )]
     AWS_PRINCIPAL_ARN: Annotated[str, Knob(
         "TRAINYARD_AWS_PRINCIPAL_ARN", TEXT, "",
-        "The role or user this server runs as in AWS, which workspaces' roles trust (README, "
-        "\"Connecting AWS\").",
+        "The role or user this server runs as in AWS, which workspaces' roles trust (docs/AWS.md).",
     )]
     AWS_IDENTITY_CERTIFICATES: Annotated[str, Knob(
         "TRAINYARD_AWS_IDENTITY_CERTIFICATES", TEXT, "",
@@ -1234,7 +1233,7 @@ def env_example() -> str:
         f"# change the declaration and run `{REGENERATE}`.",
         "#",
         "# Defaults suit the embedded mode (`make run`); production sets TRAINYARD_ENV=production",
-        '# and at least what README.md\'s "Configuration for production" lists. A line starting',
+        '# and at least what docs/PRODUCTION.md\'s "Configuration for production" lists. A line starting',
         "# with # has a computed default, stated in its note: uncomment it to set a value.",
     ]
     for title, topic in SERVER_TOPICS:
@@ -1285,8 +1284,8 @@ def markdown() -> str:
         "",
         "The server reads its configuration only from environment variables; this is every one,",
         "with its type, default and meaning. [`.env.example`](../.env.example) is the same list as",
-        "a file to start from, and README.md's",
-        '["Configuration for production"](../README.md#configuration-for-production) what',
+        "a file to start from, and PRODUCTION.md's",
+        '["Configuration for production"](PRODUCTION.md#configuration-for-production) what',
         "production must set. Defaults suit the embedded mode (`make run`); with",
         "`TRAINYARD_ENV=production` every unsafe default is an error at start, naming the",
         "variable to set.",

@@ -1,6 +1,6 @@
 """Every environment variable is declared once (backend/config/knobs.py), and
 what users read agrees with that declaration: .env.example and
-docs/CONFIGURATION.md are its output, and the README and the other documents
+docs/CONFIGURATION.md are its output, and docs/PRODUCTION.md and the other documents
 that name settings name declared ones. Test hooks are declared apart and
 refused in production."""
 
@@ -75,15 +75,15 @@ def test_the_active_lines_of_env_example_are_the_defaults(clean_environment: pyt
     assert read_everything() == defaults
 
 
-def test_the_readme_configuration_section_names_only_declared_variables() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Configuration for production\n", 1)[1].split("\n## ", 1)[0]
+def test_the_production_configuration_section_names_only_declared_variables() -> None:
+    production = (REPO / "docs" / "PRODUCTION.md").read_text()
+    section = production.split("\n## Configuration for production\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"\b(?:TRAINYARD|DJANGO|GITHUB|DATABASE|REDIS)_[A-Z0-9_]*[A-Z0-9]\b", section))
     from_file = {f"{k.env}_FILE" for k in SERVER_KNOBS if k.type.from_file}
     known = set(DECLARED) | from_file | {e.env for e in ELSEWHERE}
 
-    assert "(docs/CONFIGURATION.md)" in section
-    assert sorted(named - known) == [], "README.md names variables backend/config/knobs.py does not declare"
+    assert "(CONFIGURATION.md)" in section
+    assert sorted(named - known) == [], "docs/PRODUCTION.md names variables backend/config/knobs.py does not declare"
 
 
 def test_the_settings_tables_of_the_other_documents_agree_with_the_declaration() -> None:

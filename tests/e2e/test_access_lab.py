@@ -7,7 +7,7 @@ through the apps proxy on an origin of its own, with its token sent for the
 person; a kernel executes ``1+1`` over its websocket; the dashboard's cookies
 never reach the app's origin.
 
-The examples/lab workflow is what runs (the README's walkthrough)."""
+The examples/lab workflow is what runs (the README's `trainyard run lab --open`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from . import common, options
 
 @click.group(cls=common.Group)
 def backend() -> None:
-    """Cloud accounts the workspace runs machines in (README "Connecting AWS")."""
+    """Cloud accounts the workspace runs machines in (docs/AWS.md in the Trainyard repository)."""
 
 
 @backend.group("add", cls=common.Group)

@@ -1,7 +1,7 @@
 """The IAM documents a connected AWS account needs: the one source of truth.
 
 ``permission_policy`` is what the role (or user) may do: least privilege,
-each statement commented in README "Connecting AWS". ``trust_policy`` lets
+each statement commented in docs/AWS.md. ``trust_policy`` lets
 the server's principal assume the role with the workspace's external id.
 ``deploy/aws/policy.json``, ``deploy/aws/role.yaml`` (CloudFormation) and
 ``deploy/aws/role.tf.json`` (Terraform) are generated from here with ``python -m backend.clouds.backends.aws.policy``;

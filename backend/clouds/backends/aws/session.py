@@ -1,6 +1,6 @@
 """boto3 sessions and clients for one connected AWS account.
 
-Two ways to connect (docs/BACKENDS.md, README "Connecting AWS"):
+Two ways to connect (docs/BACKENDS.md, docs/AWS.md):
 
 - a role: ``config["role_arn"]`` and the server-generated
   ``config["external_id"]``; the server's own credentials (the default
