@@ -95,10 +95,51 @@ def storage_object(request: HttpRequest, token: str) -> HttpResponseBase:
     except FileNotFoundError:
         return _error(404, "Not found.")
     name = filename or key.rsplit("/", 1)[-1]
-    response = StreamingHttpResponse(Stepped(Blocks(handle)), content_type=DOWNLOAD_TYPE)
-    response["Content-Length"] = str(os.fstat(handle.fileno()).st_size)
+    total = os.fstat(handle.fileno()).st_size
+    try:
+        wanted = _byte_range(request.headers.get("Range", ""), total)
+    except RangeNotSatisfiable:
+        handle.close()
+        refused = _error(416, f"This file has {total} bytes: the range asked for starts past its end.")
+        refused["Content-Range"] = f"bytes */{total}"
+        return refused
+    start, end = wanted or (0, total)
+    handle.seek(start)
+    response = StreamingHttpResponse(Stepped(Blocks(handle, end - start)), content_type=DOWNLOAD_TYPE)
+    if wanted:
+        response.status_code = 206
+        response["Content-Range"] = f"bytes {start}-{end - 1}/{total}"
+    response["Content-Length"] = str(end - start)
+    response["Accept-Ranges"] = "bytes"
     response["Content-Disposition"] = content_disposition_header(True, name)
     return response
+
+
+class RangeNotSatisfiable(Exception):
+    """A ``Range`` that starts past the end of the file."""
+
+
+def _byte_range(header: str, total: int) -> tuple[int, int] | None:
+    """The part of a file of ``total`` bytes that a ``Range: bytes=`` header
+    asks for, as [start, end); None for the whole file (no header, or one
+    this does not serve: several ranges, other units); RangeNotSatisfiable
+    when it starts past the end. A resumed download asks ``bytes=N-``."""
+    unit, _, spec = header.partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash or not (first.isdigit() or (not first and last.isdigit())):
+        return None
+    if not first:  # the last N bytes
+        start = max(total - int(last), 0)
+        if not total:
+            raise RangeNotSatisfiable
+        return start, total
+    start = int(first)
+    if start >= total:
+        raise RangeNotSatisfiable
+    end = min(int(last) + 1, total) if last.isdigit() else total
+    return (start, end) if end > start else None
 
 
 @_inert
@@ -151,17 +192,21 @@ def _next_or_none(chunks: Iterator[bytes]) -> bytes | None:
 
 class Blocks:
     """An open file read in ``DOWNLOAD_BLOCK``s (Django's 4 KiB cost a send
-    per block: a 118 MB log ran at half the speed); closed at its end or by
-    ``close``."""
+    per block: a 118 MB log ran at half the speed), at most ``limit`` bytes
+    from where it stands; closed at its end or by ``close``."""
 
-    def __init__(self, handle: BinaryIO) -> None:
+    def __init__(self, handle: BinaryIO, limit: int | None = None) -> None:
         self._handle = handle
+        self._left = limit
 
     def __iter__(self) -> Iterator[bytes]:
         return self
 
     def __next__(self) -> bytes:
-        block = self._handle.read(DOWNLOAD_BLOCK)
+        size = DOWNLOAD_BLOCK if self._left is None else min(DOWNLOAD_BLOCK, self._left)
+        block = self._handle.read(size) if size else b""
+        if self._left is not None:
+            self._left -= len(block)
         if not block:
             self.close()
             raise StopIteration

@@ -12,10 +12,14 @@ answers. Every call has a timeout.
 from __future__ import annotations
 
 import hashlib
+import io
+import random
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Required, TypeAlias, TypedDict, Unpack, cast
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -26,13 +30,22 @@ from . import __version__, apitypes
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
-# A download over the server's rate limit (429) waits what Retry-After says
-# (at most a minute) and asks again, this many times before it fails.
-DOWNLOAD_RATE_RETRIES = 5
-MAX_RATE_WAIT_SECONDS = 60.0
 FINISHED = ("succeeded", "failed", "stopped")
-# Seconds before each retry of a submission that got no answer or a 5xx.
-SUBMIT_RETRY_WAITS = (1.0, 3.0)
+# Retries (docs/CLI.md, "The network"): a request that got no answer or a
+# 5xx is asked again after each of these seconds (with up to a quarter more
+# at random, so many clients do not come back at once), when asking twice
+# does no harm: GET, HEAD, PUT, DELETE, and a POST that carries an
+# Idempotency-Key. A connection that was never made is asked again after
+# CONNECT_RETRY_WAITS, whatever the method: nothing was sent.
+RETRY_WAITS = (0.5, 1.0, 2.0, 4.0, 8.0)
+CONNECT_RETRY_WAITS = (0.25, 0.5, 1.0)
+# A 429 or 503 waits what its Retry-After says (at most MAX_RATE_WAIT_SECONDS
+# each time); a 429 is asked again whatever the method (the server did nothing).
+MAX_RATE_WAIT_SECONDS = 60.0
+RATE_RETRIES = 5
+# All the waiting of one request together, at most: past it the last error stands.
+MAX_TOTAL_WAIT_SECONDS = 120.0
+REPEATABLE_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 
 
 # The SDK's names of the API's objects. Their fields are the schema's
@@ -169,12 +182,16 @@ class Client:
         """The server's status and limits (no token needed)."""
         return cast(ServerInfo, self._request("GET", "/api/v1/health/"))
 
-    def upload_blob(self, data: bytes | Path) -> Blob:
-        """Upload code (a tar.gz or a patch); a Path is streamed from disk."""
+    def upload_blob(self, data: bytes | Path, *, on_bytes: Callable[[int], None] | None = None) -> Blob:
+        """Upload code (a tar.gz or a patch); a Path is streamed from disk.
+        ``on_bytes``: called with the count of each part sent (negative when
+        a retry sends it again from the start)."""
         if isinstance(data, Path):
             with data.open("rb") as f:
                 size = data.stat().st_size
-                return cast(Blob, self._blob(f, size))
+                return cast(Blob, self._blob(_Counted(f, on_bytes) if on_bytes else f, size))
+        if on_bytes:
+            return cast(Blob, self._blob(_Counted(io.BytesIO(data), on_bytes), len(data)))
         return cast(Blob, self._blob(data, len(data)))
 
     def rerun(self, name: str) -> Rerun:
@@ -201,24 +218,18 @@ class Client:
         the workflow's environment (``trainyard env build``).
         ``idempotency_key``: names this submission (default: a new one); a
         timeout, a lost connection or a 5xx is tried again with it
-        (``SUBMIT_RETRY_WAITS``), which makes no second run (docs/API.md)."""
+        (``RETRY_WAITS``), which makes no second run (docs/API.md)."""
         body = _run_body(code, submission) | ({"environment_build": True} if environment_build else {})
         # One key for this submission and every retry of it: a retry whose
         # first copy did make a run is answered with that run.
         headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
-        for wait in SUBMIT_RETRY_WAITS:
-            try:
-                return cast(Run, self._request("POST", self._ws("runs/"), json=body, headers=headers))
-            except ApiError as error:
-                if not _worth_retrying(error):
-                    raise
-            time.sleep(wait)
         return cast(Run, self._request("POST", self._ws("runs/"), json=body, headers=headers))
 
     def plan_run(self, *, code: dict[str, Any], **submission: Unpack[RunSubmission]) -> Plan:
         """What ``create_run`` would do, submitting nothing. ``code`` may carry
         ``patch_sha256``/``archive_sha256`` instead of blob ids (``code.code_digests``)."""
-        return cast(Plan, self._request("POST", self._ws("runs/plan/"), json=_run_body(code, submission)))
+        url, body = self._ws("runs/plan/"), _run_body(code, submission)
+        return cast(Plan, self._request("POST", url, json=body, repeatable=True))
 
     def list_runs(
         self,
@@ -333,13 +344,52 @@ class Client:
     def download_artifact_file(self, artifact_id: str, path: str, out: BinaryIO) -> tuple[int, str]:
         """Stream one file into ``out`` (following the redirect to its signed
         URL); returns (bytes written, sha256 hex) for checking."""
-        url = self._ws(f"artifacts/{quote(artifact_id, safe='')}/files/{quote(path)}")
         digest, size = hashlib.sha256(), 0
-        for chunk in self._download(url):
+        for chunk in self._download(self._artifact_file_url(artifact_id, path)):
             out.write(chunk)
             digest.update(chunk)
             size += len(chunk)
         return size, digest.hexdigest()
+
+    def fetch_artifact_file(
+        self, artifact_id: str, path: str, partial: Path, *, on_bytes: Callable[[int], None] | None = None
+    ) -> tuple[int, str, int]:
+        """Download one file into ``partial``, continuing after the bytes
+        already there (``Range``; a server that sends the whole file instead
+        starts it over), also when the connection breaks midway (asked again
+        from where it broke, up to len(RETRY_WAITS) times). Returns (its size,
+        the sha256 of the whole file, the bytes it continued after).
+        ``on_bytes``: called with the count of each part written (negative
+        when it starts over)."""
+        url, count = self._artifact_file_url(artifact_id, path), on_bytes or (lambda n: None)
+        digest, broken = hashlib.sha256(), 0
+        with partial.open("a+b") as out:  # appends; the bytes there already are read for the digest
+            out.seek(0)
+            while block := out.read(1 << 20):
+                digest.update(block)
+            have = resumed = out.tell()
+            while True:
+                try:
+                    for offset, chunk in self._stream(url, start=have):
+                        if offset == 0 and have:
+                            out.truncate(0)
+                            digest, resumed = hashlib.sha256(), 0
+                            count(-have)
+                            have = 0
+                        out.write(chunk)
+                        digest.update(chunk)
+                        have += len(chunk)
+                        count(len(chunk))
+                    return have, digest.hexdigest(), resumed
+                except ApiError as error:
+                    if error.status is not None or broken >= len(RETRY_WAITS):
+                        raise
+                    time.sleep(_jittered(RETRY_WAITS[broken]))
+                    broken += 1
+                    out.flush()
+
+    def _artifact_file_url(self, artifact_id: str, path: str) -> str:
+        return self._ws(f"artifacts/{quote(artifact_id, safe='')}/files/{quote(path)}")
 
     def add_tag(self, name: str, run: str, *, force: bool = False) -> tuple[Tag, bool]:
         """Point tag ``name`` at ``run``: (the tag, whether it moved from
@@ -498,6 +548,16 @@ class Client:
         params = {"all": "1"} if all_ else {}
         return cast(list[Instance], self._request("GET", self._ws("instances/"), params=params))
 
+    def terminate_instance(self, name: str) -> Instance:
+        """Terminate the workspace's machine ``name`` (admins): terminating
+        until the backend confirms. A self-hosted one is revoked instead."""
+        url = self._ws(f"instances/{quote(name, safe='')}/terminate/")
+        return cast(Instance, self._request("POST", url, repeatable=True))
+
+    def revoke_runner(self, runner_id: str) -> None:
+        """Revoke a self-hosted machine (admins): its token is refused from now on."""
+        self._request("POST", self._ws(f"runners/{quote(runner_id, safe='')}/revoke/"), repeatable=True)
+
     def list_runners(self) -> list[SelfHostedRunner]:
         """The workspace's self-hosted machines, revoked ones last."""
         return cast(list[SelfHostedRunner], self._request("GET", self._ws("runners/")))
@@ -518,38 +578,88 @@ class Client:
     def _ws(self, rest: str) -> str:
         return f"/api/v1/workspaces/{quote(self.workspace, safe='')}/{rest}"
 
-    def _blob(self, content: bytes | BinaryIO, size: int) -> Any:
+    def _blob(self, content: bytes | BinaryIO | _Counted, size: int) -> Any:
         # An explicit Content-Length keeps httpx from chunking a file upload.
+        # Asking twice is harmless: a second copy is a blob no run names, which the storage sweep removes.
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
-        return self._request("POST", self._ws("blobs/"), content=content, headers=headers, timeout=TRANSFER_TIMEOUT)
+        url = self._ws("blobs/")
+        return self._request("POST", url, content=content, headers=headers, timeout=TRANSFER_TIMEOUT, repeatable=True)
 
     def _download(self, url: str) -> Iterator[bytes]:
-        """The body of a GET of ``url`` in chunks of 1 MiB, following redirects
-        (a file's signed URL in storage). Over the server's rate limit for
-        downloads (429: `trainyard logs` of a run of many jobs reads one log
-        each) it waits the ``Retry-After`` the server names and asks again,
-        at most DOWNLOAD_RATE_RETRIES times."""
-        for attempt in range(DOWNLOAD_RATE_RETRIES + 1):
-            with self._guard(), self._http.stream("GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT) as r:
-                if r.status_code == 429 and attempt < DOWNLOAD_RATE_RETRIES:
-                    r.read()
-                    wait = _retry_after(r)
-                elif r.status_code >= 400:
-                    r.read()
-                    raise _error_from(r)
-                else:
-                    yield from r.iter_bytes(1 << 20)
-                    return
+        """The body of a GET of ``url`` in chunks of 1 MiB (``_stream``)."""
+        for _, chunk in self._stream(url):
+            yield chunk
+
+    def _stream(self, url: str, *, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        """The body of a GET of ``url`` in chunks of 1 MiB, each with its
+        offset in the whole body, following redirects (a file's signed URL in
+        storage), retried as ``_request`` retries until its first byte (a 429
+        of the download rate limit waits its ``Retry-After``). ``start``:
+        from that byte on (``Range``); a server that sends the whole body
+        instead starts at offset 0."""
+        headers = {"Range": f"bytes={start}-"} if start else {}
+        retry, started = _Retry(repeatable=True), False
+        while True:
+            try:
+                with (
+                    self._guard(),
+                    self._http.stream(
+                        "GET", url, follow_redirects=True, timeout=TRANSFER_TIMEOUT, headers=headers
+                    ) as r,
+                ):
+                    if r.status_code >= 400:
+                        r.read()
+                        error = _error_from(r)
+                        wait = retry.after_answer(error, r)
+                        if wait is None:
+                            raise error
+                    else:
+                        started = True
+                        offset = start if start and r.status_code == 206 else 0
+                        for chunk in r.iter_bytes(1 << 20):
+                            yield offset, chunk
+                            offset += len(chunk)
+                        return
+            except ApiError as error:
+                if error.status is not None or started:
+                    raise
+                wait = retry.after_failure(error)
+                if wait is None:
+                    raise
             time.sleep(wait)
 
     def _request(self, method: str, url: str, **kwargs: Any) -> Any:
         return self._request_status(method, url, **kwargs)[1]
 
-    def _request_status(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
-        with self._guard():
-            response = self._http.request(method, url, **kwargs)
-        if response.status_code >= 400:
-            raise _error_from(response)
+    def _request_status(
+        self, method: str, url: str, *, repeatable: bool | None = None, **kwargs: Any
+    ) -> tuple[int, Any]:
+        """One call, retried when that is safe (``RETRY_WAITS``, ``Retry-After``);
+        ``repeatable``: asking twice does no harm (default: by the method, or an
+        Idempotency-Key)."""
+        if repeatable is None:
+            repeatable = method in REPEATABLE_METHODS or "Idempotency-Key" in (kwargs.get("headers") or {})
+        retry = _Retry(repeatable=repeatable)
+        while True:
+            content = kwargs.get("content")
+            if content is not None and hasattr(content, "seek"):
+                content.seek(0)  # a file body is sent again from its start
+            try:
+                with self._guard():
+                    response = self._http.request(method, url, **kwargs)
+            except ApiError as failure:
+                wait = retry.after_failure(failure)
+                if wait is None:
+                    raise
+                time.sleep(wait)
+                continue
+            if response.status_code < 400:
+                break
+            error = _error_from(response)
+            wait = retry.after_answer(error, response)
+            if wait is None:
+                raise error
+            time.sleep(wait)
         if response.status_code == 204 or not response.content:
             return response.status_code, None
         try:
@@ -577,15 +687,86 @@ def _transport_errors(url: str) -> Iterator[None]:
         raise ApiError(f"connection to Trainyard at {url} failed: {e}") from None
 
 
-def _worth_retrying(error: ApiError) -> bool:
-    """No answer (a timeout, a dropped connection) or the server's own failure."""
-    return error.status is None or error.status >= 500
+class _Counted:
+    """A file sent as a request's body, each read counted on ``on_bytes``;
+    ``seek`` (a retry sends it again) takes back what was counted."""
+
+    def __init__(self, file: BinaryIO, on_bytes: Callable[[int], None]) -> None:
+        self._file, self._on_bytes, self._sent = file, on_bytes, 0
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._file.read(size)
+        self._sent += len(chunk)
+        self._on_bytes(len(chunk))
+        return chunk
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._on_bytes(-self._sent)
+        self._sent = 0
+        return self._file.seek(offset, whence)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self.read(1 << 16):
+            yield chunk
 
 
-def _retry_after(response: httpx.Response) -> float:
-    """The seconds a 429 says to wait (whole seconds), at most MAX_RATE_WAIT_SECONDS."""
-    text = response.headers.get("Retry-After", "")
-    return min(float(text), MAX_RATE_WAIT_SECONDS) if text.isdigit() else 1.0
+class _Retry:
+    """The retries of one request: how long to wait before the next, or None
+    when it is not to be asked again (not safe to repeat, or the retries or
+    their total wait are spent)."""
+
+    def __init__(self, *, repeatable: bool) -> None:
+        self.repeatable = repeatable
+        self.failures = 0
+        self.rate_limited = 0
+        self.waited = 0.0
+
+    def after_failure(self, error: ApiError) -> float | None:
+        """No answer: a connection never made (any method), or one lost or timed out (a repeatable request)."""
+        never_sent = isinstance(error, ServerUnreachable)
+        waits = CONNECT_RETRY_WAITS if never_sent else RETRY_WAITS
+        if not (never_sent or self.repeatable) or self.failures >= len(waits):
+            return None
+        self.failures += 1
+        return self._spend(_jittered(waits[self.failures - 1]))
+
+    def after_answer(self, error: ApiError, response: httpx.Response) -> float | None:
+        status = response.status_code
+        said = _retry_after(response)
+        if status == 429 or (status == 503 and said is not None and self.repeatable):
+            if self.rate_limited >= RATE_RETRIES:
+                return None
+            self.rate_limited += 1
+            return self._spend(said if said is not None else _jittered(RETRY_WAITS[0]))
+        if status >= 500 and self.repeatable and self.failures < len(RETRY_WAITS):
+            self.failures += 1
+            return self._spend(_jittered(RETRY_WAITS[self.failures - 1]))
+        return None
+
+    def _spend(self, wait: float) -> float | None:
+        if self.waited + wait > MAX_TOTAL_WAIT_SECONDS:
+            return None
+        self.waited += wait
+        return wait
+
+
+def _jittered(seconds: float) -> float:
+    return seconds * (1 + random.random() / 4)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds ``Retry-After`` says to wait (a number of seconds or an
+    HTTP date), at most MAX_RATE_WAIT_SECONDS; None without one."""
+    text = response.headers.get("Retry-After", "").strip()
+    if text.isdigit():
+        return min(float(text), MAX_RATE_WAIT_SECONDS)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max((when - datetime.now(UTC)).total_seconds(), 0.0), MAX_RATE_WAIT_SECONDS)
 
 
 def _error_from(response: httpx.Response) -> ApiError:

@@ -159,7 +159,7 @@ class AnswerLost(httpx.BaseTransport):
 def test_the_cli_retries_a_submission_whose_answer_was_lost_and_makes_one_run(
     team: Workspace, member: Person, web_server: WebServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api, "SUBMIT_RETRY_WAITS", (0.0, 0.0))
+    monkeypatch.setattr(api, "RETRY_WAITS", (0.0, 0.0))
     server = web_server.start()
     transport = AnswerLost()
     body = _body()

@@ -1,18 +1,22 @@
 """``trainyard artifacts``: list a run's artifacts and download them, each
-file checked against its manifest's size and sha256."""
+file checked against its manifest's size and sha256; several at once, and a
+cut-off download continued where it stopped."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import click
 
-from ..api import ApiError, Artifact, Client, Export
-from ..code import keep_out_of_git
+from ..api import ApiError, Artifact, ArtifactFile, Client, Export
+from ..code import file_sha256, keep_out_of_git
 from ..output import export_lines, print_table, size
+from ..progress import Transfers, transfers
 from . import common, options
 
 
@@ -71,9 +75,24 @@ def _exports(api: Client, run_name: str) -> list[Export]:
     show_default=True,
     help="Directory to write into.",
 )
-def artifacts_download(run_name: str, out_dir: Path) -> None:
-    """Download every file of RUN's artifacts to OUTPUT/<artifact>/<file>,
+@click.option(
+    "--path",
+    "patterns",
+    multiple=True,
+    metavar="PATTERN",
+    help="Only the files whose <artifact>/<file> path matches PATTERN (a glob, or a folder); repeatable.",
+)
+@click.option(
+    "-j", "--parallel", type=click.IntRange(1, 16), default=4, show_default=True, help="Files downloaded at once."
+)
+def artifacts_download(run_name: str, out_dir: Path, patterns: tuple[str, ...], parallel: int) -> None:
+    """Download the files of RUN's artifacts to OUTPUT/<artifact>/<file>,
     checking each file's size and sha256.
+
+    A file already there with the right sha256 is kept; a download that was
+    cut off continues where it stopped (the part is kept beside the file as
+    <file>.trainyard-part), so running it again finishes the rest. Progress
+    bars show on a terminal (stderr).
 
     Inside a git working tree, the files are added to the repo's
     .git/info/exclude, so they do not change the code your next runs ship
@@ -83,14 +102,30 @@ def artifacts_download(run_name: str, out_dir: Path) -> None:
     incomplete = [a for a in found if a["status"] != "complete"]
     for artifact in incomplete:
         common.warn(f"artifact {artifact['path']} is still {artifact['status']}; skipped")
+    root = out_dir.resolve()
+    wanted = [
+        (artifact, entry, _safe_destination(root, artifact["path"], entry["path"]))
+        for artifact in found
+        if artifact["status"] == "complete"
+        for entry in artifact["files"]
+    ]
+    if patterns:
+        wanted = [w for w in wanted if _matches(w[2].relative_to(root).as_posix(), patterns)]
+        if not wanted:
+            raise common.CliError(f"no file of run {run_name}'s artifacts matches {', '.join(patterns)}")
     count, total, written = 0, 0, []
     try:
-        for artifact in found:
-            if artifact["status"] == "complete":
-                for dest, nbytes in _download_artifact(api, artifact, out_dir.resolve()):
-                    click.echo(f"{common.display_path(dest)}  {size(nbytes)}")
-                    count, total = count + 1, total + nbytes
-                    written.append(dest)
+        with transfers() as shown, ThreadPoolExecutor(max_workers=parallel) as pool:
+            futures = [pool.submit(_download_file, api, shown, *w) for w in wanted]
+            try:
+                for future in as_completed(futures):
+                    done = future.result()
+                    click.echo(f"{common.display_path(done.dest)}  {size(done.size)}{done.note}")
+                    count, total = count + 1, total + done.size
+                    written.append(done.dest)
+            finally:
+                for future in futures:
+                    future.cancel()
     finally:
         _keep_out_of_code(out_dir, written)
     click.echo(f"Downloaded {count} file{'s' * (count != 1)} ({size(total)}) to {out_dir}", err=True)
@@ -100,21 +135,50 @@ def artifacts_download(run_name: str, out_dir: Path) -> None:
         )
 
 
-def _download_artifact(api: Client, artifact: Artifact, root: Path) -> Iterator[tuple[Path, int]]:
-    for entry in artifact["files"]:
-        dest = _safe_destination(root, artifact["path"], entry["path"])
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(dest.name + ".trainyard-part")
-        with partial.open("wb") as out:
-            written, digest = api.download_artifact_file(artifact["id"], entry["path"], out)
-        if written != entry["size"] or digest != entry["sha256"]:
-            partial.unlink()
-            raise common.CliError(
-                f"{artifact['path']}/{entry['path']}: downloaded {written} bytes with sha256 "
-                f"{digest}, but the manifest says {entry['size']} bytes with sha256 {entry['sha256']}"
-            )
-        os.replace(partial, dest)
-        yield dest, written
+@dataclass(frozen=True)
+class Downloaded:
+    dest: Path
+    size: int
+    note: str  # "" (downloaded), "  (already here)", "  (continued after 1.0 MiB)"
+
+
+def _download_file(api: Client, shown: Transfers, artifact: Artifact, entry: ArtifactFile, dest: Path) -> Downloaded:
+    """One file to ``dest`` through ``dest``.trainyard-part, continuing the
+    part a cut-off download left; checked against the manifest."""
+    expected, name = (entry["size"], entry["sha256"]), f"{artifact['path']}/{entry['path']}"
+    if dest.is_file() and dest.stat().st_size == entry["size"] and file_sha256(dest) == entry["sha256"]:
+        return Downloaded(dest, entry["size"], "  (already here)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".trainyard-part")
+    if partial.is_file() and partial.stat().st_size >= entry["size"]:
+        if (partial.stat().st_size, file_sha256(partial)) == expected:
+            os.replace(partial, dest)
+            return Downloaded(dest, entry["size"], "")
+        partial.unlink()
+    bar = shown.bar(PurePosixPath(entry["path"]).name, entry["size"])
+    try:
+        bar.advance(partial.stat().st_size if partial.is_file() else 0)
+        written, digest, resumed = api.fetch_artifact_file(artifact["id"], entry["path"], partial, on_bytes=bar.advance)
+    finally:
+        bar.done()
+    if (written, digest) != expected:
+        partial.unlink()
+        raise common.CliError(
+            f"{name}: downloaded {written} bytes with sha256 "
+            f"{digest}, but the manifest says {entry['size']} bytes with sha256 {entry['sha256']}"
+        )
+    os.replace(partial, dest)
+    return Downloaded(dest, written, f"  (continued after {size(resumed)})" if resumed else "")
+
+
+def _matches(relative: str, patterns: tuple[str, ...]) -> bool:
+    """``relative`` (<artifact>/<file> as written under OUTPUT) matches a
+    glob of ``patterns``, or lies in a folder one names."""
+    for pattern in patterns:
+        clean = pattern.strip().removeprefix("./").rstrip("/")
+        if fnmatch.fnmatchcase(relative, clean) or relative.startswith(clean + "/"):
+            return True
+    return False
 
 
 def _safe_destination(root: Path, artifact_path: str, file_path: str) -> Path:

@@ -46,6 +46,7 @@ from ..output import (
     reused_artifact_lines,
     reused_words,
 )
+from ..progress import transfers
 from . import common
 
 
@@ -146,9 +147,19 @@ def submit(
         click.echo("\n".join(plan_lines({**planned, "help": planned.get("help") or local_help})))
         click.echo("Nothing was submitted.", err=True)
         return None
-    code = prepare_code(
-        local.workspace, force_upload=upload, upload_blob=api.upload_blob, warn=common.warn, check=guard
-    )
+    with transfers() as shown:
+
+        def upload_blob(data: bytes | Path) -> Any:
+            total = data.stat().st_size if isinstance(data, Path) else len(data)
+            bar = shown.bar("Uploading code", total)
+            try:
+                return api.upload_blob(data, on_bytes=bar.advance)
+            finally:
+                bar.done()
+
+        code = prepare_code(
+            local.workspace, force_upload=upload, upload_blob=upload_blob, warn=common.warn, check=guard
+        )
     return api.create_run(code=code, environment_build=local.request.environment_build, **local.submission)
 
 
