@@ -22,6 +22,7 @@ from backend.accounts.tenancy import WorkspaceAPIView
 from backend.billing.rules import billed_machine, machine_cost, machine_seconds
 from backend.clouds.models import LIVE_STATUSES, CloudAccount, Instance, InstanceStatus
 from backend.clouds.services.connections import aws_connect, aws_setup, aws_validate, backend_remove
+from backend.clouds.services.instances import instance_terminate_named
 from backend.clouds.services.offers import Candidate, catalog_date, offer_requirements, offers_rank
 from backend.core.errors import NotFound
 from backend.runs.models import ACTIVE_JOB, Job
@@ -119,6 +120,22 @@ class InstanceListView(WorkspaceAPIView):
         current = {job.instance_id: job for job in active}
         context = {"current": current, "now": timezone.now()}
         return Response(InstanceOut(shown, many=True, context=context).data)
+
+
+class InstanceTerminateView(WorkspaceAPIView):
+    """An admin ends one of the workspace's machines (audited)."""
+
+    write_role = Role.ADMIN
+
+    @extend_schema(request=None, responses={202: InstanceOut})
+    def post(self, request: Request, workspace: str, name: str) -> Response:
+        by = signed_in_user(request).username
+        instance, asked = instance_terminate_named(workspace=self.workspace, name=name, by=by)
+        if asked:
+            self.audit(AuditKind.BACKEND, "instance.terminated", name, {"backend": instance.backend})
+        active = Job.objects.filter(instance=instance, status__in=ACTIVE_JOB).select_related("run").first()
+        context = {"current": {instance.pk: active} if active else {}, "now": timezone.now()}
+        return Response(InstanceOut(instance, context=context).data, status=202)
 
 
 # ------------------------------------------------------------------ backends

@@ -68,6 +68,7 @@ urlpatterns = [
     path(f"{ws}/repos/", repos.RepoListView.as_view()),
     path(f"{ws}/repos/credential/", repos.RepoCredentialView.as_view()),
     path(f"{ws}/instances/", clouds.InstanceListView.as_view()),
+    path(f"{ws}/instances/<str:name>/terminate/", clouds.InstanceTerminateView.as_view()),
     path(f"{ws}/runners/", selfhosted.SelfHostedRunnerListView.as_view()),
     path(f"{ws}/runners/registration-tokens/", selfhosted.RegistrationTokenListView.as_view()),
     path(f"{ws}/runners/registration-tokens/<uuid:token>/", selfhosted.RegistrationTokenDetailView.as_view()),

@@ -39,7 +39,7 @@ from .commands import (
     repo,
     rerun,
     run,
-    runner,
+    runners,
     secrets,
     show,
     ssh,
@@ -73,7 +73,7 @@ COMMANDS: list[click.Command] = [
     repo.repo,
     rerun.rerun,
     run.run,
-    runner.runner,
+    runners.runners,
     secrets.secrets,
     show.show,
     ssh.ssh,
@@ -88,7 +88,11 @@ COMMANDS: list[click.Command] = [
 ]
 
 
-@click.group(cls=common.Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Other names of commands, kept working (not listed in the help).
+ALIASES = {"runner": "runners"}
+
+
+@click.group(cls=common.Group, context_settings={"help_option_names": ["-h", "--help"]}, aliases=ALIASES)
 @click.version_option(__version__, prog_name="trainyard")
 def cli() -> None:
     """Run ML training workflows on Trainyard.

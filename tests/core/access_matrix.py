@@ -203,6 +203,9 @@ ROUTES: dict[str, dict[str, Call]] = {
     },
     # ---------------------------------------------------------- compute
     f"{WS}/instances/": {"GET": Call(read())},
+    # Admins end a machine; acme's only one is its registered self-hosted "box", which is revoked, not
+    # terminated: refused with that (ending a cloud machine: tests/clouds/test_instance_terminate.py).
+    f"{WS}/instances/<str:name>/terminate/": {"POST": Call(admin(409), params={"name": "box"})},
     f"{WS}/offers/": {"GET": Call(read())},
     f"{WS}/backends/": {
         "GET": Call(read()),

@@ -41,6 +41,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from trainyard_runner import protocol
 
+from backend.accounts.models import Workspace
 from backend.clouds.backends.base import Handle, Offer
 from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.registry import compute_class
@@ -58,6 +59,7 @@ from backend.core.channels import send_to_channel
 from backend.core.clock import db_now
 from backend.core.counters import provisioning_observe
 from backend.core.enqueue import enqueue
+from backend.core.errors import ApplicationError, NotFound
 from backend.core.tokens import API_TOKEN_PREFIX, RUNNER_TOKEN_PREFIX, hash_token
 
 logger = logging.getLogger(__name__)
@@ -581,6 +583,31 @@ def instance_request_termination(
             transaction.on_commit(lambda: send_to_channel(channel, {"type": "runner.frame", "frame": frame}))
         enqueue("backend.clouds.tasks.instance_terminate", instance_id)
     return changed
+
+
+def instance_terminate_named(*, workspace: Workspace, name: str, by: str) -> tuple[Instance, bool]:
+    """A person ends the workspace's machine ``name`` (its live one, else its
+    latest) through the retire path: its runner is told to shut down and the
+    backend to terminate it; a job on it ends as one whose machine went away.
+    Asking again while it terminates answers it as it is. Returns the
+    instance and whether this call asked for its termination."""
+    found = Instance.objects.for_workspace(workspace).filter(name=name).order_by("-created_at")
+    instance = found.filter(status__in=[*LIVE_STATUSES, InstanceStatus.TERMINATING]).first() or found.first()
+    if instance is None:
+        raise NotFound(f"No instance named {name!r} in this workspace (see `trainyard instances --all`).")
+    if instance.backend == BackendKind.SELF_HOSTED:
+        raise ApplicationError(
+            f"{name} is a self-hosted machine: it is not Trainyard's to terminate; "
+            f"revoke its runner instead (`trainyard runners revoke {name}`).",
+            status_code=409,
+        )
+    if instance.status in (InstanceStatus.TERMINATED, InstanceStatus.LOST):
+        raise ApplicationError(f"{name} is already {instance.status}.", status_code=409)
+    asked = instance.status != InstanceStatus.TERMINATING and instance_request_termination(
+        instance_id=str(instance.pk), reason=InstanceReason.TERMINATE_REQUESTED, message=f"terminated by {by}"
+    )
+    instance.refresh_from_db()
+    return instance, asked
 
 
 def instance_terminated(*, instance_id: str, message: str = "the backend confirmed") -> bool:

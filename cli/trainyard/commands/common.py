@@ -51,7 +51,15 @@ class CliError(click.ClickException):
 
 
 class Group(click.Group):
-    """Turns the SDK's exceptions into CliError: a message, never a traceback."""
+    """Turns the SDK's exceptions into CliError: a message, never a traceback.
+    ``aliases``: other names of its commands ({alias: name}), not listed in its help."""
+
+    def __init__(self, *args: Any, aliases: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = aliases or {}
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.aliases.get(cmd_name, cmd_name))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -833,6 +833,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/instances/{name}/terminate/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description An admin ends one of the workspace's machines (audited). */
+        post: operations["workspaces_instances_terminate_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/invitations/": {
         parameters: {
             query?: never;
@@ -4735,6 +4752,28 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["InstanceOut"][];
+                };
+            };
+        };
+    };
+    workspaces_instances_terminate_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                name: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InstanceOut"];
                 };
             };
         };

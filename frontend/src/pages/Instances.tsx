@@ -1,18 +1,31 @@
 import { useState } from "react";
 import { Link } from "react-router-dom";
-import { get, wsPath } from "../api/client";
+import { get, post, wsPath } from "../api/client";
 import type { Instance } from "../api/types";
-import { DataTable } from "../components/DataTable";
-import { EmptyState, ErrorBanner, PageHeader, StatusBadge, Time } from "../components/ui";
+import { ACTIONS_COLUMN, DataTable } from "../components/DataTable";
+import { ConfirmButton, EmptyState, ErrorBanner, Notice, PageHeader, StatusBadge, Time } from "../components/ui";
 import { humanBytes, humanDuration } from "../lib/format";
-import { useInterval, useResource } from "../lib/hooks";
+import { useApiList, useInterval } from "../lib/hooks";
 import { useWorkspace } from "../workspace";
 
+/** Machines an admin may terminate here: live cloud or local ones (a self-hosted one is revoked on its own page). */
+const TERMINABLE = new Set(["provisioning", "idle", "busy", "unreachable"]);
+
 export function InstancesPage() {
-  const { slug } = useWorkspace();
+  const { slug, isAdmin } = useWorkspace();
   const [all, setAll] = useState(false);
-  const instances = useResource<Instance[]>(`${slug}/${all}`, () => get<Instance[]>(wsPath(slug, "instances/"), { all: all ? 1 : "" }));
+  const [notice, setNotice] = useState<string | null>(null);
+  const instances = useApiList<Instance>(`${slug}/${all}`, () => get<Instance[]>(wsPath(slug, "instances/"), { all: all ? 1 : "" }));
   useInterval(() => void instances.reload(), 10_000);
+
+  const terminate = async (instance: Instance) => {
+    instances.setActionError(null);
+    setNotice(null);
+    await instances.act(async () => {
+      const ended = await post<Instance>(wsPath(slug, `instances/${encodeURIComponent(instance.name)}/terminate/`));
+      setNotice(`${ended.name} is ${ended.status}: the backend is terminating it.`);
+    });
+  };
 
   return (
     <>
@@ -21,7 +34,8 @@ export function InstancesPage() {
           <input type="checkbox" checked={all} onChange={(e) => setAll(e.target.checked)} /> Show terminated
         </label>
       </PageHeader>
-      <ErrorBanner error={instances.error} />
+      <ErrorBanner error={instances.error ?? instances.actionError} />
+      {notice ? <Notice>{notice}</Notice> : null}
       <DataTable
         rows={instances.data}
         error={instances.error}
@@ -44,6 +58,7 @@ export function InstancesPage() {
           "Current job",
           { label: "Uptime", className: "num" },
           "Last heartbeat",
+          isAdmin && ACTIONS_COLUMN,
         ]}
         renderRow={(instance) => (
           <tr key={instance.id}>
@@ -81,6 +96,17 @@ export function InstancesPage() {
             <td>
               <Time iso={instance.last_heartbeat_at} />
             </td>
+            {isAdmin ? (
+              <td className="actions">
+                {TERMINABLE.has(instance.status) && instance.backend !== "self-hosted" ? (
+                  <ConfirmButton
+                    label="Terminate"
+                    confirmLabel={instance.current_job ? "Terminate, ending its job" : "Terminate now"}
+                    onConfirm={() => terminate(instance)}
+                  />
+                ) : null}
+              </td>
+            ) : null}
           </tr>
         )}
       />
