@@ -343,7 +343,10 @@ def _sorted(errors: list[WorkflowError], paths: list[str]) -> list[WorkflowError
 
 
 def _none_found(root: Path) -> WorkflowError:
-    message = f"no workflows file: create {WORKFLOW_FILES[0]} (or {WORKFLOW_FILES[1]}) with a 'workflows:' list"
+    message = (
+        f"no workflows file: `trainyard init` writes a starter, or create {WORKFLOW_FILES[0]} "
+        f"(or {WORKFLOW_FILES[1]}) with a 'workflows:' list"
+    )
     return WorkflowError(str(root), None, "workflows", message)
 
 

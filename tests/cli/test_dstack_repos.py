@@ -196,7 +196,7 @@ def test_workflows_in_a_repo_without_any(tmp_path: Path, monkeypatch: pytest.Mon
     code, _, err = invoke("workflows")
     assert code == 1
     assert err == textwrap.dedent(f"""\
-        {tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list
+        {tmp_path}: workflows: no workflows file: `trainyard init` writes a starter, or create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list
         """)
 
 

@@ -436,8 +436,8 @@ def test_dstack_path_is_the_fallback(tmp_path: Path):
     with pytest.raises(WorkflowFileError) as info:
         find_workflows_file(tmp_path)
     assert (
-        str(info.value)
-        == f"{tmp_path}: workflows: no workflows file: create .trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list"
+        str(info.value) == f"{tmp_path}: workflows: no workflows file: `trainyard init` writes a starter, or create "
+        ".trainyard/workflows.yaml (or .dstack/workflows.yaml) with a 'workflows:' list"
     )
     (tmp_path / ".dstack").mkdir()
     (tmp_path / ".dstack" / "workflows.yaml").write_text("workflows: []\n")
