@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -54,11 +55,27 @@ def test_it_plans_with_a_gpu_and_without(workflow: str, gpus: int, requirements:
     assert (job.checkpoint, job.artifacts) == ("./checkpoint", ["./model"])
 
 
+def test_trainyard_workflows_lists_both_with_their_resources(tmp_path: Path) -> None:
+    copy = tmp_path / "pytorch-cifar"
+    shutil.copytree(EXAMPLE, copy)
+    trainyard = Path(sys.executable).parent / "trainyard"
+
+    listed = subprocess.run(
+        [str(trainyard), "workflows", "--json"], cwd=copy, capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert (listed.returncode, listed.stderr) == (0, ""), listed.stderr
+    entries = {e["name"]: e for e in json.loads(listed.stdout)}
+    assert {name: e["resources"]["gpu_count"] for name, e in entries.items()} == {"train": 1, "train-cpu": 0}
+    assert entries["train"]["placement"]["spot_policy"] == "auto"
+
+
 def test_the_gpu_workflow_runs_on_spot_and_comes_back_after_an_interruption() -> None:
     train = example().workflows["train"]
 
     assert train.placement()["spot_policy"] == "auto"
-    assert train.retry is not None and "interruption" in str(train.retry)
+    assert train.retry is not None
+    assert (train.retry.on_events, train.retry.limit) == (["interruption", "instance_lost"], 3)
 
 
 def _cifar_archive(path: Path, images: int) -> None:
