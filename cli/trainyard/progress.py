@@ -23,16 +23,22 @@ from rich.progress import (
 
 class Transfers:
     """One display of bars, each a file or an upload by bytes; safe to
-    advance from several threads. Without a terminal it draws nothing."""
+    advance from several threads. Without a terminal it draws nothing. It
+    starts drawing at its first bar, so a question asked before (the code
+    size check's) is not drawn over."""
 
     def __init__(self, progress: Progress | None) -> None:
         self._progress = progress
         self._lock = threading.Lock()
+        self.started = False
 
     def bar(self, label: str, total: int | None, *, done: int = 0) -> Bar:
         if self._progress is None:
             return Bar(None, None, self._lock)
         with self._lock:
+            if not self.started:
+                self._progress.start()
+                self.started = True
             task = self._progress.add_task(label, total=total, completed=done)
         return Bar(self._progress, task, self._lock)
 
@@ -68,5 +74,9 @@ def transfers(*, enabled: bool | None = None) -> Iterator[Transfers]:
         console=Console(file=sys.stderr),
         transient=True,
     )
-    with progress:
-        yield Transfers(progress)
+    shown = Transfers(progress)
+    try:
+        yield shown
+    finally:
+        if shown.started:
+            progress.stop()

@@ -5,6 +5,7 @@ Real sockets and real waits (short ones)."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import socket
@@ -162,3 +163,52 @@ def test_a_server_that_is_not_there_is_asked_a_few_times_then_named(monkeypatch:
         raised.value.message == f"cannot reach Trainyard at http://127.0.0.1:{port}: is the server running (make run)?"
     )
     assert 1.75 <= time.monotonic() - started < 5
+
+
+def test_a_download_whose_connection_breaks_midway_continues_from_where_it_broke(tmp_path) -> None:
+    body = bytes(range(256)) * 4096 * 4  # 4 MiB: the client writes whole MiBs as they come
+    ranges: list[str | None] = []
+
+    class Storage(BaseHTTPRequestHandler):
+        """The file endpoint redirects to its bytes; the first answer breaks after 2.5 MiB of them."""
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            if self.path.endswith("/files/w.bin"):
+                self.send_response(302)
+                self.send_header("Location", "/signed/w.bin")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            asked = self.headers.get("Range")
+            ranges.append(asked)
+            start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
+            self.send_response(206 if asked else 200)
+            self.send_header("Content-Length", str(len(body) - start))
+            if asked:
+                self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            self.end_headers()
+            if len(ranges) == 1:
+                self.wfile.write(body[: 5 << 19])
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+            self.wfile.write(body[start:])
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Storage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    counted: list[int] = []
+    try:
+        with client(f"http://127.0.0.1:{server.server_address[1]}") as c:
+            part = tmp_path / "w.bin.trainyard-part"
+            size, digest, resumed = c.fetch_artifact_file("a1", "w.bin", part, on_bytes=counted.append)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert part.read_bytes() == body
+    assert (size, resumed, sum(counted)) == (len(body), 0, len(body))
+    assert digest == hashlib.sha256(body).hexdigest()
+    assert ranges == [None, f"bytes={2 << 20}-"]  # the 2 MiB written before the break are kept

@@ -12,6 +12,11 @@ passes the accessibility audit.
 from __future__ import annotations
 
 import hashlib
+import os
+import pty
+import re
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +26,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, expect
 from trainyard.output import size
 
-from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
+from tests.e2e.conftest import FINISHED, TRAINYARD, User, commit_all, make_repo, run_name_of
 from tests.e2e.test_dashboard import nav_to, screenshot
 from tests.e2e.test_dashboard_metrics import signed_in
 from tests.support.accessibility import audit
@@ -79,6 +84,45 @@ def ended(user: User, name: str, timeout: float = 60) -> dict[str, Any]:
     raise AssertionError(f"instance {name} did not end in {timeout}s: {instances(user, all_=True)}")
 
 
+def on_a_terminal(user: User, cwd: Path, *args: str) -> tuple[int, str, str]:
+    """`trainyard ARGS` with stderr on a terminal (a pty) and stdout piped:
+    exit code, stdout, and what the terminal showed (ANSI codes removed)."""
+    env = {
+        **os.environ,
+        "TRAINYARD_URL": user.stack.url,
+        "TRAINYARD_TOKEN": user.token,
+        "HOME": str(cwd.parent),
+        "COLUMNS": "120",
+        "TERM": "xterm-256color",
+    }
+    main, terminal = pty.openpty()
+    shown: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the other side closed
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        process = subprocess.Popen(
+            [str(TRAINYARD), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal
+        )
+        os.close(terminal)
+        stdout, _ = process.communicate(timeout=120)
+        reader.join(10)
+    finally:
+        os.close(main)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(shown).decode(errors="replace"))
+    return process.returncode, stdout.decode(), text
+
+
 def test_downloads_run_at_once_pick_files_by_path_and_continue_a_cut_off_file(jade: User, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "shards-repo")
     (repo / ".trainyard" / "workflows.yaml").write_text(SHARDS)
@@ -131,6 +175,21 @@ def test_downloads_run_at_once_pick_files_by_path_and_continue_a_cut_off_file(ja
     assert not (tmp_path / "again" / "shards" / "part-1.bin.trainyard-part").exists()
     retried = jade.cli(tmp_path, "artifacts", "download", name, "-o", "again", "--path", "shards/part-1.bin")
     assert retried.stdout == f"again/shards/part-1.bin  {size(3 * MIB)}\n", retried.stderr
+
+    # On a terminal the bars show on stderr (bytes of all the files, and each one's); stdout is the same lines.
+    code, out, terminal = on_a_terminal(jade, tmp_path, "artifacts", "download", name, "-o", "tty", "--path", "shards")
+    assert code == 0, terminal
+    assert sorted(out.splitlines()) == [f"tty/shards/part-{i}.bin  {size(3 * MIB)}" for i in range(3)]
+    assert re.search(r"3 files .*9\.4/9\.4 MB", terminal), terminal
+    assert terminal.rstrip().endswith("Downloaded 3 files (9.0 MiB) to tty"), terminal
+
+
+def test_a_code_upload_shows_its_progress_on_a_terminal(jade: User, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "tiny-train")
+    code, out, terminal = on_a_terminal(jade, repo, "run", "hello", "-d", "--upload")
+    assert code == 0, terminal
+    assert re.search(r"Uploading code .*kB", terminal), terminal
+    finished(jade, run_name_of(subprocess.CompletedProcess([], 0, out, "")))
 
 
 def test_an_admin_terminates_the_idle_machine_a_run_left_from_the_cli(jade: User, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import click
 from ..api import ApiError, Artifact, ArtifactFile, Client, Export
 from ..code import file_sha256, keep_out_of_git
 from ..output import export_lines, print_table, size
-from ..progress import Transfers, transfers
+from ..progress import Bar, Transfers, transfers
 from . import common, options
 
 
@@ -116,7 +116,9 @@ def artifacts_download(run_name: str, out_dir: Path, patterns: tuple[str, ...], 
     count, total, written = 0, 0, []
     try:
         with transfers() as shown, ThreadPoolExecutor(max_workers=parallel) as pool:
-            futures = [pool.submit(_download_file, api, shown, *w) for w in wanted]
+            label = f"{len(wanted)} file{'s' * (len(wanted) != 1)}"
+            everything = shown.bar(label, sum(entry["size"] for _, entry, _ in wanted))
+            futures = [pool.submit(_download_file, api, shown, everything, *w) for w in wanted]
             try:
                 for future in as_completed(futures):
                     done = future.result()
@@ -142,23 +144,33 @@ class Downloaded:
     note: str  # "" (downloaded), "  (already here)", "  (continued after 1.0 MiB)"
 
 
-def _download_file(api: Client, shown: Transfers, artifact: Artifact, entry: ArtifactFile, dest: Path) -> Downloaded:
+def _download_file(
+    api: Client, shown: Transfers, everything: Bar, artifact: Artifact, entry: ArtifactFile, dest: Path
+) -> Downloaded:
     """One file to ``dest`` through ``dest``.trainyard-part, continuing the
-    part a cut-off download left; checked against the manifest."""
+    part a cut-off download left; checked against the manifest. Its bytes
+    count on a bar of its own and on ``everything``."""
     expected, name = (entry["size"], entry["sha256"]), f"{artifact['path']}/{entry['path']}"
     if dest.is_file() and dest.stat().st_size == entry["size"] and file_sha256(dest) == entry["sha256"]:
+        everything.advance(entry["size"])
         return Downloaded(dest, entry["size"], "  (already here)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".trainyard-part")
     if partial.is_file() and partial.stat().st_size >= entry["size"]:
         if (partial.stat().st_size, file_sha256(partial)) == expected:
             os.replace(partial, dest)
+            everything.advance(entry["size"])
             return Downloaded(dest, entry["size"], "")
         partial.unlink()
     bar = shown.bar(PurePosixPath(entry["path"]).name, entry["size"])
+
+    def count(nbytes: int) -> None:
+        bar.advance(nbytes)
+        everything.advance(nbytes)
+
     try:
-        bar.advance(partial.stat().st_size if partial.is_file() else 0)
-        written, digest, resumed = api.fetch_artifact_file(artifact["id"], entry["path"], partial, on_bytes=bar.advance)
+        count(partial.stat().st_size if partial.is_file() else 0)
+        written, digest, resumed = api.fetch_artifact_file(artifact["id"], entry["path"], partial, on_bytes=count)
     finally:
         bar.done()
     if (written, digest) != expected:

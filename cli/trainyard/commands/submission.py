@@ -151,11 +151,7 @@ def submit(
 
         def upload_blob(data: bytes | Path) -> Any:
             total = data.stat().st_size if isinstance(data, Path) else len(data)
-            bar = shown.bar("Uploading code", total)
-            try:
-                return api.upload_blob(data, on_bytes=bar.advance)
-            finally:
-                bar.done()
+            return api.upload_blob(data, on_bytes=shown.bar("Uploading code", total).advance)
 
         code = prepare_code(
             local.workspace, force_upload=upload, upload_blob=upload_blob, warn=common.warn, check=guard
