@@ -88,9 +88,14 @@ urlpatterns = [
     path(f"{ws}/volumes/<str:name>/", volumes.VolumeDetailView.as_view()),
     # Every runner call but its websocket (backend/runs/api/runner_urls.py).
     path("api/v1/runner/", include("backend.runs.api.runner_urls")),
-    # The runner for machines that boot from an image (no auth: public code).
+    # The runner and the CLI as pip installs them (no auth: public code): a find-links page,
+    # a PEP 503 project page, a wheel.
     path("runner/wheels/", clouds_views.runner_wheels_index),
+    path("runner/wheels/<str:project>/", clouds_views.runner_wheels_project),
     path("runner/wheels/<str:name>", clouds_views.runner_wheel),
+    path("cli/wheels/", clouds_views.cli_wheels_index),
+    path("cli/wheels/<str:project>/", clouds_views.cli_wheels_project),
+    path("cli/wheels/<str:name>", clouds_views.cli_wheel),
     # A job's port in the browser: grants, then redirects to the app's own origin (backend/access/webapps).
     path("open/<slug:workspace>/<str:run>/<str:job>/<int:port>/", apps_views.open_app),
     # Last: `/` and every client-side route of the web dashboard.

@@ -101,7 +101,11 @@ ROUTES: dict[str, dict[str, Call]] = {
     "auth/login/<str:backend>/": {"POST": Call(everyone(302), params={"backend": "github"})},
     "auth/complete/<str:backend>/": {"GET": Call(everyone(302), params={"backend": "github"})},
     "runner/wheels/": {"GET": Call(everyone(200))},
+    "runner/wheels/<str:project>/": {"GET": Call(everyone(200), params={"project": "trainyard-runner"})},
     "runner/wheels/<str:name>": {"GET": Call(everyone(404), params={"name": "nothing.whl"})},
+    "cli/wheels/": {"GET": Call(everyone(200))},
+    "cli/wheels/<str:project>/": {"GET": Call(everyone(200), params={"project": "trainyard-cli"})},
+    "cli/wheels/<str:name>": {"GET": Call(everyone(404), params={"name": "nothing.whl"})},
     # A job's port in the browser: a signed-in browser session only (a token is no session): everyone
     # here is sent to sign in; who may open it is tests/access/test_apps_grants.py's.
     "open/<slug:workspace>/<str:run>/<str:job>/<int:port>/": {

@@ -14,10 +14,8 @@ pip, from the package index its configuration names
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import hashlib
-import html
 import importlib.metadata
 import importlib.resources
 import logging
@@ -27,13 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
+
+from backend.clouds.services.wheels import WHEEL_NAME, Package, canonical, digest, find_links_page, project_page, wheel
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ MANYLINUX = ("manylinux_2_28", "manylinux2014", "manylinux_2_17", "manylinux_2_5
 PIP_TIMEOUT = 300.0
 COMPLETE = "COMPLETE"
 INDEX = "index.html"
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+\.whl$")
+_LINK = re.compile(r'href="([^"#]+)#sha256=([0-9a-f]{64})"')
 
 
 class WheelhouseError(Exception):
@@ -85,15 +84,22 @@ def wheelhouse() -> Path:
 
 def wheel_path(name: str) -> Path | None:
     """The file of wheel ``name`` in the wheelhouse, or None if there is none."""
-    if not _NAME.match(name):
+    if not WHEEL_NAME.match(name):
         return None
     path = wheelhouse() / name
     return path if path.is_file() else None
 
 
 def index_html() -> bytes:
-    """``pip install --no-index --find-links <this page> trainyard-runner``."""
+    """Every wheel: ``pip install --find-links <this page> trainyard-runner``."""
     return (wheelhouse() / INDEX).read_bytes()
+
+
+def project_html(project: str) -> bytes | None:
+    """The PEP 503 page of one project here (``--extra-index-url``), or None."""
+    listed = _LINK.findall((wheelhouse() / INDEX).read_text())
+    page = project_page(project, listed)
+    return page.encode() if page is not None else None
 
 
 def dependency_pins() -> dict[str, str]:
@@ -119,7 +125,7 @@ def _build(dest: Path, runner: dict[str, bytes], pins: dict[str, str]) -> None:
     _runner_wheel(dest, runner)
     constraints = dest / "constraints.txt"
     constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
-    direct = [f"{n}=={pins[_canonical(n)]}" for n in _requirements(RUNNER_DIST) if _canonical(n) in pins]
+    direct = [f"{n}=={pins[canonical(n)]}" for n in _requirements(RUNNER_DIST) if canonical(n) in pins]
     jobs = [(py, arch) for py in PYTHONS for arch in ARCHES]
     with ThreadPoolExecutor(max_workers=3) as pool:
         pip_job = pool.submit(_pip_download, dest, ["--no-deps", f"pip=={importlib.metadata.version('pip')}"], [])
@@ -170,42 +176,23 @@ def _runner_wheel(dest: Path, files: dict[str, bytes]) -> Path:
     """A wheel of the runner package as installed beside this server: its own
     files, its metadata, and a version that names their content."""
     meta = importlib.metadata.metadata(RUNNER_DIST)
-    version = f"{meta['Version']}+g{_digest(files)[:10]}"
-    info = f"trainyard_runner-{version}.dist-info"
-    metadata = [
-        "Metadata-Version: 2.1",
-        f"Name: {RUNNER_DIST}",
-        f"Version: {version}",
-        f"Summary: {meta['Summary'] or ''}",
-    ]
-    if meta["Requires-Python"]:
-        metadata.append(f"Requires-Python: {meta['Requires-Python']}")
-    metadata += [f"Requires-Dist: {r}" for r in importlib.metadata.requires(RUNNER_DIST) or []]
-    entries = {
-        **{f"trainyard_runner/{name}": data for name, data in files.items()},
-        f"{info}/METADATA": ("\n".join(metadata) + "\n").encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: trainyard\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{info}/entry_points.txt": b"[console_scripts]\ntrainyard-runner = trainyard_runner.__main__:main\n",
-    }
-    record = [f"{name},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}" for name, data in entries.items()]
-    entries[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
-    path = dest / f"trainyard_runner-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
-        for name, data in entries.items():
-            info_ = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            info_.external_attr = 0o644 << 16
-            wheel.writestr(info_, data, zipfile.ZIP_DEFLATED)
+    package = Package(
+        dist=RUNNER_DIST,
+        version=f"{meta['Version']}+g{digest(files)[:10]}",
+        summary=meta["Summary"] or "",
+        requires_python=meta["Requires-Python"] or "",
+        requires=importlib.metadata.requires(RUNNER_DIST) or [],
+        scripts={"trainyard-runner": "trainyard_runner.__main__:main"},
+    )
+    name, data = wheel(package, {f"trainyard_runner/{n}": d for n, d in files.items()})
+    path = dest / name
+    path.write_bytes(data)
     return path
 
 
 def _write_index(dest: Path) -> None:
-    links = []
-    for wheel in sorted(dest.glob("*.whl")):
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        name = html.escape(wheel.name)
-        links.append(f'<a href="{name}#sha256={digest}">{name}</a><br>')
-    page = "<!DOCTYPE html>\n<html><head><title>trainyard-runner</title></head><body>\n"
-    (dest / INDEX).write_text(page + "\n".join(links) + "\n</body></html>\n")
+    listed = [(w.name, hashlib.sha256(w.read_bytes()).hexdigest()) for w in dest.glob("*.whl")]
+    (dest / INDEX).write_text(find_links_page(RUNNER_DIST, listed))
 
 
 # ------------------------------------------------------------------ helpers
@@ -227,28 +214,13 @@ def _requirements(dist: str) -> list[str]:
     for req in importlib.metadata.requires(dist) or []:
         if "extra ==" in req:
             continue
-        names.append(_canonical(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]))
+        names.append(canonical(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0]))
     return names
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _key(runner: dict[str, bytes], pins: dict[str, str]) -> str:
-    what = [_digest(runner), *(f"{n}=={v}" for n, v in pins.items()), *PYTHONS, *ARCHES]
+    what = [digest(runner), *(f"{n}=={v}" for n, v in pins.items()), *PYTHONS, *ARCHES]
     return hashlib.sha256("\n".join(what).encode()).hexdigest()[:16]
-
-
-def _digest(files: dict[str, bytes]) -> str:
-    h = hashlib.sha256()
-    for name, data in sorted(files.items()):
-        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    return h.hexdigest()
-
-
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 @contextmanager
@@ -261,4 +233,4 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-__all__ = ["WheelhouseError", "dependency_pins", "index_html", "wheel_path", "wheelhouse"]
+__all__ = ["WheelhouseError", "dependency_pins", "index_html", "project_html", "wheel_path", "wheelhouse"]
