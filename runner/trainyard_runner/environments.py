@@ -136,7 +136,9 @@ def uv_binary() -> str:
         return str(find_uv_bin())
     found = shutil.which("uv")
     if found is None:
-        raise EnvironmentBuildError("uv is not installed beside the runner (pip install trainyard-runner brings it)")
+        raise EnvironmentBuildError(
+            "uv is not installed beside the runner (trainyard-runner depends on it: reinstall the runner)"
+        )
     return found
 
 

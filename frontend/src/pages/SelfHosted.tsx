@@ -34,6 +34,11 @@ export interface RegistrationToken {
   token?: string;
 }
 
+/** The line that installs the runner this server serves (its wheels are at /runner/wheels/). */
+export function installCommand(serverUrl: string): string {
+  return `pip install --extra-index-url ${serverUrl}/runner/wheels/ trainyard-runner`;
+}
+
 /** The command a machine registers with: what the "Add a machine" panel shows. */
 export function registerCommand(serverUrl: string, token: string): string {
   return `trainyard-runner register --url ${serverUrl} --token ${token} --work-dir /var/lib/trainyard-runner`;
@@ -71,7 +76,12 @@ export function SelfHostedPage() {
       {created?.token ? (
         <section className="card token-once" aria-labelledby="add-machine" role="status">
           <h2 id="add-machine">Add a machine</h2>
-          <p>On the machine, with <code>pip install trainyard-runner</code> done, run (the token works once, for 7 days, and is shown only now):</p>
+          <p>On the machine (Python 3.11 or newer), install the runner:</p>
+          <div className="token-value">
+            <code data-testid="install-command">{installCommand(window.location.origin)}</code>
+            <CopyButton value={installCommand(window.location.origin)} label="Copy install command" />
+          </div>
+          <p>Then register it (the token works once, for 7 days, and is shown only now):</p>
           <div className="token-value">
             <code data-testid="register-command">{registerCommand(window.location.origin, created.token)}</code>
             <CopyButton value={registerCommand(window.location.origin, created.token)} label="Copy command" />
