@@ -141,3 +141,33 @@ def test_zip_archives_are_rate_limited_per_user_and_their_links_per_address(
     assert [r.status_code for r in opened] == [200, 200, 200, 429]
     assert int(opened[3]["Retry-After"]) >= 1
     assert opened[3].json()["message"].startswith("Too many artifact archives from this address: at most 3 per minute.")
+
+
+@pytest.mark.parametrize(
+    ("asked", "status", "content_range", "body"),
+    [
+        ("bytes=10-", 206, f"bytes 10-{len(PAGE) - 1}/{len(PAGE)}", PAGE[10:]),
+        ("bytes=0-5", 206, f"bytes 0-5/{len(PAGE)}", PAGE[:6]),
+        ("bytes=-4", 206, f"bytes {len(PAGE) - 4}-{len(PAGE) - 1}/{len(PAGE)}", PAGE[-4:]),
+        ("bytes=0-3,8-9", 200, None, PAGE),  # several ranges: the whole file
+        ("lines=1-2", 200, None, PAGE),
+    ],
+)
+def test_a_download_link_serves_the_byte_range_asked_for(
+    artifact: Artifact, viewer: Person, asked: str, status: int, content_range: str | None, body: bytes
+) -> None:
+    redirect = viewer.client().get(f"/api/v1/workspaces/acme/artifacts/{artifact.pk}/files/report/x.html")
+    download = viewer.client().get(urlsplit(redirect["Location"]).path, HTTP_RANGE=asked)
+
+    assert (download.status_code, download.headers.get("Content-Range")) == (status, content_range)
+    assert (download["Content-Length"], download["Accept-Ranges"]) == (str(len(body)), "bytes")
+    assert async_to_sync(_collect)(download.streaming_content) == body
+    assert _headers(download) == {"Content-Disposition": 'attachment; filename="x.html"', **INERT}
+
+
+def test_a_range_that_starts_past_the_end_is_416_with_the_files_size(artifact: Artifact, viewer: Person) -> None:
+    redirect = viewer.client().get(f"/api/v1/workspaces/acme/artifacts/{artifact.pk}/files/report/x.html")
+    refused = viewer.client().get(urlsplit(redirect["Location"]).path, HTTP_RANGE=f"bytes={len(PAGE)}-")
+
+    assert (refused.status_code, refused["Content-Range"]) == (416, f"bytes */{len(PAGE)}")
+    assert refused.json()["message"] == f"This file has {len(PAGE)} bytes: the range asked for starts past its end."
