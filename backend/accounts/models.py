@@ -169,6 +169,41 @@ class ApiToken(BaseModel):
     expires_at = models.DateTimeField(null=True, blank=True)
 
 
+class DeviceLoginState(models.TextChoices):
+    PENDING = "pending"  # waiting for a signed-in person to approve or deny its code
+    APPROVED = "approved"  # approved: the device's next poll gets a token
+    DENIED = "denied"
+    ISSUED = "issued"  # the token was handed to the device: the request is spent
+
+
+class DeviceLogin(BaseModel):
+    """A device-code sign-in (RFC 8628) of ``trainyard login``: the CLI holds
+    the device code (only its sha256 is stored) and polls; a signed-in person
+    enters the short ``user_code`` on the dashboard and approves it, and the
+    next poll gets a new API token of that person, named ``client_name``
+    (backend/accounts/services/device_login.py)."""
+
+    device_code_hash = models.CharField(max_length=64, unique=True)
+    user_code = models.CharField(max_length=8)  # stored without the dash shown in the middle
+    client_name = models.CharField(max_length=100)
+    address = models.GenericIPAddressField(null=True, blank=True)  # where the request came from
+    state = models.CharField(max_length=16, choices=DeviceLoginState.choices, default=DeviceLoginState.PENDING)
+    user = models.ForeignKey(User, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    interval = models.PositiveIntegerField()  # seconds the device waits between polls
+    polled_at = models.DateTimeField(null=True, blank=True)
+    token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user_code"], condition=models.Q(state="pending"), name="uniq_pending_device_user_code"
+            )
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="accounts_device_expiry")]
+
+
 class SshKey(BaseModel):
     """An SSH public key of a user: what the runner's SSH server lets that
     user in with, in every workspace where the user may open a session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from backend.accounts import api, api_ssh_keys, api_workspaces, views
+from backend.accounts import api, api_device, api_ssh_keys, api_workspaces, views
 
 ws = "api/v1/workspaces/<slug:workspace>"
 
@@ -22,6 +22,12 @@ urlpatterns = [
     path("api/v1/auth/config/", api.AuthConfigView.as_view()),
     path("api/v1/auth/login/", api.LoginView.as_view()),
     path("api/v1/auth/logout/", api.LogoutView.as_view()),
+    # `trainyard login` in the browser (RFC 8628): the device starts and polls; the person decides.
+    path("api/v1/auth/device/", api_device.DeviceStartView.as_view()),
+    path("api/v1/auth/device/token/", api_device.DeviceTokenView.as_view()),
+    path("api/v1/auth/device/<str:user_code>/", api_device.DeviceRequestView.as_view()),
+    path("api/v1/auth/device/<str:user_code>/approve/", api_device.DeviceApproveView.as_view()),
+    path("api/v1/auth/device/<str:user_code>/deny/", api_device.DeviceDenyView.as_view()),
     path("api/v1/tokens/", api.TokenListView.as_view()),
     path("api/v1/tokens/<uuid:token_id>/", api.TokenDetailView.as_view()),
     path("api/v1/me/ssh-keys/", api_ssh_keys.SshKeyListView.as_view()),

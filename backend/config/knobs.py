@@ -419,6 +419,16 @@ class Access(TypedDict):
         "A new API token whose creator names no lifetime expires after this many days (`never` names "
         "none). 0: such tokens never expire.",
     )]
+    DEVICE_LOGIN_TOKEN_DAYS: Annotated[float, Knob(
+        "TRAINYARD_DEVICE_LOGIN_TOKEN_DAYS", NUMBER, 30.0,
+        "The API token `trainyard login` gets through the browser (a device code) expires after this many "
+        "days (at least one minute; fractions allowed); the person then runs `trainyard login` again.",
+    )]
+    DEVICE_LOGIN_CODE_SECONDS: Annotated[int, Knob(
+        "TRAINYARD_DEVICE_LOGIN_CODE_SECONDS", INTEGER, 600,
+        "Seconds the code `trainyard login` shows may be approved on the dashboard (at least 60); after that "
+        "the CLI is told it expired.",
+    )]
     INVITATION_DAYS: Annotated[float, Knob(
         "TRAINYARD_INVITATION_DAYS", NUMBER, 7.0,
         "A workspace invitation not taken up within this many days is void (inviting again renews it).",
@@ -479,6 +489,17 @@ class RateLimitSettings(TypedDict):
             "token",
             Knob("TRAINYARD_RATE_TOKEN_USER", RATE, "20/min", "API tokens made and SSH keys added per user."),
             Knob("TRAINYARD_RATE_TOKEN_IP", RATE, "60/min", "API tokens made and SSH keys added per address."),
+        ),
+        RateLimit(
+            "device",
+            Knob(
+                "TRAINYARD_RATE_DEVICE_USER", RATE, "20/min",
+                "Device codes (`trainyard login` in the browser) looked up, approved or denied per user.",
+            ),
+            Knob(
+                "TRAINYARD_RATE_DEVICE_IP", RATE, "60/min",
+                "Device codes started by `trainyard login`, and looked up, approved or denied, per address.",
+            ),
         ),
         RateLimit(
             "run",

@@ -32,6 +32,7 @@ REDIS_TIMEOUT_SECONDS = 1.0
 SCOPE_WORDS = {
     "login": "sign-in attempts",
     "token": "API tokens made",
+    "device": "browser sign-ins and device codes tried",
     "run": "runs submitted",
     "blob": "uploads",
     "plan": "plans asked for",

@@ -357,6 +357,75 @@ DevEnvironmentOutKindEnum: TypeAlias = Literal["code", "lab", "notebook"]
 """
 
 
+DeviceDecisionOutStateEnum: TypeAlias = Literal["approved", "denied"]
+"""
+* `approved` - approved
+* `denied` - denied
+"""
+
+
+class DeviceRequestOut(TypedDict):
+    user_code: str
+    client_name: str
+    address: str | None
+    """
+    The address the request came from.
+    """
+    created_at: str
+    expires_at: str
+
+
+class DeviceStartInRequest(TypedDict):
+    client_name: str
+    """
+    What is signing in, shown to the person who approves it (the token's name).
+    """
+
+
+class DeviceStartOut(TypedDict):
+    device_code: str
+    """
+    The device's secret: it polls with it. Shown this once.
+    """
+    user_code: str
+    """
+    What the person enters on the dashboard (XXXX-XXXX).
+    """
+    verification_uri: str
+    """
+    The dashboard page where the code is entered.
+    """
+    verification_uri_complete: str
+    """
+    That page with the code filled in.
+    """
+    expires_in: int
+    """
+    Seconds the code may be approved.
+    """
+    interval: int
+    """
+    Seconds to wait between polls.
+    """
+
+
+class DeviceTokenInRequest(TypedDict):
+    device_code: str
+
+
+class DeviceTokenOut(TypedDict):
+    token: str
+    """
+    A new API token of the person who approved: shown this once.
+    """
+    name: str
+    """
+    The token's name (the device's client_name).
+    """
+    username: str
+    expires_at: str
+
+
 class DonePartInRequest(TypedDict):
     number: int
     sha256: str
@@ -492,6 +561,16 @@ class EnvironmentUploadOut(TypedDict):
     """
     to send with the PUT
     """
+
+
+ErrorEnum: TypeAlias = Literal["authorization_pending", "slow_down", "access_denied", "expired_token", "invalid_grant"]
+"""
+* `authorization_pending` - authorization_pending
+* `slow_down` - slow_down
+* `access_denied` - access_denied
+* `expired_token` - expired_token
+* `invalid_grant` - invalid_grant
+"""
 
 
 EventsEnum: TypeAlias = Literal[
@@ -1497,6 +1576,30 @@ class DevEnvironmentOut(TypedDict):
     app_port: int | None
     """
     the port Jupyter serves on (lab, notebook), once the job runs; else null
+    """
+
+
+class DeviceDecisionOut(TypedDict):
+    user_code: str
+    client_name: str
+    state: DeviceDecisionOutStateEnum
+
+
+class DeviceGrantErrorOut(TypedDict):
+    error: ErrorEnum
+    """
+    RFC 8628's answer: wait, wait longer (interval), or stop.
+
+    * `authorization_pending` - authorization_pending
+    * `slow_down` - slow_down
+    * `access_denied` - access_denied
+    * `expired_token` - expired_token
+    * `invalid_grant` - invalid_grant
+    """
+    message: str
+    interval: NotRequired[int]
+    """
+    Seconds to wait before the next poll.
     """
 
 

@@ -97,6 +97,17 @@ ROUTES: dict[str, dict[str, Call]] = {
     "api/v1/auth/config/": {"GET": Call(everyone(200))},
     "api/v1/auth/login/": {"POST": Call(everyone(400), body={"username": "olivia", "password": "wrong"})},
     "api/v1/auth/logout/": {"POST": Call(public_api(204))},
+    # `trainyard login` in the browser: anyone may start one and poll (an unknown device code is refused);
+    # any signed-in person may look a pending code up and approve or deny it (the code is what proves intent).
+    "api/v1/auth/device/": {"POST": Call(everyone(201), body={"client_name": "laptop"})},
+    "api/v1/auth/device/token/": {"POST": Call(everyone(400), body={"device_code": "tydev_unknown"})},
+    "api/v1/auth/device/<str:user_code>/": {"GET": Call(signed_in(200), params={"user_code": "device_user_code"})},
+    "api/v1/auth/device/<str:user_code>/approve/": {
+        "POST": Call(signed_in(200), params={"user_code": "device_user_code"})
+    },
+    "api/v1/auth/device/<str:user_code>/deny/": {
+        "POST": Call(signed_in(200), params={"user_code": "device_user_code"})
+    },
     # The sign-in form posts; without a GitHub app configured it ends at /?auth_error=…
     "auth/login/<str:backend>/": {"POST": Call(everyone(302), params={"backend": "github"})},
     "auth/complete/<str:backend>/": {"GET": Call(everyone(302), params={"backend": "github"})},

@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from backend.access.models import AccessSession
-from backend.accounts.models import Invitation, Role, Workspace
+from backend.accounts.models import DeviceLogin, Invitation, Role, Workspace
 from backend.accounts.services.ssh_keys import ssh_key_add
 from backend.artifacts.archive import archive_url
 from backend.artifacts.models import Artifact
@@ -53,6 +53,7 @@ from tests.support.fixtures import WORKFLOWS, Person, submit
 from tests.support.web import WebServers
 
 ENVIRONMENT_KEY = "e" * 24
+DEVICE_USER_CODE = "BCDF-GHJK"  # a pending `trainyard login` in the browser
 MEMBER_SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBtOe0TxQVSC5KoermSUTLy0wfYWTO+ew2aN8Sfk9jsd member"
 CODE = {"kind": "git", "repo_url": "https://example.com/acme/models.git", "commit": "c" * 40}
 # Columns a request may touch without changing anything (a token's last use).
@@ -92,6 +93,7 @@ class World:
             "tag_name": "best",
             "done_run": Run.objects.get(workspace=self.team, status=RunStatus.SUCCEEDED).name,
             "environment_key": ENVIRONMENT_KEY,
+            "device_user_code": DEVICE_USER_CODE,
             "secret_name": "HF_TOKEN",
             "backend_name": self.runner.instance.account.name,
             "volume_name": "scratch",
@@ -180,6 +182,10 @@ def world(
         workspace=team, github_login="someone", role=Role.MEMBER, invited_by=owner.user
     )
     ssh_key_add(user=member.user, public_key=MEMBER_SSH_KEY)
+    DeviceLogin.objects.create(
+        device_code_hash=hash_token("tydev_matrix"), user_code=DEVICE_USER_CODE.replace("-", ""),
+        client_name="laptop", expires_at=timezone.now() + timedelta(minutes=10), interval=5,
+    )  # fmt: skip
     people = {"outsider": outsider, "viewer": viewer, "member": member, "admin": owner}
     job.refresh_from_db()
     session = _session(job, member.user)

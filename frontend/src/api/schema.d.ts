@@ -21,6 +21,91 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/device/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Public: a device (``trainyard login``) asks to sign in. */
+        post: operations["auth_device_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/device/{user_code}/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The signed-in person looks a user code up: what asks to sign in as them. */
+        get: operations["auth_device_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/device/{user_code}/approve/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description The signed-in person approves the code: the device's next poll gets a token of theirs. */
+        post: operations["auth_device_approve_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/device/{user_code}/deny/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description The signed-in person denies the code: the device is told so. */
+        post: operations["auth_device_deny_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/device/token/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Public: the device polls with its device code (400 with ``error`` until approved). */
+        post: operations["auth_device_token_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login/": {
         parameters: {
             query?: never;
@@ -2004,6 +2089,72 @@ export interface components {
          * @enum {string}
          */
         DevEnvironmentOutKindEnum: "code" | "lab" | "notebook";
+        DeviceDecisionOut: {
+            user_code: string;
+            client_name: string;
+            state: components["schemas"]["DeviceDecisionOutStateEnum"];
+        };
+        /**
+         * @description * `approved` - approved
+         *     * `denied` - denied
+         * @enum {string}
+         */
+        DeviceDecisionOutStateEnum: "approved" | "denied";
+        DeviceGrantErrorOut: {
+            /**
+             * @description RFC 8628's answer: wait, wait longer (interval), or stop.
+             *
+             *     * `authorization_pending` - authorization_pending
+             *     * `slow_down` - slow_down
+             *     * `access_denied` - access_denied
+             *     * `expired_token` - expired_token
+             *     * `invalid_grant` - invalid_grant
+             */
+            error: components["schemas"]["ErrorEnum"];
+            message: string;
+            /** @description Seconds to wait before the next poll. */
+            interval?: number;
+        };
+        DeviceRequestOut: {
+            user_code: string;
+            client_name: string;
+            /** @description The address the request came from. */
+            address: string | null;
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            expires_at: string;
+        };
+        DeviceStartInRequest: {
+            /** @description What is signing in, shown to the person who approves it (the token's name). */
+            client_name: string;
+        };
+        DeviceStartOut: {
+            /** @description The device's secret: it polls with it. Shown this once. */
+            device_code: string;
+            /** @description What the person enters on the dashboard (XXXX-XXXX). */
+            user_code: string;
+            /** @description The dashboard page where the code is entered. */
+            verification_uri: string;
+            /** @description That page with the code filled in. */
+            verification_uri_complete: string;
+            /** @description Seconds the code may be approved. */
+            expires_in: number;
+            /** @description Seconds to wait between polls. */
+            interval: number;
+        };
+        DeviceTokenInRequest: {
+            device_code: string;
+        };
+        DeviceTokenOut: {
+            /** @description A new API token of the person who approved: shown this once. */
+            token: string;
+            /** @description The token's name (the device's client_name). */
+            name: string;
+            username: string;
+            /** Format: date-time */
+            expires_at: string;
+        };
         DonePartInRequest: {
             number: number;
             sha256: string;
@@ -2102,6 +2253,15 @@ export interface components {
                 [key: string]: string;
             };
         };
+        /**
+         * @description * `authorization_pending` - authorization_pending
+         *     * `slow_down` - slow_down
+         *     * `access_denied` - access_denied
+         *     * `expired_token` - expired_token
+         *     * `invalid_grant` - invalid_grant
+         * @enum {string}
+         */
+        ErrorEnum: "authorization_pending" | "slow_down" | "access_denied" | "expired_token" | "invalid_grant";
         /**
          * @description * `run.succeeded` - run.succeeded
          *     * `run.failed` - run.failed
@@ -3461,6 +3621,128 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AuthConfigOut"];
+                };
+            };
+        };
+    };
+    auth_device_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeviceStartInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["DeviceStartInRequest"];
+                "multipart/form-data": components["schemas"]["DeviceStartInRequest"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceStartOut"];
+                };
+            };
+        };
+    };
+    auth_device_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                user_code: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceRequestOut"];
+                };
+            };
+        };
+    };
+    auth_device_approve_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                user_code: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceDecisionOut"];
+                };
+            };
+        };
+    };
+    auth_device_deny_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                user_code: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceDecisionOut"];
+                };
+            };
+        };
+    };
+    auth_device_token_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DeviceTokenInRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["DeviceTokenInRequest"];
+                "multipart/form-data": components["schemas"]["DeviceTokenInRequest"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceTokenOut"];
+                };
+            };
+            /** @description Not (yet) a token. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeviceGrantErrorOut"];
                 };
             };
         };
