@@ -13,6 +13,7 @@ stdout, tables, JSON, and the run name of ``run -d``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -51,6 +52,7 @@ from .commands import (
     token,
     volume,
     workflows,
+    workspace,
 )
 
 COMMANDS: list[click.Command] = [
@@ -85,6 +87,7 @@ COMMANDS: list[click.Command] = [
     token.token,
     volume.volume,
     workflows.workflows,
+    workspace.workspace,
 ]
 
 
@@ -93,13 +96,49 @@ ALIASES = {"runner": "runners"}
 
 
 @click.group(cls=common.Group, context_settings={"help_option_names": ["-h", "--help"]}, aliases=ALIASES)
+@click.option(
+    "-w",
+    "--workspace",
+    metavar="SLUG",
+    default=None,
+    help="The workspace every command acts in (TRAINYARD_WORKSPACE; else the profile's, else your default).",
+)
+@click.option(
+    "--profile",
+    metavar="NAME",
+    default=None,
+    help="The saved login to use (TRAINYARD_PROFILE; else 'default'): see `trainyard login --profile`.",
+)
 @click.version_option(__version__, prog_name="trainyard")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context, workspace: str | None, profile: str | None) -> None:
     """Run ML training workflows on Trainyard.
 
-    Configuration: TRAINYARD_URL, TRAINYARD_TOKEN, TRAINYARD_WORKSPACE
-    (or `trainyard login`).
+    Configuration: `trainyard login` saves a profile (server and token);
+    TRAINYARD_URL, TRAINYARD_TOKEN, TRAINYARD_WORKSPACE and TRAINYARD_PROFILE
+    win over it.
     """
+    _set_for_this_command(ctx, TRAINYARD_WORKSPACE=workspace, TRAINYARD_PROFILE=profile)
+
+
+def _set_for_this_command(ctx: click.Context, **values: str | None) -> None:
+    """The global options act as the variables they stand for, so every
+    command reads them the one way (``trainyard.config``), and so do the
+    processes a command starts (ssh's ProxyCommand); restored when the
+    command ends."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        before = os.environ.get(name)
+        os.environ[name] = value
+        ctx.call_on_close(lambda name=name, before=before: _restore(name, before))
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 for _command in COMMANDS:

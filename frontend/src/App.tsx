@@ -22,6 +22,7 @@ import { AuditPage } from "./pages/Audit";
 import { TokensPage } from "./pages/Tokens";
 import { SshKeysPage } from "./pages/SshKeys";
 import { NewWorkspacePage } from "./pages/NewWorkspace";
+import { DevicePage } from "./pages/Device";
 
 export function App() {
   const auth = useAuth();
@@ -40,6 +41,7 @@ export function App() {
   return (
     <Routes>
       <Route path="/" element={<HomeRedirect />} />
+      <Route path="/device" element={<DevicePage />} />
       <Route path="/w/:ws" element={<Layout />}>
         <Route index element={<Navigate to="runs" replace />} />
         <Route path="runs" element={<RunsPage />} />

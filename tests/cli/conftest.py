@@ -27,5 +27,5 @@ def tiny_train(tmp_path: Path) -> Path:
 def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads the developer's real config or token."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_WORKSPACE"):
+    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_WORKSPACE", "TRAINYARD_PROFILE"):
         monkeypatch.delenv(name, raising=False)

@@ -165,7 +165,7 @@ def test_without_a_token_the_error_says_how_to_get_one(tiny_train: Path, monkeyp
     code, _, err = invoke("run", "hello")
     assert (code, err) == (
         1,
-        "error: no API token: set TRAINYARD_TOKEN, or run `trainyard login --url URL --token TOKEN`\n",
+        "error: no API token: run `trainyard login` (or set TRAINYARD_TOKEN)\n",
     )
 
 

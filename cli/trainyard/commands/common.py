@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from ..api import ApiError, Client, Job, Run
+from ..api import ApiError, Client, Job, Me, Run
 from ..config import ConfigError, load_config
 from ..proxy import ProxyError
 from ..sshclient import SshClientError
@@ -209,6 +209,13 @@ def display_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def check_member(slug: str, me: Me) -> None:
+    """Refuse a workspace the caller does not belong to, naming theirs."""
+    slugs = [w["slug"] for w in me["workspaces"]]
+    if slug not in slugs:
+        raise CliError(f"you are not a member of workspace {slug!r}: yours are {', '.join(slugs) or 'none'}")
 
 
 def warn(message: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..api import ApiError, Client
-from ..config import ConfigError, load_config
+from ..config import ConfigError, config_for_url, load_config
 from ..proxy import ProxyError, pump
 from ..sshconfig import SshConfigError, write_host_key
 
@@ -36,7 +36,7 @@ def ssh_proxy(run: str, job: str | None, alias: str, url: str | None, workspace:
     """Connect stdin and stdout to the SSH server of a running job of RUN
     (for ssh's ProxyCommand; not for people)."""
     try:
-        config = load_config()
+        config = config_for_url(url) if url else load_config()
         with Client(url or config.url, config.require_token(), workspace or config.workspace) as api:
             grant = api.create_session(run, kind="ssh", job=job)
         write_host_key(alias, str(grant.get("host_key") or ""))

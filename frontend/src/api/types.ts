@@ -220,6 +220,9 @@ export type Invitation = Schemas["InvitationOut"];
 
 export type ApiToken = Schemas["TokenOut"];
 export type CreatedToken = Schemas["TokenCreatedOut"];
+/** A sign-in `trainyard login` asked for, looked up by its code; and the person's decision on it. */
+export type DeviceRequest = Schemas["DeviceRequestOut"];
+export type DeviceDecision = Schemas["DeviceDecisionOut"];
 export type SshKey = Schemas["SshKeyOut"];
 /** A session into a running job (docs/ACCESS.md): a shell, a terminal, a forwarded port or the apps proxy. */
 export type AccessSession = Schemas["SessionOut"];

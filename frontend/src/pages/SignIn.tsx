@@ -7,6 +7,9 @@ import { ErrorBanner } from "../components/ui";
 export function SignInPage() {
   const { config, setMe } = useAuth();
   const authError = new URLSearchParams(window.location.search).get("auth_error");
+  // Where GitHub's sign-in comes back to: the page that asked for it (the device page's code, say).
+  const here = window.location.pathname + window.location.search;
+  const returnTo = window.location.pathname !== "/" && !authError ? here : null;
   const [username, setUsername] = useState("");
   const [password, setPassword] = useState("");
   const [error, setError] = useState<string | null>(null);
@@ -38,6 +41,7 @@ export function SignInPage() {
         {config.github ? (
           <form method="post" action="/auth/login/github/">
             <input type="hidden" name="csrfmiddlewaretoken" value={csrfToken()} />
+            {returnTo ? <input type="hidden" name="next" value={returnTo} /> : null}
             <button type="submit" className="btn btn-primary btn-block">
               Sign in with GitHub
             </button>
