@@ -55,7 +55,12 @@ def wait_for_token(url: str, code: DeviceCode) -> DeviceToken:
     deadline = time.monotonic() + code.expires_in + interval
     while True:
         time.sleep(interval)
-        answer = _post(url, "/api/v1/auth/device/token/", {"device_code": code.device_code}, grant=True)
+        try:
+            answer = _post(url, "/api/v1/auth/device/token/", {"device_code": code.device_code}, grant=True)
+        except ApiError as e:
+            if (e.status is not None and e.status < 500) or time.monotonic() > deadline:
+                raise
+            continue  # the server's hiccup: the next poll asks again
         error = answer.get("error")
         if error is None:
             return DeviceToken(token=answer["token"], username=answer["username"], expires_at=answer["expires_at"])

@@ -2,9 +2,10 @@
 `trainyard workspace ls/use` and the global `-w`, against the real stack.
 
 The CLI runs as a user would start it: no TRAINYARD_TOKEN, a config folder
-of its own, and a BROWSER that records the page it was asked to open. The
-code is approved through the API as the signed-in person (Dora's token), or
-on the dashboard's device page in Chromium after a GitHub sign-in (Felix).
+of its own, and a BROWSER that records the page it was asked to open. Felix
+signs in with GitHub and makes an API token on the dashboard; a code is
+approved through the API with that token, or on the dashboard's device page
+in Chromium.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.conftest import TRAINYARD, User
-from tests.e2e.test_dashboard import new_context, sign_in
+from tests.e2e.test_dashboard import make_token, new_context, sign_in
 from tests.support.accessibility import audit
 from tests.support.github import GithubServer, GithubUser
 from tests.support.stack import Stack
@@ -34,8 +35,15 @@ CODE_LINE = re.compile(r"enter the code ([A-Z]{4}-[A-Z]{4})")
 
 
 @pytest.fixture(scope="module")
-def dora(stack: Stack) -> User:
-    return User("dora", stack.issue_token("dora"), stack)
+def felix(stack: Stack, stack_github: GithubServer, browser: Browser) -> User:
+    """Felix, signed in with GitHub, with an API token made on the dashboard."""
+    context = new_context(browser, stack)
+    try:
+        page = context.new_page()
+        sign_in(page, stack_github, FELIX)
+        return User("felix", make_token(page, "device-tests"), stack)
+    finally:
+        context.close()
 
 
 def cli_env(stack: Stack, home: Path, **extra: str) -> dict[str, str]:
@@ -104,48 +112,48 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
     return process.returncode, rest
 
 
-def test_login_in_the_browser_saves_a_profile_that_works(dora: User, tmp_path: Path) -> None:
-    env = cli_env(dora.stack, tmp_path / "home")
+def test_login_in_the_browser_saves_a_profile_that_works(felix: User, tmp_path: Path) -> None:
+    env = cli_env(felix.stack, tmp_path / "home")
     process, code, shown = start_login(env, "--profile", "lab")
 
-    looked_up = dora.api("GET", f"/api/v1/auth/device/{code}/")
-    approved = dora.api("POST", f"/api/v1/auth/device/{code}/approve/")
+    looked_up = felix.api("GET", f"/api/v1/auth/device/{code}/")
+    approved = felix.api("POST", f"/api/v1/auth/device/{code}/approve/")
     exit_code, rest = finish(process)
 
     assert looked_up.status_code == 200 and looked_up.json()["client_name"].startswith("trainyard CLI on ")
     assert approved.status_code == 200 and approved.json()["state"] == "approved"
     assert exit_code == 0, "".join(shown) + rest
-    assert f"{dora.stack.url}/device" in "".join(shown)
-    assert (tmp_path / "home" / "opened").read_text().strip() == f"{dora.stack.url}/device?code={code}"
-    assert "Logged in to" in rest and "as dora" in rest and "saved as profile 'lab'" in rest
+    assert f"{felix.stack.url}/device" in "".join(shown)
+    assert (tmp_path / "home" / "opened").read_text().strip() == f"{felix.stack.url}/device?code={code}"
+    assert "Logged in to" in rest and "as felix" in rest and "saved as profile 'lab'" in rest
     # The profile is the one saved; the default profile is untouched (there is none).
     path = tmp_path / "home" / "config" / "trainyard" / "config.json"
     saved = json.loads(path.read_text())["profiles"]
-    assert list(saved) == ["lab"] and saved["lab"]["url"] == dora.stack.url
+    assert list(saved) == ["lab"] and saved["lab"]["url"] == felix.stack.url
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     # The token works through the profile, by the global option and by the variable.
     by_option = trainyard(env, "--profile", "lab", "workspace", "ls")
     by_variable = trainyard({**env, "TRAINYARD_PROFILE": "lab"}, "ps")
     without = trainyard(env, "ps")
     assert by_option.returncode == 0, by_option.stderr
-    assert re.search(r"^\*\s+dora\s", by_option.stdout, re.M), by_option.stdout
+    assert re.search(r"^\*\s+felix\s", by_option.stdout, re.M), by_option.stdout
     assert by_variable.returncode == 0, by_variable.stderr
     assert without.returncode == 1 and "no API token: run `trainyard login`" in without.stderr
-    # A token of limited life, named for the device, one of Dora's.
-    tokens = dora.api("GET", "/api/v1/tokens/").json()
+    # A token of limited life, named for the device, one of Felix's.
+    tokens = felix.api("GET", "/api/v1/tokens/").json()
     device_token = next(t for t in tokens if t["prefix"] == saved["lab"]["token"][:14])
     expires = datetime.fromisoformat(device_token["expires_at"].replace("Z", "+00:00"))
     assert device_token["name"].startswith("trainyard CLI on ")
     assert timedelta(days=29) < expires - datetime.now(UTC) <= timedelta(days=30)
     # The code is spent: it can be neither looked up nor approved again.
-    assert dora.api("POST", f"/api/v1/auth/device/{code}/approve/").status_code == 404
+    assert felix.api("POST", f"/api/v1/auth/device/{code}/approve/").status_code == 404
 
 
-def test_a_denied_code_ends_the_login_and_saves_nothing(dora: User, tmp_path: Path) -> None:
-    env = cli_env(dora.stack, tmp_path / "home")
+def test_a_denied_code_ends_the_login_and_saves_nothing(felix: User, tmp_path: Path) -> None:
+    env = cli_env(felix.stack, tmp_path / "home")
     process, code, _ = start_login(env, "--no-browser")
 
-    denied = dora.api("POST", f"/api/v1/auth/device/{code.lower()}/deny/")
+    denied = felix.api("POST", f"/api/v1/auth/device/{code.lower()}/deny/")
     exit_code, rest = finish(process)
 
     assert denied.status_code == 200 and denied.json()["state"] == "denied"
@@ -154,34 +162,34 @@ def test_a_denied_code_ends_the_login_and_saves_nothing(dora: User, tmp_path: Pa
     assert not (tmp_path / "home" / "config" / "trainyard" / "config.json").exists()
 
 
-def test_polling_is_answered_as_rfc_8628_says(dora: User) -> None:
+def test_polling_is_answered_as_rfc_8628_says(felix: User) -> None:
     """Pending, then slow_down for a poll too soon (and a longer interval), expired once the code's time is up."""
-    started = httpx.post(f"{dora.stack.url}/api/v1/auth/device/", json={"client_name": "a script"}, timeout=30)
+    started = httpx.post(f"{felix.stack.url}/api/v1/auth/device/", json={"client_name": "a script"}, timeout=30)
     body = started.json()
 
     def poll() -> dict[str, object]:
         answer = httpx.post(
-            f"{dora.stack.url}/api/v1/auth/device/token/", json={"device_code": body["device_code"]}, timeout=30
+            f"{felix.stack.url}/api/v1/auth/device/token/", json={"device_code": body["device_code"]}, timeout=30
         )
         assert answer.status_code == 400, answer.text
         return answer.json()
 
     first, second = poll(), poll()
-    dora.stack.manage(
+    felix.stack.manage(
         "shell",
         "-c",
         "from django.utils import timezone; from backend.accounts.models import DeviceLogin;"
         f" DeviceLogin.objects.filter(user_code={body['user_code'].replace('-', '')!r}).update(expires_at=timezone.now())",
     )
     expired = poll()
-    approve_late = dora.api("POST", f"/api/v1/auth/device/{body['user_code']}/approve/")
+    approve_late = felix.api("POST", f"/api/v1/auth/device/{body['user_code']}/approve/")
     unknown = httpx.post(
-        f"{dora.stack.url}/api/v1/auth/device/token/", json={"device_code": "tydev_nothing"}, timeout=30
+        f"{felix.stack.url}/api/v1/auth/device/token/", json={"device_code": "tydev_nothing"}, timeout=30
     ).json()
 
     assert started.status_code == 201 and re.fullmatch(r"[B-Z]{4}-[B-Z]{4}", body["user_code"])
     assert body["interval"] == 5 and body["expires_in"] == 600
-    assert body["verification_uri_complete"] == f"{dora.stack.url}/device?code={body['user_code']}"
+    assert body["verification_uri_complete"] == f"{felix.stack.url}/device?code={body['user_code']}"
     assert first["error"] == "authorization_pending" and first["interval"] == 5
     assert second["error"] == "slow_down" and second["interval"] == 10
     assert expired["error"] == "expired_token" and body["user_code"] in str(expired["message"])
@@ -189,45 +197,45 @@ def test_polling_is_answered_as_rfc_8628_says(dora: User) -> None:
     assert unknown["error"] == "invalid_grant"
 
 
-def test_workspace_use_and_the_global_w_choose_where_commands_act(dora: User, tmp_path: Path) -> None:
+def test_workspace_use_and_the_global_w_choose_where_commands_act(felix: User, tmp_path: Path) -> None:
     """An old single-profile login file is read as the profile `default`;
     `workspace use` saves the choice in it; `-w` wins for one command."""
-    team = dora.api("POST", "/api/v1/workspaces/", json={"name": "Dora Lab"}).json()["slug"]
-    env = cli_env(dora.stack, tmp_path / "home")
+    team = felix.api("POST", "/api/v1/workspaces/", json={"name": "Felix Lab"}).json()["slug"]
+    env = cli_env(felix.stack, tmp_path / "home")
     del env["TRAINYARD_URL"]
     path = tmp_path / "home" / "config" / "trainyard" / "config.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"url": dora.stack.url, "token": dora.token}))
+    path.write_text(json.dumps({"url": felix.stack.url, "token": felix.token}))
 
     set_in_team = trainyard(env, "-w", team, "secrets", "set", "LAB_ONLY", input="s3cret\n")
     listed_before = trainyard(env, "workspace", "ls")
     used = trainyard(env, "workspace", "use", team)
     listed_after = trainyard(env, "workspace", "ls")
     in_team = trainyard(env, "secrets", "ls")
-    in_personal = trainyard(env, "--workspace", "dora", "secrets", "ls")
+    in_personal = trainyard(env, "--workspace", "felix", "secrets", "ls")
     not_mine = trainyard(env, "workspace", "use", "someone-elses")
 
     assert set_in_team.returncode == 0, set_in_team.stderr
-    team_secrets = dora.api("GET", f"/api/v1/workspaces/{team}/secrets/").json()
-    personal_secrets = dora.api("GET", "/api/v1/workspaces/dora/secrets/").json()
+    team_secrets = felix.api("GET", f"/api/v1/workspaces/{team}/secrets/").json()
+    personal_secrets = felix.api("GET", "/api/v1/workspaces/felix/secrets/").json()
     assert [s["name"] for s in team_secrets] == ["LAB_ONLY"] and personal_secrets == []
-    assert re.search(r"^\*\s+dora\s", listed_before.stdout, re.M), listed_before.stdout
+    assert re.search(r"^\*\s+felix\s", listed_before.stdout, re.M), listed_before.stdout
     assert used.returncode == 0 and f"Profile 'default' now acts in workspace {team}" in used.stderr
-    assert re.search(rf"^\*\s+{team}\s+Dora Lab\s+admin", listed_after.stdout, re.M), listed_after.stdout
+    assert re.search(rf"^\*\s+{team}\s+Felix Lab\s+admin", listed_after.stdout, re.M), listed_after.stdout
     assert "LAB_ONLY" in in_team.stdout and "LAB_ONLY" not in in_personal.stdout
     assert in_personal.returncode == 0, in_personal.stderr
     assert not_mine.returncode == 1 and "you are not a member of workspace 'someone-elses'" in not_mine.stderr
     saved = json.loads(path.read_text())
-    assert saved == {"profiles": {"default": {"url": dora.stack.url, "token": dora.token, "workspace": team}}}
+    assert saved == {"profiles": {"default": {"url": felix.stack.url, "token": felix.token, "workspace": team}}}
 
 
-def test_login_with_a_token_keeps_working(dora: User, tmp_path: Path) -> None:
-    env = cli_env(dora.stack, tmp_path / "home")
-    logged_in = trainyard(env, "login", "--url", dora.stack.url, "--token", dora.token, "--profile", "ci")
+def test_login_with_a_token_keeps_working(felix: User, tmp_path: Path) -> None:
+    env = cli_env(felix.stack, tmp_path / "home")
+    logged_in = trainyard(env, "login", "--url", felix.stack.url, "--token", felix.token, "--profile", "ci")
     unknown_profile = trainyard(env, "--profile", "nope", "ps")
 
     assert logged_in.returncode == 0, logged_in.stderr
-    assert "as dora (workspace dora)" in logged_in.stderr and "trainyard --profile ci" in logged_in.stderr
+    assert "as felix (workspace felix)" in logged_in.stderr and "trainyard --profile ci" in logged_in.stderr
     assert trainyard({**env, "TRAINYARD_PROFILE": "ci"}, "ps").returncode == 0
     assert unknown_profile.returncode == 1
     assert "there is no profile 'nope'" in unknown_profile.stderr and "profiles: ci" in unknown_profile.stderr
