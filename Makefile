@@ -104,7 +104,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Re-installs only when requirements.txt or a pyproject.toml changed (or the venv is new).
-$(STAMP): $(PY) requirements.txt $(PYPROJECTS)
+$(STAMP): $(PY) requirements.txt requirements-server.txt $(PYPROJECTS)
 	$(PY) -m pip install -r requirements.txt $(EDITABLES)
 	@touch $@
 
