@@ -108,7 +108,7 @@ def stack(
         # With GitHub sign-in and the local backend on, the server refuses to
         # start without an allowlist or with the built-in secret key: the
         # browser tests' people (tests/e2e/test_dashboard.py).
-        TRAINYARD_GITHUB_ALLOW="dana,vic,ellen,frank,gina,hana,iris,june,kim,lena,tess,uma,nora,otto,pia,bram,mika,kurt,felix",
+        TRAINYARD_GITHUB_ALLOW="dana,vic,ellen,frank,gina,hana,iris,june,kim,lena,tess,uma,nora,otto,pia,bram,mika,kurt,felix,lara,milo,nils",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(32),
     )
     # Fast timeouts, so a dead runner is noticed in seconds, not minutes.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from uuid import UUID
 
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q, Value
 
@@ -239,6 +240,10 @@ class Job(WorkspaceOwnedModel):
             models.Index(fields=["finished_at"], name="job_finished_at", condition=models.Q(finished_at__isnull=False)),
             # The reconciler's pass over jobs whose files are kept (runs.lifecycle.kept).
             models.Index(fields=["kept_until"], name="job_kept_until", condition=models.Q(kept_until__isnull=False)),
+            # A run's lineage: the jobs whose deps name a run (runs.services.lineage).
+            GinIndex(
+                fields=["input_refs"], name="job_input_refs", opclasses=["jsonb_path_ops"], condition=~Q(input_refs=[])
+            ),
         ]
 
 

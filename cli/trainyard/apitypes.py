@@ -737,6 +737,28 @@ class LastValueOut(TypedDict):
     attempt: int
 
 
+LineageEdgeOutKindEnum: TypeAlias = Literal["tag", "run", "workflow", "cache"]
+"""
+* `tag` - tag
+* `run` - run
+* `workflow` - workflow
+* `cache` - cache
+"""
+
+
+class LineageRunOut(TypedDict):
+    name: str
+    workflow: str
+    status: str
+    created_at: str
+    submitted_by: str
+    tags: list[str]
+    distance: int
+    """
+    steps from the run asked about: negative upstream (it fed that run), positive downstream, 0 itself
+    """
+
+
 class LogSearchOut(TypedDict):
     job: str
     seq: int | None
@@ -1068,6 +1090,12 @@ class SessionOut(TypedDict):
     last_activity_at: str | None
 
 
+class SourceWorkflowOut(TypedDict):
+    name: str
+    provider: str
+    help: str
+
+
 SpotPolicyEnum: TypeAlias = Literal["spot", "on-demand", "auto"]
 """
 * `spot` - spot
@@ -1328,6 +1356,11 @@ VolumeOutStatusEnum: TypeAlias = Literal["creating", "available", "attached", "d
 """
 
 
+class WorkflowsFileIn(TypedDict):
+    path: str
+    text: str
+
+
 class WorkflowsFileInRequest(TypedDict):
     path: str
     text: str
@@ -1507,6 +1540,15 @@ class CheckpointOut(TypedDict):
     """
     the version an interrupted job resumes from
     """
+
+
+class CodeIn(TypedDict):
+    kind: KindEnum
+    repo_url: NotRequired[str]
+    commit: NotRequired[str]
+    patch_blob: NotRequired[str | None]
+    archive_blob: NotRequired[str | None]
+    patch_files: NotRequired[dict[str, str] | None]
 
 
 class CodeInRequest(TypedDict):
@@ -1733,6 +1775,45 @@ class KeptInRequest(TypedDict):
     outcome: OutcomeEnum
 
 
+class LineageEdgeOut(TypedDict):
+    producer: str
+    """
+    the run whose artifacts were read
+    """
+    consumer: str
+    """
+    the run that read them
+    """
+    kind: LineageEdgeOutKindEnum
+    """
+    how: `deps: - tag:`, `- run:`, another repository's `- workflow:`, or a job reused from the cache
+
+    * `tag` - tag
+    * `run` - run
+    * `workflow` - workflow
+    * `cache` - cache
+    """
+    name: str
+    """
+    the tag, run or workflow the deps named (the job's name for cache)
+    """
+    job: str
+    """
+    the consumer's job
+    """
+
+
+class LineageOut(TypedDict):
+    run: str
+    depth: int
+    truncated: bool
+    """
+    more runs lie past the depth or the size bound
+    """
+    runs: list[LineageRunOut]
+    edges: list[LineageEdgeOut]
+
+
 class LogLineOut(TypedDict):
     seq: int
     ts: float
@@ -1931,6 +2012,26 @@ class RunPlanInRequest(TypedDict):
     environment_files: NotRequired[dict[str, dict[str, str]]]
     """
     by requirements file, the sha256 of it and of the files it includes (-r/-c)
+    """
+
+
+class RunSourceOut(TypedDict):
+    repo: str
+    """
+    the repository's URL, or `uploaded code (no git)`
+    """
+    run: str
+    """
+    the last run submitted from it: its code and files are used again
+    """
+    submitted_at: str
+    submitted_by: str
+    code: CodeIn
+    workflows_files: list[WorkflowsFileIn]
+    environment_files: dict[str, dict[str, str]]
+    workflows: list[SourceWorkflowOut]
+    """
+    the workflows the files define (none when they no longer parse)
     """
 
 

@@ -8,6 +8,8 @@ import { RunsPage } from "./pages/Runs";
 import { RunPage } from "./pages/RunDetail";
 import { ComparePage } from "./pages/Compare";
 import { TagsPage } from "./pages/Tags";
+import { EnvironmentsPage } from "./pages/Environments";
+import { NewRunPage } from "./pages/NewRun";
 import { VolumesPage } from "./pages/Volumes";
 import { ReposPage } from "./pages/Repos";
 import { InstancesPage } from "./pages/Instances";
@@ -45,9 +47,11 @@ export function App() {
       <Route path="/w/:ws" element={<Layout />}>
         <Route index element={<Navigate to="runs" replace />} />
         <Route path="runs" element={<RunsPage />} />
+        <Route path="runs/new" element={<NewRunPage />} />
         <Route path="runs/:run" element={<RunPage />} />
         <Route path="compare" element={<ComparePage />} />
         <Route path="tags" element={<TagsPage />} />
+        <Route path="environments" element={<EnvironmentsPage />} />
         <Route path="volumes" element={<VolumesPage />} />
         <Route path="repos" element={<ReposPage />} />
         <Route path="instances" element={<InstancesPage />} />

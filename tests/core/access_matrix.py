@@ -162,9 +162,12 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/runs/": {"GET": Call(read()), "POST": Call(write(201), body="run_body")},
     # A dry run changes nothing: a viewer may plan too.
     f"{WS}/runs/plan/": {"POST": Call(read(200), body="run_body")},
+    # Where a new run may start from (the dashboard's New run form): anyone of the workspace reads it.
+    f"{WS}/runs/sources/": {"GET": Call(read())},
     f"{WS}/runs/<str:run>/": {"GET": Call(read())},
     f"{WS}/runs/<str:run>/stop/": {"POST": Call(write(202))},
     f"{WS}/runs/<str:run>/rerun/": {"POST": Call(write(201))},
+    f"{WS}/runs/<str:run>/lineage/": {"GET": Call(read())},
     f"{WS}/runs/<str:run>/artifacts/": {"GET": Call(read())},
     f"{WS}/runs/<str:run>/exports/": {"GET": Call(read())},
     # Sessions into a job (members and admins): the world's job is assigned, not running yet: told to wait (409).

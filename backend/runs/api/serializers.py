@@ -289,6 +289,56 @@ class EnvironmentDetailOut(EnvironmentOut):
         return list(self.context.get("recent_runs", []))
 
 
+class SourceWorkflowOut(serializers.Serializer):
+    name = serializers.CharField()
+    provider = serializers.CharField()
+    help = serializers.CharField()
+
+
+class RunSourceOut(serializers.Serializer):
+    repo = serializers.CharField(help_text="the repository's URL, or `uploaded code (no git)`")
+    run = serializers.CharField(help_text="the last run submitted from it: its code and files are used again")
+    submitted_at = serializers.DateTimeField()
+    submitted_by = serializers.CharField()
+    code = CodeIn()
+    workflows_files = WorkflowsFileIn(many=True)
+    environment_files = serializers.DictField(child=serializers.DictField(child=serializers.CharField()))
+    workflows = SourceWorkflowOut(
+        many=True, help_text="the workflows the files define (none when they no longer parse)"
+    )
+
+
+class LineageRunOut(serializers.Serializer):
+    name = serializers.CharField()
+    workflow = serializers.CharField()
+    status = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    submitted_by = serializers.CharField()
+    tags = serializers.ListField(child=serializers.CharField())
+    distance = serializers.IntegerField(
+        help_text="steps from the run asked about: negative upstream (it fed that run), positive downstream, 0 itself"
+    )
+
+
+class LineageEdgeOut(serializers.Serializer):
+    producer = serializers.CharField(help_text="the run whose artifacts were read")
+    consumer = serializers.CharField(help_text="the run that read them")
+    kind = serializers.ChoiceField(
+        choices=["tag", "run", "workflow", "cache"],
+        help_text="how: `deps: - tag:`, `- run:`, another repository's `- workflow:`, or a job reused from the cache",
+    )
+    name = serializers.CharField(help_text="the tag, run or workflow the deps named (the job's name for cache)")
+    job = serializers.CharField(help_text="the consumer's job")
+
+
+class LineageOut(serializers.Serializer):
+    run = serializers.CharField()
+    depth = serializers.IntegerField()
+    truncated = serializers.BooleanField(help_text="more runs lie past the depth or the size bound")
+    runs = LineageRunOut(many=True)
+    edges = LineageEdgeOut(many=True)
+
+
 class AttemptOut(serializers.ModelSerializer):
     instance = serializers.CharField(source="instance.name", default=None, allow_null=True)
     backend = serializers.CharField(

@@ -27,6 +27,7 @@ from backend.runs.api.serializers import (
     BlobOut,
     EnvironmentDetailOut,
     EnvironmentOut,
+    LineageOut,
     LogPageOut,
     LogSearchOut,
     RerunOut,
@@ -35,6 +36,7 @@ from backend.runs.api.serializers import (
     RunPageOut,
     RunPlanIn,
     RunPlanOut,
+    RunSourceOut,
     TagIn,
     TagOut,
 )
@@ -52,6 +54,7 @@ from backend.runs.selectors import (
 )
 from backend.runs.services.budgets import run_resume_if_budget_stopped
 from backend.runs.services.datainputs import rerun_notices
+from backend.runs.services.lineage import DEFAULT_DEPTH, MAX_DEPTH, lineage_shown, run_lineage
 from backend.runs.services.logwindow import LogWindow, log_lines_after, log_lines_before, log_search
 from backend.runs.services.offerplan import run_estimate, run_offer_plan
 from backend.runs.services.preview import code_facts_of, run_plan_preview
@@ -65,6 +68,7 @@ from backend.runs.services.rawlog import (
     raw_log_chunks,
 )
 from backend.runs.services.runs import CodeInput, PlanInputs, plan_inputs, run_create, run_rerun, run_stop
+from backend.runs.services.sources import run_sources
 from backend.runs.services.submissions import once_of, run_submit
 from backend.runs.services.tags import tag_delete, tag_set
 
@@ -279,6 +283,31 @@ class RunDetailView(WorkspaceAPIView):
         if shown is None:
             raise NotFound(f"Run {run!r} not found.")
         return Response(shown)
+
+
+class RunSourceListView(WorkspaceAPIView):
+    """What a new run may start from: per repository, its last submitted run's code and workflows files."""
+
+    @extend_schema(responses=RunSourceOut(many=True))
+    def get(self, request: Request, workspace: str) -> Response:
+        return Response(run_sources(workspace=self.workspace))
+
+
+class RunLineageView(WorkspaceAPIView):
+    """The runs and tags that fed a run and the runs that used its artifacts (docs/RUNS.md, "Lineage")."""
+
+    @extend_schema(
+        responses=LineageOut,
+        parameters=[
+            OpenApiParameter("depth", int, description=f"steps each way (default {DEFAULT_DEPTH}, 1 to {MAX_DEPTH})")
+        ],
+    )
+    def get(self, request: Request, workspace: str, run: str) -> Response:
+        depth = _int_param(request, "depth", DEFAULT_DEPTH, minimum=1)
+        if depth > MAX_DEPTH:
+            raise ApplicationError(f"depth must be between 1 and {MAX_DEPTH}.")
+        found = _run_or_404(self.workspace, run)
+        return Response(lineage_shown(run_lineage(run=found, depth=depth)))
 
 
 class RunRerunView(WorkspaceAPIView):

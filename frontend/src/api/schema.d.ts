@@ -1340,6 +1340,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/runs/{run}/lineage/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The runs and tags that fed a run and the runs that used its artifacts (docs/RUNS.md, "Lineage"). */
+        get: operations["workspaces_runs_lineage_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/runs/{run}/metrics/": {
         parameters: {
             query?: never;
@@ -1439,6 +1456,23 @@ export interface paths {
         put?: never;
         /** @description A dry run: the plan (jobs, deps, inputs, cache hits); nothing is written. */
         post: operations["workspaces_runs_plan_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{workspace}/runs/sources/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description What a new run may start from: per repository, its last submitted run's code and workflows files. */
+        get: operations["workspaces_runs_sources_list"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1918,6 +1952,20 @@ export interface components {
          * @enum {string}
          */
         CodeEnum: "archive" | "patch";
+        CodeIn: {
+            kind: components["schemas"]["KindEnum"];
+            /** @default  */
+            repo_url: string;
+            /** @default  */
+            commit: string;
+            /** Format: uuid */
+            patch_blob?: string | null;
+            /** Format: uuid */
+            archive_blob?: string | null;
+            patch_files?: {
+                [key: string]: string;
+            } | null;
+        };
         CodeInRequest: {
             kind: components["schemas"]["KindEnum"];
             /** @default  */
@@ -2609,6 +2657,52 @@ export interface components {
             t: string;
             attempt: number;
         };
+        LineageEdgeOut: {
+            /** @description the run whose artifacts were read */
+            producer: string;
+            /** @description the run that read them */
+            consumer: string;
+            /**
+             * @description how: `deps: - tag:`, `- run:`, another repository's `- workflow:`, or a job reused from the cache
+             *
+             *     * `tag` - tag
+             *     * `run` - run
+             *     * `workflow` - workflow
+             *     * `cache` - cache
+             */
+            kind: components["schemas"]["LineageEdgeOutKindEnum"];
+            /** @description the tag, run or workflow the deps named (the job's name for cache) */
+            name: string;
+            /** @description the consumer's job */
+            job: string;
+        };
+        /**
+         * @description * `tag` - tag
+         *     * `run` - run
+         *     * `workflow` - workflow
+         *     * `cache` - cache
+         * @enum {string}
+         */
+        LineageEdgeOutKindEnum: "tag" | "run" | "workflow" | "cache";
+        LineageOut: {
+            run: string;
+            depth: number;
+            /** @description more runs lie past the depth or the size bound */
+            truncated: boolean;
+            runs: components["schemas"]["LineageRunOut"][];
+            edges: components["schemas"]["LineageEdgeOut"][];
+        };
+        LineageRunOut: {
+            name: string;
+            workflow: string;
+            status: string;
+            /** Format: date-time */
+            created_at: string;
+            submitted_by: string;
+            tags: string[];
+            /** @description steps from the run asked about: negative upstream (it fed that run), positive downstream, 0 itself */
+            distance: number;
+        };
         LogLineOut: {
             seq: number;
             /**
@@ -3214,6 +3308,24 @@ export interface components {
             /** @description USD: the most the run may cost (its jobs' max_cost); null if any is null */
             estimate: string | null;
         };
+        RunSourceOut: {
+            /** @description the repository's URL, or `uploaded code (no git)` */
+            repo: string;
+            /** @description the last run submitted from it: its code and files are used again */
+            run: string;
+            /** Format: date-time */
+            submitted_at: string;
+            submitted_by: string;
+            code: components["schemas"]["CodeIn"];
+            workflows_files: components["schemas"]["WorkflowsFileIn"][];
+            environment_files: {
+                [key: string]: {
+                    [key: string]: string;
+                };
+            };
+            /** @description the workflows the files define (none when they no longer parse) */
+            workflows: components["schemas"]["SourceWorkflowOut"][];
+        };
         RunnerCredentialOut: {
             kind: components["schemas"]["RunnerCredentialOutKindEnum"];
             username: string;
@@ -3313,6 +3425,11 @@ export interface components {
             bytes_down: number;
             /** Format: date-time */
             last_activity_at: string | null;
+        };
+        SourceWorkflowOut: {
+            name: string;
+            provider: string;
+            help: string;
         };
         /**
          * @description * `spot` - spot
@@ -3572,6 +3689,10 @@ export interface components {
          * @enum {string}
          */
         VolumeOutStatusEnum: "creating" | "available" | "attached" | "deleting" | "deleted" | "failed";
+        WorkflowsFileIn: {
+            path: string;
+            text: string;
+        };
         WorkflowsFileInRequest: {
             path: string;
             text: string;
@@ -5858,6 +5979,31 @@ export interface operations {
             };
         };
     };
+    workspaces_runs_lineage_retrieve: {
+        parameters: {
+            query?: {
+                /** @description steps each way (default 3, 1 to 5) */
+                depth?: number;
+            };
+            header?: never;
+            path: {
+                run: string;
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LineageOut"];
+                };
+            };
+        };
+    };
     workspaces_runs_metrics_retrieve: {
         parameters: {
             query?: never;
@@ -6016,6 +6162,27 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunPlanOut"];
+                };
+            };
+        };
+    };
+    workspaces_runs_sources_list: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunSourceOut"][];
                 };
             };
         };

@@ -5,6 +5,10 @@
 // Given `windowed`, it shows a log it holds only part of: `lines` are the
 // held ones, each at row seq - 1 of `windowed.total`; a row not held asks for
 // it (`onNeed`) and shows a placeholder meanwhile, and search asks the server.
+//
+// Wrapped, a line takes as many rows as its characters fill at the viewer's
+// width (the font is monospaced), so rows are still placed by arithmetic.
+// A line's number is its permalink: `#L<seq>` opens the log at that line, highlighted.
 import { useCallback, useEffect, useLayoutEffect, useMemo, useRef, useState, type KeyboardEvent } from "react";
 import { lineWithSeq } from "../lib/logwindow";
 import { parseAnsi, renderAnsi, stripAnsi } from "./ansi";
@@ -52,6 +56,8 @@ export interface LogViewerProps {
   rowHeight?: number;
   /** A long log held in part: `lines` are a window of it, placed by seq. */
   windowed?: WindowedLog;
+  /** Query parameters a line's permalink sets besides `#L<seq>` (e.g. which job). */
+  linkParams?: Record<string, string>;
 }
 
 type Row = { kind: "attempt"; mark: AttemptMark } | { kind: "line"; index: number };
@@ -63,6 +69,46 @@ const FALLBACK_VIEWPORT = 480;
 const MAX_CANVAS = 8_000_000;
 // A server search waits this long after the last keystroke.
 const SEARCH_DELAY_MS = 250;
+// Where the toolbar's toggles are remembered (this browser only).
+const TIMESTAMPS_KEY = "trainyard.logs.timestamps";
+const WRAP_KEY = "trainyard.logs.wrap";
+const TAB_WIDTH = 8;
+
+/** The seq a `#L<seq>` hash names, else null. */
+export function linkedSeq(hash: string): number | null {
+  const found = /^#L(\d+)$/.exec(hash);
+  const seq = found ? Number(found[1]) : 0;
+  return seq >= 1 ? seq : null;
+}
+
+/** `2026-12-02T12:00:00.123Z`: a line's time in UTC, as `trainyard logs --timestamps` and the raw log print it (to the millisecond). */
+export function lineStamp(ts: number): string {
+  return Number.isFinite(ts) && ts > 0 ? new Date(Math.round(ts * 1000)).toISOString() : "";
+}
+
+/** How many rows of `cols` characters a line takes when wrapped (tabs to the next stop). */
+export function wrappedRows(text: string, cols: number): number {
+  if (cols <= 0) return 1;
+  let col = 0;
+  for (const char of text) col += char === "\t" ? TAB_WIDTH - (col % TAB_WIDTH) : 1;
+  return Math.max(1, Math.ceil(col / cols));
+}
+
+function remembered(key: string): boolean {
+  try {
+    return window.localStorage.getItem(key) === "1";
+  } catch {
+    return false;
+  }
+}
+
+function remember(key: string, on: boolean): void {
+  try {
+    window.localStorage.setItem(key, on ? "1" : "0");
+  } catch {
+    // A browser that keeps nothing just forgets the toggle.
+  }
+}
 
 /** Marks in row order; at one line: by attempt, an attempt's start before its end. */
 function compareMarks(a: AttemptMark, b: AttemptMark): number {
@@ -89,10 +135,17 @@ export function LogViewer({
   downloadUrl,
   rowHeight = 18,
   windowed,
+  linkParams,
 }: LogViewerProps) {
   const scroller = useRef<HTMLDivElement>(null);
   const programmaticTop = useRef<number | null>(null);
-  const [follow, setFollow] = useState(true);
+  // The line the address links to (`#L<seq>`): shown highlighted, scrolled to once it is known.
+  const [linked, setLinked] = useState<number | null>(() => linkedSeq(window.location.hash));
+  const jumpTo = useRef<number | null>(linked);
+  const [follow, setFollow] = useState(linked === null);
+  const [timestamps, setTimestamps] = useState(() => remembered(TIMESTAMPS_KEY));
+  const [wrap, setWrap] = useState(() => remembered(WRAP_KEY));
+  const [cols, setCols] = useState(0);
   const [scrollTop, setScrollTop] = useState(0);
   const [viewport, setViewport] = useState(FALLBACK_VIEWPORT);
   const [query, setQuery] = useState("");
@@ -108,8 +161,50 @@ export function LogViewer({
   );
   const lineCount = windowed ? windowed.total : lines.length;
   const rowCount = lineCount + sortedAttempts.length;
-  const totalHeight = rowCount * rowHeight;
   const lineAt = (index: number): ViewerLine | undefined => (windowed ? lineWithSeq(lines, index + 1) : lines[index]);
+
+  // Wrapped: tops[r] is the number of screen rows above row r (its last entry all of them).
+  const tops = useMemo(() => {
+    if (!wrap || cols <= 0) return null;
+    const out = new Float64Array(rowCount + 1);
+    let row = 0;
+    let height = 0;
+    let index = 0;
+    for (const mark of sortedAttempts) {
+      for (; index < Math.min(mark.lineIndex, lineCount); index += 1, row += 1) {
+        out[row] = height;
+        const line = windowed ? lineWithSeq(lines, index + 1) : lines[index];
+        height += line ? wrappedRows(stripAnsi(line.text), cols) : 1;
+      }
+      out[row] = height;
+      height += 1;
+      row += 1;
+    }
+    for (; index < lineCount; index += 1, row += 1) {
+      out[row] = height;
+      const line = windowed ? lineWithSeq(lines, index + 1) : lines[index];
+      height += line ? wrappedRows(stripAnsi(line.text), cols) : 1;
+    }
+    out[rowCount] = height;
+    return out;
+    // `version` stands for the contents of `lines`, which may grow in place.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [wrap, cols, version, lines, sortedAttempts, lineCount, windowed === undefined]);
+  const rowTop = (row: number): number => (tops ? tops[Math.min(row, rowCount)] : row) * rowHeight;
+  /** The row drawn at canvas height `y` (of the log, before any scale). */
+  const rowAtY = (y: number): number => {
+    const unit = Math.max(0, Math.floor(y / rowHeight));
+    if (!tops) return Math.min(unit, rowCount);
+    let low = 0;
+    let high = rowCount;
+    while (low < high) {
+      const middle = (low + high + 1) >> 1;
+      if (tops[middle] <= unit) low = middle;
+      else high = middle - 1;
+    }
+    return low;
+  };
+  const totalHeight = rowTop(rowCount);
 
   const rowOfLine = useCallback(
     (index: number) => index + sortedAttempts.filter((m) => m.lineIndex <= index).length,
@@ -197,8 +292,9 @@ export function LogViewer({
 
   const scrollToRow = (row: number, align: "top" | "third" = "third") => {
     const el = scroller.current;
-    const offset = align === "top" ? 0 : viewport / 3;
-    const target = Math.max(0, Math.min(maxTop, row * rowHeight - offset)) / scale;
+    // The element's own height: on the first render the measured one is not in state yet.
+    const offset = align === "top" ? 0 : (el?.clientHeight || viewport) / 3;
+    const target = Math.max(0, Math.min(maxTop, rowTop(row) - offset)) / scale;
     setFollow(false);
     setScrollTop(target);
     if (el) {
@@ -269,8 +365,70 @@ export function LogViewer({
     // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [needle]);
 
-  const first = Math.max(0, Math.floor(top / rowHeight) - OVERSCAN);
-  const last = Math.min(rowCount, Math.ceil((top + viewport) / rowHeight) + OVERSCAN);
+  // The linked line: follow the address's hash, and scroll to it once the log reaches it.
+  useEffect(() => {
+    const onHash = () => {
+      const seq = linkedSeq(window.location.hash);
+      setLinked(seq);
+      jumpTo.current = seq;
+      if (seq !== null) setFollow(false);
+    };
+    window.addEventListener("hashchange", onHash);
+    return () => window.removeEventListener("hashchange", onHash);
+  }, []);
+  useLayoutEffect(() => {
+    const seq = jumpTo.current;
+    if (seq === null || seq > lineCount) return;
+    jumpTo.current = null;
+    scrollToRow(rowOfLine(seq - 1));
+    // The page too: a log below the fold would hide the line it opened at.
+    scroller.current?.scrollIntoView?.({ block: "nearest" });
+    // Only when the log grows to the linked line or the link changes, not on every scroll.
+    // eslint-disable-next-line react-hooks/exhaustive-deps
+  }, [lineCount, linked, viewport]);
+
+  // Wrapped: the characters a text column holds, measured in the page's font.
+  const measure = useRef<HTMLSpanElement>(null);
+  useLayoutEffect(() => {
+    const el = scroller.current;
+    if (!wrap || !el) return undefined;
+    const update = () => {
+      const probe = measure.current;
+      const text = el.querySelector<HTMLElement>(".log-row[data-seq] .log-text");
+      const charWidth = probe ? probe.getBoundingClientRect().width / 10 : 0;
+      if (!text || charWidth <= 0) return;
+      const style = window.getComputedStyle(text);
+      const width = text.clientWidth - parseFloat(style.paddingLeft || "0") - parseFloat(style.paddingRight || "0");
+      setCols(Math.max(1, Math.floor(width / charWidth)));
+    };
+    update();
+    if (typeof ResizeObserver === "undefined") return undefined;
+    const observer = new ResizeObserver(update);
+    observer.observe(el);
+    return () => observer.disconnect();
+  }, [wrap, timestamps, lineCount > 0]);
+
+  const toggleTimestamps = () => {
+    remember(TIMESTAMPS_KEY, !timestamps);
+    setTimestamps(!timestamps);
+  };
+  const toggleWrap = () => {
+    remember(WRAP_KEY, !wrap);
+    setWrap(!wrap);
+  };
+  const linkBase = (() => {
+    const query = new URLSearchParams(window.location.search);
+    for (const [name, value] of Object.entries(linkParams ?? {})) query.set(name, value);
+    const search = query.toString();
+    return `${window.location.pathname}${search ? `?${search}` : ""}`;
+  })();
+  const onLink = (seq: number) => {
+    window.history.replaceState(window.history.state, "", `${linkBase}#L${seq}`);
+    setLinked(seq);
+  };
+
+  const first = Math.max(0, rowAtY(top) - OVERSCAN);
+  const last = Math.min(rowCount, rowAtY(top + viewport) + 1 + OVERSCAN);
   const rows: Row[] = [];
   for (let row = first; row < last; row += 1) rows.push(rowAt(row));
 
@@ -320,6 +478,24 @@ export function LogViewer({
         )}
         <button
           type="button"
+          className={`btn btn-small ${timestamps ? "btn-active" : ""}`}
+          aria-pressed={timestamps}
+          onClick={toggleTimestamps}
+          title="Show each line's time (UTC)"
+        >
+          Timestamps
+        </button>
+        <button
+          type="button"
+          className={`btn btn-small ${wrap ? "btn-active" : ""}`}
+          aria-pressed={wrap}
+          onClick={toggleWrap}
+          title="Wrap long lines to the viewer's width"
+        >
+          Wrap
+        </button>
+        <button
+          type="button"
           className={`btn btn-small ${follow ? "btn-active" : ""}`}
           aria-pressed={follow}
           onClick={() => setFollow(true)}
@@ -344,11 +520,18 @@ export function LogViewer({
         onWheel={onWheel}
         onKeyDown={onScrollerKey}
         data-follow={follow ? "on" : "off"}
+        data-wrap={wrap ? "on" : "off"}
+        data-timestamps={timestamps ? "on" : "off"}
         data-held={lines.length}
         data-total={lineCount}
       >
+        {wrap ? (
+          <span ref={measure} className="log-measure" aria-hidden="true">
+            0000000000
+          </span>
+        ) : null}
         <div className="log-canvas" style={{ height: Math.max(canvasHeight, rowHeight) }}>
-          <div className="log-rows" style={{ transform: `translateY(${first * rowHeight - top + scrolled}px)` }}>
+          <div className="log-rows" style={{ transform: `translateY(${rowTop(first) - top + scrolled}px)` }}>
             {rows.map((row) =>
               row.kind === "attempt" ? (
                 <div
@@ -361,7 +544,18 @@ export function LogViewer({
                   <span className="log-text">{row.mark.label}</span>
                 </div>
               ) : (
-                <LineRow key={`line-${row.index}`} line={lineAt(row.index)} seq={row.index + 1} needle={needle} current={row.index === currentLine} />
+                <LineRow
+                  key={`line-${row.index}`}
+                  line={lineAt(row.index)}
+                  seq={row.index + 1}
+                  needle={needle}
+                  current={row.index === currentLine}
+                  linked={row.index + 1 === linked}
+                  timestamps={timestamps}
+                  height={tops ? (tops[rowOfLine(row.index) + 1] - tops[rowOfLine(row.index)]) * rowHeight : undefined}
+                  href={`${linkBase}#L${row.index + 1}`}
+                  onLink={onLink}
+                />
               ),
             )}
           </div>
@@ -383,26 +577,54 @@ function windowedCount(needle: string, searching: boolean, found: { needle: stri
   return found.seq === null ? "No matches" : `line ${found.seq.toLocaleString("en-US")}`;
 }
 
+interface LineRowProps {
+  line: ViewerLine | undefined;
+  seq: number;
+  needle: string;
+  current: boolean;
+  /** The line the address links to (`#L<seq>`). */
+  linked: boolean;
+  timestamps: boolean;
+  /** Wrapped: the row's height (the screen rows its text takes). */
+  height: number | undefined;
+  href: string;
+  onLink: (seq: number) => void;
+}
+
 /** A held line, or the placeholder of one being read (a gap in a window reads as empty). */
-function LineRow({ line, seq, needle, current }: { line: ViewerLine | undefined; seq: number; needle: string; current: boolean }) {
-  if (line) return <LogRow line={line} needle={needle} current={current} />;
+function LineRow(props: LineRowProps) {
+  const { line, seq, timestamps } = props;
+  if (line) return <LogRow {...props} line={line} />;
   return (
     <div className="log-row log-pending" data-pending={seq}>
       <span className="log-gutter">{seq}</span>
+      {timestamps ? <span className="log-ts" /> : null}
       <span className="log-text" />
     </div>
   );
 }
 
-function LogRow({ line, needle, current }: { line: ViewerLine; needle: string; current: boolean }) {
+function LogRow({ line, needle, current, linked, timestamps, height, href, onLink }: LineRowProps & { line: ViewerLine }) {
   const isErr = line.stream === "e";
-  const classes = ["log-row", isErr ? "stderr" : "", current ? "log-current" : ""].filter(Boolean).join(" ");
+  const classes = ["log-row", isErr ? "stderr" : "", current ? "log-current" : "", linked ? "log-linked" : ""].filter(Boolean).join(" ");
   return (
-    <div className={classes} data-seq={line.seq} data-stream={line.stream}>
+    <div className={classes} data-seq={line.seq} data-stream={line.stream} style={height ? { height } : undefined}>
       <span className="log-gutter" title={isErr ? "stderr" : "stdout"}>
         {isErr ? <span className="stream-mark" aria-label="stderr">E</span> : null}
-        {line.seq}
+        <a
+          className="log-link"
+          href={href}
+          tabIndex={-1}
+          aria-label={`Line ${line.seq}`}
+          onClick={(event) => {
+            event.preventDefault();
+            onLink(line.seq);
+          }}
+        >
+          {line.seq}
+        </a>
       </span>
+      {timestamps ? <span className="log-ts">{lineStamp(line.ts)}</span> : null}
       <span className="log-text">{renderAnsi(parseAnsi(line.text), needle, current ? "match current" : "match")}</span>
     </div>
   );

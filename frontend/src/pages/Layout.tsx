@@ -9,6 +9,7 @@ import { WorkspaceContext, workspaceState } from "../workspace";
 const NAV = [
   { to: "runs", label: "Runs" },
   { to: "tags", label: "Tags" },
+  { to: "environments", label: "Environments" },
   { to: "repos", label: "Repos" },
   { to: "instances", label: "Runners & instances" },
   { to: "sessions", label: "Sessions", writersOnly: true },

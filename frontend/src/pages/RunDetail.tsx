@@ -7,6 +7,7 @@ import { ArtifactsBrowser } from "../components/ArtifactsBrowser";
 import { JobDataFacts } from "../components/JobData";
 import { JobGraph } from "../components/JobGraph";
 import { JobPorts } from "../components/JobPorts";
+import { LineagePanel } from "../components/Lineage";
 import { RerunBadge } from "../components/RerunBadge";
 import { AttemptsTable } from "../components/AttemptsTable";
 import { LogViewer, type AttemptMark, type WindowedLog } from "../components/LogViewer";
@@ -25,15 +26,15 @@ const TerminalPanel = lazy(() => import("../components/Terminal").then((module) 
 const loadMetricsPanel = () => import("../components/MetricsPanel");
 const MetricsPanel = lazy(() => loadMetricsPanel().then((module) => ({ default: module.MetricsPanel })));
 
-type TabName = "logs" | "metrics" | "artifacts" | "terminal";
-const TAB_LABELS: Record<TabName, string> = { logs: "Logs", metrics: "Metrics", artifacts: "Artifacts", terminal: "Terminal" };
+type TabName = "logs" | "metrics" | "artifacts" | "lineage" | "terminal";
+const TAB_LABELS: Record<TabName, string> = { logs: "Logs", metrics: "Metrics", artifacts: "Artifacts", lineage: "Lineage", terminal: "Terminal" };
 
 export function RunPage() {
   const { slug } = useWorkspace();
   const { run: runName = "" } = useParams();
   const [params, setParams] = useSearchParams();
   const asked = params.get("tab");
-  const tab: TabName = asked === "metrics" || asked === "artifacts" || asked === "terminal" ? asked : "logs";
+  const tab: TabName = asked === "metrics" || asked === "artifacts" || asked === "lineage" || asked === "terminal" ? asked : "logs";
   // Once shown, the terminals stay mounted (hidden under the other tabs) so their shells live on;
   // after a reload, at once if the page had terminals, to reattach to them within the grace.
   const [terminalShown, setTerminalShown] = useState(() => hasStoredTerminals(slug, runName));
@@ -71,7 +72,9 @@ export function RunPage() {
 
   // The Terminal tab: while the run is active, and afterwards while its terminals are still on the page.
   const tabs: TabName[] =
-    run && (ACTIVE_RUN_STATUSES.includes(run.status) || terminalShown) ? ["logs", "metrics", "artifacts", "terminal"] : ["logs", "metrics", "artifacts"];
+    run && (ACTIVE_RUN_STATUSES.includes(run.status) || terminalShown)
+      ? ["logs", "metrics", "artifacts", "lineage", "terminal"]
+      : ["logs", "metrics", "artifacts", "lineage"];
 
   const setParam = (name: string, value: string) => {
     const next = new URLSearchParams(params);
@@ -106,6 +109,7 @@ export function RunPage() {
             </Suspense>
           ) : null}
           {tab === "artifacts" ? <RunArtifacts run={run} /> : null}
+          {tab === "lineage" ? <LineagePanel workspace={slug} run={run.name} version={`${run.status}/${(run.tags ?? []).join(",")}`} /> : null}
         </div>
       ) : null}
       {terminalShown && tabs.includes("terminal") ? (
@@ -321,6 +325,7 @@ function JobLogs({ job, store, version, now }: { job: Job; store: LogWindowStore
             label={`Logs of ${job.name}`}
             placeholder={waiting ? "Waiting for the job to start…" : log.loaded ? "No output." : "Loading the log…"}
             downloadUrl={rawLogUrl(slug, job.id, { download: 1 })}
+            linkParams={{ job: job.name, tab: "logs" }}
           />
         </>
       )}
@@ -341,6 +346,7 @@ function SourceLog({ job, source, store, version }: { job: Job; source: RunRef; 
         attempts={[header]}
         windowed={log.windowed}
         label={`Logs of ${job.name} (from ${source.run})`}
+        linkParams={{ job: job.name, tab: "logs" }}
         placeholder={log.loaded ? "No output." : "Loading the log of the run it was reused from…"}
       />
     </>

@@ -15,7 +15,7 @@ export const MAX_COMPARED = 10;
 const STATUSES: RunStatus[] = ["pending", "running", "stopping", "succeeded", "failed", "stopped"];
 
 export function RunsPage() {
-  const { slug } = useWorkspace();
+  const { slug, canWrite } = useWorkspace();
   const [params, setParams] = useSearchParams();
   const status = params.get("status") ?? "";
   const workflow = params.get("workflow") ?? "";
@@ -82,7 +82,13 @@ export function RunsPage() {
   const data = runs.data;
   return (
     <>
-      <PageHeader title="Runs" />
+      <PageHeader title="Runs">
+        {canWrite ? (
+          <Link className="btn btn-primary" to={`/w/${slug}/runs/new`}>
+            New run
+          </Link>
+        ) : null}
+      </PageHeader>
       <Filters status={status} workflow={workflow} q={q} tag={tag} runs={data?.results ?? []} onChange={update} />
       <ErrorBanner error={runs.error} />
       {!data && runs.loading ? <Loading /> : null}

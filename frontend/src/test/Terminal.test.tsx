@@ -362,7 +362,7 @@ describe("the run page's Terminal tab", () => {
   it("opens a terminal into the running job, which lives on under the Logs tab", async () => {
     const { posts, relay } = renderRunPage({ ...makeRun([makeJob()]), last_seq: 0 } as Run);
     const views = await screen.findByRole("tablist", { name: "Run views" });
-    expect(within(views).getAllByRole("tab").map((t) => t.textContent)).toEqual(["Logs", "Metrics", "Artifacts", "Terminal"]);
+    expect(within(views).getAllByRole("tab").map((t) => t.textContent)).toEqual(["Logs", "Metrics", "Artifacts", "Lineage", "Terminal"]);
     fireEvent.click(within(views).getByRole("tab", { name: "Terminal" }));
     await waitFor(() => expect(relay).toHaveLength(1));
     expect(posts).toEqual(["/api/v1/workspaces/acme/runs/run-1/sessions/"]);
@@ -379,7 +379,7 @@ describe("the run page's Terminal tab", () => {
   it("has no Terminal tab once the run has finished", async () => {
     renderRunPage({ ...makeRun([makeJob({ status: "succeeded" })]), status: "succeeded" } as Run);
     const views = await screen.findByRole("tablist", { name: "Run views" });
-    expect(within(views).getAllByRole("tab").map((t) => t.textContent)).toEqual(["Logs", "Metrics", "Artifacts"]);
+    expect(within(views).getAllByRole("tab").map((t) => t.textContent)).toEqual(["Logs", "Metrics", "Artifacts", "Lineage"]);
   });
 });
 
