@@ -16,6 +16,7 @@ from backend.accounts.models import Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.core.errors import NotFound
 from backend.core.ratelimit import client_ip
+from backend.runs.models import run_ref_missing
 from backend.runs.selectors import run_get
 
 
@@ -69,7 +70,7 @@ class SessionGrantView(WorkspaceAPIView):
         v = data.validated_data
         found = run_get(workspace=self.workspace, ref=run)
         if found is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         grant = grant_session(
             workspace=self.workspace,
             user=signed_in_user(request),

@@ -59,6 +59,7 @@ urlpatterns = [
     path(f"{ws}/jobs/<uuid:job>/logs/raw", runs.JobRawLogView.as_view()),
     path(f"{ws}/blobs/", runs.BlobCreateView.as_view()),
     path(f"{ws}/environments/", runs.EnvironmentListView.as_view()),
+    path(f"{ws}/names/", runs.NamesView.as_view()),
     path(f"{ws}/environments/<str:key>/", runs.EnvironmentDetailView.as_view()),
     path(f"{ws}/environments/<str:key>/lock", runs.EnvironmentLockView.as_view()),
     path(f"{ws}/tags/", runs.TagListView.as_view()),

@@ -22,6 +22,7 @@ from backend.metrics.selectors import (
     run_for_metrics,
     run_metrics,
 )
+from backend.runs.models import run_ref_missing
 
 DEFAULT_POINTS = 1000
 MAX_POINTS = 5000
@@ -154,7 +155,7 @@ class RunMetricsView(WorkspaceAPIView):
     def get(self, request: Request, workspace: str, run: str) -> Response:
         found = run_for_metrics(workspace=self.workspace, ref=run)
         if found is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         return Response(RunMetricsOut({"jobs": run_metrics(found)}).data)
 
 
@@ -176,7 +177,7 @@ class JobSeriesView(WorkspaceAPIView):
     def get(self, request: Request, workspace: str, run: str) -> Response:
         found = run_for_metrics(workspace=self.workspace, ref=run)
         if found is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         name = request.query_params.get("job", "")
         if not name:
             raise ApplicationError("job: the job's name is required (GET …/metrics/ lists them).")
@@ -214,7 +215,7 @@ class CompareView(WorkspaceAPIView):
         for ref in refs:
             found = run_for_metrics(workspace=self.workspace, ref=ref)
             if found is None:
-                raise NotFound(f"Run {ref[:100]!r} not found.")
+                raise NotFound(run_ref_missing(ref[:100]))
             runs.append(found)
         names, points, now = _names(request), _points(request), timezone.now()
         body = {"runs": [run_compared(run, names=names, points=points, now=now) for run in runs]}

@@ -19,7 +19,7 @@ from backend.metrics.blocks import Minutes, Samples, Values, at
 from backend.metrics.downsample import TimePoints, bucket_width, by_runs, by_time
 from backend.metrics.models import AttemptMetrics, Level, SystemBlock, TrainingBlock
 from backend.metrics.series import is_gpu_util, order_key, unit_of
-from backend.runs.models import Attempt, AttemptStatus, Job, Run
+from backend.runs.models import Attempt, AttemptStatus, Job, Run, runs_named
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,8 @@ def gpu_peak_since(attempt_id: UUID | str, since: datetime) -> GpuPeak | None:
 
 
 def run_for_metrics(*, workspace: Workspace, ref: str) -> Run | None:
-    """The run named ``ref`` (short name or UUID) within ``workspace``."""
-    if "\x00" in ref:
-        return None
-    runs = Run.objects.for_workspace(workspace)
-    try:
-        return runs.filter(pk=UUID(ref)).first()
-    except ValueError:
-        return runs.filter(name=ref).first()
+    """The run ``ref`` names within ``workspace`` (``runs.models.runs_named``)."""
+    return runs_named(Run.objects.for_workspace(workspace), ref).first()
 
 
 def _iso(t: float) -> str:

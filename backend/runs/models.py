@@ -73,6 +73,9 @@ class Run(WorkspaceOwnedModel):
     # The CLI's --backend/--region/--spot-policy/--max-price: they win over
     # every workflow's placement keys ({}: none).
     placement_overrides = models.JSONField(default=dict, blank=True)
+    # The CLI's --gpu/--cpu/--memory/--disk as sent ({"gpu": "A10G:2", …}):
+    # they replace every workflow's resources keys ({}: none).
+    resource_overrides = models.JSONField(default=dict, blank=True)
     no_cache = models.BooleanField(default=False)
     # The submitter's values of -e and of bare env names (``env_overrides``
     # and ``inherited_env`` keep none since), and each job's share of them,
@@ -446,3 +449,38 @@ class LogArchive(StoredModel):
     key = models.CharField(max_length=500)
     size = models.BigIntegerField()
     last_seq = models.BigIntegerField()  # the lines it holds end here (later ones stay in chunk rows)
+
+
+# The run references besides a name or UUID (``runs_named``).
+TAG_REF = "tag:"
+LATEST_REF = "latest"
+
+
+def runs_named(runs: models.QuerySet[Run], ref: str) -> models.QuerySet[Run]:
+    """The run of ``runs`` (one workspace's) that ``ref`` names: its short
+    name or UUID, ``tag:NAME`` (the run the tag points at) or
+    ``WORKFLOW@latest`` (the workflow's newest run, whatever its status).
+    Every endpoint that takes a run reads it through here, so every command
+    and page takes all four."""
+    if "\x00" in ref:  # no name has one, and Postgres refuses it (a websocket path is not checked by middleware)
+        return runs.none()
+    if ref.startswith(TAG_REF):
+        return runs.filter(tags__name=ref.removeprefix(TAG_REF))
+    workflow, at, which = ref.rpartition("@")
+    if at and which == LATEST_REF:
+        newest = runs.filter(workflow=workflow).order_by("-created_at", "-id").values("pk")[:1]
+        return runs.filter(pk__in=models.Subquery(newest))
+    try:
+        return runs.filter(pk=UUID(ref))
+    except ValueError:
+        return runs.filter(name=ref)
+
+
+def run_ref_missing(ref: str) -> str:
+    """What a person is told when ``ref`` names no run of the workspace."""
+    if ref.startswith(TAG_REF):
+        return f"Tag {ref.removeprefix(TAG_REF)!r} not found (trainyard tag ls lists the workspace's tags)."
+    workflow, at, which = ref.rpartition("@")
+    if at and which == LATEST_REF:
+        return f"Workflow {workflow!r} has no runs in this workspace."
+    return f"Run {ref!r} not found."

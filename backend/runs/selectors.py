@@ -33,16 +33,25 @@ from backend.clouds.models import Instance
 from backend.core.cursors import Position, cursor_decode, cursor_encode
 from backend.data.models import DataSnapshot
 from backend.runs.lifecycle.dag import ref_origin
-from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job, Run, Tag
+from backend.runs.models import Attempt, Environment, EnvironmentArchive, Job, Run, Tag, runs_named
 from backend.runs.services.logchunks import LAST_SEQ, chunks_forward, clipped
 
 
 def run_list(
-    *, workspace: Workspace, status: str = "", workflow: str = "", q: str = "", tag: str = ""
+    *,
+    workspace: Workspace,
+    status: str = "",
+    workflow: str = "",
+    q: str = "",
+    tag: str = "",
+    submitted_by: User | None = None,
 ) -> QuerySet[Run]:
     """The workspace's runs matching the filters, newest first (``-created_at, -id``:
-    the order of the ``run_ws_*`` indexes); ``run_page`` reads a page of them."""
+    the order of the ``run_ws_*`` indexes); ``run_page`` reads a page of them.
+    ``status``: comma-separated statuses; ``submitted_by``: only that person's runs."""
     runs = Run.objects.for_workspace(workspace).order_by("-created_at", "-id")
+    if submitted_by is not None:
+        runs = runs.filter(submitted_by=submitted_by)
     if status:
         runs = runs.filter(status__in=status.split(","))
     if workflow:
@@ -414,11 +423,9 @@ def run_get(*, workspace: Workspace, ref: str) -> Run | None:
 
 
 def run_by_ref(*, workspace: Workspace, ref: str) -> QuerySet[Run]:
-    """The run named ``ref`` (short name or UUID) within ``workspace``, as a query."""
-    if "\x00" in ref:  # no name has one, and Postgres refuses it (a websocket path is not checked by middleware)
-        return Run.objects.none()
-    runs = Run.objects.for_workspace(workspace)
-    return runs.filter(pk=ref) if _is_uuid(ref) else runs.filter(name=ref)
+    """The run ``ref`` names within ``workspace``, as a query (``models.runs_named``:
+    a name, UUID, ``tag:NAME`` or ``WORKFLOW@latest``)."""
+    return runs_named(Run.objects.for_workspace(workspace), ref)
 
 
 def job_get(*, workspace: Workspace, job_id: str) -> Job | None:
@@ -542,3 +549,27 @@ def _environments(workspace: Workspace) -> Any:
     return Environment.objects.for_workspace(workspace).annotate(
         run_count=Coalesce(Subquery(runs, output_field=IntegerField()), 0), stored=Exists(packed)
     )
+
+
+# What ``names_list`` answers for, and the most names it gives.
+NAME_KINDS = ("run", "workflow", "tag", "environment")
+MAX_NAMES = 50
+
+
+def names_list(*, workspace: Workspace, kind: str, prefix: str) -> list[str]:
+    """At most MAX_NAMES of the workspace's names of ``kind`` that start with
+    ``prefix``: runs newest first, the rest in order (shell completion reads
+    this on every Tab, so each kind is one query of at most MAX_NAMES rows)."""
+    if "\x00" in prefix:
+        return []
+    if kind == "run":
+        runs = Run.objects.for_workspace(workspace).filter(name__startswith=prefix).order_by("-created_at", "-id")
+        return list(runs.values_list("name", flat=True)[:MAX_NAMES])
+    if kind == "workflow":
+        runs = Run.objects.for_workspace(workspace).filter(workflow__startswith=prefix)
+        return list(runs.order_by("workflow").values_list("workflow", flat=True).distinct()[:MAX_NAMES])
+    if kind == "tag":
+        tags = Tag.objects.for_workspace(workspace).filter(name__startswith=prefix).order_by("name")
+        return list(tags.values_list("name", flat=True)[:MAX_NAMES])
+    envs = Environment.objects.for_workspace(workspace).filter(key__startswith=prefix).order_by("key")
+    return list(envs.values_list("key", flat=True)[:MAX_NAMES])

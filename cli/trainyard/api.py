@@ -30,6 +30,9 @@ from . import __version__, apitypes
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
+# A run is named by its name, ``tag:NAME`` or ``WORKFLOW@latest`` (the server resolves them).
+TAG_PREFIX = "tag:"
+LATEST_SUFFIX = "@latest"
 FINISHED = ("succeeded", "failed", "stopped")
 # Retries (docs/CLI.md, "The network"): a request that got no answer or a
 # 5xx is asked again after each of these seconds (with up to a quarter more
@@ -112,6 +115,8 @@ class RunSubmission(TypedDict, total=False):
     variables: dict[str, dict[str, str]]
     no_cache: bool
     placement: dict[str, Any]
+    # Keys of resources: that replace every workflow's ({"gpu": "A10G:2", "memory": "16GB"}).
+    resources: dict[str, Any]
     environment_files: dict[str, dict[str, str]]
     # Budgets (docs/COST.md): the run's own cap in USD, wait for budget instead of a refusal, an admin's override.
     max_cost: str
@@ -236,28 +241,43 @@ class Client:
         *,
         status: str | None = None,
         workflow: str | None = None,
+        tag: str | None = None,
+        mine: bool = False,
         cursor: str | None = None,
         page_size: int = 20,
     ) -> RunPage:
-        """One page of runs, newest first; ``cursor``: the previous page's ``next`` cursor."""
-        params = {
-            k: v
-            for k, v in {"status": status, "workflow": workflow, "cursor": cursor, "page_size": page_size}.items()
-            if v is not None
-        }
+        """One page of runs, newest first; ``cursor``: the previous page's
+        ``next`` cursor. ``status``: comma-separated; ``mine``: only the
+        caller's runs."""
+        given = {"status": status, "workflow": workflow, "tag": tag, "mine": 1 if mine else None}
+        params = {k: v for k, v in {**given, "cursor": cursor, "page_size": page_size}.items() if v is not None}
         return cast(RunPage, self._request("GET", self._ws("runs/"), params=params))
 
     def iter_runs(
-        self, *, status: str | None = None, workflow: str | None = None, page_size: int = 100
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        tag: str | None = None,
+        mine: bool = False,
+        page_size: int = 100,
     ) -> Iterator[Run]:
         """Every run, newest first, page by page (each page from the previous one's cursor)."""
         cursor = None
         while True:
-            result = self.list_runs(status=status, workflow=workflow, cursor=cursor, page_size=page_size)
+            result = self.list_runs(
+                status=status, workflow=workflow, tag=tag, mine=mine, cursor=cursor, page_size=page_size
+            )
             yield from result["results"]
             cursor = _cursor_of(result.get("next"))
             if cursor is None or not result["results"]:
                 return
+
+    def names(self, kind: str, prefix: str = "") -> list[str]:
+        """At most 50 of the workspace's names of ``kind`` (run, workflow, tag,
+        environment) that start with ``prefix``: what shell completion offers."""
+        answer = self._request("GET", self._ws("names/"), params={"kind": kind, "prefix": prefix})
+        return [str(name) for name in cast(dict[str, list[str]], answer)["names"]]
 
     def get_run(self, name: str) -> Run:
         return cast(Run, self._request("GET", self._ws(f"runs/{quote(name, safe='')}/")))
@@ -265,8 +285,9 @@ class Client:
     def stop_run(self, name: str) -> Run:
         return cast(Run, self._request("POST", self._ws(f"runs/{quote(name, safe='')}/stop/")))
 
-    def job_logs(self, job: str, *, after_seq: int = 0, limit: int = 1000) -> LogPage:
-        params = {"after_seq": after_seq, "limit": limit}
+    def job_logs(self, job: str, *, after_seq: int = 0, limit: int = 1000, tail: int | None = None) -> LogPage:
+        """A page of the job's lines after ``after_seq``, or (``tail``) its last ``tail`` lines."""
+        params = {"tail": tail} if tail is not None else {"after_seq": after_seq, "limit": limit}
         return cast(LogPage, self._request("GET", self._ws(f"jobs/{quote(job, safe='')}/logs/"), params=params))
 
     def iter_job_logs(self, job: str, *, after_seq: int = 0, limit: int = 10000) -> Iterator[list[LogLine]]:
@@ -279,11 +300,15 @@ class Client:
             if not page["has_more"] or not page["lines"]:
                 return
 
-    def job_raw_log(self, job: str, out: BinaryIO, *, prefix: str = "") -> None:
-        """Stream a job's whole log as plain text (``…/logs/raw``) into
-        ``out``, each line starting with ``prefix``."""
+    def job_raw_log(
+        self, job: str, out: BinaryIO, *, prefix: str = "", window: Mapping[str, int] | None = None
+    ) -> None:
+        """Stream a job's log as plain text (``…/logs/raw``) into ``out``,
+        each line starting with ``prefix``: the whole log, or the part
+        ``window`` asks for (``from_seq``, ``to_seq``, ``tail``, ``timestamps``: 1)."""
         # download=1: an archived log comes from its object in storage (a redirect).
-        url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw") + "?download=1"
+        query = urlencode({"download": 1, **(window or {})})
+        url = self._ws(f"jobs/{quote(job, safe='')}/logs/raw") + f"?{query}"
         marker, start = prefix.encode(), True
         for chunk in self._download(url):
             if marker and chunk:
@@ -804,6 +829,7 @@ def _run_body(code: dict[str, Any], submission: RunSubmission) -> dict[str, Any]
         "run_args": submission.get("run_args"),
         "variables": submission.get("variables"),
         "placement": submission.get("placement"),
+        "resources": submission.get("resources"),
         "environment_files": submission.get("environment_files"),
         "max_cost": submission.get("max_cost"),
         "queue": submission.get("queue"),

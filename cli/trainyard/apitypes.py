@@ -819,6 +819,13 @@ class MetricsAttemptOut(TypedDict):
     termination_reason: str
 
 
+class NamesOut(TypedDict):
+    names: list[str]
+    """
+    at most 50, runs newest first
+    """
+
+
 NotificationKindEnum: TypeAlias = Literal["webhook", "slack", "email"]
 """
 * `webhook` - Webhook
@@ -976,6 +983,22 @@ ReproducedOutStateEnum: TypeAlias = Literal["reproduced", "differs", "not_compar
 * `not_comparable` - not_comparable
 * `pending` - pending
 """
+
+
+class ResourcesInRequest(TypedDict):
+    gpu: NotRequired[str]
+    """
+    e.g. "A10G:2", "2" or "none"
+    """
+    cpu: NotRequired[int]
+    memory: NotRequired[str]
+    """
+    e.g. "16GB"
+    """
+    disk: NotRequired[str]
+    """
+    e.g. "100GB"
+    """
 
 
 Role: TypeAlias = Literal["admin", "member", "viewer"]
@@ -1956,6 +1979,7 @@ class RunCreateInRequest(TypedDict):
     variables: NotRequired[dict[str, dict[str, str]]]
     no_cache: NotRequired[bool]
     placement: NotRequired[PlacementInRequest]
+    resources: NotRequired[ResourcesInRequest]
     environment_build: NotRequired[bool]
     """
     only build (and store) the workflow's environment; no commands run
@@ -1993,6 +2017,7 @@ class RunPlanInRequest(TypedDict):
     variables: NotRequired[dict[str, dict[str, str]]]
     no_cache: NotRequired[bool]
     placement: NotRequired[PlacementInRequest]
+    resources: NotRequired[ResourcesInRequest]
     environment_build: NotRequired[bool]
     """
     only build (and store) the workflow's environment; no commands run

@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection, connect
 
 from .api import FINISHED, ApiError, Client, Job, Run
-from .output import LogWriter
+from .output import LogWriter, line_stamp
 
 RECV_TIMEOUT = 1.0
 CATCH_UP_AFTER = 3.0  # seconds of quiet on a finished run before REST catch-up
@@ -68,6 +68,8 @@ class Follower:
         seen: dict[str, int] | None = None,
         on_reused: Callable[[Job], None] = lambda job: None,
         announced: set[str] | None = None,
+        only: set[str] | None = None,
+        timestamps: bool = False,
     ) -> None:
         self.client = client
         self.run_name = run
@@ -78,6 +80,8 @@ class Follower:
         self.run: Run | None = None
         self.on_reused = on_reused
         self.announced: set[str] = set(announced or ())
+        self.only = only  # the job ids whose lines are printed (None: all)
+        self.timestamps = timestamps  # each line starts with its UTC time (``output.line_stamp``)
         self._limited = ""  # the last limit the server named when it refused the socket
 
     def follow(self) -> Run:
@@ -181,13 +185,18 @@ class Follower:
         if skip >= len(streams):
             return
         texts = text.split("\n")[skip : len(streams)]
-        self._write(job, zip(streams[skip:], texts, strict=True), first + len(streams) - 1)
+        stamps = _line_times(frame.get("times"), len(streams))[skip:]
+        self._write(job, zip(streams[skip:], texts, stamps, strict=True), first + len(streams) - 1)
 
-    def _write(self, job: str, lines: Iterable[tuple[str, str]], last_seq: int) -> None:
-        """Print (stream, text) lines of ``job``, the last of them ``last_seq``."""
-        self.before_logs()
-        prefix = job_prefixes(self.run).get(job, "") if self.run else ""
-        self.writer.write((stream, prefix + text) for stream, text in lines)
+    def _write(self, job: str, lines: Iterable[tuple[str, str, float | None]], last_seq: int) -> None:
+        """Print (stream, text, unix time) lines of ``job``, the last of them ``last_seq``."""
+        if self.only is None or job in self.only:
+            self.before_logs()
+            prefix = job_prefixes(self.run).get(job, "") if self.run else ""
+            stamped = self.timestamps
+            self.writer.write(
+                (stream, prefix + (line_stamp(ts) if stamped else "") + text) for stream, text, ts in lines
+            )
         self.seen[job] = last_seq
 
     def _check_status(self) -> None:
@@ -218,9 +227,19 @@ class Follower:
             for page in self.client.iter_job_logs(job["id"], after_seq=self.seen.get(job["id"], 0)):
                 fresh = [line for line in page if line["seq"] > self.seen.get(job["id"], 0)]
                 if fresh:
-                    self._write(job["id"], [(line["stream"], line["text"]) for line in fresh], fresh[-1]["seq"])
+                    shown = [(line["stream"], line["text"], line.get("ts")) for line in fresh]
+                    self._write(job["id"], shown, fresh[-1]["seq"])
             if self.seen.get(job["id"], 0) < job.get("last_seq", 0):
                 self.seen[job["id"]] = job["last_seq"]  # the server stored fewer lines than it counted
+
+
+def _line_times(times: object, count: int) -> list[float | None]:
+    """Each line's unix time from a frame's ``times`` (runs of ``[lines, ts]``)."""
+    out: list[float | None] = []
+    for run in times if isinstance(times, list) else []:
+        if isinstance(run, list) and len(run) == 2 and isinstance(run[0], int) and isinstance(run[1], (int, float)):
+            out += [float(run[1])] * run[0]
+    return (out + [None] * count)[:count]
 
 
 def job_prefixes(run: Run) -> dict[str, str]:

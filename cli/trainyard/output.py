@@ -10,6 +10,7 @@ stderr, so a job's stdout can be piped or redirected untouched.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -52,6 +53,15 @@ class LogWriter:
         target, other = (self.err, self.out) if stream == "e" else (self.out, self.err)
         other.flush()
         target.write("\n".join(chunk) + "\n")
+
+
+def line_stamp(ts: float | None) -> str:
+    """``2026-12-02T12:00:00.123456Z `` (UTC, microseconds, then a space): a
+    log line's time as the server's raw read-back writes it ("" unknown)."""
+    if ts is None:
+        return ""
+    second, micro = divmod(round(ts * 1_000_000), 1_000_000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(second))}.{micro:06d}Z "
 
 
 class StatusDisplay:
@@ -112,16 +122,21 @@ def run_status(run: Mapping[str, Any]) -> tuple[str, str]:
     return str(run.get("status", "?")), str(reason or "")
 
 
+def rich_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    """The table ``print_table`` shows on a terminal (and ``ps --watch`` redraws)."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, tty: bool, out: TextIO | None = None) -> None:
     """A rich table on a terminal, plain aligned columns when piped."""
     out = out or sys.stdout
     if tty:
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        for header in headers:
-            table.add_column(header, overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
-        Console(file=out, highlight=False).print(table)
+        Console(file=out, highlight=False).print(rich_table(headers, rows))
         return
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
     for row in [headers, *rows]:

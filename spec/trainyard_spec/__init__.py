@@ -13,7 +13,15 @@ file) and ``planning`` (the jobs of a run, in dependency order).
 
 from __future__ import annotations
 
-from .planning import RunPlan, inherited_env_names, resolve_run_plan, run_workflows
+from .planning import (
+    OVERRIDABLE_RESOURCES,
+    ResourceOverrideError,
+    RunPlan,
+    inherited_env_names,
+    resolve_run_plan,
+    resource_overrides,
+    run_workflows,
+)
 from .providers import JobPlan, Provider, ProviderError, ProviderNotFound, get_provider, job_plan, plugin_names
 from .schema import ResourceSpec, Workflow, WorkflowError, WorkflowFileError
 from .variables import Variables, find_variables_file, load_variables
@@ -28,10 +36,12 @@ from .workflows import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "OVERRIDABLE_RESOURCES",
     "JobPlan",
     "Provider",
     "ProviderError",
     "ProviderNotFound",
+    "ResourceOverrideError",
     "ResourceSpec",
     "RunPlan",
     "Source",
@@ -51,5 +61,6 @@ __all__ = [
     "load_workflows_file",
     "plugin_names",
     "resolve_run_plan",
+    "resource_overrides",
     "run_workflows",
 ]

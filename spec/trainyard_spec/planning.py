@@ -3,8 +3,9 @@
 Shared by the CLI (plans before anything is uploaded) and the server (plans
 again on submit), so nothing here prints or touches a terminal. Everything a
 plan depends on besides the files is an argument (the ``-e`` overrides, the
-values of bare ``env`` names taken from the submitting shell, the run's
-``-- args`` and the variables): the server never reads its own environment.
+resource overrides of ``--gpu/--cpu/--memory/--disk``, the values of bare
+``env`` names taken from the submitting shell, the run's ``-- args`` and the
+variables): the server never reads its own environment.
 
 ``NOT_BUILT_YET`` is the one table of keys that parse and are carried on the
 job plan but that the runner does not build yet: a run that uses one is
@@ -20,8 +21,10 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from .providers import JUPYTER_PACKAGES, RUNNER_PROVIDERS, JobPlan, ProviderError, get_provider
-from .schema import NOT_SUPPORTED_YET, Workflow, WorkflowError, WorkflowFileError
+from .schema import NOT_SUPPORTED_YET, Resources, Workflow, WorkflowError, WorkflowFileError
 from .workflows import WorkflowsFile
 
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -54,6 +57,7 @@ def resolve_run_plan(
     variables: Mapping[str, Mapping[str, str]] | None = None,
     known_secrets: Collection[str] | None = None,
     max_jobs: int | None = None,
+    resources: Mapping[str, object] | None = None,
 ) -> RunPlan:
     """The plan of a run of ``workflow``; WorkflowFileError (file:line:key)
     for anything that keeps it from running.
@@ -68,6 +72,10 @@ def resolve_run_plan(
     workflow name, ``${{ variables.NAME }}`` values (``-e NAME=…`` wins).
     ``known_secrets``: the names of the workspace's secrets (the server's
     check; None: not checked, as in the CLI, which cannot read them).
+    ``resources``: keys of ``resources:`` (``OVERRIDABLE_RESOURCES``) that
+    replace each workflow's own for every job of the run, written as in the
+    file (``gpu: none`` takes the GPU away); ``ResourceOverrideError`` when
+    one is not what the file would accept.
 
     1. the run's workflows: ``workflow`` and, recursively, those it names in
        ``deps: - workflow:``, dependencies first (a cycle or a missing
@@ -91,12 +99,15 @@ def resolve_run_plan(
     if unsupported:
         raise WorkflowFileError(sorted(unsupported, key=lambda e: e.line or 0))
     overrides = {str(k): str(v) for k, v in env_overrides.items()}
+    replaced = resource_overrides(resources or {})
     inputs = _Inputs(overrides, dict(inherited_env or {}), list(run_args), variables or {})
     jobs_of: dict[str, list[JobPlan]] = {}
     taken: dict[str, str] = {}
     count = 0
     for wf in order:
         resolved, secrets = _resolved(file, wf, inputs, known_secrets)
+        if replaced:
+            resolved = resolved.model_copy(update={"resources": resolved.resources.model_copy(update=replaced)})
         jobs = _plan_workflow(file, wf, resolved, overrides, secrets)
         count += len(jobs)
         if max_jobs is not None and count > max_jobs:
@@ -139,6 +150,43 @@ def run_workflows(file: WorkflowsFile, workflow: str) -> list[Workflow]:
 def inherited_env_names(file: WorkflowsFile, workflow: str) -> list[str]:
     """The bare ``env`` names of a run's workflows: what the CLI takes from its shell."""
     return _unique(name for wf in run_workflows(file, workflow) for name in wf.inherited_env)
+
+
+# The keys of ``resources:`` a run may replace for all its jobs (``trainyard run --gpu …``).
+OVERRIDABLE_RESOURCES = ("gpu", "cpu", "memory", "disk")
+
+
+class ResourceOverrideError(ValueError):
+    """A resource override the workflows file would refuse; ``key`` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def resource_overrides(values: Mapping[str, object]) -> dict[str, object]:
+    """``values`` (``{"gpu": "A10G:2", "memory": "16GB", …}``) checked as the
+    file's ``resources:`` keys are, as the fields they replace: a size in
+    bytes, a GPU spec, or None for ``gpu: none`` (no GPU)."""
+    unknown = sorted(set(values) - set(OVERRIDABLE_RESOURCES))
+    if unknown:
+        known = ", ".join(OVERRIDABLE_RESOURCES)
+        raise ResourceOverrideError(unknown[0], f"not a resource a run can override; these are: {known}")
+    without_gpu = isinstance(values.get("gpu"), str) and str(values["gpu"]).strip().lower() in ("none", "0")
+    checked = {k: v for k, v in values.items() if not (k == "gpu" and without_gpu)}
+    if isinstance(checked.get("gpu"), str) and str(checked["gpu"]).isdigit():
+        checked["gpu"] = int(str(checked["gpu"]))  # a count, as `gpu: 2` in the file
+    try:
+        parsed = Resources.model_validate(checked)
+    except ValidationError as e:
+        error = e.errors()[0]
+        key = str(error["loc"][0]) if error["loc"] else "resources"
+        raise ResourceOverrideError(key, error["msg"]) from None
+    replaced: dict[str, object] = {k: getattr(parsed, k) for k in checked}
+    if without_gpu:
+        replaced["gpu"] = None
+    return replaced
 
 
 # ---------------------------------------------------------------- helpers

@@ -31,7 +31,11 @@ def test_run_detached_uploads_the_archive_and_prints_the_name_last(tiny_train: P
     use(monkeypatch, "http://fake", rest)
     code, out, err = invoke("run", "hello", "-d", "-e", "GREETING=hi")
     sent = "Sending from this shell and -e: GREETING (kept encrypted, masked in logs)\n"
-    assert (code, out, err) == (0, "brave-otter-1\n", sent + "Run brave-otter-1 submitted\n")
+    assert (code, out, err) == (
+        0,
+        "brave-otter-1\n",
+        sent + "Run brave-otter-1 submitted\nView: http://fake/w/ws1/runs/brave-otter-1\n",
+    )
     body = json.loads(rest.requests[1].content)
     assert body["workflow"] == "hello" and body["env"] == {"GREETING": "hi"}
     assert {k: v for k, v in body["code"].items() if k != "patch_files"} == {
@@ -58,6 +62,7 @@ def test_run_sends_the_placement_options_and_prints_the_plan_table(tiny_train: P
     assert (code, out) == (0, "brave-otter-1\n")
     assert err == (
         "Run brave-otter-1 submitted\n"
+        "View: http://fake/w/ws1/runs/brave-otter-1\n"
         "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      MAX COST  OFFERS\n"
         "hello  fake     r1      fake-small  -    yes   $0.0500/h  -         3\n"
     )
@@ -87,6 +92,7 @@ def test_run_sends_its_budget_options_and_prints_the_estimate_and_the_wait(
 
     assert (code, out) == (0, "brave-otter-1\n")
     assert err.splitlines()[1:] == [
+        "View: http://fake/w/ws1/runs/brave-otter-1",
         "JOB    BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      MAX COST  OFFERS",
         "hello  fake     r1      fake-small  -    no    $3.0000/h  $12.00    3",
         "Estimate: at most $12.00 (each job's cheapest offer × its max_duration)",
@@ -122,9 +128,9 @@ def test_run_follows_to_the_end_and_exits_with_the_jobs_code(tiny_train: Path, m
         use(monkeypatch, url, FakeRest(submit_routes()))
         code, out, err = invoke("run", "fail")
     assert (code, out) == (3, "")
-    assert (
-        err
-        == "Run brave-otter-1 submitted\n[pending] waiting for a runner\n[running]\nabout to fail\n[failed] exit code 3\n"
+    assert err == (
+        f"Run brave-otter-1 submitted\nView: {url}/w/ws1/runs/brave-otter-1\n"
+        "[pending] waiting for a runner\n[running]\nabout to fail\n[failed] exit code 3\n"
     )
 
 
@@ -416,7 +422,7 @@ def test_run_no_cache_is_sent_and_the_jobs_are_named(pipeline: Path, monkeypatch
     assert (code, out, err) == (
         0,
         "brave-otter-1\n",
-        "Run brave-otter-1 submitted (2 jobs: download-base-model, finetune-model)\n",
+        "Run brave-otter-1 submitted (2 jobs: download-base-model, finetune-model)\nView: http://fake/w/ws1/runs/brave-otter-1\n",
     )
     assert json.loads(rest.requests[1].content)["no_cache"] is True
 

@@ -84,6 +84,7 @@ def test_run_lab_detached_says_where_to_open_it_after_the_announcement(
     assert (code, out) == (0, "brave-otter-1\n")
     assert err == (
         "Run brave-otter-1 submitted\n"
+        "View: http://fake/w/ws1/runs/brave-otter-1\n"
         "lab: once it runs, open its JupyterLab from the run's page in the dashboard (Open, port PORT_0). It stops"
         " after 1h with no session into it and no kernel activity (inactivity_duration).\n"
     )

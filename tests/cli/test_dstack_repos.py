@@ -84,7 +84,12 @@ def test_run_sends_every_file_the_bare_env_values_the_args_and_the_variables(
     code, out, err = invoke("run", "train", "-d", "-e", "lr=0.01", "--", "--epochs", "3", "--name", "it's")
     assert (code, out) == (0, "brave-otter-1\n")
     sent = "Sending from this shell and -e: HF_TOKEN, lr (kept encrypted, masked in logs)\n"
-    assert err == BROKEN_WARNING + sent + "Run brave-otter-1 submitted (2 jobs: prepare, train)\n"
+    assert (
+        err
+        == BROKEN_WARNING
+        + sent
+        + "Run brave-otter-1 submitted (2 jobs: prepare, train)\nView: http://fake/w/ws1/runs/brave-otter-1\n"
+    )
     body = json.loads(rest.requests[1].content)
     assert body["workflows_files"] == [
         {"path": ".dstack/workflows/data.yaml", "text": DATA},

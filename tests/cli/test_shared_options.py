@@ -80,6 +80,7 @@ def test_env_build_submits_as_run_does_with_the_same_placement_options(envmodel:
     assert err.startswith("warning: workflow 'broken' cannot be run:\n")  # as `run` warns
     assert err.endswith(
         "Run brave-otter-1 builds the environment of envmodel\n"
+        "View: http://fake/w/ws1/runs/brave-otter-1\n"
         "JOB       BACKEND  REGION  INSTANCE    GPU  SPOT  PRICE      MAX COST  OFFERS\n"
         "envmodel  fake     r1      fake-small  -    no    $0.0100/h  -         2\n"
     )

@@ -197,6 +197,7 @@ ROUTES: dict[str, dict[str, Call]] = {
     f"{WS}/blobs/": {"POST": Call(write(201), body=b"patch bytes")},
     f"{WS}/tags/": {"GET": Call(read()), "POST": Call(write(201), body="tag_body")},
     f"{WS}/environments/": {"GET": Call(read())},
+    f"{WS}/names/": {"GET": Call(read(), query="kind=run&prefix=")},
     f"{WS}/environments/<str:key>/": {"GET": Call(read(), params={"key": "environment_key"})},
     f"{WS}/environments/<str:key>/lock": {"GET": Call(read(), params={"key": "environment_key"})},
     f"{WS}/tags/<str:name>/": {

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.artifacts.models import Artifact, ArtifactExport, ArtifactStatus
 from backend.core.errors import NotFound
+from backend.runs.models import run_ref_missing
 from backend.runs.selectors import run_get
 
 
@@ -75,7 +76,7 @@ class RunArtifactsView(WorkspaceAPIView):
     def get(self, request: Request, workspace: str, run: str) -> Response:
         found = run_get(workspace=self.workspace, ref=run)
         if found is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         artifacts = list(found.artifacts.prefetch_related("files").order_by("created_at", "path"))
         # A mounted artifact's next upload under way: its last complete one is what there is to see.
         complete = {(a.job_id, a.path) for a in artifacts if a.status == ArtifactStatus.COMPLETE}
@@ -89,6 +90,6 @@ class RunExportsView(WorkspaceAPIView):
     def get(self, request: Request, workspace: str, run: str) -> Response:
         found = run_get(workspace=self.workspace, ref=run)
         if found is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         exports = found.exports.select_related("job").order_by("job__name", "path")
         return Response(ExportOut(exports, many=True).data)

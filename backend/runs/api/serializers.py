@@ -64,6 +64,17 @@ class PlacementIn(serializers.Serializer):
     max_price = serializers.FloatField(required=False, min_value=0.0001)
 
 
+class ResourcesIn(serializers.Serializer):
+    """Keys of ``resources:`` that replace every workflow's for all the run's
+    jobs (the CLI's --gpu, --cpu, --memory, --disk), written as in the file;
+    checked as the file's are when the run is planned (``gpu: none``: no GPU)."""
+
+    gpu = serializers.CharField(required=False, max_length=100, help_text='e.g. "A10G:2", "2" or "none"')
+    cpu = serializers.IntegerField(required=False, min_value=1)
+    memory = serializers.CharField(required=False, max_length=32, help_text='e.g. "16GB"')
+    disk = serializers.CharField(required=False, max_length=32, help_text='e.g. "100GB"')
+
+
 class RunCreateIn(serializers.Serializer):
     """``workflows_files`` (every file, as the CLI sends them) or the older
     single ``workflows_file``: exactly one of them."""
@@ -89,6 +100,7 @@ class RunCreateIn(serializers.Serializer):
     )
     no_cache = serializers.BooleanField(required=False, default=False)
     placement = PlacementIn(required=False, default=dict)
+    resources = ResourcesIn(required=False, default=dict)
     # trainyard env build: the run only builds the workflow's environment.
     environment_build = serializers.BooleanField(
         required=False, default=False, help_text="only build (and store) the workflow's environment; no commands run"
@@ -837,3 +849,7 @@ def run_to_dict(run: Run, *, shape: type[RunOut] = RunDetailOut) -> dict[str, An
     from rest_framework.utils.encoders import JSONEncoder
 
     return json.loads(json.dumps(shape(run).data, cls=JSONEncoder))
+
+
+class NamesOut(serializers.Serializer):
+    names = serializers.ListField(child=serializers.CharField(), help_text="at most 50, runs newest first")

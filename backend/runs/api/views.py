@@ -30,6 +30,7 @@ from backend.runs.api.serializers import (
     LineageOut,
     LogPageOut,
     LogSearchOut,
+    NamesOut,
     RerunOut,
     RunCreateIn,
     RunDetailOut,
@@ -41,12 +42,14 @@ from backend.runs.api.serializers import (
     TagOut,
 )
 from backend.runs.events import publish_runs, publishing_held
-from backend.runs.models import Environment, Job, Run, Tag
+from backend.runs.models import Environment, Job, Run, Tag, run_ref_missing
 from backend.runs.selectors import (
+    NAME_KINDS,
     environment_get,
     environment_list,
     environment_runs,
     job_get,
+    names_list,
     run_by_ref,
     run_get,
     run_list,
@@ -91,6 +94,7 @@ class RunListView(WorkspaceAPIView):
             OpenApiParameter("workflow", str),
             OpenApiParameter("q", str, description="search in name, workflow and submitter"),
             OpenApiParameter("tag", str),
+            OpenApiParameter("mine", int, description="1: only the runs the caller submitted"),
             OpenApiParameter("cursor", str, description="the `next` link's cursor of the previous page"),
             OpenApiParameter("page_size", int, description="runs per page (default 50, at most 500)"),
         ],
@@ -103,6 +107,7 @@ class RunListView(WorkspaceAPIView):
             workflow=params.get("workflow", ""),
             q=params.get("q", "").strip()[:100],
             tag=params.get("tag", ""),
+            submitted_by=signed_in_user(request) if _flag(request, "mine") else None,
         )
         size = min(_int_param(request, "page_size", PAGE_SIZE, minimum=1), MAX_PAGE_SIZE)
         page = run_page(runs=runs, cursor=params.get("cursor", ""), size=size)
@@ -276,12 +281,33 @@ def _environment_or_404(workspace: Workspace, key: str) -> Environment:
     return found
 
 
+class NamesView(WorkspaceAPIView):
+    """Names that start with a prefix, for shell completion (``trainyard completion``)."""
+
+    @extend_schema(
+        operation_id="workspaces_names_list",
+        responses=NamesOut,
+        parameters=[
+            OpenApiParameter("kind", str, enum=list(NAME_KINDS), required=True),
+            OpenApiParameter("prefix", str, description="only names that start with this (at most 100 characters)"),
+        ],
+    )
+    def get(self, request: Request, workspace: str) -> Response:
+        kind = request.query_params.get("kind", "")
+        if kind not in NAME_KINDS:
+            raise ApplicationError(f"kind must be one of {', '.join(NAME_KINDS)}, not {kind[:40]!r}.")
+        prefix = request.query_params.get("prefix", "")
+        if len(prefix) > 100:
+            raise ApplicationError("prefix must be at most 100 characters.")
+        return Response({"names": names_list(workspace=self.workspace, kind=kind, prefix=prefix)})
+
+
 class RunDetailView(WorkspaceAPIView):
     @extend_schema(responses=RunDetailOut)
     def get(self, request: Request, workspace: str, run: str) -> Response:
         shown = run_shown(run_by_ref(workspace=self.workspace, ref=run))
         if shown is None:
-            raise NotFound(f"Run {run!r} not found.")
+            raise NotFound(run_ref_missing(run))
         return Response(shown)
 
 
@@ -476,6 +502,7 @@ def _plan_inputs(v: dict[str, Any]) -> PlanInputs:
         run_args=v["run_args"],
         variables=v["variables"],
         environment_files=v["environment_files"],
+        resources=dict(v["resources"]),
     )
 
 
@@ -496,7 +523,7 @@ def _chunks(request: Request) -> Iterator[bytes]:
 def _run_or_404(workspace: object, ref: str) -> Run:
     run = run_get(workspace=workspace, ref=ref)  # type: ignore[arg-type]
     if run is None:
-        raise NotFound(f"Run {ref!r} not found.")
+        raise NotFound(run_ref_missing(ref))
     return run
 
 

@@ -12,7 +12,16 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from trainyard_spec import JobPlan, RunPlan, Source, WorkflowFileError, WorkflowsFile, load_workflows, resolve_run_plan
+from trainyard_spec import (
+    JobPlan,
+    ResourceOverrideError,
+    RunPlan,
+    Source,
+    WorkflowFileError,
+    WorkflowsFile,
+    load_workflows,
+    resolve_run_plan,
+)
 from trainyard_spec.schema import DEV_ENVIRONMENT_PROVIDERS
 
 from backend.accounts.guards import guard_defaults_parse
@@ -77,7 +86,8 @@ class PlanInputs:
     the submitter's values (the server never reads its own environment for
     them). ``inherited_env``: values of bare ``env`` names from the CLI's
     shell; ``run_args``: ``trainyard run W -- ARGS``; ``variables``: per
-    workflow, the values of ``${{ variables.NAME }}``."""
+    workflow, the values of ``${{ variables.NAME }}``; ``resources``: the
+    ``resources:`` keys that replace every workflow's (``run --gpu …``)."""
 
     files: tuple[Source, ...]
     env: dict[str, str] = field(default_factory=dict)
@@ -87,6 +97,7 @@ class PlanInputs:
     # {requirements file: {path: sha256}}: what the environments' files held
     # in the submitter's working tree (``trainyard_spec.environments``).
     environment_files: dict[str, dict[str, str]] = field(default_factory=dict)
+    resources: dict[str, object] = field(default_factory=dict)
 
 
 def plan_inputs(
@@ -97,6 +108,7 @@ def plan_inputs(
     run_args: Sequence[str] = (),
     variables: dict[str, dict[str, str]] | None = None,
     environment_files: Mapping[str, Mapping[str, str]] | None = None,
+    resources: Mapping[str, object] | None = None,
 ) -> PlanInputs:
     """PlanInputs from the API's (or a stored run's) plain values."""
     return PlanInputs(
@@ -106,6 +118,7 @@ def plan_inputs(
         run_args=tuple(run_args),
         variables={k: dict(v) for k, v in (variables or {}).items()},
         environment_files={k: dict(v) for k, v in (environment_files or {}).items()},
+        resources=dict(resources or {}),
     )
 
 
@@ -214,6 +227,7 @@ def run_create(
             run_args=list(inputs.run_args),
             variables=inputs.variables,
             placement_overrides=placement or {},
+            resource_overrides=inputs.resources,
             no_cache=no_cache,
             rerun_of=rerun_of,
             environment_build=environment_build,
@@ -288,6 +302,7 @@ def run_rerun(*, run: Run, user: User) -> Run:
             run_args=list(run.run_args),
             variables=dict(run.variables),
             environment_files=dict(run.environment_files),
+            resources=dict(run.resource_overrides),
         ),
         code=CodeInput(
             kind=run.code_kind,
@@ -401,9 +416,12 @@ def resolve_plan(
             variables=inputs.variables,
             known_secrets=known_secrets,
             max_jobs=settings.TRAINYARD["MAX_JOBS_PER_RUN"],
+            resources=inputs.resources,
         )
     except WorkflowFileError as exc:
         raise _file_errors(exc) from None
+    except ResourceOverrideError as exc:
+        raise ApplicationError(f"resources.{exc}", extra={"field": f"resources.{exc.key}"}) from None
 
 
 def _file_errors(exc: WorkflowFileError) -> ApplicationError:

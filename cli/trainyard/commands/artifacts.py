@@ -17,7 +17,7 @@ from ..api import ApiError, Artifact, ArtifactFile, Client, Export
 from ..code import file_sha256, keep_out_of_git
 from ..output import export_lines, print_table, size
 from ..progress import Bar, Transfers, transfers
-from . import common, options
+from . import common, completers, options
 
 
 @click.group(cls=common.Group)
@@ -26,7 +26,7 @@ def artifacts() -> None:
 
 
 @artifacts.command("list")
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @options.json_option("Print the API's artifact objects.")
 def artifacts_list(run_name: str, as_json: bool) -> None:
     """List the files of RUN's artifacts."""
@@ -65,7 +65,7 @@ def _exports(api: Client, run_name: str) -> list[Export]:
 
 
 @artifacts.command("download")
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @click.option(
     "-o",
     "--output",

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from urllib.parse import quote
 
 import click
 
@@ -96,6 +97,11 @@ def client() -> Client:
     return Client(config.url, config.require_token(), config.workspace)
 
 
+def run_url(api: Client, run_name: str) -> str:
+    """The run's page on the dashboard, which the server serves beside its API."""
+    return f"{api.url.rstrip('/')}/w/{quote(api.workspace, safe='')}/runs/{quote(run_name, safe='')}"
+
+
 def follow(
     api: Client,
     run_name: str,
@@ -104,9 +110,13 @@ def follow(
     on_reused: Callable[[Job], None] = lambda job: None,
     announced: set[str] | None = None,
     on_run: Callable[[Run], None] = lambda run: None,
+    only: set[str] | None = None,
+    timestamps: bool = False,
 ) -> Run:
     """Follow a run to its end; Ctrl-C detaches with exit code 130.
-    ``on_run`` gets every update of the run, after the status line."""
+    ``on_run`` gets every update of the run, after the status line;
+    ``only``: the job ids whose lines are printed (None: every job's);
+    ``timestamps``: each line starts with its UTC time."""
     from ..follow import Follower
     from ..output import LogWriter, StatusDisplay
 
@@ -125,6 +135,8 @@ def follow(
         seen=seen,
         on_reused=on_reused,
         announced=announced,
+        only=only,
+        timestamps=timestamps,
     )
     try:
         return follower.follow()

@@ -8,7 +8,7 @@ import click
 
 from ..api import Client, Environment, Run
 from ..output import age, environment_lines, size
-from . import common, options, submission
+from . import common, completers, options, submission
 
 
 @click.group(cls=common.Group)
@@ -39,7 +39,7 @@ def env_ls(as_json: bool) -> None:
 
 
 @env.command("build")
-@click.argument("workflow")
+@click.argument("workflow", shell_complete=completers.local_workflows)
 @options.detach_option
 @options.upload_option
 @options.backend_option(overrides=True)
@@ -69,7 +69,7 @@ def env_build(workflow: str, detach: bool, upload: bool, backends: list[str], re
 
 
 @env.command("show")
-@click.argument("key")
+@click.argument("key", shell_complete=completers.named("environment"))
 @options.json_option("Print the API's environment object.")
 def env_show(key: str, as_json: bool) -> None:
     """Show environment KEY: platform, build, the runs that used it, and what is installed."""
@@ -92,7 +92,7 @@ def env_show(key: str, as_json: bool) -> None:
 
 
 @env.command("lock")
-@click.argument("key")
+@click.argument("key", shell_complete=completers.named("environment"))
 def env_lock(key: str) -> None:
     """Print environment KEY's lock (`uv pip sync` of it installs exactly its packages)."""
     lock = common.client().get_environment(key).get("lock") or ""

@@ -9,13 +9,13 @@ import click
 
 from ..api import Job
 from ..sshclient import exec_ssh, pick_job, prepare, ssh_argv
-from . import common
+from . import common, completers
 
 SPEC = re.compile(r"^(?:(\d{1,5})|(PORT_\d{1,3}))(?::(?:(\d{1,5})|(PORT_\d{1,3})))?$")
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", shell_complete=completers.runs)
 @click.argument("ports", nargs=-1, required=True)
 @click.option("--job", default=None, help="The job of a run of several (default: its only running one).")
 def forward(run: str, ports: tuple[str, ...], job: str | None) -> None:

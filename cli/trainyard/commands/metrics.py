@@ -12,7 +12,7 @@ import click
 
 from ..api import FINISHED, JobSeries
 from ..output import metric_value, print_table, sparkline
-from . import common, options
+from . import common, completers, options
 
 # Points asked for per series: a sparkline's width for the table, the
 # server's default for JSON and CSV.
@@ -25,7 +25,7 @@ GPU_SHOWN = (".util", ".memory")
 
 
 @click.command()
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @click.option("--job", "jobs", multiple=True, metavar="JOB", help="Only this job (repeatable; default: every job).")
 @click.option(
     "--name",

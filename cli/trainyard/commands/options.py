@@ -13,6 +13,11 @@ may run machines in, which the server checks when it connects the account.
 self-hosted), repeatable or comma-separated like ``--region``; an unknown
 kind is refused before anything is sent.
 
+``--gpu``, ``--cpu``, ``--memory``, ``--disk`` (``run``): replace those
+``resources:`` keys in every job of the run, written and checked as in the
+file (``--gpu A10G:2``, ``--gpu 2``, ``--gpu none`` for no GPU, ``--memory
+16GB``).
+
 ``-d/--detach``, ``--upload``, ``-y/--yes`` and ``--json`` mean the same on
 every command that takes them; ``--json`` prints the API's answer, whose
 description (the help) each command gives.
@@ -24,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import click
+from trainyard_spec import ResourceOverrideError, resource_overrides
 from trainyard_spec.schema import BACKEND_KINDS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,6 +43,40 @@ upload_option = click.option(
 yes_option = click.option(
     "-y", "--yes", is_flag=True, help="Upload the code without asking, however large (it still warns)."
 )
+
+
+def resources_options(f: F) -> F:
+    """``--gpu``, ``--cpu``, ``--memory``, ``--disk`` (the module's docstring);
+    ``resources`` turns their values into the submission's ``resources``."""
+    for flag, metavar, example in reversed(RESOURCE_FLAGS):
+        f = click.option(
+            f"--{flag}",
+            flag,
+            metavar=metavar,
+            type=click.IntRange(min=1) if flag == "cpu" else str,
+            default=None,
+            help=f"Every job of the run gets this {flag} instead of its workflow's ({example}).",
+        )(f)
+    return f
+
+
+RESOURCE_FLAGS = [
+    ("gpu", "SPEC", "e.g. A10G, A10G:2, 2, or none for no GPU"),
+    ("cpu", "N", "CPU cores, e.g. 8"),
+    ("memory", "SIZE", "e.g. 16GB"),
+    ("disk", "SIZE", "e.g. 100GB"),
+]
+
+
+def resources(**given: str | int | None) -> dict[str, str | int]:
+    """The resources: keys the options give, checked as the workflows file's
+    are (a bad one is a usage error naming its option)."""
+    values = {k: v for k, v in given.items() if v is not None}
+    try:
+        resource_overrides(values)
+    except ResourceOverrideError as e:
+        raise click.BadParameter(f"{e.message}, got {values.get(e.key)!r}", param_hint=f"--{e.key}") from None
+    return values
 
 
 def json_option(help: str) -> Callable[[F], F]:

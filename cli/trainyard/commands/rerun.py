@@ -8,11 +8,11 @@ from typing import cast
 import click
 
 from ..api import Run
-from . import common, options, submission
+from . import common, completers, options, submission
 
 
 @click.command()
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @options.detach_option
 def rerun(run_name: str, detach: bool) -> None:
     """Run RUN's workflow again: the same code, workflows files and values,

@@ -9,13 +9,13 @@ import click
 from ..devenvs import DevEnvironmentNotice
 from ..guard import WARN_ENV
 from ..sshclient import default_workspace, entries_of
-from . import common, options, submission
+from . import common, completers, options, submission
 
 SPOT_POLICIES = ["spot", "on-demand", "auto"]
 
 
 @click.command()
-@click.argument("workflow")
+@click.argument("workflow", shell_complete=completers.local_workflows)
 @click.argument("run_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS]")
 @options.detach_option
 @click.option(
@@ -36,6 +36,7 @@ SPOT_POLICIES = ["spot", "on-demand", "auto"]
     is_flag=True,
     help="Print the plan (jobs, dependencies, resources, cache hits, cheapest offer) and submit nothing.",
 )
+@options.resources_options
 @options.backend_option(overrides=True)
 @options.region_option(overrides=True)
 @click.option("--spot-policy", type=click.Choice(SPOT_POLICIES), default=None, help="Overrides spot_policy.")
@@ -79,6 +80,10 @@ def run(
     upload: bool,
     no_cache: bool,
     dry_run: bool,
+    gpu: str | None,
+    cpu: int | None,
+    memory: str | None,
+    disk: str | None,
     backends: list[str],
     regions: list[str],
     spot_policy: str | None,
@@ -96,9 +101,10 @@ def run(
     .yaml in .trainyard/workflows/ and .dstack/workflows/ (docs/WORKFLOWS.md).
     The workflows it depends on (deps: - workflow: X) run first, as jobs of
     the same run, unless an earlier run with the same inputs can be reused.
-    What follows -- is ${{ run.args }} in the commands. --backend, --region,
-    --spot-policy and --max-price apply to every job of the run, over what
-    the workflows say. The code beyond the commit (or the archive) is
+    What follows -- is ${{ run.args }} in the commands. --gpu, --cpu,
+    --memory, --disk, --backend, --region, --spot-policy and --max-price
+    apply to every job of the run, over what the workflows say. Once
+    submitted, the run's dashboard page is printed (View: URL). The code beyond the commit (or the archive) is
     checked before it is uploaded: over --code-warn-size the run lists the
     largest files and asks (not with --yes or without a terminal); over the
     server's limit it is refused. .trainyardignore leaves files out.
@@ -114,6 +120,7 @@ def run(
         list(run_args),
         no_cache,
         placement,
+        resources=options.resources(gpu=gpu, cpu=cpu, memory=memory, disk=disk),
         budget=submission.BudgetAsk(max_cost=max_cost, queue=queue, override=override_budget),
     )
     local = submission.plan_locally(request)

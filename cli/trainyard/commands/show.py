@@ -24,11 +24,11 @@ from ..output import (
     print_table,
     rerun_line,
 )
-from . import common, options
+from . import common, completers, options
 
 
 @click.command()
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @options.json_option("Print the API's run object.")
 def show(run_name: str, as_json: bool) -> None:
     """Show RUN's jobs: dependencies, status, timing, cache and artifacts."""

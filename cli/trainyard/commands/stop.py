@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from . import common
+from . import common, completers
 
 
 @click.command()
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 def stop(run_name: str) -> None:
     """Stop RUN (its jobs are killed; the run ends as stopped)."""
     stopped = common.client().stop_run(run_name)

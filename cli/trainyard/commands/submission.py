@@ -68,6 +68,8 @@ class RunRequest:
     run_args: list[str] = field(default_factory=list)
     no_cache: bool = False
     placement: dict[str, Any] = field(default_factory=dict)
+    # --gpu/--cpu/--memory/--disk as typed: the resources: keys they replace in every job.
+    resources: dict[str, Any] = field(default_factory=dict)
     environment_build: bool = False
     budget: BudgetAsk = field(default_factory=BudgetAsk)
 
@@ -100,6 +102,7 @@ def plan_locally(request: RunRequest) -> LocalRun:
         inherited_env=inherited,
         run_args=request.run_args,
         variables=variables,
+        resources=request.resources,
     )
     common.warn_broken(file)
     common.warn_ignored(file)
@@ -118,6 +121,8 @@ def plan_locally(request: RunRequest) -> LocalRun:
         "placement": request.placement,
         "environment_files": environment_files_of_plan(workspace.root, plan),
     }
+    if request.resources:
+        submission["resources"] = request.resources
     if request.budget.max_cost is not None:
         submission["max_cost"] = request.budget.max_cost
     if request.budget.queue:
@@ -169,13 +174,15 @@ def follow_submitted(
     on_run: Callable[[Run], None] = lambda run: None,
     before_follow: Callable[[Run], None] = lambda run: None,
 ) -> None:
-    """Announce the run just created and each job's cheapest offer (stderr);
+    """Announce the run just created, its dashboard page (``View: URL``) and
+    each job's cheapest offer (stderr);
     with ``detach`` print its name and return, else follow it to its end,
     say which jobs were reused, ``report`` on it, and exit with
     ``run_exit_code``. ``before_follow`` is called once with the run just
     created, after the announcement; ``on_run`` with every update of the
     followed run."""
     click.echo(announcement, err=True)
+    click.echo(f"View: {common.run_url(api, created['name'])}", err=True)
     offers = cast(dict[str, Any], created).get("plan")  # the creation answer only
     if offers:
         print_table(PLAN_HEADERS, offer_rows(offers), tty=sys.stderr.isatty(), out=sys.stderr)

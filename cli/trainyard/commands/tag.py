@@ -7,7 +7,7 @@ import click
 
 from ..api import Conflict
 from ..output import age
-from . import common, options
+from . import common, completers, options
 
 
 @click.group(cls=common.Group)
@@ -17,7 +17,7 @@ def tag() -> None:
 
 @tag.command("add")
 @click.argument("name")
-@click.argument("run_name", metavar="RUN")
+@click.argument("run_name", metavar="RUN", shell_complete=completers.runs)
 @click.option("--force", is_flag=True, help="Move the tag if it points to another run.")
 def tag_add(name: str, run_name: str, force: bool) -> None:
     """Point tag NAME at RUN."""
@@ -46,7 +46,7 @@ def tag_ls(as_json: bool) -> None:
 
 
 @tag.command("rm")
-@click.argument("name")
+@click.argument("name", shell_complete=completers.named("tag"))
 def tag_rm(name: str) -> None:
     """Remove tag NAME (the run and its artifacts stay)."""
     common.client().remove_tag(name)

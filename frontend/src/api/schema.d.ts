@@ -1056,6 +1056,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{workspace}/names/": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Names that start with a prefix, for shell completion (``trainyard completion``). */
+        get: operations["workspaces_names_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{workspace}/notifications/": {
         parameters: {
             query?: never;
@@ -2810,6 +2827,10 @@ export interface components {
             finished_at: string | null;
             termination_reason: string;
         };
+        NamesOut: {
+            /** @description at most 50, runs newest first */
+            names: string[];
+        };
         /**
          * @description * `webhook` - Webhook
          *     * `slack` - Slack
@@ -3093,6 +3114,20 @@ export interface components {
             resumed: string[];
         };
         /**
+         * @description Keys of ``resources:`` that replace every workflow's for all the run's
+         *     jobs (the CLI's --gpu, --cpu, --memory, --disk), written as in the file;
+         *     checked as the file's are when the run is planned (``gpu: none``: no GPU).
+         */
+        ResourcesInRequest: {
+            /** @description e.g. "A10G:2", "2" or "none" */
+            gpu?: string;
+            cpu?: number;
+            /** @description e.g. "16GB" */
+            memory?: string;
+            /** @description e.g. "100GB" */
+            disk?: string;
+        };
+        /**
          * @description * `admin` - Admin
          *     * `member` - Member
          *     * `viewer` - Viewer
@@ -3123,6 +3158,7 @@ export interface components {
             /** @default false */
             no_cache: boolean;
             placement?: components["schemas"]["PlacementInRequest"];
+            resources?: components["schemas"]["ResourcesInRequest"];
             /**
              * @description only build (and store) the workflow's environment; no commands run
              * @default false
@@ -3277,6 +3313,7 @@ export interface components {
             /** @default false */
             no_cache: boolean;
             placement?: components["schemas"]["PlacementInRequest"];
+            resources?: components["schemas"]["ResourcesInRequest"];
             /**
              * @description only build (and store) the workflow's environment; no commands run
              * @default false
@@ -5448,6 +5485,31 @@ export interface operations {
             };
         };
     };
+    workspaces_names_list: {
+        parameters: {
+            query: {
+                kind: "environment" | "run" | "tag" | "workflow";
+                /** @description only names that start with this (at most 100 characters) */
+                prefix?: string;
+            };
+            header?: never;
+            path: {
+                workspace: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NamesOut"];
+                };
+            };
+        };
+    };
     workspaces_notifications_list: {
         parameters: {
             query?: never;
@@ -5857,6 +5919,8 @@ export interface operations {
             query?: {
                 /** @description the `next` link's cursor of the previous page */
                 cursor?: string;
+                /** @description 1: only the runs the caller submitted */
+                mine?: number;
                 /** @description runs per page (default 50, at most 500) */
                 page_size?: number;
                 /** @description search in name, workflow and submitter */
