@@ -30,6 +30,7 @@ from . import __version__, apitypes
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=5.0)  # blobs and artifact files
+NAMES_TIMEOUT = httpx.Timeout(2.0, connect=1.0)  # shell completion's one request
 # A run is named by its name, ``tag:NAME`` or ``WORKFLOW@latest`` (the server resolves them).
 TAG_PREFIX = "tag:"
 LATEST_SUFFIX = "@latest"
@@ -275,9 +276,14 @@ class Client:
 
     def names(self, kind: str, prefix: str = "") -> list[str]:
         """At most 50 of the workspace's names of ``kind`` (run, workflow, tag,
-        environment) that start with ``prefix``: what shell completion offers."""
-        answer = self._request("GET", self._ws("names/"), params={"kind": kind, "prefix": prefix})
-        return [str(name) for name in cast(dict[str, list[str]], answer)["names"]]
+        environment) that start with ``prefix``: what shell completion offers.
+        Asked once, within NAMES_TIMEOUT and never retried: a Tab must not wait."""
+        params = {"kind": kind, "prefix": prefix}
+        with self._guard():
+            response = self._http.get(self._ws("names/"), params=params, timeout=NAMES_TIMEOUT)
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return [str(name) for name in response.json()["names"]]
 
     def get_run(self, name: str) -> Run:
         return cast(Run, self._request("GET", self._ws(f"runs/{quote(name, safe='')}/")))

@@ -140,6 +140,30 @@ def test_logs_tail_timestamps_and_job_narrow_what_is_printed(gus: User, daily: P
     assert f"error: run {pair} has no job 'nope'; its jobs: prepare, pair" in unknown.stderr
 
 
+def test_logs_follow_with_tail_timestamps_and_job_prints_the_live_jobs_new_lines(
+    gus: User, daily: Path, tmp_path: Path
+) -> None:
+    go = tmp_path / "go-follow"
+    name = run_name_of(gus.cli(daily, "run", "waiter", "-d", "-e", f"GO={go}"))
+    gus.wait(name, lambda r: r["status"] == "running" and r["jobs"][0]["last_seq"] >= 1, timeout=60)
+    env = {**os.environ, "TRAINYARD_URL": gus.stack.url, "TRAINYARD_TOKEN": gus.token, "HOME": str(daily.parent)}
+    follower = subprocess.Popen(
+        [str(TRAINYARD), "logs", name, "-f", "--tail", "1", "--timestamps", "--job", "waiter"],
+        cwd=daily,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follower.stdout is not None
+    first = follower.stdout.readline()  # the tail, printed before following
+    assert re.fullmatch(STAMP + "waiting\n", first), first
+    go.touch()
+    rest, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    assert re.fullmatch(STAMP + "went\n", rest), rest
+
+
 def test_logs_attempt_prints_one_attempts_lines(gus: User, daily: Path, tmp_path: Path) -> None:
     name = _finished(gus, daily, "flaky", "-e", f"MARK={tmp_path / 'flaky-mark'}")
     assert len(gus.run(name)["jobs"][0]["attempts"]) == 2
