@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0027_job_capacity_wait_told"),
+        ("runs", "0028_job_input_refs_index"),
     ]
 
     operations = [
