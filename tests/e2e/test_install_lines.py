@@ -51,9 +51,9 @@ def printed_install_lines() -> dict[str, list[str]]:
 
 def test_every_printed_install_line_names_the_servers_wheels() -> None:
     found = printed_install_lines()
-    # The README and docs/CLI.md print the CLI's line, the dashboard prints the runner's.
+    # The README, docs/CLI.md and the dashboard print them.
     places = {p.split(":")[0] for where in found.values() for p in where}
-    assert {"docs/CLI.md", "frontend/src/pages/SelfHosted.tsx"} <= places, found
+    assert {"README.md", "docs/CLI.md", "frontend/src/lib/install.ts"} <= places, found
     assert any(SHAPE.match(line) and SHAPE.match(line)[3] == "cli" for line in found), found
     assert any(SHAPE.match(line) and SHAPE.match(line)[3] == "runner" for line in found), found
     for line, where in found.items():
@@ -73,10 +73,18 @@ def _fresh_venv(path: Path) -> Path:
     return path / "bin"
 
 
-def _install(line: str, stack: Stack, bin: Path, home: Path) -> None:
-    shape = SHAPE.match(line)
-    assert shape
-    argv = shlex.split(line.replace(shape[1], stack.url, 1))
+def _the_command(dist: str, stack: Stack) -> list[str]:
+    """The one command every printed line of trainyard-``dist`` is, with this server in it."""
+    commands = {
+        tuple(shlex.split(line.replace(shape[1], stack.url, 1)))
+        for line in printed_install_lines()
+        if (shape := SHAPE.match(line)) and shape[3] == dist
+    }
+    assert len(commands) == 1, commands
+    return list(commands.pop())
+
+
+def _install(argv: list[str], bin: Path, home: Path) -> None:
     # The venv's own pip, with the machine's pip configuration (its package index stands for PyPI).
     done = subprocess.run(
         [str(bin / "pip"), *argv[1:]],
@@ -85,14 +93,13 @@ def _install(line: str, stack: Stack, bin: Path, home: Path) -> None:
         timeout=900,
         env={"PATH": f"{bin}:/usr/bin:/bin", "HOME": str(home)},
     )
-    assert done.returncode == 0, f"{line!r} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{shlex.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
 @pytest.mark.timeout(900)  # pip resolves the CLI's dependencies from the package index
 def test_the_printed_cli_line_installs_a_cli_that_talks_to_the_server(stack: Stack, ike: User, tmp_path: Path) -> None:
-    line = next(line for line in printed_install_lines() if SHAPE.match(line) and line.endswith(" trainyard-cli"))
     bin = _fresh_venv(tmp_path / "venv")
-    _install(line, stack, bin, tmp_path)
+    _install(_the_command("cli", stack), bin, tmp_path)
 
     version = subprocess.run([str(bin / "trainyard"), "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.strip() == "trainyard, version 0.1.0", version
@@ -111,13 +118,12 @@ def test_the_printed_cli_line_installs_a_cli_that_talks_to_the_server(stack: Sta
 
 @pytest.mark.timeout(1500)  # the server makes the runner's wheels for three Pythons and two CPUs first
 def test_the_printed_runner_line_installs_a_runner_that_starts(stack: Stack, tmp_path: Path) -> None:
-    line = next(line for line in printed_install_lines() if SHAPE.match(line) and line.endswith(" trainyard-runner"))
     # A server makes the runner's wheels on the first request, which takes minutes (pip would time
     # out): an operator makes them ahead with `manage.py runner_wheels` (docs/RUNNER.md), this does it here.
     with urllib.request.urlopen(f"{stack.url}/runner/wheels/", timeout=900) as page:
         assert page.status == 200
     bin = _fresh_venv(tmp_path / "venv")
-    _install(line, stack, bin, tmp_path)
+    _install(_the_command("runner", stack), bin, tmp_path)
 
     shown = subprocess.run([str(bin / "trainyard-runner"), "--help"], capture_output=True, text=True)
     assert shown.returncode == 0 and "--power-off-after" in shown.stdout, shown

@@ -7,6 +7,7 @@ import { DataTable } from "../components/DataTable";
 import { CopyButton, EmptyState, ErrorBanner, Loading, PageHeader, StatusBadge, Time } from "../components/ui";
 import { codeLabel, elapsedSeconds, humanDuration, money } from "../lib/format";
 import { useNow, useResource } from "../lib/hooks";
+import { cliInstallCommand } from "../lib/install";
 import { useWorkspace } from "../workspace";
 
 export const PAGE_SIZE = 25;
@@ -352,10 +353,11 @@ function Pagination({
   );
 }
 
-/** The first thing a new user sees: the three commands that make a run. */
+/** The first thing a new user sees: the commands that install the CLI and make a run. */
 function GettingStarted() {
   const { slug } = useWorkspace();
   const commands = [
+    cliInstallCommand(window.location.origin),
     `export TRAINYARD_URL=${window.location.origin}`,
     "export TRAINYARD_TOKEN=<make one on the API tokens page>",
     "trainyard run hello",
@@ -364,7 +366,8 @@ function GettingStarted() {
     <section className="empty getting-started" aria-labelledby="getting-started">
       <h2 id="getting-started">Start your first run</h2>
       <p>
-        No runs in this workspace yet. From a repository with a <code>.trainyard/workflows.yaml</code>, run these three commands. Make the
+        No runs in this workspace yet. Install the CLI (Python 3.11 or newer), then, from a repository with a{" "}
+        <code>.trainyard/workflows.yaml</code>, run the others. Make the
         token on the <Link to={`/w/${slug}/tokens`}>API tokens</Link> page.
       </p>
       <ol className="commands">

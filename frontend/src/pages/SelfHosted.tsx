@@ -4,6 +4,7 @@ import { ACTIONS_COLUMN, DataTable } from "../components/DataTable";
 import { ConfirmButton, CopyButton, EmptyState, ErrorBanner, PageHeader, StatusBadge, Time } from "../components/ui";
 import { humanBytes } from "../lib/format";
 import { useApiList, useInterval } from "../lib/hooks";
+import { runnerInstallCommand } from "../lib/install";
 import { useWorkspace } from "../workspace";
 
 /** A registered machine (GET …/runners/). */
@@ -32,11 +33,6 @@ export interface RegistrationToken {
   expires_at: string;
   used_at: string | null;
   token?: string;
-}
-
-/** The line that installs the runner this server serves (its wheels are at /runner/wheels/). */
-export function installCommand(serverUrl: string): string {
-  return `pip install --extra-index-url ${serverUrl}/runner/wheels/ trainyard-runner`;
 }
 
 /** The command a machine registers with: what the "Add a machine" panel shows. */
@@ -78,8 +74,8 @@ export function SelfHostedPage() {
           <h2 id="add-machine">Add a machine</h2>
           <p>On the machine (Python 3.11 or newer), install the runner:</p>
           <div className="token-value">
-            <code data-testid="install-command">{installCommand(window.location.origin)}</code>
-            <CopyButton value={installCommand(window.location.origin)} label="Copy install command" />
+            <code data-testid="install-command">{runnerInstallCommand(window.location.origin)}</code>
+            <CopyButton value={runnerInstallCommand(window.location.origin)} label="Copy install command" />
           </div>
           <p>Then register it (the token works once, for 7 days, and is shown only now):</p>
           <div className="token-value">

@@ -109,9 +109,11 @@ describe("RunsPage", () => {
     expect(fetchMock).toHaveBeenCalledTimes(1);
   });
 
-  it("teaches a new user the three commands when the workspace has no runs", async () => {
+  it("teaches a new user the commands when the workspace has no runs, installing the CLI first", async () => {
     renderRuns([]);
     expect(await screen.findByRole("heading", { name: "Start your first run" })).toBeInTheDocument();
+    const commands = within(screen.getByRole("list")).getAllByRole("listitem");
+    expect(commands[0]).toHaveTextContent(`pip install --extra-index-url ${window.location.origin}/cli/wheels/ trainyard-cli`);
     expect(screen.getByText(`export TRAINYARD_URL=${window.location.origin}`)).toBeInTheDocument();
     expect(screen.getByText("export TRAINYARD_TOKEN=<make one on the API tokens page>")).toBeInTheDocument();
     expect(screen.getByText("trainyard run hello")).toBeInTheDocument();

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { installCommand, registerCommand } from "../pages/SelfHosted";
+import { cliInstallCommand, runnerInstallCommand } from "../lib/install";
+import { registerCommand } from "../pages/SelfHosted";
 
 describe("registerCommand", () => {
   it("is the exact command a machine registers with", () => {
@@ -9,10 +10,13 @@ describe("registerCommand", () => {
   });
 });
 
-describe("installCommand", () => {
-  it("installs the runner from the server's own wheels", () => {
-    expect(installCommand("https://ty.example.com")).toBe(
+describe("the install lines", () => {
+  it("install the runner and the CLI from the server's own wheels", () => {
+    expect(runnerInstallCommand("https://ty.example.com")).toBe(
       "pip install --extra-index-url https://ty.example.com/runner/wheels/ trainyard-runner",
+    );
+    expect(cliInstallCommand("https://ty.example.com")).toBe(
+      "pip install --extra-index-url https://ty.example.com/cli/wheels/ trainyard-cli",
     );
   });
 });
