@@ -76,8 +76,8 @@ def _refusal(token: str) -> str:
     expired = api_token_expired_at(token=token)
     if expired is not None:
         return (
-            f"This API token expired at {expired:%Y-%m-%d %H:%M} UTC: make a new one"
-            " (`trainyard token create`, or the dashboard's API tokens page)."
+            f"This API token expired at {expired:%Y-%m-%d %H:%M} UTC: sign in again with `trainyard login`, or make"
+            " a new one (`trainyard token create`, or the dashboard's API tokens page)."
         )
     return "This API token is unknown or revoked: make a new one (python manage.py issue_token USERNAME)."
 

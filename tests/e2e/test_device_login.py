@@ -25,7 +25,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.e2e.conftest import TRAINYARD, User
-from tests.e2e.test_dashboard import make_token, new_context, sign_in
+from tests.e2e.test_dashboard import make_token, new_context, screenshot, sign_in
 from tests.support.accessibility import audit
 from tests.support.github import GithubServer, GithubUser
 from tests.support.stack import Stack
@@ -147,6 +147,16 @@ def test_login_in_the_browser_saves_a_profile_that_works(felix: User, tmp_path: 
     assert timedelta(days=29) < expires - datetime.now(UTC) <= timedelta(days=30)
     # The code is spent: it can be neither looked up nor approved again.
     assert felix.api("POST", f"/api/v1/auth/device/{code}/approve/").status_code == 404
+    # Once the token's life is over, the CLI is told to sign in again.
+    felix.stack.manage(
+        "shell",
+        "-c",
+        "from django.utils import timezone; from backend.accounts.models import ApiToken;"
+        f" ApiToken.objects.filter(pk={device_token['id']!r}).update(expires_at=timezone.now())",
+    )
+    expired = trainyard(env, "--profile", "lab", "ps")
+    assert expired.returncode == 1
+    assert "This API token expired at" in expired.stderr and "sign in again with `trainyard login`" in expired.stderr
 
 
 def test_a_denied_code_ends_the_login_and_saves_nothing(felix: User, tmp_path: Path) -> None:
@@ -260,6 +270,7 @@ def test_the_device_page_signs_the_cli_in_after_a_github_sign_in(
         expect(page.get_by_role("heading", name=code)).to_be_visible()
         expect(page.get_by_text(re.compile(r"trainyard CLI on .* asks to sign in as felix"))).to_be_visible()
         audit(page)
+        screenshot(page, "device-approve")
         page.get_by_role("button", name="Approve").click()
         expect(page.get_by_role("status").filter(has_text="is signed in as felix")).to_be_visible()
         audit(page)
