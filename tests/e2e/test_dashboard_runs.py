@@ -7,7 +7,7 @@ viewer's width (no sideways scroll) and both stay on after a reload; a
 line's number is its permalink, and opening ``…#L<seq>`` of a 5,000-line
 log shows that line highlighted, not the tail. Milo starts a run from the
 New run form: the repository and workflow come from his last CLI
-submission, ``-e`` values reach the job, and a workflow the
+submission, ``-e`` values and resources reach the job, and a workflow the
 server refuses (a tag that does not exist) shows the server's message on
 the form. Nils tags a run and feeds it to another: the Lineage tab of each
 shows the other, with the tag between them. The Environments page lists the
@@ -201,8 +201,16 @@ def test_the_new_run_form_starts_a_run_like_the_cli(
     runs = milo.api("GET", f"/api/v1/workspaces/{milo.workspace}/runs/").json()["results"]
     assert [r["name"] for r in runs] == [first]
 
-    # greet with -e: the run page opens and the job sees the value.
+    # Resources the server refuses (as `trainyard run --memory` would be) show on the form too.
     form.get_by_label("Workflow").select_option("greet")
+    form.get_by_label("Memory").fill("lots")
+    form.get_by_role("button", name="Start run").click()
+    expect(form.get_by_role("alert")).to_contain_text("memory")
+    audit(page)
+
+    # greet with -e and a CPU count for every job: the run page opens and the job has both.
+    form.get_by_label("Memory").fill("")
+    form.get_by_label("CPUs").fill("1")
     form.get_by_role("button", name="Start run").click()
     expect(page.get_by_role("heading", level=1)).not_to_contain_text("New run")
     started = page.get_by_role("heading", level=1).inner_text().split()[0]
@@ -212,6 +220,7 @@ def test_the_new_run_form_starts_a_run_like_the_cli(
     assert run["status"] == "succeeded", run
     assert run["workflow"] == "greet"
     assert run["code"] == milo.run(first)["code"]
+    assert run["jobs"][0]["resources"]["cpu"] == 1, run["jobs"][0]["resources"]
     audit(page)
     screenshot(page, "new-run-started")
 
