@@ -108,8 +108,10 @@ def opened_by_the_browser(home: Path) -> str:
 
 
 def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
-    _, rest = process.communicate(timeout=60)
-    return process.returncode, rest
+    """Its exit code and the rest of its stderr (from the buffer its code was read through)."""
+    assert process.stderr is not None
+    code = process.wait(timeout=60)  # it writes a few lines: the pipe cannot fill
+    return code, process.stderr.read()
 
 
 def test_login_in_the_browser_saves_a_profile_that_works(felix: User, tmp_path: Path) -> None:
@@ -170,6 +172,30 @@ def test_a_denied_code_ends_the_login_and_saves_nothing(felix: User, tmp_path: P
     assert exit_code == 1 and "error: The sign-in was denied on the dashboard." in rest
     assert not (tmp_path / "home" / "opened").exists()
     assert not (tmp_path / "home" / "config" / "trainyard" / "config.json").exists()
+
+
+def test_without_a_display_the_login_only_prints_the_link(felix: User, tmp_path: Path) -> None:
+    """In an ssh session Python's webbrowser would start a text browser in the
+    terminal (here a `www-browser` on PATH): the CLI opens none."""
+    home = tmp_path / "home"
+    env = cli_env(felix.stack, home)
+    for name in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY"):
+        env.pop(name, None)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "www-browser").write_text(f'#!/bin/sh\necho "$1" >> {home / "opened"}\n')
+    (bin_dir / "www-browser").chmod(0o755)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    process, code, shown = start_login(env)
+
+    felix.api("POST", f"/api/v1/auth/device/{code}/deny/")
+    exit_code, rest = finish(process)
+
+    assert exit_code == 1 and "denied" in rest
+    printed = "".join(shown) + rest
+    assert f"(or open {felix.stack.url}/device?code={code})" in printed
+    assert "Opened the sign-in page" not in printed
+    assert not (home / "opened").exists()
 
 
 def test_polling_is_answered_as_rfc_8628_says(felix: User) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import webbrowser
 
 import click
@@ -67,10 +68,19 @@ def _sign_in_through_the_browser(url: str, *, open_browser: bool) -> device.Devi
         f"(or open {code.verification_uri_complete})",
         err=True,
     )
-    if open_browser and webbrowser.open(code.verification_uri_complete):
+    if open_browser and _has_a_browser() and webbrowser.open(code.verification_uri_complete):
         click.echo("Opened the sign-in page in your browser.", err=True)
     click.echo(f"Waiting for the code to be approved (it expires in {code.expires_in // 60} min)…", err=True)
     try:
         return device.wait_for_token(url, code)
     except KeyboardInterrupt:
         raise common.CliError("sign-in cancelled") from None
+
+
+def _has_a_browser() -> bool:
+    """A desktop's browser, or the one BROWSER names. Without a display (an
+    ssh session) Python would start a text browser (w3m, lynx) in this very
+    terminal, over the code the person has to read."""
+    if os.environ.get("BROWSER") or sys.platform in ("darwin", "win32"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
