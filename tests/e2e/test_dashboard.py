@@ -657,11 +657,11 @@ def _seed_finished_runs(stack: Stack, login: str, count: int) -> None:
             """
             INSERT INTO runs_run (id, created_at, updated_at, workspace_id, name, workflow, status, status_reason,
                 submitted_by_id, code_kind, repo_url, commit, help, workflows_file_path, workflows_file_text,
-                workflows_files, env_overrides, inherited_env, run_args, variables, placement_overrides, no_cache,
-                started_at, finished_at)
+                workflows_files, env_overrides, inherited_env, run_args, variables, placement_overrides,
+                resource_overrides, no_cache, started_at, finished_at)
             SELECT gen_random_uuid(), now() - (%(n)s - i) * interval '1 minute', now(), w.id, 'seeded-' || i,
                 'hello', 'succeeded', '', u.id, 'git', 'https://example.com/a/b.git', repeat('a', 40), '',
-                '.trainyard/workflows.yaml', '', '[]', '{}', '{}', '[]', '{}', '{}', false, now(), now()
+                '.trainyard/workflows.yaml', '', '[]', '{}', '{}', '[]', '{}', '{}', '{}', false, now(), now()
             FROM generate_series(1, %(n)s) AS i, accounts_user u
             JOIN accounts_workspace w ON w.personal_owner_id = u.id
             WHERE u.username = %(login)s
