@@ -7,7 +7,7 @@ only the runtime packages and runs as a non-root user.
 
 No container engine runs in the suite: the context is the list `docker build`
 would send, computed by docker's own rules (the docker SDK's
-``exclude_paths``, what its ``build`` sends; decision draft-server-image), from
+``exclude_paths``, what its ``build`` sends; decision 0144), from
 a copy of the checkout with the host's state planted in it. The image itself is built only where an engine answers
 (the last test; skipped otherwise, saying so).
 """
