@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser
+from playwright.sync_api import Browser, BrowserContext
 
 from tests.support.aws_account import prepare
 from tests.support.chromium import chromium
@@ -157,6 +157,15 @@ def browser() -> Iterator[Browser]:
     """Chromium for a module's browser tests (each test opens its own contexts)."""
     with chromium() as launched:
         yield launched
+
+
+@pytest.fixture
+def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
+    """Browser profiles a test opens (``browser.new_context()``, appended here): closed after it."""
+    opened: list[BrowserContext] = []
+    yield opened
+    for context in opened:
+        context.close()
 
 
 @pytest.fixture

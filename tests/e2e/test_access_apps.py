@@ -14,12 +14,10 @@ dashboard closes the app.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, Route, expect
 
 from tests.e2e.conftest import User, commit_all, make_repo, run_name_of
@@ -104,14 +102,6 @@ WORKFLOW = """
     commands:
       - python app.py
 """
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def apps_context(browser: Browser, stack: Stack) -> BrowserContext:

@@ -24,11 +24,9 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.e2e.conftest import FINISHED, User, make_repo, run_name_of
@@ -108,14 +106,6 @@ def new_context(browser: Browser, stack: Stack) -> BrowserContext:
     context.route("**/*", outside)
     serve_axe(context)  # registered last, so it answers before ``outside``
     return context
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def screenshot(page: Page, name: str) -> Path:

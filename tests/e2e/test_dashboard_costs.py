@@ -21,13 +21,11 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, expect
 
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
@@ -56,14 +54,6 @@ workflows:
 
 # USD an hour of each person's machines (a g5.xlarge's, a g4dn.xlarge's).
 PRICES = {"bram": Decimal("3.060000"), "mika": Decimal("1.212000")}
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def finished_run(user: User, team: str, name: str, timeout: float = 90) -> dict[str, Any]:

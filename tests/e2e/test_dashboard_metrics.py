@@ -23,10 +23,8 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
@@ -77,14 +75,6 @@ CSP_WATCH = (
 )
 # The first line colour of lib/metrics.ts's PALETTE: a training chart's curve, the first compared run.
 LINE_COLOURS = ["#4e79a7", "#f28e2b", "#e15759"]
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def curve_repo(tmp_path: Path) -> Path:

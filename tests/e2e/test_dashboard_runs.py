@@ -17,11 +17,9 @@ workspace's environments. Every page passes the accessibility audit.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests.e2e.conftest import FINISHED, User, commit_all, make_repo, run_name_of
@@ -72,14 +70,6 @@ workflows:
       - cat model/w.txt
 """
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def runs_repo(tmp_path: Path) -> Path:

@@ -18,7 +18,6 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +52,6 @@ workflows:
 @pytest.fixture(scope="module")
 def jade(stack: Stack) -> User:
     return User("jade", stack.issue_token("jade"), stack)
-
-
-@pytest.fixture
-def contexts(browser: Browser) -> Iterator[list[BrowserContext]]:
-    opened: list[BrowserContext] = []
-    yield opened
-    for context in opened:
-        context.close()
 
 
 def finished(user: User, name: str) -> dict[str, Any]:
