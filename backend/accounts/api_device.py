@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import ParseError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -64,8 +65,15 @@ class DeviceTokenOut(serializers.Serializer):
 
 class DeviceGrantErrorOut(serializers.Serializer):
     error = serializers.ChoiceField(
-        choices=["authorization_pending", "slow_down", "access_denied", "expired_token", "invalid_grant"],
-        help_text="RFC 8628's answer: wait, wait longer (interval), or stop.",
+        choices=[
+            "authorization_pending",
+            "slow_down",
+            "access_denied",
+            "expired_token",
+            "invalid_grant",
+            "invalid_request",
+        ],
+        help_text="RFC 8628's answer: wait, wait longer (interval), or stop; invalid_request: no usable device_code.",
     )
     message = serializers.CharField()
     interval = serializers.IntegerField(required=False, help_text="Seconds to wait before the next poll.")
@@ -122,8 +130,13 @@ class DeviceTokenView(APIView):
         responses={200: DeviceTokenOut, 400: OpenApiResponse(DeviceGrantErrorOut, description="Not (yet) a token.")},
     )
     def post(self, request: Request) -> Response:
-        data = DeviceTokenIn(data=request.data)
-        data.is_valid(raise_exception=True)
+        try:
+            data = DeviceTokenIn(data=request.data)
+        except ParseError as unreadable:
+            return Response({"error": "invalid_request", "message": f"Invalid input: {unreadable.detail}"}, status=400)
+        if not data.is_valid():
+            fields = "; ".join(f"{name}: {' '.join(map(str, errors))}" for name, errors in data.errors.items())
+            return Response({"error": "invalid_request", "message": f"Invalid input: {fields}"}, status=400)
         try:
             issued = device_login_poll(device_code=data.validated_data["device_code"])
         except DeviceGrantError as refused:

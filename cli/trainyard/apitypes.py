@@ -563,13 +563,16 @@ class EnvironmentUploadOut(TypedDict):
     """
 
 
-ErrorEnum: TypeAlias = Literal["authorization_pending", "slow_down", "access_denied", "expired_token", "invalid_grant"]
+ErrorEnum: TypeAlias = Literal[
+    "authorization_pending", "slow_down", "access_denied", "expired_token", "invalid_grant", "invalid_request"
+]
 """
 * `authorization_pending` - authorization_pending
 * `slow_down` - slow_down
 * `access_denied` - access_denied
 * `expired_token` - expired_token
 * `invalid_grant` - invalid_grant
+* `invalid_request` - invalid_request
 """
 
 
@@ -1653,13 +1656,14 @@ class DeviceDecisionOut(TypedDict):
 class DeviceGrantErrorOut(TypedDict):
     error: ErrorEnum
     """
-    RFC 8628's answer: wait, wait longer (interval), or stop.
+    RFC 8628's answer: wait, wait longer (interval), or stop; invalid_request: no usable device_code.
 
     * `authorization_pending` - authorization_pending
     * `slow_down` - slow_down
     * `access_denied` - access_denied
     * `expired_token` - expired_token
     * `invalid_grant` - invalid_grant
+    * `invalid_request` - invalid_request
     """
     message: str
     interval: NotRequired[int]

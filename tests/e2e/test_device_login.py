@@ -222,6 +222,10 @@ def test_polling_is_answered_as_rfc_8628_says(felix: User) -> None:
     unknown = httpx.post(
         f"{felix.stack.url}/api/v1/auth/device/token/", json={"device_code": "tydev_nothing"}, timeout=30
     ).json()
+    malformed = httpx.post(f"{felix.stack.url}/api/v1/auth/device/token/", json={}, timeout=30)
+    unreadable = httpx.post(
+        f"{felix.stack.url}/api/v1/auth/device/token/", content=b"\x00", headers={"Content-Type": "application/json"}
+    )
 
     assert started.status_code == 201 and re.fullmatch(r"[B-Z]{4}-[B-Z]{4}", body["user_code"])
     assert body["interval"] == 5 and body["expires_in"] == 600
@@ -231,6 +235,11 @@ def test_polling_is_answered_as_rfc_8628_says(felix: User) -> None:
     assert expired["error"] == "expired_token" and body["user_code"] in str(expired["message"])
     assert approve_late.status_code == 404 and "No sign-in is waiting for this code" in approve_late.text
     assert unknown["error"] == "invalid_grant"
+    assert malformed.status_code == 400 and malformed.json() == {
+        "error": "invalid_request",
+        "message": "Invalid input: device_code: This field is required.",
+    }
+    assert unreadable.status_code == 400 and unreadable.json()["error"] == "invalid_request"
 
 
 def test_workspace_use_and_the_global_w_choose_where_commands_act(felix: User, tmp_path: Path) -> None:

@@ -2167,13 +2167,14 @@ export interface components {
         DeviceDecisionOutStateEnum: "approved" | "denied";
         DeviceGrantErrorOut: {
             /**
-             * @description RFC 8628's answer: wait, wait longer (interval), or stop.
+             * @description RFC 8628's answer: wait, wait longer (interval), or stop; invalid_request: no usable device_code.
              *
              *     * `authorization_pending` - authorization_pending
              *     * `slow_down` - slow_down
              *     * `access_denied` - access_denied
              *     * `expired_token` - expired_token
              *     * `invalid_grant` - invalid_grant
+             *     * `invalid_request` - invalid_request
              */
             error: components["schemas"]["ErrorEnum"];
             message: string;
@@ -2324,9 +2325,10 @@ export interface components {
          *     * `access_denied` - access_denied
          *     * `expired_token` - expired_token
          *     * `invalid_grant` - invalid_grant
+         *     * `invalid_request` - invalid_request
          * @enum {string}
          */
-        ErrorEnum: "authorization_pending" | "slow_down" | "access_denied" | "expired_token" | "invalid_grant";
+        ErrorEnum: "authorization_pending" | "slow_down" | "access_denied" | "expired_token" | "invalid_grant" | "invalid_request";
         /**
          * @description * `run.succeeded` - run.succeeded
          *     * `run.failed` - run.failed
