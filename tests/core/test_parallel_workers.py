@@ -66,15 +66,20 @@ def test_each_end_to_end_file_signs_in_users_of_its_own_on_the_shared_stack() ->
     receiver counts as the shared stack (``ckpt_stack`` is it, reconfigured)
     except the private stacks above."""
     made = re.compile(r'(\w+)\.issue_token\("([a-z-]+)"\)')
+    # A GitHub sign-in makes the user of its login, or login-<id> when that name is taken.
+    signed_in = re.compile(r'GithubUser\([^)]*login="([a-z0-9-]+)"')
     files: dict[str, list[str]] = {}
     for path in sorted((REPO_ROOT / "tests" / "e2e").glob("*.py")):
         text = path.read_text()
+        names = set(signed_in.findall(text))
         for receiver, name in made.findall(text):
             if receiver in PRIVATE_STACKS:
                 assert receiver in _fixtures_starting_a_stack(text), (
                     f"{path.name}: {receiver} is listed as private but no fixture of that name in the file starts a stack"
                 )
                 continue
+            names.add(name)
+        for name in names:
             files.setdefault(name, []).append(path.name)
     assert {"alice", "bob", "carol"} <= set(files), "the pattern above is out of date"
     shared = {name: where for name, where in files.items() if len(where) > 1}

@@ -71,8 +71,8 @@ def gus(stack: Stack) -> User:
 
 
 @pytest.fixture(scope="module")
-def hana(stack: Stack) -> User:
-    return User("hana", stack.issue_token("hana"), stack)
+def hedy(stack: Stack) -> User:
+    return User("hedy", stack.issue_token("hedy"), stack)
 
 
 @pytest.fixture(scope="module")
@@ -187,42 +187,42 @@ def test_logs_attempt_prints_one_attempts_lines(gus: User, daily: Path, tmp_path
 # ---------------------------------------------------------------- run overrides
 
 
-def test_run_overrides_every_jobs_resources_and_prints_the_runs_page(hana: User, daily: Path) -> None:
-    submitted = hana.cli(daily, "run", "sized", "--cpu", "1", "--memory", "256MB", "-d")
+def test_run_overrides_every_jobs_resources_and_prints_the_runs_page(hedy: User, daily: Path) -> None:
+    submitted = hedy.cli(daily, "run", "sized", "--cpu", "1", "--memory", "256MB", "-d")
     assert submitted.returncode == 0, submitted.stderr
     name = run_name_of(submitted)
-    assert f"View: {hana.stack.url}/w/{hana.workspace}/runs/{name}\n" in submitted.stderr
-    job = hana.run(name)["jobs"][0]
+    assert f"View: {hedy.stack.url}/w/{hedy.workspace}/runs/{name}\n" in submitted.stderr
+    job = hedy.run(name)["jobs"][0]
     assert job["resources"]["cpu"] == 1
     assert job["resources"]["memory_bytes"] == 256 * 2**20
-    hana.wait(name, lambda r: r["status"] == "succeeded", timeout=120)
+    hedy.wait(name, lambda r: r["status"] == "succeeded", timeout=120)
 
-    again = hana.cli(daily, "rerun", name, "-d")
+    again = hedy.cli(daily, "rerun", name, "-d")
     assert again.returncode == 0, again.stderr
-    rerun = hana.run(run_name_of(again))["jobs"][0]
+    rerun = hedy.run(run_name_of(again))["jobs"][0]
     assert (rerun["resources"]["cpu"], rerun["resources"]["memory_bytes"]) == (1, 256 * 2**20)
 
-    planned = hana.cli(daily, "run", "sized", "--gpu", "A10G:2", "--dry-run")
+    planned = hedy.cli(daily, "run", "sized", "--gpu", "A10G:2", "--dry-run")
     assert planned.returncode == 0, planned.stderr
     assert "A10G" in planned.stdout and "2" in planned.stdout
 
 
-def test_a_bad_resource_override_is_refused_before_anything_is_sent(hana: User, daily: Path) -> None:
-    before = len(hana.runs())
-    memory = hana.cli(daily, "run", "sized", "--memory", "lots")
+def test_a_bad_resource_override_is_refused_before_anything_is_sent(hedy: User, daily: Path) -> None:
+    before = len(hedy.runs())
+    memory = hedy.cli(daily, "run", "sized", "--memory", "lots")
     assert memory.returncode == 2
     assert "Invalid value for --memory:" in memory.stderr and "'lots'" in memory.stderr
-    gpu = hana.cli(daily, "run", "sized", "--gpu", "A10G:x")
+    gpu = hedy.cli(daily, "run", "sized", "--gpu", "A10G:x")
     assert gpu.returncode == 2
     assert "Invalid value for --gpu:" in gpu.stderr
     assert "Traceback" not in memory.stderr + gpu.stderr
-    assert len(hana.runs()) == before
+    assert len(hedy.runs()) == before
 
     # The API checks the same keys as the file (a client other than the CLI).
     body = {"workflow": "sized", "code": {"kind": "git", "repo_url": "https://example.com/r.git", "commit": "0" * 40}}
-    answer = hana.api(
+    answer = hedy.api(
         "POST",
-        f"/api/v1/workspaces/{hana.workspace}/runs/",
+        f"/api/v1/workspaces/{hedy.workspace}/runs/",
         json={
             **body,
             "workflows_file": {"path": ".trainyard/workflows.yaml", "text": DAILY},
@@ -326,7 +326,7 @@ class _Screen:
 
 
 def test_bash_completes_commands_runs_tags_and_workflows_from_the_server(
-    gus: User, hana: User, daily: Path, tmp_path: Path
+    gus: User, hedy: User, daily: Path, tmp_path: Path
 ) -> None:
     name = _finished(gus, daily, "prepare")
     assert gus.cli(daily, "tag", "add", "gus-prepared", name).returncode == 0
@@ -359,7 +359,7 @@ def test_bash_completes_commands_runs_tags_and_workflows_from_the_server(
     assert complete(gus, "trainyard", "logs", "prepare@") == ["prepare@latest"]
     assert "prepare" in complete(gus, "trainyard", "ps", "--workflow", "prep")
     assert {"steps", "pair", "waiter"} <= set(complete(gus, "trainyard", "run", ""))  # the repo's files
-    assert name not in complete(hana, "trainyard", "logs", "")  # another workspace's runs are not offered
+    assert name not in complete(hedy, "trainyard", "logs", "")  # another workspace's runs are not offered
 
     names = gus.api("GET", f"/api/v1/workspaces/{gus.workspace}/names/", params={"kind": "run", "prefix": ""})
     assert names.status_code == 200 and len(names.json()["names"]) <= 50

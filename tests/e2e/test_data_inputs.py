@@ -48,8 +48,8 @@ WORKFLOWS = f"""
 
 
 @pytest.fixture
-def dana(stack: Stack) -> User:
-    return User("dana", stack.issue_token("dana"), stack)
+def dilys(stack: Stack) -> User:
+    return User("dilys", stack.issue_token("dilys"), stack)
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def _downloads(server: MotoServer) -> list[str]:
 
 
 def test_a_dataset_lands_whole_is_cached_on_the_machine_and_a_changed_object_reruns_the_job(
-    stack: Stack, dana: User, s3: MotoServer, tmp_path: Path
+    stack: Stack, dilys: User, s3: MotoServer, tmp_path: Path
 ) -> None:
     repo = make_repo(tmp_path / "data-repo")
     workflows = repo / ".trainyard" / "workflows.yaml"
@@ -96,35 +96,35 @@ def test_a_dataset_lands_whole_is_cached_on_the_machine_and_a_changed_object_rer
     files = {f"train/{i:04d}.bin": os.urandom(1 + (i * 37) % 5000) for i in range(200)}
     for key, body in files.items():
         client.put_object(Bucket=BUCKET, Key=f"set/{key}", Body=body)
-    connected = dana.cli(
+    connected = dilys.cli(
         repo, "data", "endpoint", "set", s3.url, "--access-key-id", "testing", "--region", "us-east-1", input="testing"
     )
     assert connected.returncode == 0, connected.stderr
     try:
-        plan = dana.cli(repo, "run", "sums", "--dry-run")
+        plan = dilys.cli(repo, "run", "sums", "--dry-run")
         assert plan.returncode == 0, plan.stderr
         assert f"   data: {URI} → set: 200 files," in plan.stdout, plan.stdout
 
-        first = _finished(dana, repo, "sums")
-        logs = dana.cli(repo, "logs", first).stdout
+        first = _finished(dilys, repo, "sums")
+        logs = dilys.cli(repo, "logs", first).stdout
         expected = [f"{hashlib.sha256(files[k]).hexdigest()}  ./{k}" for k in sorted(files)]
         assert [line for line in logs.splitlines() if line.endswith(".bin")] == expected
         assert sorted(_downloads(s3)) == sorted(f"/{BUCKET}/set/{k}" for k in files)
 
         before = len(_downloads(s3))
-        counted = _finished(dana, repo, "count")
-        assert "files: 200" in dana.cli(repo, "logs", counted).stdout
+        counted = _finished(dilys, repo, "count")
+        assert "files: 200" in dilys.cli(repo, "logs", counted).stdout
         assert len(_downloads(s3)) == before  # the same machine's cache: nothing downloaded
 
-        again = _finished(dana, repo, "sums")
-        assert dana.run(again)["jobs"][0]["cache_decision"]["reused"] is True
+        again = _finished(dilys, repo, "sums")
+        assert dilys.run(again)["jobs"][0]["cache_decision"]["reused"] is True
 
         client.put_object(Bucket=BUCKET, Key="set/train/0007.bin", Body=b"relabelled")
-        changed = _finished(dana, repo, "sums")
-        decision = dana.run(changed)["jobs"][0]["cache_decision"]
+        changed = _finished(dilys, repo, "sums")
+        decision = dilys.run(changed)["jobs"][0]["cache_decision"]
         assert decision["reused"] is False
         assert decision["text"] == f"runs: input {URI} changed: 1 changed (train/0007.bin)", decision
         assert _downloads(s3)[before:] == [f"/{BUCKET}/set/train/0007.bin"]
-        assert hashlib.sha256(b"relabelled").hexdigest() in dana.cli(repo, "logs", changed).stdout
+        assert hashlib.sha256(b"relabelled").hexdigest() in dilys.cli(repo, "logs", changed).stdout
     finally:
-        dana.cli(repo, "data", "endpoint", "rm")
+        dilys.cli(repo, "data", "endpoint", "rm")
