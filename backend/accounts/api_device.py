@@ -45,7 +45,7 @@ class DeviceStartIn(serializers.Serializer):
 
 class DeviceStartOut(serializers.Serializer):
     device_code = serializers.CharField(help_text="The device's secret: it polls with it. Shown this once.")
-    user_code = serializers.CharField(help_text="What the person enters on the dashboard (XXXX-XXXX).")
+    user_code = serializers.CharField(help_text="Typed on the dashboard: two groups of four letters, like BCDF-GHJK.")
     verification_uri = serializers.CharField(help_text="The dashboard page where the code is entered.")
     verification_uri_complete = serializers.CharField(help_text="That page with the code filled in.")
     expires_in = serializers.IntegerField(help_text="Seconds the code may be approved.")

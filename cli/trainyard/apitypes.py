@@ -389,7 +389,7 @@ class DeviceStartOut(TypedDict):
     """
     user_code: str
     """
-    What the person enters on the dashboard (XXXX-XXXX).
+    Typed on the dashboard: two groups of four letters, like BCDF-GHJK.
     """
     verification_uri: str
     """

@@ -2198,7 +2198,7 @@ export interface components {
         DeviceStartOut: {
             /** @description The device's secret: it polls with it. Shown this once. */
             device_code: string;
-            /** @description What the person enters on the dashboard (XXXX-XXXX). */
+            /** @description Typed on the dashboard: two groups of four letters, like BCDF-GHJK. */
             user_code: string;
             /** @description The dashboard page where the code is entered. */
             verification_uri: string;
