@@ -61,11 +61,17 @@ class Wheelhouse:
 
 _lock = threading.Lock()
 _made: Wheelhouse | None = None
+_made_stamp: tuple[tuple[str, int, int], ...] = ()
 
 
 def wheelhouse() -> Wheelhouse:
-    """The served wheels, made again only when a source file changed."""
-    global _made
+    """The served wheels, made again only when a source file changed (the
+    files are read again only when one's size or modification time moved)."""
+    global _made, _made_stamp
+    stamp = _stamp()
+    with _lock:
+        if _made is not None and stamp == _made_stamp:
+            return _made
     sources = [_read(dist, folder) for dist, folder in SOURCES.items()]
     key = digest({f"{p.dist}/{n}": d for p, files in sources for n, d in files.items()})
     with _lock:
@@ -73,7 +79,20 @@ def wheelhouse() -> Wheelhouse:
             wheels = dict(wheel(package, files) for package, files in sources)
             sha = {name: hashlib.sha256(data).hexdigest() for name, data in wheels.items()}
             _made = Wheelhouse(key, wheels, sha)
+        _made_stamp = stamp
         return _made
+
+
+def _stamp() -> tuple[tuple[str, int, int], ...]:
+    """Path, size and modification time of every file the wheels are read from."""
+    base = Path(settings.BASE_DIR)
+    found = []
+    for folder in SOURCES.values():
+        for path in sorted((base / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                st = path.stat()
+                found.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(found)
 
 
 def _read(dist: str, folder: str) -> tuple[Package, dict[str, bytes]]:
