@@ -172,6 +172,31 @@ class CloudState(StrEnum):
 GONE = frozenset({CloudState.TERMINATED, CloudState.INTERRUPTED, CloudState.NOT_FOUND})
 
 
+class Trouble(StrEnum):
+    """Why a machine is not doing what it was launched for, where the cloud
+    says so (a Kubernetes pod's events and status). ``MachineView.reason``."""
+
+    UNSCHEDULABLE = "unschedulable"  # PENDING: nothing can take it yet (the scheduler's words)
+    IMAGE_PULL = "image_pull"  # its image cannot be pulled: it will never start
+    EVICTED = "evicted"  # GONE: evicted (node pressure, a drain)
+    PREEMPTED = "preempted"  # INTERRUPTED: a spot node reclaimed, or a higher priority took its place
+    DELETED = "deleted"  # GONE: removed by someone other than this installation
+    NODE_LOST = "node_lost"  # GONE: its node went away
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """A machine as its cloud sees it: the state, and when the cloud says
+    why it is not doing what it was launched for, a ``Trouble`` and the
+    cloud's own words (shown to the user as they are, bounded)."""
+
+    state: CloudState
+    reason: Trouble | None = None
+    message: str = ""
+    # Unix seconds since the trouble was first reported (its first event), 0 when unknown.
+    since: float = 0.0
+
+
 @dataclass(frozen=True)
 class Timings:
     """Seconds. ``provision_timeout``: launch → the runner's hello.
@@ -181,6 +206,9 @@ class Timings:
 
     provision_timeout: float
     unreachable_grace: float = 120.0
+    # A launched machine reported ``Trouble.UNSCHEDULABLE`` for this long is
+    # given up and its offer's scope skipped for a while (0: never).
+    schedule_timeout: float = 0.0
     idle_default: float = 300.0
 
 
@@ -303,6 +331,12 @@ class Compute(ABC):
     def describe(self, handles: Sequence[Handle]) -> Mapping[str, CloudState]:
         """The state of each machine, keyed by ``Handle.key``, in one batched
         call. A machine the backend does not know is ``NOT_FOUND``."""
+
+    def view(self, handles: Sequence[Handle]) -> Mapping[str, MachineView]:
+        """``describe`` with the cloud's reasons, keyed by ``Handle.key``, in
+        the same one batched call. The reconciler calls this, not
+        ``describe``. Default: ``describe``'s states, with no reason."""
+        return {key: MachineView(state) for key, state in self.describe(handles).items()}
 
     @abstractmethod
     def terminate(self, handle: Handle) -> None:
