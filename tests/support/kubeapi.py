@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp.web
 import pytest
 import yaml
-from kmock import KubernetesEmulator, Server
+from kmock import KubernetesEmulator, ResourceInfo, Server
 
 TOKEN = "kube-test-token"
 SSAR_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
@@ -45,7 +45,7 @@ _NAMESPACE_PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 NAMESPACE = "trainyard"
 
 
-class _Cluster(KubernetesEmulator):  # type: ignore[misc]
+class _Cluster(KubernetesEmulator):
     """The emulator plus what the API server itself would do (module docstring)."""
 
     def __init__(self, api: KubeApi) -> None:
@@ -61,14 +61,14 @@ class _Cluster(KubernetesEmulator):  # type: ignore[misc]
         namespace = _NAMESPACE_PATH.fullmatch(raw.path)
         if namespace is not None:  # kmock cannot parse these paths: served here
             return await self._namespace(raw, namespace.group(1))
-        return await super().__call__(raw)  # type: ignore[no-any-return]
+        return await super().__call__(raw)
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         from kmock import action
 
         if request.action == action.CREATE and isinstance(request.data, dict):
             self._stamp(request.data)
-        return await super()._handle(request)  # type: ignore[no-any-return]
+        return await super()._handle(request)
 
     async def _namespace(self, raw: aiohttp.web.BaseRequest, name: str | None) -> aiohttp.web.StreamResponse:
         namespaces = self._api.namespaces
@@ -149,7 +149,7 @@ class KubeApi:
             ("v1/nodes", "Node", False),
             ("v1/events", "Event", True),
         ):
-            cluster.resources[key] = {"kind": kind, "namespaced": namespaced, "verbs": ["get", "list", "watch"]}
+            cluster.resources[key] = ResourceInfo(kind=kind, namespaced=namespaced, verbs={"get", "list", "watch"})
         handler = await cluster.__aenter__()
         server = Server(handler)
         await server.__aenter__()
