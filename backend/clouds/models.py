@@ -18,6 +18,7 @@ class BackendKind(models.TextChoices):
     FAKE = "fake"
     SELF_HOSTED = "self-hosted"
     AWS = "aws"
+    KUBERNETES = "kubernetes"
 
 
 class AccountStatus(models.TextChoices):
@@ -81,6 +82,7 @@ class InstanceReason(models.TextChoices):
     SILENT = "silent"  # no heartbeat within the timeout
     MACHINE_GONE = "machine_gone"  # the backend says the machine no longer exists
     INTERRUPTED = "interrupted"  # the cloud reclaimed it (spot)
+    IMAGE_PULL = "image_pull"  # its image cannot be pulled: it would never start (Kubernetes)
     UNREACHABLE_GRACE = "unreachable_grace"  # silent for longer than the grace although the machine is there
     NO_CAPACITY = "no_capacity"  # the launch found no capacity or quota
     LAUNCH_FAILED = "launch_failed"  # the launch failed for another reason

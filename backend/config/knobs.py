@@ -886,6 +886,16 @@ class Backends(TypedDict):
         "TRAINYARD_FACTS_REFRESH_SECONDS", NUMBER, 600.0,
         "An account's facts (zones, offerings, spot prices, quotas) are asked for again once this old.",
     )]
+    KUBERNETES_PRIVATE_NETWORKS: Annotated[list[str], Knob(
+        "TRAINYARD_KUBERNETES_PRIVATE_NETWORKS", NETWORKS, [],
+        "Networks a Kubernetes backend's API server may lie in besides public addresses (e.g. a cluster "
+        "beside the server at 10.0.0.0/8). Unset: only API servers at public addresses can be connected.",
+    )]
+    KUBERNETES_IN_CLUSTER: Annotated[bool, Knob(
+        "TRAINYARD_KUBERNETES_IN_CLUSTER", BOOLEAN, False,
+        "Kubernetes backends may use the server's own service account (`in_cluster`) instead of a "
+        "kubeconfig: only where every workspace may run pods in the server's own cluster.",
+    )]
     LEAK_SWEEP_SECONDS: Annotated[float, Knob(
         "TRAINYARD_LEAK_SWEEP_SECONDS", NUMBER, 60.0,
         "How often backends are asked for machines with our tag and no live row (the leak sweep).",

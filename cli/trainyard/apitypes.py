@@ -97,12 +97,13 @@ Region: TypeAlias = str
 Subnet: TypeAlias = str
 
 
-BackendEnum: TypeAlias = Literal["local", "fake", "self-hosted", "aws"]
+BackendEnum: TypeAlias = Literal["local", "fake", "self-hosted", "aws", "kubernetes"]
 """
 * `local` - Local
 * `fake` - Fake
 * `self-hosted` - Self Hosted
 * `aws` - Aws
+* `kubernetes` - Kubernetes
 """
 
 

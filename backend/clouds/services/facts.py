@@ -17,7 +17,7 @@ from backend.clouds.services.accounts import account_mark_broken, compute_of
 logger = logging.getLogger(__name__)
 
 # Backends whose accounts keep facts; the others answer None anyway.
-WITH_FACTS = (BackendKind.AWS,)
+WITH_FACTS = (BackendKind.AWS, BackendKind.KUBERNETES)
 
 
 def accounts_refresh_facts(*, account_id: str | None = None) -> int:
@@ -56,7 +56,7 @@ def _refresh(account: CloudAccount) -> int:
     current = CloudAccount.objects.filter(pk=account.pk).values_list("config", flat=True).first()
     if current is None:
         return 0
-    CloudAccount.objects.filter(pk=account.pk).update(
-        config={**current, "facts": dict(facts)}, updated_at=timezone.now()
-    )
+    # Stamped here when the backend does not (its age decides the next refresh).
+    stored = {**facts, "refreshed_at": facts.get("refreshed_at") or timezone.now().timestamp()}
+    CloudAccount.objects.filter(pk=account.pk).update(config={**current, "facts": stored}, updated_at=timezone.now())
     return 1

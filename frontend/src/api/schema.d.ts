@@ -1816,9 +1816,10 @@ export interface components {
          *     * `fake` - Fake
          *     * `self-hosted` - Self Hosted
          *     * `aws` - Aws
+         *     * `kubernetes` - Kubernetes
          * @enum {string}
          */
-        BackendEnum: "local" | "fake" | "self-hosted" | "aws";
+        BackendEnum: "local" | "fake" | "self-hosted" | "aws" | "kubernetes";
         /** @description An account as shown: its configuration's public part, never credentials. */
         BackendOut: {
             /** Format: uuid */
