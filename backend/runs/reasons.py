@@ -15,6 +15,10 @@ class TerminationReason(models.TextChoices):
     NO_CAPACITY = "no_capacity", "no capacity"
     INTERRUPTED = "interrupted", "the machine was interrupted"
     INSTANCE_LOST = "instance_lost", "the machine was lost"
+    # The machine's image could not be pulled (a Kubernetes backend's
+    # ``image``): it would never start, so the job fails, never retried (the
+    # next attempt would pull the same image); the cloud's message names it.
+    IMAGE_PULL = "image_pull", "the image could not be pulled"
     LEASE_EXPIRED = "lease_expired", "the runner did not accept in time"
     REJECTED = "rejected", "the runner refused the job"
     UNREACHABLE = "unreachable", "the runner was unreachable for too long"

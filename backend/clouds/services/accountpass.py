@@ -9,11 +9,14 @@ account keeps two of its tasks from running at once (a slow one and the
 next pass's), and the later one simply does nothing.
 
 1. Describe (every pass): the account's unreachable machines and launched
-   ones that have not said hello, in one batched call. Gone → lost (or
-   interrupted). Still there → an unreachable one keeps its job for the
-   grace (counted only while the server could hear), then it is fenced.
+   ones that have not said hello, in one batched call (``Compute.view``:
+   the states with the cloud's reasons). Gone → lost (or interrupted), with
+   the cloud's words. A launched one the cloud says cannot be scheduled or
+   cannot pull its image is given up, or says why it waits (``troubles``).
+   Still there → an unreachable one keeps its job for the grace (counted
+   only while the server could hear), then it is fenced.
 2. The cloud's view (``view``, every ``CLOUD_VIEW_SECONDS``): one batched
-   describe of its live machines, recorded for people to see. A machine the
+   view of its live machines, recorded for people to see. A machine the
    cloud says is gone while its runner still speaks for it is fenced like a
    gone silent one (step 1): its socket closed, its token refused, its
    attempts ended. A runner heard from a machine that is gone holds a stolen
@@ -32,7 +35,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
-from backend.clouds.backends.base import GONE, LAUNCHED_AT, CloudState, Compute, Handle
+from backend.clouds.backends.base import GONE, LAUNCHED_AT, Compute, Handle, MachineView
 from backend.clouds.backends.errors import ACCOUNT_BROKEN
 from backend.clouds.models import (
     LIVE_STATUSES,
@@ -45,6 +48,7 @@ from backend.clouds.models import (
 )
 from backend.clouds.services.accounts import account_mark_broken, compute_of
 from backend.clouds.services.instances import handle_of, instance_mark_lost
+from backend.clouds.services.troubles import machine_gone, machine_troubled
 from backend.core.clock import db_now
 from backend.core.redis import redis_client
 
@@ -114,10 +118,19 @@ def _describe_doubtful(account: CloudAccount) -> int:
     instances = list(doubtful_instances().filter(account=account).select_related("account"))
     if not instances:
         return 0
-    states = _describe(account, instances)
+    compute = compute_or_none(account)
+    views = _view(account, compute, instances) if compute is not None else {}
     now = db_now()  # after the call: the grace is counted to when its answer came
     hearing_since = hearing_now(now)
-    return sum(_judge(i, states.get(i.idempotency_key), now, hearing_since) for i in instances)
+    changed = 0
+    for instance in instances:
+        view = views.get(instance.idempotency_key)
+        seen = view is not None and view.state not in GONE
+        if compute is not None and view is not None and seen and machine_troubled(instance, view, compute, now):
+            changed += 1
+            continue
+        changed += _judge(instance, view, now, hearing_since)
+    return changed
 
 
 def _cloud_view(account: CloudAccount) -> int:
@@ -127,12 +140,17 @@ def _cloud_view(account: CloudAccount) -> int:
     instances = list(viewed_instances(db_now()).filter(account=account).select_related("account")[:500])
     if not instances:
         return 0
-    states = _describe(account, instances)
+    compute = compute_or_none(account)
+    if compute is None:
+        return 0
+    views = _view(account, compute, instances)
     now = db_now()
     return sum(
-        _judge(i, state, now, None)
+        _judge(i, view, now, None)
         for i in instances
-        if i.status in (InstanceStatus.IDLE, InstanceStatus.BUSY) and (state := states.get(i.idempotency_key)) in GONE
+        if i.status in (InstanceStatus.IDLE, InstanceStatus.BUSY)
+        and (view := views.get(i.idempotency_key)) is not None
+        and view.state in GONE
     )
 
 
@@ -171,14 +189,11 @@ def _leak_sweep(account: CloudAccount) -> None:
             logger.warning("leak sweep: terminating %s failed; next sweep tries again", handle.key, exc_info=True)
 
 
-def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, CloudState]:
-    compute = compute_or_none(account)
-    if compute is None:
-        return {}
+def _view(account: CloudAccount, compute: Compute, instances: list[Instance]) -> dict[str, MachineView]:
     try:
-        states = dict(compute.describe([handle_of(i) for i in instances]))
-        _record_cloud_view(instances, states)
-        return states
+        views = dict(compute.view([handle_of(i) for i in instances]))
+        _record_cloud_view(instances, views)
+        return views
     except ACCOUNT_BROKEN as error:  # e.g. a revoked key: not used for launches until fixed
         account_mark_broken(account_id=str(account.pk), message=str(error))
         return {}
@@ -187,19 +202,16 @@ def _describe(account: CloudAccount, instances: list[Instance]) -> dict[str, Clo
         return {}
 
 
-def _record_cloud_view(instances: list[Instance], states: Mapping[str, CloudState]) -> None:
+def _record_cloud_view(instances: list[Instance], views: Mapping[str, MachineView]) -> None:
     for instance in instances:
-        state = states.get(instance.idempotency_key)
-        if state is not None:  # not a status change: the cloud's words, kept beside ours
-            Instance.objects.filter(pk=instance.pk).update(cloud_state=state.value, cloud_checked_at=Now())
+        view = views.get(instance.idempotency_key)
+        if view is not None:  # not a status change: the cloud's words, kept beside ours
+            Instance.objects.filter(pk=instance.pk).update(cloud_state=view.state.value, cloud_checked_at=Now())
 
 
-def _judge(instance: Instance, state: CloudState | None, now: datetime, hearing_since: datetime | None) -> int:
-    if state in GONE:
-        reason = InstanceReason.INTERRUPTED if state == CloudState.INTERRUPTED else InstanceReason.MACHINE_GONE
-        words = "was interrupted by the cloud" if state == CloudState.INTERRUPTED else "is gone"
-        message = f"machine {instance.name} {words} (the backend says {state})"
-        return instance_mark_lost(instance_id=str(instance.pk), reason=reason, message=message)
+def _judge(instance: Instance, view: MachineView | None, now: datetime, hearing_since: datetime | None) -> int:
+    if view is not None and view.state in GONE:
+        return machine_gone(instance, view)
     if instance.status != InstanceStatus.UNREACHABLE or instance.unreachable_since is None or hearing_since is None:
         return 0
     grace = unreachable_grace(instance)

@@ -72,6 +72,8 @@ GIB = 2**30
 TERMINATE_RECHECK_SECONDS = 30.0
 # An interrupted machine's own terminate waits for the cloud's deadline, but never longer than this.
 MAX_RECLAIM_WAIT = timedelta(minutes=5)
+# A launched machine's reason until its runner says hello (or its cloud says why not).
+STARTING = "starting: waiting for its runner to connect"
 CONNECTABLE = (InstanceStatus.PROVISIONING, InstanceStatus.IDLE, InstanceStatus.BUSY, InstanceStatus.UNREACHABLE)
 
 
@@ -227,7 +229,7 @@ def instance_launched(*, instance_id: str, handle: Handle) -> bool:
     changed = Instance.objects.filter(pk=instance_id, status=InstanceStatus.PROVISIONING, launched_at=None).update(
         backend_id=handle.backend_id[:200],
         launched_at=Now(),
-        status_reason="starting: waiting for its runner to connect",
+        status_reason=STARTING,
     )
     if changed:
         instance = Instance.objects.get(pk=instance_id)
@@ -624,6 +626,19 @@ def instance_terminated(*, instance_id: str, message: str = "the backend confirm
     if not changed:
         Instance.objects.filter(pk=instance_id, status=InstanceStatus.LOST).update(backend_data=_confirmed(instance_id))
     return changed
+
+
+def instance_end_words(instance: Instance) -> str:
+    """What ended ``instance``, in the words of the change that gave it its
+    termination reason (its ``status_reason`` is its latest change's, such
+    as the backend's confirmation)."""
+    said = (
+        InstanceEvent.objects.filter(instance_id=instance.pk, reason=instance.termination_reason)
+        .order_by("-created_at")
+        .values_list("message", flat=True)
+        .first()
+    )
+    return said or instance.status_reason
 
 
 def handle_of(instance: Instance) -> Handle:

@@ -58,6 +58,7 @@ from backend.clouds.services.instances import (
     instance_request_termination,
 )
 from backend.clouds.services.provisioning import launch_offer
+from backend.clouds.services.troubles import schedule_timeout
 from backend.core.clock import db_now
 from backend.core.enqueue import enqueue
 
@@ -269,7 +270,11 @@ def _timeout(instance: Instance) -> float:
     compute = compute_or_none(instance.account) if instance.account else None
     if compute is None:
         return float(settings.TRAINYARD["PROVISION_TIMEOUT_SECONDS"])
-    return compute.provision_timeout_for(launch_offer(instance))
+    timeout = compute.provision_timeout_for(launch_offer(instance))
+    waits = schedule_timeout(compute)
+    # A machine waiting for a node is the schedule timeout's to give up
+    # (``troubles``): one placed just before it ran out still gets its boot.
+    return max(timeout, waits + compute.timings.provision_timeout) if waits else timeout
 
 
 def _why(deaf: bool, gap: float | None) -> str:

@@ -358,6 +358,15 @@ def attempt_end(
 def job_fail_no_capacity(*, job: Job, offers_tried: list[dict[str, Any]], message: str) -> bool:
     """Every offer that fits failed to launch: an attempt records the offers
     tried and ends ``no_capacity``; ``retry`` decides whether the job waits."""
+    return job_fail_unstarted(job=job, reason=TerminationReason.NO_CAPACITY, offers_tried=offers_tried, message=message)
+
+
+def job_fail_unstarted(
+    *, job: Job, reason: TerminationReason, offers_tried: list[dict[str, Any]], message: str
+) -> bool:
+    """A pending job's machines never started it (no capacity; an image that
+    cannot be pulled): an attempt that never ran records the offers tried and
+    ends with ``reason``; ``retry`` decides whether the job waits."""
     number = job.attempt + 1
     now = timezone.now()
     attempt = Attempt.objects.create(
@@ -365,20 +374,20 @@ def job_fail_no_capacity(*, job: Job, offers_tried: list[dict[str, Any]], messag
         job=job,
         number=number,
         status=AttemptStatus.ENDED,
-        termination_reason=TerminationReason.NO_CAPACITY,
+        termination_reason=reason,
         termination_message=message[:REASON_MAX],
         first_seq=job.last_seq + 1,
         last_seq=job.last_seq,
         finished_at=now,
         offers_tried=offers_tried,
     )
-    decision = _decide(job, TerminationReason.NO_CAPACITY, counted=number)
+    decision = _decide(job, reason, counted=number)
     if decision.retry:
         changed = _cas_job(job.pk, [JobStatus.PENDING], attempt=number, status_reason=f"{message}; {decision.why}")
     else:
-        reason = f"{message}; {decision.why}" if decision.why else message
+        said = f"{message}; {decision.why}" if decision.why else message
         changed = _cas_job(
-            job.pk, [JobStatus.PENDING], attempt=number, status=JobStatus.FAILED, status_reason=reason, finished_at=now
+            job.pk, [JobStatus.PENDING], attempt=number, status=JobStatus.FAILED, status_reason=said, finished_at=now
         )
     if not changed:
         attempt.delete()

@@ -19,12 +19,11 @@ from django.utils import timezone
 from backend.clouds.models import BackendKind, Instance, InstanceReason, InstanceStatus
 from backend.clouds.services.accounts import accounts_broken
 from backend.clouds.services.blocks import offer_blocks_active
-from backend.clouds.services.instances import instance_request, instance_request_termination
+from backend.clouds.services.instances import instance_end_words, instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, OfferChoice, offers_rank, pool_room
+from backend.clouds.services.troubles import WAITING_FOR_NODE
 from backend.runs.lifecycle.placement import Placement, requirements_of, waiting_since
-from backend.runs.lifecycle.transitions import (
-    job_fail_no_capacity,
-)
+from backend.runs.lifecycle.transitions import job_fail_no_capacity, job_fail_unstarted
 from backend.runs.models import Attempt, Job
 from backend.runs.reasons import TerminationReason
 from backend.runs.scheduler.claim import just_up
@@ -54,8 +53,10 @@ def capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = Fals
     """(why the job waits, the instance requested for it, if any).
 
     0. ``holding`` (``_wind_down_hold``) and a machine started for it is up:
-       it waits for the job, nothing more is launched.
-    1. A machine started for it is still coming up: wait for it.
+       it waits for the job, nothing more is launched. A machine started for
+       it whose image cannot be pulled: the job fails (``image_pull``).
+    1. A machine started for it is still coming up: wait for it (saying so
+       when its cloud has no node for it yet).
     2. After every offer failed, wait out the back-off.
     3. Rank the offers of its backends; none fits: say the shortfall.
     4. ``placement.choose``: drop the offers tried for this attempt, the
@@ -73,9 +74,17 @@ def capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = Fals
         # Its runner said hello after this pass looked for an idle machine:
         # the pass its hello queued assigns it (a third machine was launched here).
         return f"{ready.name} is ready for it", None
+    unpulled = next((i for i in requested if i.termination_reason == InstanceReason.IMAGE_PULL), None)
+    if unpulled is not None:
+        message = instance_end_words(unpulled)
+        record = _offers_tried(requested)
+        job_fail_unstarted(job=job, reason=TerminationReason.IMAGE_PULL, offers_tried=record, message=message)
+        return "", None
     starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
         why = f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})"
+        if starting.status_reason.startswith(WAITING_FOR_NODE):
+            why += f", {starting.status_reason}"
         note = back_in_zone(job, account_id=str(starting.account_id), region=starting.region, zone=starting.zone)
         return (f"{why}; {note}" if note else why), None
     backoff = _no_capacity_backoff(job, last)

@@ -86,12 +86,17 @@ def _end_attempts_on_ended_instances() -> int:
 
 def attempt_end_with_instance(*, attempt: Attempt, instance: Instance) -> bool:
     """End ``attempt`` with what happened to its (lost or terminated) machine."""
-    interrupted = instance.termination_reason == InstanceReason.INTERRUPTED
-    reason = TerminationReason.INTERRUPTED if interrupted else TerminationReason.INSTANCE_LOST
-    if instance.termination_reason == InstanceReason.UNREACHABLE_GRACE:
-        reason = TerminationReason.UNREACHABLE
+    reason = _ENDED_BY.get(instance.termination_reason, TerminationReason.INSTANCE_LOST)
     message = instance.status_reason or f"machine {instance.name} {instance.status}"
     return attempt_end(attempt_id=str(attempt.pk), reason=reason, message=message)
+
+
+# The attempt's reason for its machine's; any other end is a lost machine.
+_ENDED_BY: dict[str, TerminationReason] = {
+    InstanceReason.INTERRUPTED: TerminationReason.INTERRUPTED,
+    InstanceReason.UNREACHABLE_GRACE: TerminationReason.UNREACHABLE,
+    InstanceReason.IMAGE_PULL: TerminationReason.IMAGE_PULL,
+}
 
 
 def _stop_past_max_duration(now: datetime | None = None) -> int:

@@ -76,6 +76,7 @@ export type TerminationReason =
   | "no_capacity"
   | "interrupted"
   | "instance_lost"
+  | "image_pull"
   | "lease_expired"
   | "rejected"
   | "unreachable"
