@@ -20,8 +20,13 @@ from tests.support.fixtures import *  # noqa: F403  (tenant fixtures for the sch
 @pytest.fixture(params=sorted(SUBJECTS))
 def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
     made = SUBJECTS[request.param](name=request.param, root=tmp_path)
+    if reason := made.skip_reason():
+        pytest.skip(reason)
     if made.needs_moto:
         made.moto = request.getfixturevalue("aws")
+    if made.needs_kube:
+        made.kube = request.getfixturevalue("kube_api")
+    made.start()
     yield made
     left = made.leftovers()
     assert left == [], f"the test left these running: {left}"

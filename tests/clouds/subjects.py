@@ -5,22 +5,31 @@ the backend tests share.
 Adding a backend to the suite means: one more ``Subject`` subclass and one
 more entry in ``SUBJECTS``. ``aws`` runs on moto's server over HTTP (the
 ``aws`` fixture, which the ``subject`` fixture requests for subjects with
-``needs_moto``).
+``needs_moto``); ``kubernetes`` on kmock's emulator over HTTP (the
+``kube_api`` fixture, for subjects with ``needs_kube``), and on a real
+cluster when ``KUBECONFIG`` names one (``kubernetes-cluster``; skipped
+otherwise).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import datetime
+import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from backend.clouds.backends.base import AccountConfig, CloudState, Compute, Handle, LaunchSpec
+import yaml
+
+from backend.clouds.backends.base import GONE, AccountConfig, CloudState, Compute, Handle, LaunchSpec
 from backend.clouds.backends.errors import NotYetTerminated
 from backend.clouds.backends.fake.script import write_script
 from backend.clouds.backends.fake.state import read_calls
@@ -145,6 +154,15 @@ class Subject:
     has_processes: ClassVar[bool] = False  # launch starts real runner processes on this host
     needs_moto: ClassVar[bool] = False  # the subject fixture hands it the ``aws`` fixture's server
     moto: Any = None
+    needs_kube: ClassVar[bool] = False  # the subject fixture hands it the ``kube_api`` fixture's server
+    kube: Any = None
+
+    def skip_reason(self) -> str:
+        """Why this subject cannot run here ("" when it can)."""
+        return ""
+
+    def start(self) -> None:
+        """Called by the fixture once the subject has what it needs."""
 
     def credentials(self) -> dict[str, str]:
         return {}
@@ -363,11 +381,202 @@ class AwsSubject(Subject):
         return boto3.client("ec2", region_name=self.region, endpoint_url=self.moto.url)
 
 
+KUBE_NAMESPACE = "trainyard"
+SLOW_STOP_FINALIZER = "trainyard.test/slow-stop"
+
+
+class KubernetesSubject(Subject):
+    """Pods on kmock's emulator (tests/support/kubeapi.py) over HTTP. The
+    contract needs pods to run and to take a while to go, not processes, so
+    a small node loop plays the cluster's side: a Pending pod becomes
+    Running; a pod made slow to stop (``settle`` gives it a finalizer, as a
+    kubelet holds a pod for its grace period) is released a second after its
+    deletion. The kubelet helper (tests/support/kubelet.py) runs real
+    containers for the tests that need them. Pods are counted with the
+    test's own HTTP calls, not through the backend."""
+
+    kind = "kubernetes"
+    needs_kube = True
+    stop_after = 1.0
+
+    def credentials(self) -> dict[str, str]:
+        return {"kubeconfig": self.kube.kubeconfig()}
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "namespace": KUBE_NAMESPACE,
+            "allowed_networks": ["127.0.0.0/8"],
+            "termination_grace_seconds": 5,
+            "facts": node_facts([{"name": "k8s-node", "cpus": 8, "memory_bytes": 32 * GIB, "disk_bytes": 100 * GIB}]),
+        }
+
+    def catalog_config(self, shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return {"facts": node_facts(shapes), "prices": {s["name"]: 0.01 * s["cpus"] for s in shapes}}
+
+    def slow_to_stop_config(self) -> dict[str, Any]:
+        return {}
+
+    def settle(self, handle: Handle) -> None:
+        path = f"/api/v1/namespaces/{KUBE_NAMESPACE}/pods/{handle.backend_id}"
+        self.kube.patch(path, {"metadata": {"finalizers": [SLOW_STOP_FINALIZER]}})
+
+    def machines_for(self, key: str) -> int:
+        return sum(1 for pod in self.kube.pods(KUBE_NAMESPACE) if _pod_key(pod) == key)
+
+    def start(self) -> None:
+        self._stop = threading.Event()
+        self._node = threading.Thread(target=self._play_node, name="kube-node", daemon=True)
+        self._node.start()
+
+    def leftovers(self) -> list[str]:
+        left = super().leftovers()
+        self._stop.set()
+        self._node.join(5)
+        return left
+
+    def _play_node(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                for pod in self.kube.pods(KUBE_NAMESPACE):
+                    self._step(pod)
+            except AssertionError:
+                continue  # a pod went between the list and the patch
+
+    def _step(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{KUBE_NAMESPACE}/pods/{meta['name']}"
+        deleting = meta.get("deletionTimestamp")
+        if deleting and SLOW_STOP_FINALIZER in (meta.get("finalizers") or []):
+            since = datetime.datetime.fromisoformat(deleting.replace("Z", "+00:00")).timestamp()
+            if time.time() - since >= self.stop_after:
+                self.kube.patch(path, {"metadata": {"finalizers": []}})
+        elif not deleting and pod.get("status", {}).get("phase") == "Pending":
+            running = {"name": "runner", "ready": True, "state": {"running": {"startedAt": _rfc3339_now()}}}
+            self.kube.patch(
+                path,
+                {
+                    "spec": {"nodeName": "k8s-node"},
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [{"type": "PodScheduled", "status": "True"}],
+                        "containerStatuses": [running],
+                    },
+                },
+            )
+
+
+class KubernetesClusterSubject(KubernetesSubject):
+    """A real cluster, when ``KUBECONFIG`` names one (its current context;
+    namespace ``TRAINYARD_TEST_KUBE_NAMESPACE``, default ``trainyard-test``,
+    which must exist): real nodes, real kubelets, real grace periods. The
+    pods run a shell loop that exits on SIGTERM; the catalog tests use the
+    shapes as facts (their pods are never launched)."""
+
+    needs_kube = False
+    stop_after = 0.0
+
+    @property
+    def namespace(self) -> str:
+        return os.environ.get("TRAINYARD_TEST_KUBE_NAMESPACE", "trainyard-test")
+
+    def skip_reason(self) -> str:
+        if not os.environ.get("KUBECONFIG"):
+            return "KUBECONFIG is not set: the contract suite runs on a real cluster only when it names one"
+        return ""
+
+    def credentials(self) -> dict[str, str]:
+        return {"kubeconfig": Path(os.environ["KUBECONFIG"]).read_text()}
+
+    def config(self) -> dict[str, Any]:
+        base = {
+            "namespace": self.namespace,
+            "allowed_networks": ["0.0.0.0/0", "::/0"],
+            "termination_grace_seconds": 3,
+            "image": os.environ.get("TRAINYARD_TEST_KUBE_IMAGE", "busybox:1.37"),
+        }
+        if not hasattr(self, "_facts"):
+            self._facts = compute_for(self._account(base)).refresh_facts()
+        return {**base, "facts": self._facts}
+
+    def _account(self, config: dict[str, Any]) -> AccountConfig:
+        return AccountConfig("acct-1", "ws-1", self.kind, INSTALLATION, config, self.credentials())
+
+    def spec(self, *, key: str | None = None) -> LaunchSpec:
+        spec = super().spec(key=key)
+        return dataclasses.replace(spec, user_data="trap 'exit 0' TERM; while :; do sleep 1; done")
+
+    def settle(self, handle: Handle) -> None:
+        compute = self.built[-1]
+        wait_for(lambda: states(compute, handle) == [CloudState.RUNNING], timeout=300, what="the pod running")
+
+    def machines_for(self, key: str) -> int:
+        compute = compute_for(self._account(self.config()))
+        return sum(1 for state in compute.describe([Handle(key=key)]).values() if state not in GONE)
+
+    def start(self) -> None:
+        return None
+
+    def leftovers(self) -> list[str]:
+        return Subject.leftovers(self)
+
+
+def kubeconfig_text(server: str, token: str, *, user: Mapping[str, Any] | None = None, **cluster: Any) -> str:
+    """A kubeconfig with one context: ``server`` (plus ``cluster`` keys) and
+    a user with ``token`` (or exactly ``user``)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, **cluster}}],
+        "users": [{"name": "test", "user": dict(user) if user is not None else {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "current-context": "test",
+    }
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
+def node_facts(shapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``facts`` a refresh would store for Ready nodes of these shapes
+    (``name`` is the instance type; ``spot``, ``gpus`` optional)."""
+    nodes = []
+    for shape in shapes:
+        gpus = shape.get("gpus") or []
+        nodes.append(
+            {
+                "name": f"node-{shape['name']}",
+                "instance_type": shape["name"],
+                "type_label": "node.kubernetes.io/instance-type",
+                "spot": bool(shape.get("spot", False)),
+                "capacity_label": "",
+                "cpus": shape["cpus"],
+                "memory_bytes": shape["memory_bytes"],
+                "disk_bytes": shape.get("disk_bytes", 0),
+                "gpus": len(gpus),
+                "gpu_name": gpus[0]["name"] if gpus else "",
+                "gpu_memory_bytes": gpus[0]["memory_bytes"] if gpus else 0,
+                "ready": True,
+                "unschedulable": False,
+                "taints": [],
+            }
+        )
+    return {"nodes": nodes, "gpu_resources": ["nvidia.com/gpu"], "checked_at": _rfc3339_now()}
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    tags = json.loads(pod.get("metadata", {}).get("annotations", {}).get("trainyard.dev/tags", "{}"))
+    return str(tags.get("trainyard:key", ""))
+
+
+def _rfc3339_now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 SUBJECTS: dict[str, type[Subject]] = {
     "local": LocalSubject,
     "fake": FakeSubject,
     "fake-runner": FakeWithRunnerSubject,
     "aws": AwsSubject,
+    "kubernetes": KubernetesSubject,
+    "kubernetes-cluster": KubernetesClusterSubject,
 }
 
 

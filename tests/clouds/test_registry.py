@@ -13,8 +13,10 @@ from backend.clouds.backends.aws.compute import AwsCompute
 from backend.clouds.backends.base import AccountConfig
 from backend.clouds.backends.errors import InvalidConfig
 from backend.clouds.backends.fake.compute import FakeCompute
+from backend.clouds.backends.kubernetes.compute import KubernetesCompute
 from backend.clouds.backends.local.compute import LocalCompute
 from backend.clouds.backends.registry import KINDS, compute_class, compute_for
+from tests.clouds.subjects import kubeconfig_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,10 +37,13 @@ def test_each_kind_builds_its_backend_for_the_account(tmp_path: Path) -> None:
     fake = compute_for(_account("fake", state_dir=str(tmp_path / "fake")))
     keys = {"access_key_id": "AKIAEXAMPLE", "secret_access_key": "secret"}
     aws = compute_for(_account("aws", keys, regions=["us-east-1"]))  # builds without calling AWS
+    kubeconfig = {"kubeconfig": kubeconfig_text("https://k8s.example.com", "token")}
+    kube = compute_for(_account("kubernetes", kubeconfig, namespace="ml"))  # builds without calling the cluster
 
     assert (type(local), type(fake), type(aws)) == (LocalCompute, FakeCompute, AwsCompute)
+    assert type(kube) is KubernetesCompute
     assert local.account.installation == "ty-test"
-    assert sorted(KINDS) == ["aws", "fake", "local", "self-hosted"]
+    assert sorted(KINDS) == ["aws", "fake", "kubernetes", "local", "self-hosted"]
 
 
 def test_the_capabilities_and_timings_are_declared_on_the_class() -> None:
@@ -57,7 +62,7 @@ def test_an_unknown_kind_names_the_known_ones() -> None:
     with pytest.raises(InvalidConfig) as raised:
         compute_for(_account("gcp"))
 
-    assert raised.value.message == "unknown backend kind 'gcp'; known kinds: aws, fake, local, self-hosted"
+    assert raised.value.message == "unknown backend kind 'gcp'; known kinds: aws, fake, kubernetes, local, self-hosted"
     assert raised.value.code == "UnknownBackendKind"
 
 
@@ -67,7 +72,7 @@ def test_extra_kinds_are_added_by_import_string(tmp_path: Path) -> None:
     built = compute_for(_account("fake2", state_dir=str(tmp_path)), extra)
 
     assert (type(built).__name__, built.kind) == ("Fake2", "fake2")  # the module may be imported twice
-    with pytest.raises(InvalidConfig, match="known kinds: aws, fake, fake2, local, self-hosted"):
+    with pytest.raises(InvalidConfig, match="known kinds: aws, fake, fake2, kubernetes, local, self-hosted"):
         compute_class("nope", extra)
 
 
@@ -84,7 +89,8 @@ def test_the_backends_import_no_django_no_runs_and_only_the_runners_protocol() -
     script = (
         "import json, sys\n"
         "import backend.clouds.backends.registry, backend.clouds.backends.local.compute,"
-        " backend.clouds.backends.fake.compute, backend.clouds.backends.aws.compute\n"
+        " backend.clouds.backends.fake.compute, backend.clouds.backends.aws.compute,"
+        " backend.clouds.backends.kubernetes.compute, backend.clouds.backends.kubernetes.checks\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'trainyard_runner')"
         " or m.startswith('backend.runs'))))\n"
     )

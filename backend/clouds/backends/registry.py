@@ -17,6 +17,7 @@ KINDS: Mapping[str, str] = {
     "fake": "backend.clouds.backends.fake.compute:FakeCompute",
     "aws": "backend.clouds.backends.aws.compute:AwsCompute",
     "self-hosted": "backend.clouds.backends.selfhosted.compute:SelfHostedCompute",
+    "kubernetes": "backend.clouds.backends.kubernetes.compute:KubernetesCompute",
 }
 
 
