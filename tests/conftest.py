@@ -23,6 +23,7 @@ from tests.support import iid
 from tests.support.ec2boot import ec2_boot  # noqa: F401 - plays EC2's boot of moto's instances
 from tests.support.github import GithubServer
 from tests.support.kubeapi import kube_api  # noqa: F401 - a Kubernetes API server (kmock) over HTTP
+from tests.support.kubelet import kubelet  # noqa: F401 - plays the nodes of kube_api's cluster
 from tests.support.moto import MotoServer, aws, moto_server  # noqa: F401 - fixtures for the AWS tests
 from tests.support.stack import REPORTED, Stack, reported
 from tests.support.web import WebServers
