@@ -70,7 +70,7 @@ DEV_ENVIRONMENT_PROVIDERS = ("code", "lab", "notebook")
 # behaviour now; the mechanism stays for the next new key.
 NOT_SUPPORTED_YET: tuple[str, ...] = ()
 # The backend kinds a workflow may name in ``backends:`` (docs/BACKENDS.md).
-BACKEND_KINDS = ("aws", "local", "fake", "self-hosted")
+BACKEND_KINDS = ("aws", "kubernetes", "local", "fake", "self-hosted")
 # The runner's protocol (trainyard_runner.protocol), which this package may not
 # import: a training metric's name, the system metrics' names it may not take,
 # and the bounds of ``AssignJob.metrics`` (tests/spec/test_metrics_keys.py

@@ -117,7 +117,10 @@ def test_run_refuses_an_unknown_backend_option(tiny_train: Path, monkeypatch: py
     use(monkeypatch, "http://fake", rest)
     code, _, err = invoke("run", "hello", "--backend", "asw")
     assert code == 2
-    assert "Invalid value for --backend: unknown backend 'asw'; known backends: aws, local, fake, self-hosted" in err
+    assert (
+        "Invalid value for --backend: unknown backend 'asw'; known backends: aws, kubernetes, local, fake, self-hosted"
+        in err
+    )
     assert rest.requests == []
 
 

@@ -59,7 +59,10 @@ def test_an_unknown_backend_is_refused_alike_before_anything_is_sent(
     use(monkeypatch, "http://fake", rest)
     code, _, err = invoke(*command, "--backend", "aws,asw")
     assert code == 2
-    assert "Invalid value for --backend: unknown backend 'asw'; known backends: aws, local, fake, self-hosted" in err
+    assert (
+        "Invalid value for --backend: unknown backend 'asw'; known backends: aws, kubernetes, local, fake, self-hosted"
+        in err
+    )
     assert rest.requests == []
 
 

@@ -450,7 +450,7 @@ def test_dstack_path_is_the_fallback(tmp_path: Path):
 PLACEMENT_ERRORS = [
     (
         "backends: [asw]",
-        "backends[0]: unknown backend 'asw'; did you mean 'aws'? known backends: aws, local, fake, self-hosted",
+        "backends[0]: unknown backend 'asw'; did you mean 'aws'? known backends: aws, kubernetes, local, fake, self-hosted",
     ),
     ("backends: []", "backends: an empty list allows nothing: name at least one, or leave the key out"),
     ("backends: aws", "backends: expected a list, got 'aws'"),
