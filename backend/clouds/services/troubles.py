@@ -42,7 +42,7 @@ CLOUD_WORDS_MAX = 300
 
 _GONE_WORDS: dict[Trouble | None, str] = {
     Trouble.EVICTED: "was evicted",
-    Trouble.DELETED: "was deleted outside Trainyard",
+    Trouble.DELETED: "was deleted",
     Trouble.NODE_LOST: "lost its node",
     Trouble.PREEMPTED: "was preempted",
 }
