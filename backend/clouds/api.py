@@ -1,7 +1,8 @@
 """Instances, backends (connected cloud accounts) and offers of a workspace.
 
-Serializers never include credentials: an account's keys go in through
-``BackendCreateIn`` and never come out (``BackendOut`` lists what it shows).
+Serializers never include credentials: an account's keys (or kubeconfig)
+go in through ``BackendCreateIn`` and never come out (``BackendOut`` lists
+what it shows).
 """
 
 from __future__ import annotations
@@ -20,8 +21,15 @@ from backend.accounts.auth import signed_in_user
 from backend.accounts.models import AuditKind, Role
 from backend.accounts.tenancy import WorkspaceAPIView
 from backend.billing.rules import billed_machine, machine_cost, machine_seconds
-from backend.clouds.models import LIVE_STATUSES, CloudAccount, Instance, InstanceStatus
-from backend.clouds.services.connections import aws_connect, aws_setup, aws_validate, backend_remove
+from backend.clouds.models import LIVE_STATUSES, BackendKind, CloudAccount, Instance, InstanceStatus
+from backend.clouds.services.connections import (
+    MAX_KUBECONFIG_BYTES,
+    aws_connect,
+    aws_setup,
+    backend_remove,
+    backend_validate,
+    kubernetes_connect,
+)
 from backend.clouds.services.instances import instance_terminate_named
 from backend.clouds.services.offers import Candidate, catalog_date, offer_requirements, offers_rank
 from backend.core.errors import NotFound
@@ -141,6 +149,69 @@ class InstanceTerminateView(WorkspaceAPIView):
 # ------------------------------------------------------------------ backends
 
 
+class TolerationSerializer(serializers.Serializer[Any]):
+    """A pod toleration, as Kubernetes spells it."""
+
+    key = serializers.CharField(required=False, allow_blank=True, max_length=317)
+    operator = serializers.ChoiceField(choices=["Exists", "Equal"], required=False)
+    value = serializers.CharField(required=False, allow_blank=True, max_length=63)
+    effect = serializers.ChoiceField(
+        choices=["", "NoSchedule", "PreferNoSchedule", "NoExecute"], required=False, allow_blank=True
+    )
+    tolerationSeconds = serializers.IntegerField(required=False, min_value=0, max_value=10**9)
+
+
+def _labels_field(**kwargs: Any) -> serializers.DictField:
+    """Node labels: label name → value (bounded)."""
+    return serializers.DictField(child=serializers.CharField(max_length=63, allow_blank=True), **kwargs)
+
+
+def _prices_field(**kwargs: Any) -> serializers.DictField:
+    """Instance type → USD per hour."""
+    return serializers.DictField(child=serializers.FloatField(min_value=0, max_value=10**6), **kwargs)
+
+
+class NodePoolSerializer(serializers.Serializer[Any]):
+    """A node pool an autoscaler grows from zero: offered although no node of it exists yet."""
+
+    name = serializers.CharField(max_length=63)
+    instance_type = serializers.CharField(max_length=100)
+    cpus = serializers.IntegerField(min_value=1, max_value=10_000)
+    memory_gib = serializers.FloatField(min_value=0.1, max_value=100_000)
+    gpus = serializers.IntegerField(min_value=0, max_value=64, default=0)
+    gpu_name = serializers.CharField(max_length=100, allow_blank=True, default="")
+    gpu_memory_gib = serializers.FloatField(min_value=0, max_value=10_000, default=0)
+    spot = serializers.BooleanField(default=False)
+    price = serializers.FloatField(min_value=0, max_value=10**6, required=False, allow_null=True)
+    node_selector = _labels_field(required=False)
+    tolerations = TolerationSerializer(many=True, required=False)
+
+
+class KubernetesOut(serializers.Serializer[Any]):
+    """A Kubernetes backend's public configuration (never its kubeconfig)."""
+
+    namespace = serializers.CharField()
+    # Named as Serializer.context: DRF moves declared fields off the class; mypy cannot know.
+    context = serializers.CharField(  # type: ignore[assignment]
+        help_text='the kubeconfig\'s context used ("": its current-context)'
+    )
+    cluster = serializers.CharField(help_text="the offers' region (\"\": the context's cluster name)")
+    in_cluster = serializers.BooleanField(help_text="the server's own service account, not a kubeconfig")
+    image = serializers.CharField(help_text='"": the backend\'s default (python:3.12-slim)')
+    image_pull_secrets = serializers.ListField(child=serializers.CharField())
+    node_selector = serializers.DictField(child=serializers.CharField())
+    tolerations = TolerationSerializer(many=True)
+    prices = serializers.DictField(child=serializers.FloatField())
+    spot_prices = serializers.DictField(child=serializers.FloatField(), allow_null=True)
+    default_price = serializers.FloatField(allow_null=True)
+    node_pools = NodePoolSerializer(many=True)
+    schedule_timeout_seconds = serializers.FloatField(allow_null=True)
+    termination_grace_seconds = serializers.IntegerField(allow_null=True)
+    gpu_resource = serializers.CharField()
+    nodes = serializers.IntegerField(help_text="nodes the last facts refresh listed")
+    facts_refreshed_at = serializers.DateTimeField(allow_null=True)
+
+
 class BackendOut(serializers.ModelSerializer[CloudAccount]):
     """An account as shown: its configuration's public part, never credentials."""
 
@@ -150,6 +221,7 @@ class BackendOut(serializers.ModelSerializer[CloudAccount]):
     role_arn = serializers.SerializerMethodField()
     external_id = serializers.SerializerMethodField()
     aws_account_id = serializers.SerializerMethodField()
+    kubernetes = serializers.SerializerMethodField()
     live_instances = serializers.SerializerMethodField()
 
     class Meta:
@@ -168,17 +240,23 @@ class BackendOut(serializers.ModelSerializer[CloudAccount]):
             "role_arn",
             "external_id",
             "aws_account_id",
+            "kubernetes",
             "live_instances",
         ]
         read_only_fields = fields
 
     def get_auth(self, account: CloudAccount) -> str:
-        """ "role", "keys", or "" for backends without credentials."""
+        """ "role", "keys" (AWS), "kubeconfig", "in-cluster" (Kubernetes), or "" for backends without credentials."""
+        if account.kind == BackendKind.KUBERNETES:
+            return "in-cluster" if account.config.get("in_cluster") else "kubeconfig"
         if account.config.get("role_arn"):
             return "role"
         return "keys" if account.credentials_ciphertext else ""
 
     def get_regions(self, account: CloudAccount) -> list[str]:
+        """AWS: its regions; Kubernetes: its cluster (the region its offers name)."""
+        if account.kind == BackendKind.KUBERNETES:
+            return [_kube_cluster(account)]
         return [str(r) for r in account.config.get("regions", [])]
 
     def get_bucket(self, account: CloudAccount) -> str:
@@ -193,25 +271,130 @@ class BackendOut(serializers.ModelSerializer[CloudAccount]):
     def get_aws_account_id(self, account: CloudAccount) -> str:
         return str(account.config.get("aws_account_id", ""))
 
+    @extend_schema_field(KubernetesOut(allow_null=True))
+    def get_kubernetes(self, account: CloudAccount) -> dict[str, Any] | None:
+        """A Kubernetes backend's configuration as set (null for other kinds)."""
+        if account.kind != BackendKind.KUBERNETES:
+            return None
+        config = account.config
+        facts = config.get("facts") if isinstance(config.get("facts"), dict) else {}
+        refreshed = facts.get("refreshed_at")
+        return {
+            "namespace": str(config.get("namespace", "")),
+            "context": str(config.get("context", "")),
+            "cluster": _kube_cluster(account),
+            "in_cluster": bool(config.get("in_cluster")),
+            "image": str(config.get("image", "")),
+            "image_pull_secrets": list(config.get("image_pull_secrets") or []),
+            "node_selector": dict(config.get("node_selector") or {}),
+            "tolerations": list(config.get("tolerations") or []),
+            "prices": dict(config.get("prices") or {}),
+            "spot_prices": config.get("spot_prices"),
+            "default_price": config.get("default_price"),
+            "node_pools": list(config.get("node_pools") or []),
+            "schedule_timeout_seconds": config.get("schedule_timeout_seconds"),
+            "termination_grace_seconds": config.get("termination_grace_seconds"),
+            "gpu_resource": str(config.get("gpu_resource", "")),
+            "nodes": len(facts.get("nodes") or []),
+            "facts_refreshed_at": _from_timestamp(refreshed),
+        }
+
     def get_live_instances(self, account: CloudAccount) -> int:
         return int(self.context.get("live", {}).get(account.pk, 0))
 
 
+def _kube_cluster(account: CloudAccount) -> str:
+    """The cluster's name, as its offers give it as their region (recorded at connect)."""
+    return str(account.config.get("cluster") or "")
+
+
+def _from_timestamp(value: object) -> datetime | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, tz=timezone.get_current_timezone())
+    return None
+
+
+AWS_REQUIRED = ("regions", "bucket")
+KUBERNETES_FIELDS = (
+    "kubeconfig",
+    "in_cluster",
+    "namespace",
+    "context",
+    "cluster",
+    "image",
+    "image_pull_secrets",
+    "node_selector",
+    "tolerations",
+    "prices",
+    "spot_prices",
+    "default_price",
+    "node_pools",
+    "schedule_timeout_seconds",
+    "termination_grace_seconds",
+    "gpu_resource",
+)
+AWS_FIELDS = ("role_arn", "access_key_id", "secret_access_key", "regions", "bucket", "subnets", "amis", "gpu_amis")
+
+
 class BackendCreateIn(serializers.Serializer[Any]):
-    kind = serializers.ChoiceField(choices=["aws"])
-    name = serializers.CharField(default="aws", max_length=63)
+    """One backend to connect: ``kind`` says which fields apply (AWS: a role
+    or keys, regions, a bucket; Kubernetes: a kubeconfig or in_cluster, a
+    namespace, and how its pods are placed and priced)."""
+
+    kind = serializers.ChoiceField(choices=["aws", "kubernetes"])
+    name = serializers.CharField(required=False, max_length=63, help_text="default: the kind")
     role_arn = serializers.CharField(required=False, allow_blank=True, max_length=2048)
     access_key_id = serializers.CharField(required=False, allow_blank=True, max_length=128)
     secret_access_key = serializers.CharField(
         required=False, allow_blank=True, max_length=256, write_only=True, trim_whitespace=False
     )
-    regions = serializers.ListField(child=serializers.CharField(max_length=32), max_length=30)
-    bucket = serializers.CharField(max_length=63)
+    regions = serializers.ListField(child=serializers.CharField(max_length=32), max_length=30, required=False)
+    bucket = serializers.CharField(max_length=63, required=False)
     subnets = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField(max_length=40), max_length=20), required=False
     )
     amis = serializers.DictField(child=serializers.CharField(max_length=40), required=False)
     gpu_amis = serializers.DictField(child=serializers.CharField(max_length=40), required=False)
+    kubeconfig = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=MAX_KUBECONFIG_BYTES,
+        write_only=True,
+        trim_whitespace=False,
+        help_text="kubernetes: the kubeconfig's YAML (credentials inline); encrypted at rest, never returned",
+    )
+    in_cluster = serializers.BooleanField(
+        required=False, default=False, help_text="kubernetes: the server's own service account, where allowed"
+    )
+    namespace = serializers.CharField(required=False, max_length=63)
+    context = serializers.CharField(required=False, allow_blank=True, max_length=253)  # type: ignore[assignment]
+    cluster = serializers.CharField(required=False, allow_blank=True, max_length=63)
+    image = serializers.CharField(required=False, allow_blank=True, max_length=500)
+    image_pull_secrets = serializers.ListField(
+        child=serializers.CharField(max_length=253), max_length=20, required=False
+    )
+    node_selector = _labels_field(required=False)
+    tolerations = TolerationSerializer(many=True, required=False)
+    prices = _prices_field(required=False)
+    spot_prices = _prices_field(required=False)
+    default_price = serializers.FloatField(min_value=0, max_value=10**6, required=False)
+    node_pools = NodePoolSerializer(many=True, required=False)
+    schedule_timeout_seconds = serializers.FloatField(min_value=0, max_value=86_400, required=False)
+    termination_grace_seconds = serializers.IntegerField(min_value=0, max_value=3600, required=False)
+    gpu_resource = serializers.CharField(required=False, allow_blank=True, max_length=253)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The fields of the other kind are refused, the kind's required ones named."""
+        kind = attrs["kind"]
+        own, other = (AWS_FIELDS, KUBERNETES_FIELDS) if kind == "aws" else (KUBERNETES_FIELDS, AWS_FIELDS)
+        stray = [f for f in other if f in self.initial_data and f not in own]
+        if stray:
+            raise serializers.ValidationError({stray[0]: [f"not a field of a {kind} backend"]})
+        required = AWS_REQUIRED if kind == "aws" else ("namespace",)
+        missing = [f for f in required if f not in attrs]
+        if missing:
+            raise serializers.ValidationError({f: ["This field is required."] for f in missing})
+        return attrs
 
 
 class AwsSetupOut(serializers.Serializer[Any]):
@@ -246,8 +429,14 @@ class BackendListView(WorkspaceAPIView):
         data = BackendCreateIn(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        values.pop("kind")
-        account = aws_connect(workspace=self.workspace, user=signed_in_user(request), **values)
+        kind = values.pop("kind")
+        values.setdefault("name", kind)
+        user = signed_in_user(request)
+        if kind == BackendKind.KUBERNETES:
+            account = kubernetes_connect(workspace=self.workspace, user=user, **values)
+        else:
+            values.pop("in_cluster", None)
+            account = aws_connect(workspace=self.workspace, user=user, **values)
         self.audit(AuditKind.BACKEND, "backend.added", account.name, {"kind": account.kind})
         return Response(_backends_out([account])[0], status=201)
 
@@ -290,7 +479,7 @@ class BackendValidateView(WorkspaceAPIView):
 
     @extend_schema(request=None, responses=BackendOut)
     def post(self, request: Request, workspace: str, name: str) -> Response:
-        account = aws_validate(account=_account(self.workspace, name))
+        account = backend_validate(account=_account(self.workspace, name))
         return Response(_backends_out([account])[0])
 
 

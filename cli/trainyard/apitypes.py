@@ -91,10 +91,20 @@ class AwsSetupOut(TypedDict):
     permission_policy: Any
 
 
+BackendCreateInKindEnum: TypeAlias = Literal["aws", "kubernetes"]
+"""
+* `aws` - aws
+* `kubernetes` - kubernetes
+"""
+
+
 Region: TypeAlias = str
 
 
 Subnet: TypeAlias = str
+
+
+ImagePullSecret: TypeAlias = str
 
 
 BackendEnum: TypeAlias = Literal["local", "fake", "self-hosted", "aws", "kubernetes"]
@@ -114,13 +124,17 @@ BackendOutStatusEnum: TypeAlias = Literal["active", "broken"]
 """
 
 
-BackendsEnum: TypeAlias = Literal["aws", "local", "fake", "self-hosted"]
+BackendsEnum: TypeAlias = Literal["aws", "kubernetes", "local", "fake", "self-hosted"]
 """
 * `aws` - aws
+* `kubernetes` - kubernetes
 * `local` - local
 * `fake` - fake
 * `self-hosted` - self-hosted
 """
+
+
+BlankEnum: TypeAlias = Literal[""]
 
 
 class BlobOut(TypedDict):
@@ -249,12 +263,6 @@ CodeEnum: TypeAlias = Literal["archive", "patch"]
 """
 * `archive` - archive
 * `patch` - patch
-"""
-
-
-ConnectableKindEnum: TypeAlias = Literal["aws"]
-"""
-* `aws` - aws
 """
 
 
@@ -449,6 +457,15 @@ class DownloadUrlInRequest(TypedDict):
 
 class DownloadUrlOut(TypedDict):
     url: str
+
+
+EffectEnum: TypeAlias = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+"""
+* `` -
+* `NoSchedule` - NoSchedule
+* `PreferNoSchedule` - PreferNoSchedule
+* `NoExecute` - NoExecute
+"""
 
 
 class EnvironmentArchiveOut(TypedDict):
@@ -858,6 +875,13 @@ class OffersOut(TypedDict):
     offers: list[OfferOut]
     shortfall: str
     accounts: int
+
+
+OperatorEnum: TypeAlias = Literal["Exists", "Equal"]
+"""
+* `Exists` - Exists
+* `Equal` - Equal
+"""
 
 
 OutcomeEnum: TypeAlias = Literal["uploaded", "removed"]
@@ -1294,6 +1318,22 @@ class TokenOut(TypedDict):
     """
 
 
+class Toleration(TypedDict):
+    key: NotRequired[str]
+    operator: NotRequired[OperatorEnum]
+    value: NotRequired[str]
+    effect: NotRequired[EffectEnum | BlankEnum]
+    tolerationSeconds: NotRequired[int]
+
+
+class TolerationRequest(TypedDict):
+    key: NotRequired[str]
+    operator: NotRequired[OperatorEnum]
+    value: NotRequired[str]
+    effect: NotRequired[EffectEnum | BlankEnum]
+    tolerationSeconds: NotRequired[int]
+
+
 class UploadOut(TypedDict):
     path: str
     url: str
@@ -1508,39 +1548,6 @@ class AuditPageOut(TypedDict):
     the next page's URL; null on the last
     """
     results: list[AuditEventOut]
-
-
-class BackendCreateInRequest(TypedDict):
-    kind: ConnectableKindEnum
-    name: NotRequired[str]
-    role_arn: NotRequired[str]
-    access_key_id: NotRequired[str]
-    secret_access_key: NotRequired[str]
-    regions: list[Region]
-    bucket: str
-    subnets: NotRequired[dict[str, list[Subnet]]]
-    amis: NotRequired[dict[str, str]]
-    gpu_amis: NotRequired[dict[str, str]]
-
-
-class BackendOut(TypedDict):
-    id: str
-    name: str
-    kind: BackendEnum
-    status: BackendOutStatusEnum
-    status_reason: str
-    validated_at: str | None
-    created_at: str
-    auth: str
-    """
-    "role", "keys", or "" for backends without credentials.
-    """
-    regions: list[str]
-    bucket: str
-    role_arn: str
-    external_id: str
-    aws_account_id: str
-    live_instances: int
 
 
 class CacheReasonOut(TypedDict):
@@ -1911,6 +1918,34 @@ class MetricSeriesOut(TypedDict):
     points: MetricPointsOut
 
 
+class NodePool(TypedDict):
+    name: str
+    instance_type: str
+    cpus: int
+    memory_gib: float
+    gpus: NotRequired[int]
+    gpu_name: NotRequired[str]
+    gpu_memory_gib: NotRequired[float]
+    spot: NotRequired[bool]
+    price: NotRequired[float | None]
+    node_selector: NotRequired[dict[str, str]]
+    tolerations: NotRequired[list[Toleration]]
+
+
+class NodePoolRequest(TypedDict):
+    name: str
+    instance_type: str
+    cpus: int
+    memory_gib: float
+    gpus: NotRequired[int]
+    gpu_name: NotRequired[str]
+    gpu_memory_gib: NotRequired[float]
+    spot: NotRequired[bool]
+    price: NotRequired[float | None]
+    node_selector: NotRequired[dict[str, str]]
+    tolerations: NotRequired[list[TolerationRequest]]
+
+
 class PatchedRoleInRequest(TypedDict):
     role: NotRequired[Role]
 
@@ -2106,6 +2141,44 @@ class ArtifactOut(TypedDict):
     export: ExportOut | None
 
 
+class BackendCreateInRequest(TypedDict):
+    kind: BackendCreateInKindEnum
+    name: NotRequired[str]
+    """
+    default: the kind
+    """
+    role_arn: NotRequired[str]
+    access_key_id: NotRequired[str]
+    secret_access_key: NotRequired[str]
+    regions: NotRequired[list[Region]]
+    bucket: NotRequired[str]
+    subnets: NotRequired[dict[str, list[Subnet]]]
+    amis: NotRequired[dict[str, str]]
+    gpu_amis: NotRequired[dict[str, str]]
+    kubeconfig: NotRequired[str]
+    """
+    kubernetes: the kubeconfig's YAML (credentials inline); encrypted at rest, never returned
+    """
+    in_cluster: NotRequired[bool]
+    """
+    kubernetes: the server's own service account, where allowed
+    """
+    namespace: NotRequired[str]
+    context: NotRequired[str]
+    cluster: NotRequired[str]
+    image: NotRequired[str]
+    image_pull_secrets: NotRequired[list[ImagePullSecret]]
+    node_selector: NotRequired[dict[str, str]]
+    tolerations: NotRequired[list[TolerationRequest]]
+    prices: NotRequired[dict[str, float]]
+    spot_prices: NotRequired[dict[str, float]]
+    default_price: NotRequired[float]
+    node_pools: NotRequired[list[NodePoolRequest]]
+    schedule_timeout_seconds: NotRequired[float]
+    termination_grace_seconds: NotRequired[int]
+    gpu_resource: NotRequired[str]
+
+
 class CacheDecisionOut(TypedDict):
     reused: bool
     text: str
@@ -2227,6 +2300,41 @@ class JobSeriesOut(TypedDict):
     job: str
     attempts: list[MetricsAttemptOut]
     series: list[MetricSeriesOut]
+
+
+class KubernetesOut(TypedDict):
+    namespace: str
+    context: str
+    """
+    the kubeconfig's context used ("": its current-context)
+    """
+    cluster: str
+    """
+    the offers' region ("": the context's cluster name)
+    """
+    in_cluster: bool
+    """
+    the server's own service account, not a kubeconfig
+    """
+    image: str
+    """
+    "": the backend's default (python:3.12-slim)
+    """
+    image_pull_secrets: list[str]
+    node_selector: dict[str, str]
+    tolerations: list[Toleration]
+    prices: dict[str, float]
+    spot_prices: dict[str, float] | None
+    default_price: float | None
+    node_pools: list[NodePool]
+    schedule_timeout_seconds: float | None
+    termination_grace_seconds: int | None
+    gpu_resource: str
+    nodes: int
+    """
+    nodes the last facts refresh listed
+    """
+    facts_refreshed_at: str | None
 
 
 LogPageOrSearch: TypeAlias = LogPageOut | LogSearchOut
@@ -2424,6 +2532,30 @@ class RunPlanOut(TypedDict):
     """
     USD: the most the run may cost (its jobs' max_cost); null if any is null
     """
+
+
+class BackendOut(TypedDict):
+    id: str
+    name: str
+    kind: BackendEnum
+    status: BackendOutStatusEnum
+    status_reason: str
+    validated_at: str | None
+    created_at: str
+    auth: str
+    """
+    "role", "keys" (AWS), "kubeconfig", "in-cluster" (Kubernetes), or "" for backends without credentials.
+    """
+    regions: list[str]
+    """
+    AWS: its regions; Kubernetes: its cluster (the region its offers name).
+    """
+    bucket: str
+    role_arn: str
+    external_id: str
+    aws_account_id: str
+    kubernetes: KubernetesOut | None
+    live_instances: int
 
 
 class CompareOut(TypedDict):

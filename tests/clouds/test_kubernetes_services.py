@@ -1,16 +1,16 @@
-"""What the reconciler does with a cloud's reasons (``Trouble``), as a
-Kubernetes cluster gives them: a pod no node can take says so on its job,
-then its cluster is skipped for a while and the next offer is tried; an image
-that cannot be pulled fails the job with the cloud's words; an evicted,
-deleted or node-less pod is a lost machine, a preempted one an interruption.
-
-The cloud here is the fake backend with a view the test sets
-(``TroubledCompute``): the reasons' handling is the services', whichever
-backend gives them."""
+"""A Kubernetes backend as the services use it, on kmock's emulator over
+HTTP (tests/support/kubeapi.py), the pods' status set as a cluster would set
+it: connecting one (the checks, the nodes, the kubeconfig encrypted and
+never shown), and what the reconciler does with the cluster's reasons: a pod
+no node can take says so on its job, then its cluster is skipped for a while
+and the next offer is tried; an image that cannot be pulled fails the job
+with the cloud's words; an evicted, deleted or node-less pod is a lost
+machine, a preempted one an interruption."""
 
 from __future__ import annotations
 
-import time
+import datetime
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -21,19 +21,25 @@ import pytest
 from backend.accounts.models import Workspace
 from backend.clouds.backends.base import CloudState, Handle, MachineView, Timings, Trouble
 from backend.clouds.backends.fake.compute import FakeCompute
-from backend.clouds.models import CloudAccount, Instance, InstanceEvent, OfferBlock
+from backend.clouds.backends.kubernetes.pods import pod_name
+from backend.clouds.models import AccountStatus, CloudAccount, Instance, InstanceEvent, OfferBlock
 from backend.clouds.services import reconcile as clouds
+from backend.clouds.services.accounts import compute_of
+from backend.clouds.services.facts import accounts_refresh_facts
 from backend.clouds.services.instances import Facts, instance_connected
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.core.clock import db_now
 from backend.runs.models import Attempt, Job
 from backend.runs.scheduler.passes import jobs_schedule
+from backend.vault.crypto import encrypt
 from tests.support.accounttasks import reconcile_with_account_tasks
 from tests.support.attempts import accept
+from tests.support.cli_wsgi import cli_as, cli_invoke, in_the_tests_transaction
 from tests.support.fixtures import Person, submit
+from tests.support.kubeapi import NAMESPACE, TOKEN, KubeApi
 
 GIB = 2**30
-KIND = "troubled"
+WS = "/api/v1/workspaces/acme"
 SCHEDULER_SAYS = (
     "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {nvidia.com/gpu: present}."
 )
@@ -41,114 +47,136 @@ WORKFLOWS = """workflows:
   - name: train
     provider: bash
     commands: [python train.py]
+    resources: {cpu: 2}
     retry:
       limit: 3
       on_events: [error, interruption, instance_lost, no_capacity]
 """
-CLUSTER_OFFER = {
-    "instance_type": "k8s-node",
-    "region": "cluster-a",
-    "price_per_hour": 0.1,
-    "cpus": 4,
-    "memory_bytes": 8 * GIB,
-}
 FAKE_OFFER = {"instance_type": "fake-a", "region": "r1", "price_per_hour": 0.5, "cpus": 4, "memory_bytes": 8 * GIB}
 
-# What the cloud says of each machine beyond its state, by idempotency key.
-VIEWS: dict[str, MachineView] = {}
+
+def node(name: str, instance_type: str = "m5.xlarge", *, cpu: str = "4", memory: str = "16Gi") -> dict[str, Any]:
+    """A Ready node as the API server lists it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": instance_type}},
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": memory, "ephemeral-storage": "100Gi"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
-class TroubledCompute(FakeCompute):
-    """The fake cloud, whose ``view`` says what ``VIEWS`` says of a machine."""
-
-    kind = KIND
-    reusable_instances = False
-    timings = Timings(provision_timeout=60.0, schedule_timeout=300.0)
-
-    def view(self, handles: Sequence[Handle]) -> Mapping[str, MachineView]:
-        seen = super().view(handles)
-        return {key: VIEWS.get(key, found) for key, found in seen.items()}
+def ago(seconds: float) -> str:
+    at = datetime.datetime.now(tz=datetime.UTC) - timedelta(seconds=seconds)
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.fixture
-def accounts(team: Workspace, tmp_path: Path, script: Path, settings: Any) -> Iterator[CloudAccount]:
-    """A troubled cluster (the cheaper offer) and a fake cloud beside it."""
-    kinds = {**settings.TRAINYARD["BACKEND_KINDS"], KIND: f"{__name__}:TroubledCompute"}
+def kube(kube_api: KubeApi, settings: Any) -> KubeApi:
+    """The emulator with one node; the server lets backends reach it on loopback."""
     settings.TRAINYARD = {
         **settings.TRAINYARD,
-        "BACKEND_KINDS": kinds,
         "LOCAL_BACKEND_ENABLED": False,
         "HEARTBEAT_TIMEOUT_SECONDS": 5.0,
+        "KUBERNETES_PRIVATE_NETWORKS": ["127.0.0.0/8"],
     }
-    made = []
-    for kind, offer in ((KIND, CLUSTER_OFFER), ("fake", FAKE_OFFER)):
-        config = {"state_dir": str(tmp_path / kind), "script_file": str(script), "offers": [offer]}
-        made.append(CloudAccount.objects.create(workspace=team, kind=kind, name=kind, config=config))
-    VIEWS.clear()
-    yield made[0]
-    VIEWS.clear()
-    from backend.clouds.services.accounts import compute_of
-
-    for account in made:
-        for instance in Instance.objects.filter(account=account):
-            instance_terminate_run(instance_id=str(instance.pk))
-        assert list(compute_of(account).list_managed()) == []
+    settings.ALLOWED_HOSTS = ["*"]
+    kube_api.post("/api/v1/nodes", node("node-1"))
+    return kube_api
 
 
-def _launched(team: Workspace, owner: Person) -> tuple[Job, Instance]:
+@pytest.fixture
+def cluster(kube: KubeApi, team: Workspace, tmp_path: Path, script: Path) -> Iterator[CloudAccount]:
+    """A connected cluster (its nodes refreshed as the periodic task does),
+    and a pricier fake cloud beside it. Afterwards no pod is left."""
+    credentials = encrypt(json.dumps({"kubeconfig": kube.kubeconfig()}))
+    account = CloudAccount.objects.create(
+        workspace=team,
+        kind="kubernetes",
+        name="k8s",
+        config={"namespace": NAMESPACE, "prices": {"m5.xlarge": 0.2}, "termination_grace_seconds": 5},
+        credentials_ciphertext=credentials,
+    )
+    assert accounts_refresh_facts(account_id=str(account.pk)) == 1
+    config = {"state_dir": str(tmp_path / "fake"), "script_file": str(script), "offers": [FAKE_OFFER]}
+    fake = CloudAccount.objects.create(workspace=team, kind="fake", name="fake", config=config)
+    yield account
+    for instance in Instance.objects.all():
+        while instance_terminate_run(instance_id=str(instance.pk)) is not None:
+            pass
+    assert kube.pods() == [], "every pod of the test was deleted"
+    assert list(compute_of(fake).list_managed()) == []
+
+
+def _launched(team: Workspace, owner: Person) -> tuple[Job, Instance, str]:
     run = submit(team, owner.user, workflow="train", text=WORKFLOWS)
     jobs_schedule()
     instance = Instance.objects.get()
-    assert instance.backend == KIND
+    assert instance.backend == "kubernetes"
     instance_launch_run(instance_id=str(instance.pk))
     instance.refresh_from_db()
-    return run.jobs.get(), instance
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod_name(instance.idempotency_key)}"
+    return run.jobs.get(), instance, path
 
 
-def _running(team: Workspace, owner: Person) -> tuple[Job, Instance]:
-    job, instance = _launched(team, owner)
-    facts = Facts("pod", "10.0.0.9", "test", 4, 8 * GIB, 50 * GIB, [])
+def _running(team: Workspace, owner: Person, kube: KubeApi) -> tuple[Job, Instance, str]:
+    job, instance, path = _launched(team, owner)
+    kube.patch(path, {"spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
+    facts = Facts("pod", "10.0.0.9", "test", 4, 16 * GIB, 100 * GIB, [])
     instance_connected(instance_id=str(instance.pk), channel_name="c", facts=facts, busy=False)
     jobs_schedule()
     assert accept(job, instance.pk)
-    return job, instance
+    return job, instance, path
 
 
 def _pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reconcile pass with its account tasks, the cloud view due, then a scheduling pass."""
+    """A reconcile pass with its account tasks (the cloud view due), then a scheduling pass."""
     monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
     Instance.objects.update(cloud_checked_at=None)
     reconcile_with_account_tasks()
     jobs_schedule()
 
 
+def _unschedulable(kube: KubeApi, path: str, *, since: float) -> None:
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": SCHEDULER_SAYS,
+        "lastTransitionTime": ago(since),
+    }
+    kube.patch(path, {"status": {"phase": "Pending", "conditions": [condition]}})
+
+
+# ------------------------------------------------------------------ the cluster's reasons
+
+
 def test_an_unschedulable_pod_says_why_its_job_waits_then_its_cluster_is_skipped_for_the_next_offer(
-    accounts: CloudAccount, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, instance = _launched(team, owner)
-    VIEWS[instance.idempotency_key] = MachineView(
-        CloudState.PENDING, Trouble.UNSCHEDULABLE, f"{SCHEDULER_SAYS}\n preemption: 0/2 nodes", time.time() - 10
-    )
+    job, instance, path = _launched(team, owner)
+    _unschedulable(kube, path, since=10)
 
     _pass(monkeypatch)
 
     instance.refresh_from_db()
-    said = f"waiting for a node: {SCHEDULER_SAYS} preemption: 0/2 nodes"
+    said = f"waiting for a node: {SCHEDULER_SAYS}"
     assert (instance.status, instance.status_reason) == ("provisioning", said)
     job.refresh_from_db()
     assert job.status == "pending"
-    assert job.status_reason.startswith(f"waiting for a runner: starting {instance.name} (k8s-node in cluster-a")
-    assert job.status_reason.endswith(f", {said}")
-
-    VIEWS[instance.idempotency_key] = MachineView(
-        CloudState.PENDING, Trouble.UNSCHEDULABLE, SCHEDULER_SAYS, time.time() - 301
+    assert job.status_reason == (
+        f"waiting for a runner: starting {instance.name} (m5.xlarge in test, $0.2000/h), {said}"
     )
+    _unschedulable(kube, path, since=301)  # the backend's schedule timeout (300 s) is over
+
     _pass(monkeypatch)
 
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == ("terminating", "no_capacity")
     assert instance.status_reason == f"no node took {instance.name} within 300s: {SCHEDULER_SAYS}"
-    block = OfferBlock.objects.get(account=accounts)
+    block = OfferBlock.objects.get(account=cluster)
     assert (block.scope, block.key, block.code) == ("account", "", "Unschedulable")
     assert 110 < (block.until - db_now()).total_seconds() <= 120
     job.refresh_from_db()
@@ -158,29 +186,122 @@ def test_an_unschedulable_pod_says_why_its_job_waits_then_its_cluster_is_skipped
 
 
 def test_a_pod_a_node_took_is_starting_again(
-    accounts: CloudAccount, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    job, instance = _launched(team, owner)
-    VIEWS[instance.idempotency_key] = MachineView(CloudState.PENDING, Trouble.UNSCHEDULABLE, SCHEDULER_SAYS)
+    job, instance, path = _launched(team, owner)
+    _unschedulable(kube, path, since=10)
     _pass(monkeypatch)
-    VIEWS[instance.idempotency_key] = MachineView(CloudState.PENDING)  # the autoscaler's node came up
+    scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": ago(0)}
+    kube.patch(path, {"spec": {"nodeName": "node-2"}, "status": {"conditions": [scheduled]}})  # the autoscaler's node
 
     _pass(monkeypatch)
 
     instance.refresh_from_db()
     assert (instance.status, instance.status_reason) == ("provisioning", "starting: waiting for its runner to connect")
     job.refresh_from_db()
-    assert job.status_reason == f"waiting for a runner: starting {instance.name} (k8s-node in cluster-a, $0.1000/h)"
+    assert job.status_reason == f"waiting for a runner: starting {instance.name} (m5.xlarge in test, $0.2000/h)"
 
 
-def test_the_provision_timeout_leaves_an_unschedulable_pod_to_the_schedule_timeout(
-    accounts: CloudAccount, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_clouds_words_and_is_not_retried(
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The backend's provision timeout (60 s) is shorter than its schedule
-    timeout (300 s): a pod waiting for a node 200 s is still waited for."""
-    _job, instance = _launched(team, owner)
+    job, instance, path = _launched(team, owner)
+    pulling = 'Back-off pulling image "ghcr.io/acme/missing:1"'
+    waiting = {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff", "message": pulling}}}
+    kube.patch(path, {"spec": {"nodeName": "node-1"}, "status": {"containerStatuses": [waiting]}})
+
+    monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
+    reconcile_with_account_tasks()
+    while instance_terminate_run(instance_id=str(instance.pk)) is not None:  # as the worker does
+        pass
+    jobs_schedule()
+
+    instance.refresh_from_db()
+    assert (instance.status, instance.termination_reason) == ("terminated", "image_pull")
+    assert kube.pods() == []
+    job.refresh_from_db()
+    words = f"the image of {instance.name} could not be pulled: ImagePullBackOff: {pulling}; check the backend's image"
+    assert (job.status, job.status_reason) == ("failed", words)
+    attempt = Attempt.objects.get(job=job)
+    assert (attempt.termination_reason, attempt.termination_message) == ("image_pull", words)
+    assert Instance.objects.count() == 1, "nothing else was launched for it"
+
+
+PREEMPTED = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted"}
+NODE_GONE = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC", "message": "node is gone"}
+
+
+@pytest.mark.parametrize(
+    ("status", "words", "state", "instance_reason", "attempt_reason"),
+    [
+        ({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+         "was evicted (the backend says terminated): The node was low on resource: memory.",
+         "terminated", "machine_gone", "instance_lost"),
+        ({"phase": "Failed", "conditions": [NODE_GONE]}, "lost its node (the backend says terminated): node is gone",
+         "terminated", "machine_gone", "instance_lost"),
+        ({"phase": "Failed", "conditions": [PREEMPTED]}, "was preempted (the backend says interrupted): preempted",
+         "interrupted", "interrupted", "interrupted"),
+        (None, "was deleted (the backend says not_found): the pod was deleted, not by Trainyard",
+         "not_found", "machine_gone", "instance_lost"),
+    ],
+    ids=["evicted", "node-lost", "preempted", "deleted"],
+)  # fmt: skip
+def test_a_gone_pod_ends_its_attempt_with_the_clouds_reason(
+    cluster: CloudAccount,
+    kube: KubeApi,
+    team: Workspace,
+    owner: Person,
+    monkeypatch: pytest.MonkeyPatch,
+    status: dict[str, Any] | None,
+    words: str,
+    state: str,
+    instance_reason: str,
+    attempt_reason: str,
+) -> None:
+    job, instance, path = _running(team, owner, kube)
+    if status is None:
+        kube.delete(path)  # by someone with kubectl
+    else:
+        kube.patch(path, {"status": status})
+
+    _pass(monkeypatch)
+
+    instance.refresh_from_db()
+    said = f"machine {instance.name} {words}"
+    assert (instance.status, instance.cloud_state) == ("lost", state)
+    assert (instance.termination_reason, instance.status_reason) == (instance_reason, said)
+    attempt = Attempt.objects.get(job=job, number=1)
+    assert (attempt.termination_reason, attempt.termination_message) == (attempt_reason, said)
+    job.refresh_from_db()
+    assert job.status == "pending", "retried (an interruption resumes from its checkpoint)"
+    assert InstanceEvent.objects.get(instance=instance, to_status="lost").message == said
+
+
+class SlowBootCompute(FakeCompute):
+    """A backend whose provision timeout (60 s) is shorter than its schedule
+    timeout (300 s), and whose one machine its cloud says no node takes."""
+
+    kind = "slowboot"
+    reusable_instances = False
+    timings = Timings(provision_timeout=60.0, schedule_timeout=300.0)
+
+    def view(self, handles: Sequence[Handle]) -> Mapping[str, MachineView]:
+        return {h.key: MachineView(CloudState.PENDING, Trouble.UNSCHEDULABLE, SCHEDULER_SAYS) for h in handles}
+
+
+def test_the_provision_timeout_leaves_an_unschedulable_machine_to_the_schedule_timeout(
+    team: Workspace, owner: Person, tmp_path: Path, script: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kinds = {**settings.TRAINYARD["BACKEND_KINDS"], "slowboot": f"{__name__}:SlowBootCompute"}
+    settings.TRAINYARD = {**settings.TRAINYARD, "BACKEND_KINDS": kinds, "LOCAL_BACKEND_ENABLED": False}
+    offer = {**FAKE_OFFER, "instance_type": "slow"}
+    config = {"state_dir": str(tmp_path / "slow"), "script_file": str(script), "offers": [offer]}
+    account = CloudAccount.objects.create(workspace=team, kind="slowboot", name="slow", config=config)
+    submit(team, owner.user, workflow="train", text=WORKFLOWS)
+    jobs_schedule()
+    instance = Instance.objects.get()
+    instance_launch_run(instance_id=str(instance.pk))
     Instance.objects.filter(pk=instance.pk).update(launched_at=db_now() - timedelta(seconds=200))
-    VIEWS[instance.idempotency_key] = MachineView(CloudState.PENDING, Trouble.UNSCHEDULABLE, SCHEDULER_SAYS)
 
     _pass(monkeypatch)
 
@@ -192,64 +313,186 @@ def test_the_provision_timeout_leaves_an_unschedulable_pod_to_the_schedule_timeo
 
     instance.refresh_from_db()
     assert (instance.status, instance.termination_reason) == ("terminating", "no_capacity")
+    instance_terminate_run(instance_id=str(instance.pk))
+    assert list(compute_of(account).list_managed()) == []
 
 
-def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_clouds_words_and_is_not_retried(
-    accounts: CloudAccount, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+# ------------------------------------------------------------------ connecting
+
+
+def _body(kube: KubeApi, **extra: Any) -> dict[str, Any]:
+    return {"kind": "kubernetes", "kubeconfig": kube.kubeconfig(), "namespace": NAMESPACE, **extra}
+
+
+def test_connect_checks_the_cluster_stores_its_nodes_and_never_shows_the_kubeconfig(
+    kube: KubeApi, owner: Person
 ) -> None:
-    job, instance = _launched(team, owner)
-    cloud = 'Back-off pulling image "ghcr.io/acme/missing:1": ImagePullBackOff'
-    VIEWS[instance.idempotency_key] = MachineView(CloudState.PENDING, Trouble.IMAGE_PULL, cloud)
+    client = owner.client()
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
 
-    monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
-    reconcile_with_account_tasks()
-    instance_terminate_run(instance_id=str(instance.pk))  # confirmed: its latest words are the backend's
-    jobs_schedule()
+    created = client.post(
+        f"{WS}/backends/",
+        _body(kube, name="gpus", prices={"m5.xlarge": 0.19}, node_selector={"pool": "ml"}, tolerations=[toleration]),
+        format="json",
+    )
 
-    instance.refresh_from_db()
-    assert (instance.status, instance.termination_reason) == ("terminated", "image_pull")
-    job.refresh_from_db()
-    words = f"the image of {instance.name} could not be pulled: {cloud}; check the backend's image"
-    assert (job.status, job.status_reason) == ("failed", words)
-    attempt = Attempt.objects.get(job=job)
-    assert (attempt.termination_reason, attempt.termination_message) == ("image_pull", words)
-    assert Instance.objects.count() == 1, "nothing else was launched for it"
+    assert created.status_code == 201, created.content
+    shown = created.json()
+    assert {k: shown[k] for k in ("name", "kind", "status", "auth", "regions", "bucket")} == {
+        "name": "gpus",
+        "kind": "kubernetes",
+        "status": "active",
+        "auth": "kubeconfig",
+        "regions": ["test"],
+        "bucket": "",
+    }
+    kube_part = shown["kubernetes"]
+    assert {k: kube_part[k] for k in ("namespace", "cluster", "nodes", "prices", "node_selector", "tolerations")} == {
+        "namespace": NAMESPACE,
+        "cluster": "test",
+        "nodes": 1,
+        "prices": {"m5.xlarge": 0.19},
+        "node_selector": {"pool": "ml"},
+        "tolerations": [toleration],
+    }
+    account = CloudAccount.objects.get(name="gpus")
+    assert TOKEN.encode() not in bytes(account.credentials_ciphertext), "encrypted at rest"
+    assert "allowed_networks" not in account.config and "in_cluster_allowed" not in account.config
+    offers = client.get(f"{WS}/offers/?backend=kubernetes").json()["offers"]
+    assert [(o["instance_type"], o["region"], o["price_per_hour"]) for o in offers] == [("m5.xlarge", "test", 0.19)]
+    answers = [
+        created,
+        client.get(f"{WS}/backends/"),
+        client.get(f"{WS}/backends/gpus/"),
+        client.post(f"{WS}/backends/gpus/validate/"),
+    ]
+    for answer in answers:
+        assert answer.status_code in (200, 201), answer.content
+        assert TOKEN.encode() not in answer.content and b'kubeconfig":' not in answer.content
+        assert b"current-context" not in answer.content
+    schema = client.get("/api/v1/schema/?format=json").json()["components"]["schemas"]
+    assert "kubeconfig" not in schema["BackendOut"]["properties"]
+
+
+def test_a_denied_permission_is_named_and_nothing_is_saved(kube: KubeApi, owner: Person) -> None:
+    kube.deny("list", "nodes")
+
+    answer = owner.client().post(f"{WS}/backends/", _body(kube), format="json")
+
+    assert answer.status_code == 400, answer.content
+    message = answer.json()["message"]
+    assert "list nodes" in message and "deploy/kubernetes/backend-rbac.yaml" in message
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()
+
+
+def test_an_api_server_on_a_private_address_needs_its_network_allowed_by_the_operator(
+    kube: KubeApi, owner: Person, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "KUBERNETES_PRIVATE_NETWORKS": []}
+
+    answer = owner.client().post(f"{WS}/backends/", _body(kube), format="json")
+
+    assert answer.status_code == 400, answer.content
+    assert "TRAINYARD_KUBERNETES_PRIVATE_NETWORKS" in answer.json()["message"]
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()
 
 
 @pytest.mark.parametrize(
-    ("state", "trouble", "cloud", "instance_reason", "attempt_reason", "words"),
+    ("change", "message"),
     [
-        (CloudState.TERMINATED, Trouble.EVICTED, "The node was low on resource: memory.", "machine_gone",
-         "instance_lost", "was evicted"),
-        (CloudState.NOT_FOUND, Trouble.DELETED, "", "machine_gone", "instance_lost", "was deleted outside Trainyard"),
-        (CloudState.NOT_FOUND, Trouble.NODE_LOST, "DeletionByPodGC", "machine_gone", "instance_lost", "lost its node"),
-        (CloudState.INTERRUPTED, Trouble.PREEMPTED, "PreemptionByScheduler", "interrupted", "interrupted",
-         "was preempted"),
+        ({"namespace": None}, "Invalid input: namespace: This field is required."),
+        ({"regions": ["us-east-1"]}, "Invalid input: regions: not a field of a kubernetes backend"),
+        ({"kubeconfig": "x" * (64 * 1024 + 1)}, "Invalid input: kubeconfig: Ensure this field has no more than 65536"),
+        ({"kubeconfig": None}, "connect Kubernetes with a kubeconfig whose user is a service account"),
+        ({"kubeconfig": None, "in_cluster": True}, "in_cluster: this server does not let backends use its own"),
+        ({"tolerations": [{"key": "a", "effect": "Sometimes"}]}, "Invalid input: tolerations: "),
     ],
-)  # fmt: skip
-def test_a_gone_pod_ends_its_attempt_with_the_clouds_reason(
-    accounts: CloudAccount,
-    team: Workspace,
-    owner: Person,
-    monkeypatch: pytest.MonkeyPatch,
-    state: CloudState,
-    trouble: Trouble,
-    cloud: str,
-    instance_reason: str,
-    attempt_reason: str,
-    words: str,
+    ids=["no-namespace", "aws-field", "huge-kubeconfig", "no-kubeconfig", "in-cluster-off", "bad-effect"],
+)
+def test_bad_input_is_named_before_the_cluster_is_asked(
+    kube: KubeApi, owner: Person, change: dict[str, Any], message: str
 ) -> None:
-    job, instance = _running(team, owner)
-    VIEWS[instance.idempotency_key] = MachineView(state, trouble, cloud)
+    body = {k: v for k, v in {**_body(kube), **change}.items() if v is not None}
 
-    _pass(monkeypatch)
+    answer = owner.client().post(f"{WS}/backends/", body, format="json")
 
-    instance.refresh_from_db()
-    said = f"machine {instance.name} {words} (the backend says {state})" + (f": {cloud}" if cloud else "")
-    assert (instance.status, instance.termination_reason, instance.status_reason) == ("lost", instance_reason, said)
-    attempt = Attempt.objects.get(job=job, number=1)
-    assert (attempt.termination_reason, attempt.termination_message) == (attempt_reason, said)
-    job.refresh_from_db()
-    assert job.status == "pending", "retried (an interruption resumes from its checkpoint)"
-    ended = InstanceEvent.objects.filter(instance=instance, to_status="lost").get()
-    assert ended.message == said
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["message"].startswith(message)
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()
+
+
+def test_a_kubeconfig_that_would_run_a_program_is_refused(kube: KubeApi, owner: Person) -> None:
+    exec_user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}}
+    config = kube.kubeconfig().replace(f"token: {TOKEN}", "exec: " + json.dumps(exec_user["exec"]))
+
+    answer = owner.client().post(f"{WS}/backends/", _body(kube, kubeconfig=config), format="json")
+
+    assert answer.status_code == 400, answer.content
+    assert "exec" in answer.json()["message"]
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()
+
+
+def test_validate_marks_a_cluster_that_lost_a_permission_broken_and_refreshes_the_nodes_of_a_good_one(
+    kube: KubeApi, owner: Person
+) -> None:
+    client = owner.client()
+    assert client.post(f"{WS}/backends/", _body(kube), format="json").status_code == 201
+    kube.post("/api/v1/nodes", node("node-2", "g5.xlarge"))
+
+    validated = client.post(f"{WS}/backends/kubernetes/validate/")
+
+    assert validated.status_code == 200, validated.content
+    assert (validated.json()["status"], validated.json()["kubernetes"]["nodes"]) == ("active", 2)
+    kube.deny("create", "pods")
+
+    refused = client.post(f"{WS}/backends/kubernetes/validate/")
+
+    assert refused.status_code == 400
+    assert "create pods" in refused.json()["message"]
+    shown = client.get(f"{WS}/backends/kubernetes/").json()
+    assert (shown["status"], shown["status_reason"]) == ("broken", refused.json()["message"])
+    assert CloudAccount.objects.get(name="kubernetes").status == AccountStatus.BROKEN
+
+
+def test_the_cli_connects_a_cluster_and_lists_it(
+    kube: KubeApi, team: Workspace, owner: Person, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(kube.kubeconfig())
+    cli_as(monkeypatch, team, owner)
+    args = ["--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE, "--price", "m5.xlarge=0.19"]
+    args += ["--node-selector", "pool=ml", "--toleration", "dedicated=ml:NoSchedule", "--toleration", "gpu:NoExecute"]
+
+    with in_the_tests_transaction():
+        code, _out, err = cli_invoke("backend", "add", "kubernetes", *args)
+        listed = cli_invoke("backend", "ls")
+
+    assert code == 0, err
+    assert err.endswith("Connected backend kubernetes (cluster test, 1 node(s)): active\n")
+    config = CloudAccount.objects.get(name="kubernetes").config
+    assert (config["prices"], config["node_selector"]) == ({"m5.xlarge": 0.19}, {"pool": "ml"})
+    assert config["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+        {"key": "gpu", "operator": "Exists", "effect": "NoExecute"},
+    ]
+    assert listed[0] == 0
+    row = next(line for line in listed[1].splitlines() if line.startswith("kubernetes"))
+    assert row.split()[:5] == ["kubernetes", "kubernetes", "active", "kubeconfig", f"test/{NAMESPACE}"]
+    assert TOKEN not in listed[1]
+
+
+def test_a_bad_toleration_option_is_named_by_the_cli(
+    kube: KubeApi, team: Workspace, owner: Person, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(kube.kubeconfig())
+    cli_as(monkeypatch, team, owner)
+
+    code, _out, err = cli_invoke(
+        "backend", "add", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
+        "--toleration", "dedicated=ml",
+    )  # fmt: skip
+
+    assert code == 2
+    assert "expected KEY[=VALUE]:EFFECT with EFFECT NoSchedule, PreferNoSchedule or NoExecute" in err
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()

@@ -76,6 +76,8 @@ def account_config(account: CloudAccount) -> AccountConfig:
     config: dict[str, Any] = dict(account.config or {})
     if account.kind == BackendKind.LOCAL:
         config = {**local_config(), **config}
+    if account.kind == BackendKind.KUBERNETES:
+        config = {**config, **kubernetes_server_config()}
     credentials = json.loads(decrypt(bytes(account.credentials_ciphertext))) if account.credentials_ciphertext else {}
     return AccountConfig(
         account_id=str(account.pk),
@@ -95,6 +97,19 @@ def local_config() -> dict[str, Any]:
     if trainyard["LOCAL_SHAPES"]:
         config["shapes"] = trainyard["LOCAL_SHAPES"]
     return config
+
+
+def kubernetes_server_config() -> dict[str, Any]:
+    """What the operator decides for every Kubernetes account, over anything
+    stored: the private networks its API server may lie in
+    (``TRAINYARD_KUBERNETES_PRIVATE_NETWORKS``; else public addresses only)
+    and whether it may use the server's own service account
+    (``TRAINYARD_KUBERNETES_IN_CLUSTER``)."""
+    trainyard = settings.TRAINYARD
+    return {
+        "allowed_networks": list(trainyard["KUBERNETES_PRIVATE_NETWORKS"]),
+        "in_cluster_allowed": bool(trainyard["KUBERNETES_IN_CLUSTER"]),
+    }
 
 
 def installation() -> str:

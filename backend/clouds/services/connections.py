@@ -1,7 +1,9 @@
 """Connecting a workspace's cloud accounts: AWS (a role or access keys),
-validating them for real, and removing them.
+Kubernetes (a kubeconfig, or the server's own service account where the
+operator allows it), validating them for real, and removing them.
 
-Nothing is saved for an account whose checks fail (``backends/aws/checks.py``);
+Nothing is saved for an account whose checks fail (``backends/aws/checks.py``,
+``backends/kubernetes/checks.py``);
 credentials are encrypted (``backend.vault.crypto``) and never returned or
 logged. Checks make network calls, so they run outside any transaction.
 """
@@ -14,7 +16,7 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -26,6 +28,7 @@ from backend.clouds.backends.aws.policy import INSTALLATION_TAG, permission_poli
 from backend.clouds.backends.aws.session import auth_of
 from backend.clouds.backends.base import AccountConfig
 from backend.clouds.backends.errors import ComputeError
+from backend.clouds.backends.registry import compute_for
 from backend.clouds.models import (
     LIVE_STATUSES,
     AccountStatus,
@@ -37,10 +40,19 @@ from backend.clouds.models import (
     Volume,
     VolumeStatus,
 )
-from backend.clouds.services.accounts import LOCAL_ACCOUNT_NAME, account_config, account_mark_broken, installation
+from backend.clouds.services.accounts import (
+    LOCAL_ACCOUNT_NAME,
+    account_config,
+    account_mark_broken,
+    installation,
+    kubernetes_server_config,
+)
 from backend.core.enqueue import enqueue
 from backend.core.errors import ApplicationError
 from backend.vault.crypto import encrypt
+
+if TYPE_CHECKING:
+    from backend.clouds.backends.kubernetes.checks import ClusterCheck
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +172,132 @@ def aws_validate(*, account: CloudAccount) -> CloudAccount:
     CloudAccount.objects.filter(pk=account.pk).update(
         status=AccountStatus.ACTIVE, status_reason="", validated_at=timezone.now(), updated_at=timezone.now()
     )
+    account.refresh_from_db()
+    return account
+
+
+# A kubeconfig is a tenant's text the server parses: bounded.
+MAX_KUBECONFIG_BYTES = 64 * 1024
+# The configuration keys a user sets on a Kubernetes backend (the server sets
+# ``facts``, ``allowed_networks`` and ``in_cluster_allowed``).
+KUBERNETES_KEYS = (
+    "namespace",
+    "context",
+    "cluster",
+    "in_cluster",
+    "image",
+    "image_pull_secrets",
+    "node_selector",
+    "tolerations",
+    "prices",
+    "spot_prices",
+    "default_price",
+    "node_pools",
+    "schedule_timeout_seconds",
+    "termination_grace_seconds",
+    "gpu_resource",
+)
+
+
+def kubernetes_connect(
+    *,
+    workspace: Workspace,
+    user: User,
+    name: str = "kubernetes",
+    kubeconfig: str = "",
+    in_cluster: bool = False,
+    namespace: str,
+    **options: Any,
+) -> CloudAccount:
+    """1. Check the input (one way in, the kubeconfig's size). 2. Check the
+    cluster for real (``check_cluster``: the API server, the namespace, every
+    permission the backend uses, the GPU resources) and list its nodes
+    (``refresh_facts``), outside any transaction. 3. Only then save the
+    account, active, the kubeconfig encrypted, the nodes as its facts. Any
+    failure raises ``ApplicationError`` with one precise message and saves
+    nothing. ``options``: the other ``KUBERNETES_KEYS``; None or empty is unset."""
+    _check_name(workspace, name)
+    unknown = sorted(set(options) - set(KUBERNETES_KEYS))
+    if unknown:
+        raise ApplicationError(f"unknown kubernetes option(s): {', '.join(unknown)}", extra={"field": unknown[0]})
+    if in_cluster and kubeconfig:
+        raise ApplicationError("give a kubeconfig or in_cluster, not both", extra={"field": "kubeconfig"})
+    if not in_cluster and not kubeconfig.strip():
+        raise ApplicationError(
+            "connect Kubernetes with a kubeconfig whose user is a service account bound to "
+            "deploy/kubernetes/backend-rbac.yaml (docs/BACKENDS.md, Kubernetes)",
+            extra={"field": "kubeconfig"},
+        )
+    if in_cluster and not settings.TRAINYARD["KUBERNETES_IN_CLUSTER"]:
+        raise ApplicationError(
+            "in_cluster: this server does not let backends use its own service account "
+            "(the operator sets TRAINYARD_KUBERNETES_IN_CLUSTER=true); connect with a kubeconfig",
+            extra={"field": "in_cluster"},
+        )
+    if len(kubeconfig.encode()) > MAX_KUBECONFIG_BYTES:
+        raise ApplicationError(
+            f"the kubeconfig is larger than {MAX_KUBECONFIG_BYTES // 1024} KiB: give one with only the "
+            "context Trainyard uses (kubectl config view --minify --flatten)",
+            extra={"field": "kubeconfig"},
+        )
+    config: dict[str, Any] = {"namespace": namespace}
+    config.update({k: v for k, v in options.items() if v is not None and v != "" and v != [] and v != {}})
+    if in_cluster:
+        config["in_cluster"] = True
+    credentials = {"kubeconfig": kubeconfig} if kubeconfig else {}
+    checked = _kube_checks(_kube_config_of(workspace, config, credentials))
+    config["facts"] = checked.facts
+    config["cluster"] = checked.cluster  # the offers' region, shown with the backend
+    try:
+        with transaction.atomic():
+            account = CloudAccount.objects.create(
+                workspace=workspace,
+                kind=BackendKind.KUBERNETES,
+                name=name,
+                config=config,
+                credentials_ciphertext=encrypt(json.dumps(credentials)) if credentials else b"",
+                status=AccountStatus.ACTIVE,
+                validated_at=timezone.now(),
+            )
+    except IntegrityError:
+        raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
+    logger.info(
+        "workspace %s connected kubernetes namespace %s (server %s, %d nodes) as %r (by %s)",
+        workspace.slug,
+        checked.check.namespace,
+        checked.check.server_version,
+        checked.check.nodes,
+        name,
+        user.username,
+    )
+    return account
+
+
+def backend_validate(*, account: CloudAccount) -> CloudAccount:
+    """Run the account's checks again (its kind's): active on success (a
+    Kubernetes account's nodes stored again), ``broken`` with the reason on
+    failure (then ``ApplicationError`` with that reason)."""
+    if account.kind == BackendKind.AWS:
+        return aws_validate(account=account)
+    if account.kind != BackendKind.KUBERNETES:
+        raise ApplicationError(
+            f"Backend {account.name!r} is {account.kind}: only aws and kubernetes backends are validated."
+        )
+    try:
+        facts = _kube_checks(account_config(account)).facts
+    except ApplicationError as error:
+        account_mark_broken(account_id=str(account.pk), message=error.message)
+        raise
+    with transaction.atomic():
+        locked = CloudAccount.objects.select_for_update().filter(pk=account.pk)
+        current = locked.values_list("config", flat=True).first()
+        CloudAccount.objects.filter(pk=account.pk).update(
+            config={**(current or {}), "facts": facts},
+            status=AccountStatus.ACTIVE,
+            status_reason="",
+            validated_at=timezone.now(),
+            updated_at=timezone.now(),
+        )
     account.refresh_from_db()
     return account
 
@@ -330,6 +468,45 @@ def _run_checks(account: AccountConfig) -> str:
         return check_account(target).account
     except ComputeError as error:
         raise ApplicationError(error.message, extra={"code": error.code}) from None
+
+
+def _kube_config_of(workspace: Workspace, config: Mapping[str, Any], credentials: Mapping[str, str]) -> AccountConfig:
+    return AccountConfig(
+        account_id="",
+        workspace_id=str(workspace.pk),
+        kind=BackendKind.KUBERNETES,
+        installation=installation(),
+        config={**config, **kubernetes_server_config()},
+        credentials=dict(credentials),
+    )
+
+
+@dataclass(frozen=True)
+class KubeChecked:
+    """A cluster that passed its checks: what they found, its nodes (the
+    facts its offers come from) and its name (the offers' region)."""
+
+    check: ClusterCheck
+    facts: dict[str, Any]
+    cluster: str
+
+
+def _kube_checks(account: AccountConfig) -> KubeChecked:
+    """Check the cluster and list its nodes, or ``ApplicationError`` with the
+    check's message. The backend's modules are loaded here, when a
+    Kubernetes account is first checked."""
+    from backend.clouds.backends.kubernetes.checks import check_cluster
+    from backend.clouds.backends.kubernetes.compute import KubernetesCompute
+
+    try:
+        check = check_cluster(account)
+        compute = compute_for(account)
+        facts = dict(compute.refresh_facts() or {})
+    except ComputeError as error:
+        raise ApplicationError(error.message, extra={"code": error.code}) from None
+    facts["refreshed_at"] = facts.get("refreshed_at") or timezone.now().timestamp()
+    cluster = compute.options.cluster if isinstance(compute, KubernetesCompute) else ""
+    return KubeChecked(check=check, facts=facts, cluster=cluster)
 
 
 def _strings(value: object) -> list[str]:

@@ -17,7 +17,7 @@ from . import common, options
 
 @click.group(cls=common.Group)
 def backend() -> None:
-    """Cloud accounts the workspace runs machines in (docs/AWS.md in the Trainyard repository)."""
+    """Cloud accounts the workspace runs machines in (docs/AWS.md, docs/BACKENDS.md in the Trainyard repository)."""
 
 
 @backend.group("add", cls=common.Group)
@@ -84,6 +84,92 @@ def backend_add_aws(
     click.echo(f"Connected backend {added['name']}{account}: {added['status']}", err=True)
 
 
+@backend_add.command("kubernetes")
+@click.option("--name", default="kubernetes", show_default=True, help="The backend's name in this workspace.")
+@click.option(
+    "--kubeconfig",
+    "kubeconfig_file",
+    type=click.File("r"),
+    default=None,
+    help="The kubeconfig file (a service account token inline; `-`: stdin). Sent once, encrypted on the server.",
+)
+@click.option("--in-cluster", is_flag=True, help="Use the server's own service account (where its operator allows it).")
+@click.option("--namespace", required=True, help="The namespace Trainyard runs its pods in.")
+@click.option("--context", default="", help="The kubeconfig's context (default: its current-context).")
+@click.option("--cluster", default="", help="The cluster's name in offers, as their region (default: the context's).")
+@click.option("--image", default="", help="The pods' image (default: python:3.12-slim; the runner is installed in it).")
+@click.option("--image-pull-secret", "pull_secrets", multiple=True, metavar="SECRET", help="Pull the image with it.")
+@click.option("--price", "prices", multiple=True, metavar="TYPE=USD", help="An instance type's price an hour.")
+@click.option("--spot-price", "spot_prices", multiple=True, metavar="TYPE=USD", help="Its price on spot nodes.")
+@click.option("--default-price", type=float, default=None, help="USD an hour for types with no --price (default 0).")
+@click.option("--node-selector", "selectors", multiple=True, metavar="LABEL=VALUE", help="A node label (repeatable).")
+@click.option(
+    "--toleration",
+    "tolerations",
+    multiple=True,
+    metavar="KEY[=VALUE]:EFFECT",
+    help="A taint every pod tolerates (repeatable), e.g. dedicated=ml:NoSchedule.",
+)
+@click.option("--node-pools", "pools_file", type=click.File("r"), default=None, help="A JSON list of node pools.")
+@click.option("--schedule-timeout", type=float, default=None, help="Seconds a pod may wait for a node (default 300).")
+@click.option("--termination-grace", type=int, default=None, help="Seconds a pod gets to stop (default 120).")
+@click.option("--gpu-resource", default="", help="The GPUs' resource name (default: nvidia.com/gpu).")
+def backend_add_kubernetes(
+    name: str,
+    kubeconfig_file: Any,
+    in_cluster: bool,
+    namespace: str,
+    context: str,
+    cluster: str,
+    image: str,
+    pull_secrets: tuple[str, ...],
+    prices: tuple[str, ...],
+    spot_prices: tuple[str, ...],
+    default_price: float | None,
+    selectors: tuple[str, ...],
+    tolerations: tuple[str, ...],
+    pools_file: Any,
+    schedule_timeout: float | None,
+    termination_grace: int | None,
+    gpu_resource: str,
+) -> None:
+    """Connect a Kubernetes namespace: Trainyard runs one pod per job there.
+    Its user needs deploy/kubernetes/backend-rbac.yaml's permissions; the
+    server checks them, and lists the nodes, before saving anything."""
+    if bool(kubeconfig_file) == in_cluster:
+        raise click.UsageError("give --kubeconfig FILE, or --in-cluster (the server's own service account)")
+    body: dict[str, Any] = {"kind": "kubernetes", "name": name, "namespace": namespace}
+    if kubeconfig_file is not None:
+        body["kubeconfig"] = kubeconfig_file.read()
+    else:
+        body["in_cluster"] = True
+    texts = {"context": context, "cluster": cluster, "image": image, "gpu_resource": gpu_resource}
+    body.update({k: v for k, v in texts.items() if v})
+    if pull_secrets:
+        body["image_pull_secrets"] = options.split_values(pull_secrets)
+    if prices:
+        body["prices"] = _prices(prices, "--price")
+    if spot_prices:
+        body["spot_prices"] = _prices(spot_prices, "--spot-price")
+    if default_price is not None:
+        body["default_price"] = default_price
+    if selectors:
+        body["node_selector"] = _labels(selectors)
+    if tolerations:
+        body["tolerations"] = [_toleration(t) for t in tolerations]
+    if pools_file is not None:
+        body["node_pools"] = _node_pools(pools_file)
+    if schedule_timeout is not None:
+        body["schedule_timeout_seconds"] = schedule_timeout
+    if termination_grace is not None:
+        body["termination_grace_seconds"] = termination_grace
+    click.echo(f"Checking the cluster and namespace {namespace} …", err=True)
+    added = common.client().add_backend(body)
+    kube = added.get("kubernetes")
+    where = f"cluster {kube['cluster'] or '?'}, {kube['nodes']} node(s)" if kube else "cluster ?"
+    click.echo(f"Connected backend {added['name']} ({where}): {added['status']}", err=True)
+
+
 @backend.command("setup")
 @click.argument("kind", type=click.Choice(["aws"]))
 @click.option("--bucket", default="", help="Fill the bucket into the permission policy.")
@@ -111,15 +197,15 @@ def backend_ls(as_json: bool) -> None:
             b["kind"],
             b["status"],
             b.get("auth") or "-",
-            ",".join(b.get("regions") or []) or "-",
+            _where(b),
             b.get("bucket") or "-",
             str(b.get("live_instances", 0)),
             age(b.get("validated_at")),
             truncate(b.get("status_reason") or ""),
         ],
         as_json=as_json,
-        headers=["NAME", "KIND", "STATUS", "AUTH", "REGIONS", "BUCKET", "LIVE", "VALIDATED", "REASON"],
-        empty="No backends yet: connect one with `trainyard backend add aws …`.",
+        headers=["NAME", "KIND", "STATUS", "AUTH", "WHERE", "BUCKET", "LIVE", "VALIDATED", "REASON"],
+        empty="No backends yet: connect one with `trainyard backend add aws …` or `… add kubernetes …`.",
     )
 
 
@@ -139,12 +225,59 @@ def backend_rm(name: str) -> None:
     click.echo(f"Removed backend {name}", err=True)
 
 
-def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+def _where(b: Any) -> str:
+    """AWS: its regions; Kubernetes: cluster/namespace."""
+    kube = b.get("kubernetes")
+    if kube:
+        return f"{kube.get('cluster') or '-'}/{kube.get('namespace') or '-'}"
+    return ",".join(b.get("regions") or []) or "-"
+
+
+def _prices(values: tuple[str, ...], option: str) -> dict[str, float]:
+    """``TYPE=USD`` options as instance type → price an hour."""
+    out = {}
+    for kind, price in _pairs(values, option, "TYPE=USD").items():
+        try:
+            out[kind] = float(price)
+        except ValueError:
+            raise click.BadParameter(f"{price!r} is not a price in USD (e.g. {kind}=1.25)", param_hint=option) from None
+    return out
+
+
+def _labels(values: tuple[str, ...]) -> dict[str, str]:
+    return _pairs(values, "--node-selector", "LABEL=VALUE")
+
+
+def _toleration(value: str) -> dict[str, str]:
+    """``KEY[=VALUE]:EFFECT`` as a pod toleration (no value: any value, ``Exists``)."""
+    spec, sep, effect = value.rpartition(":")
+    if not sep or not spec or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise click.BadParameter(
+            f"expected KEY[=VALUE]:EFFECT with EFFECT NoSchedule, PreferNoSchedule or NoExecute, got {value!r}",
+            param_hint="--toleration",
+        )
+    key, has_value, text = spec.partition("=")
+    if has_value:
+        return {"key": key, "operator": "Equal", "value": text, "effect": effect}
+    return {"key": key, "operator": "Exists", "effect": effect}
+
+
+def _node_pools(file: Any) -> list[Any]:
+    try:
+        pools = json.load(file)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--node-pools") from None
+    if not isinstance(pools, list):
+        raise click.BadParameter("expected a JSON list of node pools", param_hint="--node-pools")
+    return pools
+
+
+def _pairs(values: tuple[str, ...], option: str, form: str = "REGION=ID") -> dict[str, str]:
     pairs = {}
     for value in values:
         region, sep, item = value.partition("=")
         if not sep or not region or not item:
-            raise click.BadParameter(f"expected REGION=ID, got {value!r}", param_hint=option)
+            raise click.BadParameter(f"expected {form}, got {value!r}", param_hint=option)
         pairs[region.strip()] = item.strip()
     return pairs
 

@@ -1792,15 +1792,26 @@ export interface components {
             trust_policy: unknown;
             permission_policy: unknown;
         };
+        /**
+         * @description * `aws` - aws
+         *     * `kubernetes` - kubernetes
+         * @enum {string}
+         */
+        BackendCreateInKindEnum: "aws" | "kubernetes";
+        /**
+         * @description One backend to connect: ``kind`` says which fields apply (AWS: a role
+         *     or keys, regions, a bucket; Kubernetes: a kubeconfig or in_cluster, a
+         *     namespace, and how its pods are placed and priced).
+         */
         BackendCreateInRequest: {
-            kind: components["schemas"]["ConnectableKindEnum"];
-            /** @default aws */
-            name: string;
+            kind: components["schemas"]["BackendCreateInKindEnum"];
+            /** @description default: the kind */
+            name?: string;
             role_arn?: string;
             access_key_id?: string;
             secret_access_key?: string;
-            regions: string[];
-            bucket: string;
+            regions?: string[];
+            bucket?: string;
             subnets?: {
                 [key: string]: string[];
             };
@@ -1810,6 +1821,35 @@ export interface components {
             gpu_amis?: {
                 [key: string]: string;
             };
+            /** @description kubernetes: the kubeconfig's YAML (credentials inline); encrypted at rest, never returned */
+            kubeconfig?: string;
+            /**
+             * @description kubernetes: the server's own service account, where allowed
+             * @default false
+             */
+            in_cluster: boolean;
+            namespace?: string;
+            context?: string;
+            cluster?: string;
+            image?: string;
+            image_pull_secrets?: string[];
+            node_selector?: {
+                [key: string]: string;
+            };
+            tolerations?: components["schemas"]["TolerationRequest"][];
+            prices?: {
+                [key: string]: number;
+            };
+            spot_prices?: {
+                [key: string]: number;
+            };
+            /** Format: double */
+            default_price?: number;
+            node_pools?: components["schemas"]["NodePoolRequest"][];
+            /** Format: double */
+            schedule_timeout_seconds?: number;
+            termination_grace_seconds?: number;
+            gpu_resource?: string;
         };
         /**
          * @description * `local` - Local
@@ -1832,13 +1872,15 @@ export interface components {
             readonly validated_at: string | null;
             /** Format: date-time */
             readonly created_at: string;
-            /** @description "role", "keys", or "" for backends without credentials. */
+            /** @description "role", "keys" (AWS), "kubeconfig", "in-cluster" (Kubernetes), or "" for backends without credentials. */
             readonly auth: string;
+            /** @description AWS: its regions; Kubernetes: its cluster (the region its offers name). */
             readonly regions: string[];
             readonly bucket: string;
             readonly role_arn: string;
             readonly external_id: string;
             readonly aws_account_id: string;
+            readonly kubernetes: components["schemas"]["KubernetesOut"] | null;
             readonly live_instances: number;
         };
         /**
@@ -1849,12 +1891,15 @@ export interface components {
         BackendOutStatusEnum: "active" | "broken";
         /**
          * @description * `aws` - aws
+         *     * `kubernetes` - kubernetes
          *     * `local` - local
          *     * `fake` - fake
          *     * `self-hosted` - self-hosted
          * @enum {string}
          */
-        BackendsEnum: "aws" | "local" | "fake" | "self-hosted";
+        BackendsEnum: "aws" | "kubernetes" | "local" | "fake" | "self-hosted";
+        /** @enum {unknown} */
+        BlankEnum: "";
         BlobOut: {
             /** Format: uuid */
             id: string;
@@ -2023,11 +2068,6 @@ export interface components {
             x: components["schemas"]["XEnum"];
             points: components["schemas"]["MetricPointsOut"];
         };
-        /**
-         * @description * `aws` - aws
-         * @enum {string}
-         */
-        ConnectableKindEnum: "aws";
         CostReportOut: {
             /** @description always "USD" */
             currency: string;
@@ -2239,6 +2279,14 @@ export interface components {
         DownloadUrlOut: {
             url: string;
         };
+        /**
+         * @description * `` -
+         *     * `NoSchedule` - NoSchedule
+         *     * `PreferNoSchedule` - PreferNoSchedule
+         *     * `NoExecute` - NoExecute
+         * @enum {string}
+         */
+        EffectEnum: "NoSchedule" | "PreferNoSchedule" | "NoExecute";
         EnvironmentArchiveOut: {
             /** @description signed GET URL of the packed environment */
             url: string;
@@ -2669,6 +2717,40 @@ export interface components {
          * @enum {string}
          */
         KindEnum: "git" | "archive";
+        /** @description A Kubernetes backend's public configuration (never its kubeconfig). */
+        KubernetesOut: {
+            namespace: string;
+            /** @description the kubeconfig's context used ("": its current-context) */
+            context: string;
+            /** @description the offers' region ("": the context's cluster name) */
+            cluster: string;
+            /** @description the server's own service account, not a kubeconfig */
+            in_cluster: boolean;
+            /** @description "": the backend's default (python:3.12-slim) */
+            image: string;
+            image_pull_secrets: string[];
+            node_selector: {
+                [key: string]: string;
+            };
+            tolerations: components["schemas"]["Toleration"][];
+            prices: {
+                [key: string]: number;
+            };
+            spot_prices: {
+                [key: string]: number;
+            } | null;
+            /** Format: double */
+            default_price: number | null;
+            node_pools: components["schemas"]["NodePool"][];
+            /** Format: double */
+            schedule_timeout_seconds: number | null;
+            termination_grace_seconds: number | null;
+            gpu_resource: string;
+            /** @description nodes the last facts refresh listed */
+            nodes: number;
+            /** Format: date-time */
+            facts_refreshed_at: string | null;
+        };
         LastValueOut: {
             /** Format: double */
             value: number;
@@ -2834,6 +2916,56 @@ export interface components {
             /** @description at most 50, runs newest first */
             names: string[];
         };
+        /** @description A node pool an autoscaler grows from zero: offered although no node of it exists yet. */
+        NodePool: {
+            name: string;
+            instance_type: string;
+            cpus: number;
+            /** Format: double */
+            memory_gib: number;
+            /** @default 0 */
+            gpus: number;
+            /** @default  */
+            gpu_name: string;
+            /**
+             * Format: double
+             * @default 0
+             */
+            gpu_memory_gib: number;
+            /** @default false */
+            spot: boolean;
+            /** Format: double */
+            price?: number | null;
+            node_selector?: {
+                [key: string]: string;
+            };
+            tolerations?: components["schemas"]["Toleration"][];
+        };
+        /** @description A node pool an autoscaler grows from zero: offered although no node of it exists yet. */
+        NodePoolRequest: {
+            name: string;
+            instance_type: string;
+            cpus: number;
+            /** Format: double */
+            memory_gib: number;
+            /** @default 0 */
+            gpus: number;
+            /** @default  */
+            gpu_name: string;
+            /**
+             * Format: double
+             * @default 0
+             */
+            gpu_memory_gib: number;
+            /** @default false */
+            spot: boolean;
+            /** Format: double */
+            price?: number | null;
+            node_selector?: {
+                [key: string]: string;
+            };
+            tolerations?: components["schemas"]["TolerationRequest"][];
+        };
         /**
          * @description * `webhook` - Webhook
          *     * `slack` - Slack
@@ -2862,6 +2994,12 @@ export interface components {
             shortfall: string;
             accounts: number;
         };
+        /**
+         * @description * `Exists` - Exists
+         *     * `Equal` - Equal
+         * @enum {string}
+         */
+        OperatorEnum: "Exists" | "Equal";
         /**
          * @description * `uploaded` - uploaded
          *     * `removed` - removed
@@ -3635,6 +3773,22 @@ export interface components {
              * @description null: never expires.
              */
             expires_at: string | null;
+        };
+        /** @description A pod toleration, as Kubernetes spells it. */
+        Toleration: {
+            key?: string;
+            operator?: components["schemas"]["OperatorEnum"];
+            value?: string;
+            effect?: components["schemas"]["EffectEnum"] | components["schemas"]["BlankEnum"];
+            tolerationSeconds?: number;
+        };
+        /** @description A pod toleration, as Kubernetes spells it. */
+        TolerationRequest: {
+            key?: string;
+            operator?: components["schemas"]["OperatorEnum"];
+            value?: string;
+            effect?: components["schemas"]["EffectEnum"] | components["schemas"]["BlankEnum"];
+            tolerationSeconds?: number;
         };
         UploadOut: {
             path: string;

@@ -36,6 +36,11 @@ export function BackendsPage() {
             <td>
               <span className="mono">{backend.name}</span> <span className="muted small">{backend.kind}</span>
               {backend.aws_account_id ? <div className="small muted">AWS account {backend.aws_account_id}</div> : null}
+              {backend.kubernetes ? (
+                <div className="small muted">
+                  namespace {backend.kubernetes.namespace}, {backend.kubernetes.nodes} node(s)
+                </div>
+              ) : null}
             </td>
             <td>
               <StatusBadge status={backend.status} />
@@ -50,7 +55,7 @@ export function BackendsPage() {
             </td>
             {isAdmin ? (
               <td className="actions">
-                {backend.kind === "aws" ? (
+                {backend.kind === "aws" || backend.kind === "kubernetes" ? (
                   <button type="button" className="btn btn-small" onClick={() => void validate(backend.name)}>
                     Validate
                   </button>

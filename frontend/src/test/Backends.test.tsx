@@ -29,6 +29,7 @@ function backend(overrides: Partial<Backend>): Backend {
     role_arn: "",
     external_id: "",
     aws_account_id: "123456789012",
+    kubernetes: null,
     live_instances: 2,
     ...overrides,
   };
@@ -76,6 +77,35 @@ describe("BackendsPage", () => {
     const first = screen.getAllByRole("row")[1];
     expect(within(first).getByText("us-east-1, eu-west-1")).toBeTruthy();
     expect(within(first).getByText("AWS account 123456789012")).toBeTruthy();
+  });
+
+  it("shows a Kubernetes backend's cluster, namespace and nodes, with Validate", async () => {
+    const kubernetes = {
+      namespace: "ml",
+      context: "",
+      cluster: "gke-prod",
+      in_cluster: false,
+      image: "",
+      image_pull_secrets: [],
+      node_selector: {},
+      tolerations: [],
+      prices: { "a2-highgpu-1g": 3.67 },
+      spot_prices: null,
+      default_price: null,
+      node_pools: [],
+      schedule_timeout_seconds: null,
+      termination_grace_seconds: null,
+      gpu_resource: "",
+      nodes: 3,
+      facts_refreshed_at: null,
+    };
+    serve([backend({ id: "b-3", name: "gke", kind: "kubernetes", auth: "kubeconfig", regions: ["gke-prod"], bucket: "", aws_account_id: "", kubernetes })]);
+    renderPage();
+
+    const row = (await screen.findByText("gke")).closest("tr")!;
+    expect(within(row).getByText("namespace ml, 3 node(s)")).toBeTruthy();
+    expect(within(row).getByText("gke-prod")).toBeTruthy();
+    expect(within(row).getByRole("button", { name: "Validate" })).toBeTruthy();
   });
 
   it("shows the external id and both policies before connecting with a role", async () => {
