@@ -96,7 +96,8 @@ def node_fact(node: Mapping[str, Any], *, gpu_resource: str) -> dict[str, Any]:
 
 
 def facts_of(nodes: Sequence[Mapping[str, Any]], *, gpu_resource: str) -> dict[str, Any]:
-    """``refresh_facts``'s answer: the nodes, the GPU resources they advertise, when."""
+    """``refresh_facts``'s answer: the nodes, the GPU resources they
+    advertise, when (``checked_at`` as text, ``refreshed_at`` in Unix seconds)."""
     resources = sorted(
         {
             name
@@ -105,10 +106,12 @@ def facts_of(nodes: Sequence[Mapping[str, Any]], *, gpu_resource: str) -> dict[s
             if _is_gpu_resource(name) and quantity(amount) > 0
         }
     )
+    now = datetime.datetime.now(tz=datetime.UTC)
     return {
         "nodes": [node_fact(node, gpu_resource=gpu_resource) for node in nodes],
         "gpu_resources": resources,
-        "checked_at": datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="seconds"),
+        "checked_at": now.isoformat(timespec="seconds"),
+        "refreshed_at": now.timestamp(),
     }
 
 
