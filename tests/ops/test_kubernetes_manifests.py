@@ -2,7 +2,10 @@
 objects (kubernetes-validate: the API's own OpenAPI schemas, strict, so a
 misspelt field fails), they describe the topology docs/DEPLOY.md promises
 (web ×2 with the health probes, worker ×2, exactly one beat, migrate once),
-and their ConfigMap is a production configuration the server starts with."""
+and their ConfigMap is a production configuration the server starts with.
+``backend-rbac.yaml`` (what the kubernetes backend may do in a user's
+cluster; not part of the control plane) is valid too and grants exactly what
+the backend's connection check asks for."""
 
 from __future__ import annotations
 
@@ -20,15 +23,18 @@ from cryptography.fernet import Fernet
 from tests.support.stack import REPO_ROOT
 
 MANIFESTS = REPO_ROOT / "deploy" / "kubernetes"
+# Applied by a user in the cluster where training pods run, not with the control plane.
+BACKEND_RBAC = "backend-rbac.yaml"
 # The oldest Kubernetes release still supported upstream when these were written, and the newest.
 VERSIONS = ("1.33.0", "1.37.0")
 
 
-def documents() -> list[tuple[str, dict[str, Any]]]:
+def documents(*, control_plane: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """The objects of the control plane's files (and of the backend's RBAC file unless ``control_plane``)."""
     return [
         (path.name, doc)
         for path in sorted(MANIFESTS.glob("*.yaml"))
-        if path.name != "kustomization.yaml"
+        if path.name != "kustomization.yaml" and not (control_plane and path.name == BACKEND_RBAC)
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]
@@ -46,7 +52,7 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(version: str) -> None:
     problems = []
-    for name, doc in documents():
+    for name, doc in documents(control_plane=False):
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -57,7 +63,7 @@ def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(versio
 def test_the_kustomization_names_every_file_and_the_image() -> None:
     kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
 
-    files = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    files = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml", BACKEND_RBAC}
     assert set(kustomization["resources"]) == files
     images = {c["image"] for _, d in documents() if d["kind"] in ("Deployment", "Job") for c in pod(d)["containers"]}
     assert images == {"trainyard"} == {i["name"] for i in kustomization["images"]}
@@ -142,3 +148,26 @@ def test_the_configmap_with_the_secrets_is_a_production_configuration_that_passe
     )  # fmt: skip
 
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_backend_rbac_grants_what_the_connection_check_asks_for_and_nothing_more() -> None:
+    from backend.clouds.backends.kubernetes.checks import PERMISSIONS
+
+    rbac = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all((MANIFESTS / BACKEND_RBAC).read_text())}
+    role, cluster_role = rbac[("Role", "trainyard-backend")], rbac[("ClusterRole", "trainyard-backend-nodes")]
+
+    def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        assert all(rule["apiGroups"] == [""] for rule in rules)
+        return {(verb, resource) for rule in rules for resource in rule["resources"] for verb in rule["verbs"]}
+
+    asked = {(v, f"{r}/{sub}" if sub else r, namespaced) for v, r, sub, namespaced in PERMISSIONS}
+    assert granted(role["rules"]) == {(v, r) for v, r, namespaced in asked if namespaced}
+    assert granted(cluster_role["rules"]) == {(v, r) for v, r, namespaced in asked if not namespaced}
+    account = rbac[("ServiceAccount", "trainyard")]
+    for binding, role_name in (("RoleBinding", "trainyard-backend"), ("ClusterRoleBinding", "trainyard-backend-nodes")):
+        bound = rbac[(binding, role_name)]
+        assert bound["roleRef"]["name"] == role_name
+        assert bound["subjects"] == [
+            {"kind": "ServiceAccount", "name": "trainyard", "namespace": account["metadata"]["namespace"]}
+        ]
+    assert BACKEND_RBAC not in yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
