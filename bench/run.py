@@ -9,7 +9,8 @@ finished job's log (`--only raw-logs`), the run page of such a job in Chromium
 million runs (`--only runs-list`, bench/runs_list.py), the budgets' check
 over 1,000 running jobs (`--only budgets`, bench/budgets.py), and a scikit-learn
 environment built once and reused (`--only environments`, bench/environments.py),
-and a job's metrics (`--only metrics`, bench/metrics.py and
+the kubernetes backend's reconcile pass over 200 pods on kmock's emulator
+(`--only kubernetes`, bench/kubernetes.py), and a job's metrics (`--only metrics`, bench/metrics.py and
 bench/metrics_runners.py): their storage per job-day, a 7-day 8-GPU job read
 back and its Metrics tab in Chromium, the sampler's cost to a CPU-bound job,
 and 500 simulated runners against one web process — measured in one run on
@@ -22,7 +23,7 @@ runners).
                                   [--parallel-jobs 10] [--parallel-lines 100000]
                                   [--metrics-runners 500] [--metrics-seconds 60] [--metrics-pyspy PATH]
                                   [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
-                                          log-viewer|runs-list|environments|access|metrics|budgets ...]
+                                          log-viewer|runs-list|environments|access|metrics|budgets|kubernetes ...]
                                   [--budget-history 20000]
     make bench
 
@@ -57,6 +58,7 @@ from bench.data import bench_data, data_rows
 from bench.environments import bench_environments, environment_rows
 from bench.followers import bench_followers, follower_rows
 from bench.ingest import bench_parallel_ingest, ingest_rows
+from bench.kubernetes import bench_kubernetes, kubernetes_rows
 from bench.lib import (
     FINISHED,
     Api,
@@ -577,6 +579,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         metrics_runner_rows(results["metrics_runners"], row)
     if "budgets" in results:
         budget_rows(results["budgets"], row)
+    if "kubernetes" in results:
+        kubernetes_rows(results["kubernetes"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -638,6 +642,7 @@ PARTS = [
     "metrics",
     "budgets",
     "cost-rollup",
+    "kubernetes",
 ]
 
 
@@ -740,6 +745,8 @@ def main() -> int:
                     results["environments"] = bench_environments(api, stack.data_dir)
                 if "data" in parts:
                     results["data"] = bench_data(info["moto"].url, tmp, rounds=args.data_rounds)
+                if "kubernetes" in parts:
+                    results["kubernetes"] = bench_kubernetes(args.samples)
                 if parts & {
                     "metrics",
                     "runs-list",
