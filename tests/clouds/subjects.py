@@ -390,14 +390,16 @@ class KubernetesSubject(Subject):
     contract needs pods to run and to take a while to go, not processes, so
     a small node loop plays the cluster's side: a Pending pod becomes
     Running; a pod made slow to stop (``settle`` gives it a finalizer, as a
-    kubelet holds a pod for its grace period) is released a second after its
-    deletion. The kubelet helper (tests/support/kubelet.py) runs real
-    containers for the tests that need them. Pods are counted with the
+    kubelet holds a pod for its grace period) is released ``stop_after``
+    seconds after its deletion. The kubelet helper (tests/support/kubelet.py)
+    runs real containers for the tests that need them. Pods are counted with the
     test's own HTTP calls, not through the backend."""
 
     kind = "kubernetes"
     needs_kube = True
-    stop_after = 1.0
+    # Seconds a slow-to-stop pod is held after its deletion: long enough that a
+    # loaded machine still sees it STOPPING between the test's calls.
+    stop_after = 3.0
 
     def credentials(self) -> dict[str, str]:
         return {"kubeconfig": self.kube.kubeconfig()}
