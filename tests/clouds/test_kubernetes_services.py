@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -37,6 +38,7 @@ from tests.support.attempts import accept
 from tests.support.cli_wsgi import cli_as, cli_invoke, in_the_tests_transaction
 from tests.support.fixtures import Person, submit
 from tests.support.kubeapi import NAMESPACE, TOKEN, KubeApi
+from tests.support.kubelet import Kubelet
 
 GIB = 2**30
 WS = "/api/v1/workspaces/acme"
@@ -87,27 +89,37 @@ def kube(kube_api: KubeApi, settings: Any) -> KubeApi:
     return kube_api
 
 
-@pytest.fixture
-def cluster(kube: KubeApi, team: Workspace, tmp_path: Path, script: Path) -> Iterator[CloudAccount]:
-    """A connected cluster (its nodes refreshed as the periodic task does),
-    and a pricier fake cloud beside it. Afterwards no pod is left."""
-    credentials = encrypt(json.dumps({"kubeconfig": kube.kubeconfig()}))
+def kube_account(team: Workspace, kube: KubeApi, **config: Any) -> CloudAccount:
+    """A Kubernetes account of ``team`` on ``kube``, its nodes refreshed as the periodic task does."""
     account = CloudAccount.objects.create(
         workspace=team,
         kind="kubernetes",
         name="k8s",
-        config={"namespace": NAMESPACE, "prices": {"m5.xlarge": 0.2}, "termination_grace_seconds": 5},
-        credentials_ciphertext=credentials,
+        config={"namespace": NAMESPACE, "prices": {"m5.xlarge": 0.2}, "termination_grace_seconds": 5, **config},
+        credentials_ciphertext=encrypt(json.dumps({"kubeconfig": kube.kubeconfig()})),
     )
     assert accounts_refresh_facts(account_id=str(account.pk)) == 1
-    config = {"state_dir": str(tmp_path / "fake"), "script_file": str(script), "offers": [FAKE_OFFER]}
-    fake = CloudAccount.objects.create(workspace=team, kind="fake", name="fake", config=config)
-    yield account
+    return account
+
+
+@pytest.fixture
+def no_pod_left(kube: KubeApi) -> Iterator[None]:
+    """Afterwards every machine of the test is terminated, and no pod is left."""
+    yield
     for instance in Instance.objects.all():
         while instance_terminate_run(instance_id=str(instance.pk)) is not None:
             pass
     assert kube.pods() == [], "every pod of the test was deleted"
-    assert list(compute_of(fake).list_managed()) == []
+    for account in CloudAccount.objects.exclude(kind="kubernetes"):
+        assert list(compute_of(account).list_managed()) == []
+
+
+@pytest.fixture
+def cluster(kube: KubeApi, team: Workspace, tmp_path: Path, script: Path, no_pod_left: None) -> CloudAccount:
+    """A connected cluster, and a pricier fake cloud beside it."""
+    config = {"state_dir": str(tmp_path / "fake"), "script_file": str(script), "offers": [FAKE_OFFER]}
+    CloudAccount.objects.create(workspace=team, kind="fake", name="fake", config=config)
+    return kube_account(team, kube)
 
 
 def _launched(team: Workspace, owner: Person) -> tuple[Job, Instance, str]:
@@ -169,6 +181,8 @@ def test_an_unschedulable_pod_says_why_its_job_waits_then_its_cluster_is_skipped
     assert job.status_reason == (
         f"waiting for a runner: starting {instance.name} (m5.xlarge in test, $0.2000/h), {said}"
     )
+    shown = owner.client().get(f"{WS}/runs/{job.run.name}/").json()  # the run page, `trainyard ps`
+    assert shown["jobs"][0]["status_reason"] == job.status_reason
     _unschedulable(kube, path, since=301)  # the backend's schedule timeout (300 s) is over
 
     _pass(monkeypatch)
@@ -277,6 +291,57 @@ def test_a_gone_pod_ends_its_attempt_with_the_clouds_reason(
     assert InstanceEvent.objects.get(instance=instance, to_status="lost").message == said
 
 
+def _until(monkeypatch: pytest.MonkeyPatch, done: Any, what: str, timeout: float = 20.0) -> None:
+    """Reconcile and scheduling passes, as beat runs them, until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f}s: {what}"
+        time.sleep(0.3)
+        _pass(monkeypatch)
+
+
+def test_with_the_kubelet_a_pod_no_node_takes_shows_the_schedulers_words_on_its_job(
+    kube: KubeApi, kubelet: Kubelet, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch, no_pod_left: None
+) -> None:
+    """The offer is a node pool an autoscaler grows from zero: until its node
+    comes, the scheduler finds none for the pod."""
+    pool = {"name": "big", "instance_type": "c5.4xlarge", "cpus": 16, "memory_gib": 32, "price": 0.68}
+    kube_account(team, kube, node_pools=[pool])
+    text = WORKFLOWS.replace("resources: {cpu: 2}", "resources: {cpu: 8}")
+    run = submit(team, owner.user, workflow="train", text=text)
+    jobs_schedule()
+    instance = Instance.objects.get()
+    instance_launch_run(instance_id=str(instance.pk))
+    job = run.jobs.get()
+
+    _until(monkeypatch, lambda: "waiting for a node" in Job.objects.get(pk=job.pk).status_reason, "the node's wait")
+
+    pod = kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod_name(instance.idempotency_key)}")
+    condition = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert condition["message"].startswith("0/1 nodes are available:")
+    job.refresh_from_db()
+    assert job.status_reason.endswith(f", waiting for a node: {condition['message']}")
+    assert job.status == "pending"
+
+
+def test_with_the_kubelet_an_image_that_is_not_there_fails_the_job(
+    kube: KubeApi, kubelet: Kubelet, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch, no_pod_left: None
+) -> None:
+    kubelet.missing_image("ghcr.io/acme/missing:1")
+    kube_account(team, kube, image="ghcr.io/acme/missing:1")
+    run = submit(team, owner.user, workflow="train", text=WORKFLOWS)
+    jobs_schedule()
+    instance_launch_run(instance_id=str(Instance.objects.get().pk))
+    job = run.jobs.get()
+
+    _until(monkeypatch, lambda: Job.objects.get(pk=job.pk).status == "failed", "the job's failure")
+
+    attempt = Attempt.objects.get(job=job)
+    assert attempt.termination_reason == "image_pull"
+    assert "ghcr.io/acme/missing:1" in attempt.termination_message
+    assert attempt.termination_message.endswith("; check the backend's image")
+
+
 class SlowBootCompute(FakeCompute):
     """A backend whose provision timeout (60 s) is shorter than its schedule
     timeout (300 s), and whose one machine its cloud says no node takes."""
@@ -315,6 +380,21 @@ def test_the_provision_timeout_leaves_an_unschedulable_machine_to_the_schedule_t
     assert (instance.status, instance.termination_reason) == ("terminating", "no_capacity")
     instance_terminate_run(instance_id=str(instance.pk))
     assert list(compute_of(account).list_managed()) == []
+
+
+def test_the_periodic_refresh_lists_a_clusters_nodes_again_once_its_facts_are_old(
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person
+) -> None:
+    kube.post("/api/v1/nodes", node("node-2", "g5.xlarge", cpu="8", memory="32Gi"))
+
+    assert accounts_refresh_facts() == 0, "its facts are fresh"
+    cluster.refresh_from_db()
+    facts = {**cluster.config["facts"], "refreshed_at": 1.0}
+    CloudAccount.objects.filter(pk=cluster.pk).update(config={**cluster.config, "facts": facts})
+
+    assert accounts_refresh_facts() == 1
+    offers = owner.client().get(f"{WS}/offers/?backend=kubernetes").json()["offers"]
+    assert sorted(o["instance_type"] for o in offers) == ["g5.xlarge", "m5.xlarge"]
 
 
 # ------------------------------------------------------------------ connecting
@@ -418,6 +498,20 @@ def test_bad_input_is_named_before_the_cluster_is_asked(
 
     assert answer.status_code == 400, answer.content
     assert answer.json()["message"].startswith(message)
+    assert not CloudAccount.objects.filter(kind="kubernetes").exists()
+
+
+def test_in_cluster_where_the_operator_allows_it_needs_the_server_in_a_pod(
+    kube: KubeApi, owner: Person, settings: Any
+) -> None:
+    settings.TRAINYARD = {**settings.TRAINYARD, "KUBERNETES_IN_CLUSTER": True}
+
+    answer = owner.client().post(
+        f"{WS}/backends/", {"kind": "kubernetes", "in_cluster": True, "namespace": NAMESPACE}, format="json"
+    )
+
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["message"].startswith("in_cluster: the server does not run in a Kubernetes pod")
     assert not CloudAccount.objects.filter(kind="kubernetes").exists()
 
 
