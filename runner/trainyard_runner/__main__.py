@@ -16,7 +16,7 @@ from pathlib import Path
 from . import http, kept, machine, register, retry
 from .agent import EXIT_POWER_OFF, Agent
 from .resources import RESOURCES_VAR, declared_resources
-from .spot import NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher
+from .spot import DEFAULT_TERMINATION_GRACE, NOTICE_EVERY, REBALANCE_EVERY, SpotWatcher, pod_termination_notice
 
 log = logging.getLogger("trainyard_runner")
 OUTLIVE_VAR = "TRAINYARD_RUNNER_JOBS_OUTLIVE"
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             rebalance_every=args.rebalance_poll_seconds,
         )
     lifetime = _Lifetime(args.max_lifetime, work_dir)
-    code = asyncio.run(_run(agent, lifetime))
+    grace = args.termination_grace if args.cloud == "kubernetes" else None
+    code = asyncio.run(_run(agent, lifetime, grace))
     if code == EXIT_POWER_OFF or lifetime.over:
         why = lifetime.reason if lifetime.over else "the server was unreachable while idle"
         machine.power_off(args.power_off_command or machine.default_power_off_command(), why)
@@ -115,12 +116,25 @@ class _Lifetime:
         agent.stop(self.reason)
 
 
-async def _run(agent: Agent, lifetime: _Lifetime) -> int:
+async def _run(agent: Agent, lifetime: _Lifetime, termination_grace: float | None) -> int:
+    """``termination_grace`` (``--cloud kubernetes``): SIGTERM is the pod's
+    termination, ``Agent.on_termination``, not a stop of the runner alone."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, agent, sig)
+    if termination_grace is not None:
+        loop.add_signal_handler(signal.SIGTERM, _on_pod_termination, agent, termination_grace)
     lifetime.arm(agent)
     return await agent.run()
+
+
+def _on_pod_termination(agent: Agent, grace: float) -> None:
+    """The pod is being deleted: the machine goes when its grace is over.
+    Another SIGTERM changes nothing (the deadline stands)."""
+    if agent.leaving:
+        log.info("another SIGTERM: the jobs are already winding down")
+        return
+    agent.on_termination(pod_termination_notice(grace))
 
 
 def _on_signal(agent: Agent, sig: int) -> None:
@@ -183,9 +197,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cloud",
         default=env("TRAINYARD_RUNNER_CLOUD", ""),
-        choices=["", "aws"],
-        help="read this cloud's instance metadata for the hello (aws: IMDSv2 at"
-        " AWS_EC2_METADATA_SERVICE_ENDPOINT or 169.254.169.254) [TRAINYARD_RUNNER_CLOUD]",
+        choices=["", "aws", "kubernetes"],
+        help="where the machine runs: aws reads IMDSv2 (AWS_EC2_METADATA_SERVICE_ENDPOINT or 169.254.169.254) for"
+        " the hello and its spot interruption notices; kubernetes takes SIGTERM as the pod's termination"
+        " (--termination-grace) [TRAINYARD_RUNNER_CLOUD]",
+    )
+    p.add_argument(
+        "--termination-grace",
+        type=float,
+        default=float(env("TRAINYARD_RUNNER_TERMINATION_GRACE", str(DEFAULT_TERMINATION_GRACE))),
+        help="with --cloud kubernetes: the pod's grace period between its SIGTERM and its SIGKILL; the jobs wind"
+        " down and the runner exits within it [TRAINYARD_RUNNER_TERMINATION_GRACE]",
     )
     p.add_argument(
         "--spot-poll-seconds",

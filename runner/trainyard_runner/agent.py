@@ -123,6 +123,7 @@ class Agent:
         # Set before run() with --cloud aws: calls on_notice / on_rebalance.
         self.spot: SpotWatcher | None = None
         self._notice: Notice | None = None  # the machine is being reclaimed: no new jobs
+        self._leaving = False  # on_termination: exit once the jobs' final states are delivered
         self._background: set[asyncio.Task[object]] = set()
         self._kept = kept.Uploader(work_dir, lambda: self._token, first=kept_retry_seconds)
         self.relays = Relays(
@@ -137,6 +138,10 @@ class Agent:
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving
 
     @property
     def state(self) -> Lifecycle:
@@ -247,6 +252,24 @@ class Agent:
         for job in list(self._jobs.values()):
             job.interrupt(notice)
 
+    def on_termination(self, notice: Notice) -> None:
+        """The machine itself is going (a pod's SIGTERM, ``--cloud
+        kubernetes``): the notice for every job (``on_notice``: each winds
+        down by ``notice.at``, is reported interrupted), no new job, and the
+        runner exits 0 once every job's final state is delivered, at the
+        latest at ``notice.at``. Jobs are never left running (the machine
+        goes with the runner)."""
+        if self._leaving:
+            return
+        log.warning("the machine is going at %s: winding the jobs down, then exiting", notice.when)
+        self._leaving = True
+        self._stopping = True
+        self._detach = False
+        self.on_notice(notice)
+        self._maybe_exit()
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(notice.at - time.time(), 0.0), self._force_exit, f"the machine goes at {notice.when}")
+
     def on_rebalance(self, recommendation: str) -> None:
         """A rebalance recommendation: sync every running job's checkpoint, keep running."""
         for job in list(self._jobs.values()):
@@ -264,9 +287,10 @@ class Agent:
         if not task.cancelled() and task.exception() is not None:
             log.error("a background task of the runner failed", exc_info=task.exception())
 
-    def _force_exit(self) -> None:
+    def _force_exit(self, why: str = "") -> None:
         if self._exit_code is None:
-            log.warning("could not report to the server within %.0fs; exiting anyway", STOP_TIMEOUT)
+            why = why or f"could not report to the server within {STOP_TIMEOUT:.0f}s"
+            log.warning("%s; exiting anyway", why)
             self._exit_code = 0
             self._end_session.set()
 

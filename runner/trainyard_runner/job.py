@@ -419,7 +419,10 @@ class Job:
         3. The job writes its checkpoint until it exits or T-45 s; then it is
         synced. 4. Still running at T-10 s: SIGKILL; if it exited by then
         after that sync, one more sync."""
-        reason = f"spot interruption notice: the cloud will {notice.action or 'reclaim'} this machine at {notice.when}"
+        reason = (
+            notice.reason
+            or f"spot interruption notice: the cloud will {notice.action or 'reclaim'} this machine at {notice.when}"
+        )
         execution = self._execution
         if execution is None:
             self._interrupted_before_start = True
@@ -458,7 +461,7 @@ class Job:
         await self.wait_wound_down()
         if not self.stream.closed:
             self.stream.close()
-        reason = f"spot interruption notice: the machine is reclaimed at {self._notice.when}"
+        reason = self._notice.reason or f"spot interruption notice: the machine is reclaimed at {self._notice.when}"
         state = JobState(
             job=self.id,
             attempt=self.attempt,

@@ -147,10 +147,11 @@ def _imds(
 
 
 def cloud_identity(cloud: str) -> CloudIdentity | None:
-    """``--cloud``: "aws" reads IMDS; "" (the default) reads nothing."""
+    """``--cloud``: "aws" reads IMDS; "kubernetes" (a pod has no metadata
+    service) and "" (the default) read nothing."""
     if cloud == "aws":
         return aws_identity()
-    if cloud:
+    if cloud and cloud != "kubernetes":
         log.warning("unknown --cloud %r: not reading any instance metadata", cloud)
     return None
 

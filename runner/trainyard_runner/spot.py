@@ -1,4 +1,14 @@
-"""Watching for the cloud taking the machine back (``--cloud aws``).
+"""Watching for the cloud taking the machine back.
+
+``--cloud kubernetes``: the notice is the pod's SIGTERM (the pod is being
+deleted: preempted, evicted, its node drained or shut down, or deleted by the
+server). The pod is killed when its grace period is over
+(``TRAINYARD_RUNNER_TERMINATION_GRACE`` seconds, the pod's
+``terminationGracePeriodSeconds``): ``pod_termination_notice`` makes the
+notice for ``TERMINATION_MARGIN`` seconds before that, so the runner reports
+and exits before the SIGKILL.
+
+``--cloud aws``:
 
 The runner polls instance metadata with IMDSv2 (``machine.Imds``):
 ``spot/instance-action`` every ``notice_every`` seconds (5; 404 until a
@@ -29,15 +39,33 @@ REBALANCE_PATH = "events/recommendations/rebalance"
 NOTICE_EVERY = 5.0
 REBALANCE_EVERY = 30.0
 WARN_EVERY = 60.0  # a metadata service that does not answer is logged at most this often
+DEFAULT_TERMINATION_GRACE = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+TERMINATION_MARGIN = 5.0  # the notice's time is this long before the pod's SIGKILL
 
 
 @dataclass(frozen=True)
 class Notice:
-    """The cloud reclaims the machine at ``at`` (unix time); ``when`` as the cloud wrote it."""
+    """The cloud reclaims the machine at ``at`` (unix time); ``when`` as the
+    cloud wrote it; ``reason``: how the job's interruption is explained
+    (empty: a spot interruption notice)."""
 
     action: str
     at: float
     when: str
+    reason: str = ""
+
+
+def pod_termination_notice(grace: float, *, now: float | None = None) -> Notice:
+    """The notice a pod's SIGTERM stands for: the machine goes ``grace``
+    seconds from ``now``, the runner's deadline is ``TERMINATION_MARGIN``
+    before that."""
+    at = (time.time() if now is None else now) + max(grace - TERMINATION_MARGIN, 0.0)
+    when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reason = (
+        f"the pod got SIGTERM (Kubernetes is deleting it: preemption, eviction, a node drained or shut down);"
+        f" its grace period of {grace:g}s leaves the job until {when}"
+    )
+    return Notice(action="terminate", at=at, when=when, reason=reason)
 
 
 def parse_notice(body: str) -> Notice | None:
@@ -125,4 +153,4 @@ class SpotWatcher:
             return None
 
 
-__all__ = ["Notice", "SpotWatcher", "parse_notice"]
+__all__ = ["Notice", "SpotWatcher", "parse_notice", "pod_termination_notice"]

@@ -168,11 +168,26 @@ UNIT
 fi
 
 # No systemd (or asked for): the runner in the foreground, restarted a few times.
+# A SIGTERM (a container's stop: it goes to PID 1 only, and a shell at PID 1
+# ignores what it does not trap) is passed on to the runner's wrapper, and
+# this script ends when the runner has (with 0: the stop is not a failure).
 log "running the runner in the foreground"
+child=0
+stopping=0
+trap 'stopping=1; if [ "$child" != 0 ]; then kill -TERM "$child" 2>/dev/null || true; fi' TERM INT
 failures=0
 while :; do
+  [ "$stopping" = 1 ] && exit 0
   rc=0
-  "$ROOT/run-runner" || rc=$?
+  "$ROOT/run-runner" &
+  child=$!
+  [ "$stopping" = 1 ] && kill -TERM "$child" 2>/dev/null
+  while :; do
+    if wait "$child"; then rc=0; else rc=$?; fi
+    kill -0 "$child" 2>/dev/null || break
+  done
+  child=0
+  [ "$stopping" = 1 ] && exit 0
   [ "$rc" -eq 0 ] && exit 0
   failures=$((failures + 1))
   [ "$failures" -ge 5 ] && die "the runner failed $failures times (last exit code $rc)"
