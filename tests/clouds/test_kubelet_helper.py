@@ -107,9 +107,14 @@ def test_a_pod_goes_to_the_node_it_fits_and_its_command_runs_with_the_pods_env(
     kube_api: KubeApi, kubelet: Kubelet
 ) -> None:
     kubelet.add_node("cpu-1", cpu="16", memory="64Gi", instance_type="m6i.4xlarge")
-    kubelet.add_node("gpu-1", cpu="8", memory="61Gi", gpus=1, gpu_product="NVIDIA-A100-SXM4-40GB", instance_type="p4d")
-    script = 'echo "hello from $POD_NAME"; echo "root=$TRAINYARD_BOOT_ROOT"; echo "greeting=$GREETING"; pwd'
+    kubelet.add_node("gpu-1", cpu="8", memory="61Gi", gpus=1, gpu_product="NVIDIA-A100-SXM4-40GB",
+                     gpu_memory_mib=40960, instance_type="p4d")  # fmt: skip
+    script = (
+        'echo "hello from $POD_NAME"; echo "root=$TRAINYARD_BOOT_ROOT"; echo "greeting=$GREETING";'
+        " nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits; pwd"
+    )
     make_pod(kube_api, "ty-gpu", script, gpus=1, tolerations=[GPU_TOLERATION], env={"GREETING": "hi"})
+    make_pod(kube_api, "ty-cpu", "command -v nvidia-smi || echo no GPU here")
 
     done = in_phase(kube_api, "ty-gpu", "Succeeded")
     assert done["spec"]["nodeName"] == "gpu-1"
@@ -122,6 +127,9 @@ def test_a_pod_goes_to_the_node_it_fits_and_its_command_runs_with_the_pods_env(
     assert "hello from ty-gpu" in log
     assert f"root={folder / 'opt'}" in log
     assert "greeting=hi" in log
+    assert "NVIDIA A100 SXM4 40GB, 40960" in log, "the pod sees the node's GPU"
+    assert in_phase(kube_api, "ty-cpu", "Succeeded")["spec"]["nodeName"] == "cpu-1"
+    assert "no GPU here" in kubelet.pod_log("ty-cpu")
     assert str(folder) in log.splitlines()[-1]
     assert reasons(kube_api, "ty-gpu")[:5] == ["Scheduled", "Pulling", "Pulled", "Created", "Started"]
     scheduled = events(kube_api, "ty-gpu")[0]
@@ -240,7 +248,7 @@ TRAPS_TERM = (
     # (a process of the pod that is not PID 1) must get no SIGTERM.
     "trap 'date +%s.%N > \"$MARK/term\"' TERM; "
     "sh -c 'trap \"touch $MARK/child-term\" TERM; while :; do sleep 0.05; done' & "
-    'while :; do date +%s.%N > "$MARK/alive"; sleep 0.05; done'
+    'while :; do touch "$MARK/alive"; sleep 0.05; done'
 )
 
 
@@ -260,14 +268,14 @@ def test_deleting_a_running_pod_sigterms_its_main_process_and_kills_everything_a
     assert terminating is not None, "a deleted pod that runs stays (Terminating) until its kubelet stopped it"
     assert terminating["metadata"]["deletionTimestamp"]
     wait_for("the SIGTERM", lambda: (mark / "term").exists(), 5, every=0.05)
-    assert time.monotonic() - deleted < 1.0
+    assert time.monotonic() - deleted < 1.5
     assert "ty-stubborn" in kubelet.running(), "it ignored the SIGTERM: it runs on within the grace"
     ended = gone(kube_api, kubelet, "ty-stubborn", 10)
-    assert 1.8 <= ended - deleted <= 4.0, f"killed {ended - deleted:.1f}s after the delete, grace 2 s"
+    assert 1.8 <= ended - deleted <= 6.0, f"killed {ended - deleted:.1f}s after the delete, grace 2 s"
     assert not (mark / "child-term").exists(), "only the main process gets the SIGTERM"
-    last = float((mark / "alive").read_text())
+    last = (mark / "alive").stat().st_mtime_ns
     time.sleep(0.3)
-    assert float((mark / "alive").read_text()) == last, "nothing of the pod runs on"
+    assert (mark / "alive").stat().st_mtime_ns == last, "nothing of the pod runs on"
     assert "Killing" in reasons(kube_api, "ty-stubborn")
 
 

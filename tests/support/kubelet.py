@@ -23,9 +23,13 @@ kubelets, and the controllers that disrupt pods.
   ``BackOff``; the pod stays Pending), then runs the container's
   ``command + args`` in ``root/<pod>/`` as a process group of its own, with
   the pod's env, ``TRAINYARD_BOOT_ROOT`` (``root/<pod>/opt``) and the test's
-  ``env``; output in ``root/<pod>/container.log``. Phase ``Running`` with a
-  running container status; the exit gives ``Succeeded`` (0) or ``Failed``
-  with a terminated container status (128+N for a signal).
+  ``env``; output in ``root/<pod>/container.log``. A pod given GPUs (a
+  limit of the node's GPU resource) finds a stand-in ``nvidia-smi``
+  (tests/support/gpus.py) first on its PATH listing that many of the node's
+  GPUs (product and memory labels), as the NVIDIA container toolkit gives a
+  container its GPUs. Phase ``Running`` with a running container status; the
+  exit gives ``Succeeded`` (0) or ``Failed`` with a terminated container
+  status (128+N for a signal).
 - **Stopping a pod** as a container runtime does: SIGTERM to the
   container's main process only (as to a container's PID 1: a shell that
   does not pass it on leaves its children running), SIGKILL to everything
@@ -79,6 +83,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.gpus import gpu, stand_in_nvidia_smi
 from tests.support.kubeapi import KubeApi
 
 FINALIZER = "trainyard.dev/test-kubelet"
@@ -92,6 +97,7 @@ DEFAULT_GRACE = 30.0
 RETRY_SCHEDULING = 1.0  # seconds between the scheduler's tries of an unschedulable pod
 PULL_BACKOFF_FIRST, PULL_BACKOFF_MAX = 10.0, 300.0
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+_PLAIN_RESOURCES = {"cpu", "memory", "ephemeral-storage", "pods"}
 _QUANTITY_SUFFIX = {
     "Ki": Decimal(2**10),
     "Mi": Decimal(2**20),
@@ -468,7 +474,7 @@ class Kubelet:
         if node in self._shutting_down:
             return
         if time.monotonic() >= pod.next_pull:
-            self._pull_and_start(obj, pod)
+            self._pull_and_start(obj, pod, nodes[node])
 
     def _track(self, obj: dict[str, Any]) -> _Pod:
         meta = obj["metadata"]
@@ -559,7 +565,7 @@ class Kubelet:
 
     # ------------------------------------------------------------ running
 
-    def _pull_and_start(self, obj: dict[str, Any], pod: _Pod) -> None:
+    def _pull_and_start(self, obj: dict[str, Any], pod: _Pod, node: Mapping[str, Any]) -> None:
         container = _container(obj)
         image = str(container.get("image", ""))
         if image in self.missing_images:
@@ -582,6 +588,10 @@ class Kubelet:
             "TRAINYARD_BOOT_ROOT": str(pod.folder / "opt"),
             **self.extra_env,
         }
+        gpus = _gpus_of(obj, node)
+        if gpus:  # as the GPU device plugin and container toolkit give a container its GPUs
+            stand_in_nvidia_smi(pod.folder / "gpu-bin", gpus)
+            env["PATH"] = f"{pod.folder / 'gpu-bin'}:{env['PATH']}"
         with open(pod.folder / "container.log", "ab") as log:
             try:
                 pod.process = subprocess.Popen(
@@ -841,6 +851,25 @@ def _requests(obj: Mapping[str, Any]) -> dict[str, Decimal]:
         for resource, amount in asked.items():
             total[resource] = total.get(resource, Decimal(0)) + quantity(amount)
     return total
+
+
+def _gpus_of(obj: Mapping[str, Any], node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs the pod's limits take of a GPU node (one labelled by GPU
+    feature discovery), as its ``nvidia-smi`` lists them: the product label
+    with ``-`` read as spaces, the memory label in MiB."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    product = labels.get("nvidia.com/gpu.product", "")
+    if not product:
+        return []
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    count = 0
+    for container in (obj.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        for resource, amount in limits.items():
+            if resource not in _PLAIN_RESOURCES and resource in allocatable:
+                count += int(quantity(amount))
+    memory = int(labels.get("nvidia.com/gpu.memory", "0") or 0)
+    return [gpu(product.replace("-", " "), mem_total_mib=memory) for _ in range(count)]
 
 
 def _unfit(
