@@ -256,7 +256,7 @@ class BackendOut(serializers.ModelSerializer[CloudAccount]):
     def get_regions(self, account: CloudAccount) -> list[str]:
         """AWS: its regions; Kubernetes: its cluster (the region its offers name)."""
         if account.kind == BackendKind.KUBERNETES:
-            return [_kube_cluster(account)]
+            return [cluster] if (cluster := _kube_cluster(account)) else []
         return [str(r) for r in account.config.get("regions", [])]
 
     def get_bucket(self, account: CloudAccount) -> str:

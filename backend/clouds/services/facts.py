@@ -10,21 +10,23 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from backend.clouds.backends.errors import ACCOUNT_BROKEN, ComputeError
-from backend.clouds.models import AccountStatus, BackendKind, CloudAccount
+from backend.clouds.backends.base import Compute
+from backend.clouds.backends.errors import ACCOUNT_BROKEN, ComputeError, InvalidConfig
+from backend.clouds.backends.registry import compute_class
+from backend.clouds.models import AccountStatus, CloudAccount
 from backend.clouds.services.accounts import account_mark_broken, compute_of
 
 logger = logging.getLogger(__name__)
 
-# Backends whose accounts keep facts; the others answer None anyway.
-WITH_FACTS = (BackendKind.AWS, BackendKind.KUBERNETES)
-
 
 def accounts_refresh_facts(*, account_id: str | None = None) -> int:
     """Refresh the facts of every active account whose facts are older than
-    ``FACTS_REFRESH_SECONDS`` (or of ``account_id`` now). One backend call
-    per account, outside any transaction; returns how many were stored."""
-    accounts = CloudAccount.objects.filter(status=AccountStatus.ACTIVE, kind__in=WITH_FACTS)
+    ``FACTS_REFRESH_SECONDS`` (or of ``account_id`` now), of every kind whose
+    backend keeps facts (``keeps_facts``). One backend call per account,
+    outside any transaction; returns how many were stored."""
+    active = CloudAccount.objects.filter(status=AccountStatus.ACTIVE)
+    kinds = [kind for kind in set(active.values_list("kind", flat=True)) if keeps_facts(kind)]
+    accounts = active.filter(kind__in=kinds)
     if account_id is not None:
         accounts = accounts.filter(pk=account_id)
     now = timezone.now().timestamp()
@@ -36,6 +38,16 @@ def accounts_refresh_facts(*, account_id: str | None = None) -> int:
             continue
         stored += _refresh(account)
     return stored
+
+
+def keeps_facts(kind: str) -> bool:
+    """Whether ``kind``'s backend (built-in or ``TRAINYARD_BACKEND_KINDS``)
+    answers ``refresh_facts`` with something (it overrides ``Compute``'s)."""
+    try:
+        cls = compute_class(kind, settings.TRAINYARD["BACKEND_KINDS"])
+    except (InvalidConfig, ImportError, TypeError):
+        return False
+    return cls.refresh_facts is not Compute.refresh_facts
 
 
 def _refresh(account: CloudAccount) -> int:
