@@ -11,12 +11,19 @@ import http.server
 import ipaddress
 import json
 import socket
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from backend.clouds.backends.base import (
     AccountConfig,
@@ -970,3 +977,148 @@ def test_check_cluster_names_a_missing_namespace_a_bad_token_and_an_unreachable_
     assert no_namespace.value.message.startswith("the namespace nowhere does not exist in the cluster")
     assert bad_token.value.code == "Unauthorized"
     assert unreachable.value.message.startswith(f"cannot reach the Kubernetes API server at {url}")
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def _certificate(
+    name: str, key: ec.EllipticCurvePrivateKey, *, issuer: x509.Certificate | None, issuer_key: Any, ca: bool
+) -> x509.Certificate:
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer.subject if issuer is not None else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca and name == "localhost":
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(thing: Any) -> str:
+    if isinstance(thing, x509.Certificate):
+        return thing.public_bytes(serialization.Encoding.PEM).decode()
+    return str(
+        thing.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+    )
+
+
+class _TlsApiServer:
+    """An HTTPS API server whose certificate a test CA signed, that requires
+    a client certificate of the same CA and records who presented one."""
+
+    def __init__(self, folder: Path) -> None:
+        self.ca_key = ec.generate_private_key(ec.SECP256R1())
+        self.ca = _certificate("test-ca", self.ca_key, issuer=None, issuer_key=self.ca_key, ca=True)
+        server_key = ec.generate_private_key(ec.SECP256R1())
+        server = _certificate("localhost", server_key, issuer=self.ca, issuer_key=self.ca_key, ca=False)
+        self.client_key = ec.generate_private_key(ec.SECP256R1())
+        self.client = _certificate(
+            "trainyard-backend", self.client_key, issuer=self.ca, issuer_key=self.ca_key, ca=False
+        )
+        (folder / "server.pem").write_text(_pem(server) + _pem(server_key))
+        (folder / "ca.pem").write_text(_pem(self.ca))
+        self.clients: list[str] = []
+        seen = self.clients
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                peer = self.connection.getpeercert() or {}  # type: ignore[attr-defined]
+                seen.extend(value for rdn in peer.get("subject", ()) for key, value in rdn if key == "commonName")
+                data = json.dumps({"kind": "PodList", "items": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(folder / "server.pem")
+        context.load_verify_locations(folder / "ca.pem")
+        context.verify_mode = ssl.CERT_REQUIRED
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, host: str = "localhost", *, with_ca: bool = True) -> str:
+        def b64(text: str) -> str:
+            return base64.b64encode(text.encode()).decode()
+
+        user = {"client-certificate-data": b64(_pem(self.client)), "client-key-data": b64(_pem(self.client_key))}
+        cluster = {"certificate-authority-data": b64(_pem(self.ca))} if with_ca else {}
+        return kubeconfig_text(f"https://{host}:{self.port}", "", user=user, **cluster)
+
+
+@pytest.fixture
+def tls_api(tmp_path: Path) -> Iterator[_TlsApiServer]:
+    made = _TlsApiServer(tmp_path)
+    yield made
+    made.httpd.shutdown()
+    made.httpd.server_close()
+
+
+def test_tls_verifies_the_api_server_by_the_kubeconfigs_ca_and_presents_its_client_certificate(
+    tls_api: _TlsApiServer,
+) -> None:
+    before = set(Path(tempfile.gettempdir()).glob("ty-kube-*"))
+    compute = compute_for(account(kubeconfig=tls_api.kubeconfig()))
+
+    assert compute.list_managed() == []
+
+    assert tls_api.clients == ["trainyard-backend"]
+    assert set(Path(tempfile.gettempdir()).glob("ty-kube-*")) == before  # the key's file is gone
+
+
+@pytest.mark.parametrize(
+    ("host", "with_ca", "words"),
+    [
+        ("localhost", False, "CERTIFICATE_VERIFY_FAILED"),  # the system's CAs do not know the test CA
+        ("127.0.0.1", True, "hostname '127.0.0.1' doesn't match 'localhost'"),  # the certificate names localhost only
+    ],
+)
+def test_an_api_server_whose_certificate_does_not_verify_is_refused(
+    tls_api: _TlsApiServer, host: str, with_ca: bool, words: str
+) -> None:
+    compute = compute_for(account(kubeconfig=tls_api.kubeconfig(host, with_ca=with_ca)))
+
+    with pytest.raises(InvalidConfig) as raised:
+        compute.list_managed()
+
+    assert raised.value.code == "TlsFailed"
+    assert words in raised.value.message
+    assert "certificate-authority-data" in raised.value.message
+    assert tls_api.clients == []
+
+
+def test_in_cluster_uses_the_servers_own_service_account_where_the_operator_allows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("backend.clouds.backends.kubernetes.config.SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    config = {"namespace": "ml", "in_cluster": True, "in_cluster_allowed": True}
+    made = AccountConfig("a", "w", "kubernetes", INSTALLATION, config, {})
+
+    with pytest.raises(InvalidConfig) as no_token:
+        compute_for(made)
+    (tmp_path / "token").write_text("in-cluster-token\n")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    built = compute_for(made)
+
+    assert no_token.value.code == "NotInCluster"
+    assert isinstance(built, KubernetesCompute)
+    endpoint = built.options.endpoint
+    assert (endpoint.server, endpoint.token, endpoint.in_cluster) == ("https://10.96.0.1:443", "in-cluster-token", True)
