@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from backend.clouds.backends.base import (
+    GONE,
     AccountConfig,
     CloudState,
     Handle,
@@ -41,6 +42,7 @@ from backend.clouds.backends.errors import (
     ComputeError,
     InvalidConfig,
     NoCapacity,
+    NotYetTerminated,
     QuotaExceeded,
     Scope,
     Transient,
@@ -51,8 +53,9 @@ from backend.clouds.backends.kubernetes.client import KubeClient
 from backend.clouds.backends.kubernetes.compute import KubernetesCompute
 from backend.clouds.backends.kubernetes.config import parse_kubeconfig
 from backend.clouds.backends.registry import compute_for
-from tests.clouds.subjects import GIB, INSTALLATION, kubeconfig_text, node_facts, terminate_fully
+from tests.clouds.subjects import GIB, INSTALLATION, kubeconfig_text, node_facts, terminate_fully, wait_for
 from tests.support.kubeapi import NAMESPACE, KubeApi
+from tests.support.kubelet import Kubelet
 
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
@@ -618,6 +621,7 @@ def test_a_pods_status_gives_its_state_and_trouble(
         (True, "TerminationByKubelet", Trouble.PREEMPTED),
         (False, "TerminationByKubelet", Trouble.NODE_LOST),
         (False, "DeletionByPodGC", Trouble.NODE_LOST),
+        (True, "DeletionByPodGC", Trouble.PREEMPTED),
     ],
 )
 def test_a_pod_going_down_says_who_disrupted_it(kube_api: KubeApi, spot: bool, reason: str, trouble: Trouble) -> None:
@@ -678,11 +682,35 @@ def test_a_pod_deleted_by_someone_else_is_gone_with_what_its_events_say(
     pod = pod_of(kube_api, "ty-deleted")
     if event is not None:
         _event(kube_api, pod, event[0], event[1], first=time.time() - 5, last=time.time() - 5)
+        # The kubelet then stops the container: its Killing event comes last, and says less.
+        _event(kube_api, pod, "Killing", "Stopping container runner", first=time.time() - 1, last=time.time() - 1)
     kube_api.delete(f"{PODS}/{handle.backend_id}")
 
     view = compute.view([handle])[handle.key]
 
     assert (view.state, view.reason, view.message) == expected
+
+
+@pytest.mark.parametrize(
+    ("spot", "expected"),
+    [
+        (True, MachineView(CloudState.INTERRUPTED, Trouble.PREEMPTED, "its spot node node-7 is gone")),
+        (False, MachineView(CloudState.NOT_FOUND, Trouble.NODE_LOST, "its node node-7 is gone")),
+    ],
+)
+def test_a_pod_gone_with_its_node_says_so(kube_api: KubeApi, spot: bool, expected: MachineView) -> None:
+    compute, handle = _launched(kube_api, "ty-node-gone", spot=spot)
+    kube_api.post("/api/v1/nodes", node("node-7"))
+    assigned = f"Successfully assigned {NAMESPACE}/{handle.backend_id} to node-7"
+    _event(kube_api, pod_of(kube_api, "ty-node-gone"), "Scheduled", assigned, first=time.time(), last=time.time())
+    kube_api.delete(f"{PODS}/{handle.backend_id}")  # the pod garbage collector, after the node vanished
+    node_still_there = compute.view([handle])[handle.key]
+    kube_api.delete("/api/v1/nodes/node-7")
+
+    gone = compute.view([handle])[handle.key]
+
+    assert (node_still_there.state, node_still_there.reason) == (CloudState.NOT_FOUND, Trouble.DELETED)
+    assert gone == expected
 
 
 def test_a_pod_this_backend_terminated_is_gone_with_no_trouble(kube_api: KubeApi) -> None:
@@ -1122,3 +1150,136 @@ def test_in_cluster_uses_the_servers_own_service_account_where_the_operator_allo
     assert isinstance(built, KubernetesCompute)
     endpoint = built.options.endpoint
     assert (endpoint.server, endpoint.token, endpoint.in_cluster) == ("https://10.96.0.1:443", "in-cluster-token", True)
+
+
+# ---------------------------------------------------------------- with the kubelet helper (the cluster's node side)
+
+# A container that says it runs, and on SIGTERM (its grace's notice) says so and exits.
+RUNS = "trap 'echo got TERM; exit 0' TERM; echo running; while :; do sleep 0.1; done"
+# One that ignores SIGTERM: only the end of its grace period ends it.
+DEAF = "trap '' TERM; echo running; while :; do sleep 0.1; done"
+
+
+def _on_nodes(kube: KubeApi, **config: Any) -> KubernetesCompute:
+    """A backend whose facts are the nodes the kubelet made."""
+    return backend(kube, facts=backend(kube).refresh_facts(), termination_grace_seconds=3, **config)
+
+
+def _wait_view(compute: KubernetesCompute, handle: Handle, check: Any, *, what: str) -> MachineView:
+    seen: list[MachineView] = []
+
+    def holds() -> bool:
+        seen.append(compute.view([handle])[handle.key])
+        return bool(check(seen[-1]))
+
+    wait_for(holds, timeout=30, what=f"{what} (last seen: {seen[-1:]})")
+    return seen[-1]
+
+
+def test_with_the_kubelet_a_gpu_pod_runs_on_the_gpu_node_and_goes_within_its_grace(
+    kube_api: KubeApi, kubelet: Kubelet
+) -> None:
+    kubelet.add_node("cpu-1", instance_type="m6i.2xlarge")
+    kubelet.add_node("gpu-1", instance_type="p4d.24xlarge", gpus=2, gpu_product=A100, gpu_memory_mib=40960)
+    compute = _on_nodes(kube_api, prices={"p4d.24xlarge": 32.77})
+    req = Requirements(gpu_count=1, gpu_name="A100")
+    [offer] = [o for o in compute.offers(req) if shortfall(req, o) is None]
+
+    handle = compute.launch(offer, spec("ty-gpu-runs", user_data=RUNS))
+
+    _wait_view(compute, handle, lambda v: v.state is CloudState.RUNNING, what="running")
+    assert pod_of(kube_api, "ty-gpu-runs")["spec"]["nodeName"] == "gpu-1"
+    wait_for(lambda: "running" in kubelet.pod_log(handle.backend_id), what="the container's output")
+    with pytest.raises(NotYetTerminated):
+        compute.terminate(handle)
+    terminate_fully(compute, handle)
+    assert "got TERM" in kubelet.pod_log(handle.backend_id)
+    assert kubelet.running() == [] and kube_api.pods() == []
+    assert compute.view([handle])[handle.key] == MachineView(CloudState.NOT_FOUND)
+
+
+def test_with_the_kubelet_an_unschedulable_pod_says_why_until_a_node_comes(kube_api: KubeApi, kubelet: Kubelet) -> None:
+    kubelet.add_node("cpu-1", instance_type="m6i.2xlarge")
+    pool = {"name": "a100", "instance_type": "p4d.24xlarge", "cpus": 95, "memory_gib": 1100, "gpus": 8}
+    compute = _on_nodes(kube_api, node_pools=[pool])
+    [offer] = [o for o in compute.offers(Requirements(gpu_count=1)) if o.data.get("pool") == "a100"]
+    handle = compute.launch(offer, spec("ty-waits", user_data=RUNS))
+
+    waiting = _wait_view(compute, handle, lambda v: v.reason is Trouble.UNSCHEDULABLE, what="unschedulable")
+    kubelet.add_node("gpu-1", instance_type="p4d.24xlarge", gpus=8)
+
+    assert waiting.state is CloudState.PENDING
+    assert waiting.message.startswith("0/1 nodes are available: ")
+    assert "node(s) didn't match Pod's node affinity/selector" in waiting.message
+    assert 0 < time.time() - waiting.since < 30
+    _wait_view(compute, handle, lambda v: v.state is CloudState.RUNNING, what="running on the new node")
+    terminate_fully(compute, handle)
+    assert kubelet.running() == []
+
+
+def test_with_the_kubelet_an_image_that_cannot_be_pulled_is_named(kube_api: KubeApi, kubelet: Kubelet) -> None:
+    kubelet.add_node("cpu-1", instance_type="m6i.2xlarge")
+    kubelet.missing_image("ghcr.io/acme/gone:1")
+    compute = _on_nodes(kube_api, image="ghcr.io/acme/gone:1")
+    [offer] = compute.offers(Requirements())
+    handle = compute.launch(offer, spec("ty-no-image", user_data=RUNS))
+
+    view = _wait_view(compute, handle, lambda v: v.reason is Trouble.IMAGE_PULL, what="the pull failing")
+
+    assert view.state is CloudState.PENDING
+    assert "ghcr.io/acme/gone:1" in view.message
+    terminate_fully(compute, handle)
+
+
+@pytest.mark.parametrize(
+    ("spot", "disrupt", "expected"),
+    [
+        (False, "preempt", (CloudState.INTERRUPTED, Trouble.PREEMPTED, "Preempted by pod ")),
+        (False, "evict-pressure", (CloudState.TERMINATED, Trouble.EVICTED, "The node was low on resource: memory.")),
+        (True, "terminate-node", (CloudState.INTERRUPTED, Trouble.PREEMPTED, "")),
+        (False, "terminate-node", (CloudState.TERMINATED, Trouble.NODE_LOST, "")),
+        (True, "remove-node", (CloudState.INTERRUPTED, Trouble.PREEMPTED, "")),
+        # Seen ended by the pod garbage collector, or already deleted by it: either way its node is gone.
+        (False, "remove-node", (None, Trouble.NODE_LOST, "")),
+    ],
+)
+def test_with_the_kubelet_a_disrupted_pod_ends_with_its_trouble(
+    kube_api: KubeApi, kubelet: Kubelet, spot: bool, disrupt: str, expected: tuple[CloudState, Trouble, str]
+) -> None:
+    kubelet.pod_gc_seconds = 0.5
+    kubelet.add_node("node-1", instance_type="m6i.2xlarge", spot=spot)
+    compute = _on_nodes(kube_api)
+    [offer] = compute.offers(Requirements(spot_policy="auto"))
+    handle = compute.launch(offer, spec("ty-disrupted", user_data=RUNS))
+    kubelet.wait_running(1)
+
+    if disrupt == "preempt":
+        kubelet.preempt(handle.backend_id)
+    elif disrupt == "evict-pressure":
+        kubelet.evict(handle.backend_id, pressure="memory")
+    elif disrupt == "terminate-node":
+        kubelet.terminate_node("node-1")
+    else:
+        kubelet.remove_node("node-1")
+    view = _wait_view(compute, handle, lambda v: v.state in GONE, what="the pod gone")
+
+    assert view.reason is expected[1]
+    assert view.state is expected[0] or (expected[0] is None and view.state in GONE)
+    assert view.message.startswith(expected[2])
+    terminate_fully(compute, handle)
+    assert kubelet.running() == [] and kube_api.pods() == []
+
+
+def test_with_the_kubelet_an_eviction_shows_while_the_pod_goes(kube_api: KubeApi, kubelet: Kubelet) -> None:
+    kubelet.add_node("node-1", instance_type="m6i.2xlarge")
+    compute = _on_nodes(kube_api)
+    [offer] = compute.offers(Requirements())
+    handle = compute.launch(offer, spec("ty-evicted", user_data=DEAF))
+    kubelet.wait_running(1)
+
+    kubelet.evict(handle.backend_id)  # kubectl drain: the Eviction API, then the pod's grace (3 s)
+    going = _wait_view(compute, handle, lambda v: v.state is CloudState.STOPPING, what="stopping")
+
+    assert (going.reason, going.message) == (Trouble.EVICTED, "Eviction API: evicting")
+    terminate_fully(compute, handle)
+    assert kubelet.running() == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from backend.clouds.backends.base import (
     LAUNCHED_AT,
@@ -36,6 +37,7 @@ from backend.clouds.backends.base import (
     Offer,
     Requirements,
     Timings,
+    Trouble,
 )
 from backend.clouds.backends.errors import ComputeError, NoCapacity, NotYetTerminated, Transient
 from backend.clouds.backends.kubernetes import pods
@@ -146,7 +148,7 @@ class KubernetesCompute(Compute):
             if pod is None:
                 if handle in vanished:
                     about = events.get(handle.data.get("uid", ""), []) or events.get("name:" + name, [])
-                    views[handle.key] = pods.gone_view(about)
+                    views[handle.key] = self._gone(handle, about)
                 else:
                     views[handle.key] = MachineView(CloudState.NOT_FOUND)
                 continue
@@ -206,9 +208,24 @@ class KubernetesCompute(Compute):
             resource="events",
         )
 
+    def _gone(self, handle: Handle, events: Sequence[Mapping[str, Any]]) -> MachineView:
+        """A pod that vanished: what its events say (``pods.gone_view``); when
+        they name no cause, the node it was assigned to, if that is gone too
+        (the pod garbage collector deletes the pods of a vanished node)."""
+        view = pods.gone_view(events)
+        node = pods.assigned_node(events)
+        if view.message != pods.DELETED_SILENTLY or not node or not self._node_missing(node):
+            return view
+        if handle.data.get("spot") == "true":
+            return MachineView(CloudState.INTERRUPTED, Trouble.PREEMPTED, f"its spot node {node} is gone")
+        return MachineView(CloudState.NOT_FOUND, Trouble.NODE_LOST, f"its node {node} is gone")
+
+    def _node_missing(self, node: str) -> bool:
+        return self.client.get(f"/api/v1/nodes/{quote(node, safe='')}", resource="nodes") is None
+
     def _node_gone(self, pod: Mapping[str, Any]) -> bool:
         node = (pod.get("status") or {}).get("nodeName") or (pod.get("spec") or {}).get("nodeName")
-        return bool(node) and self.client.get(f"/api/v1/nodes/{node}", resource="nodes") is None
+        return bool(node) and self._node_missing(str(node))
 
     def _known(self, offer: Offer) -> bool:
         if offer.region != self.options.cluster:

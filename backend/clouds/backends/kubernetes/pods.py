@@ -286,19 +286,35 @@ def pod_view(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, nod
 
 def gone_view(events: Sequence[Mapping[str, Any]]) -> MachineView:
     """A pod that no longer exists and that this backend did not delete: its
-    events may say why (preempted, evicted); else someone deleted it."""
+    events may say why, whatever came after (a preempted or evicted pod is
+    then killed too): ``Preempted``, else ``Evicted``, else ``Killing``;
+    without a word, someone deleted it."""
+    latest = sorted(events, key=_event_time, reverse=True)
+    for reason, state, trouble in (
+        ("Preempted", CloudState.INTERRUPTED, Trouble.PREEMPTED),
+        ("Evicted", CloudState.NOT_FOUND, Trouble.EVICTED),
+        ("Killing", CloudState.NOT_FOUND, Trouble.DELETED),
+    ):
+        event = next((e for e in latest if e.get("reason") == reason), None)
+        if event is not None:
+            message = _short(str(event.get("message", "")))
+            if trouble is Trouble.DELETED:
+                message = f"the pod was deleted ({message})"
+            return MachineView(state, trouble, message, _event_time(event))
+    return MachineView(CloudState.NOT_FOUND, Trouble.DELETED, DELETED_SILENTLY)
+
+
+DELETED_SILENTLY = "the pod was deleted, not by Trainyard"
+_ASSIGNED = re.compile(r"^Successfully assigned \S+ to (\S+)$")
+
+
+def assigned_node(events: Sequence[Mapping[str, Any]]) -> str:
+    """The node the scheduler's ``Scheduled`` event names ("" without one)."""
     for event in sorted(events, key=_event_time, reverse=True):
-        reason = str(event.get("reason", ""))
-        message = _short(str(event.get("message", "")))
-        if reason == "Preempted":
-            return MachineView(CloudState.INTERRUPTED, Trouble.PREEMPTED, message, _event_time(event))
-        if reason == "Evicted":
-            return MachineView(CloudState.NOT_FOUND, Trouble.EVICTED, message, _event_time(event))
-        if reason == "Killing":
-            return MachineView(
-                CloudState.NOT_FOUND, Trouble.DELETED, f"the pod was deleted ({message})", _event_time(event)
-            )
-    return MachineView(CloudState.NOT_FOUND, Trouble.DELETED, "the pod was deleted, not by Trainyard")
+        match = _ASSIGNED.match(str(event.get("message", ""))) if event.get("reason") == "Scheduled" else None
+        if match:
+            return match.group(1)
+    return ""
 
 
 def may_be_preempted(pod: Mapping[str, Any]) -> bool:
@@ -368,7 +384,9 @@ def _disruption_trouble(reason: str, *, spot: bool) -> Trouble:
         return Trouble.PREEMPTED
     if reason == "EvictionByEvictionAPI":
         return Trouble.EVICTED
-    if reason in ("DeletionByTaintManager", "TerminationByKubelet"):
+    # The node went (tainted away, shut down, or vanished and its pods
+    # collected): on a spot node that is the cloud reclaiming it.
+    if reason in ("DeletionByTaintManager", "TerminationByKubelet", "DeletionByPodGC"):
         return Trouble.PREEMPTED if spot else Trouble.NODE_LOST
     return Trouble.NODE_LOST
 
