@@ -389,7 +389,7 @@ class BackendCreateIn(serializers.Serializer[Any]):
         own, other = (AWS_FIELDS, KUBERNETES_FIELDS) if kind == "aws" else (KUBERNETES_FIELDS, AWS_FIELDS)
         stray = [f for f in other if f in self.initial_data and f not in own]
         if stray:
-            raise serializers.ValidationError({stray[0]: [f"not a field of a {kind} backend"]})
+            raise serializers.ValidationError({stray[0]: [f"not a field of {kind} backends"]})
         required = AWS_REQUIRED if kind == "aws" else ("namespace",)
         missing = [f for f in required if f not in attrs]
         if missing:

@@ -481,13 +481,22 @@ def test_an_api_server_on_a_private_address_needs_its_network_allowed_by_the_ope
     ("change", "message"),
     [
         ({"namespace": None}, "Invalid input: namespace: This field is required."),
-        ({"regions": ["us-east-1"]}, "Invalid input: regions: not a field of a kubernetes backend"),
+        ({"regions": ["us-east-1"]}, "Invalid input: regions: not a field of kubernetes backends"),
+        ({"kind": "aws"}, "Invalid input: kubeconfig: not a field of aws backends"),
         ({"kubeconfig": "x" * (64 * 1024 + 1)}, "Invalid input: kubeconfig: Ensure this field has no more than 65536"),
         ({"kubeconfig": None}, "connect Kubernetes with a kubeconfig whose user is a service account"),
         ({"kubeconfig": None, "in_cluster": True}, "in_cluster: this server does not let backends use its own"),
         ({"tolerations": [{"key": "a", "effect": "Sometimes"}]}, "Invalid input: tolerations: "),
     ],
-    ids=["no-namespace", "aws-field", "huge-kubeconfig", "no-kubeconfig", "in-cluster-off", "bad-effect"],
+    ids=[
+        "no-namespace",
+        "aws-field",
+        "kubernetes-fields-for-aws",
+        "huge-kubeconfig",
+        "no-kubeconfig",
+        "in-cluster-off",
+        "bad-effect",
+    ],
 )
 def test_bad_input_is_named_before_the_cluster_is_asked(
     kube: KubeApi, owner: Person, change: dict[str, Any], message: str
