@@ -6,6 +6,7 @@ contract suite (test_contract.py) runs on it too."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import http.server
 import ipaddress
@@ -1283,3 +1284,57 @@ def test_with_the_kubelet_an_eviction_shows_while_the_pod_goes(kube_api: KubeApi
     assert (going.reason, going.message) == (Trouble.EVICTED, "Eviction API: evicting")
     terminate_fully(compute, handle)
     assert kubelet.running() == []
+
+
+def test_an_answer_too_large_or_a_redirect_is_refused(stand_in: _StandIn) -> None:
+    endpoint = parse_kubeconfig(kubeconfig_text(stand_in.url, SECRET))
+    client = KubeClient(endpoint, allowed_networks=(ipaddress.ip_network("127.0.0.0/8"),), max_answer_bytes=2**20)
+    stand_in.answers[:] = [(200, {"kind": "PodList", "items": ["x" * 2**21]}, {})]
+
+    with pytest.raises(Transient) as too_large:
+        client.list(PODS, resource="pods")
+    stand_in.answers[:] = [(302, {}, {"Location": "http://169.254.169.254/latest/meta-data/"})]
+    stand_in.requests.clear()
+    with pytest.raises(InvalidConfig) as redirected:
+        client.list(PODS, resource="pods")
+
+    assert too_large.value.code == "AnswerTooLarge"
+    assert too_large.value.message.endswith("answered more than 1 MiB to one request")
+    assert redirected.value.code == "Redirect"
+    assert "'http://169.254.169.254/latest/meta-data/'; redirects are not followed" in redirected.value.message
+    assert stand_in.requests == [("GET", f"{PODS}?limit=500")]  # not followed
+
+
+def test_an_answer_that_trickles_fails_within_the_whole_answers_time() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+        def trickle() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                )
+                with contextlib.suppress(OSError):
+                    for _ in range(100):
+                        connection.sendall(b" ")  # one byte at a time
+                        time.sleep(0.1)
+
+        threading.Thread(target=trickle, daemon=True).start()
+        client = KubeClient(
+            parse_kubeconfig(kubeconfig_text(url, SECRET)),
+            allowed_networks=(ipaddress.ip_network("127.0.0.0/8"),),
+            read_timeout=5,
+            total_timeout=1,
+        )
+        started = time.monotonic()
+
+        with pytest.raises(Transient) as raised:
+            client.list(PODS, resource="pods")
+
+    assert time.monotonic() - started < 4
+    assert raised.value.code == "Timeout"
+    assert raised.value.message == f"the Kubernetes API server at {url} did not finish its answer within 1 s"

@@ -5,8 +5,11 @@ run ``exec`` plugins and read files the kubeconfig names, which a tenant's
 kubeconfig must never make the server do (docs/decisions, "Kubernetes
 client"). What this one does:
 
-- every request has a connect (5 s) and a read (30 s) timeout and is made
-  once: the callers' own retries (Celery's) decide what happens next;
+- every request has a connect (5 s) and a read (30 s) timeout, its whole
+  answer must arrive within 60 s and be at most 64 MiB (the API server is
+  the tenant's: it must not hold a worker nor fill its memory), redirects
+  are refused, and it is made once: the callers' own retries (Celery's)
+  decide what happens next;
 - TLS verifies against the kubeconfig's CA data (or the system's CAs); a
   client certificate and key are written to private temporary files only
   for as long as ``ssl`` takes to load them;
@@ -37,12 +40,15 @@ from urllib.parse import quote, urlencode
 import urllib3
 from urllib3.exceptions import HTTPError, SSLError
 
-from backend.clouds.backends.errors import InvalidConfig
+from backend.clouds.backends.errors import InvalidConfig, Transient
 from backend.clouds.backends.kubernetes.config import Endpoint
 from backend.clouds.backends.kubernetes.errors import api_error, tls_failed, unreachable
 
 CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 30.0
+READ_TIMEOUT = 30.0  # between two reads
+TOTAL_TIMEOUT = 60.0  # one whole answer
+MAX_ANSWER_BYTES = 64 * 2**20  # a list of thousands of pods or events is a few MiB
+CHUNK = 2**16
 RESOLVE_SECONDS = 60.0  # how long a checked address of the API server is reused
 MAX_POOL = 4
 
@@ -60,12 +66,16 @@ class KubeClient:
         namespace: str = "",
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        total_timeout: float = TOTAL_TIMEOUT,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.endpoint = endpoint
         self.allowed_networks = allowed_networks
         self.namespace = namespace
         self.timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
         self.read_timeout = read_timeout
+        self.total_timeout = total_timeout
+        self.max_answer_bytes = max_answer_bytes
         self._lock = threading.Lock()
         self._pool: urllib3.HTTPConnectionPool | None = None
         self._pool_until = 0.0
@@ -139,19 +149,38 @@ class KubeClient:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         pool = self._connection()
+        deadline = time.monotonic() + self.total_timeout
         try:
             response = pool.urlopen(
-                method, url, body=data, headers=headers, timeout=self.timeout, retries=False, redirect=False
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=self.timeout,
+                retries=False,
+                redirect=False,
+                preload_content=False,
             )
+            try:
+                raw = self._read(response, deadline)
+            finally:
+                response.release_conn()
         except SSLError as error:
             raise tls_failed(self.endpoint.server, error) from None
         except (HTTPError, OSError) as error:
             raise unreachable(self.endpoint.server, error, timeout=self.read_timeout) from None
         try:
-            answer = json.loads(response.data) if response.data.strip() else None
+            answer = json.loads(raw) if raw.strip() else None
         except ValueError:
-            answer = {"message": response.data[:300].decode(errors="replace")}
+            answer = {"message": raw[:300].decode(errors="replace")}
         status = int(response.status)
+        if 300 <= status < 400:
+            raise InvalidConfig(
+                f"the Kubernetes API server at {self.endpoint.server} answered a redirect ({status}) to "
+                f"{str(response.headers.get('Location', ''))[:200]!r}; redirects are not followed: point the "
+                "kubeconfig's server at the API server itself",
+                code="Redirect",
+            )
         if (
             status < 400
             or (status == 404 and missing_ok and not _namespace_missing(answer))
@@ -167,6 +196,30 @@ class KubeClient:
             server=self.endpoint.server,
             retry_after=response.headers.get("Retry-After"),
         )
+
+    def _read(self, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
+        """The answer's body: at most ``max_answer_bytes``, read before
+        ``deadline`` (a server that trickles bytes is as silent as one that
+        sends none)."""
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := response.read1(CHUNK):
+            size += len(chunk)
+            if size > self.max_answer_bytes:
+                raise Transient(
+                    f"the Kubernetes API server at {self.endpoint.server} answered more than "
+                    f"{self.max_answer_bytes // 2**20} MiB to one request",
+                    code="AnswerTooLarge",
+                    retry_after=60.0,
+                )
+            if time.monotonic() > deadline:
+                raise Transient(
+                    f"the Kubernetes API server at {self.endpoint.server} did not finish its answer within "
+                    f"{self.total_timeout:g} s",
+                    code="Timeout",
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     # ------------------------------------------------------------------ connection
 
