@@ -151,6 +151,7 @@ class _Pod:
     term_sent: bool = False
     kill_at: float | None = None  # monotonic: SIGKILL everything of the pod then
     killed: bool = False
+    group_killed: bool = False  # its process group got the SIGKILL
     next_schedule: float = 0.0
     next_pull: float = 0.0
     pull_failures: int = 0
@@ -1021,10 +1022,12 @@ def _container_status(
 
 
 def _kill_group_and_leftovers(pod: _Pod) -> None:
-    """SIGKILL the pod's process group, and what escaped it from the pod's
-    folder (a runner's jobs run in sessions of their own)."""
+    """SIGKILL the pod's process group (once: its number may be another's
+    later), and what escaped it from the pod's folder (a runner's jobs run in
+    sessions of their own)."""
     process = pod.process
-    if process is not None:
+    if process is not None and not pod.group_killed:
+        pod.group_killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
