@@ -1338,3 +1338,16 @@ def test_an_answer_that_trickles_fails_within_the_whole_answers_time() -> None:
     assert time.monotonic() - started < 4
     assert raised.value.code == "Timeout"
     assert raised.value.message == f"the Kubernetes API server at {url} did not finish its answer within 1 s"
+
+
+def test_check_cluster_names_an_access_review_it_may_not_make(stand_in: _StandIn) -> None:
+    stand_in.answers[:] = [(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.2"}, {})]
+    stand_in.then(403, "Forbidden", "selfsubjectaccessreviews.authorization.k8s.io is forbidden")
+
+    with pytest.raises(AuthFailed) as raised:
+        check_cluster(account(kubeconfig=kubeconfig_text(stand_in.url, SECRET)))
+
+    assert raised.value.message.startswith(
+        "the kubeconfig's user may not create selfsubjectaccessreviews (cluster-wide) (403 Forbidden: "
+    )
+    assert [m for m, _ in stand_in.requests] == ["GET", "POST"]

@@ -27,7 +27,7 @@ RBAC_FILE = "deploy/kubernetes/backend-rbac.yaml"
 DOCS = "docs/BACKENDS.md, Kubernetes"
 QUOTA_SECONDS = 120.0
 MAX_MESSAGE = 300
-CLUSTER_WIDE = frozenset({"nodes", "namespaces"})
+CLUSTER_WIDE = frozenset({"nodes", "namespaces", "selfsubjectaccessreviews", "version"})
 
 
 def api_error(
