@@ -62,8 +62,8 @@ def pod_termination_notice(grace: float, *, now: float | None = None) -> Notice:
     at = (time.time() if now is None else now) + max(grace - TERMINATION_MARGIN, 0.0)
     when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     reason = (
-        f"the pod got SIGTERM (Kubernetes is deleting it: preemption, eviction, a node drained or shut down);"
-        f" its grace period of {grace:g}s leaves the job until {when}"
+        f"the pod got SIGTERM (it is being deleted: a preemption, an eviction, its node drained or shut down,"
+        f" or the server's own stop); its grace period of {grace:g}s leaves the job until {when}"
     )
     return Notice(action="terminate", at=at, when=when, reason=reason)
 

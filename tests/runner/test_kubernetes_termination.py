@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainyard_runner.spot import TERMINATION_MARGIN
+from trainyard_runner.spot import TERMINATION_MARGIN, pod_termination_notice
 from websockets.asyncio.server import serve
 
 from tests.runner.test_agent import FakeServer, assign, start_runner, stop
@@ -205,3 +205,10 @@ def test_a_job_that_ignores_the_sigterm_is_killed_before_the_grace_ends_and_an_i
     alive = (mark / "alive").stat().st_mtime
     time.sleep(0.5)
     assert (mark / "alive").stat().st_mtime == alive, "nothing of the job runs on"
+
+
+def test_the_notice_is_due_the_margin_before_the_pods_sigkill_and_never_in_the_past() -> None:
+    notice = pod_termination_notice(120, now=1_796_126_400.0)
+    assert (notice.action, notice.at, notice.when) == ("terminate", 1_796_126_515.0, "2026-12-01T12:01:55Z")
+    assert "the pod got SIGTERM" in notice.reason and "120s" in notice.reason
+    assert pod_termination_notice(3, now=1_796_126_400.0).at == 1_796_126_400.0, "a grace shorter than the margin"
