@@ -181,7 +181,7 @@ while :; do
   rc=0
   "$ROOT/run-runner" &
   child=$!
-  [ "$stopping" = 1 ] && kill -TERM "$child" 2>/dev/null
+  if [ "$stopping" = 1 ]; then kill -TERM "$child" 2>/dev/null || true; fi
   while :; do
     if wait "$child"; then rc=0; else rc=$?; fi
     kill -0 "$child" 2>/dev/null || break
