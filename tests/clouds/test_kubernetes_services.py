@@ -25,6 +25,7 @@ from backend.clouds.backends.fake.compute import FakeCompute
 from backend.clouds.backends.kubernetes.pods import pod_name
 from backend.clouds.models import AccountStatus, CloudAccount, Instance, InstanceEvent, OfferBlock
 from backend.clouds.services import reconcile as clouds
+from backend.clouds.services import troubles
 from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.facts import accounts_refresh_facts
 from backend.clouds.services.instances import Facts, instance_connected
@@ -216,12 +217,15 @@ def test_a_pod_a_node_took_is_starting_again(
     assert job.status_reason == f"waiting for a runner: starting {instance.name} (m5.xlarge in test, $0.2000/h)"
 
 
-def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_clouds_words_and_is_not_retried(
+def test_an_image_that_is_not_there_fails_the_job_with_the_clouds_words_and_is_not_retried(
     cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job, instance, path = _launched(team, owner)
-    pulling = 'Back-off pulling image "ghcr.io/acme/missing:1"'
-    waiting = {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff", "message": pulling}}}
+    pulling = (
+        'rpc error: code = NotFound desc = failed to pull and unpack image "ghcr.io/acme/missing:1": '
+        'failed to resolve reference "ghcr.io/acme/missing:1": ghcr.io/acme/missing:1: not found'
+    )
+    waiting = {"name": "runner", "state": {"waiting": {"reason": "ErrImagePull", "message": pulling}}}
     kube.patch(path, {"spec": {"nodeName": "node-1"}, "status": {"containerStatuses": [waiting]}})
 
     monkeypatch.delattr(clouds._accounts_to_ask, "view", raising=False)
@@ -234,11 +238,44 @@ def test_an_image_that_cannot_be_pulled_fails_the_job_with_the_clouds_words_and_
     assert (instance.status, instance.termination_reason) == ("terminated", "image_pull")
     assert kube.pods() == []
     job.refresh_from_db()
-    words = f"the image of {instance.name} could not be pulled: ImagePullBackOff: {pulling}; check the backend's image"
+    words = f"the image of {instance.name} could not be pulled: ErrImagePull: {pulling}; check the backend's image"
     assert (job.status, job.status_reason) == ("failed", words)
     attempt = Attempt.objects.get(job=job)
     assert (attempt.termination_reason, attempt.termination_message) == ("image_pull", words)
     assert Instance.objects.count() == 1, "nothing else was launched for it"
+
+
+def test_a_pull_that_fails_for_a_passing_reason_waits_with_it_then_fails_after_its_patience(
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, instance, path = _launched(team, owner)
+    limited = (
+        'failed to pull and unpack image "docker.io/library/python:3.12-slim": 429 Too Many Requests - '
+        "Server message: toomanyrequests: You have reached your pull rate limit."
+    )
+    waiting = {"name": "runner", "state": {"waiting": {"reason": "ErrImagePull", "message": limited}}}
+    kube.patch(path, {"spec": {"nodeName": "node-1"}, "status": {"containerStatuses": [waiting]}})
+
+    _pass(monkeypatch)
+
+    instance.refresh_from_db()
+    assert instance.status == "provisioning", "the node tries the pull again: the machine is not given up"
+    assert instance.status_reason.startswith("pulling the image, which failed (the node tries again): ErrImagePull:")
+    job.refresh_from_db()
+    assert job.status == "pending"
+    assert "pulling the image, which failed (the node tries again)" in job.status_reason
+
+    monkeypatch.setattr(troubles, "IMAGE_PULL_PATIENCE_SECONDS", 0.0)
+    _pass(monkeypatch)
+    while instance_terminate_run(instance_id=str(instance.pk)) is not None:
+        pass
+    jobs_schedule()
+
+    instance.refresh_from_db()
+    assert (instance.status, instance.termination_reason) == ("terminated", "image_pull")
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert "toomanyrequests" in job.status_reason
 
 
 PREEMPTED = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted"}

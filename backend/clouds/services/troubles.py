@@ -8,9 +8,13 @@ Kubernetes pod's status and events).
   ``no_capacity``, its account skipped for ``UNSCHEDULABLE_BLOCK_SECONDS``
   (the cluster, not one node type: nothing in it could take the pod), and
   the scheduler tries the next offer.
-- Image pull: the machine would never start: terminated with ``image_pull``
-  and the cloud's words; its job fails (the next attempt would pull the same
-  image).
+- Image pull: when the cloud's words say the image does not exist or may
+  not be pulled (``image_missing``), the machine would never start:
+  terminated with ``image_pull`` and the cloud's words; its job fails (the
+  next attempt would pull the same image). Any other pull failure (a
+  registry's rate limit, a network error) is retried by the node itself: the
+  instance's reason shows it, and only after ``IMAGE_PULL_PATIENCE_SECONDS``
+  of failing is it given up the same way.
 - Gone, with a reason: lost, with the cloud's words; preempted is an
   interruption (its job resumes from its checkpoint).
 
@@ -35,8 +39,26 @@ logger = logging.getLogger(__name__)
 
 # How an unschedulable machine's reason begins (the job waiting on it shows it).
 WAITING_FOR_NODE = "waiting for a node"
+# How the reason of a machine whose image pull failed for a while begins.
+PULLING_IMAGE = "pulling the image"
+# Reasons the job waiting on the machine shows beside "starting".
+SHOWN_TO_THE_JOB = (WAITING_FOR_NODE, PULLING_IMAGE)
 # An account whose pod could not be scheduled within its timeout is skipped this long.
 UNSCHEDULABLE_BLOCK_SECONDS = 120.0
+# A pull failing for a reason that may pass (a rate limit, the network) is given up after this long.
+IMAGE_PULL_PATIENCE_SECONDS = 300.0
+# What a container runtime says when the image does not exist or may not be pulled: no retry helps.
+_IMAGE_MISSING_WORDS = (
+    "not found",
+    "manifest unknown",
+    "does not exist",
+    "pull access denied",
+    "unauthorized",
+    "denied",
+    "invalid reference format",
+    "invalidimagename",
+    "errimageneverpull",
+)
 # The cloud's own words, as kept in a reason (the scheduler's message lists every node kind).
 CLOUD_WORDS_MAX = 300
 
@@ -67,10 +89,10 @@ def machine_troubled(instance: Instance, view: MachineView, compute: Compute, no
     if instance.status != InstanceStatus.PROVISIONING:
         return False
     if view.reason == Trouble.IMAGE_PULL:
-        return _image_pull(instance, view)
+        return _image_pull(instance, view, now)
     if view.reason == Trouble.UNSCHEDULABLE:
         return _unschedulable(instance, view, compute, now)
-    if instance.status_reason.startswith(WAITING_FOR_NODE):  # a node took it: starting, as any other
+    if instance.status_reason.startswith(SHOWN_TO_THE_JOB):  # it got past that: starting, as any other
         Instance.objects.filter(pk=instance.pk, status=InstanceStatus.PROVISIONING).update(status_reason=STARTING)
     return False
 
@@ -91,8 +113,23 @@ def cloud_words(message: str) -> str:
     return flat if len(flat) <= CLOUD_WORDS_MAX else flat[: CLOUD_WORDS_MAX - 1] + "…"
 
 
-def _image_pull(instance: Instance, view: MachineView) -> bool:
+def image_missing(message: str) -> bool:
+    """The runtime's words say no retry can pull this image (it does not
+    exist, its name is malformed, or the credentials may not pull it)."""
+    lowered = message.lower()
+    return any(words in lowered for words in _IMAGE_MISSING_WORDS)
+
+
+def _image_pull(instance: Instance, view: MachineView, now: datetime) -> bool:
     words = cloud_words(view.message) or "the image could not be pulled"
+    since = datetime.fromtimestamp(view.since, UTC) if view.since else instance.launched_at
+    failing = (now - since).total_seconds() if since is not None else 0.0
+    if not image_missing(view.message) and failing < IMAGE_PULL_PATIENCE_SECONDS:
+        reason = f"{PULLING_IMAGE}, which failed (the node tries again): {words}"[:500]
+        Instance.objects.filter(pk=instance.pk, status=InstanceStatus.PROVISIONING).exclude(
+            status_reason=reason
+        ).update(status_reason=reason)
+        return False
     message = f"the image of {instance.name} could not be pulled: {words}; check the backend's image"
     changed = instance_request_termination(
         instance_id=str(instance.pk), reason=InstanceReason.IMAGE_PULL, message=message

@@ -21,7 +21,7 @@ from backend.clouds.services.accounts import accounts_broken
 from backend.clouds.services.blocks import offer_blocks_active
 from backend.clouds.services.instances import instance_end_words, instance_request, instance_request_termination
 from backend.clouds.services.offers import Candidate, OfferChoice, offers_rank, pool_room
-from backend.clouds.services.troubles import WAITING_FOR_NODE
+from backend.clouds.services.troubles import SHOWN_TO_THE_JOB
 from backend.runs.lifecycle.placement import Placement, requirements_of, waiting_since
 from backend.runs.lifecycle.transitions import job_fail_no_capacity, job_fail_unstarted
 from backend.runs.models import Attempt, Job
@@ -83,7 +83,7 @@ def capacity(job: Job, offers: OffersMemo | None = None, *, holding: bool = Fals
     starting = next((i for i in requested if i.status == InstanceStatus.PROVISIONING), None)
     if starting is not None:
         why = f"waiting for a runner: starting {starting.name} ({_offer_label(starting)})"
-        if starting.status_reason.startswith(WAITING_FOR_NODE):
+        if starting.status_reason.startswith(SHOWN_TO_THE_JOB):
             why += f", {starting.status_reason}"
         note = back_in_zone(job, account_id=str(starting.account_id), region=starting.region, zone=starting.zone)
         return (f"{why}; {note}" if note else why), None
