@@ -1351,3 +1351,39 @@ def test_check_cluster_names_an_access_review_it_may_not_make(stand_in: _StandIn
         "the kubeconfig's user may not create selfsubjectaccessreviews (cluster-wide) (403 Forbidden: "
     )
     assert [m for m, _ in stand_in.requests] == ["GET", "POST"]
+
+
+@pytest.mark.parametrize(
+    ("autoscaler", "expected"),
+    [
+        (
+            [("TriggeredScaleUp", "pod triggered scale-up: [{a100-pool 0->1 (max: 4)}]")],
+            (None, "a node is being added: pod triggered scale-up: [{a100-pool 0->1 (max: 4)}]"),
+        ),
+        ([("Nominated", "Pod should schedule on: nodeclaim/gpu-x7k2p")], (None, "a node is being added: Pod ")),
+        (
+            [
+                ("TriggeredScaleUp", "pod triggered scale-up: [{a100-pool 0->1 (max: 1)}]"),
+                ("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached"),
+            ],
+            (Trouble.UNSCHEDULABLE, SCHEDULER),
+        ),
+        ([], (Trouble.UNSCHEDULABLE, SCHEDULER)),
+    ],
+)
+def test_an_unschedulable_pod_an_autoscaler_adds_a_node_for_is_not_stuck(
+    kube_api: KubeApi, autoscaler: list[tuple[str, str]], expected: tuple[Trouble | None, str]
+) -> None:
+    compute, handle = _launched(kube_api, "ty-scale-up")
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": SCHEDULER}
+    kube_api.patch(f"{PODS}/{handle.backend_id}", {"status": {"conditions": [condition]}})
+    pod = pod_of(kube_api, "ty-scale-up")
+    for n, (reason, message) in enumerate(autoscaler):
+        at = time.time() - 60 + n * 10
+        _event(kube_api, pod, reason, message, first=at, last=at)
+
+    view = compute.view([handle])[handle.key]
+
+    assert view.state is CloudState.PENDING
+    assert (view.reason, view.message[: len(expected[1])]) == expected
+    terminate_fully(compute, handle)

@@ -331,12 +331,15 @@ def may_be_preempted(pod: Mapping[str, Any]) -> bool:
 
 
 def needs_events(pod: Mapping[str, Any]) -> bool:
-    """A pending pod whose status does not say why it waits: its events may."""
+    """A pending pod that is not scheduled: its events say why it waits (when
+    its status does not), since when, and whether an autoscaler is adding a
+    node for it."""
     status = pod.get("status") or {}
+    scheduled = _condition(status, "PodScheduled", None)
     return (
         status.get("phase", "Pending") == "Pending"
         and not (pod.get("metadata") or {}).get("deletionTimestamp")
-        and _condition(status, "PodScheduled", None) is None
+        and (scheduled is None or scheduled.get("status") == "False")
     )
 
 
@@ -360,6 +363,13 @@ def _pending(status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, 
             return MachineView(CloudState.PENDING, Trouble.IMAGE_PULL, message, _since(events, IMAGE_PULL_EVENTS))
     scheduled = _condition(status, "PodScheduled", None)
     failed = [e for e in events if e.get("reason") == "FailedScheduling"]
+    autoscaler = [e for e in events if e.get("reason") in SCALE_UP or e.get("reason") == NO_SCALE_UP]
+    if failed or scheduled is not None:
+        latest = max(autoscaler, key=_event_time, default=None)
+        if latest is not None and latest.get("reason") in SCALE_UP:
+            # Not stuck: a node is on its way (cluster-autoscaler, Karpenter).
+            message = _short(f"a node is being added: {latest.get('message', '')}")
+            return MachineView(CloudState.PENDING, None, message, _first_time(latest))
     if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         since = min(
             filter(None, [rfc3339(scheduled.get("lastTransitionTime")), *(_first_time(e) for e in failed)]), default=0.0
@@ -373,6 +383,10 @@ def _pending(status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, 
 
 
 IMAGE_PULL_EVENTS = frozenset({"Failed", "BackOff"})
+# Autoscalers' events on a pod they add a node for (cluster-autoscaler's
+# TriggeredScaleUp, Karpenter's Nominated), and cluster-autoscaler's word that it will not.
+SCALE_UP = frozenset({"TriggeredScaleUp", "Nominated"})
+NO_SCALE_UP = "NotTriggerScaleUp"
 
 
 def _since(events: Sequence[Mapping[str, Any]], reasons: frozenset[str]) -> float:
