@@ -388,18 +388,43 @@ SLOW_STOP_FINALIZER = "trainyard.test/slow-stop"
 class KubernetesSubject(Subject):
     """Pods on kmock's emulator (tests/support/kubeapi.py) over HTTP. The
     contract needs pods to run and to take a while to go, not processes, so
-    a small node loop plays the cluster's side: a Pending pod becomes
-    Running; a pod made slow to stop (``settle`` gives it a finalizer, as a
-    kubelet holds a pod for its grace period) is released ``stop_after``
-    seconds after its deletion. The kubelet helper (tests/support/kubelet.py)
-    runs real containers for the tests that need them. Pods are counted with the
-    test's own HTTP calls, not through the backend."""
+    the subject plays the cluster's side itself: a node loop turns a Pending
+    pod Running; a pod made slow to stop (``settle`` gives it a finalizer,
+    as a kubelet holds a pod for its grace period) goes at the first DELETE
+    of it ``stop_after`` seconds after its deletion, as moto's slow terminate
+    does (so between the test's calls it is STOPPING, never gone behind
+    their back). The subject sees the backend's requests by wrapping its
+    client's ``call``, which still makes every request unchanged. The kubelet
+    helper (tests/support/kubelet.py) runs real containers for the tests
+    that need them. Pods are counted with the test's own HTTP calls, not
+    through the backend."""
 
     kind = "kubernetes"
     needs_kube = True
-    # Seconds a slow-to-stop pod is held after its deletion: long enough that a
-    # loaded machine still sees it STOPPING between the test's calls.
-    stop_after = 3.0
+    stop_after = 1.0
+
+    def build(self, *, installation: str = INSTALLATION, account_id: str = "acct-1", **config: Any) -> Compute:
+        compute = super().build(installation=installation, account_id=account_id, **config)
+        client = getattr(compute, "client", None)
+        if client is not None:
+            call = client.call
+
+            def observed(method: str, path: str, **kwargs: Any) -> Any:
+                if method == "DELETE":
+                    self._release_if_due(path)
+                return call(method, path, **kwargs)
+
+            client.call = observed
+        return compute
+
+    def _release_if_due(self, path: str) -> None:
+        pod = self.kube.get(path)
+        meta = (pod or {}).get("metadata", {})
+        deleting = meta.get("deletionTimestamp")
+        if deleting and SLOW_STOP_FINALIZER in (meta.get("finalizers") or []):
+            since = datetime.datetime.fromisoformat(deleting.replace("Z", "+00:00")).timestamp()
+            if time.time() - since >= self.stop_after:
+                self.kube.patch(path, {"metadata": {"finalizers": []}})
 
     def credentials(self) -> dict[str, str]:
         return {"kubeconfig": self.kube.kubeconfig()}
@@ -447,12 +472,7 @@ class KubernetesSubject(Subject):
     def _step(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{KUBE_NAMESPACE}/pods/{meta['name']}"
-        deleting = meta.get("deletionTimestamp")
-        if deleting and SLOW_STOP_FINALIZER in (meta.get("finalizers") or []):
-            since = datetime.datetime.fromisoformat(deleting.replace("Z", "+00:00")).timestamp()
-            if time.time() - since >= self.stop_after:
-                self.kube.patch(path, {"metadata": {"finalizers": []}})
-        elif not deleting and pod.get("status", {}).get("phase") == "Pending":
+        if not meta.get("deletionTimestamp") and pod.get("status", {}).get("phase") == "Pending":
             running = {"name": "runner", "ready": True, "state": {"running": {"startedAt": _rfc3339_now()}}}
             self.kube.patch(
                 path,
@@ -475,7 +495,9 @@ class KubernetesClusterSubject(KubernetesSubject):
     shapes as facts (their pods are never launched)."""
 
     needs_kube = False
-    stop_after = 0.0
+
+    def build(self, *, installation: str = INSTALLATION, account_id: str = "acct-1", **config: Any) -> Compute:
+        return Subject.build(self, installation=installation, account_id=account_id, **config)
 
     @property
     def namespace(self) -> str:
