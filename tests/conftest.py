@@ -125,6 +125,8 @@ def stack(
         TRAINYARD_LOCAL_RUNNERS_MAX="4",
         # Webhook receivers the tests start listen on loopback (tests/e2e/test_notify.py).
         TRAINYARD_NOTIFY_PRIVATE_NETWORKS="127.0.0.0/8",
+        # The tests' Kubernetes API servers listen on loopback (tests/support/kubeapi.py, tests/e2e/test_kubernetes.py).
+        TRAINYARD_KUBERNETES_PRIVATE_NETWORKS="127.0.0.0/8",
         # Each line a test writes here drops one job acceptance (tests/e2e/test_fencing.py).
         TRAINYARD_TEST_DROP_ACCEPTANCES=str(running.data_dir / "drop-acceptances"),
         # Each line here makes the server lose one log batch it acknowledges (tests/e2e/test_log_faults.py).
