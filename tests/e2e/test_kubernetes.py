@@ -59,13 +59,15 @@ def node_gpus(tmp_path: Path) -> Path:
 @pytest.fixture
 def cluster(kube_api: KubeApi, tmp_path: Path, node_gpus: Path) -> Iterator[Kubelet]:
     """The cluster's nodes: the kubelet on the test's API server; at the end
-    whatever it still runs is stopped (each test asserts first that nothing is)."""
+    whatever it still runs is stopped (each test asserts first that nothing
+    is), and the test fails if the kubelet met an error of the API server."""
     kubelet = Kubelet(kube_api, tmp_path / "nodes", env={"PATH": f"{node_gpus.parent}:{PLAIN_PATH}"})
     kubelet.start()
     try:
         yield kubelet
     finally:
         kubelet.stop()
+    assert kubelet.errors == [], f"the kubelet met errors: {kubelet.errors[:5]}"
 
 
 def _person(stack: Stack, name: str, kube_api: KubeApi) -> Iterator[User]:
@@ -505,17 +507,12 @@ def test_the_leak_sweep_deletes_a_pod_no_instance_owns(
     assert ours is not None and idle["status"] == "idle", explain(kolya, kube_api, cluster)
 
     leaked_key = "leaked-" + time.strftime("%H%M%S")
+    no_row = "00000000-0000-0000-0000-000000000000"
     meta = ours["metadata"]
-    annotations = json.loads(
-        json.dumps(meta.get("annotations", {}))
-        .replace(meta["labels"].get("trainyard.dev/key", "\0"), leaked_key)
-        .replace(str(idle["id"]), "00000000-0000-0000-0000-000000000000")
-    )
-    labels = {
-        **meta["labels"],
-        "trainyard.dev/key": leaked_key,
-        "trainyard.dev/instance": "00000000-0000-0000-0000-000000000000",
-    }
+    tags = {**json.loads(meta["annotations"]["trainyard.dev/tags"]), "trainyard:key": leaked_key}
+    tags["trainyard:instance"] = no_row
+    annotations = {**meta["annotations"], "trainyard.dev/tags": json.dumps(tags, sort_keys=True)}
+    labels = {**meta["labels"], "trainyard.dev/key": leaked_key, "trainyard.dev/instance": no_row}
     leaked = f"ty-{leaked_key}"
     kube_api.post(
         f"/api/v1/namespaces/{NAMESPACE}/pods",
