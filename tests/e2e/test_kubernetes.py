@@ -216,8 +216,9 @@ def _disconnect(user: User, kube_api: KubeApi) -> None:
     """What a failed test left: its runs stopped, its machines terminated,
     the backend removed (so the stack's reconciler stops calling an API
     server that is gone)."""
-    backends = user.api("GET", f"/api/v1/workspaces/{user.workspace}/backends/").json()
-    if not any(b["name"] == BACKEND for b in backends):
+    listed = user.api("GET", f"/api/v1/workspaces/{user.workspace}/backends/")
+    assert listed.status_code == 200, listed.text
+    if not any(b["name"] == BACKEND for b in listed.json()):
         return
     for run in user.runs():
         if run["status"] not in FINISHED:
