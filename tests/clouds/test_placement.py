@@ -417,6 +417,34 @@ def test_after_an_interruption_the_next_attempt_skips_that_zone_for_3_minutes(
     assert [c.offer.zone for c in later.open] == ["r1a", "r1b"]  # 3 minutes on, r1a is back
 
 
+def test_after_an_interruption_on_a_machine_without_a_zone_the_next_attempt_skips_nothing(
+    fake_account: Any, script: Path, team: Workspace, owner: Person
+) -> None:
+    """Offers with no zone (a Kubernetes cluster's pods): an interruption
+    names no zone to avoid, so the next attempt takes the cheapest offer at
+    once rather than skipping every offer of the account for 3 minutes."""
+    fake = fake_account([offer("a", 0.1, zone="", spot=True), offer("b", 0.2, zone="", spot=True)])
+    job = submit(team, owner.user, workflow="train", text=workflow(spot_policy="spot")).jobs.get()
+    first = _schedule(passes=1)
+    assert first is not None and (first.instance_type, first.zone) == ("a", "")
+    job = _running(job, first)
+    script.write_text(json.dumps({"interrupt": {first.idempotency_key: 0}}))
+    compute_of(fake).sync()
+    Instance.objects.filter(pk=first.pk).update(status=InstanceStatus.UNREACHABLE, unreachable_since=timezone.now())
+
+    clouds_reconcile()
+
+    run_account_tasks()
+    _end_attempts_on_ended_instances()
+    second = _schedule(passes=1)
+
+    assert Attempt.objects.get(job=job, number=1).termination_reason == "interrupted"
+    assert second is not None and second.pk != first.pk and second.instance_type == "a"
+    ranked = offers_rank(workspace_id=team.pk, req=requirements_of(job)).candidates
+    now = choose(job=job, candidates=ranked, tried=set(), blocks=Blocks({}))
+    assert [c.offer.instance_type for c in now.open] == ["a", "b"] and now.blocked == []
+
+
 def test_a_job_pinned_by_its_volume_to_the_zone_it_was_interrupted_in_goes_back_to_it_saying_why(
     fake_account: Any, script: Path, team: Workspace, owner: Person
 ) -> None:

@@ -5,7 +5,8 @@ An idle machine or a ranked offer is open to a job when its placement
 price; not blocked (``clouds.services.blocks``); not in a zone where its last
 attempt was interrupted less than ``INTERRUPTED_ZONE_SECONDS`` ago, unless
 its volumes are there (the only zone it can run in: skipping it would only
-delay it); and, for ``spot_policy: auto``, spot until it switches to on-demand.
+delay it; a machine with no zone, a Kubernetes pod, names none to skip);
+and, for ``spot_policy: auto``, spot until it switches to on-demand.
 """
 
 from __future__ import annotations
@@ -191,8 +192,8 @@ def _interrupted_zones(job: Job, now: datetime) -> dict[tuple[str, str, str], da
     zones: dict[tuple[str, str, str], datetime] = {}
     for attempt in ended.select_related("instance"):
         instance: Instance | None = attempt.instance
-        if instance is None or attempt.finished_at is None:
-            continue
+        if instance is None or attempt.finished_at is None or not instance.zone:
+            continue  # a machine without a zone (a Kubernetes pod) leaves no zone to skip
         until = attempt.finished_at + timedelta(seconds=INTERRUPTED_ZONE_SECONDS)
         key = (str(instance.account_id), instance.region, instance.zone)
         zones[key] = max(until, zones.get(key, until))
