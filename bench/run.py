@@ -10,7 +10,9 @@ million runs (`--only runs-list`, bench/runs_list.py), the budgets' check
 over 1,000 running jobs (`--only budgets`, bench/budgets.py), and a scikit-learn
 environment built once and reused (`--only environments`, bench/environments.py),
 the kubernetes backend's reconcile pass over 200 pods on kmock's emulator
-(`--only kubernetes`, bench/kubernetes.py), and a job's metrics (`--only metrics`, bench/metrics.py and
+(`--only kubernetes`, bench/kubernetes.py), a run on a fresh pod from the
+submit to the runner's hello (`--only kubernetes-launch`, the same file),
+and a job's metrics (`--only metrics`, bench/metrics.py and
 bench/metrics_runners.py): their storage per job-day, a 7-day 8-GPU job read
 back and its Metrics tab in Chromium, the sampler's cost to a CPU-bound job,
 and 500 simulated runners against one web process — measured in one run on
@@ -18,12 +20,14 @@ the embedded default (embedded Postgres + Valkey, web + worker + beat, local
 runners).
 
     .venv/bin/python bench/run.py [--json PATH] [--keep] [--samples 20] [--lines 1000000] [--burst 50]
-                                  [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--raw-lines 2000000]
+                                  [--aws-fresh 2] [--aws-reuse 5] [--spot-samples 3] [--k8s-samples 3]
+                                  [--raw-lines 2000000]
                                   [--viewer-lines 2000000] [--list-runs 1000000] [--followers 500]
                                   [--parallel-jobs 10] [--parallel-lines 100000]
                                   [--metrics-runners 500] [--metrics-seconds 60] [--metrics-pyspy PATH]
                                   [--only latency|throughput|burst|aws|spot|ingest-parallel|followers|raw-logs|
-                                          log-viewer|runs-list|environments|access|metrics|budgets|kubernetes ...]
+                                          log-viewer|runs-list|environments|access|metrics|budgets|kubernetes|
+                                          kubernetes-launch ...]
                                   [--budget-history 20000]
     make bench
 
@@ -58,7 +62,7 @@ from bench.data import bench_data, data_rows
 from bench.environments import bench_environments, environment_rows
 from bench.followers import bench_followers, follower_rows
 from bench.ingest import bench_parallel_ingest, ingest_rows
-from bench.kubernetes import bench_kubernetes, kubernetes_rows
+from bench.kubernetes import bench_kubernetes, bench_kubernetes_launch, kubernetes_launch_rows, kubernetes_rows
 from bench.lib import (
     FINISHED,
     Api,
@@ -581,6 +585,8 @@ def table(results: dict[str, Any]) -> tuple[str, list[str]]:
         budget_rows(results["budgets"], row)
     if "kubernetes" in results:
         kubernetes_rows(results["kubernetes"], row)
+    if "kubernetes_launch" in results:
+        kubernetes_launch_rows(results["kubernetes_launch"], row)
     runs_list = results.get("runs_list")
     if runs_list:
         row(
@@ -643,6 +649,7 @@ PARTS = [
     "budgets",
     "cost-rollup",
     "kubernetes",
+    "kubernetes-launch",
 ]
 
 
@@ -662,6 +669,7 @@ def main() -> int:
     parser.add_argument("--aws-fresh", type=int, default=2, help="runs on a fresh EC2 instance (moto)")
     parser.add_argument("--aws-reuse", type=int, default=5, help="runs on the idle EC2 instance afterwards")
     parser.add_argument("--spot-samples", type=int, default=3, help="spot notices (each on a fresh pair of instances)")
+    parser.add_argument("--k8s-samples", type=int, default=3, help="runs on a fresh pod (kubernetes-launch)")
     parser.add_argument("--shells", type=int, default=100, help="terminal sessions at once on one job (access)")
     parser.add_argument("--scp-mb", type=int, default=1024, help="size of the file scp copies each way (access)")
     parser.add_argument(
@@ -747,6 +755,16 @@ def main() -> int:
                     results["data"] = bench_data(info["moto"].url, tmp, rounds=args.data_rounds)
                 if "kubernetes" in parts:
                     results["kubernetes"] = bench_kubernetes(args.samples)
+                if "kubernetes-launch" in parts:
+                    try:
+                        results["kubernetes_launch"] = bench_kubernetes_launch(
+                            api, stack, tmp, samples=max(args.k8s_samples, 1)
+                        )
+                    except Exception as error:  # the other parts' results still print
+                        message = str(error) if isinstance(error, AwsBenchError) else f"{type(error).__name__}: {error}"
+                        log(f"(kubernetes-launch) {message}")
+                        results["kubernetes_launch"] = {"error": message}
+                        failed = True
                 if parts & {
                     "metrics",
                     "runs-list",
