@@ -27,8 +27,6 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import User, commit_all
-from tests.support.ec2boot import PLAIN_PATH
-from tests.support.gpus import gpu, set_gpus, stand_in_nvidia_smi
 from tests.support.kubeapi import NAMESPACE, KubeApi
 from tests.support.kubelet import Kubelet
 from tests.support.stack import Stack
@@ -51,24 +49,12 @@ CENT = Decimal("0.01")
 
 
 @pytest.fixture
-def node_gpus(tmp_path: Path) -> Path:
-    """The nodes' ``nvidia-smi`` (tests/support/gpus.py), first on every pod's
-    PATH; it lists no GPU until a test puts some in its state file."""
-    return stand_in_nvidia_smi(tmp_path / "node-bin", [])
-
-
-@pytest.fixture
-def cluster(kube_api: KubeApi, tmp_path: Path, node_gpus: Path) -> Iterator[Kubelet]:
-    """The cluster's nodes: the kubelet on the test's API server; at the end
-    whatever it still runs is stopped (each test asserts first that nothing
-    is), and the test fails if the kubelet met an error of the API server."""
-    kubelet = Kubelet(kube_api, tmp_path / "nodes", env={"PATH": f"{node_gpus.parent}:{PLAIN_PATH}"})
-    kubelet.start()
-    try:
-        yield kubelet
-    finally:
-        kubelet.stop()
-    assert kubelet.errors == [], f"the kubelet met errors: {kubelet.errors[:5]}"
+def cluster(kubelet: Kubelet) -> Kubelet:
+    """The cluster's nodes: the kubelet helper on the test's API server (a
+    GPU pod finds a stand-in ``nvidia-smi`` listing its GPUs); at the end
+    whatever it still runs is stopped, and the test fails if it met an
+    error of the API server."""
+    return kubelet
 
 
 def _person(stack: Stack, name: str, kube_api: KubeApi) -> Iterator[User]:
@@ -258,7 +244,7 @@ GPU_JOB = f"""
 
 
 def test_a_gpu_job_gets_a_pod_with_the_gpu_limit_and_toleration_and_its_logs_and_artifacts_arrive(
-    stack: Stack, kube_api: KubeApi, cluster: Kubelet, node_gpus: Path, kasimir: User, repo: Path, tmp_path: Path
+    stack: Stack, kube_api: KubeApi, cluster: Kubelet, kasimir: User, repo: Path, tmp_path: Path
 ) -> None:
     """A GPU node (an A10G, tainted nvidia.com/gpu as GPU node pools are)
     beside a CPU node: the job asking one GPU gets a pod on the GPU node that
@@ -276,7 +262,6 @@ def test_a_gpu_job_gets_a_pod_with_the_gpu_limit_and_toleration_and_its_logs_and
         instance_type=GPU_TYPE,
         taints=(GPU_TAINT,),
     )
-    set_gpus(node_gpus, [gpu("NVIDIA A10G")])
     connect(kasimir, repo, kube_api, "--price", f"{GPU_TYPE}=1.006", "--price", f"{CPU_TYPE}=0.17")
     offers = kasimir.cli(repo, "offers", "--gpu", "A10G")
     assert offers.returncode == 0 and GPU_TYPE in offers.stdout, offers.stderr + offers.stdout
@@ -327,7 +312,7 @@ POOL_LABEL = {"cloud.example.com/pool": "a10g"}
 
 
 def test_an_unschedulable_job_waits_with_the_schedulers_reason_and_runs_when_a_node_appears(
-    stack: Stack, kube_api: KubeApi, cluster: Kubelet, node_gpus: Path, kelda: User, repo: Path
+    stack: Stack, kube_api: KubeApi, cluster: Kubelet, kelda: User, repo: Path
 ) -> None:
     """A node pool of A10G machines that an autoscaler grows from zero (an
     offer, no node yet; connected through the API) and one CPU node: the GPU
@@ -335,7 +320,6 @@ def test_an_unschedulable_job_waits_with_the_schedulers_reason_and_runs_when_a_n
     why in the scheduler's words (the run's job, ``trainyard show``), and it
     runs as soon as a node of the pool joins."""
     cluster.add_node("cpu-1", cpu="8", memory="32Gi", instance_type=CPU_TYPE)
-    set_gpus(node_gpus, [gpu("NVIDIA A10G")])
     pool = {
         "name": "a10g",
         "instance_type": GPU_TYPE,
