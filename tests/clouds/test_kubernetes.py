@@ -1225,10 +1225,15 @@ def test_with_the_kubelet_an_image_that_cannot_be_pulled_is_named(kube_api: Kube
     [offer] = compute.offers(Requirements())
     handle = compute.launch(offer, spec("ty-no-image", user_data=RUNS))
 
-    view = _wait_view(compute, handle, lambda v: v.reason is Trouble.IMAGE_PULL, what="the pull failing")
+    first = _wait_view(compute, handle, lambda v: v.reason is Trouble.IMAGE_PULL, what="the pull failing")
+    backing_off = _wait_view(compute, handle, lambda v: v.message.startswith("ImagePullBackOff"), what="back-off")
 
-    assert view.state is CloudState.PENDING
-    assert "ghcr.io/acme/gone:1" in view.message
+    assert first.state is backing_off.state is CloudState.PENDING
+    assert "ghcr.io/acme/gone:1" in first.message
+    # Backing off, the status says only "Back-off pulling image"; the last pull's error is kept beside it.
+    assert backing_off.message.startswith('ImagePullBackOff: Back-off pulling image "ghcr.io/acme/gone:1"; ')
+    assert backing_off.message.endswith("ghcr.io/acme/gone:1: not found")
+    assert 0 < time.time() - backing_off.since < 30
     terminate_fully(compute, handle)
 
 

@@ -339,8 +339,17 @@ def needs_events(pod: Mapping[str, Any]) -> bool:
     return (
         status.get("phase", "Pending") == "Pending"
         and not (pod.get("metadata") or {}).get("deletionTimestamp")
-        and (scheduled is None or scheduled.get("status") == "False")
+        and (scheduled is None or scheduled.get("status") == "False" or _pull_failing(status) is not None)
     )
+
+
+def _pull_failing(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The container's waiting state when its image cannot be pulled."""
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            return dict(waiting)
+    return None
 
 
 def events_by_pod(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -356,11 +365,15 @@ def events_by_pod(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping
 
 
 def _pending(status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, uid: str) -> MachineView:
-    for container in status.get("containerStatuses") or []:
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_PULL_REASONS:
-            message = _short(f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
-            return MachineView(CloudState.PENDING, Trouble.IMAGE_PULL, message, _since(events, IMAGE_PULL_EVENTS))
+    waiting = _pull_failing(status)
+    if waiting is not None:
+        message = f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+        # Backing off, the status says only that; the runtime's error is in the last pull's event.
+        pulls = [e for e in events if e.get("reason") == "Failed" and str(e.get("message", "")).startswith(PULL_FAILED)]
+        error = str(max(pulls, key=_event_time).get("message", "")) if pulls else ""
+        if error and error not in message:
+            message = f"{message}; {error}"
+        return MachineView(CloudState.PENDING, Trouble.IMAGE_PULL, _short(message), _since(events, IMAGE_PULL_EVENTS))
     scheduled = _condition(status, "PodScheduled", None)
     failed = [e for e in events if e.get("reason") == "FailedScheduling"]
     autoscaler = [e for e in events if e.get("reason") in SCALE_UP or e.get("reason") == NO_SCALE_UP]
@@ -383,6 +396,7 @@ def _pending(status: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, 
 
 
 IMAGE_PULL_EVENTS = frozenset({"Failed", "BackOff"})
+PULL_FAILED = "Failed to pull image"
 # Autoscalers' events on a pod they add a node for (cluster-autoscaler's
 # TriggeredScaleUp, Karpenter's Nominated), and cluster-autoscaler's word that it will not.
 SCALE_UP = frozenset({"TriggeredScaleUp", "Nominated"})
