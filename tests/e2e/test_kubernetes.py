@@ -94,6 +94,11 @@ def ketil(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
 
 
 @pytest.fixture
+def kimo(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
+    yield from _person(stack, "kimo", kube_api)
+
+
+@pytest.fixture
 def kaja(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
     yield from _person(stack, "kaja", kube_api)
 
@@ -447,6 +452,57 @@ def test_a_preempted_pods_job_resumes_from_its_checkpoint_on_a_new_pod(
     assert final["steps"] == 60 and final["resumed"] >= 1
 
     nothing_left(kuno, kube_api, cluster)
+
+
+LOST_JOB = f"""
+  - name: kube-lost
+    provider: bash
+    backends: [kubernetes]
+    idle_duration: {IDLE_SECONDS}s
+    commands:
+      - 'echo "attempt $TRAINYARD_ATTEMPT on $(hostname)"'
+      - 'if [ "$TRAINYARD_ATTEMPT" = 1 ]; then while true; do sleep 0.2; done; fi'
+      - 'echo "finished on attempt $TRAINYARD_ATTEMPT"'
+"""
+
+
+def test_a_pod_whose_node_vanishes_is_lost_and_its_job_runs_again_on_a_new_pod(
+    stack: Stack, kube_api: KubeApi, cluster: Kubelet, kimo: User, repo: Path
+) -> None:
+    """The node under a running job's pod vanishes without a word (its
+    processes killed, the Node object deleted; the pod garbage collector
+    deletes the pod a few seconds later): the runner falls silent, the
+    cluster says the pod is gone, the attempt ends ``instance_lost`` and the
+    job runs again, to its end, on a new pod on the node that is left."""
+    cluster.add_node("cpu-1", cpu="8", memory="32Gi", instance_type=CPU_TYPE)
+    cluster.add_node("cpu-2", cpu="8", memory="32Gi", instance_type=CPU_TYPE)
+    connect(kimo, repo, kube_api)
+    place(repo, LOST_JOB)
+    name = submit(kimo, repo, "kube-lost")
+    running = wait_for(
+        "attempt 1's commands to run",
+        lambda: (j := job_of(kimo, name))["status_reason"] == "the commands are running" and j,
+        240,
+        explain=lambda: explain(kimo, kube_api, cluster),
+    )
+    first = machine(kimo, running["instance"])
+    pod = pod_of(kube_api, first)
+    assert pod is not None, explain(kimo, kube_api, cluster)
+    node = pod["spec"]["nodeName"]
+
+    cluster.remove_node(node)
+
+    done = finished(kimo, name)
+    assert done["status"] == "succeeded", (done, explain(kimo, kube_api, cluster))
+    attempts = done["jobs"][0]["attempts"]
+    assert [a["reason"] for a in attempts] == ["instance_lost", "done"], attempts
+    assert attempts[0]["instance"] == first["name"] and attempts[1]["instance"] != first["name"]
+    assert machine(kimo, first["name"])["status"] == "lost"
+    second = pod_of(kube_api, machine(kimo, attempts[1]["instance"]))
+    assert second is None or second["spec"]["nodeName"] != node
+    logs = log_lines(kimo, repo, name)
+    assert "finished on attempt 2" in logs, logs
+    nothing_left(kimo, kube_api, cluster)
 
 
 MISSING_IMAGE = "registry.example.com/team/trainer:missing"
