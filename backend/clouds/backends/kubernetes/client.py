@@ -24,6 +24,7 @@ client"). What this one does:
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 import json
 import os
@@ -53,6 +54,8 @@ RESOLVE_SECONDS = 60.0  # how long a checked address of the API server is reused
 MAX_POOL = 4
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Name look-ups of API servers, each bounded by the connect timeout.
+_RESOLVER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kube-resolve")
 
 
 class KubeClient:
@@ -73,6 +76,7 @@ class KubeClient:
         self.allowed_networks = allowed_networks
         self.namespace = namespace
         self.timeout = urllib3.Timeout(connect=connect_timeout, read=read_timeout)
+        self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.total_timeout = total_timeout
         self.max_answer_bytes = max_answer_bytes
@@ -242,8 +246,15 @@ class KubeClient:
     def _address(self) -> str:
         """The API server's address to connect to, checked (module docstring)."""
         host, port = self.endpoint.host, self.endpoint.port
+        # The system's resolver has no timeout of its own: it is waited for in a thread, as long as a connect.
+        lookup = _RESOLVER.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
         try:
-            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            found = lookup.result(timeout=self.connect_timeout)
+        except concurrent.futures.TimeoutError:
+            raise Transient(
+                f"the Kubernetes API server's name {host} did not resolve within {self.connect_timeout:g} s",
+                code="Timeout",
+            ) from None
         except OSError as error:
             raise unreachable(self.endpoint.server, error, timeout=self.read_timeout) from None
         addresses = [str(info[4][0]) for info in found]
