@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from backend.accounts.models import Workspace
 from backend.clouds.backends.base import CloudState, Handle, MachineView, Timings, Trouble
@@ -28,7 +29,12 @@ from backend.clouds.services import reconcile as clouds
 from backend.clouds.services import troubles
 from backend.clouds.services.accounts import compute_of
 from backend.clouds.services.facts import accounts_refresh_facts
-from backend.clouds.services.instances import Facts, instance_connected
+from backend.clouds.services.instances import (
+    TERMINATE_RECHECK_SECONDS,
+    Facts,
+    instance_connected,
+    instance_mark_interrupted,
+)
 from backend.clouds.services.provisioning import instance_launch_run, instance_terminate_run
 from backend.core.clock import db_now
 from backend.runs.models import Attempt, Job
@@ -636,3 +642,23 @@ def test_a_bad_toleration_option_is_named_by_the_cli(
     assert code == 2
     assert "expected KEY[=VALUE]:EFFECT with EFFECT NoSchedule, PreferNoSchedule or NoExecute" in err
     assert not CloudAccount.objects.filter(kind="kubernetes").exists()
+
+
+def test_a_pods_interruption_notice_asks_for_its_termination_at_once_so_its_billing_ends_with_the_pod(
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person
+) -> None:
+    _job, instance, path = _running(team, owner, kube)
+    reclaim_at = timezone.now() + timedelta(seconds=115)  # the runner's deadline: the pod's grace, less a margin
+
+    assert instance_mark_interrupted(instance_id=str(instance.pk), message="the pod is going", reclaim_at=reclaim_at)
+
+    instance.refresh_from_db()
+    assert instance.status == "terminating"
+    assert instance.terminate_requested_at is not None
+    waited = (timezone.now() - instance.terminate_requested_at).total_seconds()
+    assert waited >= TERMINATE_RECHECK_SECONDS - 1, "the reconciler's next pass asks, not one at the deadline"
+    kube.delete(path)  # the pod, gone at the end of its runner's wind-down
+    assert instance_terminate_run(instance_id=str(instance.pk)) is None
+    instance.refresh_from_db()
+    assert instance.status == "terminated"
+    assert instance.terminated_at is not None and instance.terminated_at < reclaim_at - timedelta(seconds=100)

@@ -291,6 +291,12 @@ class Compute(ABC):
     # is single-use (exchanged at the first hello for the runner's own).
     # False: the backend starts the runner itself with ``runner_token``.
     boots_from_image: ClassVar[bool] = False
+    # The machine is already going when its runner hears the interruption
+    # notice (a Kubernetes pod's SIGTERM is its deletion), and ``terminate``
+    # waits out the machine's own grace instead of cutting it short: the
+    # services ask for it at once, so the row ends (and its billing stops)
+    # when the machine does, not at the notice's deadline.
+    terminates_with_notice: ClassVar[bool] = False
     # The cloud signs a document naming each machine (EC2's instance identity
     # document), which its runner sends in its hello: ``identity_of`` checks
     # it, and a hello from such a machine without it is refused.

@@ -548,10 +548,16 @@ def instance_mark_interrupted(*, instance_id: str, message: str, reclaim_at: dat
     ``reclaim_at``, so it is not told to shut down, and our own terminate is
     first asked at ``reclaim_at`` (at most ``MAX_RECLAIM_WAIT`` from now),
     then every ``TERMINATE_RECHECK_SECONDS`` like any other until the cloud
-    confirms."""
+    confirms. A machine whose backend ``terminates_with_notice`` (a pod,
+    already being deleted) is asked at once: its terminate waits out the
+    pod's grace and says when it is gone."""
     now = timezone.now()
     at = min(max(reclaim_at or now, now), now + MAX_RECLAIM_WAIT)
-    return _transition(
+    instance = Instance.objects.filter(pk=instance_id).only("backend").first()
+    at_once = instance is not None and _terminates_with_notice(instance.backend)
+    if at_once:
+        at = now
+    changed = _transition(
         instance_id,
         list(LIVE_STATUSES),
         InstanceStatus.TERMINATING,
@@ -561,6 +567,16 @@ def instance_mark_interrupted(*, instance_id: str, message: str, reclaim_at: dat
         # The reconciler asks again TERMINATE_RECHECK_SECONDS after a request: the first ask lands at ``at``.
         terminate_requested_at=at - timedelta(seconds=TERMINATE_RECHECK_SECONDS),
     )
+    if changed and at_once:
+        enqueue("backend.clouds.tasks.instance_terminate", instance_id)
+    return changed
+
+
+def _terminates_with_notice(kind: str) -> bool:
+    try:
+        return compute_class(kind, settings.TRAINYARD["BACKEND_KINDS"]).terminates_with_notice
+    except (InvalidConfig, ImportError, TypeError):
+        return False
 
 
 def instance_request_termination(

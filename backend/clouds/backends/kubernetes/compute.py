@@ -55,6 +55,7 @@ class KubernetesCompute(Compute):
     reusable_instances = False  # a pod runs one job's runner and goes
     supports_spot = True
     boots_from_image = True  # the pod's command is LaunchSpec.user_data
+    terminates_with_notice = True  # the runner's notice is the pod's deletion; terminate keeps its grace
     timings = Timings(provision_timeout=PROVISION_TIMEOUT, schedule_timeout=SCHEDULE_TIMEOUT)
 
     def __init__(self, account: AccountConfig) -> None:
