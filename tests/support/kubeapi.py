@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import logging
 import re
 import threading
 import urllib.error
@@ -137,6 +138,8 @@ class KubeApi:
         self._exit: Any = None
 
     def start(self) -> KubeApi:
+        # One line per request would bury a failing test's own output.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._enter(), self._loop).result(15)
         self.ensure_namespace(NAMESPACE)
