@@ -2,8 +2,8 @@
 
 Not the ``kubernetes`` or ``lightkube`` libraries: their kubeconfig loaders
 run ``exec`` plugins and read files the kubeconfig names, which a tenant's
-kubeconfig must never make the server do (docs/decisions, "Kubernetes
-client"). What this one does:
+kubeconfig must never make the server do
+(docs/decisions/0147-kubernetes-client.md). What this one does:
 
 - every request has a connect (5 s) and a read (30 s) timeout, its whole
   answer must arrive within 60 s and be at most 64 MiB (the API server is
