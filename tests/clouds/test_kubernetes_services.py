@@ -206,6 +206,37 @@ def test_an_unschedulable_pod_says_why_its_job_waits_then_its_cluster_is_skipped
     assert job.status_reason.startswith(f"waiting for a runner: starting {second.name} (fake-a in r1")
 
 
+def test_a_pod_an_autoscaler_adds_a_node_for_says_so_and_is_not_given_up_at_the_schedule_timeout(
+    cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, instance, path = _launched(team, owner)
+    _unschedulable(kube, path, since=400)  # past the schedule timeout
+    pod = kube.get(path)
+    scale_up = "pod triggered scale-up: [{eks-gpu-pool 0->1 (max: 4)}]"
+    kube.post(
+        f"/api/v1/namespaces/{NAMESPACE}/events",
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod['metadata']['name']}.scaleup", "namespace": NAMESPACE},
+            "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]},
+            "reason": "TriggeredScaleUp",
+            "type": "Normal",
+            "message": scale_up,
+            "firstTimestamp": ago(30),
+            "lastTimestamp": ago(30),
+        },
+    )
+
+    _pass(monkeypatch)
+
+    instance.refresh_from_db()
+    assert instance.status == "provisioning", "a node is on its way: not given up"
+    assert instance.status_reason == f"waiting for a node: a node is being added: {scale_up}"
+    job.refresh_from_db()
+    assert job.status_reason.endswith(f", waiting for a node: a node is being added: {scale_up}")
+
+
 def test_a_pod_a_node_took_is_starting_again(
     cluster: CloudAccount, kube: KubeApi, team: Workspace, owner: Person, monkeypatch: pytest.MonkeyPatch
 ) -> None:

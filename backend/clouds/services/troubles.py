@@ -15,6 +15,8 @@ Kubernetes pod's status and events).
   registry's rate limit, a network error) is retried by the node itself: the
   instance's reason shows it, and only after ``IMAGE_PULL_PATIENCE_SECONDS``
   of failing is it given up the same way.
+- Pending with the cloud's words but no trouble (an autoscaler adding a
+  node for it): the reason says so, and no timeout runs.
 - Gone, with a reason: lost, with the cloud's words; preempted is an
   interruption (its job resumes from its checkpoint).
 
@@ -92,6 +94,12 @@ def machine_troubled(instance: Instance, view: MachineView, compute: Compute, no
         return _image_pull(instance, view, now)
     if view.reason == Trouble.UNSCHEDULABLE:
         return _unschedulable(instance, view, compute, now)
+    if view.state == CloudState.PENDING and view.message:  # waiting, with the cloud's word why but no trouble
+        reason = f"{WAITING_FOR_NODE}: {cloud_words(view.message)}"[:500]  # (an autoscaler adding a node)
+        Instance.objects.filter(pk=instance.pk, status=InstanceStatus.PROVISIONING).exclude(
+            status_reason=reason
+        ).update(status_reason=reason)
+        return False
     if instance.status_reason.startswith(SHOWN_TO_THE_JOB):  # it got past that: starting, as any other
         Instance.objects.filter(pk=instance.pk, status=InstanceStatus.PROVISIONING).update(status_reason=STARTING)
     return False
