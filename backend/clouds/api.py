@@ -23,6 +23,7 @@ from backend.accounts.tenancy import WorkspaceAPIView
 from backend.billing.rules import billed_machine, machine_cost, machine_seconds
 from backend.clouds.models import LIVE_STATUSES, BackendKind, CloudAccount, Instance, InstanceStatus
 from backend.clouds.services.connections import (
+    KUBERNETES_KEYS,
     MAX_KUBECONFIG_BYTES,
     aws_connect,
     aws_setup,
@@ -315,24 +316,7 @@ def _from_timestamp(value: object) -> datetime | None:
 
 
 AWS_REQUIRED = ("regions", "bucket")
-KUBERNETES_FIELDS = (
-    "kubeconfig",
-    "in_cluster",
-    "namespace",
-    "context",
-    "cluster",
-    "image",
-    "image_pull_secrets",
-    "node_selector",
-    "tolerations",
-    "prices",
-    "spot_prices",
-    "default_price",
-    "node_pools",
-    "schedule_timeout_seconds",
-    "termination_grace_seconds",
-    "gpu_resource",
-)
+KUBERNETES_FIELDS = ("kubeconfig", *KUBERNETES_KEYS)
 AWS_FIELDS = ("role_arn", "access_key_id", "secret_access_key", "regions", "bucket", "subnets", "amis", "gpu_amis")
 
 

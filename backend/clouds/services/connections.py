@@ -139,19 +139,7 @@ def aws_connect(
     credentials = _keys(access_key_id, secret_access_key) if not role_arn else {}
     identity = _run_checks(_config_of(workspace, config, credentials))
     config["aws_account_id"] = identity
-    try:
-        with transaction.atomic():
-            account = CloudAccount.objects.create(
-                workspace=workspace,
-                kind=BackendKind.AWS,
-                name=name,
-                config=config,
-                credentials_ciphertext=encrypt(json.dumps(credentials)) if credentials else b"",
-                status=AccountStatus.ACTIVE,
-                validated_at=timezone.now(),
-            )
-    except IntegrityError:
-        raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
+    account = _account_create(workspace, BackendKind.AWS, name, config, credentials)
     logger.info("workspace %s connected aws account %s as %r (by %s)", workspace.slug, identity, name, user.username)
     # The new account's facts (zones, offerings) for its first offers; the
     # periodic refresh would get them within a minute anyway.
@@ -248,19 +236,7 @@ def kubernetes_connect(
     checked = _kube_checks(_kube_config_of(workspace, config, credentials))
     config["facts"] = checked.facts
     config["cluster"] = checked.cluster  # the offers' region, shown with the backend
-    try:
-        with transaction.atomic():
-            account = CloudAccount.objects.create(
-                workspace=workspace,
-                kind=BackendKind.KUBERNETES,
-                name=name,
-                config=config,
-                credentials_ciphertext=encrypt(json.dumps(credentials)) if credentials else b"",
-                status=AccountStatus.ACTIVE,
-                validated_at=timezone.now(),
-            )
-    except IntegrityError:
-        raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
+    account = _account_create(workspace, BackendKind.KUBERNETES, name, config, credentials)
     logger.info(
         "workspace %s connected kubernetes namespace %s (server %s, %d nodes) as %r (by %s)",
         workspace.slug,
@@ -346,6 +322,26 @@ def backend_remove(*, account: CloudAccount) -> None:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _account_create(
+    workspace: Workspace, kind: BackendKind, name: str, config: dict[str, Any], credentials: Mapping[str, str]
+) -> CloudAccount:
+    """The checked account, saved active with its credentials encrypted; 409 when the name is taken."""
+    try:
+        with transaction.atomic():
+            account: CloudAccount = CloudAccount.objects.create(
+                workspace=workspace,
+                kind=kind,
+                name=name,
+                config=config,
+                credentials_ciphertext=encrypt(json.dumps(credentials)) if credentials else b"",
+                status=AccountStatus.ACTIVE,
+                validated_at=timezone.now(),
+            )
+    except IntegrityError:
+        raise ApplicationError(f"A backend named {name!r} already exists in this workspace.", status_code=409) from None
+    return account
 
 
 def _new_external_id() -> str:
