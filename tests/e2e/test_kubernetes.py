@@ -57,50 +57,51 @@ def cluster(kubelet: Kubelet) -> Kubelet:
     return kubelet
 
 
-def _person(stack: Stack, name: str, kube_api: KubeApi) -> Iterator[User]:
-    user = User(name, stack.issue_token(name), stack)
+def _person(user: User, kube_api: KubeApi) -> Iterator[User]:
+    """``user`` for the test; its Kubernetes backends removed after it (the
+    names are literal at each fixture, where the suite's uniqueness check reads them)."""
     yield user
     _disconnect(user, kube_api)
 
 
 @pytest.fixture
 def kasimir(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kasimir", kube_api)
+    yield from _person(User("kasimir", stack.issue_token("kasimir"), stack), kube_api)
 
 
 @pytest.fixture
 def kelda(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kelda", kube_api)
+    yield from _person(User("kelda", stack.issue_token("kelda"), stack), kube_api)
 
 
 @pytest.fixture
 def kuno(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kuno", kube_api)
+    yield from _person(User("kuno", stack.issue_token("kuno"), stack), kube_api)
 
 
 @pytest.fixture
 def kiri(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kiri", kube_api)
+    yield from _person(User("kiri", stack.issue_token("kiri"), stack), kube_api)
 
 
 @pytest.fixture
 def kolya(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kolya", kube_api)
+    yield from _person(User("kolya", stack.issue_token("kolya"), stack), kube_api)
 
 
 @pytest.fixture
 def ketil(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "ketil", kube_api)
+    yield from _person(User("ketil", stack.issue_token("ketil"), stack), kube_api)
 
 
 @pytest.fixture
 def kimo(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kimo", kube_api)
+    yield from _person(User("kimo", stack.issue_token("kimo"), stack), kube_api)
 
 
 @pytest.fixture
 def kaja(stack: Stack, kube_api: KubeApi, cluster: Kubelet) -> Iterator[User]:
-    yield from _person(stack, "kaja", kube_api)
+    yield from _person(User("kaja", stack.issue_token("kaja"), stack), kube_api)
 
 
 # ------------------------------------------------------------------ helpers
