@@ -186,39 +186,10 @@ TARGET_LAUNCH_S = 2.0  # pod launch → runner hello, Trainyard's own part, each
 
 
 def timed_kube_api() -> Any:
-    """A started ``KubeApi`` that notes, in ``pod_created``, when it got each pod's create request."""
-    from kmock import ResourceInfo, Server
+    """A started ``KubeApi``; its ``pod_created`` says when it got each pod's create request."""
+    from tests.support.kubeapi import KubeApi
 
-    from tests.support.kubeapi import KubeApi, _Cluster
-
-    class TimedKubeApi(KubeApi):
-        def __init__(self) -> None:
-            super().__init__()
-            self.pod_created: dict[str, float] = {}
-
-        async def _enter(self) -> None:
-            api = self
-
-            class Cluster(_Cluster):
-                def _stamp(self, obj: dict[str, Any]) -> None:
-                    if obj.get("kind") == "Pod":
-                        api.pod_created.setdefault(str(obj.get("metadata", {}).get("name", "")), time.time())
-                    super()._stamp(obj)
-
-            cluster = Cluster(self)
-            for key, kind, namespaced in (
-                ("v1/pods", "Pod", True),
-                ("v1/nodes", "Node", False),
-                ("v1/events", "Event", True),
-            ):
-                cluster.resources[key] = ResourceInfo(kind=kind, namespaced=namespaced, verbs={"get", "list", "watch"})
-            handler = await cluster.__aenter__()
-            server = Server(handler)
-            await server.__aenter__()
-            self._exit = (server, cluster)
-            self.url = str(server.url).rstrip("/")
-
-    return TimedKubeApi().start()
+    return KubeApi().start()
 
 
 def hello_workflows(text: str) -> str:

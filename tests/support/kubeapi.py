@@ -29,6 +29,7 @@ import json
 import logging
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -100,6 +101,7 @@ class _Cluster(KubernetesEmulator):
         meta["resourceVersion"] = str(self._version)
         if obj.get("kind") == "Pod":
             obj.setdefault("status", {}).setdefault("phase", "Pending")
+            self._api.pod_created.setdefault(str(meta.get("name", "")), time.time())
 
     def _access_review(self, body: Any) -> aiohttp.web.StreamResponse:
         attributes = (body or {}).get("spec", {}).get("resourceAttributes", {}) if isinstance(body, dict) else {}
@@ -132,6 +134,8 @@ class KubeApi:
         self.token = token
         self.denied: set[tuple[str, str]] = set()
         self.namespaces: set[str] = {"default", "kube-system"}
+        # When each pod's create request arrived (Unix seconds), by name: the launch benchmark's clock.
+        self.pod_created: dict[str, float] = {}
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="kubeapi", daemon=True)
